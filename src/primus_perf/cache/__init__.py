@@ -1,0 +1,1 @@
+"""The tuning cache: keys, storage, validation, merge, import/export."""

@@ -1,0 +1,1 @@
+"""Console entry points: thin typer apps over the library (parse, call, render)."""

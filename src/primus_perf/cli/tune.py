@@ -1,0 +1,31 @@
+"""``primus-tune``: GEMM and attention tuners and the tuning cache.
+
+Each group of commands lives in its own module with a ``register(app)`` function.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from primus_perf.cli import tune_attention, tune_cache, tune_gemm
+from primus_perf.cli.common import run_app
+
+app = typer.Typer(
+    name="primus-tune",
+    help="Tune GEMM and attention kernels for your exact problems.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+tune_gemm.register(app)
+tune_attention.register(app)
+cache_app = typer.Typer(help="Inspect, merge and export tuning caches.", no_args_is_help=True)
+tune_cache.register(cache_app)
+app.add_typer(cache_app, name="cache")
+
+
+def main() -> None:
+    run_app(app)
+
+
+if __name__ == "__main__":
+    main()

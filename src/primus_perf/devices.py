@@ -1,0 +1,144 @@
+"""Device identity and the peak table used for MFU and roofline figures.
+
+Peaks are the vendors' datasheet figures for dense math (no structured sparsity), in
+TFLOP/s, and HBM bandwidth in TB/s. They are the denominators of MFU and % of roofline;
+measured ceilings are lower (an H100 SXM runs an 8192^3 bf16 GEMM at about 800 TFLOP/s).
+
+The table is data: one row per device, matched by a regular expression over the name
+that ``torch.cuda.get_device_name()`` returns (also on ROCm builds of torch). The first
+matching row wins, so more specific patterns come first.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from primus_perf.errors import DeviceError
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """Datasheet peaks of one GPU model."""
+
+    key: str  # short stable name, e.g. "h100-sxm"
+    pattern: str  # regex matched (case-insensitive) against the device name
+    vendor: str  # "nvidia" or "amd"
+    tflops: dict[str, float] = field(default_factory=dict)  # dtype name -> dense TFLOP/s
+    hbm_tb_s: float = 0.0
+    l2_bytes: int = 0
+    compute_units: int = 0  # SMs (NVIDIA) or CUs (AMD)
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        """Dense peak for a dtype name from ``problems.DTYPES`` ("bf16", "f16", ...)."""
+        return self.tflops.get(dtype)
+
+    def ridge_point(self, dtype: str) -> float | None:
+        """Arithmetic intensity (FLOP/byte) where the compute and bandwidth roofs meet."""
+        peak = self.peak_tflops(dtype)
+        if peak is None or not self.hbm_tb_s:
+            return None
+        return peak / self.hbm_tb_s
+
+
+def _nv(bf16: float, tf32: float, f32: float, f8: float | None) -> dict[str, float]:
+    table = {"bf16": bf16, "f16": bf16, "tf32": tf32, "f32": f32}
+    if f8 is not None:
+        table["f8e4m3"] = table["f8e5m2"] = f8
+    return table
+
+
+def _amd(bf16: float, tf32: float | None, f32: float, f8: float) -> dict[str, float]:
+    table = {"bf16": bf16, "f16": bf16, "f32": f32, "f8e4m3": f8, "f8e5m2": f8}
+    if tf32 is not None:
+        table["tf32"] = tf32
+    return table
+
+
+MiB = 1 << 20
+
+# Dense datasheet figures. H100 SXM: 989.4 bf16 / 494.7 tf32 / 66.9 fp32 / 1978.9 fp8.
+PEAK_TABLE: tuple[DevicePeaks, ...] = (
+    DevicePeaks("h200", r"\bH200\b", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9), 4.8, 60 * MiB, 132),
+    DevicePeaks("h100-pcie", r"\bH100\b.*PCIe", "nvidia", _nv(756.5, 378.0, 51.2, 1513.0), 2.0, 50 * MiB, 114),
+    DevicePeaks("h100-nvl", r"\bH100\b.*NVL", "nvidia", _nv(835.5, 417.5, 60.0, 1670.5), 3.9, 50 * MiB, 132),
+    DevicePeaks("h100-sxm", r"\bH100\b", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9), 3.35, 50 * MiB, 132),
+    DevicePeaks("a100-sxm-40gb", r"\bA100\b.*SXM.*40GB", "nvidia", _nv(312.0, 156.0, 19.5, None), 1.555, 40 * MiB, 108),
+    DevicePeaks("a100-pcie", r"\bA100\b.*PCIE", "nvidia", _nv(312.0, 156.0, 19.5, None), 1.935, 40 * MiB, 108),
+    DevicePeaks("a100-sxm", r"\bA100\b", "nvidia", _nv(312.0, 156.0, 19.5, None), 2.039, 40 * MiB, 108),
+    DevicePeaks("mi355x", r"\bMI355X?\b", "amd", _amd(2516.6, None, 157.3, 5033.2), 8.0, 0, 256),
+    DevicePeaks("mi325x", r"\bMI325X?\b", "amd", _amd(1307.4, 653.7, 163.4, 2614.9), 6.0, 0, 304),
+    DevicePeaks("mi300x", r"\bMI300X?\b", "amd", _amd(1307.4, 653.7, 163.4, 2614.9), 5.3, 0, 304),
+)
+
+
+def lookup_peaks(device_name: str) -> DevicePeaks | None:
+    """The peak row for a device name, or None for an unknown device (MFU "n/a")."""
+    for row in PEAK_TABLE:
+        if re.search(row.pattern, device_name, flags=re.IGNORECASE):
+            return row
+    return None
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """What makes a tuning result valid: the same GPU model, arch and SM/CU count."""
+
+    name: str
+    vendor: str  # "nvidia", "amd" or "cpu"
+    arch: str  # "sm_90", "gfx942", or "cpu"
+    compute_units: int
+    memory_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DeviceIdentity:
+        return cls(
+            name=str(data["name"]),
+            vendor=str(data["vendor"]),
+            arch=str(data["arch"]),
+            compute_units=int(data["compute_units"]),
+            memory_bytes=int(data.get("memory_bytes", 0)),
+        )
+
+    def same_hardware(self, other: DeviceIdentity) -> bool:
+        """Memory size is informational; name, arch and unit count decide reuse."""
+        return (self.name, self.arch, self.compute_units) == (
+            other.name,
+            other.arch,
+            other.compute_units,
+        )
+
+
+def current_device(index: int | None = None) -> DeviceIdentity:
+    """Identity of the current (or given) GPU; a CPU identity when there is none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return DeviceIdentity(name="cpu", vendor="cpu", arch="cpu", compute_units=0)
+    if index is None:
+        index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    if torch.version.hip is not None:
+        vendor = "amd"
+        arch = str(getattr(props, "gcnArchName", "gfx")).split(":")[0]
+    else:
+        vendor = "nvidia"
+        arch = f"sm_{props.major}{props.minor}"
+    return DeviceIdentity(
+        name=props.name,
+        vendor=vendor,
+        arch=arch,
+        compute_units=props.multi_processor_count,
+        memory_bytes=props.total_memory,
+    )
+
+
+def require_gpu() -> DeviceIdentity:
+    """The current GPU's identity, or a one-line DeviceError when there is none."""
+    ident = current_device()
+    if ident.vendor == "cpu":
+        raise DeviceError("no CUDA or ROCm GPU is visible to torch")
+    return ident

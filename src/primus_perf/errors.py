@@ -1,0 +1,31 @@
+"""Errors a user can cause.
+
+Library code raises :class:`UserError` (or a subclass) for anything the user can fix:
+a bad path, bad YAML, a corrupt trace, an unknown device, no GPU. The CLI turns it into
+one line on stderr and exit code 2 (see ``cli/common.py``). Any other exception is an
+internal bug and may carry a traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's input or environment, reported as one line."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """A trainer config that is malformed, has an unknown key or a wrong type."""
+
+
+class TraceError(UserError):
+    """A trace file that cannot be read or is not a Kineto trace."""
+
+
+class DeviceError(UserError):
+    """No GPU, an unsupported device, or a GPU library that cannot be loaded."""
+
+
+class CacheError(UserError):
+    """A tuning cache that cannot be read (corrupt, truncated, wrong schema)."""

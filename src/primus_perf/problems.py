@@ -1,0 +1,383 @@
+"""The shared vocabulary: ``GemmProblem`` and ``AttentionProblem``.
+
+tracelens emits them from a trace, the tuners search them, the cache stores results by
+their ``key()``, and the trainer's dispatch looks them up. Both are frozen dataclasses with
+a canonical string key and a plain-dict form for JSON.
+
+GEMM convention (column-major, BLAS/cuBLASLt/hipBLASLt)
+-------------------------------------------------------
+A ``GemmProblem`` describes ``D = alpha * op(A) @ op(B) + beta * C`` with every matrix in
+column-major storage: ``op(A)`` is m x k, ``op(B)`` is k x n, ``C``/``D`` are m x n.
+``trans_a`` means A is stored k x m (leading dimension ``lda`` >= k) and used transposed.
+
+PyTorch tensors are row-major. A row-major r x c matrix is, byte for byte, a
+column-major c x r matrix. So the row-major product ``Y[M, N] = A'[M, K] @ B'[K, N]`` is
+computed as the column-major product ``Y^T[N, M] = B'^T[N, K] @ A'^T[K, M]``: the operands
+swap places and
+
+    m = N,  n = M,  k = K,
+    BLAS A = torch's B',  trans_a = (B' is a transposed view of a contiguous tensor),
+    BLAS B = torch's A',  trans_b = (A' is a transposed view of a contiguous tensor).
+
+For ``torch.nn.functional.linear(x, W)`` with ``x[M, K]`` and ``W[N, K]`` (``Y = x @ W.T``):
+``m=N, n=M, k=K, trans_a=True, trans_b=False, lda=K, ldb=K, ldd=N`` -- the "TN" layout
+that PyTorch TunableOp also reports for linear layers. ``from_row_major`` does this
+mapping; ``row_major_shapes`` inverts it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+# Canonical dtype names, their element sizes, and the torch dtype they come from.
+DTYPE_BYTES: dict[str, float] = {
+    "f64": 8,
+    "f32": 4,
+    "tf32": 4,
+    "bf16": 2,
+    "f16": 2,
+    "f8e4m3": 1,
+    "f8e5m2": 1,
+}
+
+_TORCH_DTYPE_NAMES: dict[str, str] = {
+    "torch.float64": "f64",
+    "torch.float32": "f32",
+    "torch.bfloat16": "bf16",
+    "torch.float16": "f16",
+    "torch.float8_e4m3fn": "f8e4m3",
+    "torch.float8_e4m3fnuz": "f8e4m3",
+    "torch.float8_e5m2": "f8e5m2",
+    "torch.float8_e5m2fnuz": "f8e5m2",
+    # names as the profiler writes them in "Input type"
+    "double": "f64",
+    "float": "f32",
+    "c10::BFloat16": "bf16",
+    "c10::Half": "f16",
+    "c10::Float8_e4m3fn": "f8e4m3",
+    "c10::Float8_e4m3fnuz": "f8e4m3",
+    "c10::Float8_e5m2": "f8e5m2",
+    "c10::Float8_e5m2fnuz": "f8e5m2",
+}
+
+
+def dtype_name(dtype: Any) -> str:
+    """Canonical name ("bf16", "f32", ...) of a torch dtype or a profiler type string."""
+    text = str(dtype)
+    if text in DTYPE_BYTES:
+        return text
+    try:
+        return _TORCH_DTYPE_NAMES[text]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {text!r}") from None
+
+
+def torch_dtype(name: str):
+    """The torch dtype for a canonical name ("tf32" maps to float32 storage)."""
+    import torch
+
+    table = {
+        "f64": torch.float64,
+        "f32": torch.float32,
+        "tf32": torch.float32,
+        "bf16": torch.bfloat16,
+        "f16": torch.float16,
+        "f8e4m3": torch.float8_e4m3fn,
+        "f8e5m2": torch.float8_e5m2,
+    }
+    return table[name]
+
+
+def default_compute(dtype: str) -> str:
+    """Compute type PyTorch uses by default: fp32 accumulation for all float GEMMs."""
+    return "f64" if dtype == "f64" else "f32"
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """One GEMM, in column-major BLAS terms (see the module docstring)."""
+
+    m: int
+    n: int
+    k: int
+    trans_a: bool = False
+    trans_b: bool = False
+    dtype_a: str = "bf16"
+    dtype_b: str = "bf16"
+    dtype_c: str = "bf16"
+    dtype_d: str = "bf16"
+    compute: str = "f32"  # "f32", "tf32" (fp32 inputs on tensor cores), "f64", "f16"
+    lda: int = 0  # 0 means "packed": the smallest valid leading dimension
+    ldb: int = 0
+    ldc: int = 0
+    ldd: int = 0
+    batch: int = 1
+    stride_a: int = 0  # 0 means "packed" for batch > 1 (and unused for batch == 1)
+    stride_b: int = 0
+    stride_c: int = 0
+    stride_d: int = 0
+    epilogue: str = "none"  # "none", "bias", "gelu", "gelu_bias", "relu", "relu_bias"
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k", "batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"GemmProblem.{name} must be a positive int, got {value!r}")
+        for name in ("dtype_a", "dtype_b", "dtype_c", "dtype_d", "compute"):
+            if getattr(self, name) not in DTYPE_BYTES:
+                raise ValueError(f"GemmProblem.{name}: unknown dtype {getattr(self, name)!r}")
+        # Fill packed leading dimensions and batch strides so that equal problems compare
+        # (and key) equal whether or not the caller spelled the defaults out.
+        rows_a = self.k if self.trans_a else self.m
+        rows_b = self.n if self.trans_b else self.k
+        cols_a = self.m if self.trans_a else self.k
+        cols_b = self.k if self.trans_b else self.n
+        fill = {
+            "lda": self.lda or rows_a,
+            "ldb": self.ldb or rows_b,
+            "ldc": self.ldc or self.m,
+            "ldd": self.ldd or self.m,
+        }
+        for name, value in fill.items():
+            object.__setattr__(self, name, int(value))
+        if self.lda < rows_a or self.ldb < rows_b or self.ldc < self.m or self.ldd < self.m:
+            raise ValueError(f"leading dimension too small in {self}")
+        if self.batch > 1:
+            strides = {
+                "stride_a": self.stride_a or self.lda * cols_a,
+                "stride_b": self.stride_b or self.ldb * cols_b,
+                "stride_c": self.stride_c or self.ldc * self.n,
+                "stride_d": self.stride_d or self.ldd * self.n,
+            }
+            for name, value in strides.items():
+                object.__setattr__(self, name, int(value))
+        else:
+            for name in ("stride_a", "stride_b", "stride_c", "stride_d"):
+                object.__setattr__(self, name, 0)
+
+    # ---- constructors -------------------------------------------------------------------
+
+    @classmethod
+    def from_row_major(
+        cls,
+        M: int,
+        N: int,
+        K: int,
+        *,
+        a_transposed: bool = False,
+        b_transposed: bool = False,
+        dtype: str = "bf16",
+        out_dtype: str | None = None,
+        compute: str | None = None,
+        batch: int = 1,
+        epilogue: str = "none",
+    ) -> GemmProblem:
+        """The problem for a row-major ``Y[M, N] = A'[M, K] @ B'[K, N]`` with packed inputs.
+
+        ``a_transposed`` says A' is ``A.T`` of a contiguous ``A[K, M]``; likewise for B'.
+        ``torch.nn.functional.linear(x[M,K], W[N,K])`` is ``b_transposed=True``.
+        """
+        out = out_dtype or dtype
+        return cls(
+            m=N,
+            n=M,
+            k=K,
+            trans_a=b_transposed,
+            trans_b=a_transposed,
+            dtype_a=dtype,
+            dtype_b=dtype,
+            dtype_c=out,
+            dtype_d=out,
+            compute=compute or default_compute(dtype),
+            lda=K if b_transposed else N,
+            ldb=M if a_transposed else K,
+            ldc=N,
+            ldd=N,
+            batch=batch,
+            epilogue=epilogue,
+        )
+
+    def row_major_shapes(self) -> tuple[int, int, int, bool, bool]:
+        """``(M, N, K, a_transposed, b_transposed)`` of the row-major torch product."""
+        return self.n, self.m, self.k, self.trans_b, self.trans_a
+
+    # ---- identity -----------------------------------------------------------------------
+
+    def key(self) -> str:
+        """Canonical key: every field, in a fixed order; equal problems give equal keys."""
+        t = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
+        parts = [
+            f"gemm:{t}",
+            f"m{self.m}",
+            f"n{self.n}",
+            f"k{self.k}",
+            f"{self.dtype_a}.{self.dtype_b}.{self.dtype_c}.{self.dtype_d}.{self.compute}",
+            f"ld{self.lda}.{self.ldb}.{self.ldc}.{self.ldd}",
+            f"b{self.batch}",
+        ]
+        if self.batch > 1:
+            parts.append(f"s{self.stride_a}.{self.stride_b}.{self.stride_c}.{self.stride_d}")
+        parts.append(f"e{self.epilogue}")
+        return "|".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GemmProblem:
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown GemmProblem field(s): {sorted(unknown)}")
+        return cls(**data)
+
+    def with_dtype(self, dtype: str, out_dtype: str | None = None) -> GemmProblem:
+        out = out_dtype or dtype
+        return replace(
+            self,
+            dtype_a=dtype,
+            dtype_b=dtype,
+            dtype_c=out,
+            dtype_d=out,
+            compute=default_compute(dtype),
+        )
+
+    # ---- performance model ----------------------------------------------------------------
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds counted as two FLOPs; epilogues are not counted."""
+        return 2 * self.m * self.n * self.k * self.batch
+
+    @property
+    def bytes_moved(self) -> int:
+        """Fewest bytes through memory: A and B read once, D written once (C if beta != 0
+        is not modelled: the trainer's GEMMs use beta = 0)."""
+        a = self.m * self.k * DTYPE_BYTES[self.dtype_a]
+        b = self.k * self.n * DTYPE_BYTES[self.dtype_b]
+        d = self.m * self.n * DTYPE_BYTES[self.dtype_d]
+        return int((a + b + d) * self.batch)
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        return self.flops / self.bytes_moved
+
+    def __str__(self) -> str:
+        M, N, K, at, bt = self.row_major_shapes()
+        t = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
+        batch = f"{self.batch}x " if self.batch > 1 else ""
+        return f"{batch}{M}x{N}x{K} {self.dtype_a} {t}"
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One scaled-dot-product attention call (forward; backward is derived from it).
+
+    ``layout`` names the order of the four tensor dimensions as the caller holds them:
+    "bshd" (batch, sequence, heads, head dim; the trainer's and flash-attn's layout) or
+    "bhsd" (torch SDPA's). GQA when ``heads_kv < heads_q``; ``heads_q % heads_kv == 0``.
+    """
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq_q: int
+    seq_kv: int
+    head_dim: int
+    dtype: str = "bf16"
+    causal: bool = True
+    layout: str = "bshd"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"AttentionProblem.{name} must be a positive int, got {value!r}")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(
+                f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})"
+            )
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"AttentionProblem.dtype: unknown dtype {self.dtype!r}")
+        if self.layout not in ("bshd", "bhsd"):
+            raise ValueError(f"AttentionProblem.layout must be 'bshd' or 'bhsd', got {self.layout!r}")
+
+    def key(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return (
+            f"attn|b{self.batch}|hq{self.heads_q}|hkv{self.heads_kv}|sq{self.seq_q}"
+            f"|skv{self.seq_kv}|d{self.head_dim}|{self.dtype}|{mask}|{self.layout}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttentionProblem:
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown AttentionProblem field(s): {sorted(unknown)}")
+        return cls(**data)
+
+    # ---- performance model ----------------------------------------------------------------
+
+    @property
+    def score_pairs(self) -> int:
+        """Number of (query, key) pairs computed per head: all of them, or under a causal
+        mask aligned to the bottom right (torch and flash-attn convention when
+        seq_q != seq_kv) only those with key index <= query index + (seq_kv - seq_q)."""
+        sq, skv = self.seq_q, self.seq_kv
+        if not self.causal:
+            return sq * skv
+        offset = skv - sq
+        total = 0
+        # rows i in [0, sq): keys j in [0, min(skv, i + offset + 1))
+        # closed form over the rows where the bound is inside [0, skv]
+        first_full = max(0, skv - offset)  # rows from here on see every key
+        lo = max(0, -offset)  # rows before lo see no key
+        hi = min(sq, first_full)
+        if hi > lo:
+            # sum_{i=lo}^{hi-1} (i + offset + 1)
+            n = hi - lo
+            total += n * (offset + 1) + (lo + hi - 1) * n // 2
+        if sq > max(hi, lo):
+            total += (sq - max(hi, lo)) * skv
+        return total
+
+    @property
+    def forward_flops(self) -> int:
+        """Two matmuls (Q K^T and P V), two FLOPs per multiply-add, over the computed pairs."""
+        return 4 * self.batch * self.heads_q * self.score_pairs * self.head_dim
+
+    @property
+    def backward_flops(self) -> int:
+        """Five matmuls (dV, dP, dQ, dK and the recomputed S): 2.5x the forward."""
+        return self.forward_flops * 5 // 2
+
+    @property
+    def bytes_moved(self) -> int:
+        """Forward: read Q, K, V once, write O once."""
+        elem = DTYPE_BYTES[self.dtype]
+        q = self.batch * self.heads_q * self.seq_q * self.head_dim
+        kv = 2 * self.batch * self.heads_kv * self.seq_kv * self.head_dim
+        return int((2 * q + kv) * elem)
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        return self.forward_flops / self.bytes_moved
+
+    def __str__(self) -> str:
+        mask = "causal" if self.causal else "full"
+        gqa = f"/{self.heads_kv}" if self.heads_kv != self.heads_q else ""
+        seq = f"{self.seq_q}" if self.seq_q == self.seq_kv else f"{self.seq_q}x{self.seq_kv}"
+        return f"b{self.batch} h{self.heads_q}{gqa} s{seq} d{self.head_dim} {self.dtype} {mask}"
+
+
+def geomean(values: list[float]) -> float:
+    """Geometric mean of positive values (speedups); nan for an empty list."""
+    if not values:
+        return float("nan")
+    return math.exp(sum(math.log(v) for v in values) / len(values))

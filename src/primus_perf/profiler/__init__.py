@@ -1,0 +1,1 @@
+"""Capture: run the trainer (or any step function) under torch.profiler."""

@@ -1,0 +1,1 @@
+"""Trace loading, op->kernel linking, perf models, breakdowns, reports, compare, gate."""

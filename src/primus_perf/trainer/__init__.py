@@ -1,0 +1,1 @@
+"""Reference Megatron-style trainer: model, parallelism, configs, loop, dispatch."""

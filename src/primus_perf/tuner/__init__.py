@@ -1,0 +1,1 @@
+"""Timing harness, BLAS-Lt bindings, GEMM search, attention kernels and search."""
