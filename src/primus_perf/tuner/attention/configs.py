@@ -1,0 +1,279 @@
+"""Tile configurations of the Triton flash-attention kernels and the space searched.
+
+A config is data: ``FwdConfig`` for the forward kernel, ``BwdConfig`` for the two
+backward kernels (dK/dV over key blocks, dQ over query blocks), ``AttnConfig`` the pair
+that a cache entry stores. Invalid combinations (shared-memory overflow, register-file
+overflow, blocks larger than needed) are pruned here, before anything is launched.
+
+Vendor differences are rows of tables: the shared memory (LDS) per block by GPU
+architecture, and the launch options that only one vendor's Triton backend knows
+(``waves_per_eu`` and ``matrix_instr_nonkdim`` on ROCm).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from primus_perf.problems import AttentionProblem
+
+# Shared memory (bytes) one program may use, by architecture prefix; first match wins.
+SMEM_BYTES: tuple[tuple[str, int], ...] = (
+    ("sm_90", 232_448),
+    ("sm_100", 232_448),
+    ("sm_120", 101_376),
+    ("sm_89", 101_376),
+    ("sm_86", 101_376),
+    ("sm_80", 166_912),
+    ("gfx950", 163_840),
+    ("gfx94", 65_536),
+    ("gfx9", 65_536),
+    ("cpu", 1 << 30),  # the Triton interpreter has no limit
+)
+
+# Launch options that exist only in one vendor's Triton backend (passing them to the
+# other one is an error), with the values the search tries.
+VENDOR_OPTIONS: dict[str, dict[str, tuple[int, ...]]] = {
+    "nvidia": {},
+    "cpu": {},
+    "amd": {"waves_per_eu": (0, 1, 2), "matrix_instr_nonkdim": (16, 32)},
+}
+
+HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def smem_limit(arch: str) -> int:
+    for prefix, limit in SMEM_BYTES:
+        if arch.startswith(prefix):
+            return limit
+    return 65_536
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    """Forward kernel tiles: BLOCK_M query rows x BLOCK_N keys per step."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    waves_per_eu: int = 0  # ROCm only
+    matrix_instr_nonkdim: int = 0  # ROCm only; 0 = compiler default
+
+    def label(self) -> str:
+        text = f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
+        if self.waves_per_eu or self.matrix_instr_nonkdim:
+            text += f" wpe{self.waves_per_eu} mi{self.matrix_instr_nonkdim}"
+        return text
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """Backward tiles: dK/dV kernel walks BLOCK_M1 query rows per step over BLOCK_N1 keys;
+    dQ kernel walks BLOCK_N2 keys per step over BLOCK_M2 query rows."""
+
+    block_m1: int = 32
+    block_n1: int = 128
+    block_m2: int = 128
+    block_n2: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+    waves_per_eu: int = 0
+    matrix_instr_nonkdim: int = 0
+
+    def label(self) -> str:
+        text = (
+            f"dkdv {self.block_m1}x{self.block_n1} dq {self.block_m2}x{self.block_n2}"
+            f" w{self.num_warps} s{self.num_stages}"
+        )
+        if self.waves_per_eu or self.matrix_instr_nonkdim:
+            text += f" wpe{self.waves_per_eu} mi{self.matrix_instr_nonkdim}"
+        return text
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """What the cache stores for the Triton backend: one forward and one backward config."""
+
+    fwd: FwdConfig = field(default_factory=FwdConfig)
+    bwd: BwdConfig = field(default_factory=BwdConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fwd": asdict(self.fwd), "bwd": asdict(self.bwd)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttnConfig:
+        try:
+            return cls(fwd=_build(FwdConfig, data["fwd"]), bwd=_build(BwdConfig, data["bwd"]))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not an attention config: {data!r} ({exc})") from None
+
+    def label(self) -> str:
+        return f"fwd {self.fwd.label()} | bwd {self.bwd.label()}"
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise TypeError(f"unknown field(s) {sorted(unknown)}")
+    return cls(**{k: int(v) for k, v in data.items()})
+
+
+# ---- validity -------------------------------------------------------------------------
+
+
+def check_head_dim(head_dim: int) -> None:
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim} not supported by the Triton kernel {HEAD_DIMS}")
+
+
+def fwd_smem_bytes(cfg: FwdConfig, head_dim: int, elem: int = 2) -> int:
+    """Q tile once, K and V tiles once per pipeline stage."""
+    stages = max(cfg.num_stages - 1, 1)
+    return cfg.block_m * head_dim * elem + stages * 2 * cfg.block_n * head_dim * elem
+
+
+def bwd_smem_bytes(cfg: BwdConfig, head_dim: int, elem: int = 2) -> int:
+    """The larger of the two kernels: a resident tile pair plus a streamed pair per stage."""
+    stages = max(cfg.num_stages - 1, 1)
+    dkdv = 2 * cfg.block_n1 * head_dim * elem + stages * 2 * cfg.block_m1 * head_dim * elem
+    dq = 2 * cfg.block_m2 * head_dim * elem + stages * 2 * cfg.block_n2 * head_dim * elem
+    return max(dkdv, dq)
+
+
+def _acc_regs_per_thread(rows: int, cols: int, warps: int) -> int:
+    return rows * cols // (32 * warps)
+
+
+def fwd_invalid(cfg: FwdConfig, problem: AttentionProblem, arch: str) -> str | None:
+    """Why a forward config cannot (or should not) run on this problem; None if it can."""
+    d = problem.head_dim
+    if cfg.block_m < 16 or cfg.block_n < 16:
+        return "blocks under 16"
+    if fwd_smem_bytes(cfg, d) > smem_limit(arch):
+        return "shared memory"
+    if arch != "cpu":
+        # the fp32 accumulators (O: BLOCK_M x D, S: BLOCK_M x BLOCK_N) must fit registers
+        regs = _acc_regs_per_thread(cfg.block_m, d + cfg.block_n, cfg.num_warps)
+        if regs > 192:
+            return "registers"
+    if cfg.block_m > 16 and cfg.block_m // 2 >= _ceil16(problem.seq_q):
+        return "BLOCK_M larger than the sequence"
+    if cfg.block_n > 16 and cfg.block_n // 2 >= _ceil16(problem.seq_kv):
+        return "BLOCK_N larger than the sequence"
+    return None
+
+
+def bwd_invalid(cfg: BwdConfig, problem: AttentionProblem, arch: str) -> str | None:
+    d = problem.head_dim
+    if min(cfg.block_m1, cfg.block_n1, cfg.block_m2, cfg.block_n2) < 16:
+        return "blocks under 16"
+    if bwd_smem_bytes(cfg, d) > smem_limit(arch):
+        return "shared memory"
+    if arch != "cpu":
+        # dK and dV accumulators (2 x BLOCK_N1 x D), dQ (BLOCK_M2 x D) in fp32
+        regs = max(
+            _acc_regs_per_thread(cfg.block_n1, 2 * d + cfg.block_m1, cfg.num_warps),
+            _acc_regs_per_thread(cfg.block_m2, d + cfg.block_n2, cfg.num_warps),
+        )
+        if regs > 192:
+            return "registers"
+    seq = min(problem.seq_q, problem.seq_kv)
+    if max(cfg.block_n1, cfg.block_m2) // 2 >= _ceil16(seq) and max(cfg.block_n1, cfg.block_m2) > 16:
+        return "blocks larger than the sequence"
+    return None
+
+
+def _ceil16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+# ---- the search space -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Values tried per parameter; the grid is their product, minus invalid points."""
+
+    fwd: dict[str, tuple[int, ...]]
+    bwd: dict[str, tuple[int, ...]]
+
+    def fwd_configs(self, problem: AttentionProblem, arch: str) -> list[FwdConfig]:
+        return _product(FwdConfig, self.fwd, lambda c: fwd_invalid(c, problem, arch))
+
+    def bwd_configs(self, problem: AttentionProblem, arch: str) -> list[BwdConfig]:
+        return _product(BwdConfig, self.bwd, lambda c: bwd_invalid(c, problem, arch))
+
+
+def _product(cls: type, axes: dict[str, tuple[int, ...]], invalid) -> list[Any]:
+    names = list(axes)
+    out = []
+    for values in itertools.product(*(axes[n] for n in names)):
+        cfg = cls(**dict(zip(names, values, strict=True)))
+        if invalid(cfg) is None:
+            out.append(cfg)
+    return out
+
+
+def default_space(vendor: str, head_dim: int) -> SearchSpace:
+    """The space searched on a GPU: blocks, warps, stages; vendor options on ROCm."""
+    extra = VENDOR_OPTIONS.get(vendor, {})
+    if vendor == "amd":
+        stages: tuple[int, ...] = (1, 2)
+    else:
+        stages = (2, 3, 4) if head_dim <= 64 else (2, 3)
+    fwd = {
+        "block_m": (64, 128),
+        "block_n": (32, 64, 128),
+        "num_warps": (4, 8),
+        "num_stages": stages,
+        **extra,
+    }
+    # backward: tile pairs (small, big) shared by dK/dV (M1 small, N1 big) and dQ
+    bwd = {
+        "block_m1": (32, 64),
+        "block_n1": (64, 128),
+        "block_m2": (64, 128),
+        "block_n2": (32, 64),
+        "num_warps": (4, 8),
+        "num_stages": (1, 2, 3) if vendor != "amd" else (1,),
+        **extra,
+    }
+    return SearchSpace(fwd=fwd, bwd=bwd)
+
+
+def tiny_space() -> SearchSpace:
+    """A small space for the CPU interpreter (tests): 16/32 blocks."""
+    return SearchSpace(
+        fwd={"block_m": (16, 32), "block_n": (16, 32), "num_warps": (4,), "num_stages": (1,)},
+        bwd={
+            "block_m1": (16,),
+            "block_n1": (16, 32),
+            "block_m2": (16, 32),
+            "block_n2": (16,),
+            "num_warps": (4,),
+            "num_stages": (1,),
+        },
+    )
+
+
+def known_good(vendor: str, head_dim: int) -> list[AttnConfig]:
+    """Seeds for TPE: configs that are fast on most problems of this vendor."""
+    if vendor == "amd":
+        return [
+            AttnConfig(
+                FwdConfig(128, 64, 4, 1, waves_per_eu=2, matrix_instr_nonkdim=16),
+                BwdConfig(32, 128, 128, 32, 4, 1, waves_per_eu=1, matrix_instr_nonkdim=16),
+            )
+        ]
+    if head_dim <= 64:
+        return [
+            AttnConfig(FwdConfig(128, 64, 4, 3), BwdConfig(32, 128, 128, 32, 4, 2)),
+            AttnConfig(FwdConfig(128, 128, 8, 3), BwdConfig(64, 128, 128, 64, 8, 2)),
+        ]
+    return [
+        AttnConfig(FwdConfig(128, 64, 8, 3), BwdConfig(32, 128, 128, 32, 4, 2)),
+        AttnConfig(FwdConfig(128, 128, 8, 2), BwdConfig(64, 128, 128, 64, 8, 2)),
+    ]

@@ -1,0 +1,87 @@
+"""fp32 reference attention and the numerical check every candidate config must pass."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# Max |error| allowed relative to the reference's max |value|, per dtype (output, grads).
+TOLERANCE: dict[torch.dtype, float] = {torch.bfloat16: 2.5e-2, torch.float16: 5e-3}
+
+
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, sm_scale: float | None = None
+) -> torch.Tensor:
+    """Plain fp32 attention in the trainer layout (batch, seq, heads, head_dim)."""
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))  # b h s d
+    group = qf.shape[1] // kf.shape[1]
+    if group > 1:
+        kf = kf.repeat_interleave(group, dim=1)
+        vf = vf.repeat_interleave(group, dim=1)
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = (qf @ kf.transpose(-1, -2)) * scale
+    if causal:
+        sq, skv = scores.shape[-2:]
+        mask = torch.ones(sq, skv, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ vf
+    return out.transpose(1, 2)
+
+
+@dataclass(frozen=True)
+class NumericsReport:
+    """Worst relative error of output and each gradient against the fp32 reference."""
+
+    out: float
+    dq: float
+    dk: float
+    dv: float
+    tolerance: float
+
+    @property
+    def worst(self) -> float:
+        return max(self.out, self.dq, self.dk, self.dv)
+
+    @property
+    def ok(self) -> bool:
+        return math.isfinite(self.worst) and self.worst <= self.tolerance
+
+
+def _rel(err: torch.Tensor, ref: torch.Tensor) -> float:
+    denom = ref.abs().max().item()
+    value = (err.float() - ref).abs().max().item() / max(denom, 1e-6)
+    return value if math.isfinite(value) else float("inf")
+
+
+def check_numerics(fn, q, k, v, *, causal: bool, seed: int = 0) -> NumericsReport:
+    """Run ``fn(q, k, v, causal)`` forward and backward against the fp32 reference."""
+    gen = torch.Generator(device=q.device).manual_seed(seed)
+    do = torch.randn(q.shape, generator=gen, device=q.device, dtype=q.dtype)
+    qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = fn(qq, kk, vv, causal)
+    out.backward(do)
+    qr, kr, vr = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    ref = reference_attention(qr, kr, vr, causal=causal)
+    ref.backward(do.float())
+    return NumericsReport(
+        out=_rel(out.detach(), ref.detach()),
+        dq=_rel(qq.grad, qr.grad),
+        dk=_rel(kk.grad, kr.grad),
+        dv=_rel(vv.grad, vr.grad),
+        tolerance=TOLERANCE.get(q.dtype, 1e-3),
+    )
+
+
+def random_qkv(
+    batch: int, heads_q: int, heads_kv: int, seq_q: int, seq_kv: int, head_dim: int,
+    dtype: torch.dtype, device: str | torch.device, seed: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fresh random inputs in the trainer layout."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def make(s: int, h: int) -> torch.Tensor:
+        return torch.randn((batch, s, h, head_dim), generator=gen, device=device, dtype=dtype)
+
+    return make(seq_q, heads_q), make(seq_kv, heads_kv), make(seq_kv, heads_kv)
