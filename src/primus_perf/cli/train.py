@@ -1,18 +1,73 @@
-"""``primus-train``: run the reference trainer in one process."""
+"""``primus-train``: run the reference trainer (one process, or every rank under torchrun)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
-from primus_perf.cli.common import not_yet_available, run_app
+from primus_perf.cli.common import console, run_app
 
 app = typer.Typer(name="primus-train", add_completion=False)
 
 
+def format_step(m, total: int) -> str:
+    mfu = "n/a" if m.mfu is None else f"{100 * m.mfu:5.1f}%"
+    return (
+        f"step {m.step:>4}/{total}  loss {m.loss:8.4f}  {m.step_time_s * 1e3:8.1f} ms"
+        f"  {m.tokens_per_s:>10,.0f} tok/s  MFU {mfu}  mem {m.peak_mem_bytes / 2**30:6.2f} GiB"
+        f"  lr {m.lr:.2e}  gnorm {m.grad_norm:.3f}"
+    )
+
+
 @app.command()
-def train() -> None:
-    """Train a preset or YAML config."""
-    not_yet_available("primus-train")
+def train(
+    overrides: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional here)
+        None, help="Config overrides key=value with dotted keys, e.g. train.steps=50 parallel.tp=2"
+    ),
+    config: str = typer.Option("tiny", "--config", "-c", help="Preset name (configs/NAME.yaml) or a YAML path"),
+    layers: Optional[int] = typer.Option(None, "--layers", help="Override model.n_layers"),  # noqa: UP045
+    steps: Optional[int] = typer.Option(None, "--steps", help="Override train.steps"),  # noqa: UP045
+    json_log: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--json-log", help="Write one JSON object per step to this file (JSON lines)"
+    ),
+) -> None:
+    """Train a preset or YAML config; prints loss, step time, tokens/s, MFU and peak memory
+    per step. Under torchrun every rank runs it (rank 0 prints and writes the log)."""
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.loop import JsonLog, Trainer
+
+    extra = list(overrides or [])
+    if layers is not None:
+        extra.append(f"model.n_layers={layers}")
+    if steps is not None:
+        extra.append(f"train.steps={steps}")
+    cfg = load_config(config, extra)
+    trainer = Trainer(cfg)
+    log = JsonLog(json_log) if (json_log and trainer.is_main) else None
+    m = cfg.model
+    if trainer.is_main:
+        console.print(
+            f"[bold]{m.name}[/]: {m.n_layers} layers, dim {m.dim}, heads {m.n_heads}/{m.n_kv_heads},"
+            f" vocab {m.vocab_size} | tp {trainer.groups.tp} dp {trainer.groups.dp} | device"
+            f" {trainer.device_name} | {'bf16 autocast' if trainer.autocast else 'fp32'} |"
+            f" {trainer.tokens_per_step} tokens/step | {trainer.flops_per_token / 1e9:.3f} GFLOP/token",
+            highlight=False,
+            soft_wrap=True,
+        )
+    try:
+        for _ in range(cfg.train.steps):
+            metrics = trainer.train_step()
+            if not trainer.is_main:
+                continue
+            if log is not None:
+                log.write(metrics)
+            if metrics.step % cfg.train.log_every == 0 or metrics.step == cfg.train.steps:
+                console.print(format_step(metrics, cfg.train.steps), highlight=False, soft_wrap=True)
+    finally:
+        if log is not None:
+            log.close()
+        trainer.close()
 
 
 def main() -> None:

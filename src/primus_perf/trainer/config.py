@@ -1,0 +1,302 @@
+"""Trainer configuration: nested dataclasses loaded from YAML presets, validated, with
+``key=value`` overrides.
+
+A preset name (``tiny``, ``llama3-8b``, ...) resolves to ``<repo>/configs/NAME.yaml``; any
+other argument is read as a path. Every key is checked against the dataclass fields: an
+unknown key, a value of the wrong type, or a model that cannot be split over the
+tensor-parallel size raises :class:`~primus_perf.errors.ConfigError` whose message names
+the key (the CLI prints it as one line and exits with code 2).
+
+Overrides use dotted keys, e.g. ``train.steps=50`` or ``model.n_layers=4``; the value is
+parsed as a YAML scalar (``true``, ``3e-4``, ``null`` work).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from primus_perf.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+
+
+@dataclass
+class ModelConfig:
+    """A Llama-3-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP,
+    untied output head."""
+
+    name: str = "custom"
+    vocab_size: int = 256
+    dim: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    ffn_dim: int = 384
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    qkv_bias: bool = False  # Qwen2.5 has biases on the Q/K/V projections
+    init_std: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+@dataclass
+class ParallelConfig:
+    """Tensor-parallel size and data-parallel size; ``dp=0`` means world size / tp."""
+
+    tp: int = 1
+    dp: int = 0
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 30
+    seq_len: int = 128
+    micro_batch: int = 8  # sequences per data-parallel rank per step
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup: int = 5
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping
+    seed: int = 1234
+    device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda"
+    dtype: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU), "bf16", "fp32"
+    recompute: bool = False  # activation recompute per transformer block
+    compile: bool = False  # torch.compile the non-GEMM parts of each block
+    sdpa_backend: str = "auto"  # "auto" (torch picks), "cudnn", "flash", "efficient", "math"
+    log_every: int = 1
+
+
+@dataclass
+class DataConfig:
+    """``path=None``: synthetic, learnable token sequences; else a text file read with a
+    byte-level tokenizer (token = byte value, so ``model.vocab_size`` must be >= 256)."""
+
+    path: str | None = None
+
+
+@dataclass
+class TuningConfig:
+    """``cache``: path of a tuning cache to load at start-up (GEMM and attention
+    solutions); None runs the default torch kernels."""
+
+    cache: str | None = None
+
+
+@dataclass
+class TrainerConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tuning: TuningConfig = field(default_factory=TuningConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "train.device": ("auto", "cpu", "cuda"),
+    "train.dtype": ("auto", "bf16", "fp32"),
+    "train.sdpa_backend": ("auto", "cudnn", "flash", "efficient", "math"),
+}
+
+_POSITIVE = (
+    "model.vocab_size",
+    "model.dim",
+    "model.n_layers",
+    "model.n_heads",
+    "model.n_kv_heads",
+    "model.ffn_dim",
+    "parallel.tp",
+    "train.steps",
+    "train.seq_len",
+    "train.micro_batch",
+    "train.log_every",
+)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def resolve_config_path(name_or_path: str) -> Path:
+    """``tiny`` -> ``<repo>/configs/tiny.yaml``; an existing path is used as is."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {name_or_path}")
+        return path
+    candidate = CONFIG_DIR / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = ", ".join(preset_names()) or "none"
+    raise ConfigError(f"unknown config {name_or_path!r} (presets: {names}; or give a YAML path)")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError:
+                continue
+        names = " or ".join(_type_name(a) for a in args if a is not type(None))
+        raise ConfigError(f"config key {key!r} must be {names} or null, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - internal: an annotation this loader does not know
+        raise TypeError(f"unsupported annotation {tp!r} for {key}")
+    raise ConfigError(
+        f"config key {key!r} must be {_type_name(tp)}, got {type(value).__name__} {value!r}"
+    )
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config key {prefix.rstrip('.') or '<root>'!r} must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise ConfigError(f"unknown config key {prefix + str(key)!r}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        tp = hints[f.name]
+        key = prefix + f.name
+        if dataclasses.is_dataclass(tp):
+            kwargs[f.name] = _build(tp, data[f.name], key + ".")
+        else:
+            kwargs[f.name] = _coerce(key, data[f.name], tp)
+    return cls(**kwargs)
+
+
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like key=value")
+    key, _, text = override.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError(f"override key {key!r} must be dotted, e.g. train.steps=50")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"unknown config key {key!r}")
+        node = child
+    node[parts[-1]] = value
+
+
+def validate(cfg: TrainerConfig) -> TrainerConfig:
+    """Cross-field checks; raises ConfigError naming the offending key."""
+    flat = {
+        f"{section}.{name}": value
+        for section, values in cfg.to_dict().items()
+        for name, value in values.items()
+    }
+    for key in _POSITIVE:
+        if flat[key] <= 0:
+            raise ConfigError(f"config key {key!r} must be positive, got {flat[key]}")
+    for key, choices in _CHOICES.items():
+        if flat[key] not in choices:
+            raise ConfigError(f"config key {key!r} must be one of {', '.join(choices)}, got {flat[key]!r}")
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    if p.dp < 0:
+        raise ConfigError(f"config key 'parallel.dp' must be >= 0, got {p.dp}")
+    if m.dim % m.n_heads:
+        raise ConfigError(f"config key 'model.dim' ({m.dim}) must be divisible by model.n_heads ({m.n_heads})")
+    if m.head_dim % 2:
+        raise ConfigError(f"config key 'model.dim' gives an odd head dim {m.head_dim}; RoPE needs it even")
+    if m.n_heads % m.n_kv_heads:
+        raise ConfigError(
+            f"config key 'model.n_kv_heads' ({m.n_kv_heads}) must divide model.n_heads ({m.n_heads})"
+        )
+    for key, value in (
+        ("model.n_heads", m.n_heads),
+        ("model.n_kv_heads", m.n_kv_heads),
+        ("model.ffn_dim", m.ffn_dim),
+        ("model.vocab_size", m.vocab_size),
+    ):
+        if value % p.tp:
+            raise ConfigError(f"config key {key!r} ({value}) is not divisible by parallel.tp ({p.tp})")
+    if t.warmup < 0:
+        raise ConfigError(f"config key 'train.warmup' must be >= 0, got {t.warmup}")
+    if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
+        raise ConfigError("config key 'train.lr' must be > 0 and train.min_lr in [0, train.lr]")
+    if t.grad_clip < 0:
+        raise ConfigError(f"config key 'train.grad_clip' must be >= 0, got {t.grad_clip}")
+    if cfg.data.path is not None:
+        if m.vocab_size < 256:
+            raise ConfigError(
+                f"config key 'model.vocab_size' ({m.vocab_size}) must be >= 256 for data.path (byte tokens)"
+            )
+        if not Path(cfg.data.path).is_file():
+            raise ConfigError(f"config key 'data.path': file not found: {cfg.data.path}")
+    if cfg.tuning.cache is not None and not Path(cfg.tuning.cache).exists():
+        raise ConfigError(f"config key 'tuning.cache': not found: {cfg.tuning.cache}")
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainerConfig:
+    return validate(_build(TrainerConfig, data, ""))
+
+
+def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> TrainerConfig:
+    """Load a preset (by name) or a YAML file, apply ``key=value`` overrides, validate."""
+    path = resolve_config_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    for override in overrides:
+        _apply_override(data, override)
+    return config_from_dict(data)

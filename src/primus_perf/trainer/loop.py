@@ -1,0 +1,255 @@
+"""The training loop: set-up (process groups, device, model, TP/DP, optimizer, data) and
+one optimizer step at a time, with per-step metrics.
+
+Launch: one process (``primus-train``), or ``torchrun`` (``WORLD_SIZE > 1``): NCCL on
+GPUs, gloo on CPU. Ranks are tensor-parallel-major (see ``parallel.py``); data parallel is
+DDP over the data-parallel group. Every rank builds the *full* model from the same seed,
+then :func:`parallel.parallelize` keeps its shard, so the initial weights do not depend on
+the tensor-parallel size.
+
+Precision: bf16 autocast on GPU with fp32 master weights, fp32 on CPU. AdamW (fused on
+GPU), linear warmup then cosine decay to ``min_lr``, global-norm gradient clipping,
+optional activation recompute.
+
+MFU = model FLOPs per step (``flops.flops_per_token`` x global tokens) / step time /
+(dense bf16 datasheet peak of the device x number of GPUs); None ("n/a") on CPU or on a
+device the peak table does not know.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from primus_perf.errors import ConfigError, DeviceError
+from primus_perf.trainer import dispatch
+from primus_perf.trainer.config import TrainConfig, TrainerConfig
+from primus_perf.trainer.data import make_batches
+from primus_perf.trainer.flops import flops_per_token
+from primus_perf.trainer.model import Transformer
+from primus_perf.trainer.parallel import clip_grad_norm_, make_groups, parallelize
+
+
+@dataclass
+class StepMetrics:
+    step: int  # 1-based
+    loss: float
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float | None  # fraction of the dense bf16 peak, None when the device is unknown
+    peak_mem_bytes: int
+    lr: float
+    grad_norm: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def lr_at(step: int, t: TrainConfig) -> float:
+    """Learning rate of 0-based ``step``: linear warmup, then cosine to ``min_lr``."""
+    if t.warmup and step < t.warmup:
+        return t.lr * (step + 1) / t.warmup
+    span = max(1, t.steps - t.warmup)
+    progress = min(1.0, (step - t.warmup) / span)
+    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # peak RSS
+
+
+class Trainer:
+    """Set up once, then call :meth:`train_step` per optimizer step."""
+
+    def __init__(self, cfg: TrainerConfig) -> None:
+        self.cfg = cfg
+        t = cfg.train
+        self.device = self._pick_device(t.device)
+        self._owns_process_group = self._init_distributed()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        tp = cfg.parallel.tp
+        if world % tp:
+            raise ConfigError(
+                f"config key 'parallel.tp' ({tp}) must divide the number of processes ({world});"
+                f" launch with torchrun --nproc-per-node {tp}"
+            )
+        if cfg.parallel.dp not in (0, world // tp):
+            raise ConfigError(
+                f"config key 'parallel.dp' ({cfg.parallel.dp}) must be 0 or world size / tp ({world // tp})"
+            )
+        self.groups = make_groups(tp)
+        self.is_main = self.groups.rank == 0
+        if t.dtype == "bf16" and self.device.type != "cuda":
+            raise ConfigError("config key 'train.dtype': bf16 needs a GPU (the CPU path runs fp32)")
+        self.autocast = self.device.type == "cuda" and t.dtype in ("auto", "bf16")
+        dispatch.set_sdpa_backend(t.sdpa_backend)
+
+        torch.manual_seed(t.seed)
+        with torch.device(self.device):
+            model = Transformer(cfg.model)
+        parallelize(model, self.groups)
+        model.recompute = t.recompute
+        if t.compile:
+            model.compile_pointwise()
+        self.model = model
+        self._forward: torch.nn.Module = model
+        if self.groups.dp > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self._forward = DDP(
+                model,
+                process_group=self.groups.dp_group,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                broadcast_buffers=False,
+            )
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.params = params
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=lr_at(0, t),
+            betas=(t.beta1, t.beta2),
+            eps=t.eps,
+            fused=self.device.type == "cuda",
+        )
+        self.batches = make_batches(
+            cfg.data.path, cfg.model.vocab_size, t.seq_len, t.micro_batch, self.groups.dp, self.groups.dp_rank, t.seed
+        )
+        self.flops_per_token = flops_per_token(cfg.model, t.seq_len)
+        self.tokens_per_step = t.micro_batch * t.seq_len * self.groups.dp
+        self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        self.peak_tflops = self._peak_tflops()
+        self.step = 0
+
+    # ---- set-up ------------------------------------------------------------------------
+
+    @staticmethod
+    def _pick_device(choice: str) -> torch.device:
+        if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise DeviceError("config key 'train.device' is cuda but no GPU is visible to torch")
+        index = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+
+    def _init_distributed(self) -> bool:
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+            return False
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend)
+        return True
+
+    def _peak_tflops(self) -> float | None:
+        if self.device.type != "cuda":
+            return None
+        from primus_perf.devices import lookup_peaks
+
+        row = lookup_peaks(self.device_name)
+        return row.peak_tflops("bf16") if row is not None else None
+
+    # ---- training ----------------------------------------------------------------------
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self) -> StepMetrics:
+        """One optimizer step on one micro-batch per data-parallel rank."""
+        t = self.cfg.train
+        start = time.perf_counter()
+        lr = lr_at(self.step, t)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        inputs, targets = self.batches.batch(self.step)
+        inputs = inputs.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
+        with self._autocast():
+            logits = self._forward(inputs)
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        loss.backward()
+        grad_norm = clip_grad_norm_(self.params, t.grad_clip, self.groups.tp_group)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_value = loss.detach().float()
+        if self.groups.dp_group is not None:
+            dist.all_reduce(loss_value, group=self.groups.dp_group)
+            loss_value /= self.groups.dp
+        loss_f, norm_f = float(loss_value), float(grad_norm)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        self.step += 1
+        mfu = None
+        if self.peak_tflops:
+            achieved = self.flops_per_token * self.tokens_per_step / elapsed
+            mfu = achieved / (self.peak_tflops * 1e12 * self.groups.world_size)
+        return StepMetrics(
+            step=self.step,
+            loss=loss_f,
+            step_time_s=elapsed,
+            tokens_per_s=self.tokens_per_step / elapsed,
+            mfu=mfu,
+            peak_mem_bytes=_peak_memory(self.device),
+            lr=lr,
+            grad_norm=norm_f,
+        )
+
+    def close(self) -> None:
+        """Leave the process group if this trainer created it."""
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_process_group = False
+
+
+class JsonLog:
+    """One JSON object per step, written to ``PATH.partial`` and renamed to PATH on close."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.partial = self.path.with_name(self.path.name + ".partial")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.partial.open("w")
+        except OSError as exc:
+            raise ConfigError(f"cannot write the JSON log {self.path}: {exc.strerror}") from None
+
+    def write(self, metrics: StepMetrics) -> None:
+        self._file.write(json.dumps(metrics.to_dict()) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+            os.replace(self.partial, self.path)
+
+
+def train(cfg: TrainerConfig, on_step: Callable[[StepMetrics], None] | None = None) -> list[StepMetrics]:
+    """Run ``cfg.train.steps`` steps; ``on_step`` sees each step's metrics (on every rank)."""
+    trainer = Trainer(cfg)
+    history: list[StepMetrics] = []
+    try:
+        for _ in range(cfg.train.steps):
+            metrics = trainer.train_step()
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+    finally:
+        trainer.close()
+    return history

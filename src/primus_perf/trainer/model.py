@@ -1,0 +1,196 @@
+"""A Llama-3-style decoder in plain PyTorch.
+
+Token embedding, RMSNorm, rotary embeddings (rotate-half form), grouped-query attention
+with a fused Q/K/V projection (optional Q/K/V bias, as in Qwen2.5), SwiGLU MLP with a fused
+gate/up projection, untied output head. Every linear GEMM goes through
+:func:`dispatch.linear` and attention through :func:`dispatch.attention`.
+
+The model knows nothing about parallelism except three hooks that are no-ops while
+``tp_group`` is None: :func:`parallel.parallelize` shards the weights from outside and sets
+the groups (Megatron-style tensor parallel).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from primus_perf.trainer import dispatch
+from primus_perf.trainer.config import ModelConfig
+from primus_perf.trainer.parallel import copy_to_tp, gather_from_tp, reduce_from_tp
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, each (seq_len, head_dim // 2), float32."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim))
+    pos = torch.arange(seq_len, device=device, dtype=torch.float64)
+    ang = torch.outer(pos, inv)
+    return ang.cos().float(), ang.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (batch, seq, heads, head_dim) by position (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    cos = cos.to(x.dtype)[None, :, None, :]
+    sin = sin.to(x.dtype)[None, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def swiglu(h: torch.Tensor) -> torch.Tensor:
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads  # local (per tensor-parallel rank) after parallelize
+        self.n_kv_heads = cfg.n_kv_heads
+        self.head_dim = cfg.head_dim
+        qkv_out = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+        self.wqkv = nn.Parameter(torch.empty(qkv_out, cfg.dim))
+        self.bqkv = nn.Parameter(torch.zeros(qkv_out)) if cfg.qkv_bias else None
+        self.wo = nn.Parameter(torch.empty(cfg.dim, cfg.n_heads * cfg.head_dim))
+        self.tp_group = None
+        self.rope = apply_rope
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        hq, hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        x = copy_to_tp(x, self.tp_group)
+        qkv = dispatch.linear(x, self.wqkv)
+        if self.bqkv is not None:
+            qkv = qkv + self.bqkv.to(qkv.dtype)
+        q, k, v = qkv.split((hq * hd, hkv * hd, hkv * hd), dim=-1)
+        q = self.rope(q.view(b, s, hq, hd), cos, sin)
+        k = self.rope(k.view(b, s, hkv, hd), cos, sin)
+        v = v.view(b, s, hkv, hd)
+        o = dispatch.attention(q, k, v, causal=True)
+        out = dispatch.linear(o.reshape(b, s, hq * hd), self.wo)
+        return reduce_from_tp(out, self.tp_group)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w13 = nn.Parameter(torch.empty(2 * cfg.ffn_dim, cfg.dim))  # [gate; up]
+        self.w2 = nn.Parameter(torch.empty(cfg.dim, cfg.ffn_dim))
+        self.tp_group = None
+        self.act = swiglu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tp(x, self.tp_group)
+        h = self.act(dispatch.linear(x, self.w13))
+        return reduce_from_tp(dispatch.linear(h, self.w2), self.tp_group)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Embedding(nn.Module):
+    """Token embedding; vocab-parallel once ``tp_group`` is set (rows [start, end))."""
+
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab, dim))
+        self.tp_group = None
+        self.vocab_start = 0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_group is None:
+            return F.embedding(ids, self.weight)
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(out, self.tp_group)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Parameter(torch.empty(cfg.vocab_size, cfg.dim))
+        self.tp_group = None
+        self.recompute = False
+        self._rope_cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Deterministic init from torch's global RNG, in a fixed order (seed it first)."""
+        cfg = self.cfg
+        std = cfg.init_std
+        out_std = std / math.sqrt(2 * cfg.n_layers)
+        nn.init.normal_(self.tok_embeddings.weight, std=1.0)
+        for block in self.layers:
+            nn.init.normal_(block.attention.wqkv, std=std)
+            if block.attention.bqkv is not None:
+                block.attention.bqkv.zero_()
+            nn.init.normal_(block.attention.wo, std=out_std)
+            nn.init.normal_(block.mlp.w13, std=std)
+            nn.init.normal_(block.mlp.w2, std=out_std)
+            block.attention_norm.weight.fill_(1.0)
+            block.mlp_norm.weight.fill_(1.0)
+        self.norm.weight.fill_(1.0)
+        nn.init.normal_(self.output, std=cfg.dim**-0.5)
+
+    def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (seq_len, device)
+        if key not in self._rope_cache:
+            self._rope_cache[key] = rope_tables(seq_len, self.cfg.head_dim, self.cfg.rope_theta, device)
+        return self._rope_cache[key]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids (batch, seq) -> logits (batch, seq, vocab)."""
+        cos, sin = self.rope(ids.shape[1], ids.device)
+        x = self.tok_embeddings(ids)
+        for block in self.layers:
+            if self.recompute and torch.is_grad_enabled():
+                from torch.utils.checkpoint import checkpoint
+
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        h = copy_to_tp(self.norm(x), self.tp_group)
+        logits = dispatch.linear(h, self.output)
+        return gather_from_tp(logits, self.tp_group)
+
+    def compile_pointwise(self) -> None:
+        """torch.compile the non-GEMM parts (RoPE, SwiGLU, RMSNorm); GEMMs stay dispatched."""
+        rope = torch.compile(apply_rope, dynamic=False)
+        act = torch.compile(swiglu, dynamic=False)
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.rope = rope
+            elif isinstance(module, MLP):
+                module.act = act
+            elif isinstance(module, RMSNorm):
+                module.forward = torch.compile(module.forward, dynamic=False)  # type: ignore[method-assign]

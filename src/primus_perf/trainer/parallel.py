@@ -1,0 +1,191 @@
+"""Megatron-style tensor parallelism, applied from outside the model, and process groups.
+
+:func:`parallelize` shards a full (identically initialised) model in place:
+
+- column-parallel: the fused Q/K/V projection (each of Q, K, V split by heads) and the fused
+  gate/up projection (each half split by rows), with the input passed through
+  :func:`copy_to_tp` (identity forward, all-reduce of the gradient backward);
+- row-parallel: the attention output and MLP down projections (split by columns), their
+  partial outputs summed by :func:`reduce_from_tp` (all-reduce forward, identity backward);
+- vocab-parallel embedding (rows split; out-of-range tokens give zeros, then all-reduce);
+- the output head is column-parallel over the vocabulary; its logits are all-gathered
+  (:func:`gather_from_tp`) and the loss is the ordinary cross entropy on full logits.
+  This is a documented simplification of Megatron's vocab-parallel cross entropy: it
+  costs one all-gather of the logits and memory for the full logits on every rank.
+
+RMSNorm weights are replicated; their gradients are identical on every tensor-parallel
+rank. Sharded parameters carry ``tp_sharded = True`` so :func:`clip_grad_norm_` counts
+them once across the group. Ranks are laid out tensor-parallel-major: rank =
+dp_rank * tp + tp_rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[override]
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[override]
+        out = x.contiguous().clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad, None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):  # type: ignore[override]
+        size = dist.get_world_size(group)
+        ctx.rank = dist.get_rank(group)
+        ctx.size = size
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None
+
+
+def copy_to_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Identity forward, all-reduce backward (the input of a column-parallel layer)."""
+    return x if group is None else _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """All-reduce forward, identity backward (the output of a row-parallel layer)."""
+    return x if group is None else _ReduceFromTP.apply(x, group)
+
+
+def gather_from_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """All-gather along the last dimension forward, take own slice backward."""
+    return x if group is None else _GatherFromTP.apply(x, group)
+
+
+@dataclass
+class ProcessGroups:
+    world_size: int = 1
+    rank: int = 0
+    tp: int = 1
+    dp: int = 1
+    tp_rank: int = 0
+    dp_rank: int = 0
+    tp_group: Any = None  # None when tp == 1
+    dp_group: Any = None  # None when dp == 1
+
+
+def make_groups(tp: int) -> ProcessGroups:
+    """Tensor- and data-parallel groups over the initialised default group (or none)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return ProcessGroups()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dp = world // tp
+    groups = ProcessGroups(world, rank, tp, dp, rank % tp, rank // tp)
+    for d in range(dp):  # every rank creates every group, in the same order
+        ranks = [d * tp + t for t in range(tp)]
+        group = dist.new_group(ranks) if tp > 1 else None
+        if rank in ranks:
+            groups.tp_group = group
+    for t in range(tp):
+        ranks = [d * tp + t for d in range(dp)]
+        group = dist.new_group(ranks) if dp > 1 else None
+        if rank in ranks:
+            groups.dp_group = group
+    return groups
+
+
+def _rows(w: torch.Tensor, sizes: list[int], rank: int, tp: int) -> torch.Tensor:
+    """Split rows into consecutive parts of ``sizes``, keep this rank's slice of each."""
+    parts = [p.chunk(tp, dim=0)[rank] for p in w.split(sizes, dim=0)]
+    return torch.cat(parts, dim=0).contiguous()
+
+
+def _cols(w: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
+    return w.chunk(tp, dim=1)[rank].contiguous()
+
+
+def _replace(module: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    param = torch.nn.Parameter(value, requires_grad=True)
+    param.tp_sharded = True  # type: ignore[attr-defined]
+    setattr(module, name, param)
+
+
+@torch.no_grad()
+def parallelize(model: torch.nn.Module, groups: ProcessGroups) -> torch.nn.Module:
+    """Shard a full model for tensor parallel ``groups.tp`` (in place; returns it)."""
+    from primus_perf.trainer.model import Transformer
+
+    assert isinstance(model, Transformer)
+    tp, rank, group = groups.tp, groups.tp_rank, groups.tp_group
+    if tp == 1:
+        return model
+    cfg = model.cfg
+    hd = cfg.head_dim
+    qkv_sizes = [cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd]
+    for block in model.layers:
+        attn, mlp = block.attention, block.mlp
+        _replace(attn, "wqkv", _rows(attn.wqkv, qkv_sizes, rank, tp))
+        if attn.bqkv is not None:
+            _replace(attn, "bqkv", _rows(attn.bqkv, qkv_sizes, rank, tp))
+        _replace(attn, "wo", _cols(attn.wo, rank, tp))
+        attn.n_heads = cfg.n_heads // tp
+        attn.n_kv_heads = cfg.n_kv_heads // tp
+        attn.tp_group = group
+        _replace(mlp, "w13", _rows(mlp.w13, [cfg.ffn_dim, cfg.ffn_dim], rank, tp))
+        _replace(mlp, "w2", _cols(mlp.w2, rank, tp))
+        mlp.tp_group = group
+    emb = model.tok_embeddings
+    per = cfg.vocab_size // tp
+    _replace(emb, "weight", emb.weight[rank * per : (rank + 1) * per].contiguous())
+    emb.vocab_start = rank * per
+    emb.tp_group = group
+    _replace(model, "output", _rows(model.output, [cfg.vocab_size], rank, tp))
+    model.tp_group = group
+    return model
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: list[torch.nn.Parameter], max_norm: float, tp_group: Any = None) -> torch.Tensor:
+    """Clip to a global L2 norm (sharded parameters summed over the tensor-parallel group,
+    replicated ones counted once). Returns the norm before clipping; no host sync."""
+    sharded = [p.grad for p in params if p.grad is not None and getattr(p, "tp_sharded", False)]
+    replicated = [p.grad for p in params if p.grad is not None and not getattr(p, "tp_sharded", False)]
+    device = (sharded or replicated)[0].device
+
+    def sq(grads: list[torch.Tensor]) -> torch.Tensor:
+        if not grads:
+            return torch.zeros((), device=device, dtype=torch.float32)
+        norms = torch._foreach_norm(grads, 2.0)
+        return torch.stack([n.float() for n in norms]).square().sum()
+
+    sharded_sq = sq(sharded)
+    if tp_group is not None:
+        dist.all_reduce(sharded_sq, group=tp_group)
+    total = (sharded_sq + sq(replicated)).sqrt()
+    if max_norm > 0:
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        grads = sharded + replicated
+        torch._foreach_mul_(grads, coef.to(grads[0].dtype))
+    return total
