@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from primus_perf.tracelens import gate as g
+
+TRIALS = 2000
+
+
+def _simulate(true_change: float, *, trials: int = TRIALS, n: int = 20, cv: float = 0.02, seed: int) -> float:
+    """Fraction of trials in which the gate reports a regression."""
+    rng = np.random.default_rng(seed)
+    fails = 0
+    for _ in range(trials):
+        base = 1.0 + cv * rng.standard_normal(n)
+        cand = (1.0 + true_change) * (1.0 + cv * rng.standard_normal(n))
+        v = g.compare_metric("step_time", base, cand, bootstrap=False)
+        fails += v.regression
+    return fails / trials
+
+
+def test_catches_five_percent_regression_in_at_least_95_percent_of_trials() -> None:
+    rate = _simulate(0.05, seed=1)
+    assert rate >= 0.95, rate
+
+
+def test_no_change_fails_at_most_2_percent_of_trials() -> None:
+    rate = _simulate(0.0, seed=2)
+    assert rate <= 0.02, rate
+
+
+def test_heavy_tailed_noise_does_not_fail_no_change() -> None:
+    # 2% CV plus 10% of steps 30% slower (stragglers) on both sides.
+    rng = np.random.default_rng(3)
+    fails = 0
+    for _ in range(500):
+        sides = []
+        for _side in range(2):
+            x = 1.0 + 0.02 * rng.standard_normal(20)
+            x[rng.random(20) < 0.1] *= 1.3
+            sides.append(x)
+        fails += g.compare_metric("step_time", sides[0], sides[1], bootstrap=False).regression
+    assert fails / 500 <= 0.02
+
+
+def test_small_but_significant_shift_passes_the_minimum_effect() -> None:
+    rng = np.random.default_rng(4)
+    base = 1.0 + 0.002 * rng.standard_normal(50)
+    cand = 1.01 * (1.0 + 0.002 * rng.standard_normal(50))
+    v = g.compare_metric("step_time", base, cand)
+    assert v.p_value < 1e-6  # clearly significant...
+    assert not v.regression  # ...but below the 3% allowed
+
+
+def test_mann_whitney_matches_known_values() -> None:
+    # Complete separation, n1 = n2 = 5: U = 25, var = 25 * 11 / 12, z = 12 / sqrt(var);
+    # scipy.stats.mannwhitneyu(x, y, alternative="greater", method="asymptotic") = 0.00609.
+    x, y = np.arange(6, 11.0), np.arange(1, 6.0)
+    p = g.mann_whitney_greater(x, y)
+    assert p == pytest.approx(0.00609, abs=2e-5)
+    assert g.mann_whitney_greater(y, x) > 0.98
+    # All ties: no evidence either way.
+    assert g.mann_whitney_greater(np.ones(5), np.ones(5)) == 0.5
+
+
+def test_throughput_metrics_are_higher_is_better() -> None:
+    rng = np.random.default_rng(5)
+    base = 1000 * (1 + 0.01 * rng.standard_normal(20))
+    worse = 900 * (1 + 0.01 * rng.standard_normal(20))
+    v = g.compare_metric("tokens_per_s", base, worse)
+    assert v.regression and v.change > 0.09
+    v2 = g.compare_metric("tokens_per_s", worse, base)
+    assert not v2.regression and v2.improvement
+
+
+def _samples(path: Path, values: list[float], *, device: str = "NVIDIA H100 80GB HBM3", **extra) -> Path:
+    data = {
+        "schema": g.SAMPLES_SCHEMA,
+        "config": "tiny",
+        "device": {"name": device, "arch": "sm_90", "compute_units": 132, "world_size": 1},
+        "versions": {"torch": "2.11"},
+        "metrics": {"step_time": values, "gpu_time.gemm": values},
+        **extra,
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "primus_perf.cli.profile", "gate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_gate_cli_exit_codes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    base = _samples(tmp_path / "b.json", list(0.1 * (1 + 0.02 * rng.standard_normal(20))))
+    same = _samples(tmp_path / "s.json", list(0.1 * (1 + 0.02 * rng.standard_normal(20))))
+    slow = _samples(tmp_path / "c.json", list(0.11 * (1 + 0.02 * rng.standard_normal(20))))
+    other = _samples(tmp_path / "o.json", [0.1] * 20, device="NVIDIA H200")
+    garbage = tmp_path / "g.json"
+    garbage.write_text("{not json")
+
+    r = _run_cli("--baseline", str(base), "--candidate", str(same))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS" in r.stdout
+
+    r = _run_cli("--baseline", str(base), "--candidate", str(slow), "--max-regression", "3%")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "REGRESSION" in r.stdout
+
+    # A 10% regression passes when 15% is allowed.
+    r = _run_cli("--baseline", str(base), "--candidate", str(slow), "--max-regression", "15%")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    r = _run_cli("--baseline", str(base), "--candidate", str(other))
+    assert r.returncode == 2 and "different devices" in r.stderr
+    assert "Traceback" not in r.stderr
+
+    r = _run_cli("--baseline", str(base), "--candidate", str(garbage))
+    assert r.returncode == 2 and "not valid JSON" in r.stderr
+
+    r = _run_cli("--baseline", str(base), "--candidate", str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "not found" in r.stderr
+
+    r = _run_cli("--baseline", str(base), "--candidate", str(same), "--metric", "nope")
+    assert r.returncode == 2 and "nope" in r.stderr
+
+    r = _run_cli("--baseline", str(base), "--candidate", str(slow), "--metric", "step_time",
+                 "--metric", "gpu_time.gemm", "--json")
+    assert r.returncode == 1
+    out = json.loads(r.stdout)
+    assert [v["metric"] for v in out["verdicts"]] == ["step_time", "gpu_time.gemm"]
+    assert out["verdicts"][0]["regression"] is True
+
+
+def test_too_few_samples_is_bad_input(tmp_path: Path) -> None:
+    base = _samples(tmp_path / "b.json", [0.1, 0.1, 0.1])
+    with pytest.raises(g.GateInputError, match="at least"):
+        g.gate(base, base)
+
+
+def test_parse_fraction() -> None:
+    assert g.parse_fraction("3%") == pytest.approx(0.03)
+    assert g.parse_fraction("0.05") == pytest.approx(0.05)
+    with pytest.raises(g.GateInputError):
+        g.parse_fraction("three")
