@@ -1,0 +1,345 @@
+"use strict";
+// primus-perf report renderer: vanilla JS + SVG, no external resources.
+(function () {
+  const DATA = JSON.parse(document.getElementById("report-data").textContent);
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const PALETTE = ["#3b6fd8", "#e8793a", "#2fa36b", "#c9458f", "#8a63d2", "#d4b21f",
+    "#20a3b5", "#a05a2c", "#7a8699", "#5fbf3a", "#e0475b", "#4a4f9c"];
+  const catColor = {};
+  (DATA.categories || []).forEach((c, i) => { catColor[c] = PALETTE[i % PALETTE.length]; });
+  const color = (c) => catColor[c] || "#999";
+
+  function el(tag, attrs, children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "text") e.textContent = v; else if (k === "cls") e.className = v; else e.setAttribute(k, v);
+    }
+    (children || []).forEach((c) => e.appendChild(typeof c === "string" ? document.createTextNode(c) : c));
+    return e;
+  }
+  function sv(tag, attrs, parent) {
+    const e = document.createElementNS(SVGNS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+    }
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  function fmt(v, digits) {
+    if (v === null || v === undefined || (typeof v === "number" && !isFinite(v))) return "–";
+    if (typeof v !== "number") return String(v);
+    const d = digits === undefined ? 3 : digits;
+    if (v !== 0 && Math.abs(v) < Math.pow(10, -d)) return v.toExponential(2);
+    return v.toLocaleString("en-US", { maximumFractionDigits: d, minimumFractionDigits: 0 });
+  }
+  const pct = (v) => (v === null || v === undefined ? "–" : (v * 100).toFixed(1) + "%");
+  const spct = (v) => (v === null || v === undefined ? "–" : (v >= 0 ? "+" : "") + (v * 100).toFixed(1) + "%");
+  function section(title, note) {
+    const s = el("section", {}, [el("h2", { text: title })]);
+    if (note) s.appendChild(el("div", { cls: "muted", text: note }));
+    document.querySelector("main").appendChild(s);
+    return s;
+  }
+  function legend(cats) {
+    return el("div", { cls: "legend" }, cats.map((c) => el("span", {}, [el("i", { style: "background:" + color(c) }), c])));
+  }
+
+  // ------------------------------------------------------------------ sortable table
+  function table(parent, columns, rows, opts) {
+    opts = opts || {};
+    const wrap = el("div");
+    const filter = el("input", { cls: "filter", type: "search", placeholder: "filter rows (substring, any column)" });
+    const tbl = el("table", { cls: "sortable", "data-rows": String(rows.length) });
+    const thead = el("thead"), tbody = el("tbody");
+    const tr = el("tr");
+    columns.forEach((c, i) => {
+      const th = el("th", { cls: c.num ? "num" : "", text: c.label, "data-col": String(i) });
+      th.addEventListener("click", () => sortBy(i));
+      tr.appendChild(th);
+    });
+    thead.appendChild(tr); tbl.appendChild(thead); tbl.appendChild(tbody);
+    const cellText = (c, r) => (c.fmt ? c.fmt(r[c.key], r) : fmt(r[c.key]));
+    let state = { col: -1, dir: 1 };
+    let view = rows.slice();
+    function draw() {
+      tbody.textContent = "";
+      const q = filter.value.trim().toLowerCase();
+      view.forEach((r) => {
+        const cells = columns.map((c) => cellText(c, r));
+        if (q && !cells.join(" ").toLowerCase().includes(q)) return;
+        const row = el("tr");
+        columns.forEach((c, i) => {
+          const td = el("td", { cls: c.num ? "num" : "" });
+          if (c.html) td.appendChild(c.html(r[c.key], r)); else td.textContent = cells[i];
+          if (c.num) td.setAttribute("data-v", String(r[c.key] === null || r[c.key] === undefined ? "" : r[c.key]));
+          row.appendChild(td);
+        });
+        tbody.appendChild(row);
+      });
+    }
+    function sortBy(i) {
+      const c = columns[i];
+      state = { col: i, dir: state.col === i ? -state.dir : (c.num ? -1 : 1) };
+      const k = c.key, dir = state.dir;
+      view = rows.slice().sort((a, b) => {
+        const x = a[k], y = b[k];
+        const xn = x === null || x === undefined, yn = y === null || y === undefined;
+        if (xn || yn) return xn === yn ? 0 : (xn ? 1 : -1);
+        if (typeof x === "number" && typeof y === "number") return dir * (x - y);
+        return dir * String(x).localeCompare(String(y));
+      });
+      thead.querySelectorAll("th").forEach((th, j) => { th.className = (columns[j].num ? "num " : "") + (j === i ? (dir > 0 ? "asc" : "desc") : ""); });
+      draw();
+    }
+    filter.addEventListener("input", draw);
+    wrap.appendChild(filter);
+    wrap.appendChild(el("div", { cls: "tablewrap" }, [tbl]));
+    parent.appendChild(wrap);
+    tbl.resetSort = () => { state = { col: -1, dir: 1 }; view = rows.slice(); if (opts.sortCol !== undefined) sortBy(opts.sortCol); else { thead.querySelectorAll("th").forEach((th, j) => { th.className = columns[j].num ? "num" : ""; }); draw(); } };
+    tbl.resetSort();
+    return tbl;
+  }
+
+  // ------------------------------------------------------------------ charts
+  function stackedBars(parent, rows, cats, opts) {
+    // rows: [{label, values: {cat: ms}}]; horizontal stacked bars.
+    const W = 900, rowH = 18, left = 120, right = 60, top = 10;
+    const H = top + rows.length * rowH + 30;
+    const max = Math.max(1e-9, ...rows.map((r) => cats.reduce((s, c) => s + (r.values[c] || 0), 0)));
+    const svg = sv("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-chart": opts.name });
+    const sx = (v) => (v / max) * (W - left - right);
+    rows.forEach((r, i) => {
+      const y = top + i * rowH;
+      sv("text", { x: left - 6, y: y + 12, "text-anchor": "end", text: r.label }, svg);
+      let x = left;
+      cats.forEach((c) => {
+        const v = r.values[c] || 0;
+        if (v <= 0) return;
+        const w = sx(v);
+        const rect = sv("rect", { x, y: y + 2, width: Math.max(w, 0.5), height: rowH - 4, fill: color(c), "data-mark": "1" }, svg);
+        sv("title", { text: `${r.label} ${c}: ${fmt(v)} ms` }, rect);
+        x += w;
+      });
+      sv("text", { x: x + 4, y: y + 12, text: fmt(cats.reduce((s, c) => s + (r.values[c] || 0), 0), 2) + " ms" }, svg);
+    });
+    sv("line", { x1: left, x2: left, y1: top, y2: H - 28, stroke: "#888" }, svg);
+    sv("text", { x: left, y: H - 8, text: opts.axis || "GPU kernel time per step (ms)" }, svg);
+    parent.appendChild(legend(cats));
+    parent.appendChild(svg);
+  }
+
+  function divergingBars(parent, rows, opts) {
+    // rows: [{label, delta (ms), rel}] centered at zero.
+    const W = 900, rowH = 18, left = 260, right = 90, top = 10;
+    const H = top + rows.length * rowH + 30;
+    const max = Math.max(1e-9, ...rows.map((r) => Math.abs(r.delta)));
+    const mid = left + (W - left - right) / 2, half = (W - left - right) / 2;
+    const svg = sv("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-chart": opts.name });
+    rows.forEach((r, i) => {
+      const y = top + i * rowH;
+      sv("text", { x: left - 6, y: y + 12, "text-anchor": "end", text: r.label }, svg);
+      const w = Math.max((Math.abs(r.delta) / max) * half, 0.5);
+      const rect = sv("rect", { x: r.delta >= 0 ? mid : mid - w, y: y + 2, width: w, height: rowH - 4,
+        fill: r.delta > 0 ? "#d9534f" : "#2fa36b", "data-mark": "1" }, svg);
+      sv("title", { text: `${r.label}: ${fmt(r.delta)} ms (${spct(r.rel)})` }, rect);
+      sv("text", { x: W - right + 4, y: y + 12, text: `${fmt(r.delta, 2)} ms ${spct(r.rel)}` }, svg);
+    });
+    sv("line", { x1: mid, x2: mid, y1: top, y2: H - 28, stroke: "#888" }, svg);
+    sv("text", { x: mid, y: H - 8, "text-anchor": "middle", text: opts.axis || "candidate − base (ms per step); red = slower" }, svg);
+    parent.appendChild(svg);
+  }
+
+  function roofline(parent, rf) {
+    const W = 900, H = 420, L = 70, R = 20, T = 16, B = 44;
+    const pts = rf.points.filter((p) => p.ai > 0 && p.tflops > 0);
+    const svg = sv("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-chart": "roofline" });
+    let xs = pts.map((p) => p.ai), ys = pts.map((p) => p.tflops);
+    if (rf.peak_tflops) { ys.push(rf.peak_tflops); if (rf.hbm_tb_s) xs.push(rf.peak_tflops / rf.hbm_tb_s); }
+    if (!xs.length) { xs = [1, 1000]; ys = [1, 1000]; }
+    const lx0 = Math.floor(Math.log10(Math.min(...xs)) - 0.3), lx1 = Math.ceil(Math.log10(Math.max(...xs)) + 0.3);
+    const ly0 = Math.floor(Math.log10(Math.min(...ys)) - 0.3), ly1 = Math.ceil(Math.log10(Math.max(...ys)) + 0.2);
+    const X = (v) => L + ((Math.log10(v) - lx0) / (lx1 - lx0)) * (W - L - R);
+    const Y = (v) => H - B - ((Math.log10(v) - ly0) / (ly1 - ly0)) * (H - T - B);
+    for (let e = lx0; e <= lx1; e++) {
+      sv("line", { x1: X(10 ** e), x2: X(10 ** e), y1: T, y2: H - B, stroke: "#eee" }, svg);
+      sv("text", { x: X(10 ** e), y: H - B + 14, "text-anchor": "middle", text: fmt(10 ** e, 3) }, svg);
+    }
+    for (let e = ly0; e <= ly1; e++) {
+      sv("line", { x1: L, x2: W - R, y1: Y(10 ** e), y2: Y(10 ** e), stroke: "#eee" }, svg);
+      sv("text", { x: L - 6, y: Y(10 ** e) + 4, "text-anchor": "end", text: fmt(10 ** e, 3) }, svg);
+    }
+    sv("text", { x: (L + W - R) / 2, y: H - 8, "text-anchor": "middle", text: "arithmetic intensity (FLOP/byte)" }, svg);
+    sv("text", { x: 14, y: (T + H - B) / 2, transform: `rotate(-90 14 ${(T + H - B) / 2})`, "text-anchor": "middle", text: "achieved TFLOP/s" }, svg);
+    if (rf.peak_tflops) {
+      const xmin = 10 ** lx0, xmax = 10 ** lx1, P = rf.peak_tflops;
+      if (rf.hbm_tb_s) {
+        const ridge = P / rf.hbm_tb_s;
+        const xa = Math.max(xmin, (10 ** ly0) / rf.hbm_tb_s);
+        sv("polyline", { points: `${X(xa)},${Y(xa * rf.hbm_tb_s)} ${X(ridge)},${Y(P)} ${X(xmax)},${Y(P)}`,
+          fill: "none", stroke: "#b3261e", "stroke-width": 2, "data-mark": "1" }, svg);
+        sv("text", { x: X(ridge) + 6, y: Y(P) - 6, text: `${fmt(P, 1)} TFLOP/s, ${fmt(rf.hbm_tb_s, 2)} TB/s (${rf.dtype})`, fill: "#b3261e" }, svg);
+      } else {
+        sv("line", { x1: X(xmin), x2: X(xmax), y1: Y(P), y2: Y(P), stroke: "#b3261e", "stroke-width": 2, "data-mark": "1" }, svg);
+      }
+    }
+    const kinds = { gemm: "#3b6fd8", attention: "#e8793a" };
+    pts.forEach((p) => {
+      const r = Math.max(3, Math.min(12, 3 + Math.sqrt(p.share || 0) * 18));
+      const c = sv("circle", { cx: X(p.ai), cy: Y(p.tflops), r, fill: kinds[p.kind] || "#777", "fill-opacity": 0.75,
+        stroke: "#222", "stroke-width": 0.5, "data-mark": "1" }, svg);
+      sv("title", { text: `${p.kind} ${p.label}\nAI ${fmt(p.ai, 1)} FLOP/B, ${fmt(p.tflops, 1)} TFLOP/s, ${pct(p.share)} of GPU time` }, c);
+    });
+    parent.appendChild(el("div", { cls: "legend" }, [el("span", {}, [el("i", { style: "background:#3b6fd8" }), "GEMM"]),
+      el("span", {}, [el("i", { style: "background:#e8793a" }), "attention"]),
+      el("span", {}, [el("i", { style: "background:#b3261e" }), "roofs (datasheet)"])]));
+    parent.appendChild(svg);
+  }
+
+  function timeline(parent, tl) {
+    const W = 900, rowH = 22, left = 110, right = 10, top = 8;
+    const H = top + tl.streams.length * rowH + 30;
+    const svg = sv("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-chart": "timeline" });
+    const span = Math.max(tl.dur_us, 1e-9);
+    const X = (t) => left + (t / span) * (W - left - right);
+    tl.streams.forEach((s, i) => {
+      const y = top + i * rowH;
+      sv("text", { x: left - 6, y: y + 14, "text-anchor": "end", text: `stream ${s.stream}` }, svg);
+      sv("rect", { x: left, y: y + 3, width: W - left - right, height: rowH - 6, fill: "#f3f4f6" }, svg);
+      s.segments.forEach((g) => {
+        const cat = tl.categories[g[2]];
+        const r = sv("rect", { x: X(g[0]), y: y + 3, width: Math.max(X(g[0] + g[1]) - X(g[0]), 0.6), height: rowH - 6,
+          fill: color(cat), "data-mark": "1" }, svg);
+        sv("title", { text: `${cat} at ${fmt(g[0] / 1000, 3)} ms, ${fmt(g[1], 1)} us busy` }, r);
+      });
+    });
+    for (let k = 0; k <= 10; k++) {
+      const t = (span * k) / 10;
+      sv("text", { x: X(t), y: H - 8, "text-anchor": "middle", text: fmt(t / 1000, 2) }, svg);
+    }
+    parent.appendChild(legend(tl.categories));
+    parent.appendChild(svg);
+  }
+
+  // ------------------------------------------------------------------ pages
+  function headerCards(cards) {
+    const box = document.querySelector(".cards");
+    cards.forEach(([label, value]) => {
+      if (value === null || value === undefined || value === "") return;
+      box.appendChild(el("div", { cls: "card" }, [el("b", { text: String(value) }), el("span", { text: label })]));
+    });
+  }
+
+  const tagCell = (v, r) => {
+    if (r.tuned === null || r.tuned === undefined) return document.createTextNode("–");
+    return el("span", { cls: "tag " + (r.tuned ? "tuned" : "untuned"), text: r.tuned ? "tuned" : "untuned" });
+  };
+
+  function problemColumns(kind) {
+    const cols = [{ key: "shape", label: kind === "gemm" ? "problem (m×n×k, transposes, dtype)" : "problem (b, hq/hkv, sq/skv, d)" },
+      { key: "calls", label: "calls", num: true },
+      { key: "time_ms", label: "time/step (ms)", num: true },
+      { key: "share", label: "share", num: true, fmt: pct },
+      { key: "ai", label: "FLOP/byte", num: true, fmt: (v) => fmt(v, 1) },
+      { key: "tflops", label: "TFLOP/s", num: true, fmt: (v) => fmt(v, 1) },
+      { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }];
+    if (DATA.cache) {
+      cols.push({ key: "tuned", label: "cache", html: tagCell });
+      cols.push({ key: "speedup", label: "cached speedup", num: true, fmt: (v) => (v ? fmt(v, 3) + "×" : "–") });
+    }
+    return cols;
+  }
+
+  function reportPage() {
+    const h = DATA.header;
+    document.querySelector("h1").textContent = DATA.title;
+    headerCards([["device", h.device], ["ranks", h.ranks.length], ["steps", h.steps],
+      ["GPU time / step", h.step_time_ms !== null ? fmt(h.step_time_ms, 2) + " ms" : null],
+      ["tokens/s", h.tokens_per_s ? fmt(h.tokens_per_s, 0) : null], ["MFU", h.mfu ? pct(h.mfu) : null]]);
+    const vers = Object.entries(h.versions || {}).map(([k, v]) => `${k} ${v}`).join(" · ");
+    document.querySelector(".sub").textContent = (vers ? vers + " · " : "") + (h.traces || []).join(", ");
+
+    const b = DATA.breakdown;
+    const s1 = section("GPU time breakdown per step", "Kernel time by category, summed over streams, per rank and step.");
+    stackedBars(s1, b.rows.map((r) => ({ label: `rank ${r.rank} step ${r.step}`, values: r.by_cat })), DATA.categories, { name: "breakdown" });
+
+    const s2 = section("Hotspots", "Kernel time per step grouped by (category, op, shape), averaged over steps and ranks. Click a header to sort.");
+    table(s2, [{ key: "category", label: "category" }, { key: "op", label: "op" }, { key: "shape", label: "shape" },
+      { key: "calls", label: "calls/step", num: true, fmt: (v) => fmt(v, 1) }, { key: "time_ms", label: "time/step (ms)", num: true },
+      { key: "share", label: "share", num: true, fmt: pct }, { key: "tflops", label: "TFLOP/s", num: true, fmt: (v) => fmt(v, 1) },
+      { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }], DATA.hotspots, { sortCol: 4 });
+
+    const s3 = section("Roofline", DATA.roofline.peak_tflops ? "Each GEMM and attention problem; circle area ∝ share of GPU time." :
+      "Device peaks unknown: problems are shown without roofs.");
+    roofline(s3, DATA.roofline);
+
+    const s4 = section("GEMM problems", DATA.cache ? `Tuning cache: ${DATA.cache.path} (${DATA.cache.entries} entries)` : "");
+    table(s4, problemColumns("gemm"), DATA.gemm, { sortCol: 2 });
+    const s5 = section("Attention problems", "");
+    table(s5, problemColumns("attention"), DATA.attention, { sortCol: 2 });
+
+    if (DATA.timeline && DATA.timeline.streams.length) {
+      const tl = DATA.timeline;
+      const s6 = section(`Kernel timeline: rank ${tl.rank}, step ${tl.step}`,
+        `Busy segments per stream, merged at ${fmt(tl.resolution_us, 2)} us; time axis in ms.`);
+      timeline(s6, tl);
+    }
+  }
+
+  function diffPage() {
+    document.querySelector("h1").textContent = DATA.title;
+    const h = DATA.header;
+    headerCards([["base / step", fmt(h.base_step_ms, 2) + " ms"], ["candidate / step", fmt(h.candidate_step_ms, 2) + " ms"],
+      ["change", spct(h.step_change)], ["device", h.device]]);
+    document.querySelector(".sub").textContent = `base: ${h.base} · candidate: ${h.candidate}`;
+    const s0 = section("Verdict");
+    s0.appendChild(el("div", { cls: "verdict", text: DATA.verdict }));
+    const s1 = section("Per-step time", "GPU kernel time per step (ms) in each run.");
+    table(s1, [{ key: "step", label: "step index", num: true }, { key: "base_ms", label: "base (ms)", num: true },
+      { key: "candidate_ms", label: "candidate (ms)", num: true }, { key: "rel", label: "change", num: true, fmt: spct }], DATA.steps, {});
+    const s2 = section("Breakdown deltas", "Per category, ms per step.");
+    divergingBars(s2, DATA.breakdown.map((r) => ({ label: r.category, delta: r.delta_ms, rel: r.rel })), { name: "breakdown-delta" });
+    table(s2, [{ key: "category", label: "category" }, { key: "base_ms", label: "base (ms)", num: true },
+      { key: "candidate_ms", label: "candidate (ms)", num: true }, { key: "delta_ms", label: "delta (ms)", num: true },
+      { key: "rel", label: "change", num: true, fmt: spct }], DATA.breakdown, { sortCol: 3 });
+    const s3 = section("Op deltas", "Matched by (category, op, shape), not by kernel name; ms per step.");
+    table(s3, [{ key: "category", label: "category" }, { key: "op", label: "op" }, { key: "shape", label: "shape" },
+      { key: "base_ms", label: "base (ms)", num: true }, { key: "candidate_ms", label: "candidate (ms)", num: true },
+      { key: "delta_ms", label: "delta (ms)", num: true }, { key: "rel", label: "change", num: true, fmt: spct },
+      { key: "side", label: "present in" }], DATA.ops, { sortCol: 5 });
+  }
+
+  // ------------------------------------------------------------------ self-check
+  function selfCheck() {
+    const problems = [];
+    document.querySelectorAll("svg.chart").forEach((s) => {
+      if (!s.querySelector("[data-mark]")) problems.push(`chart ${s.getAttribute("data-chart")} is empty`);
+    });
+    document.querySelectorAll("table.sortable").forEach((t, ti) => {
+      const ths = Array.from(t.querySelectorAll("th.num"));
+      if (!ths.length || t.querySelectorAll("tbody tr").length < 2) return;
+      const th = ths[ths.length > 1 ? 1 : 0], col = Number(th.getAttribute("data-col"));
+      for (const want of ["desc", "asc"]) {
+        th.click();
+        if (th.className.indexOf(want) < 0) th.click();
+        const vals = Array.from(t.querySelectorAll("tbody tr")).map((r) => r.children[col].getAttribute("data-v"))
+          .filter((v) => v !== "").map(Number);
+        for (let i = 1; i < vals.length; i++) {
+          if (want === "desc" ? vals[i] > vals[i - 1] : vals[i] < vals[i - 1]) { problems.push(`table ${ti} not sorted ${want}`); break; }
+        }
+      }
+      t.resetSort();
+    });
+    const rects = Array.from(document.querySelectorAll("svg.chart")).map((s) => {
+      const r = s.getBoundingClientRect();
+      return { name: s.getAttribute("data-chart"), x: Math.round(r.left + window.scrollX), y: Math.round(r.top + window.scrollY),
+        w: Math.round(r.width), h: Math.round(r.height) };
+    });
+    document.documentElement.setAttribute("data-charts", JSON.stringify(rects));
+    const charts = document.querySelectorAll("svg.chart").length, tables = document.querySelectorAll("table.sortable").length;
+    document.documentElement.setAttribute("data-selfcheck", problems.length ? "fail: " + problems.join("; ") : `ok charts=${charts} tables=${tables}`);
+    if (problems.length) console.error("report self-check failed: " + problems.join("; "));
+  }
+
+  if (DATA.kind === "diff") diffPage(); else reportPage();
+  selfCheck();
+})();

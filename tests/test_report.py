@@ -1,0 +1,236 @@
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from primus_perf.problems import AttentionProblem, GemmProblem
+from primus_perf.tracelens import report as rp
+from primus_perf.tracelens.report_html import render_html, write_html
+
+CATS = ["gemm", "attention", "elementwise", "nccl"]
+
+
+@dataclass
+class FakeAnalysis:
+    """The attributes of tracelens.analyze.Analysis that the report reads."""
+
+    kernels: pd.DataFrame
+    gemm_problems: pd.DataFrame
+    attention_problems: pd.DataFrame
+    hotspots: pd.DataFrame = field(default_factory=pd.DataFrame)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.summary
+
+
+def synthetic_kernels(n_per_step: int = 400, ranks: int = 2, steps: int = 3, seed: int = 0,
+                      scale: dict[str, float] | None = None) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    scale = scale or {}
+    shapes = {"gemm": ["4096x4096x4096", "4096x14336x4096", "4096x4096x14336"],
+              "attention": ["b4 h32/8 s4096 d128"], "elementwise": ["4096x4096"], "nccl": [""]}
+    ops = {"gemm": "aten::mm", "attention": "aten::_scaled_dot_product_flash_attention",
+           "elementwise": "aten::add", "nccl": "nccl:all_reduce"}
+    rows = []
+    for rank in range(ranks):
+        for step in range(steps):
+            t = 1e6 * step
+            for i in range(n_per_step):
+                cat = CATS[i % 4] if i % 7 else "gemm"
+                dur = float(rng.uniform(5, 60)) * scale.get(cat, 1.0)
+                stream = 20 if cat == "nccl" else 7
+                shape = shapes[cat][i % len(shapes[cat])]
+                rows.append((rank, step, stream, t, dur, f"kernel_{cat}_{i % 3}", cat, ops[cat], shape))
+                t += dur + float(rng.uniform(0, 8))
+    return pd.DataFrame(rows, columns=["rank", "step", "stream", "ts_us", "dur_us", "name", "category", "op", "shape"])
+
+
+def synthetic_analysis(**kw: Any) -> FakeAnalysis:
+    k = synthetic_kernels(**kw)
+    gp = [GemmProblem.from_row_major(4096, 4096, 4096), GemmProblem.from_row_major(4096, 14336, 4096)]
+    gemm = pd.DataFrame({
+        "problem": gp, "calls": [300, 300], "time_s": [0.02, 0.03],
+        "flops": [p.flops for p in gp], "bytes": [p.bytes_moved for p in gp],
+        "arithmetic_intensity": [p.arithmetic_intensity for p in gp],
+        "tflops": [610.0, 702.0], "pct_roofline": [0.62, 0.71],
+    })
+    ap = [AttentionProblem(4, 32, 8, 4096, 4096, 128)]
+    attn = pd.DataFrame({
+        "problem": ap, "calls": [100], "time_s": [0.01], "flops": [ap[0].forward_flops],
+        "bytes": [ap[0].bytes_moved], "arithmetic_intensity": [ap[0].arithmetic_intensity],
+        "tflops": [401.0], "pct_roofline": [40.5],
+    })
+    summary = {"device": {"name": "NVIDIA H100 80GB HBM3"}, "versions": {"torch": "2.11.0", "cuda": "13.0"},
+               "manifest": {"tokens_per_s": 12345.0, "mfu": 0.41, "step_time_s": 1.2}}
+    return FakeAnalysis(k, gemm, attn, summary=summary)
+
+
+# --------------------------------------------------------------------------- headless Chromium
+
+
+def chromium_binary() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail("chromium is not installed (Debian: apt-get install chromium); the report test needs it")
+
+
+def _chromium(args: list[str], profile: str, timeout: int = 90) -> subprocess.CompletedProcess[str]:
+    cmd = [chromium_binary(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass
+class BrowserCheck:
+    selfcheck: str
+    console_errors: list[str]
+    charts: list[dict[str, Any]]
+    chart_ink: dict[str, float]  # chart name -> fraction of non-background pixels
+    dom: str
+
+
+def check_in_chromium(html_path: Path, width: int = 1200, height: int = 5000) -> BrowserCheck:
+    """Open the page headless: DOM after scripts ran, console errors, and a screenshot."""
+    from PIL import Image
+
+    url = html_path.resolve().as_uri()
+    with tempfile.TemporaryDirectory(prefix="primus-chromium-") as tmp:
+        size = f"--window-size={width},{height}"
+        dom = _chromium(["--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", size,
+                         "--dump-dom", url], tmp + "/p1")
+        shot = Path(tmp) / "shot.png"
+        _chromium([size, f"--screenshot={shot}", url], tmp + "/p2")
+        assert shot.is_file(), "chromium wrote no screenshot"
+        img = Image.open(shot).convert("RGB")
+        pixels = np.asarray(img).astype(np.int32)
+    # The page logs nothing when all is well: every console message (errors, uncaught
+    # exceptions, the self-check's failure report) counts against it.
+    errors = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    m = re.search(r'data-selfcheck="([^"]*)"', dom.stdout)
+    charts_m = re.search(r"data-charts=\"([^\"]*)\"", dom.stdout)
+    charts = json.loads(charts_m.group(1).replace("&quot;", '"')) if charts_m else []
+    ink = {}
+    for c in charts:
+        x0, y0 = int(c["x"]), int(c["y"])
+        x1, y1 = min(x0 + int(c["w"]), pixels.shape[1]), min(y0 + int(c["h"]), pixels.shape[0])
+        region = pixels[y0:y1, x0:x1]
+        if region.size == 0:
+            ink[c["name"]] = 0.0
+            continue
+        # "ink": pixels that are clearly coloured (not white/grey background or gridlines)
+        spread = region.max(axis=2) - region.min(axis=2)
+        ink[c["name"]] = float((spread > 40).mean())
+    return BrowserCheck(m.group(1) if m else "", errors, charts, ink, dom.stdout)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_report_data_from_analysis() -> None:
+    d = rp.report_from_analysis(synthetic_analysis())
+    h = d["header"]
+    assert h["device"] == "NVIDIA H100 80GB HBM3"
+    assert h["ranks"] == [0, 1] and h["steps"] == 3
+    assert h["tokens_per_s"] == 12345.0 and h["mfu"] == pytest.approx(0.41)
+    assert len(d["breakdown"]["rows"]) == 6
+    assert set(d["categories"]) == set(CATS)
+    # hotspot shares sum to one; per-step times sum to the mean step time
+    assert sum(r["share"] for r in d["hotspots"]) == pytest.approx(1.0)
+    mean_step = np.mean([r["total_ms"] for r in d["breakdown"]["rows"]])
+    assert sum(r["time_ms"] for r in d["hotspots"]) == pytest.approx(mean_step)
+    # roofline against the H100 bf16 roofs
+    assert d["roofline"]["peak_tflops"] == pytest.approx(989.4) and d["roofline"]["hbm_tb_s"] == 3.35
+    assert len(d["roofline"]["points"]) == 3
+    assert d["gemm"][0]["time_ms"] >= d["gemm"][1]["time_ms"]
+    assert d["attention"][0]["pct_roofline"] == pytest.approx(0.405)  # percent normalised to a fraction
+    assert d["gemm"][0]["tuned"] is None  # no cache given
+    tl = d["timeline"]
+    assert tl["rank"] == 0 and {s["stream"] for s in tl["streams"]} == {"7", "20"}
+    busy = sum(seg[3] for s in tl["streams"] for seg in s["segments"])
+    one_step = next(r["total_ms"] for r in d["breakdown"]["rows"] if r["rank"] == 0 and r["step"] == tl["step"])
+    assert busy / 1e3 == pytest.approx(one_step)
+
+
+def test_cache_marks_flow_into_problem_tables() -> None:
+    a = synthetic_analysis()
+    inp = rp.inputs_from_analysis(a)
+    key = a.gemm_problems["problem"][1].key()
+    d = rp.report_from_inputs(inp, marks={key: 1.07}, cache_info={"path": "c.json", "entries": 1})
+    by_key = {r["key"]: r for r in d["gemm"]}
+    assert by_key[key]["tuned"] is True and by_key[key]["speedup"] == 1.07
+    other = next(r for r in d["gemm"] if r["key"] != key)
+    assert other["tuned"] is False and other["speedup"] is None
+    assert d["cache"] == {"path": "c.json", "entries": 1}
+
+
+def test_large_trace_gives_bounded_report(tmp_path: Path) -> None:
+    # 2 ranks x 5 steps x 20k kernels = 200k kernels; the page must stay small.
+    a = synthetic_analysis(n_per_step=20000, steps=5)
+    d = rp.report_from_analysis(a)
+    for s in d["timeline"]["streams"]:
+        assert len(s["segments"]) <= rp.TIMELINE_BINS + 1
+    out = write_html(d, tmp_path / "big.html")
+    assert out.stat().st_size < 1_000_000
+
+
+def test_html_is_self_contained() -> None:
+    page = render_html(rp.report_from_analysis(synthetic_analysis()))
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "<script src" not in page and "@import" not in page
+
+
+def test_script_end_tag_in_data_is_escaped() -> None:
+    a = synthetic_analysis()
+    a.kernels.loc[0, "shape"] = "</script><script>alert(1)</script>"
+    page = render_html(rp.report_from_analysis(a))
+    assert page.count("</script>") == 2  # the data block's and the code block's own
+
+
+def test_report_without_kernels_is_a_user_error() -> None:
+    from primus_perf.errors import UserError
+
+    a = synthetic_analysis()
+    a.kernels = a.kernels.iloc[:0]
+    with pytest.raises(UserError, match="no GPU kernels"):
+        rp.report_from_analysis(a)
+
+
+def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    a = synthetic_analysis()
+    d = rp.report_from_inputs(rp.inputs_from_analysis(a), marks={a.gemm_problems["problem"][0].key(): 1.1},
+                              cache_info={"path": "cache.json", "entries": 1})
+    page = write_html(d, tmp_path / "report.html")
+    res = check_in_chromium(page)
+    assert res.console_errors == []
+    assert res.selfcheck.startswith("ok"), res.selfcheck
+    assert "tables=3" in res.selfcheck
+    names = {c["name"] for c in res.charts}
+    assert names == {"breakdown", "roofline", "timeline"}
+    # Coloured pixels inside each chart's box (axes, gridlines and text are grey/black).
+    assert res.chart_ink["breakdown"] > 0.1, res.chart_ink
+    assert res.chart_ink["timeline"] > 0.05, res.chart_ink
+    assert res.chart_ink["roofline"] > 0.003, res.chart_ink
+    assert "cached speedup" in res.dom and "tuned" in res.dom
+
+
+def test_chromium_harness_sees_script_errors(tmp_path: Path) -> None:
+    page = render_html(rp.report_from_analysis(synthetic_analysis()))
+    bad = tmp_path / "bad.html"
+    bad.write_text(page.replace('<script>"use strict";', '<script>"use strict"; undefinedFunction();'))
+    res = check_in_chromium(bad)
+    assert any("undefinedFunction" in e for e in res.console_errors)
+    assert res.selfcheck == ""  # the renderer never ran
