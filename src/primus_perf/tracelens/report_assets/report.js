@@ -130,7 +130,7 @@
 
   function divergingBars(parent, rows, opts) {
     // rows: [{label, delta (ms), rel}] centered at zero.
-    const W = 900, rowH = 18, left = 260, right = 90, top = 10;
+    const W = 900, rowH = 18, left = 200, right = 150, top = 10;
     const H = top + rows.length * rowH + 30;
     const max = Math.max(1e-9, ...rows.map((r) => Math.abs(r.delta)));
     const mid = left + (W - left - right) / 2, half = (W - left - right) / 2;
@@ -293,7 +293,7 @@
     document.querySelector(".sub").textContent = `base: ${h.base} · candidate: ${h.candidate}`;
     const s0 = section("Verdict");
     s0.appendChild(el("div", { cls: "verdict", text: DATA.verdict }));
-    const s1 = section("Per-step time", "GPU kernel time per step (ms) in each run.");
+    const s1 = section("Per-step time", "Step time (first kernel start to last kernel end, ms), averaged over ranks, by step index.");
     table(s1, [{ key: "step", label: "step index", num: true }, { key: "base_ms", label: "base (ms)", num: true },
       { key: "candidate_ms", label: "candidate (ms)", num: true }, { key: "rel", label: "change", num: true, fmt: spct }], DATA.steps, {});
     const s2 = section("Breakdown deltas", "Per category, ms per step.");
@@ -301,11 +301,11 @@
     table(s2, [{ key: "category", label: "category" }, { key: "base_ms", label: "base (ms)", num: true },
       { key: "candidate_ms", label: "candidate (ms)", num: true }, { key: "delta_ms", label: "delta (ms)", num: true },
       { key: "rel", label: "change", num: true, fmt: spct }], DATA.breakdown, { sortCol: 3 });
-    const s3 = section("Op deltas", "Matched by (category, op, shape), not by kernel name; ms per step.");
+    const s3 = section("Op deltas", "Matched by (category, op, shape), not by kernel name; ms per step; largest absolute change first.");
     table(s3, [{ key: "category", label: "category" }, { key: "op", label: "op" }, { key: "shape", label: "shape" },
       { key: "base_ms", label: "base (ms)", num: true }, { key: "candidate_ms", label: "candidate (ms)", num: true },
       { key: "delta_ms", label: "delta (ms)", num: true }, { key: "rel", label: "change", num: true, fmt: spct },
-      { key: "side", label: "present in" }], DATA.ops, { sortCol: 5 });
+      { key: "side", label: "present in" }], DATA.ops, {});
   }
 
   // ------------------------------------------------------------------ self-check
