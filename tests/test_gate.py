@@ -154,3 +154,29 @@ def test_parse_fraction() -> None:
     assert g.parse_fraction("0.05") == pytest.approx(0.05)
     with pytest.raises(g.GateInputError):
         g.parse_fraction("three")
+
+
+def test_bench_samples_the_trainer_and_gates_against_itself(tmp_path: Path) -> None:
+    from primus_perf.tracelens.bench import bench, write_samples
+
+    data = bench("tiny", overrides=["train.seq_len=64"], repeat=6, warmup=1, profile_steps=0)
+    assert data["schema"] == g.SAMPLES_SCHEMA and data["config"] == "tiny"
+    assert len(data["metrics"]["step_time"]) == 6 and all(t > 0 for t in data["metrics"]["step_time"])
+    assert len(data["metrics"]["tokens_per_s"]) == 6
+    assert data["device"]["name"] and data["device"]["world_size"] == 1
+    assert data["versions"]["torch"]
+    path = write_samples(data, tmp_path / "s.json")
+    loaded = g.load_samples(path)
+    result = g.gate(loaded, loaded, metrics=["step_time", "tokens_per_s"])
+    assert result.passed and result.exit_code == 0
+    assert all(v.change == 0.0 for v in result.verdicts)
+
+
+def test_bench_cli_rejects_a_bad_config(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "primus_perf.cli.profile", "bench", "--config", "no-such-preset",
+         "-o", str(tmp_path / "s.json")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "s.json").exists()

@@ -149,12 +149,17 @@ def _profiled_window(trainer: Any, steps: int, notes: list[str]) -> dict[str, li
         activities.append(ProfilerActivity.CUDA)
     with tempfile.TemporaryDirectory(prefix="primus-bench-") as tmp:
         trace = Path(tmp) / "bench_trace.json"
+        # One warm-up step (the profiler's own start-up cost), then `steps` recorded ones;
+        # the schedule also marks step boundaries (ProfilerStep#N) in the trace.
         with profile(activities=activities, record_shapes=True,
-                     schedule=torch.profiler.schedule(wait=0, warmup=0, active=steps)) as prof:
-            for _ in range(steps):
+                     schedule=torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1),
+                     on_trace_ready=lambda p: p.export_chrome_trace(str(trace))) as prof:
+            for _ in range(steps + 1):
                 trainer.train_step()
                 prof.step()
-        prof.export_chrome_trace(str(trace))
+        if not trace.is_file():
+            notes.append("the profiler wrote no trace: no per-category GPU times")
+            return {}
         try:
             return category_times_per_step([trace])
         except ImportError:
