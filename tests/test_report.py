@@ -234,3 +234,14 @@ def test_chromium_harness_sees_script_errors(tmp_path: Path) -> None:
     res = check_in_chromium(bad)
     assert any("undefinedFunction" in e for e in res.console_errors)
     assert res.selfcheck == ""  # the renderer never ran
+
+
+def test_many_ranks_breakdown_becomes_per_rank_means() -> None:
+    a = synthetic_analysis(n_per_step=20, ranks=90, steps=3)  # 270 (rank, step) pairs
+    d = rp.report_from_analysis(a)
+    rows = d["breakdown"]["rows"]
+    assert d["breakdown"]["per_rank_means"] and len(rows) == 90
+    assert rows[5]["label"] == "rank 5 (mean of 3 steps)"
+    k = a.kernels
+    want = k[k["rank"] == 5].groupby("step")["dur_us"].sum().mean() / 1e3
+    assert rows[5]["total_ms"] == pytest.approx(want)

@@ -126,15 +126,25 @@ def step_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
 
 
 def breakdown(k: pd.DataFrame) -> tuple[list[str], list[dict[str, Any]]]:
-    """Categories (by total time) and one row per (rank, step): ms per category."""
-    by = k.groupby(["rank", "step", "category"], observed=True)["dur_us"].sum()
+    """Categories (by total time) and rows of ms per category: one per (rank, step), or
+    one per rank (mean over its steps) when that would exceed ``MAX_BREAKDOWN_ROWS``."""
     cats = list(k.groupby("category", observed=True)["dur_us"].sum().sort_values(ascending=False).index)
+    table = k.groupby(["rank", "step", "category"], observed=True)["dur_us"].sum().unstack(fill_value=0.0)
+    per_rank = len(table) > MAX_BREAKDOWN_ROWS
+    if per_rank:
+        counts = table.groupby(level="rank").size()
+        table = table.groupby(level="rank").mean()
     rows = []
-    table = by.unstack(fill_value=0.0)
-    for (rank, step), vals in table.iterrows():
+    for idx, vals in table.iterrows():
+        if per_rank:
+            rank, step, label = int(idx), None, f"rank {int(idx)} (mean of {int(counts[idx])} steps)"
+        else:
+            rank, step = int(idx[0]), int(idx[1])
+            label = f"rank {rank} step {step}"
         rows.append({
-            "rank": int(rank),
-            "step": int(step),
+            "rank": rank,
+            "step": step,
+            "label": label,
             "total_ms": float(vals.sum()) / 1e3,
             "by_cat": {c: round(float(vals.get(c, 0.0)) / 1e3, 6) for c in cats if vals.get(c, 0.0) > 0},
         })
@@ -335,7 +345,7 @@ def report_from_inputs(inp: ReportInputs, *, marks: Mapping[str, float | None] |
     cats, rows = breakdown(k)
     n_steps = max(1, k.groupby(["rank", "step"]).ngroups)
     total_us = float(k["dur_us"].sum())
-    per_step_ms = [r["total_ms"] for r in rows]
+    per_step_ms = k.groupby(["rank", "step"])["dur_us"].sum().to_numpy() / 1e3
     gemm = problems(inp.gemm, "gemm", n_steps, total_us, marks)
     attn = problems(inp.attention, "attention", n_steps, total_us, marks)
     peaks = lookup_peaks(inp.device)
@@ -356,7 +366,7 @@ def report_from_inputs(inp: ReportInputs, *, marks: Mapping[str, float | None] |
         "traces": inp.traces,
         "ranks": sorted(int(r) for r in k["rank"].unique()),
         "steps": int(k["step"].nunique()),
-        "step_time_ms": float(np.median(per_step_ms)) if per_step_ms else None,
+        "step_time_ms": float(np.median(per_step_ms)) if len(per_step_ms) else None,
         "wall_step_time_ms": _num(m.get("step_time_s")) * 1e3 if _num(m.get("step_time_s")) else None,
         "tokens_per_s": _num(m.get("tokens_per_s")),
         "mfu": _num(m.get("mfu")),
@@ -368,7 +378,7 @@ def report_from_inputs(inp: ReportInputs, *, marks: Mapping[str, float | None] |
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "header": header,
         "categories": cats,
-        "breakdown": {"rows": rows, "truncated": len(rows) >= MAX_BREAKDOWN_ROWS},
+        "breakdown": {"rows": rows, "per_rank_means": bool(rows) and rows[0]["step"] is None},
         "hotspots": hotspots(k, inp.hotspots),
         "roofline": roof,
         "gemm": gemm,

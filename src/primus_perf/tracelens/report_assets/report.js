@@ -103,7 +103,7 @@
   // ------------------------------------------------------------------ charts
   function stackedBars(parent, rows, cats, opts) {
     // rows: [{label, values: {cat: ms}}]; horizontal stacked bars.
-    const W = 900, rowH = 18, left = 120, right = 60, top = 10;
+    const W = 900, rowH = 18, left = 190, right = 70, top = 10;
     const H = top + rows.length * rowH + 30;
     const max = Math.max(1e-9, ...rows.map((r) => cats.reduce((s, c) => s + (r.values[c] || 0), 0)));
     const svg = sv("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-chart": opts.name });
@@ -260,7 +260,7 @@
 
     const b = DATA.breakdown;
     const s1 = section("GPU time breakdown per step", "Kernel time by category, summed over streams, per rank and step.");
-    stackedBars(s1, b.rows.map((r) => ({ label: `rank ${r.rank} step ${r.step}`, values: r.by_cat })), DATA.categories, { name: "breakdown" });
+    stackedBars(s1, b.rows.map((r) => ({ label: r.label, values: r.by_cat })), DATA.categories, { name: "breakdown" });
 
     const s2 = section("Hotspots", "Kernel time per step grouped by (category, op, shape), averaged over steps and ranks. Click a header to sort.");
     table(s2, [{ key: "category", label: "category" }, { key: "op", label: "op" }, { key: "shape", label: "shape" },
