@@ -158,8 +158,8 @@ def compare(base: str | Path, candidate: str | Path) -> dict[str, Any]:
     ``header.step_change`` is the relative change of the median step time (first kernel
     start to last kernel end of each step); negative means the candidate is faster.
     """
+    fb, fc = trace_files(base), trace_files(candidate)
     from primus_perf.tracelens.analyze import analyze
 
-    fb, fc = trace_files(base), trace_files(candidate)
     return compare_analyses(analyze(fb), analyze(fc),
                             base_label=str(base), candidate_label=str(candidate))

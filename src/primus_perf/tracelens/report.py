@@ -401,10 +401,11 @@ def report_from_analysis(analysis: Any, *, traces: Sequence[str] = (), cache: st
 def build_report(paths: Sequence[str | Path], *, cache: str | Path | None = None,
                  title: str | None = None) -> dict[str, Any]:
     """Analyze traces (files or run directories) and return the report dict."""
+    from primus_perf.tracelens.compare import trace_files
+
+    files = [f for p in paths for f in trace_files(p)]  # UserError for a missing path
+    if cache is not None and not Path(cache).exists():
+        raise UserError(f"tuning cache not found: {cache}")
     from primus_perf.tracelens.analyze import analyze
 
-    paths = [str(p) for p in paths]
-    for p in paths:
-        if not Path(p).exists():
-            raise UserError(f"trace not found: {p}")
-    return report_from_analysis(analyze(paths), traces=paths, cache=cache, title=title)
+    return report_from_analysis(analyze(files), traces=files, cache=cache, title=title)
