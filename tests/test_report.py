@@ -36,24 +36,32 @@ class FakeAnalysis:
 
 def synthetic_kernels(n_per_step: int = 400, ranks: int = 2, steps: int = 3, seed: int = 0,
                       scale: dict[str, float] | None = None) -> pd.DataFrame:
+    """A kernel table like ``Analysis.kernels``: four categories, two streams, back to back."""
     rng = np.random.default_rng(seed)
     scale = scale or {}
     shapes = {"gemm": ["4096x4096x4096", "4096x14336x4096", "4096x4096x14336"],
               "attention": ["b4 h32/8 s4096 d128"], "elementwise": ["4096x4096"], "nccl": [""]}
     ops = {"gemm": "aten::mm", "attention": "aten::_scaled_dot_product_flash_attention",
            "elementwise": "aten::add", "nccl": "nccl:all_reduce"}
-    rows = []
+    i = np.arange(n_per_step)
+    cat_idx = np.where(i % 7 == 0, 0, i % 4)
+    cats = np.array(CATS, dtype=object)[cat_idx]
+    shape = np.array([shapes[c][j % len(shapes[c])] for j, c in enumerate(cats)], dtype=object)
+    op = np.array([ops[c] for c in CATS], dtype=object)[cat_idx]
+    name = np.array([f"kernel_{c}_{j % 3}" for j, c in enumerate(cats)], dtype=object)
+    stream = np.where(cat_idx == 3, 20, 7)
+    factor = np.array([scale.get(c, 1.0) for c in CATS])[cat_idx]
+    frames = []
     for rank in range(ranks):
         for step in range(steps):
-            t = 1e6 * step
-            for i in range(n_per_step):
-                cat = CATS[i % 4] if i % 7 else "gemm"
-                dur = float(rng.uniform(5, 60)) * scale.get(cat, 1.0)
-                stream = 20 if cat == "nccl" else 7
-                shape = shapes[cat][i % len(shapes[cat])]
-                rows.append((rank, step, stream, t, dur, f"kernel_{cat}_{i % 3}", cat, ops[cat], shape))
-                t += dur + float(rng.uniform(0, 8))
-    return pd.DataFrame(rows, columns=["rank", "step", "stream", "ts_us", "dur_us", "name", "category", "op", "shape"])
+            dur = rng.uniform(5, 60, n_per_step) * factor
+            gap = rng.uniform(0, 8, n_per_step)
+            ts = 1e6 * step + np.concatenate(([0.0], np.cumsum(dur + gap)[:-1]))
+            frames.append(pd.DataFrame({
+                "rank": rank, "step": step, "stream": stream, "ts_us": ts, "dur_us": dur,
+                "name": name, "category": cats, "op": op, "shape": shape,
+            }))
+    return pd.concat(frames, ignore_index=True)
 
 
 def synthetic_analysis(**kw: Any) -> FakeAnalysis:
@@ -178,8 +186,8 @@ def test_cache_marks_flow_into_problem_tables() -> None:
 
 
 def test_large_trace_gives_bounded_report(tmp_path: Path) -> None:
-    # 2 ranks x 5 steps x 20k kernels = 200k kernels; the page must stay small.
-    a = synthetic_analysis(n_per_step=20000, steps=5)
+    # 8 ranks x 5 steps x 50k kernels = 2M kernels (a trace of several GB); the page stays small.
+    a = synthetic_analysis(n_per_step=50000, ranks=8, steps=5)
     d = rp.report_from_analysis(a)
     for s in d["timeline"]["streams"]:
         assert len(s["segments"]) <= rp.TIMELINE_BINS + 1
