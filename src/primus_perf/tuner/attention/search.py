@@ -1,0 +1,382 @@
+"""Search over Triton tile configs: measurements, the ``grid`` and ``tpe`` strategies.
+
+The forward and the backward kernels are separate launches, so a config pair's cost is
+``fwd_ms + bwd_ms`` (the trainer runs both, the choice is made on the sum). The
+``Evaluator`` measures one forward or one backward config at a time and remembers it:
+
+1. configs that cannot run are pruned before launch (``configs.fwd_invalid``);
+2. the config is checked against the fp32 reference on fresh random inputs (output for a
+   forward config; dQ/dK/dV for a backward config) and rejected if it fails;
+3. a short measurement; configs clearly slower than the best so far (``prune_ratio``)
+   stop there; the others get the full measurement (median of ``reps`` calls).
+
+``grid`` evaluates every forward and every backward config of the space, which covers
+every pair; ``tpe`` runs an optuna study over the pair (one categorical per parameter),
+seeded with known-good configs, pruning slow trials after the short measurement, stored
+in SQLite when given a path so that an interrupted search resumes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from primus_perf.problems import AttentionProblem, torch_dtype
+from primus_perf.tuner.attention.configs import (
+    AttnConfig,
+    BwdConfig,
+    FwdConfig,
+    SearchSpace,
+    bwd_invalid,
+    fwd_invalid,
+)
+from primus_perf.tuner.attention.function import triton_attention
+from primus_perf.tuner.attention.kernels import flash_bwd, flash_fwd
+from primus_perf.tuner.attention.reference import check_numerics, random_qkv, reference_attention
+from primus_perf.tuner.attention.timing import median, time_calls
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Measurement:
+    """One forward or backward config on one problem."""
+
+    part: str  # "fwd" or "bwd"
+    config: FwdConfig | BwdConfig
+    status: str  # "ok", "slow" (pruned after the short measurement), "invalid", "failed", "numerics"
+    ms: float = math.inf
+    error: float = math.nan  # worst relative error vs fp32 reference
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class SearchResult:
+    strategy: str
+    config: AttnConfig | None
+    fwd_ms: float
+    bwd_ms: float
+    trials: int  # pairs proposed (tpe) or covered (grid: |fwd| x |bwd|)
+    measured: int  # distinct configs measured (forward + backward), the search's cost
+    measurements: list[Measurement] = field(default_factory=list)
+
+    @property
+    def total_ms(self) -> float:
+        return self.fwd_ms + self.bwd_ms
+
+
+def _validation_shape(problem: AttentionProblem) -> tuple[int, int, int, int]:
+    """(batch, heads_q, heads_kv, seq) of the small problem each config is checked on:
+    the same group size, head dim, mask and sequence divisibility, affordable in fp32."""
+    group = problem.heads_q // problem.heads_kv
+    hkv = min(problem.heads_kv, 2)
+    seq = problem.seq_q
+    if seq > 512:
+        seq = 512 + (seq % 16)  # keep the ragged tail, and the divisibility, of the real one
+    return 1, group * hkv, hkv, seq
+
+
+class Evaluator:
+    """Measures forward and backward configs on one problem; remembers every result."""
+
+    def __init__(
+        self,
+        problem: AttentionProblem,
+        *,
+        arch: str,
+        device: str = "cuda",
+        reps: int = 20,
+        short_reps: int = 3,
+        prune_ratio: float = 1.3,
+        validate: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if problem.causal and problem.seq_q != problem.seq_kv:
+            raise ValueError("causal problems need seq_q == seq_kv")
+        self.problem = problem
+        self.arch = arch
+        self.device = device
+        self.reps = reps
+        self.short_reps = short_reps
+        self.prune_ratio = prune_ratio
+        self.validate = validate
+        self._seed = seed
+        self.dtype = torch_dtype(problem.dtype)
+        p = problem
+        self.q, self.k, self.v = random_qkv(
+            p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim, self.dtype, device, seed
+        )
+        self.do = torch.randn_like(self.q)
+        self._o: torch.Tensor | None = None
+        self._lse: torch.Tensor | None = None
+        self._good_fwd: FwdConfig | None = None
+        self.fwd_results: dict[FwdConfig, Measurement] = {}
+        self.bwd_results: dict[BwdConfig, Measurement] = {}
+
+    # ---- bookkeeping ------------------------------------------------------------------
+
+    @property
+    def measured(self) -> int:
+        return sum(
+            m.status in ("ok", "slow", "numerics", "failed")
+            for m in [*self.fwd_results.values(), *self.bwd_results.values()]
+        )
+
+    def best_fwd(self) -> Measurement | None:
+        ok = [m for m in self.fwd_results.values() if m.ok]
+        return min(ok, key=lambda m: m.ms) if ok else None
+
+    def best_bwd(self) -> Measurement | None:
+        ok = [m for m in self.bwd_results.values() if m.ok]
+        return min(ok, key=lambda m: m.ms) if ok else None
+
+    def _fresh_seed(self) -> int:
+        self._seed += 1
+        return self._seed
+
+    def _validation_inputs(self) -> tuple[torch.Tensor, ...]:
+        b, hq, hkv, s = _validation_shape(self.problem)
+        return random_qkv(b, hq, hkv, s, s, self.problem.head_dim, self.dtype, self.device, self._fresh_seed())
+
+    def _timed(self, fn: Callable[[], object], best: Measurement | None) -> tuple[str, float]:
+        short = median(time_calls(fn, self.short_reps, warmup=1))
+        if best is not None and short > self.prune_ratio * best.ms:
+            return "slow", short
+        return "ok", median(time_calls(fn, self.reps, warmup=1))
+
+    # ---- forward ----------------------------------------------------------------------
+
+    def fwd(self, cfg: FwdConfig) -> Measurement:
+        if cfg in self.fwd_results:
+            return self.fwd_results[cfg]
+        m = self._fwd(cfg)
+        self.fwd_results[cfg] = m
+        return m
+
+    def _fwd(self, cfg: FwdConfig) -> Measurement:
+        why = fwd_invalid(cfg, self.problem, self.arch)
+        if why:
+            return Measurement("fwd", cfg, "invalid", reason=why)
+        causal = self.problem.causal
+        try:
+            error = math.nan
+            if self.validate:
+                q, k, v = self._validation_inputs()
+                out, _ = flash_fwd(q, k, v, causal, cfg)
+                ref = reference_attention(q, k, v, causal=causal)
+                error = (out.float() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+                tol = check_tolerance(self.dtype)
+                if not (error <= tol):
+                    return Measurement("fwd", cfg, "numerics", error=error, reason=f"error {error:.3g} > {tol}")
+            status, ms = self._timed(lambda: flash_fwd(self.q, self.k, self.v, causal, cfg), self.best_fwd())
+        except Exception as exc:  # compile failures (out of resources) of one config
+            return Measurement("fwd", cfg, "failed", reason=_one_line(exc))
+        if status == "ok" and self._good_fwd is None:
+            self._good_fwd = cfg
+        return Measurement("fwd", cfg, status, ms=ms, error=error)
+
+    # ---- backward ---------------------------------------------------------------------
+
+    def _forward_state(self) -> tuple[FwdConfig, torch.Tensor, torch.Tensor]:
+        """A validated forward config and the real-size output/lse the backward reads."""
+        if self._good_fwd is None:
+            self._good_fwd = FwdConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+        if self._o is None:
+            self._o, self._lse = flash_fwd(self.q, self.k, self.v, self.problem.causal, self._good_fwd)
+        assert self._lse is not None
+        return self._good_fwd, self._o, self._lse
+
+    def bwd(self, cfg: BwdConfig) -> Measurement:
+        if cfg in self.bwd_results:
+            return self.bwd_results[cfg]
+        m = self._bwd(cfg)
+        self.bwd_results[cfg] = m
+        return m
+
+    def _bwd(self, cfg: BwdConfig) -> Measurement:
+        why = bwd_invalid(cfg, self.problem, self.arch)
+        if why:
+            return Measurement("bwd", cfg, "invalid", reason=why)
+        causal = self.problem.causal
+        try:
+            fwd_cfg, o, lse = self._forward_state()
+            error = math.nan
+            if self.validate:
+                q, k, v = self._validation_inputs()
+                pair = AttnConfig(fwd_cfg, cfg)
+                report = check_numerics(
+                    lambda a, b, c, m: triton_attention(a, b, c, causal=m, config=pair),
+                    q, k, v, causal=causal, seed=self._fresh_seed(),
+                )
+                error = max(report.dq, report.dk, report.dv)
+                if not report.ok:
+                    return Measurement("bwd", cfg, "numerics", error=error, reason=f"error {report.worst:.3g}")
+            status, ms = self._timed(
+                lambda: flash_bwd(self.do, self.q, self.k, self.v, o, lse, causal, cfg), self.best_bwd()
+            )
+        except Exception as exc:
+            return Measurement("bwd", cfg, "failed", reason=_one_line(exc))
+        return Measurement("bwd", cfg, status, ms=ms, error=error)
+
+
+def check_tolerance(dtype: torch.dtype) -> float:
+    from primus_perf.tuner.attention.reference import TOLERANCE
+
+    return TOLERANCE.get(dtype, 1e-3)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
+
+
+# ---- strategies -----------------------------------------------------------------------
+
+
+def grid_search(ev: Evaluator, space: SearchSpace, progress: Progress | None = None) -> SearchResult:
+    """Every forward and every backward config of the space (so every pair)."""
+    fwds = space.fwd_configs(ev.problem, ev.arch)
+    bwds = space.bwd_configs(ev.problem, ev.arch)
+    for cfg in fwds:
+        ev.fwd(cfg)
+        if progress:
+            progress(f"fwd {cfg.label()}")
+    for cfg in bwds:
+        ev.bwd(cfg)
+        if progress:
+            progress(f"bwd {cfg.label()}")
+    bf, bb = ev.best_fwd(), ev.best_bwd()
+    config = AttnConfig(bf.config, bb.config) if bf and bb else None  # type: ignore[arg-type]
+    return SearchResult(
+        strategy="grid",
+        config=config,
+        fwd_ms=bf.ms if bf else math.inf,
+        bwd_ms=bb.ms if bb else math.inf,
+        trials=len(fwds) * len(bwds),
+        measured=ev.measured,
+        measurements=[*ev.fwd_results.values(), *ev.bwd_results.values()],
+    )
+
+
+def grid_size(space: SearchSpace, problem: AttentionProblem, arch: str) -> tuple[int, int]:
+    return len(space.fwd_configs(problem, arch)), len(space.bwd_configs(problem, arch))
+
+
+def _params(config: AttnConfig, space: SearchSpace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in space.fwd:
+        out[f"fwd.{name}"] = getattr(config.fwd, name)
+    for name in space.bwd:
+        out[f"bwd.{name}"] = getattr(config.bwd, name)
+    return out
+
+
+def _config(params: dict[str, Any], space: SearchSpace) -> AttnConfig:
+    fwd = FwdConfig(**{n: int(params[f"fwd.{n}"]) for n in space.fwd})
+    bwd = BwdConfig(**{n: int(params[f"bwd.{n}"]) for n in space.bwd})
+    return AttnConfig(fwd, bwd)
+
+
+def tpe_search(
+    ev: Evaluator,
+    space: SearchSpace,
+    trials: int,
+    *,
+    storage: str | Path | None = None,
+    study_name: str | None = None,
+    seeds: list[AttnConfig] | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+    max_measured: int | None = None,
+) -> SearchResult:
+    """optuna TPE over config pairs; objective ``fwd_ms + bwd_ms``.
+
+    With ``storage`` (a SQLite file path) the study is kept on disk and a second call with
+    the same ``study_name`` resumes it: finished trials count towards ``trials``.
+    ``max_measured`` stops the study once that many distinct configs have been measured.
+    """
+    try:
+        import optuna
+    except ImportError:  # pragma: no cover - optuna is in the "tune" extra
+        from primus_perf.errors import UserError
+
+        raise UserError("the tpe strategy needs optuna: pip install 'primus-perf[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = None
+    if storage is not None:
+        Path(storage).parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{Path(storage).resolve()}"
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, min(8, trials // 4)))
+    study = optuna.create_study(
+        study_name=study_name or ev.problem.key(),
+        storage=url,
+        sampler=sampler,
+        direction="minimize",
+        load_if_exists=True,
+    )
+    valid_values = {
+        **{f"fwd.{n}": v for n, v in space.fwd.items()},
+        **{f"bwd.{n}": v for n, v in space.bwd.items()},
+    }
+    if not study.trials:
+        for cfg in seeds or []:
+            params = _params(cfg, space)
+            if all(params[n] in valid_values[n] for n in params):
+                study.enqueue_trial(params)
+
+    def objective(trial: optuna.Trial) -> float:
+        params = {name: trial.suggest_categorical(name, list(vals)) for name, vals in valid_values.items()}
+        cfg = _config(params, space)
+        new = (cfg.fwd not in ev.fwd_results) + (cfg.bwd not in ev.bwd_results)
+        if max_measured is not None and ev.measured + new > max_measured:
+            study.stop()
+            trial.set_user_attr("status", "budget")
+            raise optuna.TrialPruned()
+        mf = ev.fwd(cfg.fwd)
+        mb = ev.bwd(cfg.bwd) if mf.status in ("ok", "slow") else None
+        if progress:
+            progress(f"tpe {cfg.label()}")
+        if mb is None or mb.status not in ("ok", "slow"):
+            trial.set_user_attr("status", (mb or mf).status)
+            raise optuna.TrialPruned()
+        total = mf.ms + mb.ms
+        if mf.status == "slow" or mb.status == "slow":
+            trial.report(total, step=0)
+            trial.set_user_attr("status", "slow")
+            raise optuna.TrialPruned()
+        return total
+
+    done = sum(t.state.is_finished() for t in study.trials)
+    remaining = max(0, trials - done)
+    def budget(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if max_measured is not None and ev.measured >= max_measured:
+            study.stop()
+
+    if remaining and (max_measured is None or ev.measured < max_measured):
+        study.optimize(objective, n_trials=remaining, catch=(), callbacks=[budget])
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not complete:
+        return SearchResult("tpe", None, math.inf, math.inf, len(study.trials), ev.measured)
+    best = min(complete, key=lambda t: t.value)
+    cfg = _config(best.params, space)
+    mf, mb = ev.fwd_results.get(cfg.fwd), ev.bwd_results.get(cfg.bwd)
+    if mf is None or mb is None:  # resumed study: the best was measured in an earlier run
+        mf, mb = ev.fwd(cfg.fwd), ev.bwd(cfg.bwd)
+    return SearchResult(
+        strategy="tpe",
+        config=cfg,
+        fwd_ms=mf.ms,
+        bwd_ms=mb.ms,
+        trials=len(study.trials),
+        measured=ev.measured,
+        measurements=[*ev.fwd_results.values(), *ev.bwd_results.values()],
+    )

@@ -1,0 +1,102 @@
+"""Search logic of the attention tuner on the CPU (Triton interpreter, tiny problems)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import math
+
+import pytest
+
+pytest.importorskip("triton")
+
+from primus_perf.problems import AttentionProblem
+from primus_perf.tuner.attention.configs import (
+    AttnConfig,
+    BwdConfig,
+    FwdConfig,
+    SearchSpace,
+    default_space,
+    fwd_invalid,
+    tiny_space,
+)
+from primus_perf.tuner.attention.search import Evaluator, grid_search, tpe_search
+
+PROBLEM = AttentionProblem(1, 2, 1, 64, 64, 16, "f16", True)
+
+# A space whose best is clear on the interpreter: bigger blocks mean far fewer programs.
+SPACE = SearchSpace(
+    fwd={"block_m": (16, 64), "block_n": (16, 64), "num_warps": (4,), "num_stages": (1,)},
+    bwd={
+        "block_m1": (16,),
+        "block_n1": (16, 64),
+        "block_m2": (16, 64),
+        "block_n2": (16,),
+        "num_warps": (4,),
+        "num_stages": (1,),
+    },
+)
+
+
+def _evaluator(seed: int = 0) -> Evaluator:
+    return Evaluator(PROBLEM, arch="cpu", device="cpu", reps=3, short_reps=2, seed=seed)
+
+
+def test_grid_measures_every_config_and_picks_the_fastest() -> None:
+    ev = _evaluator()
+    res = grid_search(ev, SPACE)
+    assert res.measured == 8  # 4 forward + 4 backward configs
+    assert res.trials == 16  # pairs covered
+    assert all(m.status in ("ok", "slow") for m in res.measurements)
+    assert all(m.error < 5e-3 for m in res.measurements)  # every config validated vs fp32
+    best_f = min((m for m in res.measurements if m.part == "fwd" and m.ok), key=lambda m: m.ms)
+    assert res.config is not None and res.config.fwd == best_f.config
+    assert res.config.fwd == FwdConfig(64, 64, 4, 1)
+    assert (res.config.bwd.block_n1, res.config.bwd.block_m2) == (64, 64)
+
+
+def test_tpe_finds_the_grid_best_and_resumes_from_sqlite(tmp_path) -> None:
+    grid = grid_search(_evaluator(), SPACE)
+    db = tmp_path / "studies.db"
+    first = tpe_search(_evaluator(1), SPACE, trials=5, storage=db, seed=0)
+    assert first.trials == 5
+    res = tpe_search(_evaluator(2), SPACE, trials=14, storage=db, seed=0)
+    assert res.trials == 14  # resumed: the first 5 trials were kept
+    assert res.config == grid.config
+
+
+def test_tpe_stops_at_the_measurement_budget() -> None:
+    seeds = [AttnConfig(FwdConfig(64, 64, 4, 1), BwdConfig(16, 64, 64, 16, 4, 1))]
+    res = tpe_search(_evaluator(), SPACE, trials=50, seeds=seeds, max_measured=3)
+    assert res.measured <= 3
+    assert res.config == seeds[0]  # the seed is tried first
+
+
+def test_invalid_configs_are_pruned_before_launch() -> None:
+    p = AttentionProblem(1, 8, 8, 4096, 4096, 256, "bf16", True)
+    assert fwd_invalid(FwdConfig(128, 128, 8, 4), p, "sm_90") == "shared memory"
+    assert fwd_invalid(FwdConfig(128, 128, 4, 2), p, "sm_90") == "registers"
+    assert fwd_invalid(FwdConfig(64, 32, 4, 2), p, "sm_90") is None
+    small = AttentionProblem(1, 2, 2, 20, 20, 64, "bf16", True)
+    assert fwd_invalid(FwdConfig(128, 64, 4, 2), small, "sm_90") is not None
+    ev = Evaluator(small, arch="sm_90", device="cpu", validate=False)
+    m = ev.fwd(FwdConfig(128, 64, 4, 2))
+    assert m.status == "invalid" and ev.measured == 0
+    # every config of the GPU spaces fits the H100's shared memory
+    for d in (64, 128):
+        prob = AttentionProblem(4, 32, 32, 4096, 4096, d, "bf16", True)
+        space = default_space("nvidia", d)
+        assert 10 <= len(space.fwd_configs(prob, "sm_90")) <= len(list(_product_size(space.fwd)))
+
+
+def _product_size(axes: dict) -> range:
+    return range(math.prod(len(v) for v in axes.values()))
+
+
+def test_rocm_space_carries_vendor_options() -> None:
+    space = default_space("amd", 128)
+    assert "waves_per_eu" in space.fwd and "matrix_instr_nonkdim" in space.bwd
+    assert "waves_per_eu" not in default_space("nvidia", 128).fwd
+    assert len(tiny_space().fwd_configs(PROBLEM, "cpu")) == 4
