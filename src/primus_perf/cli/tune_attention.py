@@ -1,14 +1,112 @@
-"""``primus-tune attention``."""
+"""``primus-tune attention``: search Triton tiles, race SDPA backends, write the cache."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
 import typer
 
-from primus_perf.cli.common import not_yet_available
+from primus_perf.cli.common import console
 
 
 def register(app: typer.Typer) -> None:
     @app.command("attention")
-    def attention_cmd() -> None:
-        """Tune attention: Triton tile configs against torch SDPA backends."""
-        not_yet_available("primus-tune attention")
+    def attention_cmd(
+        problem: Optional[list[str]] = typer.Option(  # noqa: UP045 (typer needs Optional)
+            None, "--problem", "-p", help="b,hq,hkv,s,d,causal|full (repeatable)"
+        ),
+        from_trace: Optional[list[Path]] = typer.Option(  # noqa: UP045
+            None, "--from-trace", help="Kineto trace(s): tune their SDPA problems (repeatable)"
+        ),
+        dtype: str = typer.Option("bf16", "--dtype", help="bf16 or f16 (for --problem)"),
+        strategy: str = typer.Option("grid", "--strategy", help="grid (exhaustive) or tpe (optuna)"),
+        trials: Optional[int] = typer.Option(None, "--trials", help="tpe trials (default: 20% of the grid)"),  # noqa: UP045
+        cache: Optional[Path] = typer.Option(None, "--cache", help="Tuning cache to write the choices to"),  # noqa: UP045
+        study_db: Optional[Path] = typer.Option(  # noqa: UP045
+            None, "--study-db", help="SQLite file for tpe studies (resume an interrupted search)"
+        ),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON"),  # noqa: UP045
+    ) -> None:
+        """Tune attention: Triton tile configs (forward + backward) against every torch SDPA
+        backend; the fastest per problem goes to the cache."""
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        from primus_perf.devices import require_gpu
+        from primus_perf.errors import UserError
+        from primus_perf.tuner.attention.configs import default_space
+        from primus_perf.tuner.attention.search import grid_size
+        from primus_perf.tuner.attention.tune import (
+            STRATEGIES,
+            check_tunable,
+            parse_problem_spec,
+            tune_problem,
+        )
+
+        if strategy not in STRATEGIES:
+            raise UserError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if trials is not None and trials <= 0:
+            raise UserError("--trials must be positive")
+        problems = [parse_problem_spec(s, dtype) for s in problem or []]
+        for path in from_trace or []:
+            from primus_perf.tuner.attention.trace_problems import problems_from_trace
+
+            problems += list(problems_from_trace(path))
+        problems = list(dict.fromkeys(problems))
+        if not problems:
+            raise UserError("nothing to tune: give --problem or --from-trace")
+        for p in problems:
+            check_tunable(p)
+        ident = require_gpu()
+        results = []
+        for p in problems:
+            space = default_space(ident.vendor, p.head_dim)
+            n_f, n_b = grid_size(space, p, ident.arch)
+            total = n_f + n_b if strategy == "grid" else (trials or max(4, int(0.2 * (n_f + n_b))))
+            with Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
+            ) as bar:
+                task = bar.add_task(str(p), total=total, last="")
+                res = tune_problem(
+                    p, strategy=strategy, trials=trials, space=space, storage=study_db,
+                    progress=lambda label, t=task: bar.update(t, advance=1, last=label),
+                )
+            results.append(res)
+            render(res)
+        if cache is not None:
+            from primus_perf.tuner.attention.cache_io import save_results
+
+            n = save_results(results, cache)
+            console.print(f"wrote {n} attention entr{'y' if n == 1 else 'ies'} to {cache}")
+        if json_out is not None:
+            tmp = json_out.with_suffix(json_out.suffix + ".tmp")
+            tmp.write_text(json.dumps([r.to_dict() for r in results], indent=1, default=float))
+            os.replace(tmp, json_out)
+
+
+def render(res) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{res.problem}  ({res.search.strategy}: {res.search.measured} configs measured)")
+    for col in ("backend", "config", "fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd ms", "vs default"):
+        table.add_column(col, justify="left" if col in ("backend", "config") else "right")
+    for row in res.rows():
+        mark = "[bold green]* " if row["selected"] else "  "
+        if row["status"] != "ok":
+            table.add_row(mark + row["backend"], "unavailable", "", "", "", "")
+            continue
+        table.add_row(
+            mark + row["backend"], row["config"], f"{row['fwd_tflops']:.0f}", f"{row['bwd_tflops']:.0f}",
+            f"{row['total_ms']:.3f}", f"{row['speedup']:.2f}x",
+        )
+    console.print(table)
+    console.print(f"selected: [bold]{res.selected}[/]  speedup over torch default: {res.speedup:.2f}x")

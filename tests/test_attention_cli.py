@@ -1,0 +1,90 @@
+"""``primus-tune attention`` input handling and trace problem extraction (CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from primus_perf.errors import UserError
+from primus_perf.problems import AttentionProblem
+from primus_perf.tuner.attention.tune import check_tunable, parse_problem_spec
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "primus_perf.cli.tune", "attention", *args],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_problem_spec_parses_into_the_trainer_layout() -> None:
+    p = parse_problem_spec("4,32,8,4096,128,causal")
+    assert p == AttentionProblem(4, 32, 8, 4096, 4096, 128, "bf16", True, "bshd")
+    assert parse_problem_spec(" 1, 2, 2, 64, 64, full", "f16").causal is False
+    for bad, msg in [
+        ("1,2,3", "6 fields"),
+        ("1,2,x,4,5,causal", "integers"),
+        ("1,2,2,64,64,maybe", "causal or full"),
+        ("1,3,2,64,64,causal", "multiple of heads_kv"),
+    ]:
+        with pytest.raises(UserError, match=msg):
+            parse_problem_spec(bad)
+    with pytest.raises(UserError, match="head_dim"):
+        check_tunable(parse_problem_spec("1,2,2,64,96,causal"))
+    with pytest.raises(UserError, match="bf16 or f16"):
+        check_tunable(parse_problem_spec("1,2,2,64,64,causal", "f32"))
+
+
+def test_cli_errors_are_one_line_with_exit_code_2() -> None:
+    r = _cli("--problem", "1,2,3")
+    assert r.returncode == 2 and "6 fields" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("--strategy", "random", "--problem", "1,2,2,64,64,causal")
+    assert r.returncode == 2 and "grid, tpe" in r.stderr
+    r = _cli()
+    assert r.returncode == 2 and "nothing to tune" in r.stderr
+    r = _cli("--from-trace", "/nonexistent/trace.json")
+    assert r.returncode == 2 and "trace not found" in r.stderr
+
+
+def _trace(path, events) -> None:
+    path.write_text(json.dumps({"traceEvents": events}))
+
+
+def test_problems_from_trace(tmp_path) -> None:
+    from primus_perf.tuner.attention.trace_problems import problems_from_trace
+
+    def op(name, dims, causal="True", dtype="c10::BFloat16"):
+        concrete = [""] * 8
+        concrete[{"aten::scaled_dot_product_attention": 5}.get(name, 4)] = causal
+        return {
+            "ph": "X", "cat": "cpu_op", "name": name, "ts": 0, "dur": 1,
+            "args": {"Input Dims": dims, "Input type": [dtype] * 3, "Concrete Inputs": concrete},
+        }
+
+    q, kv = [2, 32, 1024, 128], [2, 8, 1024, 128]
+    events = [
+        op("aten::scaled_dot_product_attention", [q, kv, kv]),
+        op("aten::_scaled_dot_product_flash_attention", [q, kv, kv]),  # nested in the one above
+        op("aten::scaled_dot_product_attention", [q, kv, kv]),
+        op("aten::_scaled_dot_product_flash_attention", [q, kv, kv]),
+        op("aten::scaled_dot_product_attention", [[1, 4, 77, 64]] * 3, causal="False"),
+        {"ph": "X", "name": "aten::mm", "args": {"Input Dims": [[2, 3], [3, 4]]}},
+    ]
+    path = tmp_path / "trace.json"
+    _trace(path, events)
+    found = problems_from_trace(path)
+    assert found == {
+        AttentionProblem(2, 32, 8, 1024, 1024, 128, "bf16", True, "bshd"): 2,
+        AttentionProblem(1, 4, 4, 77, 77, 64, "bf16", False, "bshd"): 1,
+    }
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(UserError, match="cannot read trace"):
+        problems_from_trace(bad)
+    _trace(bad, [])
+    bad.write_text(json.dumps({"x": 1}))
+    with pytest.raises(UserError, match="not a Kineto trace"):
+        problems_from_trace(bad)
