@@ -10,7 +10,7 @@ import pytest
 
 from primus_perf.errors import UserError
 from primus_perf.problems import AttentionProblem
-from primus_perf.tuner.attention.tune import check_tunable, parse_problem_spec
+from primus_perf.tuner.attention.spec import check_tunable, parse_problem_spec
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -1,5 +1,8 @@
 """Triton flash attention vs an fp32 reference on the CPU interpreter (tiny sizes), and
-the router the trainer uses. GPU tests (bf16, real sizes) carry the ``gpu`` mark."""
+the router the trainer uses. GPU tests (bf16, real sizes) carry the ``gpu`` mark; run them
+with ``TRITON_INTERPRET=0 pytest -m gpu`` (then every test here runs on the GPU).
+
+The interpreter has no bf16 ``tl.dot`` on the CPU, so the CPU tests use fp16."""
 
 from __future__ import annotations
 

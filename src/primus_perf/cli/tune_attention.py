@@ -42,14 +42,7 @@ def register(app: typer.Typer) -> None:
 
         from primus_perf.devices import require_gpu
         from primus_perf.errors import UserError
-        from primus_perf.tuner.attention.configs import default_space
-        from primus_perf.tuner.attention.search import grid_size
-        from primus_perf.tuner.attention.tune import (
-            STRATEGIES,
-            check_tunable,
-            parse_problem_spec,
-            tune_problem,
-        )
+        from primus_perf.tuner.attention.spec import STRATEGIES, check_tunable, parse_problem_spec
 
         if strategy not in STRATEGIES:
             raise UserError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
@@ -66,6 +59,10 @@ def register(app: typer.Typer) -> None:
         for p in problems:
             check_tunable(p)
         ident = require_gpu()
+        from primus_perf.tuner.attention.configs import default_space
+        from primus_perf.tuner.attention.search import grid_size
+        from primus_perf.tuner.attention.tune import tune_problem
+
         results = []
         for p in problems:
             space = default_space(ident.vendor, p.head_dim)

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from primus_perf.tuner.attention.configs import AttnConfig
-from primus_perf.tuner.attention.function import triton_attention
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
@@ -53,6 +52,8 @@ def sdpa_bshd(
 def implementation(backend: str, config: AttnConfig | None = None) -> AttentionFn:
     """The callable ``fn(q, k, v, causal)`` for a backend name (and Triton config)."""
     if backend == TRITON:
+        from primus_perf.tuner.attention.function import triton_attention
+
         cfg = config or AttnConfig()
         return lambda q, k, v, causal: triton_attention(q, k, v, causal=causal, config=cfg)
     if backend != DEFAULT and backend not in SDPA_BACKENDS:

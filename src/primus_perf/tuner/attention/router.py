@@ -19,7 +19,6 @@ import torch
 from primus_perf.problems import AttentionProblem, dtype_name
 from primus_perf.tuner.attention.backends import DEFAULT, SDPA_BACKENDS, TRITON, sdpa_bshd
 from primus_perf.tuner.attention.configs import AttnConfig
-from primus_perf.tuner.attention.function import triton_attention
 
 
 @dataclass(frozen=True)
@@ -93,6 +92,8 @@ class AttentionRouter:
         if choice.backend == DEFAULT:  # torch's own choice measured fastest
             return None
         if choice.backend == TRITON:
+            from primus_perf.tuner.attention.function import triton_attention  # Triton on demand
+
             return triton_attention(q, k, v, causal=causal, config=choice.config)
         return sdpa_bshd(q, k, v, causal, choice.backend)
 
