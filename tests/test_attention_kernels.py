@@ -139,3 +139,53 @@ def test_gpu_real_sizes_bf16_fp16(dtype, causal) -> None:
         q, k, v = random_qkv(2, 8, 2, 1000, 1000, 128, dtype, "cuda", seed=11)
         report = check_numerics(_fn(cfg), q, k, v, causal=causal)
         assert report.ok, (cfg.label(), report)
+
+
+def _result(selected: str):
+    from primus_perf.devices import DeviceIdentity
+    from primus_perf.tuner.attention.search import SearchResult
+    from primus_perf.tuner.attention.select import BackendTiming
+    from primus_perf.tuner.attention.tune import AttentionTuneResult
+
+    prob = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", True, "bshd")
+    cfg = CONFIGS[1]
+    timings = {
+        "sdpa:default": BackendTiming("sdpa:default", 1.0, 2.0),
+        "sdpa:cudnn": BackendTiming("sdpa:cudnn", 0.9, 1.9),
+        "triton": BackendTiming("triton", 0.8, 1.8),
+    }
+    return AttentionTuneResult(
+        problem=prob,
+        device=DeviceIdentity("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 132),
+        versions={"torch": "2.11.0", "triton": "3.6.0"},
+        search=SearchResult("grid", cfg, 0.8, 1.8, 16, 8),
+        timings=timings,
+        selected=selected,
+        config=cfg,
+        numerics_error=1e-3,
+    )
+
+
+def test_cache_entry_round_trip_to_the_router() -> None:
+    from primus_perf.errors import CacheError
+    from primus_perf.tuner.attention.cache_io import entry_fields, router_from_entries
+
+    res = _result("triton")
+    assert res.speedup == pytest.approx(3.0 / 2.6)
+    fields = entry_fields(res)
+    assert fields["kind"] == "attention" and fields["problem_key"] == res.problem.key()
+    assert fields["times"] == {"tuned_ms": pytest.approx(2.6), "default_ms": pytest.approx(3.0)}
+    other = {**entry_fields(_result("sdpa:cudnn")), "problem_key": "attn|other"}
+    gemm = {"kind": "gemm", "problem_key": "gemm:x", "solution": {"config": {}, "blob": b"x"}}
+    router = router_from_entries([fields, other, gemm])
+    assert router is not None
+    assert router.choices[res.problem.key()] == AttentionChoice("triton", CONFIGS[1])
+    assert router.choices["attn|other"] == AttentionChoice("sdpa:cudnn")
+    q, k, v = random_qkv(1, 4, 2, 40, 40, 16, torch.float16, DEVICE, seed=2)
+    out = router(q, k, v, True)
+    assert out is not None
+    assert (out.float() - reference_attention(q, k, v, causal=True)).abs().max().item() < 2e-3
+    assert router_from_entries([gemm]) is None
+    broken = {**fields, "solution": {"config": {"backend": "triton"}, "blob": b""}}
+    with pytest.raises(CacheError, match="attention cache entry"):
+        router_from_entries([broken])
