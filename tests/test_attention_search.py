@@ -100,3 +100,24 @@ def test_rocm_space_carries_vendor_options() -> None:
     assert "waves_per_eu" in space.fwd and "matrix_instr_nonkdim" in space.bwd
     assert "waves_per_eu" not in default_space("nvidia", 128).fwd
     assert len(tiny_space().fwd_configs(PROBLEM, "cpu")) == 4
+
+
+def test_backend_race_times_what_runs_and_reports_what_cannot() -> None:
+    from primus_perf.tuner.attention.backends import implementation
+    from primus_perf.tuner.attention.select import fastest, time_backends
+
+    prob = AttentionProblem(1, 4, 2, 48, 48, 16, "f16", True)
+    names = ["sdpa:default", "sdpa:flash", "sdpa:cudnn", "triton"]
+    cands = {n: implementation(n, AttnConfig(FwdConfig(16, 16, 4, 1), BwdConfig(16, 16, 16, 16, 4, 1))) for n in names}
+    res = time_backends(prob, cands, rounds=2, reps=2, device="cpu")
+    assert set(res) == set(names)
+    assert res["sdpa:cudnn"].status == "unavailable" and res["sdpa:cudnn"].reason  # no cuDNN on CPU
+    for n in ("sdpa:default", "sdpa:flash", "triton"):
+        t = res[n]
+        assert t.status == "ok" and len(t.fwd_samples) == len(t.bwd_samples) == 4
+        assert 0 < t.fwd_ms < math.inf and 0 < t.bwd_ms < math.inf
+    # the interpreter is orders of magnitude slower than torch's CPU kernels
+    assert fastest(res) in ("sdpa:default", "sdpa:flash")
+    assert fastest(res, exclude=("sdpa:default", "sdpa:flash")) == "triton"
+    row = res["triton"].to_dict(prob)
+    assert row["fwd_tflops"] > 0 and row["fwd_ms_min_max"][0] <= row["fwd_ms"] <= row["fwd_ms_min_max"][1]
