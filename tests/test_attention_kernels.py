@@ -111,6 +111,11 @@ def test_router_uses_cached_choice_and_leaves_the_rest_to_torch() -> None:
     summary = router.summary()
     assert summary["routed"][prob.key()]["calls"] == 1
     assert sum(summary["default"].values()) == 2
+    # a choice tuned for the kv-expanded problem (as traces of the trainer show GQA) applies
+    expanded = AttentionProblem(1, 4, 4, 40, 40, 16, "f16", True, "bshd")
+    gqa_router = AttentionRouter({expanded.key(): choice})
+    assert gqa_router(q, k, v, True) is not None
+    assert gqa_router.summary()["routed"][prob.key()] == {"calls": 1, "choice": choice.label()}
     # torch's default measured fastest: the router leaves the call to the dispatch
     assert AttentionRouter({prob.key(): AttentionChoice("sdpa:default")})(q, k, v, True) is None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -76,10 +76,17 @@ class AttentionRouter:
         found = self._memo.get(sig)
         if found is None:
             try:
-                key = problem_of(q, k, k, causal).key()
+                prob = problem_of(q, k, k, causal)
             except ValueError:
-                key = ""
-            found = (key, self.choices.get(key))
+                found = ("", None)
+            else:
+                key = prob.key()
+                choice = self.choices.get(key)
+                if choice is None and prob.heads_kv != prob.heads_q:
+                    # traces of the trainer show GQA after the kv heads were expanded for
+                    # SDPA: a choice tuned for the expanded problem applies here as well
+                    choice = self.choices.get(replace(prob, heads_kv=prob.heads_q).key())
+                found = (key, choice)
             self._memo[sig] = found
         return found
 
@@ -97,10 +104,16 @@ class AttentionRouter:
             return triton_attention(q, k, v, causal=causal, config=choice.config)
         return sdpa_bshd(q, k, v, causal, choice.backend)
 
+    def _choice_of(self, key: str) -> str:
+        for memo_key, choice in self._memo.values():
+            if memo_key == key and choice is not None:
+                return choice.label()
+        return ""
+
     def summary(self) -> dict[str, Any]:
         """Calls per problem: routed to a cached choice, or left to torch's default."""
         return {
             "cached_problems": len(self.choices),
-            "routed": {k: {"calls": n, "choice": self.choices[k].label()} for k, n in self.hits.items()},
+            "routed": {k: {"calls": n, "choice": self._choice_of(k)} for k, n in self.hits.items()},
             "default": dict(self.misses),
         }
