@@ -25,7 +25,9 @@ def train(
     overrides: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional here)
         None, help="Config overrides key=value with dotted keys, e.g. train.steps=50 parallel.tp=2"
     ),
-    config: str = typer.Option("tiny", "--config", "-c", help="Preset name (configs/NAME.yaml) or a YAML path"),
+    config: str = typer.Option(
+        "tiny", "--config", "-c", help="Preset name (configs/NAME.yaml) or a YAML path"
+    ),
     layers: Optional[int] = typer.Option(None, "--layers", help="Override model.n_layers"),  # noqa: UP045
     steps: Optional[int] = typer.Option(None, "--steps", help="Override train.steps"),  # noqa: UP045
     json_log: Optional[str] = typer.Option(  # noqa: UP045
@@ -63,7 +65,9 @@ def train(
             if log is not None:
                 log.write(metrics)
             if metrics.step % cfg.train.log_every == 0 or metrics.step == cfg.train.steps:
-                console.print(format_step(metrics, cfg.train.steps), highlight=False, soft_wrap=True)
+                console.print(
+                    format_step(metrics, cfg.train.steps), highlight=False, soft_wrap=True
+                )
     finally:
         if log is not None:
             log.close()

@@ -242,14 +242,20 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
             raise ConfigError(f"config key {key!r} must be positive, got {flat[key]}")
     for key, choices in _CHOICES.items():
         if flat[key] not in choices:
-            raise ConfigError(f"config key {key!r} must be one of {', '.join(choices)}, got {flat[key]!r}")
+            raise ConfigError(
+                f"config key {key!r} must be one of {', '.join(choices)}, got {flat[key]!r}"
+            )
     m, p, t = cfg.model, cfg.parallel, cfg.train
     if p.dp < 0:
         raise ConfigError(f"config key 'parallel.dp' must be >= 0, got {p.dp}")
     if m.dim % m.n_heads:
-        raise ConfigError(f"config key 'model.dim' ({m.dim}) must be divisible by model.n_heads ({m.n_heads})")
+        raise ConfigError(
+            f"config key 'model.dim' ({m.dim}) must be divisible by model.n_heads ({m.n_heads})"
+        )
     if m.head_dim % 2:
-        raise ConfigError(f"config key 'model.dim' gives an odd head dim {m.head_dim}; RoPE needs it even")
+        raise ConfigError(
+            f"config key 'model.dim' gives an odd head dim {m.head_dim}; RoPE needs it even"
+        )
     if m.n_heads % m.n_kv_heads:
         raise ConfigError(
             f"config key 'model.n_kv_heads' ({m.n_kv_heads}) must divide model.n_heads ({m.n_heads})"
@@ -261,7 +267,9 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         ("model.vocab_size", m.vocab_size),
     ):
         if value % p.tp:
-            raise ConfigError(f"config key {key!r} ({value}) is not divisible by parallel.tp ({p.tp})")
+            raise ConfigError(
+                f"config key {key!r} ({value}) is not divisible by parallel.tp ({p.tp})"
+            )
     if t.warmup < 0:
         raise ConfigError(f"config key 'train.warmup' must be >= 0, got {t.warmup}")
     if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:

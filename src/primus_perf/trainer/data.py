@@ -29,7 +29,12 @@ def _generator(seed: int, step: int) -> torch.Generator:
 
 class SyntheticData:
     def __init__(self, vocab_size: int, seq_len: int, global_batch: int, seed: int) -> None:
-        self.vocab_size, self.seq_len, self.global_batch, self.seed = vocab_size, seq_len, global_batch, seed
+        self.vocab_size, self.seq_len, self.global_batch, self.seed = (
+            vocab_size,
+            seq_len,
+            global_batch,
+            seed,
+        )
 
     def global_tokens(self, step: int) -> torch.Tensor:
         """(global_batch, seq_len + 1) int64 tokens for ``step``."""
@@ -45,7 +50,9 @@ class TextData:
         try:
             raw = Path(path).read_bytes()
         except OSError as exc:
-            raise ConfigError(f"config key 'data.path': cannot read {path} ({exc.strerror})") from None
+            raise ConfigError(
+                f"config key 'data.path': cannot read {path} ({exc.strerror})"
+            ) from None
         if len(raw) < seq_len + 2:
             raise ConfigError(
                 f"config key 'data.path': {path} has {len(raw)} bytes, fewer than train.seq_len + 2 ({seq_len + 2})"
@@ -55,7 +62,9 @@ class TextData:
 
     def global_tokens(self, step: int) -> torch.Tensor:
         g = _generator(self.seed, step)
-        starts = torch.randint(0, len(self.tokens) - self.seq_len - 1, (self.global_batch,), generator=g)
+        starts = torch.randint(
+            0, len(self.tokens) - self.seq_len - 1, (self.global_batch,), generator=g
+        )
         idx = starts.unsqueeze(1) + torch.arange(self.seq_len + 1).unsqueeze(0)
         return self.tokens[idx]
 
@@ -74,7 +83,13 @@ class Batches:
 
 
 def make_batches(
-    path: str | None, vocab_size: int, seq_len: int, micro_batch: int, dp: int, dp_rank: int, seed: int
+    path: str | None,
+    vocab_size: int,
+    seq_len: int,
+    micro_batch: int,
+    dp: int,
+    dp_rank: int,
+    seed: int,
 ) -> Batches:
     global_batch = micro_batch * dp
     source: SyntheticData | TextData

@@ -98,17 +98,23 @@ def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
     """The GemmProblem of ``a @ b`` for 2-D operands, each packed or a transposed view of a
     packed matrix (stride ``(1, rows)``)."""
     if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"problem_of needs 2-D operands, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(
+            f"problem_of needs 2-D operands, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     M, K = a.shape
     K2, N = b.shape
     if K != K2:
         raise ValueError(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
     at, bt = _is_transposed_view(a), _is_transposed_view(b)
     if at is None or bt is None:
-        raise ValueError(f"operand strides {a.stride()} / {b.stride()} are neither packed nor transposed")
+        raise ValueError(
+            f"operand strides {a.stride()} / {b.stride()} are neither packed nor transposed"
+        )
     if a.dtype != b.dtype:
         raise ValueError(f"operand dtypes differ: {a.dtype} and {b.dtype}")
-    return GemmProblem.from_row_major(M, N, K, a_transposed=at, b_transposed=bt, dtype=dtype_name(a.dtype))
+    return GemmProblem.from_row_major(
+        M, N, K, a_transposed=at, b_transposed=bt, dtype=dtype_name(a.dtype)
+    )
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:

@@ -64,7 +64,9 @@ def linear_layers(cfg: ModelConfig, tp: int = 1) -> list[LinearLayer]:
     for i in range(cfg.n_layers):
         p = f"layers.{i}"
         layers += [
-            LinearLayer(f"{p}.attention.wqkv", (cfg.n_heads + 2 * cfg.n_kv_heads) * hd // tp, cfg.dim),
+            LinearLayer(
+                f"{p}.attention.wqkv", (cfg.n_heads + 2 * cfg.n_kv_heads) * hd // tp, cfg.dim
+            ),
             LinearLayer(f"{p}.attention.wo", cfg.dim, cfg.n_heads * hd // tp),
             LinearLayer(f"{p}.mlp.w13", 2 * cfg.ffn_dim // tp, cfg.dim),
             LinearLayer(f"{p}.mlp.w2", cfg.dim, cfg.ffn_dim // tp),
@@ -88,9 +90,25 @@ def model_gemms(
     for layer in linear_layers(cfg, tp):
         N, K = layer.out_features, layer.in_features
         calls += [
-            GemmCall(layer.name, "fwd", T, N, K, GemmProblem.from_row_major(T, N, K, b_transposed=True, dtype=dtype)),
-            GemmCall(layer.name, "dgrad", T, K, N, GemmProblem.from_row_major(T, K, N, dtype=dtype)),
-            GemmCall(layer.name, "wgrad", N, K, T, GemmProblem.from_row_major(N, K, T, a_transposed=True, dtype=dtype)),
+            GemmCall(
+                layer.name,
+                "fwd",
+                T,
+                N,
+                K,
+                GemmProblem.from_row_major(T, N, K, b_transposed=True, dtype=dtype),
+            ),
+            GemmCall(
+                layer.name, "dgrad", T, K, N, GemmProblem.from_row_major(T, K, N, dtype=dtype)
+            ),
+            GemmCall(
+                layer.name,
+                "wgrad",
+                N,
+                K,
+                T,
+                GemmProblem.from_row_major(N, K, T, a_transposed=True, dtype=dtype),
+            ),
         ]
     return calls
 

@@ -121,18 +121,29 @@ class Trainer:
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            [
+                {"params": decay, "weight_decay": t.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
             lr=lr_at(0, t),
             betas=(t.beta1, t.beta2),
             eps=t.eps,
             fused=self.device.type == "cuda",
         )
         self.batches = make_batches(
-            cfg.data.path, cfg.model.vocab_size, t.seq_len, t.micro_batch, self.groups.dp, self.groups.dp_rank, t.seed
+            cfg.data.path,
+            cfg.model.vocab_size,
+            t.seq_len,
+            t.micro_batch,
+            self.groups.dp,
+            self.groups.dp_rank,
+            t.seed,
         )
         self.flops_per_token = flops_per_token(cfg.model, t.seq_len)
         self.tokens_per_step = t.micro_batch * t.seq_len * self.groups.dp
-        self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        self.device_name = (
+            torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        )
         self.peak_tflops = self._peak_tflops()
         self.step = 0
 
@@ -240,7 +251,9 @@ class JsonLog:
             os.replace(self.partial, self.path)
 
 
-def train(cfg: TrainerConfig, on_step: Callable[[StepMetrics], None] | None = None) -> list[StepMetrics]:
+def train(
+    cfg: TrainerConfig, on_step: Callable[[StepMetrics], None] | None = None
+) -> list[StepMetrics]:
     """Run ``cfg.train.steps`` steps; ``on_step`` sees each step's metrics (on every rank)."""
     trainer = Trainer(cfg)
     history: list[StepMetrics] = []

@@ -23,9 +23,13 @@ from primus_perf.trainer.config import ModelConfig
 from primus_perf.trainer.parallel import copy_to_tp, gather_from_tp, reduce_from_tp
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    seq_len: int, head_dim: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, each (seq_len, head_dim // 2), float32."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim))
+    inv = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
+    )
     pos = torch.arange(seq_len, device=device, dtype=torch.float64)
     ang = torch.outer(pos, inv)
     return ang.cos().float(), ang.sin().float()
@@ -165,7 +169,9 @@ class Transformer(nn.Module):
     def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (seq_len, device)
         if key not in self._rope_cache:
-            self._rope_cache[key] = rope_tables(seq_len, self.cfg.head_dim, self.cfg.rope_theta, device)
+            self._rope_cache[key] = rope_tables(
+                seq_len, self.cfg.head_dim, self.cfg.rope_theta, device
+            )
         return self._rope_cache[key]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

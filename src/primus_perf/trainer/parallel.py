@@ -167,11 +167,15 @@ def parallelize(model: torch.nn.Module, groups: ProcessGroups) -> torch.nn.Modul
 
 
 @torch.no_grad()
-def clip_grad_norm_(params: list[torch.nn.Parameter], max_norm: float, tp_group: Any = None) -> torch.Tensor:
+def clip_grad_norm_(
+    params: list[torch.nn.Parameter], max_norm: float, tp_group: Any = None
+) -> torch.Tensor:
     """Clip to a global L2 norm (sharded parameters summed over the tensor-parallel group,
     replicated ones counted once). Returns the norm before clipping; no host sync."""
     sharded = [p.grad for p in params if p.grad is not None and getattr(p, "tp_sharded", False)]
-    replicated = [p.grad for p in params if p.grad is not None and not getattr(p, "tp_sharded", False)]
+    replicated = [
+        p.grad for p in params if p.grad is not None and not getattr(p, "tp_sharded", False)
+    ]
     device = (sharded or replicated)[0].device
 
     def sq(grads: list[torch.Tensor]) -> torch.Tensor:
