@@ -19,6 +19,7 @@ device the peak table does not know.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -223,7 +224,18 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """Leave the process group if this trainer created it."""
+        """Release the DDP wrapper, then leave the process group if this trainer made it.
+
+        Order matters with gloo: dropping DDP's reducer while it holds the last reference
+        to its process group joins gloo's worker threads with the GIL held, and a worker
+        still freeing a finished all-reduce needs the GIL: a deadlock at exit. So all ranks
+        meet at a barrier first, and the reducer goes while the group is still registered.
+        """
+        if self._forward is not self.model:
+            if dist.is_initialized():
+                dist.barrier(group=self.groups.dp_group)
+            self._forward = self.model
+            gc.collect()
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_process_group = False

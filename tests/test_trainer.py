@@ -1,0 +1,187 @@
+"""The reference trainer on the CPU: loss falls, TP=2 and DP=2 reproduce one process,
+config errors are one line with exit code 2, dispatch routes every GEMM."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from primus_perf.errors import ConfigError
+from primus_perf.problems import GemmProblem
+from primus_perf.trainer import dispatch
+from primus_perf.trainer.config import load_config
+from primus_perf.trainer.flops import gemm_flops_per_step, model_gemms
+from primus_perf.trainer.loop import Trainer
+
+DATA = Path(__file__).parent / "data" / "corpus.txt"
+CLI = [sys.executable, "-m", "primus_perf.cli.train"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if nproc > 1:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={_free_port()}",
+            "-m",
+            "primus_perf.cli.train",
+            *args,
+        ]
+    else:
+        cmd = [*CLI, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _losses(path: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+
+def test_tiny_loss_falls_over_30_steps(tmp_path: Path) -> None:
+    log = tmp_path / "tiny.jsonl"
+    result = _run(["--config", "tiny", "--json-log", str(log)])
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) >= 30
+    for row in rows:
+        assert {"step", "loss", "step_time_s", "tokens_per_s", "mfu"} <= set(row)
+        assert row["mfu"] is None  # CPU: MFU n/a
+    first = sum(r["loss"] for r in rows[:5]) / 5
+    last = sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < 0.6 * first, (first, last)
+    assert "MFU n/a" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "parallel_args,single_args",
+    [
+        (["parallel.tp=2"], []),  # TP=2: same batch, sharded weights
+        ([], ["train.micro_batch=8"]),  # DP=2 at micro-batch 4 = one process at 8
+    ],
+    ids=["tp2", "dp2"],
+)
+def test_two_processes_reproduce_one(
+    tmp_path: Path, parallel_args: list[str], single_args: list[str]
+) -> None:
+    common = ["--config", "tiny", "--steps", "5", "train.micro_batch=4"]
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    r1 = _run([*common, *single_args, "--json-log", str(one)])
+    assert r1.returncode == 0, r1.stderr
+    r2 = _run([*common, *parallel_args, "--json-log", str(two)], nproc=2)
+    assert r2.returncode == 0, r2.stderr
+    a, b = _losses(one), _losses(two)
+    assert len(a) == len(b) == 5
+    for x, y in zip(a, b):
+        assert abs(x - y) <= 1e-4 * abs(x), (a, b)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["train.bogus=1"], "train.bogus"),
+        (["train.steps=abc"], "train.steps"),
+        (["parallel.tp=3"], "tp"),
+        (["--config", "no-such-preset"], "no-such-preset"),
+    ],
+)
+def test_bad_config_is_one_line_exit_2(args: list[str], needle: str) -> None:
+    cmd = args if args[0] == "--config" else ["--config", "tiny", *args]
+    result = _run(cmd)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert needle in lines[0] and "Traceback" not in result.stderr
+
+
+def test_bad_yaml_file_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    result = _run(["--config", str(bad)])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert str(bad) in result.stderr
+
+
+def test_unknown_key_and_wrong_type_raise_config_error() -> None:
+    with pytest.raises(ConfigError, match="model.nope"):
+        load_config("tiny", ["model.nope=1"])
+    with pytest.raises(ConfigError, match="train.lr"):
+        load_config("tiny", ["train.lr=fast"])
+    with pytest.raises(ConfigError, match="heads|tp"):
+        load_config("llama3-8b", ["parallel.tp=5"])
+
+
+def test_presets_load_with_layer_override() -> None:
+    for name in ("tiny", "llama3-8b", "llama3-70b", "qwen2.5-7b"):
+        cfg = load_config(name, ["model.n_layers=2"])
+        assert cfg.model.n_layers == 2
+    big = load_config("llama3-70b")
+    assert (big.model.dim, big.model.n_layers, big.model.n_heads) == (8192, 80, 64)
+
+
+def test_text_data_path_trains(tmp_path: Path) -> None:
+    log = tmp_path / "text.jsonl"
+    result = _run(
+        ["--config", "tiny", "--steps", "8", f"data.path={DATA}", "model.vocab_size=256",
+         "--json-log", str(log)]
+    )
+    assert result.returncode == 0, result.stderr
+    losses = _losses(log)
+    assert len(losses) == 8 and all(x == x for x in losses)  # no NaN
+
+
+def test_every_training_gemm_goes_through_dispatch() -> None:
+    """A router sees the forward, input-gradient and weight-gradient GEMM of every linear
+    layer, and their problems are exactly the model's GEMM list."""
+    cfg = load_config("tiny", ["train.steps=1", "model.n_layers=2", "train.micro_batch=2"])
+    seen: list[GemmProblem] = []
+
+    def router(a: torch.Tensor, b: torch.Tensor) -> None:
+        seen.append(dispatch.problem_of(a, b))
+        return None  # fall back to torch
+
+    trainer = Trainer(cfg)
+    dispatch.set_gemm_router(router)
+    try:
+        trainer.train_step()
+    finally:
+        dispatch.set_gemm_router(None)
+        trainer.close()
+    expected = model_gemms(cfg.model, cfg.train.micro_batch, cfg.train.seq_len, dtype="f32")
+    assert sorted(p.key() for p in seen) == sorted(c.problem.key() for c in expected)
+    assert sum(p.flops for p in seen) == gemm_flops_per_step(
+        cfg.model, cfg.train.micro_batch, cfg.train.seq_len
+    )
+
+
+def test_router_output_is_used() -> None:
+    a, b = torch.randn(4, 3), torch.randn(3, 5)
+    dispatch.set_gemm_router(lambda x, y: torch.full((x.shape[0], y.shape[1]), 7.0))
+    try:
+        assert torch.equal(dispatch.matmul(a, b), torch.full((4, 5), 7.0))
+    finally:
+        dispatch.set_gemm_router(None)
+    torch.testing.assert_close(dispatch.matmul(a, b), a @ b)
+
+
+def test_problem_of_matches_row_major_mapping() -> None:
+    x = torch.randn(6, 4, dtype=torch.bfloat16)
+    w = torch.randn(5, 4, dtype=torch.bfloat16)
+    assert dispatch.problem_of(x, w.t()) == GemmProblem.from_row_major(6, 5, 4, b_transposed=True)
+    with pytest.raises(ValueError):
+        dispatch.problem_of(x[:, ::2], w.t()[::2])
