@@ -21,26 +21,14 @@ def not_yet_available(what: str) -> None:
 
 
 def run_app(app: typer.Typer | Callable[[], object]) -> None:
-    """Run a typer app; a UserError becomes ``error: <message>`` and its exit code."""
+    """Run a typer app (standalone: usage errors and --help as click does them); a
+    UserError becomes ``error: <message>`` on one line and its exit code."""
     try:
-        app(standalone_mode=False) if isinstance(app, typer.Typer) else app()
+        app()
     except UserError as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        message = " ".join(str(exc).split())
+        err_console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err_console.print("aborted")
-        sys.exit(130)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Exit):
-            sys.exit(exc.exit_code)
-        raise

@@ -57,6 +57,9 @@ def train(
             highlight=False,
             soft_wrap=True,
         )
+    if trainer.is_main and trainer.tuning is not None:
+        for line in trainer.tuning.start_lines():
+            console.print(line, highlight=False, soft_wrap=True)
     try:
         for _ in range(cfg.train.steps):
             metrics = trainer.train_step()
@@ -71,6 +74,9 @@ def train(
     finally:
         if log is not None:
             log.close()
+        if trainer.is_main and trainer.tuning is not None:
+            for line in trainer.tuning.end_lines():
+                console.print(line, highlight=False, soft_wrap=True)
         trainer.close()
 
 

@@ -147,6 +147,11 @@ class Trainer:
         )
         self.peak_tflops = self._peak_tflops()
         self.step = 0
+        self.tuning = None  # cache.runtime.Activation when tuning.cache is set
+        if cfg.tuning.cache:
+            from primus_perf.cache.runtime import activate
+
+            self.tuning = activate(cfg.tuning.cache)
 
     # ---- set-up ------------------------------------------------------------------------
 
@@ -231,6 +236,8 @@ class Trainer:
         still freeing a finished all-reduce needs the GIL: a deadlock at exit. So all ranks
         meet at a barrier first, and the reducer goes while the group is still registered.
         """
+        if self.tuning is not None:
+            self.tuning.deactivate()
         if self._forward is not self.model:
             if dist.is_initialized():
                 dist.barrier(group=self.groups.dp_group)

@@ -44,23 +44,29 @@ def entry_fields(result: Any) -> dict[str, Any]:
     }
 
 
-def _store():
+def running_versions() -> dict[str, str]:
+    """The library versions an attention entry must match: torch, Triton, cuDNN."""
+    import torch
+
+    out = {"torch": torch.__version__}
     try:
-        from primus_perf.cache import store
+        import triton
+
+        out["triton"] = triton.__version__
     except ImportError:
-        raise CacheError("the tuning cache module (primus_perf.cache.store) is not available") from None
-    return store
+        out["triton"] = "none"
+    if torch.backends.cudnn.is_available():
+        cudnn = torch.backends.cudnn.version()
+        if cudnn:
+            out["cudnn"] = str(cudnn)
+    return out
 
 
 def save_results(results: Iterable[Any], path: str | Path) -> int:
     """Put one entry per result into the cache at ``path``; returns the number written."""
-    store = _store()
-    cache = store.TuningCache(Path(path))
-    n = 0
-    for res in results:
-        cache.put(store.CacheEntry(**entry_fields(res)))
-        n += 1
-    return n
+    from primus_perf.cache.store import CacheEntry, TuningCache
+
+    return TuningCache(Path(path)).put_many(CacheEntry(**entry_fields(r)) for r in results)
 
 
 def _field(entry: Any, name: str) -> Any:
@@ -98,5 +104,7 @@ def register() -> bool:
         from primus_perf.cache import runtime
     except ImportError:
         return False
-    runtime.register_router_factory(KIND, router_from_entries)
+    from primus_perf.tuner.attention.tune import library_versions
+
+    runtime.register_router_factory(KIND, router_from_entries, versions=library_versions)
     return True

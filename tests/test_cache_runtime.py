@@ -1,0 +1,72 @@
+"""Trainer start-up with a tuning cache: usable entries are routed, stale ones are not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from primus_perf.cache.store import CacheEntry, TuningCache  # noqa: E402
+from primus_perf.devices import DeviceIdentity, current_device  # noqa: E402
+from primus_perf.trainer.config import load_config  # noqa: E402
+from primus_perf.trainer.flops import attention_problem  # noqa: E402
+from primus_perf.tuner.attention.tune import library_versions  # noqa: E402
+
+
+def attention_entry(device: DeviceIdentity, versions: dict[str, str]) -> CacheEntry:
+    cfg = load_config("tiny")
+    prob = attention_problem(cfg.model, cfg.train.micro_batch, cfg.train.seq_len, dtype="f32")
+    return CacheEntry(
+        kind="attention",
+        problem_key=prob.key(),
+        problem=prob.to_dict(),
+        device=device.to_dict(),
+        versions=versions,
+        # "sdpa:flash" has a CPU kernel too, so the route is exercised for real
+        solution={"config": {"backend": "sdpa:flash", "config": None}, "blob": b""},
+        times={"tuned_ms": 1.0, "default_ms": 1.2},
+        tuner_version="test",
+    )
+
+
+def run_tiny(cache: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "primus_perf.cli.train", "--config", "tiny", "--steps", "3",
+         f"tuning.cache={cache}"],
+        capture_output=True, text=True, timeout=240,
+    )
+
+
+def test_trainer_routes_cached_attention_and_reports_counts(tmp_path: Path) -> None:
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(attention_entry(current_device(), library_versions()))
+    result = run_tiny(cache)
+    assert result.returncode == 0, result.stderr
+    assert "attention: 1 of 1 entries usable" in result.stdout
+    n_layers = load_config("tiny").model.n_layers
+    assert f"{3 * n_layers} calls used a cached choice, 0 fell back" in result.stdout
+
+
+def test_stale_entries_are_not_used(tmp_path: Path) -> None:
+    cache = tmp_path / "cache.json"
+    other = DeviceIdentity("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 132)
+    old_versions = {**library_versions(), "triton": "0.0.1"}
+    TuningCache(cache).put_many(
+        [attention_entry(other, library_versions()), attention_entry(current_device(), old_versions)]
+    )
+    result = run_tiny(cache)
+    assert result.returncode == 0, result.stderr
+    assert "attention: 0 of 2 entries usable" in result.stdout
+    assert "H100" in result.stdout and "triton 0.0.1 ->" in result.stdout
+
+
+def test_corrupt_cache_stops_the_trainer_with_one_line(tmp_path: Path) -> None:
+    cache = tmp_path / "cache.json"
+    cache.write_text('{"schema": 1, "entries": [{"kind"')
+    result = run_tiny(cache)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "corrupt" in result.stderr and len(result.stderr.strip().splitlines()) == 1
