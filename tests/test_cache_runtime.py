@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("triton")
 
-from primus_perf.cache.store import CacheEntry, TuningCache  # noqa: E402
-from primus_perf.devices import DeviceIdentity, current_device  # noqa: E402
-from primus_perf.trainer.config import load_config  # noqa: E402
-from primus_perf.trainer.flops import attention_problem  # noqa: E402
-from primus_perf.tuner.attention.tune import library_versions  # noqa: E402
+from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.devices import DeviceIdentity, current_device
+from primus_perf.trainer.config import load_config
+from primus_perf.trainer.flops import attention_problem
+from primus_perf.tuner.attention.tune import library_versions
 
 
 def attention_entry(device: DeviceIdentity, versions: dict[str, str]) -> CacheEntry:
