@@ -146,7 +146,7 @@ def test_gpu_real_sizes_bf16_fp16(dtype, causal) -> None:
         assert report.ok, (cfg.label(), report)
 
 
-def _result(selected: str):
+def _result(selected: str, versions: dict | None = None):
     from primus_perf.devices import DeviceIdentity
     from primus_perf.tuner.attention.search import SearchResult
     from primus_perf.tuner.attention.select import BackendTiming
@@ -162,7 +162,7 @@ def _result(selected: str):
     return AttentionTuneResult(
         problem=prob,
         device=DeviceIdentity("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 132),
-        versions={"torch": "2.11.0", "triton": "3.6.0"},
+        versions=versions or {"torch": "2.11.0", "triton": "3.6.0"},
         search=SearchResult("grid", cfg, 0.8, 1.8, 16, 8),
         timings=timings,
         selected=selected,
@@ -194,3 +194,36 @@ def test_cache_entry_round_trip_to_the_router() -> None:
     broken = {**fields, "solution": {"config": {"backend": "triton"}, "blob": b""}}
     with pytest.raises(CacheError, match="attention cache entry"):
         router_from_entries([broken])
+
+
+def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
+    runtime = pytest.importorskip("primus_perf.cache.runtime")
+    from primus_perf.cache.store import TuningCache
+    from primus_perf.trainer import dispatch
+    from primus_perf.tuner.attention.cache_io import running_versions, save_results
+
+    path = tmp_path / "tuning.cache"
+    res = _result("triton", running_versions())
+    stale = _result("sdpa:cudnn", {"torch": "0.0", "triton": "0.0"})
+    stale.problem = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", False, "bshd")
+    assert save_results([res, stale], path) == 2
+    entries = TuningCache(path).entries("attention")
+    assert {e.problem_key for e in entries} == {res.problem.key(), stale.problem.key()}
+    mine = next(e for e in entries if e.problem_key == res.problem.key())
+    assert mine.solution["config"] == AttentionChoice("triton", CONFIGS[1]).to_solution()
+    assert mine.times["tuned_ms"] == pytest.approx(2.6) and mine.error == pytest.approx(1e-3)
+
+    act = runtime.activate(path, device=res.device)
+    try:
+        assert act.usable == {"attention": 1}  # the entry with other versions is stale
+        assert any("stale" in line for line in act.start_lines())
+        q, k, v = random_qkv(1, 4, 2, 40, 40, 16, torch.float16, DEVICE, seed=4)
+        out = dispatch.attention(q, k, v, causal=True)  # routed to the cached Triton config
+        assert (out.float() - reference_attention(q, k, v, causal=True)).abs().max().item() < 2e-3
+        dispatch.attention(q, k, v, causal=False)  # stale entry: torch's default
+        summary = act.end_summary()["attention"]
+        assert summary["routed"][res.problem.key()]["calls"] == 1
+        assert summary["default"] == {stale.problem.key(): 1}
+    finally:
+        act.deactivate()
+    assert dispatch.get_attention_router() is None

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from primus_perf.devices import DeviceIdentity, require_gpu
 from primus_perf.problems import AttentionProblem
 from primus_perf.tuner.attention.backends import DEFAULT, SDPA_BACKENDS, TRITON, implementation
@@ -33,13 +31,10 @@ TUNER_VERSION = "attention-1"
 
 
 def library_versions() -> dict[str, str]:
-    import triton
+    """torch, Triton and cuDNN versions (what a cache entry must match to be used)."""
+    from primus_perf.tuner.attention.cache_io import running_versions
 
-    out = {"torch": torch.__version__, "triton": triton.__version__}
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    if cudnn:
-        out["cudnn"] = str(cudnn)
-    return out
+    return running_versions()
 
 
 @dataclass
