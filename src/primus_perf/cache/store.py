@@ -29,6 +29,7 @@ it is never overwritten.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import tempfile
@@ -171,10 +172,8 @@ class TuningCache:
     def _move_aside(self) -> Path:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
-        try:
+        with contextlib.suppress(FileNotFoundError):  # another process moved it first
             os.replace(self.path, aside)
-        except FileNotFoundError:  # another process moved it first
-            pass
         return aside
 
     def entries(self, kind: str | None = None) -> list[CacheEntry]:
