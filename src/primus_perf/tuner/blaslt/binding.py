@@ -1,0 +1,260 @@
+"""One ctypes binding layer over :mod:`tables` for cuBLASLt and hipBLASLt.
+
+Every call's status is checked; a failure raises :class:`BlasLtError` naming the call and
+the status. :func:`load` gives one clear :class:`~primus_perf.errors.DeviceError` line when
+there is no GPU or no library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from primus_perf.errors import DeviceError
+from primus_perf.problems import GemmProblem
+from primus_perf.tuner.blaslt.tables import TABLES, VendorTable
+
+c_void_p = ctypes.c_void_p
+
+
+class BlasLtError(RuntimeError):
+    def __init__(self, call: str, status: int) -> None:
+        super().__init__(f"{call} failed with status {status}")
+        self.call = call
+        self.status = status
+
+
+def _candidate_paths(table: VendorTable) -> list[str]:
+    paths: list[str] = []
+    try:
+        import torch
+
+        site = os.path.dirname(os.path.dirname(torch.__file__))
+        for name in table.lib_names:
+            paths += sorted(glob.glob(os.path.join(site, "nvidia", "**", name), recursive=True))
+            paths += sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", name)))
+    except ImportError:
+        pass
+    roots = [os.environ.get("CUDA_HOME", "/usr/local/cuda"), os.environ.get("ROCM_PATH", "/opt/rocm")]
+    for root in roots:
+        for name in table.lib_names:
+            paths += glob.glob(os.path.join(root, "lib*", name))
+    return paths + list(table.lib_names)
+
+
+class BlasLt:
+    """A loaded library with one handle."""
+
+    def __init__(self, table: VendorTable, lib: ctypes.CDLL, path: str) -> None:
+        self.t = table
+        self.lib = lib
+        self.path = path
+        self._fn_cache: dict[str, Any] = {}
+        self.handle = c_void_p()
+        self.call("Create", ctypes.byref(self.handle))
+
+    # ---- plumbing -----------------------------------------------------------------------
+    def fn(self, name: str):
+        full = self.t.prefix + name
+        f = self._fn_cache.get(full)
+        if f is None:
+            f = getattr(self.lib, full)
+            f.restype = ctypes.c_int
+            self._fn_cache[full] = f
+        return f
+
+    def call(self, name: str, *args: Any) -> None:
+        status = self.fn(name)(*args)
+        if status != self.t.success:
+            raise BlasLtError(self.t.prefix + name, status)
+
+    def version(self) -> str:
+        if self.t.vendor == "nvidia":
+            f = self.lib.cublasLtGetVersion
+            f.restype = ctypes.c_size_t
+            v = int(f())  # major*10000 + minor*100 + patch
+            return f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
+        v = ctypes.c_int()
+        try:
+            self.call("GetVersion", self.handle, ctypes.byref(v))
+        except (AttributeError, BlasLtError):
+            return "unknown"
+        return str(v.value)
+
+    def _set(self, setter: str, obj: c_void_p, attr: int, value: Any) -> None:
+        buf = value if isinstance(value, ctypes.Array | ctypes._SimpleCData) else ctypes.c_int32(value)
+        self.call(setter, obj, ctypes.c_int(attr), ctypes.byref(buf), ctypes.c_size_t(ctypes.sizeof(buf)))
+
+    # ---- descriptors --------------------------------------------------------------------
+    def matmul_desc(self, p: GemmProblem) -> c_void_p:
+        desc = c_void_p()
+        self.call("MatmulDescCreate", ctypes.byref(desc), ctypes.c_int(self.t.compute_type[p.compute]),
+                  ctypes.c_int(self.t.data_type["f64" if p.compute == "f64" else "f32"]))
+        a = self.t.desc_attr
+        self._set("MatmulDescSetAttribute", desc, a["TRANSA"], ctypes.c_int32(self.t.op["T" if p.trans_a else "N"]))
+        self._set("MatmulDescSetAttribute", desc, a["TRANSB"], ctypes.c_int32(self.t.op["T" if p.trans_b else "N"]))
+        return desc
+
+    def layout(self, dtype: str, rows: int, cols: int, ld: int, batch: int, stride: int) -> c_void_p:
+        lay = c_void_p()
+        self.call("MatrixLayoutCreate", ctypes.byref(lay), ctypes.c_int(self.t.data_type[dtype]),
+                  ctypes.c_uint64(rows), ctypes.c_uint64(cols), ctypes.c_int64(ld))
+        if batch > 1:
+            la = self.t.layout_attr
+            self._set("MatrixLayoutSetAttribute", lay, la["BATCH_COUNT"], ctypes.c_int32(batch))
+            self._set("MatrixLayoutSetAttribute", lay, la["STRIDED_BATCH_OFFSET"], ctypes.c_int64(stride))
+        return lay
+
+    def preference(self, workspace: int, reduction_mask: int | None = None) -> c_void_p:
+        pref = c_void_p()
+        self.call("MatmulPreferenceCreate", ctypes.byref(pref))
+        pa = self.t.pref_attr
+        self._set("MatmulPreferenceSetAttribute", pref, pa["MAX_WORKSPACE_BYTES"], ctypes.c_uint64(workspace))
+        if reduction_mask is not None and "REDUCTION_SCHEME_MASK" in pa:
+            self._set("MatmulPreferenceSetAttribute", pref, pa["REDUCTION_SCHEME_MASK"], ctypes.c_uint32(reduction_mask))
+        return pref
+
+    def plan(self, p: GemmProblem) -> Plan:
+        """Descriptors for one problem (kept alive by the returned plan)."""
+        ra, ca = (p.k, p.m) if p.trans_a else (p.m, p.k)
+        rb, cb = (p.n, p.k) if p.trans_b else (p.k, p.n)
+        return Plan(
+            lt=self,
+            problem=p,
+            desc=self.matmul_desc(p),
+            a=self.layout(p.dtype_a, ra, ca, p.lda, p.batch, p.stride_a),
+            b=self.layout(p.dtype_b, rb, cb, p.ldb, p.batch, p.stride_b),
+            c=self.layout(p.dtype_c, p.m, p.n, p.ldc, p.batch, p.stride_c),
+            d=self.layout(p.dtype_d, p.m, p.n, p.ldd, p.batch, p.stride_d),
+        )
+
+
+@dataclass
+class Heuristic:
+    algo: bytes  # the opaque algo struct
+    workspace: int
+    waves: float
+
+
+@dataclass
+class Plan:
+    lt: BlasLt
+    problem: GemmProblem
+    desc: c_void_p
+    a: c_void_p
+    b: c_void_p
+    c: c_void_p
+    d: c_void_p
+
+    def heuristics(self, count: int, workspace: int, reduction_mask: int | None = None) -> list[Heuristic]:
+        t = self.lt.t
+        pref = self.lt.preference(workspace, reduction_mask)
+        try:
+            buf = (ctypes.c_uint8 * (t.heuristic_size * count))()
+            returned = ctypes.c_int()
+            self.lt.call("MatmulAlgoGetHeuristic", self.lt.handle, self.desc, self.a, self.b, self.c, self.d,
+                         pref, ctypes.c_int(count), buf, ctypes.byref(returned))
+        finally:
+            self.lt.call("MatmulPreferenceDestroy", pref)
+        raw = bytes(buf)
+        out = []
+        o = t.heuristic_offsets
+        for i in range(returned.value):
+            rec = raw[i * t.heuristic_size : (i + 1) * t.heuristic_size]
+            state = struct.unpack_from("<i", rec, o["state"])[0]
+            if state != t.success:
+                continue
+            out.append(Heuristic(
+                algo=rec[: t.algo_size],
+                workspace=struct.unpack_from("<Q", rec, o["workspace"])[0],
+                waves=struct.unpack_from("<f", rec, o["waves"])[0],
+            ))
+        return out
+
+    def algo_config(self, algo: bytes) -> dict[str, int]:
+        """Readable config of a cuBLASLt algo (empty on hipBLASLt)."""
+        t = self.lt.t
+        if not t.algo_config_attr:
+            return {}
+        f = self.lt.lib.cublasLtMatmulAlgoConfigGetAttribute
+        f.restype = ctypes.c_int
+        a = (ctypes.c_uint8 * t.algo_size).from_buffer_copy(algo)
+        out = {}
+        for name, attr in t.algo_config_attr.items():
+            v = ctypes.c_uint64(0)
+            written = ctypes.c_size_t()
+            if f(ctypes.byref(a), ctypes.c_int(attr), ctypes.byref(v), ctypes.c_size_t(8), ctypes.byref(written)) == 0:
+                out[name] = int(v.value)
+        return out
+
+    def with_config(self, algo: bytes, **attrs: int) -> tuple[bytes, int] | None:
+        """A variant of a cuBLASLt algo with config attributes set, validated with AlgoCheck;
+        returns (algo, workspace) or None when the variant is not supported."""
+        t = self.lt.t
+        if not t.algo_config_attr:
+            return None
+        a = (ctypes.c_uint8 * t.algo_size).from_buffer_copy(algo)
+        setf = self.lt.lib.cublasLtMatmulAlgoConfigSetAttribute
+        setf.restype = ctypes.c_int
+        for name, value in attrs.items():
+            v = ctypes.c_uint32(value) if name in ("SPLITK_NUM", "REDUCTION_SCHEME", "CTA_SWIZZLING") else ctypes.c_int32(value)
+            if name in ("CLUSTER_SHAPE_ID", "STAGES_ID", "INNER_SHAPE_ID"):
+                v = ctypes.c_uint16(value) if name != "STAGES_ID" else ctypes.c_uint32(value)
+            if setf(ctypes.byref(a), ctypes.c_int(t.algo_config_attr[name]), ctypes.byref(v), ctypes.c_size_t(ctypes.sizeof(v))) != 0:
+                return None
+        res = (ctypes.c_uint8 * t.heuristic_size)()
+        status = self.lt.lib.cublasLtMatmulAlgoCheck(
+            self.lt.handle, self.desc, self.a, self.b, self.c, self.d, ctypes.byref(a), res)
+        if status != 0:
+            return None
+        ws = struct.unpack_from("<Q", bytes(res), t.heuristic_offsets["workspace"])[0]
+        return bytes(a), ws
+
+    def run(self, algo: bytes, a_ptr: int, b_ptr: int, d_ptr: int, workspace_ptr: int, workspace: int,
+            stream: int, alpha: float = 1.0) -> None:
+        """D = alpha * op(A) op(B) (beta = 0; C aliases D)."""
+        t = self.lt.t
+        if self.problem.compute == "f64":
+            al, be = ctypes.c_double(alpha), ctypes.c_double(0.0)
+        else:
+            al, be = ctypes.c_float(alpha), ctypes.c_float(0.0)
+        a = (ctypes.c_uint8 * t.algo_size).from_buffer_copy(algo)
+        self.lt.call("Matmul", self.lt.handle, self.desc, ctypes.byref(al), c_void_p(a_ptr), self.a,
+                     c_void_p(b_ptr), self.b, ctypes.byref(be), c_void_p(d_ptr), self.c, c_void_p(d_ptr),
+                     self.d, ctypes.byref(a), c_void_p(workspace_ptr or None), ctypes.c_size_t(workspace),
+                     c_void_p(stream))
+
+    def close(self) -> None:
+        for lay in (self.a, self.b, self.c, self.d):
+            self.lt.call("MatrixLayoutDestroy", lay)
+        self.lt.call("MatmulDescDestroy", self.desc)
+
+
+_loaded: dict[str, BlasLt] = {}
+
+
+def load(vendor: str | None = None) -> BlasLt:
+    """The library for the current GPU's vendor, loaded once per process."""
+    import torch
+
+    if vendor is None:
+        if not torch.cuda.is_available():
+            raise DeviceError("no CUDA or ROCm GPU is visible to torch; GEMM tuning needs one")
+        vendor = "amd" if torch.version.hip else "nvidia"
+    if vendor in _loaded:
+        return _loaded[vendor]
+    table = TABLES[vendor]
+    errors = []
+    for path in _candidate_paths(table):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as exc:
+            errors.append(str(exc))
+            continue
+        _loaded[vendor] = BlasLt(table, lib, path)
+        return _loaded[vendor]
+    raise DeviceError(f"cannot load {table.lib_names[0]} (looked next to torch and in the CUDA/ROCm toolkit)")
