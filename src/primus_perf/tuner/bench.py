@@ -6,6 +6,7 @@ import random
 import statistics
 from collections.abc import Callable
 
+SLEEP_CYCLES_PER_CALL = 50_000
 L2_FLUSH_BYTES = 100 * 2**20  # rotate through inputs larger than 2x the biggest L2 (H100: 50 MB)
 
 
@@ -36,6 +37,9 @@ def time_interleaved(
     for _ in range(rounds):
         rng.shuffle(names)
         events = []
+        # keep the GPU busy while the round is launched, so that launch overhead is hidden
+        # and the events time the GPU (about 25 us of queue per call)
+        torch.cuda._sleep(int(SLEEP_CYCLES_PER_CALL * inner * len(names)))
         for name in names:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

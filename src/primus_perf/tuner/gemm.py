@@ -18,6 +18,7 @@ WORKSPACE_BYTES = 32 * 2**20
 HEURISTIC_COUNT = 16
 TOLERANCE = {"bf16": 2e-2, "f16": 5e-3, "f32": 1e-4, "tf32": 5e-3, "f64": 1e-10}
 ROUGH_DROP = 1.5
+KEEP_TORCH_MARGIN = 0.99
 
 
 @dataclass
@@ -136,6 +137,8 @@ def tune_problem(p: GemmProblem, budget_s: float = 5.0, widen: bool = False,
     final = bench.time_interleaved(finalists, ops.n, rounds, inner, seed=1)
     stats = {n: bench.summarize(v) for n, v in final.items()}
     chosen = min(stats, key=lambda n: stats[n]["median_s"])
+    if stats[chosen]["median_s"] > KEEP_TORCH_MARGIN * stats["torch"]["median_s"]:
+        chosen = "torch"  # a win inside the noise is not worth leaving torch for
     c = valid[chosen]
     report.update(candidates={n: stats[n] for n in stats}, chosen=chosen, rounds=rounds,
                   pool=len(pool), valid=len(valid), tuning_s=time.perf_counter() - t0)
