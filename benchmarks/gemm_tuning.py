@@ -168,7 +168,10 @@ def e2e(args: argparse.Namespace) -> None:
         cmd = [sys.executable, "-m", "primus_perf.cli.train", "--config", args.config, "--layers", str(args.layers),
                "--steps", str(args.steps), "--json-log", log] + ([f"tuning.cache={args.cache}"] if use else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        steps = [json.loads(x) for x in open(log)] if os.path.exists(log) else []
+        steps = []
+        if os.path.exists(log):
+            with open(log) as f:
+                steps = [json.loads(x) for x in f]
         result["runs"].append({"cached": use, "rc": proc.returncode, "tail": proc.stdout[-1500:] + proc.stderr[-1500:],
                                "steps": steps})
         with open(args.out, "w") as f:
