@@ -1,14 +1,41 @@
-"""``primus-tune cache show|merge|export``."""
+"""``primus-tune cache show|merge``."""
 
 from __future__ import annotations
 
 import typer
 
-from primus_perf.cli.common import not_yet_available
+from primus_perf.cli.common import console
 
 
 def register(app: typer.Typer) -> None:
     @app.command("show")
-    def show_cmd() -> None:
+    def show_cmd(path: str = typer.Argument(..., help="Cache file")) -> None:
         """List the entries of a tuning cache."""
-        not_yet_available("primus-tune cache show")
+        from pathlib import Path
+
+        from rich.table import Table
+
+        from primus_perf.cache.store import TuningCache
+        from primus_perf.errors import CacheError
+
+        if not Path(path).exists():
+            raise CacheError(f"cache file not found: {path}")
+        table = Table("kind", "problem", "device", "versions", "choice", "speedup")
+        for e in TuningCache(path).entries():
+            t, d = e.times.get("tuned_ms"), e.times.get("default_ms")
+            cfg = e.solution.get("config") or {}
+            table.add_row(e.kind, e.problem_key, e.device.get("name", "?"),
+                          ",".join(f"{k}={v}" for k, v in e.versions.items()),
+                          str(cfg.get("name", cfg.get("backend", ""))), f"{d / t:.3f}x" if t and d else "-")
+        console.print(table)
+
+    @app.command("merge")
+    def merge_cmd(
+        target: str = typer.Argument(..., help="Cache file to merge into"),
+        sources: list[str] = typer.Argument(..., help="Cache files to merge from"),
+    ) -> None:
+        """Merge other cache files into one (newest entry wins per problem/device/library)."""
+        from primus_perf.cache.store import TuningCache
+
+        n = TuningCache(target).merge_from(*sources)
+        console.print(f"{target}: merged {n} entries")

@@ -2,13 +2,53 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
-from primus_perf.cli.common import not_yet_available
+from primus_perf.cli.common import console
 
 
 def register(app: typer.Typer) -> None:
     @app.command("gemm")
-    def gemm_cmd() -> None:
-        """Tune GEMM problems with cuBLASLt/hipBLASLt and write the cache."""
-        not_yet_available("primus-tune gemm")
+    def gemm_cmd(
+        problems: Optional[str] = typer.Option(None, "--problems", help="JSON/YAML problems file"),  # noqa: UP045
+        from_trace: Optional[list[str]] = typer.Option(None, "--from-trace", help="Profiler trace(s)"),  # noqa: UP045
+        offline: bool = typer.Option(True, "--offline/--no-offline", help="Tune ahead of training"),
+        budget_s: float = typer.Option(5.0, "--budget-s", help="Time budget per problem"),
+        cache: str = typer.Option("tuning_cache.json", "--cache", help="Cache file to write"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="List the problems, tune nothing"),
+    ) -> None:
+        """Tune GEMM problems with cuBLASLt/hipBLASLt and write the cache (resumes: problems
+        already in the cache for this GPU and library are skipped)."""
+        from rich.progress import Progress
+        from rich.table import Table
+
+        from primus_perf.errors import UserError
+        from primus_perf.tuner.gemm_problems import load_problems
+
+        if from_trace:
+            raise UserError("--from-trace: run `primus-profile shapes` on the trace and pass its file with --problems")
+        if not problems:
+            raise UserError("give --problems FILE")
+        probs = list({p.key(): p for p in load_problems(problems)}.values())
+        if dry_run:
+            for p in probs:
+                console.print(str(p), highlight=False)
+            console.print(f"{len(probs)} unique GEMM problems")
+            return
+        from primus_perf.tuner.gemm import tune_problems
+
+        table = Table("problem", "default TFLOP/s", "tuned TFLOP/s", "speedup", "choice")
+        with Progress(console=console) as progress:
+            task = progress.add_task("tuning GEMMs", total=len(probs))
+
+            def done(p, entry, report):
+                t, d = entry.times.get("tuned_ms"), entry.times.get("default_ms")
+                table.add_row(str(p), f"{p.flops / d / 1e9:.0f}" if d else "-", f"{p.flops / t / 1e9:.0f}" if t else "-",
+                              f"{d / t:.3f}x" if t and d else "-",
+                              "cached" if report.get("skipped") else str(entry.solution["config"].get("name")))
+                progress.advance(task)
+
+            tune_problems(probs, cache, budget_s, on_done=done)
+        console.print(table)

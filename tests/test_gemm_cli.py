@@ -1,0 +1,58 @@
+"""``primus-tune gemm --dry-run`` and ``cache show|merge`` on the CPU; problems-file errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.cli.tune import app
+from primus_perf.errors import ConfigError
+from primus_perf.problems import GemmProblem
+from primus_perf.tuner.gemm_problems import load_problems
+
+
+def test_problems_file_forms_and_dry_run(tmp_path) -> None:
+    p1 = GemmProblem.from_row_major(4096, 6144, 4096, b_transposed=True)
+    items = [p1.to_dict(), {"kind": "gemm", "problem": p1.to_dict()},
+             {"M": 128, "N": 4096, "K": 14336, "b_transposed": True, "dtype": "f16"},
+             {"kind": "attention", "problem": {}}]
+    f = tmp_path / "problems.json"
+    f.write_text(json.dumps({"problems": items}))
+    probs = load_problems(f)
+    assert len(probs) == 3 and probs[0] == p1 and probs[2].dtype_a == "f16"
+    assert probs[2].row_major_shapes() == (128, 4096, 14336, False, True)
+    res = CliRunner().invoke(app, ["gemm", "--offline", "--problems", str(f), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "2 unique GEMM problems" in res.output
+
+
+def test_bad_problems_file_is_one_clear_error(tmp_path) -> None:
+    f = tmp_path / "bad.json"
+    f.write_text('[{"m": -1, "n": 2, "k": 3}]')
+    with pytest.raises(ConfigError, match="item 0"):
+        load_problems(f)
+    f.write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_problems(f)
+    with pytest.raises(ConfigError, match="not found"):
+        load_problems(tmp_path / "missing.json")
+
+
+def test_cache_show_and_merge(tmp_path) -> None:
+    p = GemmProblem.from_row_major(256, 512, 128)
+    dev = {"name": "NVIDIA H100 80GB HBM3", "vendor": "nvidia", "arch": "sm_90", "compute_units": 132}
+    e = CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=dev,
+                   versions={"cublasLt": "13.1.0"}, solution={"config": {"name": "heur3"}, "blob": b"\x01" * 64},
+                   times={"tuned_ms": 1.0, "default_ms": 1.2})
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    TuningCache(a).put(e)
+    runner = CliRunner()
+    res = runner.invoke(app, ["cache", "merge", str(b), str(a)])
+    assert res.exit_code == 0, res.output
+    assert [x.problem_key for x in TuningCache(b).entries()] == [p.key()]
+    assert TuningCache(b).entries()[0].solution["blob"] == b"\x01" * 64
+    res = runner.invoke(app, ["cache", "show", str(b)])
+    assert res.exit_code == 0 and "heur3" in res.output and "1.200x" in res.output
