@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.cli.tune import app
-from primus_perf.errors import ConfigError
+from primus_perf.errors import ConfigError, UserError
 from primus_perf.problems import GemmProblem
 from primus_perf.tuner.gemm_problems import load_problems
 
@@ -56,3 +56,31 @@ def test_cache_show_and_merge(tmp_path) -> None:
     assert TuningCache(b).entries()[0].solution["blob"] == b"\x01" * 64
     res = runner.invoke(app, ["cache", "show", str(b)])
     assert res.exit_code == 0 and "heur3" in res.output and "1.200x" in res.output
+
+
+def test_tunableop_export_format(tmp_path) -> None:
+    dev = {"name": "AMD Instinct MI300X", "vendor": "amd", "arch": "gfx942", "compute_units": 304}
+    p1 = GemmProblem.from_row_major(4096, 6144, 4096, b_transposed=True)  # BLAS "TN", m=6144
+    p2 = GemmProblem.from_row_major(128, 4096, 14336, dtype="f16")
+    p3 = GemmProblem.from_row_major(512, 512, 512)
+    mk = lambda p, cfg: CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=dev,  # noqa: E731
+                                   versions={"hipblasLt": "0.12.0"}, solution={"config": cfg, "blob": b""},
+                                   times={"tuned_ms": 0.5, "default_ms": 0.6})
+    cache = tmp_path / "c.json"
+    TuningCache(cache).put_many([mk(p1, {"source": "hipblaslt", "solution_index": 1234}),
+                                 mk(p2, {"source": "torch"}), mk(p3, {"source": "blaslt", "name": "heur0"})])
+    out = tmp_path / "tunableop_results.csv"
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("Validator,PT_VERSION,")
+    assert "Validator,HIPBLASLT_VERSION,0.12.0" in lines
+    assert "GemmTunableOp_BFloat16_TN,tn_6144_4096_4096,Gemm_Hipblaslt_1234,0.500000" in lines
+    assert "GemmTunableOp_Half_NN,nn_4096_128_14336,Default,0.500000" in lines
+    assert len([x for x in lines if not x.startswith("Validator")]) == 2  # the cuBLASLt algo has no spelling
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "hipblaslt", "--out", str(tmp_path / "h.txt")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "h.txt").read_text().splitlines() == [
+        "T,N,6144,4096,4096,1,4096,4096,6144,6144,bf16_r,bf16_r,bf16_r,bf16_r,c_f32_r,1234"]
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "xml", "--out", str(tmp_path / "x")])
+    assert isinstance(res.exception, UserError) and "unknown export format 'xml'" in str(res.exception)

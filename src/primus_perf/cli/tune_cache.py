@@ -1,4 +1,4 @@
-"""``primus-tune cache show|merge``."""
+"""``primus-tune cache show|merge|export``."""
 
 from __future__ import annotations
 
@@ -39,3 +39,23 @@ def register(app: typer.Typer) -> None:
 
         n = TuningCache(target).merge_from(*sources)
         console.print(f"{target}: merged {n} entries")
+
+    @app.command("export")
+    def export_cmd(
+        path: str = typer.Argument(..., help="Cache file"),
+        fmt: str = typer.Option(..., "--format", help="tunableop | hipblaslt"),
+        out: str = typer.Option(..., "--out", help="File to write"),
+    ) -> None:
+        """Export the entries that map to TunableOp's results CSV or a hipBLASLt override file."""
+        from pathlib import Path
+
+        import torch
+
+        from primus_perf.cache.export import export
+        from primus_perf.cache.store import TuningCache
+        from primus_perf.errors import CacheError
+
+        if not Path(path).exists():
+            raise CacheError(f"cache file not found: {path}")
+        n, skipped = export(TuningCache(path).entries(), fmt, out, torch.__version__.split("+")[0])
+        console.print(f"{out}: {n} rows ({skipped} GEMM entries have no {fmt} spelling)")
