@@ -127,13 +127,13 @@ def tune_problem(p: GemmProblem, budget_s: float = 5.0, widen: bool = False,
     one = bench.time_interleaved({"torch": runner(valid["torch"])}, ops.n, 1, 1)["torch"][0]
     inner = max(1, min(50, int(3e-4 / max(one, 1e-7))))
     fns = {n: runner(c) for n, c in valid.items()}
-    rough = bench.time_interleaved(fns, ops.n, 3, inner)
-    med = {n: sorted(v)[1] for n, v in rough.items()}
+    rough = bench.time_interleaved(fns, ops.n, 5, inner)
+    med = {n: sorted(v)[2] for n, v in rough.items()}
     best = min(med.values())
     finalists = {n: f for n, f in fns.items() if med[n] <= ROUGH_DROP * best or n == "torch"}
     spent = time.perf_counter() - t0
     per_round = sum(med[n] for n in finalists) * inner
-    rounds = int(max(5, min(25, (budget_s - spent) / max(per_round, 1e-6) * 0.6)))
+    rounds = int(max(10, min(30, (budget_s - spent) / max(per_round, 1e-6) * 0.6)))
     final = bench.time_interleaved(finalists, ops.n, rounds, inner, seed=1)
     stats = {n: bench.summarize(v) for n, v in final.items()}
     chosen = min(stats, key=lambda n: stats[n]["median_s"])
