@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported; GPU runs set 0
 
 import math
 
