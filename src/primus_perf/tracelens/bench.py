@@ -60,7 +60,9 @@ def device_record(world_size: int = 1) -> dict[str, Any]:
 
 def category_times_per_step(trace_paths: Sequence[str | Path]) -> dict[str, list[float]]:
     """Per-step GPU kernel time (s) per category, from the trace analysis's kernel table."""
-    from primus_perf.tracelens.analyze import analyze
+    from primus_perf.tracelens import analyzer
+
+    analyze = analyzer()
 
     analysis = analyze([str(p) for p in trace_paths])
     kernels = analysis.kernels

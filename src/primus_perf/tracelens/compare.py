@@ -159,7 +159,9 @@ def compare(base: str | Path, candidate: str | Path) -> dict[str, Any]:
     start to last kernel end of each step); negative means the candidate is faster.
     """
     fb, fc = trace_files(base), trace_files(candidate)
-    from primus_perf.tracelens.analyze import analyze
+    from primus_perf.tracelens import analyzer
+
+    analyze = analyzer()
 
     return compare_analyses(analyze(fb), analyze(fc),
                             base_label=str(base), candidate_label=str(candidate))

@@ -406,6 +406,8 @@ def build_report(paths: Sequence[str | Path], *, cache: str | Path | None = None
     files = [f for p in paths for f in trace_files(p)]  # UserError for a missing path
     if cache is not None and not Path(cache).exists():
         raise UserError(f"tuning cache not found: {cache}")
-    from primus_perf.tracelens.analyze import analyze
+    from primus_perf.tracelens import analyzer
+
+    analyze = analyzer()
 
     return report_from_analysis(analyze(files), traces=files, cache=cache, title=title)
