@@ -2,18 +2,125 @@
 
 from __future__ import annotations
 
-import typer
+import json
+import math
+from pathlib import Path
+from typing import Any
 
-from primus_perf.cli.common import not_yet_available
+import typer
+from rich.table import Table
+
+from primus_perf.cli.common import console, err_console
+
+
+def _ms(v: Any) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{float(v) * 1e3:.3f}"
+
+
+def _num(v: Any, fmt: str = "{:.1f}") -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def _pct(v: Any) -> str:
+    return _num(v * 100 if v is not None else None, "{:.1f}%")
+
+
+def _run(traces: list[Path]):
+    from primus_perf.tracelens.analyze import analyze
+
+    with err_console.status("analyzing") as status:
+        return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg))
+
+
+def render(a: Any, top: int) -> None:
+    """Rich tables of an analysis: header, breakdowns, hotspots, problems, ranks."""
+    per_step = a.n_steps * max(1, len(a.ranks))
+    t = a.totals
+    console.print(
+        f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {len(a.steps) or 1} step(s) · "
+        f"GPU busy {_ms(t['gpu_busy_s_per_step'])} ms/step · GEMM {t['gemm_flops_per_step'] / 1e12:.2f} TFLOP/step · "
+        f"attention {t['attention_flops_per_step'] / 1e12:.2f} TFLOP/step"
+    )
+    cat = a.breakdown.groupby("category", observed=True)["seconds"].sum().sort_values(ascending=False) / per_step
+    total = float(cat.sum()) or 1.0
+    tb = Table(title="GPU time by category (ms per step)")
+    for col in ("category", "ms", "share"):
+        tb.add_column(col, justify="left" if col == "category" else "right")
+    for name, sec in cat.items():
+        tb.add_row(str(name), _ms(sec), _pct(sec / total))
+    console.print(tb)
+    if len(a.temporal):
+        tt = Table(title="step time (median ms over steps)")
+        for col in ("rank", "span", "compute", "exposed comm", "exposed memcpy", "idle"):
+            tt.add_column(col, justify="right")
+        for _, r in a.rank_summary.iterrows():
+            tt.add_row(str(r["rank"]) + (" (slowest)" if r["slowest"] and len(a.ranks) > 1 else ""),
+                       _ms(r["step_span_s"]), _ms(r["compute_s"]), _ms(r["exposed_comm_s"]),
+                       _ms(r["exposed_memcpy_s"]), _ms(r["idle_s"]))
+        console.print(tt)
+    th = Table(title=f"hotspots (top {top}, per step)")
+    for col in ("category", "op", "shape", "calls", "ms", "share", "TFLOP/s", "% roofline"):
+        th.add_column(col, justify="right" if col in ("calls", "ms", "share", "TFLOP/s", "% roofline") else "left",
+                      overflow="fold")
+    for _, r in a.hotspots.head(top).iterrows():
+        th.add_row(r["category"], r["op"], r["shape"], _num(r["calls_per_step"], "{:g}"), _ms(r["time_s_per_step"]),
+                   _pct(r["share"]), _num(r["tflops"]), _pct(r["pct_roofline"]))
+    console.print(th)
+    for title, df in (("GEMM problems", a.gemm_problems), ("attention problems", a.attention_problems)):
+        if df.empty:
+            continue
+        tp = Table(title=f"{title} (per step)")
+        for col in ("problem", "dir", "calls", "ms", "TFLOP/s", "TB/s", "% roofline"):
+            tp.add_column(col, justify="left" if col in ("problem", "dir") else "right")
+        for _, r in df.head(top).iterrows():
+            tp.add_row(r["label"], r["direction"], _num(r["count"] / per_step, "{:g}"), _ms(r["time_s"] / per_step),
+                       _num(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _pct(r["pct_roofline"]))
+        console.print(tp)
+    if len(a.collectives):
+        tc = Table(title="collectives across ranks")
+        for col in ("kernel", "calls", "mean skew us", "max skew us", "mean dur us", "last to start"):
+            tc.add_column(col, justify="left" if col == "kernel" else "right", overflow="fold")
+        for _, r in a.collectives.head(top).iterrows():
+            tc.add_row(r["name"][:80], str(r["calls"]), _num(r["mean_skew_us"]), _num(r["max_skew_us"]),
+                       _num(r["mean_dur_us"]), f"rank {r['last_rank']}")
+        console.print(tc)
+    for note in a.notes:
+        err_console.print(f"[yellow]note:[/] {note}")
 
 
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
-    def analyze_cmd() -> None:
+    def analyze_cmd(
+        traces: list[Path] = typer.Argument(..., help="Trace files (.json/.json.gz, one per rank) or run directories."),
+        json_out: bool = typer.Option(False, "--json", help="Print the analysis summary as JSON."),
+        output: Path | None = typer.Option(None, "-o", "--output", help="Also write the JSON summary here."),
+        top: int = typer.Option(20, "--top", help="Rows of the hotspot and problem tables."),
+    ) -> None:
         """Breakdown, hotspots and GEMM/attention problems of one or more traces."""
-        not_yet_available("primus-profile analyze")
+        a = _run(traces)
+        if output is not None or json_out:
+            text = json.dumps(a.to_json(top=max(top, 50)), indent=1)
+            if output is not None:
+                output.write_text(text)
+            if json_out:
+                print(text)
+                return
+        render(a, top)
+        if output is not None:
+            console.print(f"wrote {output}")
 
     @app.command("shapes")
-    def shapes_cmd() -> None:
+    def shapes_cmd(
+        traces: list[Path] = typer.Argument(..., help="Trace files or run directories."),
+        output: Path = typer.Option(Path("problems.json"), "-o", "--output", help="Problems file to write."),
+    ) -> None:
         """Write the unique GEMM and attention problems of traces for the tuners."""
-        not_yet_available("primus-profile shapes")
+        from primus_perf.tracelens.shapes import write_problems
+
+        a = _run(traces)
+        path = write_problems(a, output)
+        console.print(f"wrote {path}: {len(a.gemm_problems)} GEMM and "
+                      f"{a.attention_problems['key'].nunique() if len(a.attention_problems) else 0} attention problems "
+                      f"from {len(a.traces)} trace(s)")
+        for note in a.notes:
+            err_console.print(f"[yellow]note:[/] {note}")

@@ -1,0 +1,254 @@
+"""Perf models: the problem, FLOPs and bytes of a GEMM or attention op from its recorded inputs.
+
+Every function takes an op's recorded inputs (``Input Dims``, ``Input type``,
+``Input Strides``, ``Concrete Inputs``; see :class:`~primus_perf.tracelens.load.ShapeArgs`)
+and returns a :class:`OpModel`, or None when the inputs do not describe a problem this
+module can count (then the op's FLOPs are unknown, never guessed).
+
+GEMM ops give a :class:`~primus_perf.problems.GemmProblem` in the column-major convention
+of ``problems.py``; torch's transposition of each operand is read from its strides, the
+same way the trainer's dispatch reads it, so a trace of the trainer yields exactly the
+problems ``trainer.flops.model_gemms`` lists. Attention ops give an
+:class:`~primus_perf.problems.AttentionProblem` (forward) with a direction; backward FLOPs
+are 2.5x the forward (five matmuls instead of two).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from primus_perf.problems import DTYPE_BYTES, AttentionProblem, GemmProblem, dtype_name
+from primus_perf.tracelens.load import ShapeArgs
+
+
+@dataclass(frozen=True)
+class OpModel:
+    """What one call of a modeled op computes."""
+
+    kind: str  # "gemm" or "attention"
+    problem: GemmProblem | AttentionProblem
+    direction: str  # "fwd" for GEMMs and attention forward, "bwd" for attention backward
+    flops: int
+    bytes: int
+
+
+# ---------------------------------------------------------------------------- GEMM
+
+
+def _matrix(dims: Any, strides: Any) -> tuple[int, int, bool, int] | None:
+    """(rows, cols, transposed, leading dim) of a row-major 2-D operand, or None."""
+    if not (isinstance(dims, list) and len(dims) == 2 and all(isinstance(d, int) for d in dims)):
+        return None
+    rows, cols = dims
+    s0, s1 = (strides if isinstance(strides, list) and len(strides) == 2 else (cols, 1))
+    if s1 == 1 and (s0 == cols or rows == 1):
+        return rows, cols, False, cols
+    if s0 == 1 and (s1 == rows or cols == 1):
+        return rows, cols, True, rows
+    if s1 == 1 and s0 >= cols:
+        return rows, cols, False, s0
+    if s0 == 1 and s1 >= rows:
+        return rows, cols, True, s1
+    return rows, cols, False, cols  # not BLAS-compatible: torch copies it to a packed matrix
+
+
+def _dtype(types: list[Any], i: int) -> str | None:
+    try:
+        return dtype_name(types[i])
+    except (IndexError, ValueError):
+        return None
+
+
+def gemm_problem(a: tuple[int, int, bool, int], b: tuple[int, int, bool, int], dtype: str,
+                 out_dtype: str | None = None, batch: int = 1, epilogue: str = "none") -> GemmProblem | None:
+    """The problem of a row-major ``a[M, K] @ b[K, N]`` (operands as from :func:`_matrix`)."""
+    M, K, at, lda_r = a
+    K2, N, bt, ldb_r = b
+    if K != K2 or min(M, N, K, batch) <= 0:
+        return None
+    out = out_dtype or dtype
+    return GemmProblem(
+        m=N, n=M, k=K, trans_a=bt, trans_b=at,
+        dtype_a=dtype, dtype_b=dtype, dtype_c=out, dtype_d=out,
+        compute="f64" if dtype == "f64" else "f32",
+        lda=ldb_r, ldb=lda_r, ldc=N, ldd=N, batch=batch, epilogue=epilogue,
+    )
+
+
+def _gemm_model(prob: GemmProblem | None) -> OpModel | None:
+    if prob is None:
+        return None
+    return OpModel("gemm", prob, "fwd", prob.flops, prob.bytes_moved)
+
+
+def model_mm(s: ShapeArgs, first: int = 0, epilogue: str = "none") -> OpModel | None:
+    """``aten::mm(a, b)`` (``first`` skips leading inputs, e.g. addmm's bias)."""
+    if len(s.dims) < first + 2:
+        return None
+    strides = s.strides if len(s.strides) >= first + 2 else [None] * (first + 2)
+    a = _matrix(s.dims[first], strides[first])
+    b = _matrix(s.dims[first + 1], strides[first + 1])
+    dtype = _dtype(s.types, first)
+    if a is None or b is None or dtype is None:
+        return None
+    return _gemm_model(gemm_problem(a, b, dtype, epilogue=epilogue))
+
+
+def model_addmm(s: ShapeArgs) -> OpModel | None:
+    """``aten::addmm(bias, a, b)``: a bias vector is the bias epilogue."""
+    bias = s.dims[0] if s.dims else None
+    return model_mm(s, first=1, epilogue="bias" if isinstance(bias, list) and len(bias) == 1 else "none")
+
+
+def model_bmm(s: ShapeArgs, first: int = 0) -> OpModel | None:
+    """``aten::bmm(a[B, M, K], b[B, K, N])`` and ``baddbmm(c, a, b)``."""
+    if len(s.dims) < first + 2:
+        return None
+    da, db = s.dims[first], s.dims[first + 1]
+    if not (isinstance(da, list) and isinstance(db, list) and len(da) == 3 and len(db) == 3):
+        return None
+    strides = s.strides if len(s.strides) >= first + 2 else [None] * (first + 2)
+    sa = strides[first][1:] if isinstance(strides[first], list) and len(strides[first]) == 3 else None
+    sb = strides[first + 1][1:] if isinstance(strides[first + 1], list) and len(strides[first + 1]) == 3 else None
+    a, b = _matrix(da[1:], sa), _matrix(db[1:], sb)
+    dtype = _dtype(s.types, first)
+    if a is None or b is None or dtype is None or da[0] != db[0]:
+        return None
+    return _gemm_model(gemm_problem(a, b, dtype, batch=da[0]))
+
+
+def model_linear(s: ShapeArgs) -> OpModel | None:
+    """``aten::linear(x[..., K], W[N, K], bias?)``: ``x @ W.T`` over the flattened rows."""
+    if len(s.dims) < 2 or not s.dims[0] or not isinstance(s.dims[1], list) or len(s.dims[1]) != 2:
+        return None
+    x, w = s.dims[0], s.dims[1]
+    K, (N, K2) = x[-1], w
+    dtype = _dtype(s.types, 0)
+    if K != K2 or dtype is None:
+        return None
+    M = math.prod(x[:-1])
+    has_bias = len(s.dims) > 2 and isinstance(s.dims[2], list) and len(s.dims[2]) == 1
+    return _gemm_model(GemmProblem.from_row_major(M, N, K, b_transposed=True, dtype=dtype,
+                                                  epilogue="bias" if has_bias else "none"))
+
+
+def model_matmul(s: ShapeArgs) -> OpModel | None:
+    """``aten::matmul``: 2-D @ 2-D as mm, N-D @ 2-D with the rows flattened, else bmm."""
+    if len(s.dims) < 2:
+        return None
+    da, db = s.dims[0], s.dims[1]
+    if not (isinstance(da, list) and isinstance(db, list)) or len(da) < 2 or len(db) < 2:
+        return None
+    if len(da) == 2 and len(db) == 2:
+        return model_mm(s)
+    dtype = _dtype(s.types, 0)
+    if dtype is None:
+        return None
+    if len(db) == 2:
+        M, K = math.prod(da[:-1]), da[-1]
+        return _gemm_model(gemm_problem((M, K, False, K), _matrix(db, s.strides[1] if len(s.strides) > 1 else None)
+                                        or (db[0], db[1], False, db[1]), dtype))
+    batch = math.prod(da[:-2])
+    if math.prod(db[:-2]) != batch:
+        return None
+    return _gemm_model(gemm_problem((da[-2], da[-1], False, da[-1]), (db[-2], db[-1], False, db[-1]), dtype,
+                                    batch=batch))
+
+
+def model_scaled_mm(s: ShapeArgs) -> OpModel | None:
+    """``aten::_scaled_mm(a, b, scale_a, scale_b, bias?, scale_result?, out_dtype?, ...)``: fp8
+    inputs; the output dtype is recorded only as an enum code, so it is taken as bf16."""
+    m = model_mm(s)
+    if m is None:
+        return None
+    p = m.problem
+    assert isinstance(p, GemmProblem)
+    prob = GemmProblem(**{**p.to_dict(), "dtype_c": "bf16", "dtype_d": "bf16"})
+    return _gemm_model(prob)
+
+
+# ---------------------------------------------------------------------------- attention
+
+
+def _truthy(concrete: list[Any], i: int | None, default: bool) -> bool:
+    if i is None or i >= len(concrete) or concrete[i] in ("", None):
+        return default
+    return str(concrete[i]).strip().lower() in ("true", "1")
+
+
+def attention_model(s: ShapeArgs, q_at: int, causal_at: int | None, layout: str, direction: str
+                    ) -> OpModel | None:
+    """An attention op whose q, k, v are inputs ``q_at .. q_at+2``; ``layout`` is the
+    recorded one ("bhsd": torch SDPA, "bshd": flash-attn and torch's inner flash ops)."""
+    if len(s.dims) < q_at + 3:
+        return None
+    q, k = s.dims[q_at], s.dims[q_at + 1]
+    if not (isinstance(q, list) and isinstance(k, list) and len(q) == 4 and len(k) == 4):
+        return None
+    if layout == "bhsd":
+        (b, hq, sq, d), (_, hkv, skv, _) = q, k
+    else:
+        (b, sq, hq, d), (_, skv, hkv, _) = q, k
+    dtype = _dtype(s.types, q_at)
+    if dtype is None:
+        return None
+    causal = _truthy(s.concrete, causal_at, default=False)
+    try:
+        prob = AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seq_q=sq, seq_kv=skv, head_dim=d,
+                                dtype=dtype, causal=causal, layout="bshd")
+    except ValueError:
+        return None
+    if direction == "fwd":
+        return OpModel("attention", prob, "fwd", prob.forward_flops, prob.bytes_moved)
+    return OpModel("attention", prob, "bwd", prob.backward_flops, attention_backward_bytes(prob))
+
+
+def attention_backward_bytes(p: AttentionProblem) -> int:
+    """Fewest bytes of a backward pass: read q, k, v, o, dO; write dq, dk, dv."""
+    elem = DTYPE_BYTES[p.dtype]
+    q = p.batch * p.heads_q * p.seq_q * p.head_dim
+    kv = p.batch * p.heads_kv * p.seq_kv * p.head_dim
+    return int((4 * q + 4 * kv) * elem)
+
+
+def _attn(q_at: int, causal_at: int | None, layout: str, direction: str) -> Callable[[ShapeArgs], OpModel | None]:
+    return lambda s: attention_model(s, q_at, causal_at, layout, direction)
+
+
+# Op name -> model. Argument positions follow torch's native_functions.yaml signatures
+# (checked against H100 traces of torch 2.11: is_causal's position in Concrete Inputs).
+MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
+    "aten::mm": model_mm,
+    "aten::addmm": model_addmm,
+    "aten::_addmm_activation": model_addmm,
+    "aten::bmm": model_bmm,
+    "aten::baddbmm": lambda s: model_bmm(s, first=1),
+    "aten::matmul": model_matmul,
+    "aten::linear": model_linear,
+    "aten::_scaled_mm": model_scaled_mm,
+    "aten::scaled_dot_product_attention": _attn(0, 5, "bhsd", "fwd"),
+    "aten::_scaled_dot_product_flash_attention": _attn(0, 4, "bhsd", "fwd"),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": _attn(0, 4, "bhsd", "fwd"),
+    "aten::_scaled_dot_product_cudnn_attention": _attn(0, 6, "bhsd", "fwd"),
+    "aten::_scaled_dot_product_efficient_attention": _attn(0, 6, "bhsd", "fwd"),
+    "aten::_scaled_dot_product_flash_attention_backward": _attn(1, 11, "bhsd", "bwd"),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _attn(1, 7, "bhsd", "bwd"),
+    "aten::_scaled_dot_product_cudnn_attention_backward": _attn(1, 14, "bhsd", "bwd"),
+    "aten::_scaled_dot_product_efficient_attention_backward": _attn(1, 11, "bhsd", "bwd"),
+    "flash_attn::_flash_attn_forward": _attn(0, 5, "bshd", "fwd"),
+    "flash_attn::_flash_attn_backward": _attn(1, 11, "bshd", "bwd"),
+}
+
+
+def model_op(name: str, args: ShapeArgs | None) -> OpModel | None:
+    """The model of one op call, or None (not a modeled op, or inputs not recorded)."""
+    fn = MODELS.get(name)
+    if fn is None or args is None:
+        return None
+    try:
+        return fn(args)
+    except (TypeError, ValueError, IndexError):
+        return None  # malformed recorded inputs: FLOPs unknown

@@ -1,0 +1,88 @@
+"""The problems file: the unique GEMM and attention problems of traces, for the tuners.
+
+``primus-profile shapes TRACE -o problems.json`` writes it; ``primus-tune gemm --problems``
+and ``primus-tune attention --problems-file`` read it. Format (JSON)::
+
+    {"schema": "primus-perf-problems/1", "device": "...", "traces": [...], "steps": 2,
+     "problems": [{"kind": "gemm", "problem": {GemmProblem fields}, "count": 4,
+                   "time_s": 0.0012, "label": "1024x4096x4096 bf16 TN"},
+                  {"kind": "attention", "problem": {AttentionProblem fields}, ...}]}
+
+Items are ranked by total time, most expensive first. Attention forward and backward of
+one problem are one item (the tuner tunes the pair); its count is the forward calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from primus_perf.errors import UserError
+from primus_perf.problems import AttentionProblem, GemmProblem
+
+SCHEMA = "primus-perf-problems/1"
+
+
+def problems_document(analysis: Any) -> dict[str, Any]:
+    """The problems file's content for an :class:`~primus_perf.tracelens.analyze.Analysis`."""
+    items: list[dict[str, Any]] = []
+    for _, r in analysis.gemm_problems.iterrows():
+        items.append({"kind": "gemm", "problem": r["problem"].to_dict(), "count": int(r["count"]),
+                      "time_s": float(r["time_s"]), "label": r["label"]})
+    attn: dict[str, dict[str, Any]] = {}
+    for _, r in analysis.attention_problems.iterrows():
+        item = attn.setdefault(r["key"], {"kind": "attention", "problem": r["problem"].to_dict(), "count": 0,
+                                          "time_s": 0.0, "label": r["label"]})
+        if r["direction"] == "fwd":
+            item["count"] = int(r["count"])
+        item["time_s"] += float(r["time_s"])
+    items += attn.values()
+    items.sort(key=lambda it: -it["time_s"])
+    return {"schema": SCHEMA, "device": analysis.device.get("name"), "traces": analysis.traces,
+            "steps": analysis.n_steps, "problems": items}
+
+
+def write_problems(analysis: Any, path: str | Path) -> Path:
+    """Write the problems file atomically (temporary name + rename)."""
+    p = Path(path)
+    doc = problems_document(analysis)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name + ".", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, p)
+    except OSError as exc:
+        raise UserError(f"cannot write {p}: {exc.strerror}") from None
+    return p
+
+
+def load_problems(path: str | Path) -> tuple[list[tuple[GemmProblem, int]], list[tuple[AttentionProblem, int]]]:
+    """The (problem, count) pairs of a problems file: GEMMs and attention."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise UserError(f"problems file not found: {p}") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{p}: cannot read the problems file ({exc})") from None
+    items = doc.get("problems") if isinstance(doc, dict) else doc
+    if not isinstance(items, list):
+        raise UserError(f"{p}: expected {{'problems': [...]}}")
+    gemm: list[tuple[GemmProblem, int]] = []
+    attn: list[tuple[AttentionProblem, int]] = []
+    for i, it in enumerate(items):
+        try:
+            kind, data, count = it.get("kind", "gemm"), it["problem"], int(it.get("count", 1))
+            if kind == "gemm":
+                gemm.append((GemmProblem.from_dict(data), count))
+            elif kind == "attention":
+                attn.append((AttentionProblem.from_dict(data), count))
+            else:
+                raise ValueError(f"unknown kind {kind!r}")
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{p} item {i}: {exc}") from None
+    return gemm, attn
