@@ -1,0 +1,183 @@
+"""Trace analysis on real traces: the trainer's GEMM FLOPs and problems come out exactly,
+categories, breakdowns and problems are consistent, the CLI and the problems file work."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+from typer.testing import CliRunner
+
+from primus_perf.cli.profile import app
+from primus_perf.problems import AttentionProblem
+from primus_perf.tracelens import categories as C
+from primus_perf.tracelens.analyze import analyze
+from primus_perf.tracelens.breakdown import union_length
+from primus_perf.tracelens.shapes import load_problems, write_problems
+from primus_perf.trainer.config import load_config
+from primus_perf.trainer.flops import (
+    attention_flops_per_step,
+    attention_problem,
+    gemm_flops_per_step,
+    model_gemms,
+)
+from primus_perf.trainer.loop import Trainer
+
+TRACES = Path(__file__).parent / "data" / "traces"
+H100_CUDNN = TRACES / "h100_llama3-8b_l2_s1024_cudnn.json.gz"
+H100_FLASH = TRACES / "h100_llama3-8b_l2_s1024_flash.json.gz"
+# the config the H100 fixtures were captured with (benchmarks/capture_fixtures.py)
+H100_OVERRIDES = ["model.n_layers=2", "train.seq_len=1024", "train.micro_batch=1"]
+CPU_OVERRIDES = ["model.n_layers=2", "train.seq_len=64", "train.micro_batch=2", "train.device=cpu"]
+
+
+@pytest.fixture(scope="module")
+def cpu_trace(tmp_path_factory) -> Path:
+    """A real torch.profiler trace of the tiny trainer on the CPU: 2 active steps."""
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("trace") / "cpu_tiny.json"
+    trainer = Trainer(load_config("tiny", CPU_OVERRIDES))
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                     schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
+                     on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+            for _ in range(3):
+                trainer.train_step()
+                prof.step()
+    finally:
+        trainer.close()
+    return path
+
+
+def _problem_set(df) -> set[str]:
+    return set(df["key"])
+
+
+def test_cpu_trace_gemm_flops_and_problems_are_the_models(cpu_trace: Path) -> None:
+    cfg = load_config("tiny", CPU_OVERRIDES)
+    a = analyze([cpu_trace])
+    assert a.steps and len(a.steps) == 2
+    mb, seq = cfg.train.micro_batch, cfg.train.seq_len
+    assert a.totals["gemm_flops_per_step"] == gemm_flops_per_step(cfg.model, mb, seq)
+    expected = {c.problem.key() for c in model_gemms(cfg.model, mb, seq, dtype="f32")}
+    assert _problem_set(a.gemm_problems) == expected
+    # every GEMM of the model runs once per step
+    calls = len(model_gemms(cfg.model, mb, seq))
+    assert int(a.gemm_problems["count"].sum()) == 2 * calls
+    # attention: the trainer expands kv heads before SDPA, so the trace has heads_kv == heads_q
+    assert a.totals["attention_flops_per_step"] == attention_flops_per_step(cfg.model, mb, seq)
+    p = attention_problem(cfg.model, mb, seq, dtype="f32")
+    assert set(a.attention_problems["key"]) == {
+        AttentionProblem(p.batch, p.heads_q, p.heads_q, p.seq_q, p.seq_kv, p.head_dim, "f32", True).key()
+    }
+    assert set(a.attention_problems["direction"]) == {"fwd", "bwd"}
+    assert any("no GPU events" in n for n in a.notes)
+
+
+def test_h100_trace_matches_the_model_exactly() -> None:
+    cfg = load_config("llama3-8b", H100_OVERRIDES)
+    a = analyze([H100_CUDNN])
+    assert a.device["name"] == "NVIDIA H100 80GB HBM3" and a.device["peaks"] == "h100-sxm"
+    assert a.steps == [1, 2]
+    assert a.totals["gemm_flops_per_step"] == gemm_flops_per_step(cfg.model, 1, 1024)
+    assert _problem_set(a.gemm_problems) == {c.problem.key() for c in model_gemms(cfg.model, 1, 1024)}
+    assert a.totals["attention_flops_per_step"] == attention_flops_per_step(cfg.model, 1, 1024)
+    # GEMM kernels on an H100 in bf16: between 50% and 100% of the roofline
+    pct = a.gemm_problems["pct_roofline"]
+    assert (pct > 0.5).all() and (pct < 1.0).all()
+    cats = set(a.kernels["category"].astype(str))
+    assert {C.GEMM, C.ATTENTION_FWD, C.ATTENTION_BWD, C.OPTIMIZER, C.ELEMENTWISE, C.NORMALIZATION} <= cats
+    # cuDNN attention kernels are attributed to the SDPA ops, forward and backward
+    attn = a.kernels[a.kernels["category"] == C.ATTENTION_FWD]
+    assert attn["name"].astype(str).str.contains("sdpa").any()
+    assert set(attn["op"].astype(str)) == {"aten::_scaled_dot_product_cudnn_attention"}
+    bwd = a.kernels[a.kernels["category"] == C.ATTENTION_BWD]
+    assert set(bwd["fwd_op"].astype(str)) == {"aten::scaled_dot_product_attention"}
+    # weight-gradient GEMMs map back to the trainer's linear Function through the sequence number
+    gemm_bwd = a.kernels[(a.kernels["category"] == C.GEMM) & (a.kernels["fwd_op"] != "")]
+    assert set(gemm_bwd["fwd_op"].astype(str)) == {"_Linear"}
+
+
+def test_h100_breakdowns_add_up() -> None:
+    a = analyze([H100_CUDNN])
+    t = a.temporal
+    assert len(t) == 2
+    total = t["compute_s"] + t["exposed_comm_s"] + t["exposed_memcpy_s"] + t["idle_s"]
+    assert np.allclose(total, t["span_s"], rtol=1e-9, atol=1e-9)
+    # the category breakdown sums the kernel table
+    k = a.kernels[a.kernels["step"] >= 0]
+    assert a.breakdown["seconds"].sum() == pytest.approx(k["dur_us"].sum() / 1e6)
+    # hotspots cover all GPU time once
+    assert a.hotspots["time_s"].sum() == pytest.approx(k["dur_us"].sum() / 1e6)
+    assert a.hotspots["share"].sum() == pytest.approx(1.0)
+    # inclusive op time: the profiler step contains all GPU time launched from the main thread
+    incl = a.op_times.set_index("op")["inclusive_us"]
+    assert incl["aten::mm"] <= incl["autograd::engine::evaluate_function: _LinearBackward"] + incl["_Linear"] + 1e-6
+
+
+def test_union_length_matches_brute_force() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        ivs = [(s := rng.randint(0, 100), s + rng.randint(0, 30)) for _ in range(rng.randint(0, 12))]
+        covered = {x for s, e in ivs for x in range(s, e)}
+        got = union_length(np.array([s for s, _ in ivs], dtype=float), np.array([e for _, e in ivs], dtype=float))
+        assert got == len(covered)
+
+
+def test_json_summary_has_the_documented_keys() -> None:
+    runner = CliRunner()
+    res = runner.invoke(app, ["analyze", str(H100_CUDNN), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    for key in ("device", "steps", "breakdown", "gemm_problems", "attention_problems", "totals"):
+        assert key in data
+    assert {"gemm_flops_per_step", "attention_flops_per_step", "gpu_busy_s_per_step"} <= set(data["totals"])
+    g = data["gemm_problems"][0]
+    assert {"m", "n", "k", "count", "time_s", "tflops"} <= set(g)
+    assert data["breakdown"]["gemm"] > 0
+    res = runner.invoke(app, ["analyze", str(H100_CUDNN), "--top", "5"])
+    assert res.exit_code == 0 and "hotspots" in res.stdout
+
+
+def test_shapes_file_feeds_the_gemm_tuner(tmp_path: Path) -> None:
+    from primus_perf.tuner.gemm_problems import load_problems as tuner_gemm_problems
+
+    runner = CliRunner()
+    out = tmp_path / "problems.json"
+    res = runner.invoke(app, ["shapes", str(H100_CUDNN), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    cfg = load_config("llama3-8b", H100_OVERRIDES)
+    expected = {c.problem.key() for c in model_gemms(cfg.model, 1, 1024)}
+    assert {p.key() for p in tuner_gemm_problems(out)} == expected
+    gemm, attn = load_problems(out)
+    assert {p.key() for p, _ in gemm} == expected
+    assert len(attn) == 1 and attn[0][0].causal and attn[0][1] == 4
+    # the file is ranked by time
+    times = [it["time_s"] for it in json.loads(out.read_text())["problems"]]
+    assert times == sorted(times, reverse=True)
+
+
+def test_two_ranks_give_per_rank_rows_and_gz_equals_plain(tmp_path: Path) -> None:
+    plain = tmp_path / "trace_rank1.json"
+    plain.write_bytes(gzip.decompress(H100_FLASH.read_bytes()))
+    a = analyze([H100_CUDNN, plain])
+    assert a.ranks == [0, 1]
+    assert set(a.rank_summary["rank"]) == {0, 1} and a.rank_summary["slowest"].sum() >= 1
+    one = analyze([plain])
+    assert one.totals["gemm_flops_per_step"] == a.totals["gemm_flops_per_step"]
+    assert set(one.attention_problems["key"]) == set(a.attention_problems["key"])
+
+
+def test_write_problems_reports_unwritable_path(tmp_path: Path) -> None:
+    from primus_perf.errors import UserError
+
+    a = analyze([H100_CUDNN])
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UserError):
+        write_problems(a, tmp_path / "f" / "problems.json")
