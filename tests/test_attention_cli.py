@@ -54,37 +54,39 @@ def _trace(path, events) -> None:
 
 
 def test_problems_from_trace(tmp_path) -> None:
-    from primus_perf.tuner.attention.trace_problems import problems_from_trace
+    """The attention problems of a trace come from the trace analyzer: nested SDPA ops count once."""
+    from primus_perf.tracelens.shapes import problems_from_traces
 
-    def op(name, dims, causal="True", dtype="c10::BFloat16"):
+    def op(name, dims, ts, dur, causal="True", dtype="c10::BFloat16"):
         concrete = [""] * 8
         concrete[{"aten::scaled_dot_product_attention": 5}.get(name, 4)] = causal
         return {
-            "ph": "X", "cat": "cpu_op", "name": name, "ts": 0, "dur": 1,
+            "ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
             "args": {"Input Dims": dims, "Input type": [dtype] * 3, "Concrete Inputs": concrete},
         }
 
     q, kv = [2, 32, 1024, 128], [2, 8, 1024, 128]
     events = [
-        op("aten::scaled_dot_product_attention", [q, kv, kv]),
-        op("aten::_scaled_dot_product_flash_attention", [q, kv, kv]),  # nested in the one above
-        op("aten::scaled_dot_product_attention", [q, kv, kv]),
-        op("aten::_scaled_dot_product_flash_attention", [q, kv, kv]),
-        op("aten::scaled_dot_product_attention", [[1, 4, 77, 64]] * 3, causal="False"),
-        {"ph": "X", "name": "aten::mm", "args": {"Input Dims": [[2, 3], [3, 4]]}},
+        op("aten::scaled_dot_product_attention", [q, kv, kv], 0, 10),
+        op("aten::_scaled_dot_product_flash_attention", [q, kv, kv], 1, 8),  # nested in the one above
+        op("aten::scaled_dot_product_attention", [q, kv, kv], 20, 10),
+        op("aten::_scaled_dot_product_flash_attention", [q, kv, kv], 21, 8),
+        op("aten::scaled_dot_product_attention", [[1, 4, 77, 64]] * 3, 40, 5, causal="False"),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 50, "dur": 1,
+         "args": {"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}},
     ]
     path = tmp_path / "trace.json"
     _trace(path, events)
-    found = problems_from_trace(path)
-    assert found == {
+    gemm, attn = problems_from_traces([path])
+    assert dict(attn) == {
         AttentionProblem(2, 32, 8, 1024, 1024, 128, "bf16", True, "bshd"): 2,
         AttentionProblem(1, 4, 4, 77, 77, 64, "bf16", False, "bshd"): 1,
     }
+    assert [(p.row_major_shapes()[:3], n) for p, n in gemm] == [((2, 4, 3), 1)]
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(UserError, match="cannot read trace"):
-        problems_from_trace(bad)
-    _trace(bad, [])
+    with pytest.raises(UserError, match="malformed JSON"):
+        problems_from_traces([bad])
     bad.write_text(json.dumps({"x": 1}))
     with pytest.raises(UserError, match="not a Kineto trace"):
-        problems_from_trace(bad)
+        problems_from_traces([bad])

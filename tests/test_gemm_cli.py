@@ -1,4 +1,4 @@
-"""``primus-tune gemm --dry-run`` and ``cache show|merge`` on the CPU; problems-file errors."""
+"""``primus-tune gemm --dry-run`` (problems file or trace) and ``cache show|merge`` on the CPU; problems-file errors."""
 
 from __future__ import annotations
 
@@ -27,6 +27,22 @@ def test_problems_file_forms_and_dry_run(tmp_path) -> None:
     res = CliRunner().invoke(app, ["gemm", "--offline", "--problems", str(f), "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "2 unique GEMM problems" in res.output
+
+
+def test_from_trace_dry_run_lists_the_traces_problems() -> None:
+    from pathlib import Path
+
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.flops import model_gemms
+
+    trace = Path(__file__).parent / "data" / "traces" / "h100_llama3-8b_l2_s1024_cudnn.json.gz"
+    res = CliRunner().invoke(app, ["gemm", "--offline", "--from-trace", str(trace), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    cfg = load_config("llama3-8b", ["model.n_layers=2", "train.seq_len=1024", "train.micro_batch=1"])
+    expected = {str(c.problem) for c in model_gemms(cfg.model, 1, 1024)}
+    assert f"{len(expected)} unique GEMM problems" in res.output
+    listed = {line.strip() for line in res.output.splitlines() if " bf16 " in line}
+    assert listed == expected
 
 
 def test_bad_problems_file_is_one_clear_error(tmp_path) -> None:

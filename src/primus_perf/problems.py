@@ -265,7 +265,7 @@ class GemmProblem:
         return self.flops / self.bytes_moved
 
     def __str__(self) -> str:
-        M, N, K, at, bt = self.row_major_shapes()
+        M, N, K, _, _ = self.row_major_shapes()
         t = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
         batch = f"{self.batch}x " if self.batch > 1 else ""
         return f"{batch}{M}x{N}x{K} {self.dtype_a} {t}"

@@ -21,6 +21,9 @@ def register(app: typer.Typer) -> None:
         from_trace: Optional[list[Path]] = typer.Option(  # noqa: UP045
             None, "--from-trace", help="Kineto trace(s): tune their SDPA problems (repeatable)"
         ),
+        problems_file: Optional[Path] = typer.Option(  # noqa: UP045
+            None, "--problems", help="Problems file of `primus-profile shapes` (its attention problems)"
+        ),
         dtype: str = typer.Option("bf16", "--dtype", help="bf16 or f16 (for --problem)"),
         strategy: str = typer.Option("grid", "--strategy", help="grid (exhaustive) or tpe (optuna)"),
         trials: Optional[int] = typer.Option(None, "--trials", help="tpe trials (default: 20% of the grid)"),  # noqa: UP045
@@ -49,13 +52,18 @@ def register(app: typer.Typer) -> None:
         if trials is not None and trials <= 0:
             raise UserError("--trials must be positive")
         problems = [parse_problem_spec(s, dtype) for s in problem or []]
-        for path in from_trace or []:
-            from primus_perf.tuner.attention.trace_problems import problems_from_trace
+        if from_trace:
+            from primus_perf.tracelens.shapes import problems_from_traces
 
-            problems += list(problems_from_trace(path))
+            with console.status("analyzing the trace(s)"):
+                problems += [p for p, _ in problems_from_traces([str(t) for t in from_trace])[1]]
+        if problems_file is not None:
+            from primus_perf.tracelens.shapes import load_problems
+
+            problems += [p for p, _ in load_problems(problems_file)[1]]
         problems = list(dict.fromkeys(problems))
         if not problems:
-            raise UserError("nothing to tune: give --problem or --from-trace")
+            raise UserError("nothing to tune: give --problem, --problems or --from-trace")
         for p in problems:
             check_tunable(p)
         ident = require_gpu()

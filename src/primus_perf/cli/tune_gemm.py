@@ -27,11 +27,19 @@ def register(app: typer.Typer) -> None:
         from primus_perf.errors import UserError
         from primus_perf.tuner.gemm_problems import load_problems
 
-        if from_trace:
-            raise UserError("--from-trace: run `primus-profile shapes` on the trace and pass its file with --problems")
-        if not problems:
-            raise UserError("give --problems FILE")
-        probs = list({p.key(): p for p in load_problems(problems)}.values())
+        if not problems and not from_trace:
+            raise UserError("give --problems FILE or --from-trace TRACE")
+        found = []
+        if from_trace:  # ranked by their time in the trace, most expensive first
+            from primus_perf.tracelens.shapes import problems_from_traces
+
+            with console.status("analyzing the trace(s)"):
+                found += [p for p, _ in problems_from_traces(from_trace)[0]]
+        if problems:
+            found += load_problems(problems)
+        probs = list({p.key(): p for p in found}.values())
+        if not probs:
+            raise UserError("no GEMM problems found (a trace needs record_shapes=True)")
         if dry_run:
             for p in probs:
                 console.print(str(p), highlight=False)

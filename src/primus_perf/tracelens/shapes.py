@@ -86,3 +86,14 @@ def load_problems(path: str | Path) -> tuple[list[tuple[GemmProblem, int]], list
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{p} item {i}: {exc}") from None
     return gemm, attn
+
+
+def problems_from_traces(paths: Any) -> tuple[list[tuple[GemmProblem, int]], list[tuple[AttentionProblem, int]]]:
+    """The (problem, count) pairs of traces, ranked by time: what ``shapes`` would write."""
+    from primus_perf.tracelens.analyze import analyze
+
+    doc = problems_document(analyze(paths))
+    gemm = [(GemmProblem.from_dict(it["problem"]), it["count"]) for it in doc["problems"] if it["kind"] == "gemm"]
+    attn = [(AttentionProblem.from_dict(it["problem"]), it["count"]) for it in doc["problems"]
+            if it["kind"] == "attention"]
+    return gemm, attn
