@@ -181,3 +181,25 @@ def test_write_problems_reports_unwritable_path(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     with pytest.raises(UserError):
         write_problems(a, tmp_path / "f" / "problems.json")
+
+
+def test_cuda_graph_replay_kernels_link_to_the_graph_launch() -> None:
+    """benchmarks/capture_graph_trace.py on the H100: a linear + relu captured in a CUDA graph
+    and replayed under ``record_function("graph_replay")``, then run eagerly."""
+    from primus_perf.tracelens import load as L
+    from primus_perf.tracelens.link import link
+
+    path = TRACES / "h100_cuda_graph.json.gz"
+    rt = L.load(path)
+    lk = link(rt)
+    assert len(lk.gpu) == 12 and (lk.launch >= 0).all() and (lk.step >= 0).all()
+    launches = {rt.names[rt.name[r]] for r in lk.launch}
+    assert "cudaGraphLaunch" in launches
+    graph = [i for i, r in enumerate(lk.launch) if rt.names[rt.name[r]] == "cudaGraphLaunch"]
+    assert len(graph) == 6  # 3 kernels per replay, 2 profiled steps
+    assert {rt.names[rt.name[lk.leaf_op[i]]] for i in graph} == {"graph_replay"}
+    a = analyze([path])
+    k = a.kernels
+    # graph kernels get categories from their names; the eager run also from its ops
+    assert list(k.loc[k["op"] == "graph_replay", "category"].astype(str)) == ["memset", "gemm", "elementwise"] * 2
+    assert len(a.gemm_problems) == 1 and int(a.gemm_problems["count"].iloc[0]) == 2
