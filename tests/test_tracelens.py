@@ -203,3 +203,27 @@ def test_cuda_graph_replay_kernels_link_to_the_graph_launch() -> None:
     # graph kernels get categories from their names; the eager run also from its ops
     assert list(k.loc[k["op"] == "graph_replay", "category"].astype(str)) == ["memset", "gemm", "elementwise"] * 2
     assert len(a.gemm_problems) == 1 and int(a.gemm_problems["count"].iloc[0]) == 2
+
+
+@pytest.mark.parametrize("mode", ["tp2", "dp2"])
+def test_two_rank_nccl_runs(mode: str) -> None:
+    """benchmarks/capture_tp_traces.py under torchrun on 2x H200 (NCCL): llama3-8b, 2 layers,
+    seq 1024, tensor parallel (tp2) or data parallel (dp2)."""
+    tp = 2 if mode == "tp2" else 1
+    cfg = load_config("llama3-8b", [*H100_OVERRIDES, f"parallel.tp={tp}"])
+    a = analyze([TRACES / f"h200_{mode}"])
+    assert a.ranks == [0, 1] and a.steps == [1, 2] and a.device["peaks"] == "h200"
+    # per rank and step: each TP rank runs 1/tp of every GEMM
+    assert a.totals["gemm_flops_per_step"] == gemm_flops_per_step(cfg.model, 1, 1024, tp)
+    assert _problem_set(a.gemm_problems) == {c.problem.key() for c in model_gemms(cfg.model, 1, 1024, tp)}
+    assert (a.kernels["category"] == C.COMMUNICATION).any()
+    t = a.temporal
+    assert len(t) == 4 and (t["exposed_comm_s"] > 0).all()
+    total = t["compute_s"] + t["exposed_comm_s"] + t["exposed_memcpy_s"] + t["idle_s"]
+    assert np.allclose(total, t["span_s"], rtol=1e-9, atol=1e-9)
+    assert len(a.rank_summary) == 2 and a.rank_summary["slowest"].sum() == 1
+    c = a.collectives
+    assert len(c) >= 1 and c["name"].str.contains("nccl").all()
+    assert (c["max_skew_us"] >= c["mean_skew_us"]).all() and set(c["last_rank"]) <= {0, 1}
+    js = a.to_json()
+    assert js["breakdown"]["communication"] > 0 and len(js["collectives"]) == len(c)
