@@ -47,3 +47,14 @@ def test_struct_layouts_match_c_structs() -> None:
         assert struct.workspaceSize.offset == table.heuristic_offsets["workspace"]
         assert struct.state.offset == table.heuristic_offsets["state"]
         assert struct.wavesCount.offset == table.heuristic_offsets["waves"]
+
+
+def test_heuristic_pool_and_solution_index_are_per_vendor_data() -> None:
+    from primus_perf.tuner.gemm import solution_index
+
+    assert CUBLASLT.source == "cublaslt" and CUBLASLT.solution_index_offset is None
+    assert HIPBLASLT.source == "hipblaslt" and HIPBLASLT.heuristic_count >= 1024
+    # hipBLASLt keeps the solution index as the algo's first int32
+    algo = (123456).to_bytes(4, "little") + bytes(HIPBLASLT.algo_size - 4)
+    assert solution_index(algo, HIPBLASLT.solution_index_offset) == 123456
+    assert solution_index((-1).to_bytes(4, "little", signed=True) + bytes(20), 0) == -1

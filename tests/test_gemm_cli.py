@@ -84,7 +84,7 @@ def test_tunableop_export_format(tmp_path) -> None:
                                    times={"tuned_ms": 0.5, "default_ms": 0.6})
     cache = tmp_path / "c.json"
     TuningCache(cache).put_many([mk(p1, {"source": "hipblaslt", "solution_index": 1234}),
-                                 mk(p2, {"source": "torch"}), mk(p3, {"source": "blaslt", "name": "heur0"})])
+                                 mk(p2, {"source": "torch"}), mk(p3, {"source": "cublaslt", "name": "heur0"})])
     out = tmp_path / "tunableop_results.csv"
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out)])
     assert res.exit_code == 0, res.output

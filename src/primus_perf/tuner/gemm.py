@@ -15,7 +15,6 @@ from primus_perf.tuner import bench
 
 TUNER_VERSION = "gemm-1"
 WORKSPACE_BYTES = 32 * 2**20
-HEURISTIC_COUNT = 16
 TOLERANCE = {"bf16": 2e-2, "f16": 5e-3, "f32": 1e-4, "tf32": 5e-3, "f64": 1e-10}
 ROUGH_DROP = 1.5
 KEEP_TORCH_MARGIN = 0.99
@@ -57,14 +56,23 @@ class Operands:
             self.d.append(torch.empty(M, N, device="cuda", dtype=torch_dtype(p.dtype_d)))
 
 
+def solution_index(algo: bytes, offset: int) -> int:
+    """The library's solution index stored in an algo struct (hipBLASLt)."""
+    return int.from_bytes(algo[offset:offset + 4], "little", signed=True)
+
+
 def candidates(plan: Any, p: GemmProblem, widen: bool = False) -> list[Candidate]:
     pool = [Candidate("torch", None)]
     seen: set[bytes] = set()
-    for i, h in enumerate(plan.heuristics(HEURISTIC_COUNT, WORKSPACE_BYTES)):
+    t = plan.lt.t
+    for i, h in enumerate(plan.heuristics(t.heuristic_count, WORKSPACE_BYTES)):
         if h.algo in seen:
             continue
         seen.add(h.algo)
-        pool.append(Candidate(f"heur{i}", h.algo, h.workspace, plan.algo_config(h.algo)))
+        config = plan.algo_config(h.algo)
+        if t.solution_index_offset is not None:
+            config["solution_index"] = solution_index(h.algo, t.solution_index_offset)
+        pool.append(Candidate(f"heur{i}", h.algo, h.workspace, config))
     if widen and plan.lt.t.algo_config_attr:
         for c in list(pool[1:4]):
             for splitk in (2, 4):
@@ -148,7 +156,7 @@ def tune_problem(p: GemmProblem, budget_s: float = 5.0, widen: bool = False,
         problem=p.to_dict(),
         device=device.to_dict(),
         versions={("cublasLt" if lt.t.vendor == "nvidia" else "hipblasLt"): lt.version()},
-        solution={"config": {"source": "torch" if c.algo is None else "blaslt", "name": c.name,
+        solution={"config": {"source": "torch" if c.algo is None else lt.t.source, "name": c.name,
                              "workspace": c.workspace, **c.config},
                   "blob": c.algo or b""},
         times={"tuned_ms": stats[chosen]["median_s"] * 1e3, "default_ms": stats["torch"]["median_s"] * 1e3},

@@ -29,6 +29,12 @@ class VendorTable:
     layout_attr: dict[str, int]
     pref_attr: dict[str, int]
     algo_config_attr: dict[str, int]  # empty where the vendor has no algo config API
+    source: str = ""  # the name cache entries give solutions of this library
+    # how many heuristic results to ask for: cuBLASLt returns at most ~8 useful ones for
+    # our shapes; hipBLASLt returns every supported solution when asked for enough
+    heuristic_count: int = 16
+    # byte offset of the int32 solution index inside the algo struct (hipBLASLt), or None
+    solution_index_offset: int | None = None
     success: int = 0
 
 
@@ -60,6 +66,8 @@ CUBLASLT = VendorTable(
     algo_config_attr={"ID": 0, "TILE_ID": 1, "SPLITK_NUM": 2, "REDUCTION_SCHEME": 3,
                       "CTA_SWIZZLING": 4, "CUSTOM_OPTION": 5, "STAGES_ID": 6,
                       "INNER_SHAPE_ID": 7, "CLUSTER_SHAPE_ID": 8},
+    source="cublaslt",
+    heuristic_count=16,
 )
 
 HIPBLASLT = VendorTable(
@@ -84,6 +92,9 @@ HIPBLASLT = VendorTable(
     # hipblasLtMatmulPreferenceAttributes_t
     pref_attr={"SEARCH_MODE": 0, "MAX_WORKSPACE_BYTES": 1},
     algo_config_attr={},
+    source="hipblaslt",
+    heuristic_count=2048,  # "all solutions", as hipblaslt-bench's offline tuning asks for
+    solution_index_offset=0,  # hipblaslt-ext's getIndexFromAlgo reads algo.data as an int32
 )
 
 TABLES = {"nvidia": CUBLASLT, "amd": HIPBLASLT}
