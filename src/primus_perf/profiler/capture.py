@@ -1,0 +1,297 @@
+"""Capture: run a step function (the trainer's, or any) under torch.profiler.
+
+One schedule for every caller::
+
+    baseline (no profiler) | wait (profiler on, not recording) | warmup | active | after (no profiler)
+
+- ``active`` steps are recorded with shapes (``record_shapes=True``) and written as one
+  gzipped Kineto trace per rank, ``rank{R}.pt.trace.json.gz``: the analyzer reads it,
+  Perfetto opens it, and TensorBoard's profiler plugin finds it by its ``.pt.trace.json.gz``
+  suffix (the run directory is the TensorBoard run).
+- ``baseline`` and ``after`` steps run without the profiler; ``wait`` steps run with the
+  profiler started but not recording. Their times give the profiler's overhead on steps
+  outside the recorded window, kept in the manifest next to the per-step times.
+- ``manifest.json`` (rank 0): config, device, library versions, world size, traced ranks,
+  every step's phase and time, medians, tokens/s and MFU of the unprofiled steps, overhead.
+
+Files are written under a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from primus_perf.errors import UserError
+
+MANIFEST = "manifest.json"
+SCHEMA = "primus-perf-run/1"
+PHASES = ("baseline", "wait", "warmup", "active", "after")
+
+
+@dataclass
+class Schedule:
+    """Steps of each phase (see the module docstring)."""
+
+    active: int = 3
+    warmup: int = 1
+    wait: int = 2
+    baseline: int = 3
+    after: int = 3
+
+    def __post_init__(self) -> None:
+        if self.active < 1:
+            raise UserError("--steps (profiled steps) must be at least 1")
+        for name in ("warmup", "wait", "baseline", "after"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{name} steps must be >= 0")
+
+    def phases(self) -> list[str]:
+        return [p for p in PHASES for _ in range(getattr(self, p))]
+
+
+@dataclass
+class CaptureResult:
+    """What one rank captured."""
+
+    out_dir: Path
+    trace: Path | None  # this rank's trace (None when this rank is not traced)
+    steps: list[dict[str, Any]]  # {"index", "phase", "time_s", ...step info}
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+def trace_name(rank: int) -> str:
+    return f"rank{rank}.pt.trace.json.gz"
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _activities() -> list[Any]:
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    acts = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(ProfilerActivity.CUDA)
+    return acts
+
+
+def _write_gz(src: Path, dst: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=dst.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as g, \
+                open(src, "rb") as f:
+            shutil.copyfileobj(f, g, 1 << 20)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def prepare_out_dir(out_dir: str | Path) -> Path:
+    """Create the output directory, or one clear error."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
+    return out
+
+
+def profile_steps(
+    step_fn: Callable[[], Any],
+    out_dir: str | Path,
+    schedule: Schedule | None = None,
+    *,
+    rank: int = 0,
+    traced: bool = True,
+    step_info: Callable[[Any], dict[str, Any]] | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> CaptureResult:
+    """Run ``step_fn`` through the schedule; record the active steps when ``traced``.
+
+    Untraced ranks run the same number of steps (collectives stay matched) without a
+    profiler. ``step_info(result)`` adds fields (loss, tokens/s, ...) to each step record.
+    """
+    import torch.profiler as tp
+
+    sched = schedule or Schedule()
+    out = prepare_out_dir(out_dir)
+    phases = sched.phases()
+    records: list[dict[str, Any]] = []
+
+    def run(i: int, phase: str) -> None:
+        _sync()
+        t0 = time.perf_counter()
+        result = step_fn()
+        _sync()
+        rec = {"index": i, "phase": phase, "time_s": time.perf_counter() - t0}
+        if step_info is not None and result is not None:
+            rec.update(step_info(result))
+        records.append(rec)
+        if on_step is not None:
+            on_step(rec)
+
+    i = 0
+    for _ in range(sched.baseline):
+        run(i, "baseline")
+        i += 1
+    trace: Path | None = None
+    profiled = phases[sched.baseline: len(phases) - sched.after]
+    if traced:
+        with tempfile.TemporaryDirectory(prefix="primus-capture-") as tmp:
+            raw = Path(tmp) / "trace.json"
+            with tp.profile(
+                activities=_activities(),
+                schedule=tp.schedule(wait=sched.wait, warmup=sched.warmup, active=sched.active, repeat=1),
+                on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
+                record_shapes=True,
+                with_stack=False,
+                profile_memory=False,
+            ) as prof:
+                for phase in profiled:
+                    run(i, phase)
+                    prof.step()
+                    i += 1
+            if not raw.is_file():
+                raise UserError("the profiler wrote no trace")
+            trace = out / trace_name(rank)
+            _write_gz(raw, trace)
+    else:
+        for phase in profiled:
+            run(i, phase)
+            i += 1
+    for _ in range(sched.after):
+        run(i, "after")
+        i += 1
+    return CaptureResult(out_dir=out, trace=trace, steps=records)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def overhead(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median step times per phase group and their ratios to the unprofiled steps."""
+    def times(*phases: str) -> list[float]:
+        return [s["time_s"] for s in steps if s["phase"] in phases]
+
+    # the first baseline step also pays one-time costs (allocator, autotuning): skip it
+    base = times("baseline")[1:] + times("after") if len(times("baseline")) > 1 else times("baseline", "after")
+    outside, active = times("wait"), times("active")
+    ub, uo, ua = _median(base), _median(outside), _median(active)
+    return {
+        "unprofiled_median_s": ub,
+        "outside_window_median_s": uo,
+        "active_median_s": ua,
+        "outside_window_vs_unprofiled": uo / ub if uo and ub else None,
+        "active_vs_unprofiled": ua / ub if ua and ub else None,
+        "unprofiled_steps": len(base),
+        "outside_window_steps": len(outside),
+    }
+
+
+def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
+    path = out_dir / MANIFEST
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=MANIFEST + ".", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(manifest, f, indent=1, default=str)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
+
+
+def base_manifest(schedule: Schedule, steps: Sequence[dict[str, Any]], *, world_size: int = 1,
+                  traced_ranks: Sequence[int] = (0,), extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest fields every capture has (the trainer adds config, tokens/s, MFU)."""
+    from primus_perf.devices import current_device
+    from primus_perf.tracelens.bench import library_versions
+
+    active = [s["time_s"] for s in steps if s["phase"] == "active"]
+    return {
+        "schema": SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": sys.argv,
+        "device": current_device().to_dict(),
+        "versions": library_versions(),
+        "world_size": world_size,
+        "traced_ranks": list(traced_ranks),
+        "traces": {str(r): trace_name(r) for r in traced_ranks},
+        "schedule": vars(schedule),
+        "step_time_s": _median(active),
+        "steps": list(steps),
+        "overhead": overhead(steps),
+        **(extra or {}),
+    }
+
+
+def parse_ranks(text: str | None, world_size: int) -> list[int]:
+    """``"0,3"`` -> [0, 3]; None -> every rank; one clear error for bad input."""
+    if text is None or text.strip() in ("", "all"):
+        return list(range(world_size))
+    try:
+        ranks = sorted({int(r) for r in text.split(",") if r.strip()})
+    except ValueError:
+        raise UserError(f"--ranks must be comma-separated rank numbers, got {text!r}") from None
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad or not ranks:
+        raise UserError(f"--ranks {text!r}: ranks must be in 0..{world_size - 1}")
+    return ranks
+
+
+def capture_trainer(config: str, overrides: Sequence[str], out_dir: str | Path, schedule: Schedule,
+                    ranks: str | None = None, on_step: Callable[[dict[str, Any]], None] | None = None
+                    ) -> CaptureResult:
+    """Train the reference trainer under the profiler (every rank under torchrun)."""
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.loop import Trainer
+
+    cfg = load_config(config, overrides)
+    out = prepare_out_dir(out_dir)
+    trainer = Trainer(cfg)
+    try:
+        world = trainer.groups.world_size
+        rank = trainer.groups.rank
+        traced = parse_ranks(ranks, world)
+
+        def info(m: Any) -> dict[str, Any]:
+            return {"loss": m.loss, "tokens_per_s": m.tokens_per_s, "mfu": m.mfu}
+
+        res = profile_steps(trainer.train_step, out, schedule, rank=rank, traced=rank in traced,
+                            step_info=info, on_step=on_step if trainer.is_main else None)
+        if trainer.is_main:
+            plain = [s for s in res.steps if s["phase"] in ("baseline", "after")][1:]
+            tok = _median([s["tokens_per_s"] for s in plain])
+            mfu_vals = [s["mfu"] for s in plain if s.get("mfu") is not None]
+            res.manifest = base_manifest(schedule, res.steps, world_size=world, traced_ranks=traced, extra={
+                "config": cfg.to_dict(),
+                "config_name": config,
+                "overrides": list(overrides),
+                "tokens_per_step": trainer.tokens_per_step,
+                "tokens_per_s": tok,
+                "mfu": _median(mfu_vals),
+                "device_name": trainer.device_name,
+            })
+            write_manifest(out, res.manifest)
+        return res
+    finally:
+        trainer.close()

@@ -1,0 +1,127 @@
+"""Capture: ``primus-profile run`` and ``profile_steps`` write real traces and a manifest;
+every rank under torchrun (gloo); bad input is one line with exit code 2."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from primus_perf.errors import UserError
+from primus_perf.profiler.capture import Schedule, parse_ranks, profile_steps, trace_name
+from primus_perf.tracelens.analyze import analyze
+from primus_perf.trainer.config import load_config
+from primus_perf.trainer.flops import gemm_flops_per_step
+
+SMALL = ["train.seq_len=64", "train.micro_batch=2"]
+
+
+def _cli(args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if nproc > 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+               "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "primus_perf.cli.profile", *args]
+    else:
+        cmd = [sys.executable, "-m", "primus_perf.cli.profile", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _events(path: Path) -> list[dict]:
+    return json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+
+
+def test_run_writes_a_trace_of_the_active_steps_and_a_manifest(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = _cli(["run", "--config", "tiny", "--out", str(out), "--steps", "2", "--warmup", "1", *SMALL])
+    assert r.returncode == 0, r.stderr
+    trace = out / trace_name(0)
+    events = _events(trace)
+    steps = sorted(e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    assert len(steps) == 2
+    shaped = [e for e in events if e.get("cat") == "cpu_op" and "Input Dims" in e.get("args", {})]
+    assert shaped, "record_shapes must be on"
+    m = json.loads((out / "manifest.json").read_text())
+    for key in ("schema", "config", "device", "versions", "world_size", "traced_ranks", "traces", "steps",
+                "step_time_s", "tokens_per_s", "overhead"):
+        assert key in m, key
+    assert [s["phase"] for s in m["steps"]] == ["baseline"] * 3 + ["wait"] * 2 + ["warmup", "active", "active"] + \
+        ["after"] * 3
+    assert all(s["time_s"] > 0 and "loss" in s for s in m["steps"])
+    assert m["overhead"]["outside_window_vs_unprofiled"] > 0
+    assert "profiler overhead" in r.stdout
+    # the run directory is what the analyzer reads: manifest attached, FLOPs exact
+    cfg = load_config("tiny", SMALL)
+    a = analyze([out])
+    assert a.manifest["config_name"] == "tiny" and a.steps and len(a.steps) == 2
+    assert a.totals["gemm_flops_per_step"] == gemm_flops_per_step(cfg.model, 2, 64)
+
+
+def test_profile_steps_api_profiles_any_step_function(tmp_path: Path) -> None:
+    w = torch.randn(64, 64)
+
+    def step() -> float:
+        return float((torch.randn(32, 64) @ w).sum())
+
+    res = profile_steps(step, tmp_path, Schedule(active=2, warmup=0, wait=1, baseline=1, after=1),
+                        rank=3, step_info=lambda v: {"value": v})
+    assert res.trace == tmp_path / "rank3.pt.trace.json.gz"
+    names = {e.get("name") for e in _events(res.trace)}
+    assert "aten::mm" in names
+    assert [s["phase"] for s in res.steps] == ["baseline", "wait", "active", "active", "after"]
+    assert all("value" in s for s in res.steps)
+    # an untraced rank runs the same steps and writes nothing
+    res2 = profile_steps(step, tmp_path / "other", Schedule(active=2, warmup=0, wait=1, baseline=1, after=1),
+                         traced=False)
+    assert res2.trace is None and len(res2.steps) == 5 and not list((tmp_path / "other").iterdir())
+
+
+def test_torchrun_two_ranks_trace_every_rank_or_the_chosen(tmp_path: Path) -> None:
+    out = tmp_path / "all"
+    r = _cli(["run", "--config", "tiny", "--out", str(out), "--steps", "1", "--wait", "0", "--baseline", "1",
+              "--after", "1", *SMALL, "parallel.tp=2"], nproc=2)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.glob("*.gz")) == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["world_size"] == 2 and m["traced_ranks"] == [0, 1]
+    a = analyze([out])
+    assert a.ranks == [0, 1]
+    out1 = tmp_path / "one"
+    r = _cli(["run", "--config", "tiny", "--out", str(out1), "--steps", "1", "--wait", "0", "--baseline", "1",
+              "--after", "1", "--ranks", "1", *SMALL, "parallel.tp=2"], nproc=2)
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in out1.glob("*.gz")] == ["rank1.pt.trace.json.gz"]
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for args, text in (
+        (["run", "--config", "no-such-preset"], "no-such-preset"),
+        (["run", "--config", "tiny", "--out", str(blocker / "sub")], "cannot write to --out"),
+        (["run", "--config", "tiny", "--out", str(tmp_path / "o"), "--ranks", "0,x"], "--ranks"),
+        (["run", "--config", "tiny", "--out", str(tmp_path / "o"), "--ranks", "5"], "ranks must be in 0..0"),
+        (["run", "--config", "tiny", "--steps", "0"], "at least 1"),
+    ):
+        r = _cli(args)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and text in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_parse_ranks() -> None:
+    assert parse_ranks(None, 4) == [0, 1, 2, 3]
+    assert parse_ranks("3,0,3", 4) == [0, 3]
+    assert parse_ranks("all", 2) == [0, 1]
+    for bad in ("x", "4", "-1", ",", "0;1"):
+        with pytest.raises(UserError):
+            parse_ranks(bad, 4)
