@@ -125,3 +125,19 @@ def test_parse_ranks() -> None:
     for bad in ("x", "4", "-1", ",", "0;1"):
         with pytest.raises(UserError):
             parse_ranks(bad, 4)
+
+
+@pytest.mark.gpu
+def test_run_on_the_gpu_records_kernels_and_exact_gemm_flops(tmp_path: Path) -> None:
+    out = tmp_path / "gpu"
+    r = _cli(["run", "--config", "tiny", "--out", str(out), "--steps", "2", "train.device=cuda", *SMALL])
+    assert r.returncode == 0, r.stderr
+    events = _events(out / trace_name(0))
+    assert any(e.get("cat") == "kernel" for e in events)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["device"]["name"] and "cuda" in json.dumps(m["versions"]).lower()
+    a = analyze([out])
+    cfg = load_config("tiny", SMALL)
+    assert a.totals["gemm_flops_per_step"] == gemm_flops_per_step(cfg.model, 2, 64)
+    assert a.to_json()["breakdown"], "GPU time by category"
+    assert len(a.gemm_problems) > 0

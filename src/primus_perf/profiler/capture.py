@@ -195,18 +195,30 @@ def overhead(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     def times(*phases: str) -> list[float]:
         return [s["time_s"] for s in steps if s["phase"] in phases]
 
-    # the first baseline step also pays one-time costs (allocator, autotuning): skip it
-    base = times("baseline")[1:] + times("after") if len(times("baseline")) > 1 else times("baseline", "after")
-    outside, active = times("wait"), times("active")
+    # unprofiled: the steps before the profiler starts; the first also pays one-time costs
+    # (allocator, autotuning), so it is skipped when there are others. Outside the window:
+    # the profiler's wait steps and the steps after it stopped (CUPTI may stay attached).
+    base = times("baseline")[1:] or times("baseline")
+    wait, after, active = times("wait"), times("after"), times("active")
+    outside = wait + after
     ub, uo, ua = _median(base), _median(outside), _median(active)
+
+    def ratio(vals: list[float]) -> float | None:
+        m = _median(vals)
+        return m / ub if m and ub else None
+
     return {
         "unprofiled_median_s": ub,
         "outside_window_median_s": uo,
         "active_median_s": ua,
-        "outside_window_vs_unprofiled": uo / ub if uo and ub else None,
-        "active_vs_unprofiled": ua / ub if ua and ub else None,
+        "outside_window_vs_unprofiled": ratio(outside),
+        "wait_vs_unprofiled": ratio(wait),
+        "after_vs_unprofiled": ratio(after),
+        "active_vs_unprofiled": ratio(active),
         "unprofiled_steps": len(base),
         "outside_window_steps": len(outside),
+        "spread_s": {name: [min(v), max(v)] for name, v in
+                     (("unprofiled", base), ("wait", wait), ("after", after), ("active", active)) if v},
     }
 
 
