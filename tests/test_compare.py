@@ -83,3 +83,21 @@ def test_diff_html_renders_in_chromium(tmp_path: Path) -> None:
     assert [c["name"] for c in res.charts] == ["breakdown-delta"]
     assert res.chart_ink["breakdown-delta"] > 0.02
     assert "faster per step" in res.dom
+
+
+LOOP = Path(__file__).parents[1] / "benchmarks" / "results" / "closed_loop_h100"
+
+
+def test_real_runs_with_and_without_a_tuning_cache(tmp_path: Path) -> None:
+    """Two H100 runs of the trainer, the second with tuned GEMMs routed to cuBLASLt
+    (``primus_perf::gemm`` ops): every op matches its counterpart by shape."""
+    d = cmp.compare(LOOP / "base", LOOP / "tuned")
+    assert d["only_in_base"] == [] and d["only_in_candidate"] == []
+    gemm = [r for r in d["ops"] if r["category"] == "gemm"]
+    assert len(gemm) >= 12 and all(r["op"] == "aten::mm" and r["side"] == "both" for r in gemm)
+    assert d["verdict"].startswith("candidate ") and "; gemm " in d["verdict"] and ", attention " in d["verdict"]
+    assert d["header"]["base_steps"] == d["header"]["candidate_steps"] == 3
+    res = check_in_chromium(write_html(d, tmp_path / "diff.html"))
+    assert res.console_errors == [] and res.selfcheck.startswith("ok"), (res.console_errors, res.selfcheck)
+    assert res.chart_ink["breakdown-delta"] > 0.02, res.chart_ink
+    assert d["verdict"] in res.dom

@@ -46,3 +46,40 @@ def test_planted_wrong_candidate_is_rejected() -> None:
     _, report = tune_problem(p, budget_s=1.0, planted=Candidate("planted", None, fn=half_k))
     assert report["chosen"] != "planted"
     assert "planted" in report["rejected"]
+
+
+def test_routed_gemm_is_traced_and_modeled_like_aten_mm(tmp_path) -> None:
+    """Under torch.profiler a tuned cuBLASLt call shows as ``primus_perf::gemm`` with its
+    operands' shapes; the analyzer gives it the same problem and FLOPs as torch.mm."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from primus_perf.cache.store import CacheEntry
+    from primus_perf.devices import current_device
+    from primus_perf.tracelens.analyze import analyze
+    from primus_perf.tuner.blaslt.binding import load
+    from primus_perf.tuner.gemm_runtime import WORKSPACE_BYTES, GemmRouter
+
+    M, N, K = 1024, 768, 512
+    p = GemmProblem.from_row_major(M, N, K, b_transposed=True)
+    h = load().plan(p).heuristics(1, WORKSPACE_BYTES)[0]
+    entry = CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=current_device().to_dict(),
+                       versions={}, solution={"config": {"source": "cublaslt"}, "blob": h.algo},
+                       times={"tuned_ms": 1.0, "default_ms": 1.0})
+    router = GemmRouter([entry])
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    plain = router(a, w.T)  # outside the profiler: the direct launch
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        traced = router(a, w.T)
+        torch.cuda.synchronize()
+    assert router.routed == {p.key(): 2} and not router.failed
+    torch.testing.assert_close(traced, plain, rtol=0, atol=0)
+    ref = a.float() @ w.float().T
+    assert ((traced.float() - ref).norm() / ref.norm()).item() < 1e-2
+    path = tmp_path / "routed.json"
+    prof.export_chrome_trace(str(path))
+    an = analyze([path])
+    rows = an.gemm_problems
+    assert list(rows["key"]) == [p.key()] and int(rows["count"].iloc[0]) == 1
+    assert rows["flops"].iloc[0] == p.flops

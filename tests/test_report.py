@@ -253,3 +253,59 @@ def test_many_ranks_breakdown_becomes_per_rank_means() -> None:
     k = a.kernels
     want = k[k["rank"] == 5].groupby("step")["dur_us"].sum().mean() / 1e3
     assert rows[5]["total_ms"] == pytest.approx(want)
+
+
+# --------------------------------------------------------------------------- a real run
+
+
+RUN = Path(__file__).parent / "data" / "traces" / "h100_llama3-8b_l4_s4096_run"
+
+
+def _cache_for(problem_row: pd.Series, device: str, path: Path, speedup: float) -> Path:
+    from primus_perf.cache.store import CacheEntry, TuningCache
+
+    p = problem_row["problem"]
+    h100 = {"name": device, "vendor": "nvidia", "arch": "sm_90", "compute_units": 132}
+    mi300 = {"name": "AMD Instinct MI300X", "vendor": "amd", "arch": "gfx942", "compute_units": 304}
+    e = CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=h100,
+                   versions={"cublasLt": "13.1.0"}, solution={"config": {"source": "cublaslt"}, "blob": b""},
+                   times={"tuned_ms": 1.0, "default_ms": speedup}, tuner_version="test")
+    other = CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=mi300,
+                       versions={"hipblaslt": "1"}, solution={"config": {}, "blob": b""},
+                       times={"tuned_ms": 1.0, "default_ms": 9.0}, tuner_version="test", created=1e10)
+    TuningCache(path).put_many([e, other])
+    return path
+
+
+def test_report_of_a_real_h100_run_in_chromium(tmp_path: Path) -> None:
+    """The committed H100 run (trace + manifest of `primus-profile run`): every section is
+    filled from the real analysis, the page renders without console errors, tables sort."""
+    from primus_perf.tracelens.analyze import analyze
+
+    a = analyze([RUN])
+    top = a.gemm_problems.sort_values("time_s", ascending=False).iloc[0]
+    cache = _cache_for(top, "NVIDIA H100 80GB HBM3", tmp_path / "cache.json", 1.25)
+    d = rp.build_report([RUN], cache=cache)
+    h = d["header"]
+    assert h["device"] == "NVIDIA H100 80GB HBM3" and h["steps"] == 3
+    assert h["tokens_per_s"] > 40000 and 0.3 < h["mfu"] < 0.6  # from the manifest
+    assert h["versions"]["torch"].startswith("2.11")
+    assert len(d["gemm"]) == 15 and len(d["attention"]) == 2
+    assert sorted(r["direction"] for r in d["attention"]) == ["bwd", "fwd"]
+    marked = [r for r in d["gemm"] if r["tuned"]]
+    assert [r["key"] for r in marked] == [top["problem"].key()] and marked[0]["speedup"] == pytest.approx(1.25)
+    assert len(d["roofline"]["points"]) == 17 and d["roofline"]["peak_tflops"] == pytest.approx(989.4)
+    # the timeline of the chosen step accounts for all of its kernel time
+    tl = d["timeline"]
+    busy = sum(seg[3] for s in tl["streams"] for seg in s["segments"])
+    step_ms = next(r["total_ms"] for r in d["breakdown"]["rows"] if r["step"] == tl["step"])
+    assert busy / 1e3 == pytest.approx(step_ms, rel=1e-6)
+    assert 20 < sum(len(s["segments"]) for s in tl["streams"]) <= rp.TIMELINE_BINS
+    page = write_html(d, tmp_path / "report.html")
+    res = check_in_chromium(page)
+    assert res.console_errors == []
+    assert res.selfcheck == "ok charts=3 tables=3", res.selfcheck
+    assert res.chart_ink["breakdown"] > 0.1 and res.chart_ink["timeline"] > 0.05, res.chart_ink
+    assert res.chart_ink["roofline"] > 0.003, res.chart_ink
+    for text in ("47,7", "42.7%", "aten::_scaled_dot_product_cudnn_attention_backward", ">bwd<", ">tuned<", "1.25×"):
+        assert text in res.dom, text

@@ -47,7 +47,7 @@ OP_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         (ATTENTION_FWD, r"^aten::(_?scaled_dot_product\w*attention\w*|_flash_attention_forward"
                         r"|_efficient_attention_forward|_cudnn_attention_forward)$|^flash_attn::\w*forward"),
         (GEMM, r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|_addmm_activation"
-               r"|_int_mm|_grouped_mm|_scaled_grouped_mm)$"),
+               r"|_int_mm|_grouped_mm|_scaled_grouped_mm)$|^primus_perf::gemm$"),
         (OPTIMIZER, r"^aten::_fused_(adam|adamw|sgd|adagrad)_?|^aten::_foreach_|^Optimizer\.step"),
         (NORMALIZATION, r"^aten::(native_)?(layer_norm|rms_norm|_fused_rms_norm|batch_norm|group_norm"
                         r"|instance_norm|native_batch_norm|cudnn_batch_norm|_fused_rms_norm_backward"

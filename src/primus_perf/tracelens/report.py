@@ -191,8 +191,23 @@ def _pct_frac(v: Any) -> float | None:
     return f / 100.0 if f > 1.5 else f
 
 
+def _busy_per_bin(s: np.ndarray, e: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Kernel time inside each bin [edges[i], edges[i+1]) for intervals (s, e), exactly:
+    the busy time before t is sum(clip(t - s, 0, e - s)), evaluated at the edges through
+    sorted starts and ends (O((K + B) log K), no K x B matrix)."""
+    order_s, order_e = np.sort(s), np.sort(e)
+    cs, ce = np.concatenate(([0.0], np.cumsum(order_s))), np.concatenate(([0.0], np.cumsum(order_e)))
+    n_started = np.searchsorted(order_s, edges, side="right")
+    n_ended = np.searchsorted(order_e, edges, side="right")
+    # sum over started kernels of (t - s) minus, over ended ones, (t - e)
+    before = (n_started * edges - cs[n_started]) - (n_ended * edges - ce[n_ended])
+    return np.diff(before)
+
+
 def timeline(k: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) -> dict[str, Any] | None:
-    """One representative step (median GPU time, lowest rank) as merged per-stream segments."""
+    """One representative step (median GPU time, lowest rank), per stream: the step cut into
+    ``bins`` bins, each labelled with the category that has most kernel time in it; runs of
+    bins with the same label become one segment [start_us, length_us, category, busy_us]."""
     if len(k) == 0:
         return None
     rank = int(k["rank"].min())
@@ -205,29 +220,25 @@ def timeline(k: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) -> dic
     t0 = float(ts.min())
     span = float((ts + dur).max() - t0) or 1.0
     res = span / bins
+    edges = np.linspace(0.0, span, bins + 1)
+    edges[-1] = np.nextafter(span, np.inf)  # the last kernel's end lies inside the last bin
     cat_index = {c: i for i, c in enumerate(cats)}
     streams = []
     for stream, grp in ks.groupby("stream", sort=True):
-        order = np.argsort(grp["ts_us"].to_numpy(dtype=np.float64), kind="stable")
-        s = grp["ts_us"].to_numpy(dtype=np.float64)[order] - t0
-        e = s + grp["dur_us"].to_numpy(dtype=np.float64)[order]
-        c = grp["category"].to_numpy()[order]
-        d = e - s
-        # A new segment starts where a kernel begins more than `res` after everything before it ended.
-        prev_end = np.maximum.accumulate(e)
-        new = np.ones(len(s), dtype=bool)
-        new[1:] = s[1:] > prev_end[:-1] + res
-        seg = np.cumsum(new) - 1
-        df = pd.DataFrame({"seg": seg, "s": s, "e": e, "d": d, "c": c})
-        starts = df.groupby("seg")["s"].min()
-        ends = df.groupby("seg")["e"].max()
-        busy = df.groupby("seg")["d"].sum()
-        major = df.groupby(["seg", "c"])["d"].sum().reset_index().sort_values("d").drop_duplicates("seg", keep="last")
-        major = major.set_index("seg")["c"]
+        s = grp["ts_us"].to_numpy(dtype=np.float64) - t0
+        e = s + grp["dur_us"].to_numpy(dtype=np.float64)
+        c = grp["category"].to_numpy()
+        names = sorted(set(c), key=lambda x: cat_index.get(x, 0))
+        busy = np.stack([_busy_per_bin(s[c == n], e[c == n], edges) for n in names])  # categories x bins
+        total = busy.sum(axis=0)
+        label = np.where(total > 0, busy.argmax(axis=0), -1)
+        change = np.flatnonzero(np.diff(label)) + 1
+        starts = np.concatenate(([0], change))
+        ends = np.concatenate((change, [bins]))
         segments = [
-            [round(float(starts[i]), 3), round(float(ends[i] - starts[i]), 3), cat_index.get(major[i], 0),
-             round(float(busy[i]), 3)]
-            for i in starts.index
+            [round(float(edges[a]), 3), round(float(min(edges[b], span) - edges[a]), 3),
+             cat_index.get(names[label[a]], 0), round(float(total[a:b].sum()), 3)]
+            for a, b in zip(starts, ends) if label[a] >= 0
         ]
         streams.append({"stream": str(stream), "segments": segments})
     return {"rank": rank, "step": step, "t0_us": t0, "dur_us": span, "resolution_us": res,
@@ -282,6 +293,8 @@ def problems(df: pd.DataFrame, kind: str, n_steps: int, total_us: float,
             "pct_roofline": _pct_frac(r.get("pct_roofline")),
             "tuned": None, "speedup": None,
         }
+        if kind == "attention":
+            row["direction"] = str(r.get("direction", "") or "")
         if marks is not None:
             row["tuned"] = key in marks
             row["speedup"] = marks.get(key)
@@ -305,31 +318,19 @@ def _dominant_dtype(rows: list[dict[str, Any]]) -> str:
 
 
 def cache_marks(cache_path: str | Path, device: str | None = None) -> tuple[dict[str, float | None], int]:
-    """Problem key -> cached speedup (default / tuned time) for the cache's entries."""
+    """Problem key -> cached speedup (default / tuned time) of the cache's entries for
+    ``device`` (all devices when None); the newest entry wins when several match."""
+    from primus_perf.cache.store import TuningCache
+
     p = Path(cache_path)
     if not p.exists():
         raise UserError(f"tuning cache not found: {p}")
-    try:
-        from primus_perf.cache.store import TuningCache
-    except ImportError:
-        raise UserError("tuning cache support is not available in this installation") from None
-    cache = TuningCache(p)
-    entries = list(cache.entries()) if hasattr(cache, "entries") else list(cache)
+    entries = TuningCache(p).entries()
     marks: dict[str, float | None] = {}
-    for e in entries:
-        d = _as_dict(e)
-        if device is not None:
-            dev = _as_dict(d.get("device"))
-            if dev.get("name") and dev.get("name") != device:
-                continue
-        prob = d.get("problem")
-        key = prob.key() if hasattr(prob, "key") else str(d.get("key", ""))
-        tuned_t, default_t = _num(d.get("tuned_time_s", d.get("time_tuned"))), _num(d.get("default_time_s", d.get("time_default")))
-        speed = _num(d.get("speedup"))
-        if speed is None and tuned_t and default_t:
-            speed = default_t / tuned_t
-        if key:
-            marks[key] = speed
+    for e in sorted(entries, key=lambda e: e.created):
+        if device is not None and e.device.get("name") not in (None, "", device):
+            continue
+        marks[e.problem_key] = e.speedup
     return marks, len(entries)
 
 
@@ -393,7 +394,7 @@ def report_from_analysis(analysis: Any, *, traces: Sequence[str] = (), cache: st
     inp = inputs_from_analysis(analysis, traces)
     marks, info = None, None
     if cache is not None:
-        marks, n = cache_marks(cache, None)
+        marks, n = cache_marks(cache, inp.device if inp.device != "unknown" else None)
         info = {"path": str(cache), "entries": n}
     return report_from_inputs(inp, marks=marks, cache_info=info, title=title)
 

@@ -69,7 +69,7 @@
         if (q && !cells.join(" ").toLowerCase().includes(q)) return;
         const row = el("tr");
         columns.forEach((c, i) => {
-          const td = el("td", { cls: c.num ? "num" : "" });
+          const td = el("td", { cls: c.num ? "num" : c.wrap ? "wrap" : "" });
           if (c.html) td.appendChild(c.html(r[c.key], r)); else td.textContent = cells[i];
           if (c.num) td.setAttribute("data-v", String(r[c.key] === null || r[c.key] === undefined ? "" : r[c.key]));
           row.appendChild(td);
@@ -196,7 +196,7 @@
   }
 
   function timeline(parent, tl) {
-    const W = 900, rowH = 22, left = 110, right = 10, top = 8;
+    const W = 900, rowH = 22, left = 110, right = 30, top = 8;
     const H = top + tl.streams.length * rowH + 30;
     const svg = sv("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-chart": "timeline" });
     const span = Math.max(tl.dur_us, 1e-9);
@@ -235,13 +235,15 @@
   };
 
   function problemColumns(kind) {
-    const cols = [{ key: "shape", label: kind === "gemm" ? "problem (m×n×k, transposes, dtype)" : "problem (b, hq/hkv, sq/skv, d)" },
+    const cols = [{ key: "shape", label: kind === "gemm" ? "problem (m×n×k, transposes, dtype)" : "problem (b, hq/hkv, sq/skv, d)", wrap: true }];
+    if (kind === "attention") cols.push({ key: "direction", label: "pass" });
+    cols.push(
       { key: "calls", label: "calls", num: true },
       { key: "time_ms", label: "time/step (ms)", num: true },
       { key: "share", label: "share", num: true, fmt: pct },
       { key: "ai", label: "FLOP/byte", num: true, fmt: (v) => fmt(v, 1) },
       { key: "tflops", label: "TFLOP/s", num: true, fmt: (v) => fmt(v, 1) },
-      { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }];
+      { key: "pct_roofline", label: "% roofline", num: true, fmt: pct });
     if (DATA.cache) {
       cols.push({ key: "tuned", label: "cache", html: tagCell });
       cols.push({ key: "speedup", label: "cached speedup", num: true, fmt: (v) => (v ? fmt(v, 3) + "×" : "–") });
@@ -263,7 +265,7 @@
     stackedBars(s1, b.rows.map((r) => ({ label: r.label, values: r.by_cat })), DATA.categories, { name: "breakdown" });
 
     const s2 = section("Hotspots", "Kernel time per step grouped by (category, op, shape), averaged over steps and ranks. Click a header to sort.");
-    table(s2, [{ key: "category", label: "category" }, { key: "op", label: "op" }, { key: "shape", label: "shape" },
+    table(s2, [{ key: "category", label: "category" }, { key: "op", label: "op", wrap: true }, { key: "shape", label: "shape", wrap: true },
       { key: "calls", label: "calls/step", num: true, fmt: (v) => fmt(v, 1) }, { key: "time_ms", label: "time/step (ms)", num: true },
       { key: "share", label: "share", num: true, fmt: pct }, { key: "tflops", label: "TFLOP/s", num: true, fmt: (v) => fmt(v, 1) },
       { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }], DATA.hotspots, { sortCol: 4 });
@@ -275,12 +277,12 @@
     const s4 = section("GEMM problems", DATA.cache ? `Tuning cache: ${DATA.cache.path} (${DATA.cache.entries} entries)` : "");
     table(s4, problemColumns("gemm"), DATA.gemm, { sortCol: 2 });
     const s5 = section("Attention problems", "");
-    table(s5, problemColumns("attention"), DATA.attention, { sortCol: 2 });
+    table(s5, problemColumns("attention"), DATA.attention, { sortCol: 3 });
 
     if (DATA.timeline && DATA.timeline.streams.length) {
       const tl = DATA.timeline;
       const s6 = section(`Kernel timeline: rank ${tl.rank}, step ${tl.step}`,
-        `Busy segments per stream, merged at ${fmt(tl.resolution_us, 2)} us; time axis in ms.`);
+        `Per stream, in ${fmt(tl.resolution_us, 2)} us bins: each run of bins coloured by the category with most kernel time; time axis in ms.`);
       timeline(s6, tl);
     }
   }
@@ -302,7 +304,7 @@
       { key: "candidate_ms", label: "candidate (ms)", num: true }, { key: "delta_ms", label: "delta (ms)", num: true },
       { key: "rel", label: "change", num: true, fmt: spct }], DATA.breakdown, { sortCol: 3 });
     const s3 = section("Op deltas", "Matched by (category, op, shape), not by kernel name; ms per step; largest absolute change first.");
-    table(s3, [{ key: "category", label: "category" }, { key: "op", label: "op" }, { key: "shape", label: "shape" },
+    table(s3, [{ key: "category", label: "category" }, { key: "op", label: "op", wrap: true }, { key: "shape", label: "shape", wrap: true },
       { key: "base_ms", label: "base (ms)", num: true }, { key: "candidate_ms", label: "candidate (ms)", num: true },
       { key: "delta_ms", label: "delta (ms)", num: true }, { key: "rel", label: "change", num: true, fmt: spct },
       { key: "side", label: "present in" }], DATA.ops, {});
