@@ -32,14 +32,18 @@ def _run(traces: list[Path]):
         return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg))
 
 
+def _tflop(flops: float | None) -> str:
+    return "FLOPs unknown" if flops is None else f"{flops / 1e12:.2f} TFLOP/step"
+
+
 def render(a: Any, top: int) -> None:
     """Rich tables of an analysis: header, breakdowns, hotspots, problems, ranks."""
     per_step = a.n_steps * max(1, len(a.ranks))
     t = a.totals
     console.print(
         f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {len(a.steps) or 1} step(s) · "
-        f"GPU busy {_ms(t['gpu_busy_s_per_step'])} ms/step · GEMM {t['gemm_flops_per_step'] / 1e12:.2f} TFLOP/step · "
-        f"attention {t['attention_flops_per_step'] / 1e12:.2f} TFLOP/step"
+        f"GPU busy {_ms(t['gpu_busy_s_per_step'])} ms/step · GEMM {_tflop(t['gemm_flops_per_step'])} · "
+        f"attention {_tflop(t['attention_flops_per_step'])}"
     )
     cat = a.breakdown.groupby("category", observed=True)["seconds"].sum().sort_values(ascending=False) / per_step
     total = float(cat.sum()) or 1.0

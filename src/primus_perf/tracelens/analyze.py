@@ -459,6 +459,8 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
             progress(f"analyzing {path} ({len(rt):,} events)")
         frames.append(_frames(rt, link(rt), rank))
         del rt
+    if not any(f.has_cpu_ops or len(f.kernels) for f in frames):
+        raise TraceError(f"nothing to analyze: no operators or GPU events in {', '.join(map(str, files))}")
     notes: list[str] = []
     kernels = pd.concat([f.kernels for f in frames], ignore_index=True)
     for c in ("name", "kind", "category", "op", "shape", "leaf_op", "fwd_op"):
@@ -494,9 +496,11 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     in_steps = kernels[kernels["step"] >= 0]
     busy = float(temporal["busy_s"].sum()) if len(temporal) else float(in_steps["dur_us"].sum()) / 1e6
     compute_s = float(in_steps.loc[in_steps["category"].isin(COMPUTE), "dur_us"].sum()) / 1e6
+    # FLOPs are unknown (None), not zero, when no op could be modeled for lack of shapes
+    flops_known = any(f.has_cpu_ops and f.has_shapes for f in frames)
     totals = {
-        "gemm_flops_per_step": gemm_flops / per_step,
-        "attention_flops_per_step": attn_flops / per_step,
+        "gemm_flops_per_step": gemm_flops / per_step if flops_known else None,
+        "attention_flops_per_step": attn_flops / per_step if flops_known else None,
         "gpu_busy_s_per_step": busy / per_step,
         "gpu_kernel_s_per_step": float(in_steps["dur_us"].sum()) / 1e6 / per_step,
         "compute_kernel_s_per_step": compute_s / per_step,

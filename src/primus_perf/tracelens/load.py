@@ -139,8 +139,9 @@ class RawTrace:
         """The recorded inputs for a ``shape`` code (None for -1)."""
         if code < 0:
             return None
-        dec = msgspec.json.decode
-        return ShapeArgs(*(dec(b) if b else [] for b in self.shape_values[code]))
+        values = [msgspec.json.decode(b) if b else [] for b in self.shape_values[code]]
+        # each is a list, one item per input; anything else was not written by torch.profiler
+        return ShapeArgs(*(v if isinstance(v, list) else [] for v in values))
 
     @property
     def rank(self) -> int | None:
@@ -177,6 +178,8 @@ def _decode(raw: bytes, path: str) -> _Trace:
     except msgspec.DecodeError as exc:
         what = "truncated" if "truncated" in str(exc).lower() else "malformed"
         raise TraceError(f"{path}: {what} JSON ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text at byte {exc.start}") from None
 
 
 class _Interner:
@@ -211,9 +214,18 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> RawTrace:
         raise TraceError(f"{path}: not a Kineto trace (traceEvents is not a list)")
     builder = _ColumnBuilder()
     for chunk in _event_chunks(events, chunk_bytes, str(path)):
-        builder.add(chunk)
+        try:
+            builder.add(chunk)
+        except OverflowError:  # an id or size beyond 64 bits: not written by any profiler
+            raise TraceError(f"{path}: an integer in the trace events is out of range") from None
     del events, trace.traceEvents, raw
     return builder.finish(trace, str(path))
+
+
+def _events_error(path: str, exc: Exception) -> TraceError:
+    if isinstance(exc, UnicodeDecodeError):
+        return TraceError(f"{path}: trace events are not UTF-8 text")
+    return TraceError(f"{path}: malformed trace events ({exc})")
 
 
 def _event_chunks(view: memoryview, chunk_bytes: int, path: str):
@@ -234,11 +246,14 @@ def _event_chunks(view: memoryview, chunk_bytes: int, path: str):
         piece = b"[" + bytes(view[start:cut]) + b"]"
         try:
             events = _EVENTS_DECODER.decode(piece)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             if cut == end_array:
-                raise TraceError(f"{path}: malformed trace events") from None
+                raise _events_error(path, exc) from None
             cut = end_array  # a cut inside a string: decode the rest whole
-            events = _EVENTS_DECODER.decode(b"[" + bytes(view[start:cut]) + b"]")
+            try:
+                events = _EVENTS_DECODER.decode(b"[" + bytes(view[start:cut]) + b"]")
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc2:
+                raise _events_error(path, exc2) from None
         del piece
         yield events
         start = cut + 1 if cut < end_array else end_array
