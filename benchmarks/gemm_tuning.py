@@ -46,8 +46,9 @@ def problems() -> list[tuple[str, GemmProblem]]:
     return out
 
 
-def verify(p: GemmProblem, router: GemmRouter, rounds: int = 15) -> dict:
-    """Tuned (router) vs torch.matmul, interleaved, on fresh rotating operands."""
+def verify(p: GemmProblem, router: GemmRouter, rounds: int = 30) -> dict:
+    """Tuned (router) vs torch.matmul, interleaved, each call timed alone (as the tuner
+    times), on fresh rotating operands."""
     ops = Operands(p, seed=7)
 
     def routed(i: int):
@@ -55,9 +56,7 @@ def verify(p: GemmProblem, router: GemmRouter, rounds: int = 15) -> dict:
         return out if out is not None else torch.matmul(ops.a[i], ops.b[i])
 
     fns = {"torch": lambda i: torch.matmul(ops.a[i], ops.b[i]), "tuned": routed}
-    one = bench.time_interleaved({"torch": fns["torch"]}, ops.n, 1, 1)["torch"][0]
-    inner = max(1, min(50, int(3e-4 / max(one, 1e-7))))
-    t = bench.time_interleaved(fns, ops.n, rounds, inner, seed=3)
+    t = bench.time_isolated(fns, ops.n, rounds, seed=3)
     ratios = [a / b for a, b in zip(t["torch"], t["tuned"], strict=True)]
     return {
         "torch": bench.summarize(t["torch"]),
@@ -73,6 +72,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/gemm_tuning_h100.json")
     ap.add_argument("--budget-s", type=float, default=2.0)
     ap.add_argument("--max-s", type=float, default=1e9, help="stop tuning new problems after this")
+    ap.add_argument("--widen", action="store_true", help="add split-K variants of the top heuristics")
     ap.add_argument("--e2e", action="store_true", help="trainer run without/with the tuned cache")
     ap.add_argument("--config", default="llama3-8b")
     ap.add_argument("--layers", type=int, default=4)
@@ -85,14 +85,14 @@ def main() -> None:
     t_start = time.time()
     cache = TuningCache(args.cache)
     dev = current_device()
-    result = {"device": dev.to_dict(), "torch": torch.__version__, "cuda": torch.version.cuda,
+    result = {"device": dev.to_dict(), "torch": torch.__version__, "cuda": torch.version.cuda, "widen": args.widen,
               "versions": library_versions(), "python": platform.python_version(), "problems": []}
     for tag, p in problems():
         if time.time() - t_start > args.max_s:
             result["problems"].append({"tag": tag, "skipped": "time limit"})
             continue
         try:
-            entry, report = tune_problem(p, args.budget_s)
+            entry, report = tune_problem(p, args.budget_s, widen=args.widen)
             cache.put(entry)
             router = GemmRouter([entry])
             v = verify(p, router)

@@ -13,10 +13,12 @@ from primus_perf.devices import require_gpu
 from primus_perf.problems import GemmProblem, torch_dtype
 from primus_perf.tuner import bench
 
-TUNER_VERSION = "gemm-1"
+TUNER_VERSION = "gemm-2"  # 2: isolated timing (tuner/bench.py)
 WORKSPACE_BYTES = 32 * 2**20
 TOLERANCE = {"bf16": 2e-2, "f16": 5e-3, "f32": 1e-4, "tf32": 5e-3, "f64": 1e-10}
 ROUGH_DROP = 1.5
+ROUGH_REPS = 5
+ISOLATION_COST_S = 1.2e-3  # GPU idle + flush before each isolated call
 KEEP_TORCH_MARGIN = 0.99
 
 
@@ -131,18 +133,16 @@ def tune_problem(p: GemmProblem, budget_s: float = 5.0, widen: bool = False,
         errors[c.name] = err
     if "torch" not in valid:
         raise RuntimeError(f"torch's own result fails the reference check for {p}")
-    # inner repeats so that one measurement covers ~0.3 ms
-    one = bench.time_interleaved({"torch": runner(valid["torch"])}, ops.n, 1, 1)["torch"][0]
-    inner = max(1, min(50, int(3e-4 / max(one, 1e-7))))
+    # every call timed alone, in the conditions of a training step (see tuner/bench.py)
     fns = {n: runner(c) for n, c in valid.items()}
-    rough = bench.time_interleaved(fns, ops.n, 5, inner)
-    med = {n: sorted(v)[2] for n, v in rough.items()}
+    rough = bench.time_isolated(fns, ops.n, ROUGH_REPS)
+    med = {n: sorted(v)[len(v) // 2] for n, v in rough.items()}
     best = min(med.values())
     finalists = {n: f for n, f in fns.items() if med[n] <= ROUGH_DROP * best or n == "torch"}
     spent = time.perf_counter() - t0
-    per_round = sum(med[n] for n in finalists) * inner
-    rounds = int(max(10, min(30, (budget_s - spent) / max(per_round, 1e-6) * 0.6)))
-    final = bench.time_interleaved(finalists, ops.n, rounds, inner, seed=1)
+    per_round = sum(med[n] + ISOLATION_COST_S for n in finalists)
+    rounds = int(max(10, min(40, (budget_s - spent) / max(per_round, 1e-6) * 0.6)))
+    final = bench.time_isolated(finalists, ops.n, rounds, seed=1)
     stats = {n: bench.summarize(v) for n, v in final.items()}
     chosen = min(stats, key=lambda n: stats[n]["median_s"])
     if stats[chosen]["median_s"] > KEEP_TORCH_MARGIN * stats["torch"]["median_s"]:
