@@ -1,4 +1,5 @@
-"""Timing: CUDA events around each call, medians; wall clock on the CPU interpreter."""
+"""Timing: CUDA events around each call (each call isolated, see tuner/bench.py), medians;
+wall clock on the CPU interpreter."""
 
 from __future__ import annotations
 
@@ -20,14 +21,11 @@ def time_calls(fn: Callable[[], object], reps: int, warmup: int = 1) -> list[flo
             fn()
             out.append((time.perf_counter() - start) * 1e3)
         return out
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    torch.cuda.synchronize()
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in events]
+    # each call alone, after GPU idle and a memory-bound flush: as inside a training step
+    # (the reasons, and what back-to-back timing did to GEMM choices: tuner/bench.py)
+    from primus_perf.tuner.bench import time_isolated
+
+    return [t * 1e3 for t in time_isolated({"fn": lambda _i: fn()}, 1, reps)["fn"]]
 
 
 def median(values: list[float]) -> float:
