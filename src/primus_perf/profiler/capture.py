@@ -109,9 +109,11 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        # A probe of its own per process: every rank of a torchrun job checks the same
+        # directory at once, and a shared probe name raced (one rank removed the other's).
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-test.")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise UserError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
     return out
