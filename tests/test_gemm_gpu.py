@@ -83,3 +83,40 @@ def test_routed_gemm_is_traced_and_modeled_like_aten_mm(tmp_path) -> None:
     rows = an.gemm_problems
     assert list(rows["key"]) == [p.key()] and int(rows["count"].iloc[0]) == 1
     assert rows["flops"].iloc[0] == p.flops
+
+
+def test_interrupted_offline_tuning_resumes_without_retuning(tmp_path) -> None:
+    """SIGINT mid-run keeps every finished problem in the cache; the rerun skips them."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from primus_perf.cache.store import TuningCache
+
+    probs = [{"M": 256 * (i + 1), "N": 1024, "K": 2048, "b_transposed": True, "dtype": "bf16"} for i in range(12)]
+    pfile, cache = tmp_path / "problems.json", tmp_path / "cache.json"
+    pfile.write_text(json.dumps(probs))
+    cmd = [sys.executable, "-m", "primus_perf.cli.tune", "gemm", "--offline", "--problems", str(pfile),
+           "--cache", str(cache), "--budget-s", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if cache.exists() and len(TuningCache(cache).entries()) >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "rerun the same command to resume" in " ".join(out.split()) and "Traceback" not in out + err, out + err
+    first = {e.problem_key: e.created for e in TuningCache(cache).entries()}
+    assert 2 <= len(first) < len(probs)
+
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{len(probs) - len(first)} tuned, {len(first)} already in the cache" in " ".join(r.stdout.split())
+    after = {e.problem_key: e.created for e in TuningCache(cache).entries()}
+    assert len(after) == len(probs)
+    assert all(after[k] == t for k, t in first.items()), "resumed run re-tuned a finished problem"

@@ -14,12 +14,6 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def not_yet_available(what: str) -> None:
-    """For commands whose implementation has not landed yet."""
-    err_console.print(f"[yellow]{what} is not yet available in this version of primus-perf[/]")
-    raise typer.Exit(2)
-
-
 def run_app(app: typer.Typer | Callable[[], object]) -> None:
     """Run a typer app (standalone: usage errors and --help as click does them); a
     UserError becomes ``error: <message>`` on one line and its exit code."""

@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
         from primus_perf.tuner.gemm import tune_problems
 
         table = Table("problem", "default TFLOP/s", "tuned TFLOP/s", "speedup", "choice")
+        counts = {"tuned": 0, "cached": 0}
         with Progress(console=console) as progress:
             task = progress.add_task("tuning GEMMs", total=len(probs))
 
@@ -56,7 +57,17 @@ def register(app: typer.Typer) -> None:
                 table.add_row(str(p), f"{p.flops / d / 1e9:.0f}" if d else "-", f"{p.flops / t / 1e9:.0f}" if t else "-",
                               f"{d / t:.3f}x" if t and d else "-",
                               "cached" if report.get("skipped") else str(entry.solution["config"].get("name")))
+                counts["cached" if report.get("skipped") else "tuned"] += 1
                 progress.advance(task)
 
-            tune_problems(probs, cache, budget_s, on_done=done)
+            try:
+                tune_problems(probs, cache, budget_s, on_done=done)
+            except KeyboardInterrupt:
+                progress.stop()
+                console.print(table)
+                left = len(probs) - counts["tuned"] - counts["cached"]
+                console.print(f"interrupted: {counts['tuned']} tuned and {counts['cached']} already cached are in "
+                              f"{cache}; {left} left, rerun the same command to resume")
+                raise typer.Exit(130) from None
         console.print(table)
+        console.print(f"{counts['tuned']} tuned, {counts['cached']} already in the cache; written to {cache}")
