@@ -12,11 +12,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 
 from primus_perf.cache.store import CacheEntry
 from primus_perf.errors import UserError
+from primus_perf.files import write_text
 from primus_perf.problems import GemmProblem
 
 TUNABLEOP_DTYPES = {"bf16": "BFloat16", "f16": "Half", "f32": "float", "f64": "double"}
@@ -82,9 +81,5 @@ def export(entries: list[CacheEntry], fmt: str, out: str | os.PathLike, torch_ve
         n = len(lines)
     else:
         raise UserError(f"unknown export format {fmt!r} (tunableop, hipblaslt)")
-    path = Path(out)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=path.name + ".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    write_text(out, "\n".join(lines) + "\n")
     return n, skipped

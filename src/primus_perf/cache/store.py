@@ -32,7 +32,6 @@ import base64
 import contextlib
 import json
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -44,6 +43,7 @@ from filelock import FileLock, Timeout
 
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError
+from primus_perf.files import write_json
 
 SCHEMA_VERSION = 1
 LOCK_TIMEOUT_S = 120.0
@@ -244,17 +244,7 @@ class TuningCache:
         return len(new)
 
     def _write(self, entries: list[dict[str, Any]]) -> None:
-        doc = {"schema": SCHEMA_VERSION, "entries": entries}
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f, separators=(",", ":"))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json(self.path, {"schema": SCHEMA_VERSION, "entries": entries}, fsync=True, separators=(",", ":"))
 
     def merge_from(self, *others: str | os.PathLike) -> int:
         """Copy every entry of other cache files into this one (newest wins per slot)."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from primus_perf.cli.common import console
+from primus_perf.files import write_json
 
 
 def register(app: typer.Typer) -> None:
@@ -93,9 +92,7 @@ def register(app: typer.Typer) -> None:
             n = save_results(results, cache)
             console.print(f"wrote {n} attention entr{'y' if n == 1 else 'ies'} to {cache}")
         if json_out is not None:
-            tmp = json_out.with_suffix(json_out.suffix + ".tmp")
-            tmp.write_text(json.dumps([r.to_dict() for r in results], indent=1, default=float))
-            os.replace(tmp, json_out)
+            write_json(json_out, [r.to_dict() for r in results], indent=1, default=float)
 
 
 def render(res) -> None:

@@ -20,7 +20,6 @@ Files are written under a temporary name and renamed.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import shutil
 import statistics
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from primus_perf.errors import UserError
+from primus_perf.files import atomic_open, write_json
 
 MANIFEST = "manifest.json"
 SCHEMA = "primus-perf-run/1"
@@ -92,16 +92,9 @@ def _activities() -> list[Any]:
 
 
 def _write_gz(src: Path, dst: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=dst.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as g, \
-                open(src, "rb") as f:
-            shutil.copyfileobj(f, g, 1 << 20)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(dst, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as g, \
+            open(src, "rb") as f:
+        shutil.copyfileobj(f, g, 1 << 20)
 
 
 def prepare_out_dir(out_dir: str | Path) -> Path:
@@ -225,13 +218,7 @@ def overhead(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
-    path = out_dir / MANIFEST
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=MANIFEST + ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(manifest, f, indent=1, default=str)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    return write_json(out_dir / MANIFEST, manifest, indent=1, default=str)
 
 
 def base_manifest(schedule: Schedule, steps: Sequence[dict[str, Any]], *, world_size: int = 1,

@@ -11,8 +11,6 @@ A samples file holds, for one config on one device:
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import tempfile
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from primus_perf.errors import UserError
+from primus_perf.files import write_json
 from primus_perf.tracelens.gate import SAMPLES_SCHEMA
 
 
@@ -171,14 +170,4 @@ def _profiled_window(trainer: Any, steps: int, notes: list[str]) -> dict[str, li
 
 def write_samples(data: dict[str, Any], path: str | Path) -> Path:
     """Write atomically (temp file + rename)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+    return write_json(path, data, indent=1)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from primus_perf.files import write_text
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -68,23 +68,9 @@ def render_html(data: dict[str, Any]) -> str:
     )
 
 
-def _atomic_write(path: str | Path, text: str) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
-
-
 def write_html(data: dict[str, Any], path: str | Path) -> Path:
-    return _atomic_write(path, render_html(data))
+    return write_text(path, render_html(data))
 
 
 def write_json(data: dict[str, Any], path: str | Path) -> Path:
-    return _atomic_write(path, to_json_text(data, indent=1))
+    return write_text(path, to_json_text(data, indent=1))

@@ -15,12 +15,11 @@ one problem are one item (the tuner tunes the pair); its count is the forward ca
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from primus_perf.errors import UserError
+from primus_perf.files import write_json
 from primus_perf.problems import AttentionProblem, GemmProblem
 
 SCHEMA = "primus-perf-problems/1"
@@ -50,11 +49,7 @@ def write_problems(analysis: Any, path: str | Path) -> Path:
     p = Path(path)
     doc = problems_document(analysis)
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name + ".", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, p)
+        write_json(p, doc, indent=1)
     except OSError as exc:
         raise UserError(f"cannot write {p}: {exc.strerror}") from None
     return p
