@@ -40,15 +40,20 @@ SHAPES = [  # tag, M, N, K (row-major x[M,K] @ w[N,K].T, the trainer's forward l
 
 
 @triton.jit
-def _mm_ptr(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
-            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+def _tile(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's output tile (row, column), in groups of GROUP_M tile rows for L2 reuse."""
     pid = tl.program_id(0)
     grid_m, grid_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
     group = GROUP_M * grid_n
     first_m = (pid // group) * GROUP_M
     size_m = min(grid_m - first_m, GROUP_M)
-    pm = first_m + (pid % group) % size_m
-    pn = (pid % group) // size_m
+    return first_m + (pid % group) % size_m, (pid % group) // size_m
+
+
+@triton.jit
+def _mm_ptr(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    pm, pn = _tile(M, N, BM, BN, GROUP_M)
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -70,13 +75,7 @@ def _mm_ptr(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, scn,
 def _mm_tma(a, w, c, M, N, K,
             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     # a: [M, K] row-major, w: [N, K] row-major (c = a @ w.T), c: [M, N]
-    pid = tl.program_id(0)
-    grid_m, grid_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    group = GROUP_M * grid_n
-    first_m = (pid // group) * GROUP_M
-    size_m = min(grid_m - first_m, GROUP_M)
-    pm = first_m + (pid % group) % size_m
-    pn = (pid % group) // size_m
+    pm, pn = _tile(M, N, BM, BN, GROUP_M)
     da = tl.make_tensor_descriptor(a, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     dw = tl.make_tensor_descriptor(w, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
     dc = tl.make_tensor_descriptor(c, shape=[M, N], strides=[N, 1], block_shape=[BM, BN])

@@ -27,12 +27,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Self-contained HTML report of one or more traces."""
         from primus_perf.tracelens.report import build_report
-        from primus_perf.tracelens.report_html import write_html, write_json
+        from primus_perf.tracelens.report_html import write_html, write_report_json
 
         data = build_report([str(t) for t in traces], cache=cache, title=title)
         path = write_html(data, output)
         if json_out is not None:
-            write_json(data, json_out)
+            write_report_json(data, json_out)
         h = data["header"]
         console.print(
             f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB): {h['device']}, "

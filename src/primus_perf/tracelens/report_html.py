@@ -72,5 +72,5 @@ def write_html(data: dict[str, Any], path: str | Path) -> Path:
     return write_text(path, render_html(data))
 
 
-def write_json(data: dict[str, Any], path: str | Path) -> Path:
+def write_report_json(data: dict[str, Any], path: str | Path) -> Path:
     return write_text(path, to_json_text(data, indent=1))
