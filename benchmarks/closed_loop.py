@@ -47,7 +47,7 @@ def run_gpu(args: argparse.Namespace) -> None:
     import torch
 
     from primus_perf.cache.runtime import activate
-    from primus_perf.tracelens.bench import library_versions
+    from primus_perf.devices import library_versions
     from primus_perf.tracelens.shapes import problems_from_traces
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer

@@ -33,13 +33,6 @@ class DevicePeaks:
         """Dense peak for a dtype name from ``problems.DTYPES`` ("bf16", "f16", ...)."""
         return self.tflops.get(dtype)
 
-    def ridge_point(self, dtype: str) -> float | None:
-        """Arithmetic intensity (FLOP/byte) where the compute and bandwidth roofs meet."""
-        peak = self.peak_tflops(dtype)
-        if peak is None or not self.hbm_tb_s:
-            return None
-        return peak / self.hbm_tb_s
-
 
 def _nv(bf16: float, tf32: float, f32: float, f8: float | None) -> dict[str, float]:
     table = {"bf16": bf16, "f16": bf16, "tf32": tf32, "f32": f32}
@@ -112,20 +105,30 @@ class DeviceIdentity:
         )
 
 
+def gpu_vendor() -> str:
+    """"nvidia" or "amd" for the GPU torch sees (a ROCm build of torch reports AMD GPUs
+    through ``torch.cuda``), "cpu" when there is none. The one place that tells vendors apart
+    at run time."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return "amd" if torch.version.hip is not None else "nvidia"
+
+
 def current_device(index: int | None = None) -> DeviceIdentity:
     """Identity of the current (or given) GPU; a CPU identity when there is none."""
     import torch
 
-    if not torch.cuda.is_available():
+    vendor = gpu_vendor()
+    if vendor == "cpu":
         return DeviceIdentity(name="cpu", vendor="cpu", arch="cpu", compute_units=0)
     if index is None:
         index = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
-    if torch.version.hip is not None:
-        vendor = "amd"
+    if vendor == "amd":
         arch = str(getattr(props, "gcnArchName", "gfx")).split(":")[0]
     else:
-        vendor = "nvidia"
         arch = f"sm_{props.major}{props.minor}"
     return DeviceIdentity(
         name=props.name,
@@ -142,3 +145,31 @@ def require_gpu() -> DeviceIdentity:
     if ident.vendor == "cpu":
         raise DeviceError("no CUDA or ROCm GPU is visible to torch")
     return ident
+
+
+def library_versions() -> dict[str, str]:
+    """The versions that decide kernel speed and reuse: python, torch, CUDA or HIP, cuDNN,
+    Triton ("none" when absent) and this package. The one definition: a tuning-cache kind
+    keeps the subset it depends on; the BLAS-Lt library reports its own version through its
+    binding (``kernels.blaslt``)."""
+    import platform
+
+    import torch
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    if torch.version.cuda:
+        versions["cuda"] = str(torch.version.cuda)
+    if torch.version.hip:
+        versions["hip"] = str(torch.version.hip)
+    if torch.backends.cudnn.is_available() and torch.backends.cudnn.version():
+        versions["cudnn"] = str(torch.backends.cudnn.version())
+    try:
+        import triton
+
+        versions["triton"] = triton.__version__
+    except ImportError:
+        versions["triton"] = "none"
+    from primus_perf import __version__
+
+    versions["primus_perf"] = __version__
+    return versions

@@ -1,9 +1,8 @@
 """Atomic file writes: a temporary file in the same directory, renamed over the target.
 
 A reader never sees a half-written file, a writer killed mid-write leaves the old file (or
-none), and concurrent writers of one directory never share a temporary name. Every file
-the package writes (cache, traces, manifests, reports, problem and sample files) goes
-through here.
+none), and concurrent writers of one directory never share a temporary name. The cache,
+traces, manifests, reports, problem and sample files are written through here.
 """
 
 from __future__ import annotations

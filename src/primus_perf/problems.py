@@ -27,8 +27,11 @@ mapping; ``row_major_shapes`` inverts it.
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass, fields, replace
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 # Canonical dtype names, their element sizes, and the torch dtype they come from.
@@ -96,6 +99,35 @@ def default_compute(dtype: str) -> str:
 
 
 @dataclass(frozen=True)
+class Operand:
+    """A row-major 2-D GEMM operand as torch holds it: ``rows x cols``, either row-contiguous
+    (``transposed=False``, element ``[i, j]`` at ``i * ld + j``) or a transposed view of a
+    row-contiguous matrix (``transposed=True``, element ``[i, j]`` at ``j * ld + i``)."""
+
+    rows: int
+    cols: int
+    transposed: bool
+    ld: int
+
+
+def operand_layout(rows: int, cols: int, stride_rows: int, stride_cols: int) -> Operand | None:
+    """The layout of a ``rows x cols`` matrix with strides ``(stride_rows, stride_cols)``:
+    packed (``(cols, 1)``), a transposed view of a packed matrix (``(1, rows)``), or either
+    with a larger leading dimension. None when neither the rows nor the columns are
+    contiguous: no BLAS layout describes it (torch copies such an operand before a GEMM).
+    This is the one place where strides become transposes."""
+    if stride_cols == 1 and (stride_rows == cols or rows == 1):
+        return Operand(rows, cols, False, cols)
+    if stride_rows == 1 and (stride_cols == rows or cols == 1):
+        return Operand(rows, cols, True, rows)
+    if stride_cols == 1 and stride_rows >= cols:
+        return Operand(rows, cols, False, stride_rows)
+    if stride_rows == 1 and stride_cols >= rows:
+        return Operand(rows, cols, True, stride_cols)
+    return None
+
+
+@dataclass(frozen=True)
 class GemmProblem:
     """One GEMM, in column-major BLAS terms (see the module docstring)."""
 
@@ -123,7 +155,7 @@ class GemmProblem:
     def __post_init__(self) -> None:
         for name in ("m", "n", "k", "batch"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"GemmProblem.{name} must be a positive int, got {value!r}")
         for name in ("dtype_a", "dtype_b", "dtype_c", "dtype_d", "compute"):
             if getattr(self, name) not in DTYPE_BYTES:
@@ -199,6 +231,41 @@ class GemmProblem:
             epilogue=epilogue,
         )
 
+    @classmethod
+    def from_operands(
+        cls,
+        a: Operand,
+        b: Operand,
+        dtype: str,
+        *,
+        out_dtype: str | None = None,
+        batch: int = 1,
+        epilogue: str = "none",
+    ) -> GemmProblem:
+        """The problem of the row-major ``a[M, K] @ b[K, N]`` with the operands' own leading
+        dimensions (see :func:`operand_layout`); ValueError when the inner sizes differ."""
+        if a.cols != b.rows:
+            raise ValueError(f"inner dimensions differ: {a.rows}x{a.cols} @ {b.rows}x{b.cols}")
+        out = out_dtype or dtype
+        return cls(
+            m=b.cols,
+            n=a.rows,
+            k=a.cols,
+            trans_a=b.transposed,
+            trans_b=a.transposed,
+            dtype_a=dtype,
+            dtype_b=dtype,
+            dtype_c=out,
+            dtype_d=out,
+            compute=default_compute(dtype),
+            lda=b.ld,
+            ldb=a.ld,
+            ldc=b.cols,
+            ldd=b.cols,
+            batch=batch,
+            epilogue=epilogue,
+        )
+
     def row_major_shapes(self) -> tuple[int, int, int, bool, bool]:
         """``(M, N, K, a_transposed, b_transposed)`` of the row-major torch product."""
         return self.n, self.m, self.k, self.trans_b, self.trans_a
@@ -232,17 +299,6 @@ class GemmProblem:
         if unknown:
             raise ValueError(f"unknown GemmProblem field(s): {sorted(unknown)}")
         return cls(**data)
-
-    def with_dtype(self, dtype: str, out_dtype: str | None = None) -> GemmProblem:
-        out = out_dtype or dtype
-        return replace(
-            self,
-            dtype_a=dtype,
-            dtype_b=dtype,
-            dtype_c=out,
-            dtype_d=out,
-            compute=default_compute(dtype),
-        )
 
     # ---- performance model ----------------------------------------------------------------
 
@@ -293,7 +349,7 @@ class AttentionProblem:
     def __post_init__(self) -> None:
         for name in ("batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"AttentionProblem.{name} must be a positive int, got {value!r}")
         if self.heads_q % self.heads_kv:
             raise ValueError(
@@ -381,3 +437,74 @@ def geomean(values: list[float]) -> float:
     if not values:
         return float("nan")
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+# ---- problems files ------------------------------------------------------------------
+
+PROBLEMS_SCHEMA = "primus-perf-problems/1"
+
+Problem = GemmProblem | AttentionProblem
+
+
+def problem_from_item(item: Any) -> Problem:
+    """One item of a problems file: ``{"kind": "gemm"|"attention", "problem": {...}}`` (what
+    ``primus-profile shapes`` writes), a bare ``GemmProblem`` dict, or the row-major GEMM
+    spelling ``{"M": 4096, "N": 6144, "K": 4096, "b_transposed": true, "dtype": "bf16"}``.
+    ValueError (naming the field) for anything else."""
+    if not isinstance(item, dict):
+        raise ValueError(f"expected a mapping, got {type(item).__name__}")
+    kind = item.get("kind", "gemm")
+    data = item.get("problem", item)
+    if not isinstance(data, dict):
+        raise ValueError(f"'problem' must be a mapping, got {type(data).__name__}")
+    data = {k: v for k, v in data.items() if k not in ("kind", "count", "label", "time_s", "name")}
+    try:
+        if kind == "attention":
+            return AttentionProblem.from_dict(data)
+        if kind != "gemm":
+            raise ValueError(f"unknown kind {kind!r} (gemm or attention)")
+        if "M" in data:
+            for name in ("M", "N", "K"):
+                value = data.get(name)
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise ValueError(f"{name} must be a positive int, got {value!r}")
+            return GemmProblem.from_row_major(**data)
+        return GemmProblem.from_dict(data)
+    except TypeError as exc:  # missing or unexpected keyword
+        raise ValueError(str(exc).replace("__init__() ", "").replace("from_row_major() ", "")) from None
+
+
+def load_problems(path: str | os.PathLike) -> list[Problem]:
+    """The problems of a JSON or YAML problems file, in file order: a list, or a mapping with
+    a ``problems`` list (``primus-profile shapes`` output, ranked by time); each item as
+    :func:`problem_from_item` reads it. A problem listed twice is kept once. The one reader
+    of problems files: every error is a one-line :class:`~primus_perf.errors.ConfigError`
+    naming the file and the item."""
+    from primus_perf.errors import ConfigError
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"problems file not found: {p}" if not p.exists() else f"not a file: {p}")
+    try:
+        text = p.read_text(encoding="utf-8")
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{p}: cannot read the problems file: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # yaml.YAMLError and its subclasses
+        raise ConfigError(f"{p}: cannot parse the problems file: {str(exc).splitlines()[0]}") from None
+    items = data.get("problems") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ConfigError(f"{p}: expected a list of problems or {{'problems': [...]}}")
+    out: dict[str, Problem] = {}
+    for i, item in enumerate(items):
+        try:
+            prob = problem_from_item(item)
+        except ValueError as exc:
+            raise ConfigError(f"{p} item {i}: {exc}") from None
+        out.setdefault(prob.key(), prob)
+    return list(out.values())

@@ -26,7 +26,7 @@ def train(
         None, help="Config overrides key=value with dotted keys, e.g. train.steps=50 parallel.tp=2"
     ),
     config: str = typer.Option(
-        "tiny", "--config", "-c", help="Preset name (configs/NAME.yaml) or a YAML path"
+        "tiny", "--config", "-c", help="Preset name (tiny, llama3-8b, ...) or a YAML path"
     ),
     layers: Optional[int] = typer.Option(None, "--layers", help="Override model.n_layers"),  # noqa: UP045
     steps: Optional[int] = typer.Option(None, "--steps", help="Override train.steps"),  # noqa: UP045

@@ -224,8 +224,7 @@ def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
 def base_manifest(schedule: Schedule, steps: Sequence[dict[str, Any]], *, world_size: int = 1,
                   traced_ranks: Sequence[int] = (0,), extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest fields every capture has (the trainer adds config, tokens/s, MFU)."""
-    from primus_perf.devices import current_device
-    from primus_perf.tracelens.bench import library_versions
+    from primus_perf.devices import current_device, library_versions
 
     active = [s["time_s"] for s in steps if s["phase"] == "active"]
     return {

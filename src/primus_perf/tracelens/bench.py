@@ -11,42 +11,16 @@ A samples file holds, for one config on one device:
 
 from __future__ import annotations
 
-import platform
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from primus_perf.devices import library_versions
 from primus_perf.errors import UserError
 from primus_perf.files import write_json
 from primus_perf.tracelens.gate import SAMPLES_SCHEMA
-
-
-def library_versions() -> dict[str, str]:
-    """Versions that matter for performance: torch, CUDA/ROCm, cuDNN, Triton, this package."""
-    import torch
-
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    if torch.version.cuda:
-        versions["cuda"] = str(torch.version.cuda)
-    if torch.version.hip:
-        versions["hip"] = str(torch.version.hip)
-    if torch.backends.cudnn.is_available():
-        versions["cudnn"] = str(torch.backends.cudnn.version())
-    try:
-        import triton
-
-        versions["triton"] = triton.__version__
-    except ImportError:
-        pass
-    try:
-        from importlib.metadata import version
-
-        versions["primus_perf"] = version("primus-perf")
-    except Exception:  # not installed as a distribution (plain source checkout)
-        pass
-    return versions
 
 
 def device_record(world_size: int = 1) -> dict[str, Any]:

@@ -20,7 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from primus_perf.problems import DTYPE_BYTES, AttentionProblem, GemmProblem, dtype_name
+from primus_perf.problems import (
+    DTYPE_BYTES,
+    AttentionProblem,
+    GemmProblem,
+    Operand,
+    dtype_name,
+    operand_layout,
+)
 from primus_perf.tracelens.load import ShapeArgs
 
 
@@ -38,21 +45,17 @@ class OpModel:
 # ---------------------------------------------------------------------------- GEMM
 
 
-def _matrix(dims: Any, strides: Any) -> tuple[int, int, bool, int] | None:
-    """(rows, cols, transposed, leading dim) of a row-major 2-D operand, or None."""
+def _matrix(dims: Any, strides: Any) -> Operand | None:
+    """The layout of a recorded row-major 2-D operand (``problems.operand_layout``); an
+    operand no BLAS layout describes is taken as packed, because torch copies it to a
+    packed matrix before the GEMM. None when the dims are not two integers."""
     if not (isinstance(dims, list) and len(dims) == 2 and all(isinstance(d, int) for d in dims)):
         return None
     rows, cols = dims
     s0, s1 = (strides if isinstance(strides, list) and len(strides) == 2 else (cols, 1))
-    if s1 == 1 and (s0 == cols or rows == 1):
-        return rows, cols, False, cols
-    if s0 == 1 and (s1 == rows or cols == 1):
-        return rows, cols, True, rows
-    if s1 == 1 and s0 >= cols:
-        return rows, cols, False, s0
-    if s0 == 1 and s1 >= rows:
-        return rows, cols, True, s1
-    return rows, cols, False, cols  # not BLAS-compatible: torch copies it to a packed matrix
+    if not (isinstance(s0, int) and isinstance(s1, int)):
+        s0, s1 = cols, 1
+    return operand_layout(rows, cols, s0, s1) or Operand(rows, cols, False, cols)
 
 
 def _dtype(types: list[Any], i: int) -> str | None:
@@ -62,20 +65,15 @@ def _dtype(types: list[Any], i: int) -> str | None:
         return None
 
 
-def gemm_problem(a: tuple[int, int, bool, int], b: tuple[int, int, bool, int], dtype: str,
-                 out_dtype: str | None = None, batch: int = 1, epilogue: str = "none") -> GemmProblem | None:
-    """The problem of a row-major ``a[M, K] @ b[K, N]`` (operands as from :func:`_matrix`)."""
-    M, K, at, lda_r = a
-    K2, N, bt, ldb_r = b
-    if K != K2 or min(M, N, K, batch) <= 0:
+def gemm_problem(a: Operand, b: Operand, dtype: str, out_dtype: str | None = None, batch: int = 1,
+                 epilogue: str = "none") -> GemmProblem | None:
+    """The problem of a row-major ``a[M, K] @ b[K, N]``, or None for mismatched or empty sizes."""
+    if min(a.rows, a.cols, b.cols, batch) <= 0:
         return None
-    out = out_dtype or dtype
-    return GemmProblem(
-        m=N, n=M, k=K, trans_a=bt, trans_b=at,
-        dtype_a=dtype, dtype_b=dtype, dtype_c=out, dtype_d=out,
-        compute="f64" if dtype == "f64" else "f32",
-        lda=ldb_r, ldb=lda_r, ldc=N, ldd=N, batch=batch, epilogue=epilogue,
-    )
+    try:
+        return GemmProblem.from_operands(a, b, dtype, out_dtype=out_dtype, batch=batch, epilogue=epilogue)
+    except ValueError:
+        return None
 
 
 def _gemm_model(prob: GemmProblem | None) -> OpModel | None:
@@ -149,13 +147,13 @@ def model_matmul(s: ShapeArgs) -> OpModel | None:
         return None
     if len(db) == 2:
         M, K = math.prod(da[:-1]), da[-1]
-        return _gemm_model(gemm_problem((M, K, False, K), _matrix(db, s.strides[1] if len(s.strides) > 1 else None)
-                                        or (db[0], db[1], False, db[1]), dtype))
+        b = _matrix(db, s.strides[1] if len(s.strides) > 1 else None)
+        return _gemm_model(gemm_problem(Operand(M, K, False, K), b, dtype) if b else None)
     batch = math.prod(da[:-2])
     if math.prod(db[:-2]) != batch:
         return None
-    return _gemm_model(gemm_problem((da[-2], da[-1], False, da[-1]), (db[-2], db[-1], False, db[-1]), dtype,
-                                    batch=batch))
+    return _gemm_model(gemm_problem(Operand(da[-2], da[-1], False, da[-1]),
+                                    Operand(db[-2], db[-1], False, db[-1]), dtype, batch=batch))
 
 
 def model_scaled_mm(s: ShapeArgs) -> OpModel | None:

@@ -1,8 +1,9 @@
 """Trainer configuration: nested dataclasses loaded from YAML presets, validated, with
 ``key=value`` overrides.
 
-A preset name (``tiny``, ``llama3-8b``, ...) resolves to ``<repo>/configs/NAME.yaml``; any
-other argument is read as a path. Every key is checked against the dataclass fields: an
+A preset name (``tiny``, ``llama3-8b``, ...) resolves to the package data file
+``primus_perf/trainer/presets/NAME.yaml`` (installed with the wheel); any other argument is
+read as a path. Every key is checked against the dataclass fields: an
 unknown key, a value of the wrong type, or a model that cannot be split over the
 tensor-parallel size raises :class:`~primus_perf.errors.ConfigError` whose message names
 the key (the CLI prints it as one line and exits with code 2).
@@ -14,6 +15,7 @@ parsed as a YAML scalar (``true``, ``3e-4``, ``null`` work).
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import types
 import typing
 from collections.abc import Sequence
@@ -25,7 +27,7 @@ import yaml
 
 from primus_perf.errors import ConfigError
 
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+PRESETS = "primus_perf.trainer.presets"  # package holding the preset YAML files
 
 
 @dataclass
@@ -129,21 +131,27 @@ _POSITIVE = (
 )
 
 
+def _preset_files() -> dict[str, Any]:
+    """Preset name -> its YAML resource (a Traversable: a file, or an entry of a zip)."""
+    root = importlib.resources.files(PRESETS)
+    return {f.name[: -len(".yaml")]: f for f in root.iterdir() if f.name.endswith(".yaml")}
+
+
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    return sorted(_preset_files())
 
 
-def resolve_config_path(name_or_path: str) -> Path:
-    """``tiny`` -> ``<repo>/configs/tiny.yaml``; an existing path is used as is."""
+def resolve_config_path(name_or_path: str) -> Any:
+    """``tiny`` -> the ``tiny.yaml`` preset resource; an existing path is used as is."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
             raise ConfigError(f"config file not found: {name_or_path}")
         return path
-    candidate = CONFIG_DIR / f"{name_or_path}.yaml"
-    if candidate.is_file():
-        return candidate
-    names = ", ".join(preset_names()) or "none"
+    presets = _preset_files()
+    if name_or_path in presets:
+        return presets[name_or_path]
+    names = ", ".join(sorted(presets)) or "none"
     raise ConfigError(f"unknown config {name_or_path!r} (presets: {names}; or give a YAML path)")
 
 
@@ -296,7 +304,7 @@ def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> TrainerConf
     """Load a preset (by name) or a YAML file, apply ``key=value`` overrides, validate."""
     path = resolve_config_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     except OSError as exc:

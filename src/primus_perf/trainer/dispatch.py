@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from primus_perf.problems import GemmProblem, dtype_name
+from primus_perf.problems import GemmProblem, dtype_name, operand_layout
 
 GemmRouter = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 AttentionRouter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], "torch.Tensor | None"]
@@ -83,38 +83,22 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a, b)
 
 
-def _is_transposed_view(t: torch.Tensor) -> bool | None:
-    """False for a packed row-major matrix, True for ``.T`` of one, None otherwise."""
-    rows, cols = t.shape
-    s0, s1 = t.stride()
-    if s1 == 1 and (s0 == cols or rows == 1):
-        return False
-    if s0 == 1 and (s1 == rows or cols == 1):
-        return True
-    return None
-
-
 def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
-    """The GemmProblem of ``a @ b`` for 2-D operands, each packed or a transposed view of a
-    packed matrix (stride ``(1, rows)``)."""
+    """The GemmProblem of ``a @ b`` for 2-D operands whose rows or columns are contiguous
+    (``problems.operand_layout``); ValueError for any other operands."""
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(
             f"problem_of needs 2-D operands, got {tuple(a.shape)} and {tuple(b.shape)}"
         )
-    M, K = a.shape
-    K2, N = b.shape
-    if K != K2:
-        raise ValueError(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)}")
-    at, bt = _is_transposed_view(a), _is_transposed_view(b)
-    if at is None or bt is None:
+    la = operand_layout(*a.shape, *a.stride())
+    lb = operand_layout(*b.shape, *b.stride())
+    if la is None or lb is None:
         raise ValueError(
-            f"operand strides {a.stride()} / {b.stride()} are neither packed nor transposed"
+            f"operand strides {a.stride()} / {b.stride()} have no BLAS layout"
         )
     if a.dtype != b.dtype:
         raise ValueError(f"operand dtypes differ: {a.dtype} and {b.dtype}")
-    return GemmProblem.from_row_major(
-        M, N, K, a_transposed=at, b_transposed=bt, dtype=dtype_name(a.dtype)
-    )
+    return GemmProblem.from_operands(la, lb, dtype_name(a.dtype))
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:

@@ -46,20 +46,9 @@ def entry_fields(result: Any) -> dict[str, Any]:
 
 def running_versions() -> dict[str, str]:
     """The library versions an attention entry must match: torch, Triton, cuDNN."""
-    import torch
+    from primus_perf.devices import library_versions
 
-    out = {"torch": torch.__version__}
-    try:
-        import triton
-
-        out["triton"] = triton.__version__
-    except ImportError:
-        out["triton"] = "none"
-    if torch.backends.cudnn.is_available():
-        cudnn = torch.backends.cudnn.version()
-        if cudnn:
-            out["cudnn"] = str(cudnn)
-    return out
+    return {k: v for k, v in library_versions().items() if k in ("torch", "triton", "cudnn")}
 
 
 def save_results(results: Iterable[Any], path: str | Path) -> int:

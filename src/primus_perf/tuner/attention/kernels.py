@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from primus_perf.devices import gpu_vendor
 from primus_perf.tuner.attention.configs import VENDOR_OPTIONS, BwdConfig, FwdConfig, check_head_dim
 
 LOG2E = 1.4426950408889634
@@ -337,15 +338,9 @@ def _attn_bwd_dq(
 # ---- launchers -------------------------------------------------------------------------
 
 
-def _vendor() -> str:
-    if not torch.cuda.is_available():
-        return "cpu"
-    return "amd" if torch.version.hip is not None else "nvidia"
-
-
 def _launch_options(cfg: FwdConfig | BwdConfig) -> dict[str, int]:
     opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    for name in VENDOR_OPTIONS.get(_vendor(), {}):
+    for name in VENDOR_OPTIONS.get(gpu_vendor(), {}):
         value = getattr(cfg, name)
         if value:
             opts[name] = value
