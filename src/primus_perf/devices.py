@@ -11,6 +11,7 @@ matching row wins, so more specific patterns come first.
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -169,7 +170,8 @@ def library_versions() -> dict[str, str]:
         versions["triton"] = triton.__version__
     except ImportError:
         versions["triton"] = "none"
-    from primus_perf import __version__
-
-    versions["primus_perf"] = __version__
+    try:
+        versions["primus_perf"] = importlib.metadata.version("primus-perf")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        versions["primus_perf"] = "source"
     return versions
