@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
 from typer.testing import CliRunner
 
 from primus_perf.cli.profile import app
 from primus_perf.problems import AttentionProblem
+from primus_perf.profiler.capture import Schedule, profile_steps
 from primus_perf.tracelens import categories as C
 from primus_perf.tracelens.analyses.breakdown import union_length
 from primus_perf.tracelens.analyze import analyze
@@ -41,18 +41,14 @@ CPU_OVERRIDES = ["model.n_layers=2", "train.seq_len=64", "train.micro_batch=2", 
 def cpu_trace(tmp_path_factory) -> Path:
     """A real torch.profiler trace of the tiny trainer on the CPU: 2 active steps."""
     torch.set_num_threads(1)
-    path = tmp_path_factory.mktemp("trace") / "cpu_tiny.json"
     trainer = Trainer(load_config("tiny", CPU_OVERRIDES))
     try:
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                     schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
-                     on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
-            for _ in range(3):
-                trainer.train_step()
-                prof.step()
+        res = profile_steps(trainer.train_step, tmp_path_factory.mktemp("trace"),
+                            Schedule(active=2, warmup=1, wait=0, baseline=0, after=0))
     finally:
         trainer.close()
-    return path
+    assert res.trace is not None
+    return res.trace
 
 
 def _problem_set(df) -> set[str]:
