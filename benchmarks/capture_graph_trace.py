@@ -1,20 +1,20 @@
 """Capture a small trace with CUDA graph replays (and the same work run eagerly).
 
 The trace analyzer must link every kernel a graph replay launches to the graph launch and
-the op around it; this script writes the fixture ``tests/data/traces/h100_cuda_graph.json.gz``.
+the op around it; this script writes the fixture ``tests/data/traces/h100_cuda_graph.json.gz``
+(through ``profiler.capture.profile_window``: 1 warm-up and 2 recorded steps).
 
     python benchmarks/capture_graph_trace.py OUT.json.gz
 """
 
 from __future__ import annotations
 
-import gzip
-import os
 import sys
-import tempfile
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import record_function
+
+from primus_perf.profiler.capture import profile_window
 
 
 def main(out: str) -> None:
@@ -34,21 +34,14 @@ def main(out: str) -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         work()
-    fd, tmp = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
-                 schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
-                 on_trace_ready=lambda p: p.export_chrome_trace(tmp)) as prof:
-        for _ in range(3):
+    with profile_window(out, active=2, warmup=1) as window:
+        for _ in range(window.steps):
             with record_function("graph_replay"):
                 graph.replay()
             with record_function("eager"):
                 work()
             torch.cuda.synchronize()
-            prof.step()
-    with open(tmp, "rb") as f, gzip.open(out, "wb") as g:
-        g.write(f.read())
-    os.unlink(tmp)
+            window.step()
 
 
 if __name__ == "__main__":

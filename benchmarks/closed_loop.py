@@ -4,8 +4,9 @@ tune them, and profile again with the cache; then time both, interleaved, in one
     python benchmarks/closed_loop.py --out-dir runs/loop            # on the GPU
     python benchmarks/closed_loop.py --out-dir runs/loop --reports  # anywhere: compare + HTML
 
-Writes ``OUT/base/trace_rank0.json.gz`` and ``OUT/tuned/trace_rank0.json.gz`` (each with a
-``manifest.json``), ``OUT/tuning_cache.json`` and ``OUT/closed_loop.json`` (tuning results
+Writes the run folders ``OUT/base`` and ``OUT/tuned`` (``rank0.pt.trace.json.gz`` and a
+``manifest.json`` each; the committed results predate that name: ``trace_rank0.json.gz``),
+``OUT/tuning_cache.json`` and ``OUT/closed_loop.json`` (tuning results
 and the interleaved step-time ratio: the router is switched off and on between blocks of
 steps of the same trainer, so both sides see the same clocks, memory and data).
 """
@@ -13,34 +14,21 @@ steps of the same trainer, so both sides see the same clocks, memory and data).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import shutil
 import statistics
 import time
 from pathlib import Path
 
 
-def capture(trainer, out_dir: Path, steps: int, manifest: dict) -> None:
-    import torch
-    from torch.profiler import ProfilerActivity, profile, schedule
+def capture(trainer, out_dir: Path, steps: int, extra: dict) -> None:
+    """A run folder of ``steps`` recorded steps (after one profiler warm-up step): the trace
+    and a manifest that lists it, through the one capture function."""
+    from primus_perf.profiler.capture import Schedule, base_manifest, profile_steps, write_manifest
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    raw = out_dir / "trace_rank0.json"
-    times: list[float] = []
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
-                 schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as prof:
-        for _ in range(steps + 1):
-            m = trainer.train_step()
-            times.append(m.step_time_s)
-            prof.step()
-    torch.cuda.synchronize()
-    with open(raw, "rb") as f, gzip.open(out_dir / "trace_rank0.json.gz", "wb") as g:
-        shutil.copyfileobj(f, g)
-    raw.unlink()
-    (out_dir / "manifest.json").write_text(json.dumps({**manifest, "profiled_step_times_s": times[1:]}, indent=1))
+    sched = Schedule(active=steps, warmup=1, wait=0, baseline=0, after=0)
+    res = profile_steps(trainer.train_step, out_dir, sched)
+    write_manifest(res.out_dir, base_manifest(sched, res.steps, extra=extra))
 
 
 def run_gpu(args: argparse.Namespace) -> None:
@@ -58,8 +46,7 @@ def run_gpu(args: argparse.Namespace) -> None:
     overrides = [f"model.n_layers={args.layers}", f"train.seq_len={args.seq}", f"train.micro_batch={args.micro_batch}"]
     cfg = load_config(args.config, overrides)
     trainer = Trainer(cfg)
-    manifest = {"config": args.config, "overrides": overrides, "device": {"name": trainer.device_name},
-                "versions": library_versions()}
+    manifest = {"config": args.config, "overrides": overrides}
     for _ in range(3):
         trainer.train_step()
     capture(trainer, out / "base", args.profile_steps, {**manifest, "tuning_cache": None})

@@ -33,7 +33,7 @@ from primus_perf.tracelens.report import report_from_analysis
 from primus_perf.tracelens.report_html import write_html
 a = analyze([sys.argv[1]])
 t1 = time.perf_counter()
-data = report_from_analysis(a, traces=[sys.argv[1]])
+data = report_from_analysis(a)
 html = write_html(data, Path(sys.argv[2]) / "report.html")
 (Path(sys.argv[2]) / "report.json").write_text(json.dumps(data, default=str))
 t2 = time.perf_counter()

@@ -5,9 +5,9 @@
 
 For each micro-batch size: ``--steps`` training steps, the first ``--warmup`` dropped;
 the median step time (with min/max) gives tokens/s and MFU against the datasheet dense
-bf16 peak of the device table. Then a few more steps run under torch.profiler and their
-kernel time is split by kernel name into GEMM, attention, and the rest, so the note can say
-what holds MFU below the GEMM rate.
+bf16 peak of the device table. Then a few more steps run under the profiler and their
+kernel time is split by the trace analysis's categories (GEMM, attention, elementwise,
+optimizer, ...), so the note can say what holds MFU below the GEMM rate.
 """
 
 from __future__ import annotations
@@ -17,46 +17,25 @@ import json
 import platform
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
 from primus_perf.devices import current_device, lookup_peaks
+from primus_perf.profiler.capture import Schedule, profile_steps
+from primus_perf.tracelens.analyze import analyze
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
 
-# Kernel-name rules for the split (a rough, self-contained classification).
-GEMM_MARKERS = ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "wgmma")
-ATTENTION_MARKERS = ("flash", "fmha", "attention", "cudnn", "sdpa")
-
-
-def classify(name: str) -> str:
-    low = name.lower()
-    if any(m in low for m in ATTENTION_MARKERS):
-        return "attention"
-    if any(m in low for m in GEMM_MARKERS):
-        return "gemm"
-    if "nccl" in low:
-        return "communication"
-    if "adam" in low or "multi_tensor" in low:
-        return "optimizer"
-    return "other (elementwise, norms, rope, loss, copies)"
-
 
 def kernel_split(trainer: Trainer, steps: int) -> dict[str, float]:
-    """GPU kernel seconds per step by class, from torch.profiler over ``steps`` steps."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            trainer.train_step()
-    totals: dict[str, float] = {}
-    for evt in prof.events():
-        if evt.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        kind = classify(evt.name)
-        totals[kind] = totals.get(kind, 0.0) + evt.device_time_total * 1e-6
-    return {k: v / steps for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+    """GPU kernel seconds per step by category of the trace analysis, over ``steps`` steps
+    recorded (after one profiler warm-up step) through the one capture function."""
+    with tempfile.TemporaryDirectory(prefix="primus-mfu-") as tmp:
+        res = profile_steps(trainer.train_step, tmp, Schedule(active=steps, warmup=1, wait=0, baseline=0, after=0))
+        by_category = analyze([res.trace]).category_seconds()
+    return {str(k): float(v) for k, v in by_category.items()}
 
 
 def measure(config: str, overrides: list[str], steps: int, warmup: int, split_steps: int) -> dict:
@@ -82,7 +61,7 @@ def measure(config: str, overrides: list[str], steps: int, warmup: int, split_st
             "peak_tflops_bf16": peak,
             "peak_mem_gib": max(m.peak_mem_bytes for m in metrics) / 2**30,
             "losses": [m.loss for m in metrics],
-            "gpu_seconds_per_step_by_kind": split,
+            "gpu_seconds_per_step_by_category": split,
         }
     finally:
         trainer.close()
@@ -142,7 +121,7 @@ def main() -> int:
                 f" [{1e3 * run['step_time_s']['min']:.1f}, {1e3 * run['step_time_s']['max']:.1f}],"
                 f" peak mem {run['peak_mem_gib']:.1f} GiB"
             )
-            for kind, sec in run["gpu_seconds_per_step_by_kind"].items():
+            for kind, sec in run["gpu_seconds_per_step_by_category"].items():
                 print(f"    {kind:<48} {1e3 * sec:8.1f} ms/step")
         else:
             print(f"micro_batch {mb}: {run['error']}")

@@ -1,82 +1,119 @@
+"""compare on real traces: the committed H100 trace against edited copies of itself (GEMMs
+made faster, a step dropped), against the flash-attention run, and two closed-loop runs."""
+
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from primus_perf.errors import UserError
 from primus_perf.tracelens import compare as cmp
+from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.report_html import write_html
-from test_report import check_in_chromium, synthetic_analysis
+from test_report import check_in_chromium
+
+TRACES = Path(__file__).parent / "data" / "traces"
+H100 = TRACES / "h100_llama3-8b_l2_s1024_cudnn.json.gz"
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def _pair():
-    base = synthetic_analysis(seed=1)
-    cand = synthetic_analysis(seed=1, scale={"gemm": 0.8})
-    return base, cand
+@pytest.fixture(scope="module")
+def trace() -> dict[str, Any]:
+    return json.loads(gzip.decompress(H100.read_bytes()))
 
 
-def test_faster_gemms_give_a_faster_verdict() -> None:
-    base, cand = _pair()
-    d = cmp.compare_analyses(base, cand)
+@pytest.fixture(scope="module")
+def base() -> Analysis:
+    return analyze([H100])
+
+
+def _write(path: Path, trace: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(trace))
+    return path
+
+
+@pytest.fixture(scope="module")
+def faster_gemms(trace: dict[str, Any], base: Analysis, tmp_path_factory: pytest.TempPathFactory) -> Analysis:
+    """The same trace with every GEMM kernel 20% shorter and later GPU work moved up by the
+    time saved, as a faster GEMM library would give."""
+    k = base.kernels
+    gemm_names = set(k.loc[k["category"] == "gemm", "name"].astype(str))
+    t = json.loads(json.dumps(trace))
+    gpu = sorted((e for e in t["traceEvents"] if e.get("cat") in GPU_CATS and e.get("ph") == "X"),
+                 key=lambda e: e["ts"])
+    saved = 0.0
+    for e in gpu:
+        e["ts"] -= saved
+        if e["name"] in gemm_names:
+            saved += 0.2 * e["dur"]
+            e["dur"] *= 0.8
+    return analyze([_write(tmp_path_factory.mktemp("cmp") / "faster.json", t)])
+
+
+def test_faster_gemms_give_a_faster_verdict(base: Analysis, faster_gemms: Analysis) -> None:
+    d = cmp.compare_analyses(base, faster_gemms)
     bd = {r["category"]: r for r in d["breakdown"]}
     assert bd["gemm"]["rel"] == pytest.approx(-0.2, abs=1e-9)
-    assert bd["attention"]["rel"] == pytest.approx(0.0, abs=1e-12)
+    assert bd["attention_fwd"]["rel"] == pytest.approx(0.0, abs=1e-12)
     assert d["header"]["step_change"] < -0.01
+    # the step time is the analyses' own (temporal span), not a second definition
+    assert d["header"]["base_step_ms"] == pytest.approx(base.totals["step_time_s"] * 1e3)
+    assert d["header"]["candidate_step_ms"] == pytest.approx(faster_gemms.totals["step_time_s"] * 1e3)
     assert d["verdict"].startswith("candidate ") and "faster per step" in d["verdict"]
     assert "gemm -20.0%" in d["verdict"] and "attention +0.0%" in d["verdict"]
     assert d["only_in_base"] == [] and d["only_in_candidate"] == []
     assert all(r["side"] == "both" for r in d["ops"])
-    # the largest absolute delta comes first and is a GEMM
+    # the largest absolute delta comes first and is a GEMM; calls are op calls per step
     assert d["ops"][0]["category"] == "gemm" and d["ops"][0]["delta_ms"] < 0
+    h = base.hotspots.set_index(["category", "op", "shape"])
+    for r in d["ops"]:
+        assert r["base_calls"] == r["candidate_calls"] == h.loc[(r["category"], r["op"], r["shape"]), "calls"]
 
 
-def test_matching_ignores_kernel_names_and_reports_one_sided_ops() -> None:
-    base, cand = _pair()
-    cand.kernels["name"] = cand.kernels["name"] + "_v2_renamed"
-    cand.kernels.loc[cand.kernels["op"] == "aten::add", ["op", "shape"]] = ["aten::add_", "4096x4096"]
-    d = cmp.compare_analyses(base, cand)
-    assert all(r["side"] == "both" for r in d["ops"] if r["op"] == "aten::mm")
-    assert [r["op"] for r in d["only_in_base"]] == ["aten::add"]
-    assert [r["op"] for r in d["only_in_candidate"]] == ["aten::add_"]
-    only = d["only_in_base"][0]
-    assert only["candidate_ms"] == 0.0 and only["rel"] is None and only["base_ms"] > 0
-
-
-def test_identical_runs_compare_equal() -> None:
-    base, _ = _pair()
+def test_identical_runs_compare_equal(base: Analysis) -> None:
     d = cmp.compare_analyses(base, base)
     assert d["header"]["step_change"] == 0.0
     assert d["verdict"].startswith("candidate as fast as base")
     assert all(r["delta_ms"] == 0 for r in d["ops"])
 
 
-def test_different_step_counts_compare_per_step() -> None:
-    base = synthetic_analysis(seed=3, steps=2)
-    cand = synthetic_analysis(seed=3, steps=4)
-    d = cmp.compare_analyses(base, cand)
-    assert len(d["steps"]) == 4 and d["steps"][3]["base_ms"] is None
+def test_other_attention_backend_shows_one_sided_ops(base: Analysis) -> None:
+    d = cmp.compare_analyses(base, analyze([TRACES / "h100_llama3-8b_l2_s1024_flash.json.gz"]))
+    only_b = {r["op"] for r in d["only_in_base"]}
+    only_c = {r["op"] for r in d["only_in_candidate"]}
+    assert "aten::_scaled_dot_product_cudnn_attention" in only_b
+    assert "aten::_scaled_dot_product_flash_attention" in only_c
+    assert all(r["side"] == "both" for r in d["ops"] if r["category"] == "gemm")
+    one = d["only_in_base"][0]
+    assert one["candidate_ms"] == 0.0 and one["rel"] is None and one["candidate_calls"] is None
+
+
+def test_different_step_counts_compare_per_step(trace: dict[str, Any], base: Analysis, tmp_path: Path) -> None:
+    t = json.loads(json.dumps(trace))
+    t["traceEvents"] = [e for e in t["traceEvents"] if e.get("name") != "ProfilerStep#2"]
+    one_step = analyze([_write(tmp_path / "one_step.json", t)])
+    assert one_step.steps == [1]
+    d = cmp.compare_analyses(base, one_step)
+    assert len(d["steps"]) == 2 and d["steps"][1]["candidate_ms"] is None
+    assert d["header"]["base_steps"] == 2 and d["header"]["candidate_steps"] == 1
     bd = {r["category"]: r for r in d["breakdown"]}
-    assert abs(bd["gemm"]["rel"]) < 0.1  # same distribution, per-step normalised
+    assert abs(bd["gemm"]["rel"]) < 0.05  # the same work, per step
 
 
-def test_trace_files_of_a_run_directory(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    (run / "traces").mkdir(parents=True)
-    for name in ("traces/rank1.pt.trace.json", "traces/rank0.pt.trace.json.gz", "manifest.json"):
-        (run / name).write_text("{}")
-    files = cmp.trace_files(run)
-    assert [Path(f).name for f in files] == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json"]
-    with pytest.raises(UserError, match="not found"):
-        cmp.trace_files(tmp_path / "nope")
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(UserError, match="no trace files"):
-        cmp.trace_files(tmp_path / "empty")
+def test_an_analysis_without_gpu_work_is_a_user_error(trace: dict[str, Any], base: Analysis, tmp_path: Path) -> None:
+    t = json.loads(json.dumps(trace))
+    t["traceEvents"] = [e for e in t["traceEvents"] if e.get("cat") not in GPU_CATS]
+    with pytest.raises(UserError, match="no GPU kernels"):
+        cmp.compare_analyses(base, analyze([_write(tmp_path / "cpu.json", t)]), candidate_label="cpu")
 
 
-def test_diff_html_renders_in_chromium(tmp_path: Path) -> None:
-    base, cand = _pair()
-    d = cmp.compare_analyses(base, cand, base_label="runs/base", candidate_label="runs/tuned")
+def test_diff_html_renders_in_chromium(base: Analysis, faster_gemms: Analysis, tmp_path: Path) -> None:
+    d = cmp.compare_analyses(base, faster_gemms, base_label="runs/base", candidate_label="runs/tuned")
     res = check_in_chromium(write_html(d, tmp_path / "diff.html"))
     assert res.console_errors == []
     assert res.selfcheck.startswith("ok"), res.selfcheck
@@ -97,6 +134,7 @@ def test_real_runs_with_and_without_a_tuning_cache(tmp_path: Path) -> None:
     assert len(gemm) >= 12 and all(r["op"] == "aten::mm" and r["side"] == "both" for r in gemm)
     assert d["verdict"].startswith("candidate ") and "; gemm " in d["verdict"] and ", attention " in d["verdict"]
     assert d["header"]["base_steps"] == d["header"]["candidate_steps"] == 3
+    assert np.isfinite(d["header"]["step_change"])
     res = check_in_chromium(write_html(d, tmp_path / "diff.html"))
     assert res.console_errors == [] and res.selfcheck.startswith("ok"), (res.console_errors, res.selfcheck)
     assert res.chart_ink["breakdown-delta"] > 0.02, res.chart_ink

@@ -15,7 +15,13 @@ import pytest
 import torch
 
 from primus_perf.errors import UserError
-from primus_perf.profiler.capture import Schedule, parse_ranks, profile_steps, trace_name
+from primus_perf.profiler.capture import (
+    Schedule,
+    parse_ranks,
+    profile_steps,
+    profile_window,
+    trace_name,
+)
 from primus_perf.tracelens.analyze import analyze
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import gemm_flops_per_step
@@ -83,6 +89,30 @@ def test_profile_steps_api_profiles_any_step_function(tmp_path: Path) -> None:
     res2 = profile_steps(step, tmp_path / "other", Schedule(active=2, warmup=0, wait=1, baseline=1, after=1),
                          traced=False)
     assert res2.trace is None and len(res2.steps) == 5 and not list((tmp_path / "other").iterdir())
+
+
+def _profiler_steps(trace: Path) -> list[str]:
+    return sorted(e["name"] for e in _events(trace) if e.get("name", "").startswith("ProfilerStep#"))
+
+
+def test_profile_window_inside_any_step_loop(tmp_path: Path) -> None:
+    w = torch.randn(64, 64)
+    with profile_window(tmp_path / "loop.json.gz", active=3, warmup=1) as window:
+        for _ in range(window.steps):
+            float((torch.randn(32, 64) @ w).sum())
+            window.step()
+    assert window.steps == 4 and window.trace == tmp_path / "loop.json.gz"
+    assert len(_profiler_steps(window.trace)) == 3
+    assert "aten::mm" in {e.get("name") for e in _events(window.trace)}
+    # a loop that stops before the window ends keeps the active steps recorded so far
+    with profile_window(tmp_path / "early.json.gz", active=5, warmup=1) as window:
+        for _ in range(3):
+            float((torch.randn(32, 64) @ w).sum())
+            window.step()
+    assert window.trace is not None
+    assert sum(e.get("name") == "aten::mm" for e in _events(window.trace)) == 2
+    with pytest.raises(UserError, match="at least 1 active step"), profile_window(tmp_path / "n.json.gz", active=0):
+        pass
 
 
 def test_torchrun_two_ranks_trace_every_rank_or_the_chosen(tmp_path: Path) -> None:

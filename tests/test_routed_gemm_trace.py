@@ -27,5 +27,5 @@ def test_traced_op_is_modeled_like_mm(tmp_path: Path) -> None:
     a = analyze([path])
     p = GemmProblem.from_row_major(48, 80, 32, b_transposed=True, dtype="f32")
     assert set(a.gemm_problems["key"]) == {p.key()}
-    assert list(a.gemm_problems["count"]) == [2]  # the traced op and aten::mm: one problem
+    assert list(a.gemm_problems["calls"]) == [2]  # the traced op and aten::mm: one problem (no steps: one)
     assert a.gemm_problems["flops"].iloc[0] == p.flops

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
 from typer.testing import CliRunner
 
 from primus_perf.cli.profile import app
 from primus_perf.problems import AttentionProblem
+from primus_perf.profiler.capture import Schedule, profile_steps
 from primus_perf.tracelens import categories as C
+from primus_perf.tracelens.analyses.breakdown import union_length
 from primus_perf.tracelens.analyze import analyze
-from primus_perf.tracelens.breakdown import union_length
 from primus_perf.tracelens.shapes import load_problems, write_problems
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import (
@@ -41,18 +41,14 @@ CPU_OVERRIDES = ["model.n_layers=2", "train.seq_len=64", "train.micro_batch=2", 
 def cpu_trace(tmp_path_factory) -> Path:
     """A real torch.profiler trace of the tiny trainer on the CPU: 2 active steps."""
     torch.set_num_threads(1)
-    path = tmp_path_factory.mktemp("trace") / "cpu_tiny.json"
     trainer = Trainer(load_config("tiny", CPU_OVERRIDES))
     try:
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                     schedule=schedule(wait=0, warmup=1, active=2, repeat=1),
-                     on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
-            for _ in range(3):
-                trainer.train_step()
-                prof.step()
+        res = profile_steps(trainer.train_step, tmp_path_factory.mktemp("trace"),
+                            Schedule(active=2, warmup=1, wait=0, baseline=0, after=0))
     finally:
         trainer.close()
-    return path
+    assert res.trace is not None
+    return res.trace
 
 
 def _problem_set(df) -> set[str]:
@@ -69,7 +65,7 @@ def test_cpu_trace_gemm_flops_and_problems_are_the_models(cpu_trace: Path) -> No
     assert _problem_set(a.gemm_problems) == expected
     # every GEMM of the model runs once per step
     calls = len(model_gemms(cfg.model, mb, seq))
-    assert int(a.gemm_problems["count"].sum()) == 2 * calls
+    assert a.gemm_problems["calls"].sum() == calls
     # attention: the trainer expands kv heads before SDPA, so the trace has heads_kv == heads_q
     assert a.totals["attention_flops_per_step"] == attention_flops_per_step(cfg.model, mb, seq)
     p = attention_problem(cfg.model, mb, seq, dtype="f32")
@@ -113,11 +109,20 @@ def test_h100_breakdowns_add_up() -> None:
     # the category breakdown sums the kernel table
     k = a.kernels[a.kernels["step"] >= 0]
     assert a.breakdown["seconds"].sum() == pytest.approx(k["dur_us"].sum() / 1e6)
-    # hotspots cover all GPU time once
-    assert a.hotspots["time_s"].sum() == pytest.approx(k["dur_us"].sum() / 1e6)
+    # hotspots cover all GPU time once, per step; so does the category breakdown per step
+    per_step = k["dur_us"].sum() / 1e6 / a.rank_steps
+    assert a.hotspots["time_s"].sum() == pytest.approx(per_step)
+    assert a.category_seconds().sum() == pytest.approx(per_step) == a.totals["gpu_kernel_s_per_step"]
     assert a.hotspots["share"].sum() == pytest.approx(1.0)
+    # calls are op calls: each linear layer's mm is one call per step however many kernels it launches
+    mm = a.hotspots[(a.hotspots["op"] == "aten::mm") & (a.hotspots["category"] == C.GEMM)]
+    assert (mm["calls"] <= mm["kernels"]).all() and (mm["calls"] == mm["calls"].round()).all()
+    assert a.gemm_problems["calls"].sum() == mm["calls"].sum()
+    # the step time is the temporal breakdown's span, one definition
+    assert a.totals["step_time_s"] == pytest.approx(t["span_s"].median())
+    assert list(a.rank_summary["step_time_s"]) == [pytest.approx(t["span_s"].median())]
     # inclusive op time: the profiler step contains all GPU time launched from the main thread
-    incl = a.op_times.set_index("op")["inclusive_us"]
+    incl = a.op_times.set_index("op")["inclusive_s"]
     assert incl["aten::mm"] <= incl["autograd::engine::evaluate_function: _LinearBackward"] + incl["_Linear"] + 1e-6
 
 
@@ -139,7 +144,7 @@ def test_json_summary_has_the_documented_keys() -> None:
         assert key in data
     assert {"gemm_flops_per_step", "attention_flops_per_step", "gpu_busy_s_per_step"} <= set(data["totals"])
     g = data["gemm_problems"][0]
-    assert {"m", "n", "k", "count", "time_s", "tflops"} <= set(g)
+    assert {"m", "n", "k", "calls", "time_s", "tflops"} <= set(g)
     assert data["breakdown"]["gemm"] > 0
     res = runner.invoke(app, ["analyze", str(H100_CUDNN), "--top", "5"])
     assert res.exit_code == 0 and "hotspots" in res.stdout
@@ -202,7 +207,7 @@ def test_cuda_graph_replay_kernels_link_to_the_graph_launch() -> None:
     k = a.kernels
     # graph kernels get categories from their names; the eager run also from its ops
     assert list(k.loc[k["op"] == "graph_replay", "category"].astype(str)) == ["memset", "gemm", "elementwise"] * 2
-    assert len(a.gemm_problems) == 1 and int(a.gemm_problems["count"].iloc[0]) == 2
+    assert len(a.gemm_problems) == 1 and a.gemm_problems["calls"].iloc[0] == 1
 
 
 @pytest.mark.parametrize("mode", ["tp2", "dp2"])

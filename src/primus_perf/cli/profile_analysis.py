@@ -11,6 +11,9 @@ import typer
 from rich.table import Table
 
 from primus_perf.cli.common import console, err_console
+from primus_perf.files import write_text
+from primus_perf.tracelens.analyze import Analysis, analyze
+from primus_perf.tracelens.shapes import write_problems
 
 
 def _ms(v: Any) -> str:
@@ -25,9 +28,7 @@ def _pct(v: Any) -> str:
     return _num(v * 100 if v is not None else None, "{:.1f}%")
 
 
-def _run(traces: list[Path]):
-    from primus_perf.tracelens.analyze import analyze
-
+def _run(traces: list[Path]) -> Analysis:
     with err_console.status("analyzing") as status:
         return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg))
 
@@ -36,16 +37,15 @@ def _tflop(flops: float | None) -> str:
     return "FLOPs unknown" if flops is None else f"{flops / 1e12:.2f} TFLOP/step"
 
 
-def render(a: Any, top: int) -> None:
+def render(a: Analysis, top: int) -> None:
     """Rich tables of an analysis: header, breakdowns, hotspots, problems, ranks."""
-    per_step = a.n_steps * max(1, len(a.ranks))
     t = a.totals
     console.print(
         f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {len(a.steps) or 1} step(s) · "
-        f"GPU busy {_ms(t['gpu_busy_s_per_step'])} ms/step · GEMM {_tflop(t['gemm_flops_per_step'])} · "
+        f"step {_ms(t['step_time_s'])} ms · GPU busy {_ms(t['gpu_busy_s_per_step'])} ms/step · GEMM {_tflop(t['gemm_flops_per_step'])} · "
         f"attention {_tflop(t['attention_flops_per_step'])}"
     )
-    cat = a.breakdown.groupby("category", observed=True)["seconds"].sum().sort_values(ascending=False) / per_step
+    cat = a.category_seconds()
     total = float(cat.sum()) or 1.0
     tb = Table(title="GPU time by category (ms per step)")
     for col in ("category", "ms", "share"):
@@ -55,11 +55,11 @@ def render(a: Any, top: int) -> None:
     console.print(tb)
     if len(a.temporal):
         tt = Table(title="step time (median ms over steps)")
-        for col in ("rank", "span", "compute", "exposed comm", "exposed memcpy", "idle"):
+        for col in ("rank", "step", "compute", "exposed comm", "exposed memcpy", "idle"):
             tt.add_column(col, justify="right")
         for _, r in a.rank_summary.iterrows():
             tt.add_row(str(r["rank"]) + (" (slowest)" if r["slowest"] and len(a.ranks) > 1 else ""),
-                       _ms(r["step_span_s"]), _ms(r["compute_s"]), _ms(r["exposed_comm_s"]),
+                       _ms(r["step_time_s"]), _ms(r["compute_s"]), _ms(r["exposed_comm_s"]),
                        _ms(r["exposed_memcpy_s"]), _ms(r["idle_s"]))
         console.print(tt)
     th = Table(title=f"hotspots (top {top}, per step)")
@@ -67,7 +67,7 @@ def render(a: Any, top: int) -> None:
         th.add_column(col, justify="right" if col in ("calls", "ms", "share", "TFLOP/s", "% roofline") else "left",
                       overflow="fold")
     for _, r in a.hotspots.head(top).iterrows():
-        th.add_row(r["category"], r["op"], r["shape"], _num(r["calls_per_step"], "{:g}"), _ms(r["time_s_per_step"]),
+        th.add_row(r["category"], r["op"], r["shape"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
                    _pct(r["share"]), _num(r["tflops"]), _pct(r["pct_roofline"]))
     console.print(th)
     for title, df in (("GEMM problems", a.gemm_problems), ("attention problems", a.attention_problems)):
@@ -77,7 +77,7 @@ def render(a: Any, top: int) -> None:
         for col in ("problem", "dir", "calls", "ms", "TFLOP/s", "TB/s", "% roofline"):
             tp.add_column(col, justify="left" if col in ("problem", "dir") else "right")
         for _, r in df.head(top).iterrows():
-            tp.add_row(r["label"], r["direction"], _num(r["count"] / per_step, "{:g}"), _ms(r["time_s"] / per_step),
+            tp.add_row(r["label"], r["direction"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
                        _num(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _pct(r["pct_roofline"]))
         console.print(tp)
     if len(a.collectives):
@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         if output is not None or json_out:
             text = json.dumps(a.to_json(top=max(top, 50)), indent=1)
             if output is not None:
-                output.write_text(text)
+                write_text(output, text)
             if json_out:
                 print(text)
                 return
@@ -119,8 +119,6 @@ def register(app: typer.Typer) -> None:
         output: Path = typer.Option(Path("problems.json"), "-o", "--output", help="Problems file to write."),
     ) -> None:
         """Write the unique GEMM and attention problems of traces for the tuners."""
-        from primus_perf.tracelens.shapes import write_problems
-
         a = _run(traces)
         path = write_problems(a, output)
         console.print(f"wrote {path}: {len(a.gemm_problems)} GEMM and "

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from primus_perf.cli.common import console
+from primus_perf.tracelens.inputs import MANIFEST
 
 
 def register(app: typer.Typer) -> None:
@@ -48,7 +49,7 @@ def register(app: typer.Typer) -> None:
         ratio = o.get("outside_window_vs_unprofiled")
         active = o.get("active_vs_unprofiled")
         console.print(
-            f"wrote {len(m['traced_ranks'])} trace(s) and {res.out_dir / 'manifest.json'}; "
+            f"wrote {len(m['traced_ranks'])} trace(s) and {res.out_dir / MANIFEST}; "
             f"profiler overhead: steps outside the recorded window "
             f"{'n/a' if ratio is None else f'{(ratio - 1) * 100:+.1f}%'}, recorded steps "
             f"{'n/a' if active is None else f'{(active - 1) * 100:+.1f}%'} vs unprofiled",

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
 import typer
+from rich.progress import Progress
 from rich.table import Table
 
 from primus_perf.cli.common import console, err_console
+from primus_perf.gate.gate import gate, parse_fraction
+from primus_perf.tracelens.compare import compare
+from primus_perf.tracelens.report import build_report
+from primus_perf.tracelens.report_html import write_html, write_report_json
 
 
 def _fmt_pct(v: float) -> str:
@@ -26,9 +32,6 @@ def register(app: typer.Typer) -> None:
         title: str | None = typer.Option(None, "--title", help="Report title."),
     ) -> None:
         """Self-contained HTML report of one or more traces."""
-        from primus_perf.tracelens.report import build_report
-        from primus_perf.tracelens.report_html import write_html, write_report_json
-
         data = build_report([str(t) for t in traces], cache=cache, title=title)
         path = write_html(data, output)
         if json_out is not None:
@@ -39,6 +42,8 @@ def register(app: typer.Typer) -> None:
             f"{len(h['ranks'])} rank(s), {h['steps']} step(s), {len(data['hotspots'])} hotspots, "
             f"{len(data['gemm'])} GEMM and {len(data['attention'])} attention problems"
         )
+        for note in data["notes"]:
+            err_console.print(f"[yellow]note:[/] {note}")
 
     @app.command("compare")
     def compare_cmd(
@@ -49,9 +54,6 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(15, "--top", help="Op deltas to print."),
     ) -> None:
         """Compare two traces or two runs."""
-        from primus_perf.tracelens.compare import compare
-        from primus_perf.tracelens.report_html import write_html
-
         data = compare(str(base), str(candidate))
         if output is not None:
             write_html(data, output)
@@ -86,9 +88,10 @@ def register(app: typer.Typer) -> None:
         overrides: list[str] = typer.Option([], "--set", help="Config override key=value (repeatable)."),
     ) -> None:
         """Measure the trainer repeatedly for the regression gate."""
-        from rich.progress import Progress
-
-        from primus_perf.tracelens.bench import bench, write_samples
+        from primus_perf.gate.bench import (  # loads torch: only for this command
+            bench,
+            write_samples,
+        )
 
         with Progress(console=err_console, transient=True) as bar:
             task = bar.add_task("bench", total=None)
@@ -99,8 +102,6 @@ def register(app: typer.Typer) -> None:
             data = bench(config, overrides=overrides, repeat=repeat, warmup=warmup,
                          profile_steps=profile_steps, progress=progress)
         write_samples(data, output)
-        import statistics
-
         st = data["metrics"]["step_time"]
         console.print(
             f"wrote {output}: {data['device']['name']}, {len(st)} steps, median step "
@@ -123,8 +124,6 @@ def register(app: typer.Typer) -> None:
         A metric regresses when a one-sided Mann-Whitney U test is significant at --alpha
         AND the ratio of medians is worse than --max-regression.
         """
-        from primus_perf.tracelens.gate import gate, parse_fraction
-
         result = gate(baseline, candidate, metrics=metric, max_regression=parse_fraction(max_regression),
                       alpha=alpha)
         if json_out:

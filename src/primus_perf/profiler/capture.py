@@ -1,6 +1,10 @@
 """Capture: run a step function (the trainer's, or any) under torch.profiler.
 
-One schedule for every caller::
+:func:`profile_window` is the one place torch.profiler is started: a window inside any
+step loop (the caller runs ``window.steps`` steps and calls ``window.step()`` after each;
+the recorded steps become one gzipped Kineto trace). :func:`profile_steps` drives a step
+function through a whole schedule with it, and :func:`capture_trainer` drives the trainer
+and writes a run folder. The schedule of :func:`profile_steps`::
 
     baseline (no profiler) | wait (profiler on, not recording) | warmup | active | after (no profiler)
 
@@ -26,15 +30,16 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from primus_perf.errors import UserError
 from primus_perf.files import atomic_open, write_json
+from primus_perf.tracelens.inputs import MANIFEST
 
-MANIFEST = "manifest.json"
 SCHEMA = "primus-perf-run/1"
 PHASES = ("baseline", "wait", "warmup", "active", "after")
 
@@ -112,6 +117,51 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
     return out
 
 
+@dataclass
+class ProfiledWindow:
+    """The window :func:`profile_window` yields: run ``steps`` steps, calling :meth:`step`
+    after each; ``trace`` is the written trace once the window has closed (None: nothing
+    was recorded)."""
+
+    steps: int
+    trace: Path | None = None
+    _prof: Any = None
+
+    def step(self) -> None:
+        """Mark the end of one step of the caller's loop."""
+        self._prof.step()
+
+
+@contextmanager
+def profile_window(trace: str | Path, *, active: int, warmup: int = 1, wait: int = 0) -> Iterator[ProfiledWindow]:
+    """Profile a window of the caller's step loop: ``wait`` steps with the profiler started
+    but not recording, ``warmup`` steps recorded and dropped (the profiler's own start-up
+    cost), then ``active`` steps recorded with shapes and marked ``ProfilerStep#N``. The
+    trace is written gzipped to ``trace`` (temporary name, then renamed) when the window
+    closes; a loop that stops early keeps the active steps recorded so far."""
+    import torch.profiler as tp
+
+    if active < 1 or warmup < 0 or wait < 0:
+        raise UserError("a profiled window needs at least 1 active step and no negative wait or warm-up")
+    out = Path(trace)
+    window = ProfiledWindow(steps=wait + warmup + active)
+    with tempfile.TemporaryDirectory(prefix="primus-capture-") as tmp:
+        raw = Path(tmp) / "trace.json"
+        with tp.profile(
+            activities=_activities(),
+            schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
+            record_shapes=True,
+            with_stack=False,
+            profile_memory=False,
+        ) as prof:
+            window._prof = prof
+            yield window
+        if raw.is_file():
+            _write_gz(raw, out)
+            window.trace = out
+
+
 def profile_steps(
     step_fn: Callable[[], Any],
     out_dir: str | Path,
@@ -122,62 +172,47 @@ def profile_steps(
     step_info: Callable[[Any], dict[str, Any]] | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
 ) -> CaptureResult:
-    """Run ``step_fn`` through the schedule; record the active steps when ``traced``.
+    """Run ``step_fn`` through the schedule; record the active steps when ``traced``
+    (``out_dir/rank{R}.pt.trace.json.gz``).
 
     Untraced ranks run the same number of steps (collectives stay matched) without a
     profiler. ``step_info(result)`` adds fields (loss, tokens/s, ...) to each step record.
     """
-    import torch.profiler as tp
-
     sched = schedule or Schedule()
     out = prepare_out_dir(out_dir)
     phases = sched.phases()
     records: list[dict[str, Any]] = []
 
-    def run(i: int, phase: str) -> None:
+    def run(phase: str) -> None:
         _sync()
         t0 = time.perf_counter()
         result = step_fn()
         _sync()
-        rec = {"index": i, "phase": phase, "time_s": time.perf_counter() - t0}
+        rec = {"index": len(records), "phase": phase, "time_s": time.perf_counter() - t0}
         if step_info is not None and result is not None:
             rec.update(step_info(result))
         records.append(rec)
         if on_step is not None:
             on_step(rec)
 
-    i = 0
-    for _ in range(sched.baseline):
-        run(i, "baseline")
-        i += 1
+    for phase in phases[:sched.baseline]:
+        run(phase)
     trace: Path | None = None
     profiled = phases[sched.baseline: len(phases) - sched.after]
     if traced:
-        with tempfile.TemporaryDirectory(prefix="primus-capture-") as tmp:
-            raw = Path(tmp) / "trace.json"
-            with tp.profile(
-                activities=_activities(),
-                schedule=tp.schedule(wait=sched.wait, warmup=sched.warmup, active=sched.active, repeat=1),
-                on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
-                record_shapes=True,
-                with_stack=False,
-                profile_memory=False,
-            ) as prof:
-                for phase in profiled:
-                    run(i, phase)
-                    prof.step()
-                    i += 1
-            if not raw.is_file():
-                raise UserError("the profiler wrote no trace")
-            trace = out / trace_name(rank)
-            _write_gz(raw, trace)
+        with profile_window(out / trace_name(rank), active=sched.active, warmup=sched.warmup,
+                            wait=sched.wait) as window:
+            for phase in profiled:
+                run(phase)
+                window.step()
+        if window.trace is None:
+            raise UserError("the profiler wrote no trace")
+        trace = window.trace
     else:
         for phase in profiled:
-            run(i, phase)
-            i += 1
-    for _ in range(sched.after):
-        run(i, "after")
-        i += 1
+            run(phase)
+    for phase in phases[len(phases) - sched.after:]:
+        run(phase)
     return CaptureResult(out_dir=out, trace=trace, steps=records)
 
 

@@ -1,9 +1,10 @@
-"""Compare two runs: per-step time, category breakdown and per-op deltas, and a verdict.
+"""Compare two analyses: per-step time, category breakdown and per-op deltas, and a verdict.
 
-Kernels are matched by (category, op, shape), never by kernel name: a library upgrade
-renames kernels (a new cuBLASLt/hipBLASLt heuristic, another flash-attention build) while
-the operator and its shapes stay, and that is what a user wants compared. All times are
-per step (averaged over steps and ranks), so runs with different step counts compare.
+Ops are matched by (category, op, shape), never by kernel name: a library upgrade renames
+kernels (a new cuBLASLt/hipBLASLt heuristic, another flash-attention build) while the
+operator and its shapes stay, and that is what a user wants compared. All figures are per
+step as in the analysis (step time: the temporal breakdown's span; calls: op calls), so
+runs with different step counts compare.
 """
 
 from __future__ import annotations
@@ -16,57 +17,21 @@ import numpy as np
 import pandas as pd
 
 from primus_perf.errors import UserError
-from primus_perf.tracelens.report import inputs_from_analysis, step_kernels
+from primus_perf.tracelens.analyses.breakdown import steps_in_order
+from primus_perf.tracelens.analyses.hotspots import KEYS
+from primus_perf.tracelens.analyze import Analysis, analyze
 
 COMPARE_SCHEMA = "primus-perf-compare/1"
-TRACE_SUFFIXES = (".json", ".json.gz")
 MAX_OPS = 2000
-
-
-def trace_files(path: str | Path) -> list[str]:
-    """A trace file as is; a run directory as the trace files inside it (one per rank)."""
-    p = Path(path)
-    if p.is_file():
-        return [str(p)]
-    if not p.is_dir():
-        raise UserError(f"trace or run directory not found: {p}")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
-    traces = [f for f in files if "trace" in f.name]
-    if not traces:
-        traces = [f for f in files if not f.name.startswith(("manifest", "samples", "report"))]
-    if not traces:
-        raise UserError(f"no trace files (*.json, *.json.gz) in {p}")
-    return [str(f) for f in traces]
-
-
-def _step_table(k: pd.DataFrame) -> pd.DataFrame:
-    """Per step index (0..n-1 in time order): GPU kernel ms and span ms, averaged over ranks."""
-    g = k.assign(end=k["ts_us"] + k["dur_us"]).groupby(["rank", "step"])
-    t = pd.DataFrame({"kernel_us": g["dur_us"].sum(), "span_us": g["end"].max() - g["ts_us"].min()}).reset_index()
-    t["idx"] = t.groupby("rank")["step"].rank(method="first").astype(int) - 1
-    return t.groupby("idx")[["kernel_us", "span_us"]].mean() / 1e3
-
-
-def _rel(base: float, cand: float) -> float | None:
-    return (cand - base) / base if base > 0 else None
-
-
-def _per_step(k: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    n = max(1, k.groupby(["rank", "step"]).ngroups)
-    g = k.groupby(keys, observed=True)["dur_us"].agg(["sum", "count"])
-    return pd.DataFrame({"ms": g["sum"] / n / 1e3, "calls": g["count"] / n})
-
 
 # Ops that stand for another op of the same shapes: a GEMM that the trainer's router sent to
 # a tuned cuBLASLt/hipBLASLt algorithm is the aten::mm it replaced.
 SAME_OP_AS = {"primus_perf::gemm": "aten::mm"}
-
-
-def _canonical_ops(k: pd.DataFrame) -> pd.DataFrame:
-    return k.assign(op=k["op"].replace(SAME_OP_AS))
-
-
 VERDICT_GROUPS = {"attention_fwd": "attention", "attention_bwd": "attention"}
+
+
+def _rel(base: float, cand: float) -> float | None:
+    return (cand - base) / base if base > 0 else None
 
 
 def verdict_line(step_change: float | None, breakdown: list[dict[str, Any]], top: int = 3) -> str:
@@ -95,55 +60,73 @@ def verdict_line(step_change: float | None, breakdown: list[dict[str, Any]], top
     return head + ("; " + ", ".join(parts) if parts else "")
 
 
-def compare_kernels(base: pd.DataFrame, candidate: pd.DataFrame) -> dict[str, Any]:
-    """The comparison of two kernel tables (columns as ``Analysis.kernels``)."""
-    kb, kc = (_canonical_ops(step_kernels(k)) for k in (base, candidate))
-    sb, sc = _step_table(kb), _step_table(kc)
+def _ops(a: Analysis) -> pd.DataFrame:
+    """Hotspots per (category, op, shape) with equivalent ops merged: ms and calls per step."""
+    h = a.hotspots.assign(op=a.hotspots["op"].replace(SAME_OP_AS))
+    g = h.groupby(KEYS)[["time_s", "calls"]].sum()
+    return pd.DataFrame({"ms": g["time_s"] * 1e3, "calls": g["calls"]})
+
+
+def _median(s: pd.Series) -> float:
+    return float(s.median()) * 1e3 if len(s) else 0.0
+
+
+def compare_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "base",
+                     candidate_label: str = "candidate") -> dict[str, Any]:
+    """The comparison of two analyses as a JSON-ready dict; ``header.step_change`` is the
+    relative change of the median step time (negative: the candidate is faster)."""
+    for label, a in ((base_label, base), (candidate_label, candidate)):
+        if a.temporal.empty:
+            raise UserError(f"{label}: the trace has no GPU kernels to compare")
+    sb = steps_in_order(base.temporal, base.breakdown)
+    sc = steps_in_order(candidate.temporal, candidate.breakdown)
     steps = []
     for i in range(max(len(sb), len(sc))):
-        b = float(sb["span_us"].iloc[i]) if i < len(sb) else None
-        c = float(sc["span_us"].iloc[i]) if i < len(sc) else None
+        b = float(sb["span_s"].iloc[i]) * 1e3 if i < len(sb) else None
+        c = float(sc["span_s"].iloc[i]) * 1e3 if i < len(sc) else None
         steps.append({"step": i, "base_ms": b, "candidate_ms": c,
                       "rel": _rel(b, c) if b is not None and c is not None else None})
-    base_step = float(sb["span_us"].median()) if len(sb) else 0.0
-    cand_step = float(sc["span_us"].median()) if len(sc) else 0.0
-    base_kernel = float(sb["kernel_us"].median()) if len(sb) else 0.0
-    cand_kernel = float(sc["kernel_us"].median()) if len(sc) else 0.0
+    base_step, cand_step = _median(sb["span_s"]), _median(sc["span_s"])
+    base_kernel, cand_kernel = _median(sb["kernel_s"]), _median(sc["kernel_s"])
 
-    cb, cc = _per_step(kb, ["category"]), _per_step(kc, ["category"])
-    cats = sorted(set(cb.index) | set(cc.index), key=lambda c: -(cb["ms"].get(c, 0.0) + cc["ms"].get(c, 0.0)))
+    cb, cc = base.category_seconds() * 1e3, candidate.category_seconds() * 1e3
+    cats = sorted(set(cb.index) | set(cc.index), key=lambda c: -(cb.get(c, 0.0) + cc.get(c, 0.0)))
     breakdown = []
     for cat in cats:
-        b, c = float(cb["ms"].get(cat, 0.0)), float(cc["ms"].get(cat, 0.0))
+        b, c = float(cb.get(cat, 0.0)), float(cc.get(cat, 0.0))
         breakdown.append({"category": cat, "base_ms": b, "candidate_ms": c, "delta_ms": c - b, "rel": _rel(b, c)})
 
-    keys = ["category", "op", "shape"]
-    ob, oc = _per_step(kb, keys), _per_step(kc, keys)
-    joined = ob.merge(oc, how="outer", left_index=True, right_index=True, suffixes=("_b", "_c"))
+    joined = _ops(base).merge(_ops(candidate), how="outer", left_index=True, right_index=True, suffixes=("_b", "_c"))
     ops = []
     for (cat, op, shape), r in joined.iterrows():
-        b = 0.0 if np.isnan(r["ms_b"]) else float(r["ms_b"])
-        c = 0.0 if np.isnan(r["ms_c"]) else float(r["ms_c"])
-        side = "both" if not np.isnan(r["ms_b"]) and not np.isnan(r["ms_c"]) else (
-            "base only" if not np.isnan(r["ms_b"]) else "candidate only")
+        in_b, in_c = not np.isnan(r["ms_b"]), not np.isnan(r["ms_c"])
+        b = float(r["ms_b"]) if in_b else 0.0
+        c = float(r["ms_c"]) if in_c else 0.0
+        side = "both" if in_b and in_c else ("base only" if in_b else "candidate only")
         ops.append({
             "category": cat, "op": op, "shape": shape, "base_ms": b, "candidate_ms": c, "delta_ms": c - b,
             "rel": _rel(b, c) if side == "both" else None, "side": side,
-            "base_calls": None if np.isnan(r["calls_b"]) else float(r["calls_b"]),
-            "candidate_calls": None if np.isnan(r["calls_c"]) else float(r["calls_c"]),
+            "base_calls": float(r["calls_b"]) if in_b else None,
+            "candidate_calls": float(r["calls_c"]) if in_c else None,
         })
     ops.sort(key=lambda r: -abs(r["delta_ms"]))
     ops = ops[:MAX_OPS]
-    step_change = _rel(base_step, cand_step) if len(sb) and len(sc) else None
+    step_change = _rel(base_step, cand_step)
+    bdev, cdev = base.device["name"], candidate.device["name"]
     return {
         "schema": COMPARE_SCHEMA,
         "kind": "diff",
+        "title": f"primus-perf diff: {Path(candidate_label).name} vs {Path(base_label).name}",
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "verdict": verdict_line(step_change, breakdown),
         "header": {
+            "base": base_label, "candidate": candidate_label,
             "base_step_ms": base_step, "candidate_step_ms": cand_step, "step_change": step_change,
             "base_kernel_ms": base_kernel, "candidate_kernel_ms": cand_kernel,
             "kernel_change": _rel(base_kernel, cand_kernel),
             "base_steps": len(sb), "candidate_steps": len(sc),
+            "device": bdev if bdev == cdev else f"{bdev} vs {cdev}", "same_device": bdev == cdev,
+            "base_versions": base.versions, "candidate_versions": candidate.versions,
         },
         "steps": steps,
         "breakdown": breakdown,
@@ -153,35 +136,6 @@ def compare_kernels(base: pd.DataFrame, candidate: pd.DataFrame) -> dict[str, An
     }
 
 
-def compare_analyses(base: Any, candidate: Any, *, base_label: str = "base",
-                     candidate_label: str = "candidate") -> dict[str, Any]:
-    """Compare two ``Analysis`` objects (see :func:`compare`)."""
-    ib, ic = inputs_from_analysis(base), inputs_from_analysis(candidate)
-    for label, inp in ((base_label, ib), (candidate_label, ic)):
-        if inp.kernels is None or len(inp.kernels) == 0:
-            raise UserError(f"{label}: the trace has no GPU kernels to compare")
-    out = compare_kernels(ib.kernels, ic.kernels)
-    out["header"].update({
-        "base": base_label, "candidate": candidate_label,
-        "device": ib.device if ib.device == ic.device else f"{ib.device} vs {ic.device}",
-        "same_device": ib.device == ic.device,
-        "base_versions": ib.versions, "candidate_versions": ic.versions,
-    })
-    out["title"] = f"primus-perf diff: {Path(candidate_label).name} vs {Path(base_label).name}"
-    out["generated"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    return out
-
-
 def compare(base: str | Path, candidate: str | Path) -> dict[str, Any]:
-    """Analyze two traces (or run directories) and compare them; returns a JSON-ready dict.
-
-    ``header.step_change`` is the relative change of the median step time (first kernel
-    start to last kernel end of each step); negative means the candidate is faster.
-    """
-    fb, fc = trace_files(base), trace_files(candidate)
-    from primus_perf.tracelens import analyzer
-
-    analyze = analyzer()
-
-    return compare_analyses(analyze(fb), analyze(fc),
-                            base_label=str(base), candidate_label=str(candidate))
+    """Analyze two traces (or run folders) and compare them (see :func:`compare_analyses`)."""
+    return compare_analyses(analyze(base), analyze(candidate), base_label=str(base), candidate_label=str(candidate))

@@ -46,7 +46,6 @@ CAT_KIND: dict[str, int] = {
     "python_function": KIND_PYTHON,
 }
 FLOW_CATS = ("ac2g", "async_gpu")  # host launch -> GPU op flows (CUDA, ROCm)
-GPU_KINDS = (KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET)
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -273,7 +272,6 @@ class _ColumnBuilder:
         self.shapes = _Interner()
         self.strings: dict[str, int] = {}
         self.parts: dict[str, list[np.ndarray]] = {f: [] for f in self.FIELDS}
-        self.runtime_names: set[str] = set()
 
     def add(self, events: list[_Event]) -> None:
         kinds = CAT_KIND

@@ -41,6 +41,12 @@ class OpModel:
     flops: int
     bytes: int
 
+    @property
+    def dtype(self) -> str:
+        """The input dtype (what the peak table is looked up by)."""
+        p = self.problem
+        return p.dtype_a if isinstance(p, GemmProblem) else p.dtype
+
 
 # ---------------------------------------------------------------------------- GEMM
 

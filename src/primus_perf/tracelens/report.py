@@ -1,10 +1,10 @@
-"""Report data: everything the HTML report shows, as one JSON-ready dict.
+"""Report data: everything the HTML report shows, as one JSON-ready dict, from an ``Analysis``.
 
-``build_report(paths)`` analyzes traces with :func:`primus_perf.tracelens.analyze.analyze`
-and aggregates the result; ``report_from_analysis(analysis)`` does the same for an
-analysis already in hand. The dict is bounded in size whatever the trace size: tables
-are per (category, op, shape) or per problem, the breakdown per (rank, step) and the
-timeline merges each stream's kernels into busy segments at a fixed resolution.
+``report_from_analysis(analysis)`` builds it; ``build_report(paths)`` analyzes traces first.
+The dict is bounded in size whatever the trace size: tables are per (category, op, shape)
+or per problem, the breakdown per (rank, step) and the timeline merges each stream's
+kernels into busy segments at a fixed resolution. Figures are per step (``calls`` are op
+calls), as in the analysis.
 """
 
 from __future__ import annotations
@@ -12,15 +12,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from primus_perf.cache.store import TuningCache
 from primus_perf.devices import lookup_peaks
 from primus_perf.errors import UserError
+from primus_perf.tracelens.analyses.hotspots import in_steps
+from primus_perf.tracelens.analyze import Analysis, analyze
 
 REPORT_SCHEMA = "primus-perf-report/1"
 MAX_HOTSPOTS = 2000
@@ -28,108 +30,29 @@ MAX_BREAKDOWN_ROWS = 256
 TIMELINE_BINS = 1500  # segments are merged at span / TIMELINE_BINS
 
 
-@dataclass
-class ReportInputs:
-    """What the report needs from a trace analysis."""
-
-    kernels: pd.DataFrame  # rank, step, stream, ts_us, dur_us, name, category, op, shape
-    gemm: pd.DataFrame = field(default_factory=pd.DataFrame)
-    attention: pd.DataFrame = field(default_factory=pd.DataFrame)
-    hotspots: pd.DataFrame | None = None
-    device: str = "unknown"
-    versions: dict[str, str] = field(default_factory=dict)
-    manifest: dict[str, Any] = field(default_factory=dict)
-    traces: list[str] = field(default_factory=list)
-
-
-# --------------------------------------------------------------------------- inputs
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    if obj is None:
-        return {}
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    if hasattr(obj, "to_dict"):
-        return dict(obj.to_dict())
-    if hasattr(obj, "__dict__"):
-        return dict(vars(obj))
-    return {}
-
-
-def inputs_from_analysis(analysis: Any, traces: Sequence[str] = ()) -> ReportInputs:
-    """Adapt a ``tracelens.analyze.Analysis`` (or anything with the same attributes)."""
-    summary: dict[str, Any] = {}
-    if hasattr(analysis, "to_json"):
-        try:
-            summary = analysis.to_json()
-        except Exception:  # the summary is optional decoration; the DataFrames are the data
-            summary = {}
-    dev = summary.get("device", getattr(analysis, "device", None))
-    dev_d = _as_dict(dev) if not isinstance(dev, str) else {"name": dev}
-    manifest = _as_dict(summary.get("manifest", getattr(analysis, "manifest", None)))
-    versions = summary.get("versions") or manifest.get("versions") or dev_d.get("versions") or {}
-    return ReportInputs(
-        kernels=getattr(analysis, "kernels", pd.DataFrame()),
-        gemm=_frame(getattr(analysis, "gemm_problems", None)),
-        attention=_frame(getattr(analysis, "attention_problems", None)),
-        hotspots=_frame(getattr(analysis, "hotspots", None)),
-        device=str(dev_d.get("name") or manifest.get("device") or "unknown"),
-        versions={str(k): str(v) for k, v in _as_dict(versions).items()},
-        manifest=manifest,
-        traces=[str(t) for t in traces],
-    )
-
-
-def _frame(obj: Any) -> pd.DataFrame:
-    if obj is None:
-        return pd.DataFrame()
-    if isinstance(obj, pd.DataFrame):
-        return obj
-    return pd.DataFrame(obj)
-
-
-def _col(df: pd.DataFrame, *names: str) -> pd.Series | None:
-    for n in names:
-        if n in df.columns:
-            return df[n]
-    return None
-
-
 def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
+    """A finite number as a float, else None (NaN in the tables; a manifest field that is
+    missing or not a number)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
         return None
+    f = float(v)
     return f if math.isfinite(f) else None
 
 
-# --------------------------------------------------------------------------- kernels
+def _ms(v: Any) -> float | None:
+    f = _num(v)
+    return None if f is None else f * 1e3
 
 
-def step_kernels(kernels: pd.DataFrame) -> pd.DataFrame:
-    """Kernels inside a profiler step (step >= 0), with a numeric rank and step."""
-    need = {"rank", "step", "stream", "ts_us", "dur_us", "category", "op", "shape"}
-    missing = need - set(kernels.columns)
-    if missing:
-        raise UserError(f"kernel table lacks column(s): {', '.join(sorted(missing))}")
-    k = kernels[kernels["step"].notna()]
-    k = k[k["step"].astype(float) >= 0]
-    if len(k) == 0:
-        k = kernels.assign(step=0)  # a trace without step markers: one pseudo-step
-    k = k.copy()
-    k["rank"] = k["rank"].fillna(0).astype(int)
-    k["step"] = k["step"].astype(int)
-    for c in ("category", "op", "shape"):
-        k[c] = k[c].astype(str).replace({"nan": "", "None": ""})
-    return k
+# --------------------------------------------------------------------------- sections
 
 
-def breakdown(k: pd.DataFrame) -> tuple[list[str], list[dict[str, Any]]]:
+def breakdown(a: Analysis) -> tuple[list[str], list[dict[str, Any]]]:
     """Categories (by total time) and rows of ms per category: one per (rank, step), or
     one per rank (mean over its steps) when that would exceed ``MAX_BREAKDOWN_ROWS``."""
-    cats = list(k.groupby("category", observed=True)["dur_us"].sum().sort_values(ascending=False).index)
-    table = k.groupby(["rank", "step", "category"], observed=True)["dur_us"].sum().unstack(fill_value=0.0)
+    cats = [str(c) for c in a.category_seconds().index]
+    table = a.breakdown.pivot_table(index=["rank", "step"], columns="category", values="seconds",
+                                    aggfunc="sum", fill_value=0.0)
     per_rank = len(table) > MAX_BREAKDOWN_ROWS
     if per_rank:
         counts = table.groupby(level="rank").size()
@@ -142,53 +65,45 @@ def breakdown(k: pd.DataFrame) -> tuple[list[str], list[dict[str, Any]]]:
             rank, step = int(idx[0]), int(idx[1])
             label = f"rank {rank} step {step}"
         rows.append({
-            "rank": rank,
-            "step": step,
-            "label": label,
-            "total_ms": float(vals.sum()) / 1e3,
-            "by_cat": {c: round(float(vals.get(c, 0.0)) / 1e3, 6) for c in cats if vals.get(c, 0.0) > 0},
+            "rank": rank, "step": step, "label": label,
+            "total_ms": float(vals.sum()) * 1e3,
+            "by_cat": {c: round(float(vals[c]) * 1e3, 6) for c in cats if vals[c] > 0},
         })
         if len(rows) >= MAX_BREAKDOWN_ROWS:
             break
     return cats, rows
 
 
-def hotspots(k: pd.DataFrame, extra: pd.DataFrame | None) -> list[dict[str, Any]]:
-    """Per (category, op, shape): calls and ms per step, share; TFLOP/s from the analysis."""
-    n_steps = max(1, k.groupby(["rank", "step"]).ngroups)
-    total = float(k["dur_us"].sum()) or 1.0
-    g = k.groupby(["category", "op", "shape"], observed=True)["dur_us"].agg(["sum", "count"])
-    g = g.sort_values("sum", ascending=False).head(MAX_HOTSPOTS)
-    perf: dict[tuple[str, str, str], tuple[float | None, float | None]] = {}
-    if extra is not None and len(extra) and {"op", "shape"} <= set(extra.columns):
-        tf = _col(extra, "tflops")
-        pr = _col(extra, "pct_roofline", "roofline_frac")
-        cat = _col(extra, "category")
-        for i in range(len(extra)):
-            key = (str(cat.iloc[i]) if cat is not None else "", str(extra["op"].iloc[i]), str(extra["shape"].iloc[i]))
-            perf[key] = (
-                _num(tf.iloc[i]) if tf is not None else None,
-                _pct_frac(pr.iloc[i]) if pr is not None else None,
-            )
+def hotspots(a: Analysis) -> list[dict[str, Any]]:
+    """Per (category, op, shape): op calls and ms per step, share, TFLOP/s, % roofline."""
+    return [{"category": r.category, "op": r.op, "shape": r.shape, "calls": float(r.calls),
+             "time_ms": float(r.time_s) * 1e3, "share": _num(r.share), "tflops": _num(r.tflops),
+             "pct_roofline": _num(r.pct_roofline)}
+            for r in a.hotspots.head(MAX_HOTSPOTS).itertuples(index=False)]
+
+
+def problems(df: pd.DataFrame, kind: str, kernel_s_per_step: float,
+             marks: Mapping[str, float | None] | None) -> list[dict[str, Any]]:
+    """One row per GEMM/attention problem (and direction) with roofline figures and cache marks."""
     rows = []
-    for (cat, op, shape), r in g.iterrows():
-        tf, pr = perf.get((cat, op, shape)) or perf.get(("", op, shape)) or (None, None)
-        rows.append({
-            "category": cat, "op": op, "shape": shape,
-            "calls": float(r["count"]) / n_steps,
-            "time_ms": float(r["sum"]) / n_steps / 1e3,
-            "share": float(r["sum"]) / total,
-            "tflops": tf, "pct_roofline": pr,
-        })
+    for r in df.itertuples(index=False):
+        row = {
+            "key": r.key, "shape": r.label, "kind": kind, "dtype": r.dtype, "direction": r.direction,
+            "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3,
+            "share": float(r.time_s) / kernel_s_per_step if kernel_s_per_step > 0 else None,
+            "ai": _num(r.intensity), "tflops": _num(r.tflops), "pct_roofline": _num(r.pct_roofline),
+            "tuned": None if marks is None else r.key in marks,
+            "speedup": None if marks is None else marks.get(r.key),
+        }
+        rows.append(row)
     return rows
 
 
-def _pct_frac(v: Any) -> float | None:
-    """% of roofline as a fraction; analyses may give 0..1 or 0..100."""
-    f = _num(v)
-    if f is None:
-        return None
-    return f / 100.0 if f > 1.5 else f
+def _dominant_dtype(rows: list[dict[str, Any]]) -> str:
+    weights: dict[str, float] = {}
+    for r in rows:
+        weights[r["dtype"]] = weights.get(r["dtype"], 0.0) + r["time_ms"]
+    return max(weights, key=lambda d: weights[d]) if weights else "bf16"
 
 
 def _busy_per_bin(s: np.ndarray, e: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -204,14 +119,12 @@ def _busy_per_bin(s: np.ndarray, e: np.ndarray, edges: np.ndarray) -> np.ndarray
     return np.diff(before)
 
 
-def timeline(k: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) -> dict[str, Any] | None:
+def timeline(kernels: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) -> dict[str, Any]:
     """One representative step (median GPU time, lowest rank), per stream: the step cut into
     ``bins`` bins, each labelled with the category that has most kernel time in it; runs of
     bins with the same label become one segment [start_us, length_us, category, busy_us]."""
-    if len(k) == 0:
-        return None
-    rank = int(k["rank"].min())
-    kr = k[k["rank"] == rank]
+    rank = int(kernels["rank"].min())
+    kr = kernels[kernels["rank"] == rank]
     per_step = kr.groupby("step")["dur_us"].sum().sort_values()
     step = int(per_step.index[len(per_step) // 2])
     ks = kr[kr["step"] == step]
@@ -219,7 +132,6 @@ def timeline(k: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) -> dic
     dur = ks["dur_us"].to_numpy(dtype=np.float64)
     t0 = float(ts.min())
     span = float((ts + dur).max() - t0) or 1.0
-    res = span / bins
     edges = np.linspace(0.0, span, bins + 1)
     edges[-1] = np.nextafter(span, np.inf)  # the last kernel's end lies inside the last bin
     cat_index = {c: i for i, c in enumerate(cats)}
@@ -227,8 +139,8 @@ def timeline(k: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) -> dic
     for stream, grp in ks.groupby("stream", sort=True):
         s = grp["ts_us"].to_numpy(dtype=np.float64) - t0
         e = s + grp["dur_us"].to_numpy(dtype=np.float64)
-        c = grp["category"].to_numpy()
-        names = sorted(set(c), key=lambda x: cat_index.get(x, 0))
+        c = grp["category"].to_numpy().astype(str)
+        names = sorted(set(c), key=lambda x: cat_index[x])
         busy = np.stack([_busy_per_bin(s[c == n], e[c == n], edges) for n in names])  # categories x bins
         total = busy.sum(axis=0)
         label = np.where(total > 0, busy.argmax(axis=0), -1)
@@ -237,81 +149,12 @@ def timeline(k: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) -> dic
         ends = np.concatenate((change, [bins]))
         segments = [
             [round(float(edges[a]), 3), round(float(min(edges[b], span) - edges[a]), 3),
-             cat_index.get(names[label[a]], 0), round(float(total[a:b].sum()), 3)]
-            for a, b in zip(starts, ends) if label[a] >= 0
+             cat_index[names[label[a]]], round(float(total[a:b].sum()), 3)]
+            for a, b in zip(starts, ends, strict=True) if label[a] >= 0
         ]
         streams.append({"stream": str(stream), "segments": segments})
-    return {"rank": rank, "step": step, "t0_us": t0, "dur_us": span, "resolution_us": res,
+    return {"rank": rank, "step": step, "t0_us": t0, "dur_us": span, "resolution_us": span / bins,
             "categories": cats, "streams": streams}
-
-
-# --------------------------------------------------------------------------- problems
-
-
-def _problem_label(row: pd.Series, kind: str) -> tuple[str, str]:
-    """(cache key, readable shape) of a problem row."""
-    prob = row.get("problem")
-    if prob is not None and hasattr(prob, "key"):
-        return prob.key(), str(prob)
-    if isinstance(prob, Mapping):
-        from primus_perf.problems import AttentionProblem, GemmProblem
-
-        try:
-            p = (GemmProblem if kind == "gemm" else AttentionProblem).from_dict(dict(prob))
-            return p.key(), str(p)
-        except (TypeError, ValueError):
-            pass
-    key = str(row.get("key", "") or "")
-    shape = str(row.get("label", "") or row.get("shape", "") or key)
-    return key, shape
-
-
-def problems(df: pd.DataFrame, kind: str, n_steps: int, total_us: float,
-             marks: Mapping[str, float | None] | None) -> list[dict[str, Any]]:
-    """One row per GEMM/attention problem with roofline figures and cache marks."""
-    rows = []
-    if df is None or len(df) == 0:
-        return rows
-    for _, r in df.iterrows():
-        key, shape = _problem_label(r, kind)
-        time_s = _num(r.get("time_s"))
-        if time_s is None and _num(r.get("time_us")) is not None:
-            time_s = float(r["time_us"]) / 1e6
-        ai = _num(r.get("arithmetic_intensity", r.get("ai")))
-        flops, nbytes = _num(r.get("flops")), _num(r.get("bytes", r.get("bytes_moved")))
-        if ai is None and flops and nbytes:
-            ai = flops / nbytes
-        tflops = _num(r.get("tflops"))
-        calls = _num(r.get("calls", r.get("count")))
-        row = {
-            "key": key, "shape": shape, "kind": kind,
-            "dtype": str(r.get("dtype", "") or ""),
-            "calls": calls / n_steps if calls is not None else None,
-            "time_ms": time_s * 1e3 / n_steps if time_s is not None else None,
-            "share": (time_s * 1e6 / total_us) if time_s is not None and total_us else None,
-            "ai": ai, "tflops": tflops,
-            "pct_roofline": _pct_frac(r.get("pct_roofline")),
-            "tuned": None, "speedup": None,
-        }
-        if kind == "attention":
-            row["direction"] = str(r.get("direction", "") or "")
-        if marks is not None:
-            row["tuned"] = key in marks
-            row["speedup"] = marks.get(key)
-        rows.append(row)
-    rows.sort(key=lambda x: -(x["time_ms"] or 0.0))
-    return rows
-
-
-def _dominant_dtype(rows: list[dict[str, Any]]) -> str:
-    weights: dict[str, float] = {}
-    for r in rows:
-        d = r["dtype"] or (r["key"].split("|")[4].split(".")[0] if r["key"].startswith("gemm:") else "")
-        if r["key"].startswith("attn|"):
-            d = r["key"].split("|")[7]
-        if d:
-            weights[d] = weights.get(d, 0.0) + (r["time_ms"] or 0.0)
-    return max(weights, key=lambda d: weights[d]) if weights else "bf16"
 
 
 # --------------------------------------------------------------------------- cache marks
@@ -320,8 +163,6 @@ def _dominant_dtype(rows: list[dict[str, Any]]) -> str:
 def cache_marks(cache_path: str | Path, device: str | None = None) -> tuple[dict[str, float | None], int]:
     """Problem key -> cached speedup (default / tuned time) of the cache's entries for
     ``device`` (all devices when None); the newest entry wins when several match."""
-    from primus_perf.cache.store import TuningCache
-
     p = Path(cache_path)
     if not p.exists():
         raise UserError(f"tuning cache not found: {p}")
@@ -337,78 +178,63 @@ def cache_marks(cache_path: str | Path, device: str | None = None) -> tuple[dict
 # --------------------------------------------------------------------------- assembly
 
 
-def report_from_inputs(inp: ReportInputs, *, marks: Mapping[str, float | None] | None = None,
-                       cache_info: dict[str, Any] | None = None, title: str | None = None) -> dict[str, Any]:
-    """The report dict (JSON-ready) for analysis inputs."""
-    if inp.kernels is None or len(inp.kernels) == 0:
+def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title: str | None = None) -> dict[str, Any]:
+    """The report dict (JSON-ready) of an analysis; ``cache`` marks tuned problems."""
+    k = in_steps(a.kernels)
+    if k.empty:
         raise UserError("the trace has no GPU kernels to report on")
-    k = step_kernels(inp.kernels)
-    cats, rows = breakdown(k)
-    n_steps = max(1, k.groupby(["rank", "step"]).ngroups)
-    total_us = float(k["dur_us"].sum())
-    per_step_ms = k.groupby(["rank", "step"])["dur_us"].sum().to_numpy() / 1e3
-    gemm = problems(inp.gemm, "gemm", n_steps, total_us, marks)
-    attn = problems(inp.attention, "attention", n_steps, total_us, marks)
-    peaks = lookup_peaks(inp.device)
+    device = str(a.device["name"])
+    marks, cache_info = None, None
+    if cache is not None:
+        marks, n = cache_marks(cache, device if device != "unknown" else None)
+        cache_info = {"path": str(cache), "entries": n}
+    cats, rows = breakdown(a)
+    kernel_s = float(a.totals["gpu_kernel_s_per_step"])
+    gemm = problems(a.gemm_problems, "gemm", kernel_s, marks)
+    attn = problems(a.attention_problems, "attention", kernel_s, marks)
+    peaks = lookup_peaks(device)
     dtype = _dominant_dtype(gemm + attn)
     roof = {
         "dtype": dtype,
         "peak_tflops": peaks.peak_tflops(dtype) if peaks else None,
         "hbm_tb_s": peaks.hbm_tb_s if peaks else None,
-        "points": [
-            {"kind": r["kind"], "label": r["shape"], "ai": r["ai"], "tflops": r["tflops"], "share": r["share"]}
-            for r in gemm + attn if r["ai"] and r["tflops"]
-        ],
+        "points": [{"kind": r["kind"], "label": r["shape"], "ai": r["ai"], "tflops": r["tflops"], "share": r["share"]}
+                   for r in gemm + attn if r["ai"] and r["tflops"]],
     }
-    m = inp.manifest
+    m = a.manifest
     header = {
-        "device": inp.device,
-        "versions": inp.versions,
-        "traces": inp.traces,
-        "ranks": sorted(int(r) for r in k["rank"].unique()),
-        "steps": int(k["step"].nunique()),
-        "step_time_ms": float(np.median(per_step_ms)) if len(per_step_ms) else None,
-        "wall_step_time_ms": _num(m.get("step_time_s")) * 1e3 if _num(m.get("step_time_s")) else None,
+        "device": device,
+        "versions": a.versions,
+        "traces": a.traces,
+        "ranks": a.ranks,
+        "steps": len(a.steps),
+        "step_time_ms": _ms(a.totals["step_time_s"]),
+        "gpu_kernel_ms": kernel_s * 1e3,
+        "wall_step_time_ms": _ms(m.get("step_time_s")),
         "tokens_per_s": _num(m.get("tokens_per_s")),
         "mfu": _num(m.get("mfu")),
     }
     return {
         "schema": REPORT_SCHEMA,
         "kind": "report",
-        "title": title or f"primus-perf report: {inp.device}",
+        "title": title or f"primus-perf report: {device}",
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "header": header,
         "categories": cats,
         "breakdown": {"rows": rows, "per_rank_means": bool(rows) and rows[0]["step"] is None},
-        "hotspots": hotspots(k, inp.hotspots),
+        "hotspots": hotspots(a),
         "roofline": roof,
         "gemm": gemm,
         "attention": attn,
         "cache": cache_info,
         "timeline": timeline(k, cats),
+        "notes": a.notes,
     }
 
 
-def report_from_analysis(analysis: Any, *, traces: Sequence[str] = (), cache: str | Path | None = None,
-                         title: str | None = None) -> dict[str, Any]:
-    inp = inputs_from_analysis(analysis, traces)
-    marks, info = None, None
-    if cache is not None:
-        marks, n = cache_marks(cache, inp.device if inp.device != "unknown" else None)
-        info = {"path": str(cache), "entries": n}
-    return report_from_inputs(inp, marks=marks, cache_info=info, title=title)
-
-
-def build_report(paths: Sequence[str | Path], *, cache: str | Path | None = None,
+def build_report(paths: Sequence[str | Path] | str | Path, *, cache: str | Path | None = None,
                  title: str | None = None) -> dict[str, Any]:
-    """Analyze traces (files or run directories) and return the report dict."""
-    from primus_perf.tracelens.compare import trace_files
-
-    files = [f for p in paths for f in trace_files(p)]  # UserError for a missing path
+    """Analyze traces (files or run folders) and return the report dict."""
     if cache is not None and not Path(cache).exists():
-        raise UserError(f"tuning cache not found: {cache}")
-    from primus_perf.tracelens import analyzer
-
-    analyze = analyzer()
-
-    return report_from_analysis(analyze(files), traces=files, cache=cache, title=title)
+        raise UserError(f"tuning cache not found: {cache}")  # before the analysis, not after it
+    return report_from_analysis(analyze(paths), cache=cache, title=title)

@@ -238,7 +238,7 @@
     const cols = [{ key: "shape", label: kind === "gemm" ? "problem (m×n×k, transposes, dtype)" : "problem (b, hq/hkv, sq/skv, d)", wrap: true }];
     if (kind === "attention") cols.push({ key: "direction", label: "pass" });
     cols.push(
-      { key: "calls", label: "calls", num: true },
+      { key: "calls", label: "calls/step", num: true, fmt: (v) => fmt(v, 1) },
       { key: "time_ms", label: "time/step (ms)", num: true },
       { key: "share", label: "share", num: true, fmt: pct },
       { key: "ai", label: "FLOP/byte", num: true, fmt: (v) => fmt(v, 1) },
@@ -255,16 +255,18 @@
     const h = DATA.header;
     document.querySelector("h1").textContent = DATA.title;
     headerCards([["device", h.device], ["ranks", h.ranks.length], ["steps", h.steps],
-      ["GPU time / step", h.step_time_ms !== null ? fmt(h.step_time_ms, 2) + " ms" : null],
+      ["step time", h.step_time_ms !== null ? fmt(h.step_time_ms, 2) + " ms" : null],
+      ["GPU kernel time / step", fmt(h.gpu_kernel_ms, 2) + " ms"],
       ["tokens/s", h.tokens_per_s ? fmt(h.tokens_per_s, 0) : null], ["MFU", h.mfu ? pct(h.mfu) : null]]);
     const vers = Object.entries(h.versions || {}).map(([k, v]) => `${k} ${v}`).join(" · ");
     document.querySelector(".sub").textContent = (vers ? vers + " · " : "") + (h.traces || []).join(", ");
+    (DATA.notes || []).forEach((n) => document.querySelector("header").appendChild(el("div", { cls: "muted", text: "note: " + n })));
 
     const b = DATA.breakdown;
     const s1 = section("GPU time breakdown per step", "Kernel time by category, summed over streams, per rank and step.");
     stackedBars(s1, b.rows.map((r) => ({ label: r.label, values: r.by_cat })), DATA.categories, { name: "breakdown" });
 
-    const s2 = section("Hotspots", "Kernel time per step grouped by (category, op, shape), averaged over steps and ranks. Click a header to sort.");
+    const s2 = section("Hotspots", "Kernel time per step grouped by (category, op, shape), averaged over steps and ranks; calls are op calls. Click a header to sort.");
     table(s2, [{ key: "category", label: "category" }, { key: "op", label: "op", wrap: true }, { key: "shape", label: "shape", wrap: true },
       { key: "calls", label: "calls/step", num: true, fmt: (v) => fmt(v, 1) }, { key: "time_ms", label: "time/step (ms)", num: true },
       { key: "share", label: "share", num: true, fmt: pct }, { key: "tflops", label: "TFLOP/s", num: true, fmt: (v) => fmt(v, 1) },
@@ -295,7 +297,7 @@
     document.querySelector(".sub").textContent = `base: ${h.base} · candidate: ${h.candidate}`;
     const s0 = section("Verdict");
     s0.appendChild(el("div", { cls: "verdict", text: DATA.verdict }));
-    const s1 = section("Per-step time", "Step time (first kernel start to last kernel end, ms), averaged over ranks, by step index.");
+    const s1 = section("Per-step time", "Step time (first GPU event of the step to the first of the next; the last step to its last event's end; ms), averaged over ranks, by step index.");
     table(s1, [{ key: "step", label: "step index", num: true }, { key: "base_ms", label: "base (ms)", num: true },
       { key: "candidate_ms", label: "candidate (ms)", num: true }, { key: "rel", label: "change", num: true, fmt: spct }], DATA.steps, {});
     const s2 = section("Breakdown deltas", "Per category, ms per step.");

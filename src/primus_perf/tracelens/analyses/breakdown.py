@@ -1,8 +1,9 @@
-"""Where GPU time goes: category sums, the temporal breakdown and multi-rank skew.
+"""Where GPU time goes: category sums per step and the temporal breakdown of each step.
 
 The temporal breakdown of a step on one rank is interval arithmetic over all streams of
-the device: the step runs from its first GPU event to the next step's first GPU event
-(the last step to its last event's end);
+the device. The step runs from its first GPU event to the next step's first GPU event
+(the last step to its last event's end): that span is the step time, the one definition
+every table, report and comparison uses. Within it
 
 - compute: the union of compute kernels (everything but communication and copies),
 - exposed communication: communication kernels not overlapped by compute,
@@ -18,6 +19,9 @@ import numpy as np
 import pandas as pd
 
 from primus_perf.tracelens.categories import COMMUNICATION, MEMCPY, MEMSET
+
+TEMPORAL_COLUMNS = ["rank", "step", "span_s", "busy_s", "compute_s", "exposed_comm_s", "exposed_memcpy_s",
+                    "idle_s"]
 
 
 def union_length(start: np.ndarray, end: np.ndarray) -> float:
@@ -38,11 +42,11 @@ def union_length(start: np.ndarray, end: np.ndarray) -> float:
 
 
 def temporal(kernels: pd.DataFrame) -> pd.DataFrame:
-    """Per (rank, step): span, compute, exposed communication, exposed memcpy, idle (seconds)."""
-    cols = ["rank", "step", "span_s", "busy_s", "compute_s", "exposed_comm_s", "exposed_memcpy_s", "idle_s"]
+    """Per (rank, step): span (the step time), busy, compute, exposed communication, exposed
+    memcpy and idle, in seconds."""
     k = kernels[kernels["step"] >= 0]
     if len(k) == 0:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=TEMPORAL_COLUMNS)
     rows = []
     for rank, kr in k.groupby("rank", sort=True):
         firsts = kr.groupby("step")["ts_us"].min().sort_index()
@@ -63,7 +67,7 @@ def temporal(kernels: pd.DataFrame) -> pd.DataFrame:
             span = t1 - t0
             rows.append((int(rank), int(step), span / 1e6, everything / 1e6, c / 1e6, (cm - c) / 1e6,
                          (everything - cm) / 1e6, max(0.0, span - everything) / 1e6))
-    return pd.DataFrame(rows, columns=cols)
+    return pd.DataFrame(rows, columns=TEMPORAL_COLUMNS)
 
 
 def categories(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -71,32 +75,16 @@ def categories(kernels: pd.DataFrame) -> pd.DataFrame:
     k = kernels[kernels["step"] >= 0]
     out = k.groupby(["rank", "step", "category"], observed=True)["dur_us"].sum().reset_index()
     out["seconds"] = out.pop("dur_us") / 1e6
+    out["category"] = out["category"].astype(str)
     return out
 
 
-def collective_skew(kernels: pd.DataFrame) -> pd.DataFrame:
-    """Per collective kernel name, over ranks: calls, start skew (mean, max, us) and the rank
-    that starts last most often (the one the others wait for). The i-th call of a kernel on
-    one rank is matched with the i-th call of the same kernel on the others."""
-    cols = ["name", "calls", "mean_skew_us", "max_skew_us", "mean_dur_us", "last_rank"]
-    c = kernels[(kernels["category"] == COMMUNICATION) & (kernels["step"] >= 0)]
-    if c.empty or c["rank"].nunique() < 2:
-        return pd.DataFrame(columns=cols)
-    c = c.sort_values("ts_us", kind="stable")[["rank", "name", "ts_us", "dur_us"]].copy()
-    c["name"] = c["name"].astype(str)
-    c["i"] = c.groupby(["rank", "name"]).cumcount()
-    n_ranks = c["rank"].nunique()
-    g = c.groupby(["name", "i"])
-    agg = g["ts_us"].agg(["min", "max", "count"])
-    agg = agg[agg["count"] == n_ranks]
-    if agg.empty:
-        return pd.DataFrame(columns=cols)
-    last = c.loc[g["ts_us"].idxmax()].set_index(["name", "i"])["rank"]
-    agg = agg.join(last.rename("last_rank"))
-    agg["skew"] = agg["max"] - agg["min"]
-    dur = c.groupby("name")["dur_us"].mean()
-    rows = []
-    for name, a in agg.groupby(level="name"):
-        rows.append((name, len(a), float(a["skew"].mean()), float(a["skew"].max()), float(dur[name]),
-                     int(a["last_rank"].mode().iloc[0])))
-    return pd.DataFrame(rows, columns=cols).sort_values("max_skew_us", ascending=False, ignore_index=True)
+def steps_in_order(temporal: pd.DataFrame, breakdown: pd.DataFrame) -> pd.DataFrame:
+    """Per step index (0..n-1 in time order on each rank), averaged over ranks: the step time
+    (``span_s``) and the summed GPU event time (``kernel_s``)."""
+    if temporal.empty:
+        return pd.DataFrame(columns=["index", "span_s", "kernel_s"])
+    kernel_s = breakdown.groupby(["rank", "step"])["seconds"].sum().rename("kernel_s")
+    t = temporal.join(kernel_s, on=["rank", "step"])
+    t["index"] = t.groupby("rank")["step"].rank(method="first").astype(int) - 1
+    return t.groupby("index", as_index=False)[["span_s", "kernel_s"]].mean()

@@ -17,38 +17,29 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from primus_perf.devices import library_versions
+from primus_perf.devices import current_device, library_versions
 from primus_perf.errors import UserError
 from primus_perf.files import write_json
-from primus_perf.tracelens.gate import SAMPLES_SCHEMA
+from primus_perf.gate.gate import SAMPLES_SCHEMA
+from primus_perf.profiler.capture import Schedule, profile_steps
+from primus_perf.tracelens.analyze import Analysis, analyze
+from primus_perf.trainer.config import load_config
+from primus_perf.trainer.loop import Trainer
 
 
 def device_record(world_size: int = 1) -> dict[str, Any]:
-    from primus_perf.devices import current_device
-
     rec = current_device().to_dict()
     rec["world_size"] = world_size
     return rec
 
 
-def category_times_per_step(trace_paths: Sequence[str | Path]) -> dict[str, list[float]]:
-    """Per-step GPU kernel time (s) per category, from the trace analysis's kernel table."""
-    from primus_perf.tracelens import analyzer
-
-    analyze = analyzer()
-
-    analysis = analyze([str(p) for p in trace_paths])
-    kernels = analysis.kernels
-    if kernels is None or len(kernels) == 0:
-        return {}
-    k = kernels[kernels["step"].notna() & (kernels["step"] >= 0)]
-    if len(k) == 0:
-        return {}
-    table = k.groupby(["rank", "step", "category"], observed=True)["dur_us"].sum().unstack(fill_value=0.0)
-    out: dict[str, list[float]] = {}
-    for cat in table.columns:
-        out[f"gpu_time.{cat}"] = [float(v) / 1e6 for v in table[cat].to_list()]
-    out["gpu_time.total"] = [float(v) / 1e6 for v in table.sum(axis=1).to_list()]
+def category_times_per_step(analysis: Analysis) -> dict[str, list[float]]:
+    """``gpu_time.<category>`` and ``gpu_time.total``: GPU event seconds of each (rank, step)."""
+    table = analysis.breakdown.pivot_table(index=["rank", "step"], columns="category", values="seconds",
+                                           aggfunc="sum", fill_value=0.0)
+    out = {f"gpu_time.{cat}": [float(v) for v in table[cat]] for cat in table.columns}
+    if len(table):
+        out["gpu_time.total"] = [float(v) for v in table.sum(axis=1)]
     return out
 
 
@@ -64,9 +55,6 @@ def bench(
     """Run the trainer and return a samples dict (``SAMPLES_SCHEMA``)."""
     if repeat < 1 or warmup < 0 or profile_steps < 0:
         raise UserError("repeat must be >= 1, warmup and profile steps >= 0")
-    from primus_perf.trainer.config import load_config
-    from primus_perf.trainer.loop import Trainer
-
     cfg = load_config(config, list(overrides))
     trainer = Trainer(cfg)
     notes: list[str] = []
@@ -115,31 +103,15 @@ def bench(
     }
 
 
-def _profiled_window(trainer: Any, steps: int, notes: list[str]) -> dict[str, list[float]]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
+def _profiled_window(trainer: Trainer, steps: int, notes: list[str]) -> dict[str, list[float]]:
+    """Per-category GPU times of ``steps`` profiled steps (after one profiler warm-up step)."""
     with tempfile.TemporaryDirectory(prefix="primus-bench-") as tmp:
-        trace = Path(tmp) / "bench_trace.json"
-        # One warm-up step (the profiler's own start-up cost), then `steps` recorded ones;
-        # the schedule also marks step boundaries (ProfilerStep#N) in the trace.
-        with profile(activities=activities, record_shapes=True,
-                     schedule=torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1),
-                     on_trace_ready=lambda p: p.export_chrome_trace(str(trace))) as prof:
-            for _ in range(steps + 1):
-                trainer.train_step()
-                prof.step()
-        if not trace.is_file():
-            notes.append("the profiler wrote no trace: no per-category GPU times")
-            return {}
-        try:
-            return category_times_per_step([trace])
-        except ImportError:
-            notes.append("trace analysis not available: no per-category GPU times")
-            return {}
+        res = profile_steps(trainer.train_step, tmp, Schedule(active=steps, warmup=1, wait=0, baseline=0, after=0))
+        assert res.trace is not None  # profile_steps raises when the profiler wrote nothing
+        analysis = analyze([res.trace])
+    if analysis.kernels.empty:
+        notes.append("no GPU events in the profiled steps: no per-category GPU times")
+    return category_times_per_step(analysis)
 
 
 def write_samples(data: dict[str, Any], path: str | Path) -> Path:

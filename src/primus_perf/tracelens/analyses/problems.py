@@ -1,0 +1,47 @@
+"""The unique GEMM and attention problems of the modeled op calls, against the roofline.
+
+One row per (problem key, direction): ``calls`` (per step), ``time_s`` (per step), FLOPs
+and bytes of one call, arithmetic intensity, achieved TFLOP/s and TB/s, the fraction of
+the roofline, the share of the kind's time, the dtype and the problem object.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from primus_perf.devices import DevicePeaks
+from primus_perf.tracelens.roofline import roofline
+
+COLUMNS = ["key", "label", "direction", "calls", "time_s", "flops", "bytes", "intensity", "tflops", "tb_s",
+           "pct_roofline", "share_of_kind", "dtype", "problem"]
+GEMM_COLUMNS = [*COLUMNS[:2], "m", "n", "k", *COLUMNS[2:]]
+
+
+def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int) -> pd.DataFrame:
+    """``kind`` is "gemm" or "attention"."""
+    cols = GEMM_COLUMNS if kind == "gemm" else COLUMNS
+    sub = calls[calls["kind"] == kind]
+    if sub.empty:
+        return pd.DataFrame(columns=cols)
+    g = sub.groupby(["key", "direction"], sort=False).agg(
+        problem=("problem", "first"), n=("row", "size"), time_us=("time_us", "sum"),
+        flops=("flops", "first"), bytes=("bytes", "first"), dtype=("dtype", "first")).reset_index()
+    time_s = g.pop("time_us").to_numpy(dtype=np.float64) / 1e6
+    n = g.pop("n").to_numpy(dtype=np.float64)
+    total_bytes = g["bytes"].to_numpy(dtype=np.float64) * n
+    g["tflops"], g["pct_roofline"] = roofline(g["flops"].to_numpy(dtype=np.float64) * n, total_bytes, time_s,
+                                              list(g["dtype"]), peaks)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g["tb_s"] = np.where(time_s > 0, total_bytes / time_s / 1e12, np.nan)
+    g["intensity"] = g["flops"] / g["bytes"].where(g["bytes"] > 0)
+    g["calls"] = n / per_step
+    g["time_s"] = time_s / per_step
+    tot = time_s.sum()
+    g["share_of_kind"] = time_s / tot if tot > 0 else np.nan
+    g["label"] = [str(p) for p in g["problem"]]
+    if kind == "gemm":
+        g["m"] = [p.m for p in g["problem"]]
+        g["n"] = [p.n for p in g["problem"]]
+        g["k"] = [p.k for p in g["problem"]]
+    return g.sort_values("time_s", ascending=False, ignore_index=True)[cols]

@@ -1,0 +1,158 @@
+"""One linked trace as two tables: its GPU events and its modeled op calls.
+
+- ``kernels``: one row per GPU event (kernel, memcpy, memset): rank, step, device, stream,
+  ts_us, dur_us, name, kind, category (:mod:`.categories`), op (the op it is attributed
+  to: the nearest op with a perf model, else the op that launched it, else the kernel
+  name), shape (that op's input shapes), leaf_op, fwd_op (backward events), and ``call``:
+  the trace row of the op call it is attributed to (-1: none), which makes "calls" op
+  calls everywhere.
+- ``calls``: every call of a modeled op (:mod:`.perf_models`) that has no modeled op
+  inside it, in a step (or all calls when the trace has no step markers): rank, step,
+  row, kind, key, problem, direction, flops, bytes, dtype, time_us (GPU time of its
+  kernels, or its CPU time in a trace without GPU events).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from primus_perf.tracelens import load as L
+from primus_perf.tracelens.categories import classify
+from primus_perf.tracelens.link import Linked
+from primus_perf.tracelens.perf_models import OpModel, model_op
+
+KIND_NAMES = {L.KIND_KERNEL: "kernel", L.KIND_MEMCPY: "memcpy", L.KIND_MEMSET: "memset"}
+_STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
+_DTYPE_SHORT = {"c10::BFloat16": "bf16", "c10::Half": "f16", "float": "f32", "double": "f64",
+                "long int": "i64", "int": "i32", "bool": "bool"}
+CALL_COLUMNS = ["rank", "step", "row", "kind", "key", "problem", "direction", "flops", "bytes", "dtype",
+                "time_us"]
+
+
+def op_label(name: str) -> str:
+    """An op name as the tables show it: ``ProfilerStep#7`` becomes ``ProfilerStep``."""
+    return _STEP_NAME.sub("ProfilerStep", name)
+
+
+@dataclass
+class TraceTables:
+    kernels: pd.DataFrame
+    calls: pd.DataFrame
+    device_name: str | None
+    steps: list[int]
+    has_shapes: bool
+    has_cpu_ops: bool
+
+
+def shape_label(args: L.ShapeArgs | None) -> str:
+    """``1024x4096, 4096x14336 bf16``: the tensor inputs' dims and the first tensor dtype."""
+    if args is None:
+        return ""
+    dims = [d for d in args.dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
+    text = ", ".join("x".join(map(str, d)) for d in dims)
+    dtype = next((t for t in args.types if t and t != "Scalar"), "")
+    return f"{text} {_DTYPE_SHORT.get(dtype, dtype)}".strip()
+
+
+def _device_name(rt: L.RawTrace, devices: np.ndarray) -> str | None:
+    props = rt.device_properties
+    if not props:
+        return None
+    used = int(np.bincount(devices[devices >= 0]).argmax()) if (devices >= 0).any() else 0
+    for p in props:
+        if p.get("id") == used:
+            return str(p.get("name"))
+    return str(props[0].get("name"))
+
+
+def _categories(rt: L.RawTrace, lk: Linked) -> np.ndarray:
+    """The category of each GPU event, classified once per distinct combination of kind,
+    kernel name, modeled op, leaf op and optimizer flag."""
+    gpu = lk.gpu
+    if not len(gpu):
+        return np.zeros(0, dtype=object)
+    names = rt.names
+    nonames = len(names)
+    model_name = np.where(lk.model_op >= 0, rt.name[np.clip(lk.model_op, 0, None)], nonames)
+    leaf_name = np.where(lk.leaf_op >= 0, rt.name[np.clip(lk.leaf_op, 0, None)], nonames)
+    combo = np.stack([rt.kind[gpu].astype(np.int64), rt.name[gpu], model_name, leaf_name,
+                      lk.in_optimizer.astype(np.int64)])
+    uniq, inverse = np.unique(combo, axis=1, return_inverse=True)
+    nm = [*names, ""]
+    cats = [classify(KIND_NAMES[int(k)], nm[int(n)], nm[int(m)] or None, nm[int(lf)] or None, bool(o))
+            for k, n, m, lf, o in uniq.T]
+    return np.array(cats, dtype=object)[inverse.ravel()]
+
+
+def kernel_table(rt: L.RawTrace, lk: Linked, rank: int) -> pd.DataFrame:
+    names = rt.names
+    gpu = lk.gpu
+    name = rt.name[gpu]
+    # the row each GPU event is attributed to: its modeled op, else its launching op
+    attr = np.where(lk.model_op >= 0, lk.model_op, lk.leaf_op)
+    attr_name = np.where(attr >= 0, rt.name[np.clip(attr, 0, None)], -1)
+    attr_shape = np.where(attr >= 0, rt.shape[np.clip(attr, 0, None)], -1)
+    labels: dict[int, str] = {}
+
+    def label(code: int) -> str:
+        if code not in labels:
+            labels[code] = shape_label(rt.shape_args(code))
+        return labels[code]
+
+    op_col = [op_label(names[a]) if a >= 0 else names[n] for a, n in zip(attr_name.tolist(), name.tolist(),
+                                                                          strict=True)]
+    return pd.DataFrame({
+        "rank": np.full(len(gpu), rank, dtype=np.int64),
+        "step": lk.step,
+        "device": rt.device[gpu],
+        "stream": rt.stream[gpu],
+        "ts_us": rt.ts[gpu],
+        "dur_us": rt.dur[gpu],
+        "name": pd.Categorical.from_codes(name, categories=pd.Index(names)) if len(names) else pd.Categorical([]),
+        "kind": pd.Categorical([KIND_NAMES[int(k)] for k in rt.kind[gpu]]),
+        "category": pd.Categorical(_categories(rt, lk)),
+        "op": pd.Categorical(op_col),
+        "shape": pd.Categorical([label(c) if c >= 0 else "" for c in attr_shape.tolist()]),
+        "leaf_op": pd.Categorical([names[rt.name[r]] if r >= 0 else "" for r in lk.leaf_op.tolist()]),
+        "fwd_op": pd.Categorical([names[rt.name[r]] if r >= 0 else "" for r in lk.fwd_op.tolist()]),
+        "call": attr,
+    })
+
+
+def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> pd.DataFrame:
+    """The modeled op calls (see the module docstring)."""
+    modeled = np.flatnonzero(lk.op_model == np.arange(len(lk.op_model)))
+    modeled = modeled[~lk.shadowed[modeled]]
+    if lk.steps:
+        modeled = modeled[lk.op_step[modeled] >= 0]
+    gpu_time = kernels[kernels["call"] >= 0].groupby("call")["dur_us"].sum()
+    cpu_only = len(kernels) == 0
+    models: dict[tuple[int, int], OpModel | None] = {}
+    rows = []
+    for r in modeled.tolist():
+        key = (int(rt.name[r]), int(rt.shape[r]))
+        if key not in models:
+            models[key] = model_op(rt.names[key[0]], rt.shape_args(key[1]))
+        m = models[key]
+        if m is None:
+            continue
+        t = float(rt.dur[r]) if cpu_only else float(gpu_time.get(r, 0.0))
+        rows.append((rank, int(lk.op_step[r]), r, m.kind, m.problem.key(), m.problem, m.direction,
+                     m.flops, m.bytes, m.dtype, t))
+    return pd.DataFrame(rows, columns=CALL_COLUMNS)
+
+
+def trace_tables(rt: L.RawTrace, lk: Linked, rank: int) -> TraceTables:
+    kernels = kernel_table(rt, lk, rank)
+    return TraceTables(
+        kernels=kernels,
+        calls=call_table(rt, lk, kernels, rank),
+        device_name=_device_name(rt, rt.device[lk.gpu]),
+        steps=lk.steps,
+        has_shapes=rt.has_shapes,
+        has_cpu_ops=bool((rt.kind == L.KIND_CPU_OP).any()),
+    )
