@@ -19,8 +19,8 @@ ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "cache": {"kernels"},
     "trainer": {"kernels", "cache"},
-    "tracelens": set(),
-    "profiler": {"trainer", "kernels", "cache"},
+    "tracelens": {"cache"},  # report --cache reads the store to mark tuned problems
+    "profiler": {"trainer", "kernels", "cache", "tracelens"},
     "gate": {"tracelens", "profiler", "trainer", "kernels", "cache"},
     "tuner": {"kernels", "cache", "tracelens"},
 }
