@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from primus_perf.tuner.blaslt.tables import CUBLASLT, HIPBLASLT
+from primus_perf.kernels.blaslt.tables import CUBLASLT, HIPBLASLT
 
 
 def test_cublaslt_constants_match_header() -> None:
@@ -50,7 +50,7 @@ def test_struct_layouts_match_c_structs() -> None:
 
 
 def test_heuristic_pool_and_solution_index_are_per_vendor_data() -> None:
-    from primus_perf.tuner.gemm import solution_index
+    from primus_perf.tuner.gemm.plugin import solution_index
 
     assert CUBLASLT.source == "cublaslt" and CUBLASLT.solution_index_offset is None
     assert HIPBLASLT.source == "hipblaslt" and HIPBLASLT.heuristic_count >= 1024
