@@ -15,7 +15,6 @@ import pytest
 pytest.importorskip("triton")
 import torch
 
-from primus_perf.problems import AttentionProblem
 from primus_perf.kernels.attention.configs import AttnConfig, BwdConfig, FwdConfig
 from primus_perf.kernels.attention.function import triton_attention
 from primus_perf.kernels.attention.reference import (
@@ -24,6 +23,7 @@ from primus_perf.kernels.attention.reference import (
     reference_attention,
 )
 from primus_perf.kernels.attention.router import AttentionChoice, AttentionRouter, problem_of
+from primus_perf.problems import AttentionProblem
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEVICE = "cuda" if ON_GPU else "cpu"

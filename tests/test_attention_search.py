@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from primus_perf.problems import AttentionProblem
 from primus_perf.kernels.attention.configs import AttnConfig, BwdConfig, FwdConfig, fwd_invalid
+from primus_perf.problems import AttentionProblem
 from primus_perf.tuner.attention.search import Evaluator, grid_search, tpe_search
 from primus_perf.tuner.attention.space import SearchSpace, default_space, tiny_space
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from primus_perf.errors import ConfigError
-from primus_perf.problems import GemmProblem
 from primus_perf.kernels.gemm import problem_of
+from primus_perf.problems import GemmProblem
 from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import gemm_flops_per_step, model_gemms

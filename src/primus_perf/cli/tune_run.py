@@ -51,7 +51,11 @@ class RichProgress(core.Progress):
 
 
 def results_table(results: Sequence[core.TuneResult]) -> Table:
-    table = Table("problem", "default ms", "tuned ms", "default TFLOP/s", "tuned TFLOP/s", "speedup", "choice")
+    table = Table()
+    table.add_column("problem", no_wrap=True)
+    for col in ("default ms", "tuned ms", "default TFLOP/s", "tuned TFLOP/s", "speedup"):
+        table.add_column(col, justify="right")
+    table.add_column("choice")
     for r in results:
         flops = flops_of(r.problem)
         table.add_row(

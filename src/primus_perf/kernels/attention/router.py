@@ -16,7 +16,12 @@ from typing import Any
 import torch
 
 from primus_perf.errors import CacheError
-from primus_perf.kernels.attention.backends import DEFAULT, TRITON, check_backend_name, sdpa_implementation
+from primus_perf.kernels.attention.backends import (
+    DEFAULT,
+    TRITON,
+    check_backend_name,
+    sdpa_implementation,
+)
 from primus_perf.kernels.attention.configs import AttnConfig
 from primus_perf.kernels.routing import CachedChoice, Router
 from primus_perf.problems import AttentionProblem, dtype_name
