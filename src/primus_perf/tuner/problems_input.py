@@ -9,10 +9,10 @@ import os
 from collections.abc import Sequence
 
 from primus_perf.errors import UserError
-from primus_perf.problems import AttentionProblem, GemmProblem, Problem, load_problems
+from primus_perf.problems import AttentionProblem, Problem, load_problems
+from primus_perf.tuner.kinds import KINDS
 
 _CAUSAL_WORDS = {"causal": True, "1": True, "true": True, "full": False, "0": False, "false": False}
-KINDS: dict[str, type] = {"gemm": GemmProblem, "attention": AttentionProblem}
 
 
 def parse_attention_spec(spec: str, dtype: str = "bf16") -> AttentionProblem:
@@ -44,7 +44,7 @@ def gather_problems(
     """The unique problems of one kind ("gemm" or "attention"): those of the traces
     (most expensive first), then of the problems files, then the attention specs
     (``parse_attention_spec``, in ``dtype``). UserError when there is none."""
-    wanted = KINDS[kind]
+    wanted = KINDS[kind].problem_type
     found: list[Problem] = []
     if traces:
         from primus_perf.tracelens.shapes import problems_from_traces

@@ -16,11 +16,15 @@ from primus_perf.devices import require_gpu
 from primus_perf.errors import UserError
 from primus_perf.kernels.attention.backends import DEFAULT, RACED, TRITON, sdpa_name
 from primus_perf.kernels.attention.configs import HEAD_DIMS, AttnConfig
-from primus_perf.kernels.attention.reference import TOLERANCE, check_numerics, random_qkv
+from primus_perf.kernels.attention.reference import (
+    TOLERANCE,
+    check_numerics,
+    random_qkv,
+    validation_shape,
+)
 from primus_perf.kernels.attention.router import AttentionChoice, library_versions
 from primus_perf.problems import AttentionProblem, torch_dtype
-from primus_perf.tuner.attention.search import STRATEGIES, Evaluator, search, validation_shape
-from primus_perf.tuner.attention.space import SearchSpace, default_space
+from primus_perf.tuner.attention.space import STRATEGIES, SearchSpace, default_space
 from primus_perf.tuner.core import Candidate, Reps, Step
 from primus_perf.tuner.timing import Timer
 
@@ -110,6 +114,8 @@ class AttentionSession:
         pool += [choice_candidate(AttentionChoice(sdpa_name(b))) for b in self.tuner.backends]
         t = self.tuner
         if t.strategy is not None:
+            from primus_perf.tuner.attention.search import Evaluator, search  # Triton on demand
+
             space = t.space or default_space(self.vendor, self.problem.head_dim)
             ev = Evaluator(self.problem, arch=self.arch, device=t.device, timer=self.timer)
             found = search(ev, space, strategy=t.strategy, trials=t.trials, storage=t.storage,

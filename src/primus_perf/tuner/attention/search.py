@@ -42,14 +42,14 @@ from primus_perf.kernels.attention.reference import (
     check_numerics,
     random_qkv,
     reference_attention,
+    validation_shape,
 )
 from primus_perf.problems import AttentionProblem, torch_dtype
 from primus_perf.tuner import timing
-from primus_perf.tuner.attention.space import SearchSpace, grid_size, known_good
+from primus_perf.tuner.attention.space import STRATEGIES, SearchSpace, grid_size, known_good
 from primus_perf.tuner.timing import Timer
 
 Progress = Callable[[str], None]
-STRATEGIES = ("grid", "tpe")
 
 
 @dataclass
@@ -81,17 +81,6 @@ class SearchResult:
     @property
     def total_ms(self) -> float:
         return self.fwd_ms + self.bwd_ms
-
-
-def validation_shape(problem: AttentionProblem) -> tuple[int, int, int, int]:
-    """(batch, heads_q, heads_kv, seq) of the small problem each config is checked on:
-    the same group size, head dim, mask and sequence divisibility, affordable in fp32."""
-    group = problem.heads_q // problem.heads_kv
-    hkv = min(problem.heads_kv, 2)
-    seq = problem.seq_q
-    if seq > 512:
-        seq = 512 + (seq % 16)  # keep the ragged tail, and the divisibility, of the real one
-    return 1, group * hkv, hkv, seq
 
 
 class Evaluator:

@@ -18,6 +18,7 @@ from primus_perf.kernels.attention.configs import (
 )
 from primus_perf.problems import AttentionProblem
 
+STRATEGIES = ("grid", "tpe")  # exhaustive, or optuna TPE (search.py)
 
 @dataclass(frozen=True)
 class SearchSpace:
