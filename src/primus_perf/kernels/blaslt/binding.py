@@ -133,18 +133,23 @@ class BlasLt:
         return pref
 
     def plan(self, p: GemmProblem) -> Plan:
-        """Descriptors for one problem (kept alive by the returned plan)."""
+        """Descriptors for one problem (kept alive by the returned plan; close it, or use it
+        as a context manager). A descriptor that fails destroys the ones made before it."""
         ra, ca = (p.k, p.m) if p.trans_a else (p.m, p.k)
         rb, cb = (p.n, p.k) if p.trans_b else (p.k, p.n)
-        return Plan(
-            lt=self,
-            problem=p,
-            desc=self.matmul_desc(p),
-            a=self.layout(p.dtype_a, ra, ca, p.lda, p.batch, p.stride_a),
-            b=self.layout(p.dtype_b, rb, cb, p.ldb, p.batch, p.stride_b),
-            c=self.layout(p.dtype_c, p.m, p.n, p.ldc, p.batch, p.stride_c),
-            d=self.layout(p.dtype_d, p.m, p.n, p.ldd, p.batch, p.stride_d),
-        )
+        specs = ((p.dtype_a, ra, ca, p.lda, p.stride_a), (p.dtype_b, rb, cb, p.ldb, p.stride_b),
+                 (p.dtype_c, p.m, p.n, p.ldc, p.stride_c), (p.dtype_d, p.m, p.n, p.ldd, p.stride_d))
+        desc = self.matmul_desc(p)
+        layouts: list[c_void_p] = []
+        try:
+            for dtype, rows, cols, ld, stride in specs:
+                layouts.append(self.layout(dtype, rows, cols, ld, p.batch, stride))
+        except BaseException:
+            for lay in layouts:
+                self.call("MatrixLayoutDestroy", lay)
+            self.call("MatmulDescDestroy", desc)
+            raise
+        return Plan(self, p, desc, *layouts)
 
 
 @dataclass
