@@ -5,9 +5,10 @@ For each problem:
    random inputs; slow configs pruned after a short measurement);
 2. ``tpe`` search with a fresh measurement record and at most 40% of the grid's
    measurements (distinct forward + backward configs timed);
-3. race 1 (interleaved rounds, medians): torch default SDPA, each SDPA backend, Triton with
-   the grid config -> the selected backend; race 2 (independent, same process): the same
-   candidates plus Triton with the tpe config -> the bars are read from race 2:
+3. race 1 (the tuner core: validation, isolated timing, medians, the one selection policy):
+   torch default SDPA, each SDPA backend, Triton with the grid config -> the selected
+   backend; race 2 (independent, same process): the same candidates plus Triton with the
+   tpe config -> the bars are read from race 2:
    Triton fwd vs flash fwd (>= 1.2x), Triton bwd vs flash bwd (>= 1.1x), the selected
    backend within 2% of the fastest, tpe total within 3% of grid total.
 
@@ -33,12 +34,13 @@ from pathlib import Path
 import torch
 
 from primus_perf.devices import require_gpu
+from primus_perf.kernels.attention.backends import TRITON
+from primus_perf.kernels.attention.router import AttentionChoice, library_versions
 from primus_perf.problems import AttentionProblem
-from primus_perf.tuner.attention.backends import DEFAULT, SDPA_BACKENDS, TRITON, implementation
-from primus_perf.tuner.attention.configs import default_space, known_good
+from primus_perf.tuner.attention.plugin import AttentionTuner, triton_candidate
 from primus_perf.tuner.attention.search import Evaluator, grid_search, tpe_search
-from primus_perf.tuner.attention.select import fastest, time_backends
-from primus_perf.tuner.attention.tune import library_versions
+from primus_perf.tuner.attention.space import default_space, known_good
+from primus_perf.tuner.core import TuneResult, tune_problem
 
 PROBLEMS = {
     "b4_h32_s4096_d128_causal": AttentionProblem(4, 32, 32, 4096, 4096, 128, "bf16", True),
@@ -55,6 +57,28 @@ def write(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def race(p: AttentionProblem, extra: list) -> TuneResult:
+    """torch's default SDPA, every raced SDPA backend and the ``extra`` Triton candidates,
+    through the tuner core."""
+    return tune_problem(AttentionTuner(strategy=None, extra=extra), p)
+
+
+def race_rows(p: AttentionProblem, res: TuneResult) -> dict:
+    """Per candidate: status, fwd/bwd medians (ms) and TFLOP/s."""
+    rows = {}
+    for c in res.candidates:
+        fwd, bwd = (c.parts.get(part, {}).get("median_s", math.inf) for part in ("fwd", "bwd"))
+        rows[c.name] = {"status": c.status, "reason": c.reason, "error": c.error,
+                        "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3, "total_ms": c.total_s * 1e3,
+                        "fwd_tflops": p.forward_flops / fwd / 1e12, "bwd_tflops": p.backward_flops / bwd / 1e12}
+    return rows
+
+
+def fastest(rows: dict) -> str | None:
+    timed = {n: r["total_ms"] for n, r in rows.items() if r["status"] != "rejected"}
+    return min(timed, key=lambda n: timed[n]) if timed else None
+
+
 def bench_problem(name: str, p: AttentionProblem, arch: str, vendor: str, log) -> dict:
     space = default_space(vendor, p.head_dim)
     t0 = time.time()
@@ -67,18 +91,15 @@ def bench_problem(name: str, p: AttentionProblem, arch: str, vendor: str, log) -
     ev2 = Evaluator(p, arch=arch, reps=20, validate=True, seed=101)
     tpe = tpe_search(ev2, space, trials=10 * budget, seeds=known_good(vendor, p.head_dim), seed=0, max_measured=budget)
     log(f"{name}: tpe {tpe.config.label() if tpe.config else None} fwd {tpe.fwd_ms:.3f} bwd {tpe.bwd_ms:.3f} ms, measured {tpe.measured}/{budget}, trials {tpe.trials}, {time.time() - t1:.0f}s")
-    candidates = {DEFAULT: implementation(DEFAULT)}
-    candidates.update({n: implementation(n) for n in SDPA_BACKENDS})
-    if grid.config:
-        candidates[TRITON] = implementation(TRITON, grid.config)
-    race1 = time_backends(p, candidates, rounds=5, reps=10)
-    selected = fastest(race1)
+    extra = [triton_candidate(grid.config)] if grid.config else []
+    race1 = race(p, extra)
+    selected = race1.chosen
     if tpe.config and tpe.config != grid.config:
-        candidates["triton:tpe"] = implementation(TRITON, tpe.config)
-    race2 = time_backends(p, candidates, rounds=5, reps=10, seed=4321)
+        extra.append(triton_candidate(tpe.config, "triton:tpe"))
+    race2 = race_rows(p, race(p, extra))
     fastest2 = fastest(race2)
-    r = {k: v.to_dict(p) for k, v in race2.items()}
-    tri, fl = race2.get(TRITON), race2.get("sdpa:flash")
+    ok = {n: r for n, r in race2.items() if r["status"] != "rejected"}
+    tri, fl = ok.get(TRITON), ok.get("sdpa:flash")
 
     def ratio(a: float, b: float) -> float:
         return b / a if a and math.isfinite(a) and math.isfinite(b) else float("nan")
@@ -89,17 +110,17 @@ def bench_problem(name: str, p: AttentionProblem, arch: str, vendor: str, log) -
         "forward_flops": p.forward_flops,
         "grid": {"config": grid.config.to_dict() if grid.config else None, "fwd_ms": grid.fwd_ms, "bwd_ms": grid.bwd_ms, "measured": grid.measured, "pairs_covered": grid.trials, "rejected": [{"part": m.part, "config": m.config.label(), "status": m.status, "reason": m.reason} for m in rejected], "seconds": round(t1 - t0, 1)},
         "tpe": {"config": tpe.config.to_dict() if tpe.config else None, "fwd_ms": tpe.fwd_ms, "bwd_ms": tpe.bwd_ms, "measured": tpe.measured, "budget": budget, "trials": tpe.trials},
-        "race1": {k: v.to_dict(p) for k, v in race1.items()},
-        "race2": r,
+        "race1": race_rows(p, race1),
+        "race2": race2,
         "selected": selected,
         "fastest_in_race2": fastest2,
         "bars": {
-            "triton_fwd_vs_flash": ratio(tri.fwd_ms, fl.fwd_ms) if tri and fl else None,
-            "triton_bwd_vs_flash": ratio(tri.bwd_ms, fl.bwd_ms) if tri and fl else None,
-            "selected_over_fastest": race2[selected].total_ms / race2[fastest2].total_ms - 1 if selected and fastest2 else None,
+            "triton_fwd_vs_flash": ratio(tri["fwd_ms"], fl["fwd_ms"]) if tri and fl else None,
+            "triton_bwd_vs_flash": ratio(tri["bwd_ms"], fl["bwd_ms"]) if tri and fl else None,
+            "selected_over_fastest": ok[selected]["total_ms"] / ok[fastest2]["total_ms"] - 1 if selected in ok and fastest2 else None,
             # the same config as the grid's: equal by construction (not raced twice)
             "tpe_same_config_as_grid": tpe.config == grid.config,
-            "tpe_over_grid_race2": 0.0 if tpe.config == grid.config else (race2["triton:tpe"].total_ms / race2[TRITON].total_ms - 1 if "triton:tpe" in race2 and TRITON in race2 else None),
+            "tpe_over_grid_race2": 0.0 if tpe.config == grid.config else (ok["triton:tpe"]["total_ms"] / ok[TRITON]["total_ms"] - 1 if "triton:tpe" in ok and TRITON in ok else None),
             "tpe_over_grid_search": (tpe.fwd_ms + tpe.bwd_ms) / (grid.fwd_ms + grid.bwd_ms) - 1,
             "tpe_measured_fraction": tpe.measured / grid.measured if grid.measured else None,
         },
@@ -116,19 +137,18 @@ def bench_problem(name: str, p: AttentionProblem, arch: str, vendor: str, log) -
 
 
 def bench_e2e(steps: int, layers: int, log) -> dict:
+    from primus_perf.kernels.attention.router import AttentionRouter
     from primus_perf.trainer import dispatch
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import train
-    from primus_perf.tuner.attention.router import AttentionChoice, AttentionRouter
-    from primus_perf.tuner.attention.tune import tune_problem
 
     cfg = load_config("llama3-8b", [f"model.n_layers={layers}", f"train.steps={steps}"])
     m, t = cfg.model, cfg.train
     p = AttentionProblem(t.micro_batch, m.n_heads, m.n_kv_heads, t.seq_len, t.seq_len, m.dim // m.n_heads, "bf16", True)
     t0 = time.time()
-    res = tune_problem(p, strategy="tpe", trials=12)
-    choice = AttentionChoice(res.selected, res.config if res.selected == TRITON else None)
-    log(f"e2e: tuned {p} -> {choice.label()} ({time.time() - t0:.0f}s); race {json.dumps({k: round(v.total_ms, 3) for k, v in res.timings.items()})}")
+    res = tune_problem(AttentionTuner(strategy="tpe", trials=12), p)
+    choice = AttentionChoice.from_solution(res.config)
+    log(f"e2e: tuned {p} -> {choice.label()} ({time.time() - t0:.0f}s); race {json.dumps({c.name: round(c.total_s * 1e3, 3) for c in res.candidates})}")
     runs = {}
     for mode in ("default", "tuned", "default2"):
         router = AttentionRouter({p.key(): choice}) if mode == "tuned" else None

@@ -37,9 +37,11 @@ def run_gpu(args: argparse.Namespace) -> None:
     from primus_perf.cache.runtime import activate
     from primus_perf.devices import library_versions
     from primus_perf.tracelens.shapes import problems_from_traces
+    from primus_perf.trainer import dispatch
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
-    from primus_perf.tuner.gemm import tune_problems
+    from primus_perf.tuner.core import Progress, tune
+    from primus_perf.tuner.gemm.plugin import GemmTuner
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -55,15 +57,16 @@ def run_gpu(args: argparse.Namespace) -> None:
     cache = out / "tuning_cache.json"
     tuned = []
 
-    def done(p, entry, report) -> None:
-        tuned.append({"problem": str(p), "key": p.key(), "chosen": report.get("chosen"),
-                      "tuned_ms": entry.times.get("tuned_ms"), "default_ms": entry.times.get("default_ms")})
-        print(json.dumps(tuned[-1]), flush=True)
+    class Log(Progress):
+        def done(self, r) -> None:
+            tuned.append({"problem": str(r.problem), "key": r.problem.key(), "chosen": r.chosen,
+                          "tuned_ms": r.entry.times.get("tuned_ms"), "default_ms": r.entry.times.get("default_ms")})
+            print(json.dumps(tuned[-1]), flush=True)
 
-    tune_problems([p for p, _ in gemm], str(cache), args.budget_s, on_done=done)
+    tune([p for p, _ in gemm], cache=cache, tuners=[GemmTuner()], budget_s=args.budget_s, progress=Log())
     tuning_s = time.perf_counter() - t0
     act = activate(cache)
-    trainer.tuning = act
+    dispatch.install_routers(act.routers)
     capture(trainer, out / "tuned", args.profile_steps, {**manifest, "tuning_cache": str(cache.name)})
     # interleaved blocks: router off / on, same trainer
     blocks: dict[str, list[float]] = {"default": [], "tuned": []}
@@ -71,17 +74,17 @@ def run_gpu(args: argparse.Namespace) -> None:
     for i in range(2 * args.pairs):
         side = "default" if i % 2 == 0 else "tuned"
         if side == "default":
-            act.deactivate()
+            dispatch.remove_routers()
         else:
-            act = activate(cache)
-            trainer.tuning = act
+            dispatch.install_routers(act.routers)
         trainer.train_step()  # one step to settle after the switch
         for _ in range(args.block_steps):
             m = trainer.train_step()
             blocks[side].append(m.step_time_s)
             losses[side].append(m.loss)
-    summary = act.end_summary() if hasattr(act, "end_summary") else None
-    act.deactivate()
+    summary = act.end_summary()
+    dispatch.remove_routers()
+    act.close()
     trainer.close()
     med = {k: statistics.median(v) for k, v in blocks.items()}
     result = {

@@ -3,7 +3,7 @@
 For each tuned problem of a tuning cache (entries with a cuBLASLt/hipBLASLt algorithm),
 torch's default and the cached algorithm are timed, interleaved, under two conditions:
 
-- ``back_to_back``: the tuner's first harness (``bench.time_interleaved``): calls on rotating
+- ``back_to_back``: the tuner's first harness (``timing.time_interleaved``): calls on rotating
   inputs, one candidate after the other with no gaps: the GPU runs GEMMs for
   milliseconds on end, as a GEMM-only benchmark does.
 - ``gapped``: each call is preceded by a memory-bound kernel (zeroing 256 MB, which also
@@ -11,7 +11,7 @@ torch's default and the cached algorithm are timed, interleaved, under two condi
   alternate with elementwise, normalization and optimizer kernels.
 - ``idle_gapped``: as ``gapped`` with about 1 ms of GPU sleep before each call, so the
   GPU's power draw (and with it the clock the power limit allows) recovers between GEMMs
-  (``bench.time_isolated``, what the tuner now uses).
+  (``timing.time_isolated``, what the tuner now uses).
 
     python benchmarks/gemm_timing_conditions.py --cache runs/loop/tuning_cache.json \
         --out benchmarks/results/gemm_timing_conditions_h100.json
@@ -40,10 +40,11 @@ def main() -> None:
     import torch
 
     from primus_perf.cache.store import TuningCache
+    from primus_perf.kernels.blaslt.binding import load
+    from primus_perf.kernels.gemm import WORKSPACE_BYTES
     from primus_perf.problems import GemmProblem
-    from primus_perf.tuner import bench
-    from primus_perf.tuner.blaslt.binding import load
-    from primus_perf.tuner.gemm import WORKSPACE_BYTES, Operands
+    from primus_perf.tuner import timing
+    from primus_perf.tuner.gemm.plugin import Operands
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", type=Path, required=True)
@@ -57,27 +58,27 @@ def main() -> None:
         if not e.solution.get("blob"):
             continue
         p = GemmProblem.from_dict(e.problem)
-        plan, ops, algo = lt.plan(p), Operands(p), bytes(e.solution["blob"])
-        fns = torch_and_tuned(ops, plan, algo, ws, WORKSPACE_BYTES)
-        one = bench.time_interleaved({"torch": fns["torch"]}, ops.n, 1, 1)["torch"][0]
-        inner = max(1, min(50, int(3e-4 / max(one, 1e-7))))
-        b2b = bench.time_interleaved(fns, ops.n, 30, inner, seed=1)
-        gap = bench.time_isolated(fns, ops.n, args.reps, idle_cycles=0)
-        idle = bench.time_isolated(fns, ops.n, args.reps)
-        row = {"problem": str(p), "key": p.key(), "tuner_speedup": e.speedup, "inner": inner}
-        for mode, t in (("back_to_back", b2b), ("gapped", gap), ("idle_gapped", idle)):
-            med = {n: statistics.median(v) for n, v in t.items()}
-            row[mode] = {"torch_ms": med["torch"] * 1e3, "tuned_ms": med["tuned"] * 1e3,
-                         "speedup": med["torch"] / med["tuned"],
-                         "torch_iqr_ms": [x * 1e3 for x in statistics.quantiles(t["torch"], n=4)[::2]],
-                         "tuned_iqr_ms": [x * 1e3 for x in statistics.quantiles(t["tuned"], n=4)[::2]]}
-        rows.append(row)
-        print(f"{row['problem']:28s} tuner {e.speedup:.3f}  back-to-back {row['back_to_back']['speedup']:.3f} "
-              f"({row['back_to_back']['torch_ms']:.3f} ms torch)  gapped {row['gapped']['speedup']:.3f} "
-              f"({row['gapped']['torch_ms']:.3f} ms torch)  idle-gapped {row['idle_gapped']['speedup']:.3f} "
-              f"({row['idle_gapped']['torch_ms']:.3f} ms torch, {row['idle_gapped']['tuned_ms']:.3f} tuned)",
-              flush=True)
-        plan.close()
+        ops, algo = Operands(p), bytes(e.solution["blob"])
+        with lt.plan(p) as plan:
+            fns = torch_and_tuned(ops, plan, algo, ws, WORKSPACE_BYTES)
+            one = timing.time_interleaved({"torch": fns["torch"]}, ops.n, 1, 1)["torch"][0]
+            inner = max(1, min(50, int(3e-4 / max(one, 1e-7))))
+            b2b = timing.time_interleaved(fns, ops.n, 30, inner, seed=1)
+            gap = timing.time_isolated(fns, ops.n, args.reps, idle_cycles=0)
+            idle = timing.time_isolated(fns, ops.n, args.reps)
+            row = {"problem": str(p), "key": p.key(), "tuner_speedup": e.speedup, "inner": inner}
+            for mode, t in (("back_to_back", b2b), ("gapped", gap), ("idle_gapped", idle)):
+                med = {n: statistics.median(v) for n, v in t.items()}
+                row[mode] = {"torch_ms": med["torch"] * 1e3, "tuned_ms": med["tuned"] * 1e3,
+                             "speedup": med["torch"] / med["tuned"],
+                             "torch_iqr_ms": [x * 1e3 for x in statistics.quantiles(t["torch"], n=4)[::2]],
+                             "tuned_iqr_ms": [x * 1e3 for x in statistics.quantiles(t["tuned"], n=4)[::2]]}
+            rows.append(row)
+            print(f"{row['problem']:28s} tuner {e.speedup:.3f}  back-to-back {row['back_to_back']['speedup']:.3f} "
+                  f"({row['back_to_back']['torch_ms']:.3f} ms torch)  gapped {row['gapped']['speedup']:.3f} "
+                  f"({row['gapped']['torch_ms']:.3f} ms torch)  idle-gapped {row['idle_gapped']['speedup']:.3f} "
+                  f"({row['idle_gapped']['torch_ms']:.3f} ms torch, {row['idle_gapped']['tuned_ms']:.3f} tuned)",
+                  flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "cublasLt": lt.version(),
                                     "torch": torch.__version__, "problems": rows}, indent=1) + "\n")

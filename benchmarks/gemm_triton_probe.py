@@ -24,10 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
+from primus_perf.kernels.gemm import GemmRouter
 from primus_perf.problems import GemmProblem, geomean
-from primus_perf.tuner import bench
-from primus_perf.tuner.gemm import Operands, tune_problem
-from primus_perf.tuner.gemm_runtime import GemmRouter
+from primus_perf.tuner import timing
+from primus_perf.tuner.core import tune_problem
+from primus_perf.tuner.gemm.plugin import GemmTuner, Operands
 
 SHAPES = [  # tag, M, N, K (row-major x[M,K] @ w[N,K].T, the trainer's forward layout)
     ("8b/o/4k/fwd", 4096, 4096, 4096),
@@ -150,12 +151,12 @@ def power_trace(seconds: float = 2.0) -> dict:
 
 def probe_shape(tag: str, M: int, N: int, K: int, kinds: list[str], rough_reps: int, final_reps: int) -> dict:
     p = GemmProblem.from_row_major(M, N, K, b_transposed=True)
-    entry, report = tune_problem(p, 2.0)
-    router = GemmRouter([entry])
+    res = tune_problem(GemmTuner(), p, budget_s=2.0)
+    router = GemmRouter([res.entry])
     ops = Operands(p, seed=7)
     ws = [b.T for b in ops.b]  # the [N, K] weights
     ref = torch.matmul(ops.a[0].float(), ops.b[0].float())
-    row: dict = {"tag": tag, "MNK": [M, N, K], "cublaslt_choice": report["chosen"], "triton": {}}
+    row: dict = {"tag": tag, "MNK": [M, N, K], "cublaslt_choice": res.chosen, "triton": {}}
     fns = {}
     for kind in kinds:
         for cfg in configs():
@@ -172,7 +173,7 @@ def probe_shape(tag: str, M: int, N: int, K: int, kinds: list[str], rough_reps: 
                 row["triton"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
                 continue
             fns[name] = (lambda k, c: lambda i: triton_fn(k, c, ops.a[i], ws[i], ops.d[i]))(kind, cfg)
-    rough = bench.time_isolated(fns, ops.n, rough_reps, seed=1) if fns else {}
+    rough = timing.time_isolated(fns, ops.n, rough_reps, seed=1) if fns else {}
     for name, t in rough.items():
         row["triton"][name] = {"rough_tflops": p.flops / statistics.median(t) / 1e12}
     best = sorted(rough, key=lambda n: statistics.median(rough[n]))[:3]
@@ -183,8 +184,8 @@ def probe_shape(tag: str, M: int, N: int, K: int, kinds: list[str], rough_reps: 
 
     final = {"torch": lambda i: torch.matmul(ops.a[i], ops.b[i]), "cublaslt_tuned": routed}
     final.update({n: fns[n] for n in best})
-    t = bench.time_isolated(final, ops.n, final_reps, seed=3)
-    row["final"] = {n: {**bench.summarize(v), "tflops": p.flops / statistics.median(v) / 1e12} for n, v in t.items()}
+    t = timing.time_isolated(final, ops.n, final_reps, seed=3)
+    row["final"] = {n: {**timing.summarize(v), "tflops": p.flops / statistics.median(v) / 1e12} for n, v in t.items()}
     base = statistics.median(t["torch"])
     row["speedup_vs_torch"] = {n: base / statistics.median(v) for n, v in t.items() if n != "torch"}
     row["best_triton"] = best[0] if best else None

@@ -18,10 +18,11 @@ import torch
 
 from primus_perf.cache.store import TuningCache
 from primus_perf.devices import current_device
+from primus_perf.kernels.gemm import GemmRouter, library_versions, problem_of
 from primus_perf.problems import GemmProblem, geomean
-from primus_perf.tuner import bench
-from primus_perf.tuner.gemm import Operands, library_versions, tune_problem
-from primus_perf.tuner.gemm_runtime import GemmRouter
+from primus_perf.tuner import timing
+from primus_perf.tuner.core import TuneResult, tune_problem
+from primus_perf.tuner.gemm.plugin import GemmTuner, Operands
 
 # (model, in_features, out_features) of the fused linears, per TP rank
 LINEARS = {
@@ -56,14 +57,22 @@ def verify(p: GemmProblem, router: GemmRouter, rounds: int = 30) -> dict:
         return out if out is not None else torch.matmul(ops.a[i], ops.b[i])
 
     fns = {"torch": lambda i: torch.matmul(ops.a[i], ops.b[i]), "tuned": routed}
-    t = bench.time_isolated(fns, ops.n, rounds, seed=3)
+    t = timing.time_isolated(fns, ops.n, rounds, seed=3)
     ratios = [a / b for a, b in zip(t["torch"], t["tuned"], strict=True)]
     return {
-        "torch": bench.summarize(t["torch"]),
-        "tuned": bench.summarize(t["tuned"]),
+        "torch": timing.summarize(t["torch"]),
+        "tuned": timing.summarize(t["tuned"]),
         "speedup": statistics.median(t["torch"]) / statistics.median(t["tuned"]),
         "speedup_per_round_q1_q3": [statistics.quantiles(ratios, n=4)[0], statistics.quantiles(ratios, n=4)[2]],
     }
+
+
+def tuning_report(res: TuneResult) -> dict:
+    """The tuning figures of one problem: the choice, the pool, what was rejected and why."""
+    return {"chosen": res.chosen, "pool": len(res.candidates),
+            "valid": sum(c.status != "rejected" for c in res.candidates),
+            "rejected": {c.name: c.reason for c in res.candidates if c.status == "rejected"},
+            "tuning_s": res.tuning_s}
 
 
 def main() -> None:
@@ -92,14 +101,15 @@ def main() -> None:
             result["problems"].append({"tag": tag, "skipped": "time limit"})
             continue
         try:
-            entry, report = tune_problem(p, args.budget_s, widen=args.widen)
+            res = tune_problem(GemmTuner(widen=args.widen), p, budget_s=args.budget_s)
+            entry = res.entry
             cache.put(entry)
             router = GemmRouter([entry])
             v = verify(p, router)
+            router.close()
             M, N, K, _at, _bt = p.row_major_shapes()
-            row = {"tag": tag, "key": p.key(), "MNK": [M, N, K], "chosen": report["chosen"],
-                   "pool": report["pool"], "valid": report["valid"], "rejected": report["rejected"],
-                   "tuning_s": report["tuning_s"], "error": entry.error,
+            row = {"tag": tag, "key": p.key(), "MNK": [M, N, K], **tuning_report(res),
+                   "error": entry.error,
                    "torch_tflops": p.flops / v["torch"]["median_s"] / 1e12,
                    "tuned_tflops": p.flops / v["tuned"]["median_s"] / 1e12, **v}
         except Exception as exc:  # one failing problem does not lose the others
@@ -132,7 +142,7 @@ def trainer_problems(config: str, layers: int) -> list[GemmProblem]:
 
     def record(a, b):
         try:
-            p = dispatch.problem_of(a, b)
+            p = problem_of(a, b)
             seen[p.key()] = p
         except ValueError:
             pass
@@ -159,10 +169,10 @@ def e2e(args: argparse.Namespace) -> None:
     probs = trainer_problems(args.config, args.layers)
     result: dict = {"config": args.config, "layers": args.layers, "problems": len(probs), "tuning": [], "runs": []}
     for p in probs:
-        entry, report = tune_problem(p, args.budget_s)
-        cache.put(entry)
-        result["tuning"].append({"key": p.key(), "chosen": report["chosen"], "tuning_s": report["tuning_s"],
-                                 "tuned_ms": entry.times["tuned_ms"], "default_ms": entry.times["default_ms"]})
+        res = tune_problem(GemmTuner(), p, budget_s=args.budget_s)
+        cache.put(res.entry)
+        result["tuning"].append({"key": p.key(), "chosen": res.chosen, "tuning_s": res.tuning_s,
+                                 "tuned_ms": res.entry.times["tuned_ms"], "default_ms": res.entry.times["default_ms"]})
     for i, use in enumerate([False, True] * args.pairs):
         log = f"{args.out}.run{i}.jsonl"
         cmd = [sys.executable, "-m", "primus_perf.cli.train", "--config", args.config, "--layers", str(args.layers),

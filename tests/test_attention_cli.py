@@ -10,7 +10,8 @@ import pytest
 
 from primus_perf.errors import UserError
 from primus_perf.problems import AttentionProblem
-from primus_perf.tuner.attention.spec import check_tunable, parse_problem_spec
+from primus_perf.tuner.attention.plugin import AttentionTuner
+from primus_perf.tuner.problems_input import parse_attention_spec
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -21,9 +22,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_problem_spec_parses_into_the_trainer_layout() -> None:
-    p = parse_problem_spec("4,32,8,4096,128,causal")
+    p = parse_attention_spec("4,32,8,4096,128,causal")
     assert p == AttentionProblem(4, 32, 8, 4096, 4096, 128, "bf16", True, "bshd")
-    assert parse_problem_spec(" 1, 2, 2, 64, 64, full", "f16").causal is False
+    assert parse_attention_spec(" 1, 2, 2, 64, 64, full", "f16").causal is False
     for bad, msg in [
         ("1,2,3", "6 fields"),
         ("1,2,x,4,5,causal", "integers"),
@@ -31,11 +32,11 @@ def test_problem_spec_parses_into_the_trainer_layout() -> None:
         ("1,3,2,64,64,causal", "multiple of heads_kv"),
     ]:
         with pytest.raises(UserError, match=msg):
-            parse_problem_spec(bad)
+            parse_attention_spec(bad)
     with pytest.raises(UserError, match="head_dim"):
-        check_tunable(parse_problem_spec("1,2,2,64,96,causal"))
+        AttentionTuner().check(parse_attention_spec("1,2,2,64,96,causal"))
     with pytest.raises(UserError, match="bf16 or f16"):
-        check_tunable(parse_problem_spec("1,2,2,64,64,causal", "f32"))
+        AttentionTuner().check(parse_attention_spec("1,2,2,64,64,causal", "f32"))
 
 
 def test_cli_errors_are_one_line_with_exit_code_2() -> None:

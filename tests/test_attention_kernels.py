@@ -15,15 +15,15 @@ import pytest
 pytest.importorskip("triton")
 import torch
 
-from primus_perf.problems import AttentionProblem
-from primus_perf.tuner.attention.configs import AttnConfig, BwdConfig, FwdConfig
-from primus_perf.tuner.attention.function import triton_attention
-from primus_perf.tuner.attention.reference import (
+from primus_perf.kernels.attention.configs import AttnConfig, BwdConfig, FwdConfig
+from primus_perf.kernels.attention.function import triton_attention
+from primus_perf.kernels.attention.reference import (
     check_numerics,
     random_qkv,
     reference_attention,
 )
-from primus_perf.tuner.attention.router import AttentionChoice, AttentionRouter, problem_of
+from primus_perf.kernels.attention.router import AttentionChoice, AttentionRouter, problem_of
+from primus_perf.problems import AttentionProblem
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -109,15 +109,17 @@ def test_router_uses_cached_choice_and_leaves_the_rest_to_torch() -> None:
     assert router(q, k, v, False) is None  # not cached: torch's default
     assert router(q[:, :20], k[:, :20], v[:, :20], True) is None
     summary = router.summary()
-    assert summary["routed"][prob.key()]["calls"] == 1
-    assert sum(summary["default"].values()) == 2
+    assert summary["routed"] == {prob.key(): 1} and summary["failed"] == []
+    assert sum(summary["fallback"].values()) == 2
     # a choice tuned for the kv-expanded problem (as traces of the trainer show GQA) applies
     expanded = AttentionProblem(1, 4, 4, 40, 40, 16, "f16", True, "bshd")
     gqa_router = AttentionRouter({expanded.key(): choice})
     assert gqa_router(q, k, v, True) is not None
-    assert gqa_router.summary()["routed"][prob.key()] == {"calls": 1, "choice": choice.label()}
+    assert gqa_router.summary()["routed"] == {prob.key(): 1}
     # torch's default measured fastest: the router leaves the call to the dispatch
-    assert AttentionRouter({prob.key(): AttentionChoice("sdpa:default")})(q, k, v, True) is None
+    default_router = AttentionRouter({prob.key(): AttentionChoice("sdpa:default")})
+    assert default_router(q, k, v, True) is None
+    assert default_router.summary()["routed"] == {prob.key(): 1}
 
 
 def test_choice_round_trips_through_its_solution_dict() -> None:
@@ -138,7 +140,7 @@ def test_choice_round_trips_through_its_solution_dict() -> None:
 def test_gpu_real_sizes_bf16_fp16(dtype, causal) -> None:
     if not ON_GPU:
         pytest.skip("needs a GPU without TRITON_INTERPRET")
-    from primus_perf.tuner.attention.configs import known_good
+    from primus_perf.tuner.attention.space import known_good
 
     for cfg in [AttnConfig(), *known_good("nvidia", 128)]:
         q, k, v = random_qkv(2, 8, 2, 1000, 1000, 128, dtype, "cuda", seed=11)
@@ -146,74 +148,52 @@ def test_gpu_real_sizes_bf16_fp16(dtype, causal) -> None:
         assert report.ok, (cfg.label(), report)
 
 
-def _result(selected: str, versions: dict | None = None):
+def _entry(problem: AttentionProblem, choice: AttentionChoice, versions: dict, device=None):
+    from primus_perf.cache.store import CacheEntry
     from primus_perf.devices import DeviceIdentity
-    from primus_perf.tuner.attention.search import SearchResult
-    from primus_perf.tuner.attention.select import BackendTiming
-    from primus_perf.tuner.attention.tune import AttentionTuneResult
+
+    device = device or DeviceIdentity("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 132)
+    return CacheEntry(kind="attention", problem_key=problem.key(), problem=problem.to_dict(),
+                      device=device.to_dict(), versions=versions,
+                      solution={"config": {"name": choice.backend, **choice.to_solution()}, "blob": b""},
+                      times={"tuned_ms": 2.6, "default_ms": 3.0}, error=1e-3)
+
+
+def test_router_from_cache_entries() -> None:
+    from primus_perf.errors import CacheError
 
     prob = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", True, "bshd")
-    cfg = CONFIGS[1]
-    timings = {
-        "sdpa:default": BackendTiming("sdpa:default", 1.0, 2.0),
-        "sdpa:cudnn": BackendTiming("sdpa:cudnn", 0.9, 1.9),
-        "triton": BackendTiming("triton", 0.8, 1.8),
-    }
-    return AttentionTuneResult(
-        problem=prob,
-        device=DeviceIdentity("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 132),
-        versions=versions or {"torch": "2.11.0", "triton": "3.6.0"},
-        search=SearchResult("grid", cfg, 0.8, 1.8, 16, 8),
-        timings=timings,
-        selected=selected,
-        config=cfg,
-        numerics_error=1e-3,
-    )
-
-
-def test_cache_entry_round_trip_to_the_router() -> None:
-    from primus_perf.errors import CacheError
-    from primus_perf.tuner.attention.cache_io import entry_fields, router_from_entries
-
-    res = _result("triton")
-    assert res.speedup == pytest.approx(3.0 / 2.6)
-    fields = entry_fields(res)
-    assert fields["kind"] == "attention" and fields["problem_key"] == res.problem.key()
-    assert fields["times"] == {"tuned_ms": pytest.approx(2.6), "default_ms": pytest.approx(3.0)}
-    other = {**entry_fields(_result("sdpa:cudnn")), "problem_key": "attn|other"}
-    gemm = {"kind": "gemm", "problem_key": "gemm:x", "solution": {"config": {}, "blob": b"x"}}
-    router = router_from_entries([fields, other, gemm])
+    other = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", False, "bshd")
+    mine = _entry(prob, AttentionChoice("triton", CONFIGS[1]), {})
+    router = AttentionRouter.from_entries([mine, _entry(other, AttentionChoice("sdpa:cudnn"), {})])
     assert router is not None
-    assert router.choices[res.problem.key()] == AttentionChoice("triton", CONFIGS[1])
-    assert router.choices["attn|other"] == AttentionChoice("sdpa:cudnn")
+    assert router.choices == {prob.key(): AttentionChoice("triton", CONFIGS[1]),
+                              other.key(): AttentionChoice("sdpa:cudnn")}
     q, k, v = random_qkv(1, 4, 2, 40, 40, 16, torch.float16, DEVICE, seed=2)
     out = router(q, k, v, True)
     assert out is not None
     assert (out.float() - reference_attention(q, k, v, causal=True)).abs().max().item() < 2e-3
-    assert router_from_entries([gemm]) is None
-    broken = {**fields, "solution": {"config": {"backend": "triton"}, "blob": b""}}
+    assert AttentionRouter.from_entries([]) is None
+    mine.solution = {"config": {"backend": "triton"}, "blob": b""}
     with pytest.raises(CacheError, match="attention cache entry"):
-        router_from_entries([broken])
+        AttentionRouter.from_entries([mine])
 
 
 def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
-    runtime = pytest.importorskip("primus_perf.cache.runtime")
+    from primus_perf.cache import runtime
     from primus_perf.cache.store import TuningCache
+    from primus_perf.kernels.attention.router import library_versions
     from primus_perf.trainer import dispatch
-    from primus_perf.tuner.attention.cache_io import running_versions, save_results
 
     path = tmp_path / "tuning.cache"
-    res = _result("triton", running_versions())
-    stale = _result("sdpa:cudnn", {"torch": "0.0", "triton": "0.0"})
-    stale.problem = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", False, "bshd")
-    assert save_results([res, stale], path) == 2
-    entries = TuningCache(path).entries("attention")
-    assert {e.problem_key for e in entries} == {res.problem.key(), stale.problem.key()}
-    mine = next(e for e in entries if e.problem_key == res.problem.key())
-    assert mine.solution["config"] == AttentionChoice("triton", CONFIGS[1]).to_solution()
-    assert mine.times["tuned_ms"] == pytest.approx(2.6) and mine.error == pytest.approx(1e-3)
-
-    act = runtime.activate(path, device=res.device)
+    prob = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", True, "bshd")
+    stale = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", False, "bshd")
+    TuningCache(path).put_many([_entry(prob, AttentionChoice("triton", CONFIGS[1]), library_versions()),
+                                _entry(stale, AttentionChoice("sdpa:cudnn"), {"torch": "0.0", "triton": "0.0"})])
+    device = _entry(prob, AttentionChoice("sdpa:cudnn"), {}).device_identity
+    act = runtime.activate(path, device=device)
+    assert dispatch.get_attention_router() is None  # activate installs nothing
+    dispatch.install_routers(act.routers)
     try:
         assert act.usable == {"attention": 1}  # the entry with other versions is stale
         assert any("stale" in line for line in act.start_lines())
@@ -221,9 +201,10 @@ def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
         out = dispatch.attention(q, k, v, causal=True)  # routed to the cached Triton config
         assert (out.float() - reference_attention(q, k, v, causal=True)).abs().max().item() < 2e-3
         dispatch.attention(q, k, v, causal=False)  # stale entry: torch's default
-        summary = act.end_summary()["attention"]
-        assert summary["routed"][res.problem.key()]["calls"] == 1
-        assert summary["default"] == {stale.problem.key(): 1}
+        assert act.end_summary()["attention"] == {"routed": {prob.key(): 1}, "fallback": {stale.key(): 1},
+                                                  "failed": []}
+        assert act.end_lines() == ["tuning cache attention: 1 calls used a cached choice, 1 fell back to torch"]
     finally:
-        act.deactivate()
+        dispatch.remove_routers()
+        act.close()
     assert dispatch.get_attention_router() is None

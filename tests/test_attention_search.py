@@ -12,17 +12,10 @@ import pytest
 
 pytest.importorskip("triton")
 
+from primus_perf.kernels.attention.configs import AttnConfig, BwdConfig, FwdConfig, fwd_invalid
 from primus_perf.problems import AttentionProblem
-from primus_perf.tuner.attention.configs import (
-    AttnConfig,
-    BwdConfig,
-    FwdConfig,
-    SearchSpace,
-    default_space,
-    fwd_invalid,
-    tiny_space,
-)
 from primus_perf.tuner.attention.search import Evaluator, grid_search, tpe_search
+from primus_perf.tuner.attention.space import SearchSpace, default_space, tiny_space
 
 PROBLEM = AttentionProblem(1, 2, 1, 64, 64, 16, "f16", True)
 
@@ -102,22 +95,26 @@ def test_rocm_space_carries_vendor_options() -> None:
     assert len(tiny_space().fwd_configs(PROBLEM, "cpu")) == 4
 
 
-def test_backend_race_times_what_runs_and_reports_what_cannot() -> None:
-    from primus_perf.tuner.attention.backends import implementation
-    from primus_perf.tuner.attention.select import fastest, time_backends
+def test_backend_race_times_what_runs_and_reports_what_cannot(tmp_path) -> None:
+    """The attention kind through the real core on the CPU: wall-clock timing, SDPA
+    backends that cannot run are rejected with a reason, the rest raced forward + backward."""
+    from primus_perf.tuner import core, timing
+    from primus_perf.tuner.attention.plugin import AttentionTuner, triton_candidate
 
     prob = AttentionProblem(1, 4, 2, 48, 48, 16, "f16", True)
-    names = ["sdpa:default", "sdpa:flash", "sdpa:cudnn", "triton"]
-    cands = {n: implementation(n, AttnConfig(FwdConfig(16, 16, 4, 1), BwdConfig(16, 16, 16, 16, 4, 1))) for n in names}
-    res = time_backends(prob, cands, rounds=2, reps=2, device="cpu")
-    assert set(res) == set(names)
-    assert res["sdpa:cudnn"].status == "unavailable" and res["sdpa:cudnn"].reason  # no cuDNN on CPU
+    cfg = AttnConfig(FwdConfig(16, 16, 4, 1), BwdConfig(16, 16, 16, 16, 4, 1))
+    tuner = AttentionTuner(strategy=None, backends=("flash", "cudnn"), extra=[triton_candidate(cfg)], device="cpu")
+    tuner.reps = core.Reps(rough=2, final_min=2, final_max=2)
+    res = core.tune_problem(tuner, prob, timer=timing.time_wall)
+    stats = {c.name: c for c in res.candidates}
+    assert set(stats) == {"sdpa:default", "sdpa:flash", "sdpa:cudnn", "triton"}
+    assert stats["sdpa:cudnn"].status == "rejected" and stats["sdpa:cudnn"].reason  # no cuDNN on CPU
+    assert stats["sdpa:default"].status in ("measured", "chosen")
     for n in ("sdpa:default", "sdpa:flash", "triton"):
-        t = res[n]
-        assert t.status == "ok" and len(t.fwd_samples) == len(t.bwd_samples) == 4
-        assert 0 < t.fwd_ms < math.inf and 0 < t.bwd_ms < math.inf
+        c = stats[n]
+        assert set(c.parts) == {"fwd", "bwd"} and c.error is not None and c.error < 5e-3
+        assert 0 < c.parts["fwd"]["median_s"] < math.inf and 0 < c.parts["bwd"]["median_s"] < math.inf
     # the interpreter is orders of magnitude slower than torch's CPU kernels
-    assert fastest(res) in ("sdpa:default", "sdpa:flash")
-    assert fastest(res, exclude=("sdpa:default", "sdpa:flash")) == "triton"
-    row = res["triton"].to_dict(prob)
-    assert row["fwd_tflops"] > 0 and row["fwd_ms_min_max"][0] <= row["fwd_ms"] <= row["fwd_ms_min_max"][1]
+    assert stats["triton"].status == "dropped"
+    assert res.chosen in ("sdpa:default", "sdpa:flash")
+    assert res.entry.kind == "attention" and res.entry.solution["config"]["backend"] == res.chosen

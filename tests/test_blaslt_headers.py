@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from primus_perf.tuner.blaslt.tables import CUBLASLT
+from primus_perf.kernels.blaslt.tables import CUBLASLT
 
 pytestmark = pytest.mark.gpu
 

@@ -4,29 +4,28 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from typer.testing import CliRunner
 
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.cli.tune import app
-from primus_perf.errors import ConfigError, UserError
-from primus_perf.problems import GemmProblem
-from primus_perf.tuner.gemm_problems import load_problems
+from primus_perf.errors import UserError
+from primus_perf.problems import AttentionProblem, GemmProblem
 
 
 def test_problems_file_forms_and_dry_run(tmp_path) -> None:
     p1 = GemmProblem.from_row_major(4096, 6144, 4096, b_transposed=True)
+    attn = AttentionProblem(1, 4, 2, 64, 64, 16, "bf16", True)
     items = [p1.to_dict(), {"kind": "gemm", "problem": p1.to_dict()},
              {"M": 128, "N": 4096, "K": 14336, "b_transposed": True, "dtype": "f16"},
-             {"kind": "attention", "problem": {}}]
+             {"kind": "attention", "problem": attn.to_dict()}]
     f = tmp_path / "problems.json"
     f.write_text(json.dumps({"problems": items}))
-    probs = load_problems(f)
-    assert len(probs) == 3 and probs[0] == p1 and probs[2].dtype_a == "f16"
-    assert probs[2].row_major_shapes() == (128, 4096, 14336, False, True)
-    res = CliRunner().invoke(app, ["gemm", "--offline", "--problems", str(f), "--dry-run"])
+    res = CliRunner().invoke(app, ["gemm", "--problems", str(f), "--dry-run"])
     assert res.exit_code == 0, res.output
-    assert "2 unique GEMM problems" in res.output
+    assert "2 unique GEMM problems" in res.output  # the attention problem is not a GEMM
+    assert "128x4096x14336 f16 TN" in res.output  # the row-major spelling
+    res = CliRunner().invoke(app, ["gemm", "--offline", "--problems", str(f), "--dry-run"])
+    assert res.exit_code == 2 and "No such option" in res.output  # the flag that did nothing is gone
 
 
 def test_from_trace_dry_run_lists_the_traces_problems() -> None:
@@ -36,7 +35,7 @@ def test_from_trace_dry_run_lists_the_traces_problems() -> None:
     from primus_perf.trainer.flops import model_gemms
 
     trace = Path(__file__).parent / "data" / "traces" / "h100_llama3-8b_l2_s1024_cudnn.json.gz"
-    res = CliRunner().invoke(app, ["gemm", "--offline", "--from-trace", str(trace), "--dry-run"])
+    res = CliRunner().invoke(app, ["gemm", "--from-trace", str(trace), "--dry-run"])
     assert res.exit_code == 0, res.output
     cfg = load_config("llama3-8b", ["model.n_layers=2", "train.seq_len=1024", "train.micro_batch=1"])
     expected = {str(c.problem) for c in model_gemms(cfg.model, 1, 1024)}
@@ -45,16 +44,12 @@ def test_from_trace_dry_run_lists_the_traces_problems() -> None:
     assert listed == expected
 
 
-def test_bad_problems_file_is_one_clear_error(tmp_path) -> None:
-    f = tmp_path / "bad.json"
-    f.write_text('[{"m": -1, "n": 2, "k": 3}]')
-    with pytest.raises(ConfigError, match="item 0"):
-        load_problems(f)
-    f.write_text("{not json")
-    with pytest.raises(ConfigError, match="cannot parse"):
-        load_problems(f)
-    with pytest.raises(ConfigError, match="not found"):
-        load_problems(tmp_path / "missing.json")
+def test_problem_errors_are_one_line() -> None:
+    runner = CliRunner()
+    res = runner.invoke(app, ["gemm", "--dry-run"])
+    assert isinstance(res.exception, UserError) and "nothing to tune" in str(res.exception)
+    res = runner.invoke(app, ["gemm", "--problems", "/nonexistent/p.json", "--dry-run"])
+    assert isinstance(res.exception, UserError) and "problems file not found" in str(res.exception)
 
 
 def test_cache_show_and_merge(tmp_path) -> None:

@@ -14,12 +14,13 @@ pytestmark = pytest.mark.gpu
 def test_tuned_result_matches_reference(dtype: str, shape: tuple) -> None:
     import torch
 
-    from primus_perf.tuner.gemm import TOLERANCE, tune_problem
-    from primus_perf.tuner.gemm_runtime import GemmRouter
+    from primus_perf.kernels.gemm import GemmRouter
+    from primus_perf.tuner.core import tune_problem
+    from primus_perf.tuner.gemm.plugin import TOLERANCE, GemmTuner
 
     M, N, K, at, bt = shape
     p = GemmProblem.from_row_major(M, N, K, a_transposed=at, b_transposed=bt, dtype=dtype)
-    entry, _report = tune_problem(p, budget_s=1.0)
+    entry = tune_problem(GemmTuner(), p, budget_s=1.0).entry
     assert entry.error is not None and entry.error <= TOLERANCE[dtype]
     dt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype]
     a = torch.randn(K, M, device="cuda", dtype=dt).T if at else torch.randn(M, K, device="cuda", dtype=dt)
@@ -29,13 +30,16 @@ def test_tuned_result_matches_reference(dtype: str, shape: tuple) -> None:
     got = out if out is not None else torch.mm(a, b)
     ref = a.float() @ b.float()
     assert ((got.float() - ref).norm() / ref.norm()).item() <= TOLERANCE[dtype]
-    assert sum(router.routed.values()) + sum(router.default.values()) == 1
+    summary = router.summary()
+    assert sum(summary["routed"].values()) == 1 and not summary["fallback"] and not summary["failed"]
+    router.close()
 
 
 def test_planted_wrong_candidate_is_rejected() -> None:
     import torch
 
-    from primus_perf.tuner.gemm import Candidate, tune_problem
+    from primus_perf.tuner.core import tune_problem
+    from primus_perf.tuner.gemm.plugin import GemmTuner, python_candidate
 
     p = GemmProblem.from_row_major(1024, 1024, 1024, b_transposed=True)
 
@@ -43,9 +47,9 @@ def test_planted_wrong_candidate_is_rejected() -> None:
         k = a.shape[1] // 2
         torch.mm(a[:, :k], b[:k], out=out)
 
-    _, report = tune_problem(p, budget_s=1.0, planted=Candidate("planted", None, fn=half_k))
-    assert report["chosen"] != "planted"
-    assert "planted" in report["rejected"]
+    res = tune_problem(GemmTuner(extra=[python_candidate("planted", half_k)]), p, budget_s=1.0)
+    assert res.chosen != "planted"
+    assert {c.name: c.status for c in res.candidates}["planted"] == "rejected"
 
 
 def test_routed_gemm_is_traced_and_modeled_like_aten_mm(tmp_path) -> None:
@@ -56,13 +60,14 @@ def test_routed_gemm_is_traced_and_modeled_like_aten_mm(tmp_path) -> None:
 
     from primus_perf.cache.store import CacheEntry
     from primus_perf.devices import current_device
+    from primus_perf.kernels.blaslt.binding import load
+    from primus_perf.kernels.gemm import WORKSPACE_BYTES, GemmRouter
     from primus_perf.tracelens.analyze import analyze
-    from primus_perf.tuner.blaslt.binding import load
-    from primus_perf.tuner.gemm_runtime import WORKSPACE_BYTES, GemmRouter
 
     M, N, K = 1024, 768, 512
     p = GemmProblem.from_row_major(M, N, K, b_transposed=True)
-    h = load().plan(p).heuristics(1, WORKSPACE_BYTES)[0]
+    with load().plan(p) as plan:
+        h = plan.heuristics(1, WORKSPACE_BYTES)[0]
     entry = CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=current_device().to_dict(),
                        versions={}, solution={"config": {"source": "cublaslt"}, "blob": h.algo},
                        times={"tuned_ms": 1.0, "default_ms": 1.0})
@@ -73,7 +78,7 @@ def test_routed_gemm_is_traced_and_modeled_like_aten_mm(tmp_path) -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         traced = router(a, w.T)
         torch.cuda.synchronize()
-    assert router.routed == {p.key(): 2} and not router.failed
+    assert router.summary() == {"routed": {p.key(): 2}, "fallback": {}, "failed": []}
     torch.testing.assert_close(traced, plain, rtol=0, atol=0)
     ref = a.float() @ w.float().T
     assert ((traced.float() - ref).norm() / ref.norm()).item() < 1e-2
@@ -83,6 +88,7 @@ def test_routed_gemm_is_traced_and_modeled_like_aten_mm(tmp_path) -> None:
     rows = an.gemm_problems
     assert list(rows["key"]) == [p.key()] and rows["calls"].iloc[0] == 1
     assert rows["flops"].iloc[0] == p.flops
+    router.close()
 
 
 def test_interrupted_offline_tuning_resumes_without_retuning(tmp_path) -> None:
@@ -98,7 +104,7 @@ def test_interrupted_offline_tuning_resumes_without_retuning(tmp_path) -> None:
     probs = [{"M": 256 * (i + 1), "N": 1024, "K": 2048, "b_transposed": True, "dtype": "bf16"} for i in range(12)]
     pfile, cache = tmp_path / "problems.json", tmp_path / "cache.json"
     pfile.write_text(json.dumps(probs))
-    cmd = [sys.executable, "-m", "primus_perf.cli.tune", "gemm", "--offline", "--problems", str(pfile),
+    cmd = [sys.executable, "-m", "primus_perf.cli.tune", "gemm", "--problems", str(pfile),
            "--cache", str(cache), "--budget-s", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
@@ -110,7 +116,7 @@ def test_interrupted_offline_tuning_resumes_without_retuning(tmp_path) -> None:
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
-    assert "rerun the same command to resume" in " ".join(out.split()) and "Traceback" not in out + err, out + err
+    assert "Resume with the same command" in " ".join(out.split()) and "Traceback" not in out + err, out + err
     first = {e.problem_key: e.created for e in TuningCache(cache).entries()}
     assert 2 <= len(first) < len(probs)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import AttentionProblem, GemmProblem
 from primus_perf.tracelens.load import ShapeArgs
 from primus_perf.tracelens.perf_models import model_op
-from primus_perf.trainer.dispatch import problem_of
 
 BF16 = "c10::BFloat16"
 

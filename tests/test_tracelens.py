@@ -14,12 +14,12 @@ import torch
 from typer.testing import CliRunner
 
 from primus_perf.cli.profile import app
-from primus_perf.problems import AttentionProblem
+from primus_perf.problems import AttentionProblem, GemmProblem, load_problems
 from primus_perf.profiler.capture import Schedule, profile_steps
 from primus_perf.tracelens import categories as C
 from primus_perf.tracelens.analyses.breakdown import union_length
 from primus_perf.tracelens.analyze import analyze
-from primus_perf.tracelens.shapes import load_problems, write_problems
+from primus_perf.tracelens.shapes import write_problems
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import (
     attention_flops_per_step,
@@ -151,18 +151,18 @@ def test_json_summary_has_the_documented_keys() -> None:
 
 
 def test_shapes_file_feeds_the_gemm_tuner(tmp_path: Path) -> None:
-    from primus_perf.tuner.gemm_problems import load_problems as tuner_gemm_problems
-
     runner = CliRunner()
     out = tmp_path / "problems.json"
     res = runner.invoke(app, ["shapes", str(H100_CUDNN), "-o", str(out)])
     assert res.exit_code == 0, res.output
     cfg = load_config("llama3-8b", H100_OVERRIDES)
     expected = {c.problem.key() for c in model_gemms(cfg.model, 1, 1024)}
-    assert {p.key() for p in tuner_gemm_problems(out)} == expected
-    gemm, attn = load_problems(out)
-    assert {p.key() for p, _ in gemm} == expected
-    assert len(attn) == 1 and attn[0][0].causal and attn[0][1] == 4
+    problems = load_problems(out)
+    assert {p.key() for p in problems if isinstance(p, GemmProblem)} == expected
+    attn = [p for p in problems if isinstance(p, AttentionProblem)]
+    assert len(attn) == 1 and attn[0].causal
+    counts = [it["count"] for it in json.loads(out.read_text())["problems"] if it["kind"] == "attention"]
+    assert counts == [4]
     # the file is ranked by time
     times = [it["time_s"] for it in json.loads(out.read_text())["problems"]]
     assert times == sorted(times, reverse=True)

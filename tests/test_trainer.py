@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from primus_perf.errors import ConfigError
+from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import GemmProblem
 from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import load_config
@@ -152,7 +153,7 @@ def test_every_training_gemm_goes_through_dispatch() -> None:
     seen: list[GemmProblem] = []
 
     def router(a: torch.Tensor, b: torch.Tensor) -> None:
-        seen.append(dispatch.problem_of(a, b))
+        seen.append(problem_of(a, b))
         return None  # fall back to torch
 
     trainer = Trainer(cfg)
@@ -182,6 +183,6 @@ def test_router_output_is_used() -> None:
 def test_problem_of_matches_row_major_mapping() -> None:
     x = torch.randn(6, 4, dtype=torch.bfloat16)
     w = torch.randn(5, 4, dtype=torch.bfloat16)
-    assert dispatch.problem_of(x, w.t()) == GemmProblem.from_row_major(6, 5, 4, b_transposed=True)
+    assert problem_of(x, w.t()) == GemmProblem.from_row_major(6, 5, 4, b_transposed=True)
     with pytest.raises(ValueError):
-        dispatch.problem_of(x[:, ::2], w.t()[::2])
+        problem_of(x[:, ::2], w.t()[::2])

@@ -1,97 +1,89 @@
-"""Loading a tuning cache into the trainer's dispatch at start-up.
+"""From a tuning cache to routers: what a program installs at start-up.
 
-:func:`activate` reads the cache once, keeps the entries valid for the running device
-(same hardware; same library versions where the kind says which versions matter), and for
-each kind present asks that kind's provider for a router, which it installs into
-``trainer.dispatch``. Kinds are data: :data:`PROVIDERS` names the module that registers a
-kind's router factory (imported only when the cache holds entries of that kind) and
-:data:`INSTALLERS` the dispatch setter for it.
+:func:`activate` reads the cache once, keeps the entries usable here (same hardware; the
+library versions its kind depends on), builds one router per kind from them and returns
+them in an :class:`Activation`. It installs nothing: the program does (the trainer gives
+``Activation.routers`` to ``trainer.dispatch.install_routers``) and calls
+:meth:`Activation.close` at the end.
 
-A provider module calls :func:`register_router_factory(kind, factory, versions)` at import:
-``factory(entries) -> router | None`` builds the router from usable entries, and
-``versions() -> dict`` returns the running library versions an entry must match (None: only
-the hardware is checked). A router may have ``summary() -> dict`` for the end-of-run lines.
+Kinds are data: :data:`KINDS` maps a kind to the router factory in ``kernels`` and the
+function giving the running library versions its entries must match. A router has
+``summary()`` in the one shape of ``kernels.routing``.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import DeviceIdentity, current_device
-from primus_perf.trainer import dispatch
+from primus_perf.errors import DeviceError
+from primus_perf.kernels import gemm
+from primus_perf.kernels.attention import router as attention
 
-RouterFactory = Callable[[list[CacheEntry]], Any]
-VersionsFn = Callable[[], dict[str, str]]
 
-PROVIDERS: dict[str, str] = {
-    "attention": "primus_perf.tuner.attention.cache_io",
-    "gemm": "primus_perf.tuner.gemm_runtime",
+@dataclass(frozen=True)
+class RouterKind:
+    factory: Callable[[Iterable[CacheEntry]], Any]  # usable entries -> router | None
+    versions: Callable[[], dict[str, str]]  # running library versions an entry must match
+
+
+KINDS: dict[str, RouterKind] = {
+    "gemm": RouterKind(gemm.GemmRouter.from_entries, gemm.library_versions),
+    "attention": RouterKind(attention.AttentionRouter.from_entries, attention.library_versions),
 }
-INSTALLERS: dict[str, Callable[[Any], None]] = {
-    "attention": dispatch.set_attention_router,
-    "gemm": dispatch.set_gemm_router,
-}
-
-_factories: dict[str, tuple[RouterFactory, VersionsFn | None]] = {}
-
-
-def register_router_factory(
-    kind: str, factory: RouterFactory, versions: VersionsFn | None = None
-) -> None:
-    _factories[kind] = (factory, versions)
 
 
 @dataclass
 class Activation:
-    """What :func:`activate` found and installed; ``end_summary`` reads the routers' counts."""
+    """What :func:`activate` found, and the routers it built (one per kind with usable entries)."""
 
     path: str
     device: DeviceIdentity
     loaded: dict[str, int] = field(default_factory=dict)  # kind -> entries in the file
     usable: dict[str, int] = field(default_factory=dict)  # kind -> entries for this device
     stale: list[str] = field(default_factory=list)
-    unsupported: list[str] = field(default_factory=list)  # kinds with no provider here
+    unavailable: dict[str, str] = field(default_factory=dict)  # kind -> why no router here
     routers: dict[str, Any] = field(default_factory=dict)
 
     def start_lines(self) -> list[str]:
         lines = [f"tuning cache {self.path}: device {self.device.name}"]
         for kind in sorted(self.loaded):
-            lines.append(
-                f"  {kind}: {self.usable.get(kind, 0)} of {self.loaded[kind]} entries usable"
-                + ("" if kind in self.routers else " (no router installed)")
-            )
+            if kind in self.unavailable:
+                lines.append(f"  {kind}: {self.loaded[kind]} entries, not usable here ({self.unavailable[kind]})")
+                continue
+            lines.append(f"  {kind}: {self.usable.get(kind, 0)} of {self.loaded[kind]} entries usable")
         lines += [f"  {msg}" for msg in self.stale[:10]]
         if len(self.stale) > 10:
             lines.append(f"  ... and {len(self.stale) - 10} more stale entries")
-        lines += [f"  {kind}: no tuner for this kind in this installation" for kind in self.unsupported]
         return lines
 
-    def end_summary(self) -> dict[str, Any]:
-        return {
-            kind: router.summary() for kind, router in self.routers.items() if hasattr(router, "summary")
-        }
+    def end_summary(self) -> dict[str, dict[str, Any]]:
+        """Kind -> the router's summary (``{"routed": {key: calls}, "fallback": ..., "failed": [...]}``)."""
+        return {kind: router.summary() for kind, router in self.routers.items()}
 
     def end_lines(self) -> list[str]:
         lines = []
         for kind, summary in self.end_summary().items():
-            routed = sum(v["calls"] if isinstance(v, dict) else v for v in summary.get("routed", {}).values())
-            default = sum(summary.get("default", {}).values())
-            lines.append(f"tuning cache {kind}: {routed} calls used a cached choice, {default} fell back to torch")
+            routed, fallback = sum(summary["routed"].values()), sum(summary["fallback"].values())
+            line = f"tuning cache {kind}: {routed} calls used a cached choice, {fallback} fell back to torch"
+            if summary["failed"]:
+                line += f" ({len(summary['failed'])} tuned kernels failed)"
+            lines.append(line)
         return lines
 
-    def deactivate(self) -> None:
-        for kind in self.routers:
-            INSTALLERS[kind](None)
+    def close(self) -> None:
+        """Release the routers (the program uninstalls them first)."""
+        for router in self.routers.values():
+            router.close()
         self.routers.clear()
 
 
 def activate(path: str | os.PathLike, device: DeviceIdentity | None = None) -> Activation:
-    """Load the cache at ``path`` and install a router for every kind it holds."""
+    """Read the cache at ``path`` and build a router for every kind with usable entries."""
     device = device or current_device()
     act = Activation(path=str(path), device=device)
     cache = TuningCache(path, report_stale=act.stale.append)
@@ -100,30 +92,18 @@ def activate(path: str | os.PathLike, device: DeviceIdentity | None = None) -> A
         by_kind.setdefault(entry.kind, []).append(entry)
     for kind, entries in sorted(by_kind.items()):
         act.loaded[kind] = len(entries)
-        if kind not in INSTALLERS or not _load_provider(kind):
-            act.unsupported.append(kind)
+        spec = KINDS.get(kind)
+        if spec is None:
+            act.unavailable[kind] = "no router for this kind in this installation"
             continue
-        factory, versions_fn = _factories[kind]
-        usable = cache.select(entries, device, versions_fn() if versions_fn else None)
+        try:
+            versions = spec.versions()
+        except DeviceError as exc:  # e.g. no GPU, so no BLAS-Lt library to match
+            act.unavailable[kind] = str(exc)
+            continue
+        usable = cache.select(entries, device, versions)
         act.usable[kind] = len(usable)
-        router = factory(list(usable.values())) if usable else None
+        router = spec.factory(list(usable.values())) if usable else None
         if router is not None:
-            INSTALLERS[kind](router)
             act.routers[kind] = router
     return act
-
-
-def _load_provider(kind: str) -> bool:
-    if kind in _factories:
-        return True
-    module = PROVIDERS.get(kind)
-    if module is None:
-        return False
-    try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        return False
-    register = getattr(mod, "register", None)
-    if callable(register) and kind not in _factories:
-        register()
-    return kind in _factories

@@ -226,7 +226,7 @@ def _attn(q_at: int, causal_at: int | None, layout: str, direction: str) -> Call
 # (checked against H100 traces of torch 2.11: is_causal's position in Concrete Inputs).
 MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "aten::mm": model_mm,
-    "primus_perf::gemm": model_mm,  # a tuned GEMM of the trainer's router (tuner/gemm_runtime.py)
+    "primus_perf::gemm": model_mm,  # a tuned GEMM routed by kernels/gemm.py
     "aten::addmm": model_addmm,
     "aten::_addmm_activation": model_addmm,
     "aten::bmm": model_bmm,

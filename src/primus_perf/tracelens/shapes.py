@@ -1,7 +1,7 @@
 """The problems file: the unique GEMM and attention problems of traces, for the tuners.
 
 ``primus-profile shapes TRACE -o problems.json`` writes it; ``primus-tune gemm --problems``
-and ``primus-tune attention --problems-file`` read it. Format (JSON)::
+and ``primus-tune attention --problems`` read it (``problems.load_problems``). Format (JSON)::
 
     {"schema": "primus-perf-problems/1", "device": "...", "traces": [...], "steps": 2,
      "problems": [{"kind": "gemm", "problem": {GemmProblem fields}, "count": 4,
@@ -16,7 +16,6 @@ the forward calls.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -59,34 +58,6 @@ def write_problems(analysis: Analysis, path: str | Path) -> Path:
     except OSError as exc:
         raise UserError(f"cannot write {p}: {exc.strerror}") from None
     return p
-
-
-def load_problems(path: str | Path) -> tuple[list[tuple[GemmProblem, int]], list[tuple[AttentionProblem, int]]]:
-    """The (problem, count) pairs of a problems file: GEMMs and attention."""
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise UserError(f"problems file not found: {p}") from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{p}: cannot read the problems file ({exc})") from None
-    items = doc.get("problems") if isinstance(doc, dict) else doc
-    if not isinstance(items, list):
-        raise UserError(f"{p}: expected {{'problems': [...]}}")
-    gemm: list[tuple[GemmProblem, int]] = []
-    attn: list[tuple[AttentionProblem, int]] = []
-    for i, it in enumerate(items):
-        try:
-            kind, data, count = it.get("kind", "gemm"), it["problem"], int(it.get("count", 1))
-            if kind == "gemm":
-                gemm.append((GemmProblem.from_dict(data), count))
-            elif kind == "attention":
-                attn.append((AttentionProblem.from_dict(data), count))
-            else:
-                raise ValueError(f"unknown kind {kind!r}")
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"{p} item {i}: {exc}") from None
-    return gemm, attn
 
 
 def problems_from_traces(paths: Any) -> tuple[list[tuple[GemmProblem, int]], list[tuple[AttentionProblem, int]]]:

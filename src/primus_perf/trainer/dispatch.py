@@ -2,10 +2,11 @@
 attention through :func:`attention`. A tuning cache installs a router here; with none set
 the cost is one ``is None`` check and the call goes to torch.
 
-Routers:
+Routers (``kernels/``; a tuning cache's come from ``cache.runtime.activate`` and are
+installed with :func:`install_routers`):
 
 - GEMM: ``fn(a, b) -> Tensor | None`` for 2-D operands (``a @ b``); None means "not mine,
-  use torch". :func:`problem_of` gives the :class:`~primus_perf.problems.GemmProblem`.
+  use torch". ``kernels.gemm.problem_of`` gives the :class:`~primus_perf.problems.GemmProblem`.
 - Attention: ``fn(q, k, v, causal) -> Tensor | None`` with q/k/v in (batch, seq, heads,
   head_dim) layout (kv heads may be fewer: GQA); returns the output in the same layout.
 
@@ -19,19 +20,19 @@ operands of the dtype the GEMM really runs in.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from primus_perf.problems import GemmProblem, dtype_name, operand_layout
+from primus_perf.kernels.attention.backends import SDPA_BACKENDS, sdpa_bshd
 
 GemmRouter = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 AttentionRouter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], "torch.Tensor | None"]
 
 _gemm_router: GemmRouter | None = None
 _attention_router: AttentionRouter | None = None
-_sdpa_backends: list | None = None  # None: torch picks
+_sdpa_backend: str | None = None  # a row of kernels.attention.backends.SDPA_BACKENDS; None: torch picks
 
 
 def set_gemm_router(fn: GemmRouter | None) -> None:
@@ -54,23 +55,34 @@ def get_attention_router() -> AttentionRouter | None:
     return _attention_router
 
 
-_BACKENDS = {
-    "cudnn": "CUDNN_ATTENTION",
-    "flash": "FLASH_ATTENTION",
-    "efficient": "EFFICIENT_ATTENTION",
-    "math": "MATH",
+_SETTERS: dict[str, Callable[[Any], None]] = {
+    "gemm": set_gemm_router,
+    "attention": set_attention_router,
 }
 
 
-def set_sdpa_backend(name: str) -> None:
-    """Restrict torch SDPA to one backend ("cudnn", "flash", ...); "auto" lets torch pick."""
-    global _sdpa_backends
-    if name == "auto":
-        _sdpa_backends = None
-        return
-    from torch.nn.attention import SDPBackend
+def install_routers(routers: Mapping[str, Any]) -> None:
+    """Install one router per kind (``cache.runtime.Activation.routers``)."""
+    unknown = set(routers) - set(_SETTERS)
+    if unknown:
+        raise ValueError(f"no dispatch point for router kind(s) {sorted(unknown)}")
+    for kind, router in routers.items():
+        _SETTERS[kind](router)
 
-    _sdpa_backends = [getattr(SDPBackend, _BACKENDS[name])]
+
+def remove_routers() -> None:
+    """Remove every installed router: every call goes to torch again."""
+    for setter in _SETTERS.values():
+        setter(None)
+
+
+def set_sdpa_backend(name: str) -> None:
+    """Restrict torch SDPA to one backend (a row of ``SDPA_BACKENDS``: "cudnn", "flash",
+    ...); "auto" lets torch pick."""
+    global _sdpa_backend
+    if name != "auto" and name not in SDPA_BACKENDS:
+        raise ValueError(f"unknown SDPA backend {name!r} (auto, {', '.join(SDPA_BACKENDS)})")
+    _sdpa_backend = None if name == "auto" else name
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -81,24 +93,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if out is not None:
             return out
     return torch.mm(a, b)
-
-
-def problem_of(a: torch.Tensor, b: torch.Tensor) -> GemmProblem:
-    """The GemmProblem of ``a @ b`` for 2-D operands whose rows or columns are contiguous
-    (``problems.operand_layout``); ValueError for any other operands."""
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(
-            f"problem_of needs 2-D operands, got {tuple(a.shape)} and {tuple(b.shape)}"
-        )
-    la = operand_layout(*a.shape, *a.stride())
-    lb = operand_layout(*b.shape, *b.stride())
-    if la is None or lb is None:
-        raise ValueError(
-            f"operand strides {a.stride()} / {b.stride()} have no BLAS layout"
-        )
-    if a.dtype != b.dtype:
-        raise ValueError(f"operand dtypes differ: {a.dtype} and {b.dtype}")
-    return GemmProblem.from_operands(la, lb, dtype_name(a.dtype))
 
 
 def _autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -149,23 +143,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _Linear.apply(x, weight)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    hq, hkv = q.shape[2], k.shape[2]
-    if hkv != hq:  # GQA: expand kv heads so every SDPA backend (flash, cuDNN) applies
-        rep = hq // hkv
-        k = k.repeat_interleave(rep, dim=2)
-        v = v.repeat_interleave(rep, dim=2)
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    if _sdpa_backends is None:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    else:
-        from torch.nn.attention import sdpa_kernel
-
-        with sdpa_kernel(_sdpa_backends):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return out.transpose(1, 2)
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
     """Scaled dot-product attention, (batch, seq, heads, head_dim) in and out."""
     router = _attention_router
@@ -173,4 +150,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         out = router(q, k, v, causal)
         if out is not None:
             return out
-    return _sdpa(q, k, v, causal)
+    return sdpa_bshd(q, k, v, causal, _sdpa_backend)

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from primus_perf.cache.runtime import Activation, activate
 from primus_perf.errors import ConfigError, DeviceError
 from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import TrainConfig, TrainerConfig
@@ -147,11 +148,10 @@ class Trainer:
         )
         self.peak_tflops = self._peak_tflops()
         self.step = 0
-        self.tuning = None  # cache.runtime.Activation when tuning.cache is set
+        self.tuning: Activation | None = None  # the tuning cache's routers, when tuning.cache is set
         if cfg.tuning.cache:
-            from primus_perf.cache.runtime import activate
-
             self.tuning = activate(cfg.tuning.cache)
+            dispatch.install_routers(self.tuning.routers)
 
     # ---- set-up ------------------------------------------------------------------------
 
@@ -237,7 +237,8 @@ class Trainer:
         meet at a barrier first, and the reducer goes while the group is still registered.
         """
         if self.tuning is not None:
-            self.tuning.deactivate()
+            dispatch.remove_routers()
+            self.tuning.close()
         if self._forward is not self.model:
             if dist.is_initialized():
                 dist.barrier(group=self.groups.dp_group)

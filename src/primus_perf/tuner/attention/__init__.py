@@ -1,2 +1,2 @@
-"""Attention tuner: Triton flash attention with searched tile configs, SDPA backend
-selection, and the router through which the trainer uses the cached choice."""
+"""The attention kind of the tuner (``plugin``): Triton tile search (``search``, over the
+``space``) raced against torch's SDPA backends."""

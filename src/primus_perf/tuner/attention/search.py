@@ -8,7 +8,8 @@ The forward and the backward kernels are separate launches, so a config pair's c
 2. the config is checked against the fp32 reference on fresh random inputs (output for a
    forward config; dQ/dK/dV for a backward config) and rejected if it fails;
 3. a short measurement; configs clearly slower than the best so far (``prune_ratio``)
-   stop there; the others get the full measurement (median of ``reps`` calls).
+   stop there; the others get the full measurement (median of ``reps`` calls). Every
+   measurement goes through the tuner's timer (``tuner.timing``); times here are in ms.
 
 ``grid`` evaluates every forward and every backward config of the space, which covers
 every pair; ``tpe`` runs an optuna study over the pair (one categorical per parameter),
@@ -20,25 +21,33 @@ forward with the best backward config measured (the cost is separable).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from primus_perf.problems import AttentionProblem, torch_dtype
-from primus_perf.tuner.attention.configs import (
+from primus_perf.kernels.attention.configs import (
     AttnConfig,
     BwdConfig,
     FwdConfig,
-    SearchSpace,
     bwd_invalid,
     fwd_invalid,
 )
-from primus_perf.tuner.attention.function import triton_attention
-from primus_perf.tuner.attention.kernels import flash_bwd, flash_fwd
-from primus_perf.tuner.attention.reference import check_numerics, random_qkv, reference_attention
-from primus_perf.tuner.attention.timing import median, time_calls
+from primus_perf.kernels.attention.function import triton_attention
+from primus_perf.kernels.attention.kernels import flash_bwd, flash_fwd
+from primus_perf.kernels.attention.reference import (
+    TOLERANCE,
+    check_numerics,
+    random_qkv,
+    reference_attention,
+    validation_shape,
+)
+from primus_perf.problems import AttentionProblem, torch_dtype
+from primus_perf.tuner import timing
+from primus_perf.tuner.attention.space import STRATEGIES, SearchSpace, grid_size, known_good
+from primus_perf.tuner.timing import Timer
 
 Progress = Callable[[str], None]
 
@@ -74,17 +83,6 @@ class SearchResult:
         return self.fwd_ms + self.bwd_ms
 
 
-def _validation_shape(problem: AttentionProblem) -> tuple[int, int, int, int]:
-    """(batch, heads_q, heads_kv, seq) of the small problem each config is checked on:
-    the same group size, head dim, mask and sequence divisibility, affordable in fp32."""
-    group = problem.heads_q // problem.heads_kv
-    hkv = min(problem.heads_kv, 2)
-    seq = problem.seq_q
-    if seq > 512:
-        seq = 512 + (seq % 16)  # keep the ragged tail, and the divisibility, of the real one
-    return 1, group * hkv, hkv, seq
-
-
 class Evaluator:
     """Measures forward and backward configs on one problem; remembers every result."""
 
@@ -99,6 +97,7 @@ class Evaluator:
         prune_ratio: float = 1.3,
         validate: bool = True,
         seed: int = 0,
+        timer: Timer | None = None,
     ) -> None:
         if problem.causal and problem.seq_q != problem.seq_kv:
             raise ValueError("causal problems need seq_q == seq_kv")
@@ -110,6 +109,7 @@ class Evaluator:
         self.prune_ratio = prune_ratio
         self.validate = validate
         self._seed = seed
+        self.timer = timer or timing.default_timer()
         self.dtype = torch_dtype(problem.dtype)
         p = problem
         self.q, self.k, self.v = random_qkv(
@@ -144,14 +144,18 @@ class Evaluator:
         return self._seed
 
     def _validation_inputs(self) -> tuple[torch.Tensor, ...]:
-        b, hq, hkv, s = _validation_shape(self.problem)
+        b, hq, hkv, s = validation_shape(self.problem)
         return random_qkv(b, hq, hkv, s, s, self.problem.head_dim, self.dtype, self.device, self._fresh_seed())
 
+    def _median_ms(self, fn: Callable[[], object], reps: int) -> float:
+        samples = self.timer({"config": lambda _i: fn()}, 1, reps)["config"]
+        return statistics.median(samples) * 1e3
+
     def _timed(self, fn: Callable[[], object], best: Measurement | None) -> tuple[str, float]:
-        short = median(time_calls(fn, self.short_reps, warmup=1))
+        short = self._median_ms(fn, self.short_reps)
         if best is not None and short > self.prune_ratio * best.ms:
             return "slow", short
-        return "ok", median(time_calls(fn, self.reps, warmup=1))
+        return "ok", self._median_ms(fn, self.reps)
 
     # ---- forward ----------------------------------------------------------------------
 
@@ -229,8 +233,6 @@ class Evaluator:
 
 
 def check_tolerance(dtype: torch.dtype) -> float:
-    from primus_perf.tuner.attention.reference import TOLERANCE
-
     return TOLERANCE.get(dtype, 1e-3)
 
 
@@ -265,10 +267,6 @@ def grid_search(ev: Evaluator, space: SearchSpace, progress: Progress | None = N
         measured=ev.measured,
         measurements=[*ev.fwd_results.values(), *ev.bwd_results.values()],
     )
-
-
-def grid_size(space: SearchSpace, problem: AttentionProblem, arch: str) -> tuple[int, int]:
-    return len(space.fwd_configs(problem, arch)), len(space.bwd_configs(problem, arch))
 
 
 def tpe_search(
@@ -365,3 +363,34 @@ def tpe_search(
         measured=ev.measured,
         measurements=[*ev.fwd_results.values(), *ev.bwd_results.values()],
     )
+
+
+def search(
+    ev: Evaluator,
+    space: SearchSpace,
+    *,
+    strategy: str = "grid",
+    trials: int | None = None,
+    storage: str | Path | None = None,
+    vendor: str = "nvidia",
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> SearchResult:
+    """The ``grid`` or ``tpe`` search of one problem; ``tpe`` defaults to 20% of the grid's
+    trials, seeded with the vendor's known-good configs, its study named after the problem
+    and the architecture (so that ``storage`` resumes it)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if strategy == "grid":
+        return grid_search(ev, space, progress)
+    n = trials if trials is not None else default_trials(space, ev.problem, ev.arch)
+    return tpe_search(
+        ev, space, n, storage=storage, seeds=known_good(vendor, ev.problem.head_dim), seed=seed,
+        study_name=f"{ev.problem.key()}|{ev.arch}", progress=progress,
+    )
+
+
+def default_trials(space: SearchSpace, problem: AttentionProblem, arch: str) -> int:
+    """TPE trials when none are given: 20% of the grid (forward + backward configs), at least 4."""
+    n_f, n_b = grid_size(space, problem, arch)
+    return max(4, int(0.2 * (n_f + n_b)))

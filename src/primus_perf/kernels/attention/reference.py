@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from primus_perf.problems import AttentionProblem
+
 # Max |error| allowed relative to the reference's max |value|, per dtype (output, grads).
 TOLERANCE: dict[torch.dtype, float] = {torch.bfloat16: 2.5e-2, torch.float16: 5e-3}
 
@@ -85,3 +87,14 @@ def random_qkv(
         return torch.randn((batch, s, h, head_dim), generator=gen, device=device, dtype=dtype)
 
     return make(seq_q, heads_q), make(seq_kv, heads_kv), make(seq_kv, heads_kv)
+
+
+def validation_shape(problem: AttentionProblem) -> tuple[int, int, int, int]:
+    """(batch, heads_q, heads_kv, seq) of the small problem each config is checked on:
+    the same group size, head dim, mask and sequence divisibility, affordable in fp32."""
+    group = problem.heads_q // problem.heads_kv
+    hkv = min(problem.heads_kv, 2)
+    seq = problem.seq_q
+    if seq > 512:
+        seq = 512 + (seq % 16)  # keep the ragged tail, and the divisibility, of the real one
+    return 1, group * hkv, hkv, seq

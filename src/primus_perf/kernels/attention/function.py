@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from primus_perf.tuner.attention.configs import AttnConfig
-from primus_perf.tuner.attention.kernels import flash_bwd, flash_fwd
+from primus_perf.kernels.attention.configs import AttnConfig
+from primus_perf.kernels.attention.kernels import flash_bwd, flash_fwd
 
 
 class _TritonAttention(torch.autograd.Function):

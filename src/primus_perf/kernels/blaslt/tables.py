@@ -10,7 +10,8 @@ Values are from the official headers:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ctypes
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,15 @@ class VendorTable:
     # byte offset of the int32 solution index inside the algo struct (hipBLASLt), or None
     solution_index_offset: int | None = None
     success: int = 0
+    # the version query: ``<prefix><version_symbol>``. With ``version_takes_handle`` the
+    # call is ``f(handle, int*)`` returning a status; otherwise ``f()`` returns the encoded
+    # version (size_t). ``version_digits`` (major, minor divisors) turns the encoded number
+    # into "major.minor.patch"; None keeps the number as the library reports it.
+    version_symbol: str = "GetVersion"
+    version_takes_handle: bool = False
+    version_digits: tuple[int, int] | None = None
+    # ctypes width of each algo config attribute (AlgoConfigSetAttribute takes exactly it)
+    algo_config_ctype: dict[str, type] = field(default_factory=dict)
 
 
 CUBLASLT = VendorTable(
@@ -66,8 +76,13 @@ CUBLASLT = VendorTable(
     algo_config_attr={"ID": 0, "TILE_ID": 1, "SPLITK_NUM": 2, "REDUCTION_SCHEME": 3,
                       "CTA_SWIZZLING": 4, "CUSTOM_OPTION": 5, "STAGES_ID": 6,
                       "INNER_SHAPE_ID": 7, "CLUSTER_SHAPE_ID": 8},
+    algo_config_ctype={"ID": ctypes.c_int32, "TILE_ID": ctypes.c_int32, "SPLITK_NUM": ctypes.c_uint32,
+                       "REDUCTION_SCHEME": ctypes.c_uint32, "CTA_SWIZZLING": ctypes.c_uint32,
+                       "CUSTOM_OPTION": ctypes.c_int32, "STAGES_ID": ctypes.c_uint32,
+                       "INNER_SHAPE_ID": ctypes.c_uint16, "CLUSTER_SHAPE_ID": ctypes.c_uint16},
     source="cublaslt",
     heuristic_count=16,
+    version_digits=(10000, 100),  # cublasLtGetVersion(): major*10000 + minor*100 + patch
 )
 
 HIPBLASLT = VendorTable(
@@ -95,6 +110,7 @@ HIPBLASLT = VendorTable(
     source="hipblaslt",
     heuristic_count=2048,  # "all solutions", as hipblaslt-bench's offline tuning asks for
     solution_index_offset=0,  # hipblaslt-ext's getIndexFromAlgo reads algo.data as an int32
+    version_takes_handle=True,  # hipblasLtGetVersion(handle, int* version)
 )
 
 TABLES = {"nvidia": CUBLASLT, "amd": HIPBLASLT}

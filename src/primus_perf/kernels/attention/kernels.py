@@ -29,7 +29,12 @@ import triton
 import triton.language as tl
 
 from primus_perf.devices import gpu_vendor
-from primus_perf.tuner.attention.configs import VENDOR_OPTIONS, BwdConfig, FwdConfig, check_head_dim
+from primus_perf.kernels.attention.configs import (
+    VENDOR_OPTIONS,
+    BwdConfig,
+    FwdConfig,
+    check_head_dim,
+)
 
 LOG2E = 1.4426950408889634
 

@@ -1,8 +1,11 @@
 """One ctypes binding layer over :mod:`tables` for cuBLASLt and hipBLASLt.
 
-Every call's status is checked; a failure raises :class:`BlasLtError` naming the call and
-the status. :func:`load` gives one clear :class:`~primus_perf.errors.DeviceError` line when
-there is no GPU or no library.
+Every library call goes through :meth:`BlasLt.call`, which checks its status; a failure
+raises :class:`BlasLtError` naming the call and the status. Symbol names, the version query
+and ctypes widths come from the vendor table. A :class:`Plan` (descriptors of one problem)
+is a context manager: ``with lt.plan(p) as plan:`` destroys its descriptors on the way
+out, also on an error. :func:`load` gives one clear :class:`~primus_perf.errors.DeviceError`
+line when there is no GPU or no library.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from primus_perf.devices import gpu_vendor
 from primus_perf.errors import DeviceError
+from primus_perf.kernels.blaslt.tables import TABLES, VendorTable
 from primus_perf.problems import GemmProblem
-from primus_perf.tuner.blaslt.tables import TABLES, VendorTable
 
 c_void_p = ctypes.c_void_p
 
@@ -73,17 +77,27 @@ class BlasLt:
             raise BlasLtError(self.t.prefix + name, status)
 
     def version(self) -> str:
-        if self.t.vendor == "nvidia":
-            f = self.lib.cublasLtGetVersion
+        """The library's version, as the vendor table says to query and spell it."""
+        t = self.t
+        if t.version_takes_handle:
+            out = ctypes.c_int()
+            try:
+                self.call(t.version_symbol, self.handle, ctypes.byref(out))
+            except (AttributeError, BlasLtError):
+                return "unknown"
+            v = int(out.value)
+        else:  # returns the encoded version itself, not a status
+            f = getattr(self.lib, t.prefix + t.version_symbol)
             f.restype = ctypes.c_size_t
-            v = int(f())  # major*10000 + minor*100 + patch
-            return f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
-        v = ctypes.c_int()
-        try:
-            self.call("GetVersion", self.handle, ctypes.byref(v))
-        except (AttributeError, BlasLtError):
-            return "unknown"
-        return str(v.value)
+            v = int(f())
+        if t.version_digits is None:
+            return str(v)
+        major, minor = t.version_digits
+        return f"{v // major}.{(v // minor) % (major // minor)}.{v % minor}"
+
+    def library_name(self) -> str:
+        """The key of this library in a cache entry's versions ("cublasLt", "hipblasLt")."""
+        return self.t.prefix
 
     def _set(self, setter: str, obj: c_void_p, attr: int, value: Any) -> None:
         buf = value if isinstance(value, ctypes.Array | ctypes._SimpleCData) else ctypes.c_int32(value)
@@ -119,18 +133,23 @@ class BlasLt:
         return pref
 
     def plan(self, p: GemmProblem) -> Plan:
-        """Descriptors for one problem (kept alive by the returned plan)."""
+        """Descriptors for one problem (kept alive by the returned plan; close it, or use it
+        as a context manager). A descriptor that fails destroys the ones made before it."""
         ra, ca = (p.k, p.m) if p.trans_a else (p.m, p.k)
         rb, cb = (p.n, p.k) if p.trans_b else (p.k, p.n)
-        return Plan(
-            lt=self,
-            problem=p,
-            desc=self.matmul_desc(p),
-            a=self.layout(p.dtype_a, ra, ca, p.lda, p.batch, p.stride_a),
-            b=self.layout(p.dtype_b, rb, cb, p.ldb, p.batch, p.stride_b),
-            c=self.layout(p.dtype_c, p.m, p.n, p.ldc, p.batch, p.stride_c),
-            d=self.layout(p.dtype_d, p.m, p.n, p.ldd, p.batch, p.stride_d),
-        )
+        specs = ((p.dtype_a, ra, ca, p.lda, p.stride_a), (p.dtype_b, rb, cb, p.ldb, p.stride_b),
+                 (p.dtype_c, p.m, p.n, p.ldc, p.stride_c), (p.dtype_d, p.m, p.n, p.ldd, p.stride_d))
+        desc = self.matmul_desc(p)
+        layouts: list[c_void_p] = []
+        try:
+            for dtype, rows, cols, ld, stride in specs:
+                layouts.append(self.layout(dtype, rows, cols, ld, p.batch, stride))
+        except BaseException:
+            for lay in layouts:
+                self.call("MatrixLayoutDestroy", lay)
+            self.call("MatmulDescDestroy", desc)
+            raise
+        return Plan(self, p, desc, *layouts)
 
 
 @dataclass
@@ -149,6 +168,7 @@ class Plan:
     b: c_void_p
     c: c_void_p
     d: c_void_p
+    closed: bool = False
 
     def heuristics(self, count: int, workspace: int, reduction_mask: int | None = None) -> list[Heuristic]:
         t = self.lt.t
@@ -178,17 +198,17 @@ class Plan:
     def algo_config(self, algo: bytes) -> dict[str, int]:
         """Readable config of a cuBLASLt algo (empty on hipBLASLt)."""
         t = self.lt.t
-        if not t.algo_config_attr:
-            return {}
-        f = self.lt.lib.cublasLtMatmulAlgoConfigGetAttribute
-        f.restype = ctypes.c_int
         a = (ctypes.c_uint8 * t.algo_size).from_buffer_copy(algo)
         out = {}
         for name, attr in t.algo_config_attr.items():
-            v = ctypes.c_uint64(0)
+            v = ctypes.c_uint64(0)  # every attribute fits; the library writes its own width
             written = ctypes.c_size_t()
-            if f(ctypes.byref(a), ctypes.c_int(attr), ctypes.byref(v), ctypes.c_size_t(8), ctypes.byref(written)) == 0:
-                out[name] = int(v.value)
+            try:
+                self.lt.call("MatmulAlgoConfigGetAttribute", ctypes.byref(a), ctypes.c_int(attr),
+                             ctypes.byref(v), ctypes.c_size_t(8), ctypes.byref(written))
+            except BlasLtError:  # an attribute this library version does not have
+                continue
+            out[name] = int(v.value)
         return out
 
     def with_config(self, algo: bytes, **attrs: int) -> tuple[bytes, int] | None:
@@ -198,18 +218,15 @@ class Plan:
         if not t.algo_config_attr:
             return None
         a = (ctypes.c_uint8 * t.algo_size).from_buffer_copy(algo)
-        setf = self.lt.lib.cublasLtMatmulAlgoConfigSetAttribute
-        setf.restype = ctypes.c_int
-        for name, value in attrs.items():
-            v = ctypes.c_uint32(value) if name in ("SPLITK_NUM", "REDUCTION_SCHEME", "CTA_SWIZZLING") else ctypes.c_int32(value)
-            if name in ("CLUSTER_SHAPE_ID", "STAGES_ID", "INNER_SHAPE_ID"):
-                v = ctypes.c_uint16(value) if name != "STAGES_ID" else ctypes.c_uint32(value)
-            if setf(ctypes.byref(a), ctypes.c_int(t.algo_config_attr[name]), ctypes.byref(v), ctypes.c_size_t(ctypes.sizeof(v))) != 0:
-                return None
         res = (ctypes.c_uint8 * t.heuristic_size)()
-        status = self.lt.lib.cublasLtMatmulAlgoCheck(
-            self.lt.handle, self.desc, self.a, self.b, self.c, self.d, ctypes.byref(a), res)
-        if status != 0:
+        try:
+            for name, value in attrs.items():
+                v = t.algo_config_ctype[name](value)
+                self.lt.call("MatmulAlgoConfigSetAttribute", ctypes.byref(a), ctypes.c_int(t.algo_config_attr[name]),
+                             ctypes.byref(v), ctypes.c_size_t(ctypes.sizeof(v)))
+            self.lt.call("MatmulAlgoCheck", self.lt.handle, self.desc, self.a, self.b, self.c, self.d,
+                         ctypes.byref(a), res)
+        except BlasLtError:  # the variant is not supported for this problem
             return None
         ws = struct.unpack_from("<Q", bytes(res), t.heuristic_offsets["workspace"])[0]
         return bytes(a), ws
@@ -229,9 +246,19 @@ class Plan:
                      c_void_p(stream))
 
     def close(self) -> None:
+        """Destroy the descriptors (once; a closed plan cannot run)."""
+        if self.closed:
+            return
+        self.closed = True
         for lay in (self.a, self.b, self.c, self.d):
             self.lt.call("MatrixLayoutDestroy", lay)
         self.lt.call("MatmulDescDestroy", self.desc)
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 _loaded: dict[str, BlasLt] = {}
@@ -239,12 +266,10 @@ _loaded: dict[str, BlasLt] = {}
 
 def load(vendor: str | None = None) -> BlasLt:
     """The library for the current GPU's vendor, loaded once per process."""
-    import torch
-
     if vendor is None:
-        if not torch.cuda.is_available():
-            raise DeviceError("no CUDA or ROCm GPU is visible to torch; GEMM tuning needs one")
-        vendor = "amd" if torch.version.hip else "nvidia"
+        vendor = gpu_vendor()
+        if vendor == "cpu":
+            raise DeviceError("no CUDA or ROCm GPU is visible to torch; cuBLASLt/hipBLASLt need one")
     if vendor in _loaded:
         return _loaded[vendor]
     table = TABLES[vendor]

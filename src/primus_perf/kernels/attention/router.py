@@ -1,24 +1,39 @@
-"""The trainer's attention router: the cached choice per problem, torch's default otherwise.
+"""The attention router: the cached choice per problem, torch's default otherwise.
 
 A cached choice is ``AttentionChoice(backend, config)``: ``backend`` is ``"triton"`` (our
-kernel with ``config``) or one SDPA backend (``"sdpa:cudnn"``, ``"sdpa:flash"``,
-``"sdpa:efficient"``) or ``"sdpa:default"`` when torch's own choice measured fastest. Install with ``trainer.dispatch.set_attention_router(router)``;
-the router returns None for problems it has no choice for, and the dispatch then runs
-torch's default SDPA. ``summary()`` counts calls per problem for the end-of-run summary.
+kernel with ``config``), one SDPA backend (``"sdpa:cudnn"``, ``"sdpa:flash"``, ...) or
+``"sdpa:default"`` when torch's own choice measured fastest (names: ``backends``). The
+router returns None for problems it has no choice for (and for ``sdpa:default``), and the
+dispatch then runs torch's default SDPA. ``summary()``: ``routing.Router``.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from primus_perf.errors import CacheError
+from primus_perf.kernels.attention.backends import (
+    DEFAULT,
+    TRITON,
+    check_backend_name,
+    sdpa_implementation,
+)
+from primus_perf.kernels.attention.configs import AttnConfig
+from primus_perf.kernels.routing import CachedChoice, Router
 from primus_perf.problems import AttentionProblem, dtype_name
-from primus_perf.tuner.attention.backends import DEFAULT, SDPA_BACKENDS, TRITON, sdpa_bshd
-from primus_perf.tuner.attention.configs import AttnConfig
+
+VERSIONED_LIBRARIES = ("torch", "triton", "cudnn")
+
+
+def library_versions() -> dict[str, str]:
+    """The library versions an attention cache entry must match: torch, Triton, cuDNN."""
+    from primus_perf.devices import library_versions as all_versions
+
+    return {k: v for k, v in all_versions().items() if k in VERSIONED_LIBRARIES}
 
 
 @dataclass(frozen=True)
@@ -27,8 +42,7 @@ class AttentionChoice:
     config: AttnConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.backend not in (TRITON, DEFAULT) and self.backend not in SDPA_BACKENDS:
-            raise ValueError(f"unknown attention backend {self.backend!r}")
+        check_backend_name(self.backend)
         if self.backend == TRITON and self.config is None:
             raise ValueError("a triton choice needs a config")
 
@@ -51,6 +65,15 @@ class AttentionChoice:
     def label(self) -> str:
         return f"triton {self.config.label()}" if self.config else self.backend
 
+    def implementation(self):
+        """``fn(q, k, v, causal)`` running this choice."""
+        if self.backend == TRITON:
+            from primus_perf.kernels.attention.function import triton_attention  # Triton on demand
+
+            config = self.config
+            return lambda q, k, v, causal: triton_attention(q, k, v, causal=causal, config=config)
+        return sdpa_implementation(self.backend)
+
 
 def problem_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> AttentionProblem:
     """The problem of a trainer-layout call (batch, seq, heads, head_dim)."""
@@ -62,14 +85,25 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) 
     )
 
 
-class AttentionRouter:
+class AttentionRouter(Router):
     """Callable ``(q, k, v, causal) -> Tensor | None`` over a table of cached choices."""
 
     def __init__(self, choices: Mapping[str, AttentionChoice] | Iterable[tuple[str, AttentionChoice]]):
+        super().__init__()
         self.choices: dict[str, AttentionChoice] = dict(choices)
         self._memo: dict[tuple, tuple[str, AttentionChoice | None]] = {}
-        self.hits: Counter[str] = Counter()
-        self.misses: Counter[str] = Counter()
+        self._impls: dict[AttentionChoice, Any] = {}
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[CachedChoice]) -> AttentionRouter | None:
+        """The router over usable cache entries; CacheError for an unreadable solution."""
+        choices: dict[str, AttentionChoice] = {}
+        for entry in entries:
+            try:
+                choices[entry.problem_key] = AttentionChoice.from_solution(entry.solution["config"])
+            except (KeyError, ValueError) as exc:
+                raise CacheError(f"attention cache entry {entry.problem_key}: {exc}") from None
+        return cls(choices) if choices else None
 
     def _lookup(self, q, k, causal) -> tuple[str, AttentionChoice | None]:
         sig = (tuple(q.shape), tuple(k.shape), q.dtype, bool(causal))
@@ -78,7 +112,7 @@ class AttentionRouter:
             try:
                 prob = problem_of(q, k, k, causal)
             except ValueError:
-                found = ("", None)
+                found = ("unsupported", None)
             else:
                 key = prob.key()
                 choice = self.choices.get(key)
@@ -93,27 +127,12 @@ class AttentionRouter:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
         key, choice = self._lookup(q, k, causal)
         if choice is None:
-            self.misses[key] += 1
+            self._fall_back(key)
             return None
-        self.hits[key] += 1
         if choice.backend == DEFAULT:  # torch's own choice measured fastest
+            self.routed[key] += 1
             return None
-        if choice.backend == TRITON:
-            from primus_perf.tuner.attention.function import triton_attention  # Triton on demand
-
-            return triton_attention(q, k, v, causal=causal, config=choice.config)
-        return sdpa_bshd(q, k, v, causal, choice.backend)
-
-    def _choice_of(self, key: str) -> str:
-        for memo_key, choice in self._memo.values():
-            if memo_key == key and choice is not None:
-                return choice.label()
-        return ""
-
-    def summary(self) -> dict[str, Any]:
-        """Calls per problem: routed to a cached choice, or left to torch's default."""
-        return {
-            "cached_problems": len(self.choices),
-            "routed": {k: {"calls": n, "choice": self._choice_of(k)} for k, n in self.hits.items()},
-            "default": dict(self.misses),
-        }
+        impl = self._impls.get(choice)
+        if impl is None:
+            impl = self._impls[choice] = choice.implementation()
+        return self._run(key, lambda: impl(q, k, v, causal))

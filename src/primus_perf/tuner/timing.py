@@ -1,6 +1,11 @@
-"""GPU timing harness: device events, warm-up, rotating inputs, interleaved rounds, medians.
+"""The tuner's timers: device events, warm-up, rotating inputs, shuffled rounds, medians.
 
-Two conditions. ``time_isolated`` (what the tuner uses) times each call alone, after about
+A timer is ``timer(calls, n_sets, reps, seed=0) -> {key: [seconds, ...]}``: ``calls`` maps
+a key to ``fn(set_index)``, ``n_sets`` is how many input sets the calls rotate through, and
+every call is timed ``reps`` times. The tuner core takes one (tests pass a fake);
+:func:`default_timer` is :func:`time_isolated` on a GPU and :func:`time_wall` without one.
+
+Two GPU conditions. ``time_isolated`` (what the tuner uses) times each call alone, after about
 1 ms of GPU idle and a 256 MB memory-bound kernel that also evicts L2: as inside a
 training step, where GEMMs alternate with lighter kernels and the GPU's power draw, and so
 the clock its power limit allows, recovers between them. ``time_interleaved`` runs calls
@@ -13,12 +18,48 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Hashable
+from typing import Protocol
 
 SLEEP_CYCLES_PER_CALL = 50_000
 L2_FLUSH_BYTES = 100 * 2**20  # rotate through inputs larger than 2x the biggest L2 (H100: 50 MB)
 ISOLATION_BYTES = 256 * 2**20  # zeroed before each isolated call: memory-bound, evicts L2
 IDLE_CYCLES = 2_000_000  # GPU sleep before each isolated call: about 1 ms at H100 clocks
+
+
+class Timer(Protocol):
+    def __call__(
+        self, calls: dict[Hashable, Callable[[int], object]], n_sets: int, reps: int, seed: int = 0
+    ) -> dict[Hashable, list[float]]: ...
+
+
+def default_timer() -> Timer:
+    """Isolated-call GPU timing when a GPU is visible, wall-clock timing otherwise (the
+    Triton interpreter on the CPU)."""
+    import torch
+
+    return time_isolated if torch.cuda.is_available() else time_wall
+
+
+def time_wall(
+    calls: dict[Hashable, Callable[[int], object]], n_sets: int, reps: int, seed: int = 0
+) -> dict[Hashable, list[float]]:
+    """Seconds of each call by the wall clock (CPU), one warm-up call each, shuffled rounds."""
+    rng = random.Random(seed)
+    names = list(calls)
+    for name in names:
+        calls[name](0)
+    times: dict[Hashable, list[float]] = {n: [] for n in names}
+    cursor = 0
+    for _ in range(reps):
+        rng.shuffle(names)
+        for name in names:
+            start = time.perf_counter()
+            calls[name](cursor % n_sets)
+            times[name].append(time.perf_counter() - start)
+            cursor += 1
+    return times
 
 
 def buffer_sets(bytes_per_set: int, minimum: int = 2, maximum: int = 64) -> int:
@@ -66,12 +107,12 @@ def time_interleaved(
 
 
 def time_isolated(
-    fns: dict[str, Callable[[int], object]],
+    fns: dict[Hashable, Callable[[int], object]],
     n_sets: int,
     reps: int,
     seed: int = 0,
     idle_cycles: int = IDLE_CYCLES,
-) -> dict[str, list[float]]:
+) -> dict[Hashable, list[float]]:
     """Seconds of each call of each ``fn(set_index)``, ``reps`` calls per candidate: rounds
     in a shuffled order, each call alone between two events after ``idle_cycles`` of GPU
     sleep and a 256 MB zeroing."""
@@ -80,11 +121,11 @@ def time_isolated(
     rng = random.Random(seed)
     names = list(fns)
     flush = torch.empty(ISOLATION_BYTES, dtype=torch.uint8, device="cuda")
-    times: dict[str, list[float]] = {n: [] for n in names}
+    times: dict[Hashable, list[float]] = {n: [] for n in names}
     for name in names:  # warm-up
         fns[name](0)
     torch.cuda.synchronize()
-    pending: list[tuple[str, object, object]] = []
+    pending: list[tuple[Hashable, object, object]] = []
     cursor = 0
     for _ in range(reps):
         rng.shuffle(names)
@@ -104,7 +145,7 @@ def time_isolated(
     return times
 
 
-def _collect(pending: list, times: dict[str, list[float]]) -> None:
+def _collect(pending: list, times: dict[Hashable, list[float]]) -> None:
     import torch
 
     torch.cuda.synchronize()

@@ -1,0 +1,97 @@
+"""What ``primus-tune gemm`` and ``primus-tune attention`` share: the progress bars, the
+result table, and the end of a run (summary line; on Ctrl-C the table so far, how to
+resume, exit 130)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from primus_perf.cli.common import console
+from primus_perf.tuner import core
+
+EXIT_INTERRUPTED = 130
+
+
+def flops_of(problem: Any) -> int:
+    """FLOPs of one timed call of a problem's candidates (attention: forward + backward)."""
+    if hasattr(problem, "forward_flops"):
+        return problem.forward_flops + problem.backward_flops
+    return problem.flops
+
+
+def tflops(flops: int, seconds: float | None) -> str:
+    return f"{flops / seconds / 1e12:.0f}" if seconds else "-"
+
+
+class RichProgress(core.Progress):
+    """One bar over the problems; the current step beside it."""
+
+    def __init__(self, bar: Progress, on_done: Callable[[core.TuneResult], None]) -> None:
+        self.bar = bar
+        self.task = bar.add_task("tuning", total=None, last="")
+        self.on_done = on_done
+
+    def start(self, total: int) -> None:
+        self.bar.update(self.task, total=total)
+
+    def problem(self, problem: Any, index: int) -> None:
+        self.bar.update(self.task, description=str(problem), last="")
+
+    def step(self, label: str) -> None:
+        self.bar.update(self.task, last=label)
+
+    def done(self, result: core.TuneResult) -> None:
+        self.bar.advance(self.task)
+        self.on_done(result)
+
+
+def results_table(results: Sequence[core.TuneResult]) -> Table:
+    table = Table()
+    table.add_column("problem", no_wrap=True)
+    for col in ("default ms", "tuned ms", "default TFLOP/s", "tuned TFLOP/s", "speedup"):
+        table.add_column(col, justify="right")
+    table.add_column("choice")
+    for r in results:
+        flops = flops_of(r.problem)
+        table.add_row(
+            str(r.problem),
+            f"{r.default_s * 1e3:.3f}" if r.default_s else "-",
+            f"{r.tuned_s * 1e3:.3f}" if r.tuned_s else "-",
+            tflops(flops, r.default_s),
+            tflops(flops, r.tuned_s),
+            f"{r.speedup:.3f}x" if r.speedup else "-",
+            f"{r.chosen} (cached)" if r.cached else r.chosen,
+        )
+    return table
+
+
+def run_tuning(
+    problems: Sequence[Any],
+    tuner: core.Tuner,
+    cache: str,
+    *,
+    budget_s: float = 5.0,
+    on_done: Callable[[core.TuneResult], None] = lambda _r: None,
+) -> core.TuneRun:
+    """Tune with progress bars, print the table and the summary; on Ctrl-C print the table
+    so far and the resume hint, and exit 130."""
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console) as bar:
+        run = core.tune(problems, cache=cache, tuners=[tuner], budget_s=budget_s,
+                        progress=RichProgress(bar, on_done))
+    console.print(results_table(run.results))
+    if run.interrupted:
+        console.print(
+            f"interrupted: {run.tuned} tuned and {run.cached} already cached are in {cache};"
+            f" {len(run.remaining)} left. Resume with the same command.",
+            highlight=False, soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED)
+    console.print(f"{run.tuned} tuned, {run.cached} already in the cache; written to {cache}",
+                  highlight=False, soft_wrap=True)
+    return run

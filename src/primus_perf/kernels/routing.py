@@ -1,0 +1,62 @@
+"""What every router shares: call counts and one summary shape.
+
+A router is a callable that answers a dispatch point's call with the tensor of the tuned
+kernel, or None ("not mine": the dispatch runs torch's default). Every router counts its
+calls by problem key the same way, so that ``summary()`` has one structure for every kind::
+
+    {"routed": {key: calls}, "fallback": {key: calls}, "failed": [keys]}
+
+``routed``: calls that used the cached choice (also when that choice is torch's default);
+``fallback``: calls left to torch (no usable entry, or a tuned kernel that failed);
+``failed``: problems whose tuned kernel raised once and are left to torch from then on.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class CachedChoice(Protocol):
+    """What a router reads of a usable tuning-cache entry (``cache.store.CacheEntry`` has
+    these fields; kernels do not import the cache)."""
+
+    problem_key: str
+    problem: dict[str, Any]
+    solution: dict[str, Any]  # {"config": readable dict, "blob": opaque bytes}
+
+
+class Router:
+    """Base of the routers: the counters, :meth:`summary` and :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.routed: Counter[str] = Counter()
+        self.fallback: Counter[str] = Counter()
+        self.failed: set[str] = set()
+
+    def _fall_back(self, key: str) -> None:
+        self.fallback[key] += 1
+
+    def _run(self, key: str, launch: Callable[[], Any]) -> Any:
+        """``launch()`` for a problem with a cached choice; a tuned kernel that raises is
+        reported once and its problem goes to torch from then on."""
+        if key in self.failed:
+            self._fall_back(key)
+            return None
+        try:
+            out = launch()
+        except Exception as exc:
+            self.failed.add(key)
+            print(f"tuning cache: tuned kernel for {key} failed ({exc}); using torch for it", file=sys.stderr)
+            self._fall_back(key)
+            return None
+        self.routed[key] += 1
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return {"routed": dict(self.routed), "fallback": dict(self.fallback), "failed": sorted(self.failed)}
+
+    def close(self) -> None:
+        """Release what the router holds (library descriptors); it routes nothing after."""

@@ -1,0 +1,357 @@
+"""The tuner core: one path from a problem to a cache entry, the same for every kind.
+
+For each problem a kind's :class:`Tuner` opens a :class:`Session` (operands, library
+plans, a search where the kind has one), and the core runs:
+
+1. ``candidates()``: the pool; the first candidate is the default (what runs untuned:
+   torch's own choice);
+2. validation: ``error(candidate)`` is its relative error against the fp32 reference; a
+   candidate above the session's tolerance (or NaN, or one that cannot run) is rejected
+   and never chosen; if the default itself fails, the problem fails (:class:`TuneError`);
+3. measurement through the injected timer (``tuner.timing``; seconds): a rough pass of
+   ``reps.rough`` calls drops candidates slower than :data:`ROUGH_DROP` x the best, then
+   the finalists get ``reps.final_min`` to ``reps.final_max`` calls each, as many as the
+   problem's time budget allows. A candidate may have several parts (attention: forward
+   and backward); its time is the sum of its parts' medians;
+4. selection (:func:`select`, the one policy for every kind): the fastest finalist, unless
+   it is less than :data:`KEEP_DEFAULT_MARGIN` faster than the default, which is then kept
+   (a win inside the noise is not worth leaving torch for);
+5. a :class:`~primus_perf.cache.store.CacheEntry` (times in ms there, as the file keeps them).
+
+:func:`tune` is the loop over problems: dedupe by key, skip problems already cached for
+this device and library versions (resume), write the cache after each problem, report
+progress, and on Ctrl-C stop keeping every finished entry: the :class:`TuneRun` says which
+problems are done and which remain.
+
+A new kind is one plugin module with a class of the :class:`Tuner` shape and one line in
+``tuner/kinds.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.devices import DeviceIdentity, current_device
+from primus_perf.tuner import timing
+from primus_perf.tuner.timing import Timer
+
+KEEP_DEFAULT_MARGIN = 0.01  # the default is kept unless a candidate is at least 1% faster
+ROUGH_DROP = 1.5  # the rough pass drops candidates slower than 1.5x its best
+TIMER_OVERHEAD_S = 1.2e-3  # per timed call beyond the call itself (GPU idle + flush), for the budget
+BUDGET_SHARE = 0.6  # share of the time left in a problem's budget given to the final pass
+
+Step = Callable[[str], None]
+
+
+class TuneError(RuntimeError):
+    """A problem cannot be tuned (its default fails the reference check)."""
+
+
+@dataclass(frozen=True)
+class Reps:
+    """Timed calls per candidate: the rough pass, and the bounds of the final pass."""
+
+    rough: int = 5
+    final_min: int = 10
+    final_max: int = 40
+
+
+@dataclass
+class Candidate:
+    """One way to run a problem. ``config`` (readable) and ``blob`` (opaque) go into the
+    cache entry when it is chosen; ``run`` is what the plugin needs to run it."""
+
+    name: str
+    config: dict[str, Any] = field(default_factory=dict)
+    blob: bytes = b""
+    run: Any = None
+
+
+class Session(Protocol):
+    """One problem, opened by a :class:`Tuner`; closed by the core."""
+
+    n_sets: int  # input sets the calls rotate through (the timer's ``n_sets``)
+    tolerance: float  # largest relative error against the fp32 reference
+    details: dict[str, Any]  # what the kind reports beside the candidates (its search)
+
+    def candidates(self) -> list[Candidate]: ...  # the default first
+
+    def error(self, candidate: Candidate) -> float: ...  # relative error vs fp32; raises if it cannot run
+
+    def calls(self, candidate: Candidate) -> dict[str, Callable[[int], object]]: ...  # part -> fn(set)
+
+    def close(self) -> None: ...
+
+
+class Tuner(Protocol):
+    """A kind's plugin."""
+
+    kind: str  # the cache entries' kind
+    version: str  # the cache entries' tuner_version
+    problem_type: type  # the problems it takes
+    reps: Reps
+
+    def versions(self) -> dict[str, str]: ...  # running library versions an entry must match
+
+    def check(self, problem: Any) -> None: ...  # UserError for a problem it cannot take
+
+    def open(self, problem: Any, timer: Timer, step: Step) -> Session: ...
+
+
+@dataclass
+class CandidateStats:
+    """What happened to one candidate: ``status`` is "chosen", "measured", "dropped" (by
+    the rough pass) or "rejected" (failed validation or could not run; ``reason``)."""
+
+    name: str
+    status: str
+    config: dict[str, Any] = field(default_factory=dict)
+    error: float | None = None
+    parts: dict[str, dict[str, float]] = field(default_factory=dict)  # part -> timing.summarize()
+    reason: str = ""
+
+    @property
+    def total_s(self) -> float:
+        return sum(p["median_s"] for p in self.parts.values()) if self.parts else math.inf
+
+
+@dataclass
+class TuneResult:
+    """One problem's outcome, for every kind. Times in seconds."""
+
+    kind: str
+    problem: Any
+    chosen: str
+    config: dict[str, Any]
+    tuned_s: float | None
+    default_s: float | None
+    error: float | None
+    entry: CacheEntry  # what the cache holds for it
+    candidates: list[CandidateStats] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    cached: bool = False  # found in the cache, not tuned in this run
+    tuning_s: float = 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.tuned_s or not self.default_s:
+            return None
+        return self.default_s / self.tuned_s
+
+    @classmethod
+    def from_entry(cls, entry: CacheEntry, problem: Any) -> TuneResult:
+        config = dict(entry.solution.get("config") or {})
+        tuned, default = entry.times.get("tuned_ms"), entry.times.get("default_ms")
+        return cls(
+            kind=entry.kind, problem=problem, chosen=str(config.get("name", "")), config=config,
+            tuned_s=tuned / 1e3 if tuned else None, default_s=default / 1e3 if default else None,
+            error=entry.error, cached=True, entry=entry,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "problem": self.problem.to_dict(), "problem_key": self.problem.key(),
+            "chosen": self.chosen, "config": self.config, "tuned_s": self.tuned_s,
+            "default_s": self.default_s, "speedup": self.speedup, "error": self.error,
+            "cached": self.cached, "tuning_s": self.tuning_s, "details": self.details,
+            "candidates": [
+                {"name": c.name, "status": c.status, "config": c.config, "error": c.error, "parts": c.parts,
+                 "reason": c.reason}
+                for c in self.candidates
+            ],
+        }
+
+
+@dataclass
+class TuneRun:
+    """What :func:`tune` did: the results in order, and on Ctrl-C the problems left."""
+
+    results: list[TuneResult]
+    remaining: list[Any]
+    interrupted: bool
+    cache_path: str
+
+    @property
+    def tuned(self) -> int:
+        return sum(not r.cached for r in self.results)
+
+    @property
+    def cached(self) -> int:
+        return sum(r.cached for r in self.results)
+
+
+class Progress:
+    """Hooks :func:`tune` calls; override what you show (the CLI draws rich bars)."""
+
+    def start(self, total: int) -> None:
+        """``total`` unique problems will be handled."""
+
+    def problem(self, problem: Any, index: int) -> None:
+        """Work on ``problem`` (0-based ``index``) begins."""
+
+    def step(self, label: str) -> None:
+        """A step inside the current problem (a search trial, a timing pass)."""
+
+    def done(self, result: TuneResult) -> None:
+        """The current problem is finished (tuned, or found in the cache)."""
+
+
+# ---- one problem ----------------------------------------------------------------------
+
+
+def select(times_s: dict[str, float], default: str, margin: float = KEEP_DEFAULT_MARGIN) -> str:
+    """The one selection policy: the fastest, unless it beats ``default`` by less than
+    ``margin`` (a fraction of the default's time); then the default."""
+    best = min(times_s, key=lambda n: times_s[n])
+    if times_s[best] > (1.0 - margin) * times_s[default]:
+        return default
+    return best
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
+
+
+def _medians(samples: dict[Any, list[float]], names: Sequence[str], parts: dict[str, list[str]]) -> dict[str, float]:
+    return {n: sum(statistics.median(samples[(n, part)]) for part in parts[n]) for n in names}
+
+
+def tune_problem(
+    tuner: Tuner,
+    problem: Any,
+    *,
+    timer: Timer | None = None,
+    budget_s: float = 5.0,
+    step: Step | None = None,
+    device: DeviceIdentity | None = None,
+    versions: dict[str, str] | None = None,
+) -> TuneResult:
+    """Tune one problem with ``tuner`` (see the module docstring)."""
+    t0 = time.perf_counter()
+    timer = timer or timing.default_timer()
+    step = step or (lambda _label: None)
+    session = tuner.open(problem, timer, step)
+    try:
+        pool = session.candidates()
+        default = pool[0].name
+        stats = {c.name: CandidateStats(c.name, "rejected", c.config) for c in pool}
+        valid: dict[str, Candidate] = {}
+        calls: dict[tuple[str, str], Callable[[int], object]] = {}
+        parts: dict[str, list[str]] = {}
+        step("validating")
+        for c in pool:
+            s = stats[c.name]
+            try:
+                s.error = err = session.error(c)
+                if not err <= session.tolerance:  # NaN fails too
+                    s.reason = f"relative error {err:.3g} > {session.tolerance}"
+                    continue
+                mine = session.calls(c)
+            except Exception as exc:  # the candidate cannot run this problem
+                s.reason = _one_line(exc)
+                continue
+            valid[c.name] = c
+            parts[c.name] = list(mine)
+            calls.update({(c.name, part): fn for part, fn in mine.items()})
+        if default not in valid:
+            raise TuneError(f"{problem}: the default ({default}) fails the reference check: {stats[default].reason}")
+        reps = tuner.reps
+        step("timing (rough)")
+        rough = timer(calls, session.n_sets, reps.rough)
+        med = _medians(rough, list(valid), parts)
+        best = min(med.values())
+        finalists = [n for n in valid if med[n] <= ROUGH_DROP * best or n == default]
+        for n in valid:
+            stats[n].status = "measured" if n in finalists else "dropped"
+            stats[n].parts = {part: timing.summarize(rough[(n, part)]) for part in parts[n]}
+        left = budget_s - (time.perf_counter() - t0)
+        per_round = sum(med[n] + TIMER_OVERHEAD_S * len(parts[n]) for n in finalists)
+        final_reps = int(max(reps.final_min, min(reps.final_max, left / max(per_round, 1e-6) * BUDGET_SHARE)))
+        step(f"timing ({final_reps} calls each)")
+        final = timer({k: fn for k, fn in calls.items() if k[0] in finalists}, session.n_sets, final_reps, seed=1)
+        for n in finalists:
+            stats[n].parts = {part: timing.summarize(final[(n, part)]) for part in parts[n]}
+        totals = {n: stats[n].total_s for n in finalists}
+        chosen = select(totals, default)
+        stats[chosen].status = "chosen"
+        details = dict(session.details)
+    finally:
+        session.close()
+    c = valid[chosen]
+    config = {"name": c.name, **c.config}
+    device = device or current_device()
+    versions = tuner.versions() if versions is None else versions
+    entry = CacheEntry(
+        kind=tuner.kind, problem_key=problem.key(), problem=problem.to_dict(), device=device.to_dict(),
+        versions=versions, solution={"config": config, "blob": c.blob},
+        times={"tuned_ms": totals[chosen] * 1e3, "default_ms": totals[default] * 1e3},
+        error=stats[chosen].error, tuner_version=tuner.version,
+    )
+    return TuneResult(
+        kind=tuner.kind, problem=problem, chosen=chosen, config=config, tuned_s=totals[chosen],
+        default_s=totals[default], error=stats[chosen].error, entry=entry,
+        candidates=list(stats.values()), details=details, tuning_s=time.perf_counter() - t0,
+    )
+
+
+# ---- the loop -------------------------------------------------------------------------
+
+
+def _tuner_for(problem: Any, tuners: Sequence[Tuner]) -> Tuner:
+    for t in tuners:
+        if isinstance(problem, t.problem_type):
+            return t
+    raise ValueError(f"no tuner for {type(problem).__name__} problems among {[t.kind for t in tuners]}")
+
+
+def tune(
+    problems: Sequence[Any],
+    *,
+    cache: str | os.PathLike,
+    tuners: Sequence[Tuner],
+    timer: Timer | None = None,
+    progress: Progress | None = None,
+    budget_s: float = 5.0,
+    device: DeviceIdentity | None = None,
+) -> TuneRun:
+    """Tune every unique problem not yet in the cache for this device and library
+    versions, writing the cache after each one. Ctrl-C stops the loop: the finished
+    entries stay in the cache, and the returned run has ``interrupted`` and ``remaining``."""
+    todo: dict[tuple[str, str], tuple[Any, Tuner]] = {}
+    for p in problems:
+        t = _tuner_for(p, tuners)
+        todo.setdefault((t.kind, p.key()), (p, t))
+    for p, t in todo.values():
+        t.check(p)
+    kinds = {t.kind: t for _, t in todo.values()}
+    versions = {kind: t.versions() for kind, t in kinds.items()}
+    store = TuningCache(cache)
+    progress = progress or Progress()
+    device = device or current_device()
+    timer = timer or timing.default_timer()
+    results: list[TuneResult] = []
+    items = list(todo.values())
+    progress.start(len(items))
+    for i, (p, t) in enumerate(items):
+        try:
+            progress.problem(p, i)
+            existing = store.get(t.kind, p.key(), device, versions[t.kind])
+            if existing is not None:
+                result = TuneResult.from_entry(existing, p)
+            else:
+                result = tune_problem(t, p, timer=timer, budget_s=budget_s, step=progress.step,
+                                      device=device, versions=versions[t.kind])
+                store.put(result.entry)
+        except KeyboardInterrupt:
+            return TuneRun(results, [q for q, _ in items[i:]], True, str(cache))
+        results.append(result)
+        progress.done(result)
+    return TuneRun(results, [], False, str(cache))

@@ -1,0 +1,1 @@
+"""The GEMM kind of the tuner (``plugin``): BLAS-Lt heuristics against torch."""
