@@ -1,5 +1,71 @@
-"""primus-perf: profile and autotune large-model training on NVIDIA and AMD GPUs."""
+"""primus-perf: profile and autotune large-model training on NVIDIA and AMD GPUs.
+
+The loop in a few calls::
+
+    import primus_perf as pp
+
+    pp.capture_trainer("llama3-8b", ["model.n_layers=4"], "runs/base", pp.Schedule(active=3))
+    a = pp.analyze("runs/base")                       # Analysis of pandas DataFrames
+    problems = [*a.gemm_problems["problem"], *a.attention_problems["problem"]]
+    run = pp.tune(problems, cache="tuning_cache.json")   # GPU: cuBLASLt/hipBLASLt, Triton, SDPA
+    act = pp.activate("tuning_cache.json")            # routers for this device and libraries
+
+or all of it at once: ``pp.run_loop("tiny")`` (what ``primus-tune loop`` runs). Your own
+step loop is profiled with ``pp.profile_steps`` or ``pp.profile_window``.
+
+Names are imported when first used, so ``import primus_perf`` stays cheap (no torch).
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    # problems: the shared vocabulary
+    "GemmProblem": "primus_perf.problems",
+    "AttentionProblem": "primus_perf.problems",
+    "load_problems": "primus_perf.problems",
+    # devices and errors
+    "DeviceIdentity": "primus_perf.devices",
+    "current_device": "primus_perf.devices",
+    "UserError": "primus_perf.errors",
+    # capture and analysis
+    "Schedule": "primus_perf.profiler.capture",
+    "capture_trainer": "primus_perf.profiler.capture",
+    "profile_steps": "primus_perf.profiler.capture",
+    "profile_window": "primus_perf.profiler.capture",
+    "analyze": "primus_perf.tracelens.analyze",
+    "Analysis": "primus_perf.tracelens.analyze",
+    "build_report": "primus_perf.tracelens.report",
+    "compare": "primus_perf.tracelens.compare",
+    # tuning and the cache
+    "tune": "primus_perf.tuner.kinds",
+    "TuneResult": "primus_perf.tuner.core",
+    "TuneRun": "primus_perf.tuner.core",
+    "TuningCache": "primus_perf.cache.store",
+    "CacheEntry": "primus_perf.cache.store",
+    "activate": "primus_perf.cache.runtime",
+    # the reference trainer and the whole loop
+    "load_config": "primus_perf.trainer.config",
+    "Trainer": "primus_perf.trainer.loop",
+    "run_loop": "primus_perf.closed_loop",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'primus_perf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from primus_perf.cli import tune_attention, tune_cache, tune_gemm
+from primus_perf.cli import tune_attention, tune_cache, tune_gemm, tune_loop
 from primus_perf.cli.common import run_app
 
 app = typer.Typer(
@@ -16,6 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+tune_loop.register(app)
 tune_gemm.register(app)
 tune_attention.register(app)
 cache_app = typer.Typer(help="Inspect, merge and export tuning caches.", no_args_is_help=True)

@@ -1,8 +1,18 @@
 """The kinds the tuner knows: kind -> its plugin class (whose ``problem_type`` says which
-problems it takes). A new kind is one plugin module and one line here."""
+problems it takes). A new kind is one plugin module and one line here.
+
+:func:`tune` is the public entry point (``primus_perf.tune``): it takes problems of any
+kinds and runs the core loop with one plugin per kind present, each with its defaults.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from primus_perf.errors import UserError
+from primus_perf.tuner import core
 from primus_perf.tuner.attention.plugin import AttentionTuner
 from primus_perf.tuner.gemm.plugin import GemmTuner
 
@@ -10,3 +20,26 @@ KINDS: dict[str, type] = {
     "gemm": GemmTuner,
     "attention": AttentionTuner,
 }
+
+
+def kind_of(problem: Any) -> str:
+    """The kind whose plugin takes ``problem``; UserError for a problem no kind takes."""
+    for kind, cls in KINDS.items():
+        if isinstance(problem, cls.problem_type):
+            return kind
+    raise UserError(f"no tuner takes problems of type {type(problem).__name__}")
+
+
+def tune(
+    problems: Sequence[Any],
+    *,
+    cache: str | os.PathLike = "tuning_cache.json",
+    budget_s: float = 5.0,
+    timer: Any = None,
+    progress: core.Progress | None = None,
+) -> core.TuneRun:
+    """Tune GEMM and attention problems (any mix) into ``cache``: one plugin per kind with
+    its defaults, the core loop's dedupe, resume, per-problem writes and Ctrl-C handling."""
+    kinds = dict.fromkeys(kind_of(p) for p in problems)
+    tuners = [KINDS[k]() for k in kinds]
+    return core.tune(problems, cache=cache, tuners=tuners, budget_s=budget_s, timer=timer, progress=progress)

@@ -1,0 +1,72 @@
+"""``primus-tune loop``: the whole loop in one command (``closed_loop.run_loop``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from primus_perf.cli.common import console, err_console
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("loop")
+    def loop_cmd(
+        overrides: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional)
+            None, help="Config overrides key=value, e.g. train.micro_batch=2"
+        ),
+        config: str = typer.Option("tiny", "--config", "-c", help="Preset name or YAML path"),
+        out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="Folder for the run, report and cache"),
+        steps: int = typer.Option(3, "--steps", help="Profiled steps"),
+        budget_s: float = typer.Option(2.0, "--budget-s", help="Tuning time budget per problem (GPU)"),
+        blocks: int = typer.Option(4, "--blocks", help="Blocks of steps per side when measuring the speedup (GPU)"),
+    ) -> None:
+        """Train under the profiler, analyze the trace and write the HTML report; on a GPU
+        also tune the trace's GEMM and attention problems and train again with the cache,
+        printing the measured speedup."""
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        from primus_perf.cli.tune_run import EXIT_INTERRUPTED, RichProgress, results_table
+        from primus_perf.closed_loop import run_loop
+
+        def say(message: str) -> None:
+            console.print(message, highlight=False, soft_wrap=True)
+
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
+                      transient=True) as bar:
+            res = run_loop(config, list(overrides or []), out, steps=steps, budget_s=budget_s, blocks=blocks,
+                           say=say, tune_progress=RichProgress(bar, lambda _r: None))
+        step = f"{res.step_time_s * 1e3:.2f} ms/step" if res.step_time_s else "step time n/a"
+        console.print(f"{res.device}: {step}; {res.gemm_problems} GEMM and {res.attention_problems} "
+                      f"attention problems; report: {res.report}", highlight=False, soft_wrap=True)
+        for note in res.notes:
+            err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        if res.tuning_skipped:
+            console.print(f"no tuning: {res.tuning_skipped}", highlight=False, soft_wrap=True)
+            return
+        run = res.tune_run
+        console.print(results_table(run.results))
+        if run.interrupted:
+            console.print(f"interrupted: {run.tuned} tuned and {run.cached} already cached are in {res.cache};"
+                          f" {len(run.remaining)} left. Resume with the same command.", highlight=False)
+            raise typer.Exit(EXIT_INTERRUPTED)
+        m = res.measurement
+        lo_d, hi_d = m.spread("default")
+        lo_t, hi_t = m.spread("tuned")
+        console.print(
+            f"[bold]speedup with the cache: {m.speedup:.3f}x[/] (median step, default "
+            f"{sorted(m.default_s)[len(m.default_s) // 2] * 1e3:.2f} ms [{lo_d * 1e3:.2f}-{hi_d * 1e3:.2f}], "
+            f"tuned {sorted(m.tuned_s)[len(m.tuned_s) // 2] * 1e3:.2f} ms [{lo_t * 1e3:.2f}-{hi_t * 1e3:.2f}]); "
+            f"{m.routed_calls} calls used a cached choice, {m.fallback_calls} fell back; cache: {res.cache}",
+            highlight=False, soft_wrap=True,
+        )
+        if not m.losses_match:
+            err_console.print("[red]warning:[/] the losses with and without the cache differ by more than 5%")

@@ -1,0 +1,166 @@
+"""The main job in one call: the loop the toolkit closes.
+
+1. train a preset under the profiler (``profiler.capture.capture_trainer``): a trace and a
+   manifest in ``OUT/profile``;
+2. analyze the trace (``tracelens.analyze``) and write the HTML report (``OUT/report.html``);
+3. on a GPU, tune the trace's GEMM and attention problems (``tuner.kinds.tune``) into
+   ``OUT/tuning_cache.json``;
+4. on a GPU, train again with the cache and measure the speedup: one trainer, blocks of
+   steps with the cache's routers installed and removed in turn (interleaved, so both sides
+   see the same clocks, memory and data), medians of the step times.
+
+On a machine without a GPU the loop stops after the report and says why: tuning measures
+GPU kernels. Everything the CLI prints comes from the returned :class:`LoopResult`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from primus_perf.devices import gpu_vendor
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class SpeedupMeasurement:
+    """Step times of one trainer with the cache's routers off (default) and on (tuned)."""
+
+    default_s: list[float]
+    tuned_s: list[float]
+    routed_calls: int
+    fallback_calls: int
+    losses_match: bool
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.default_s) / statistics.median(self.tuned_s)
+
+    def spread(self, side: str) -> tuple[float, float]:
+        values = self.default_s if side == "default" else self.tuned_s
+        return min(values), max(values)
+
+
+@dataclass
+class LoopResult:
+    out_dir: Path
+    run_dir: Path
+    report: Path
+    device: str
+    step_time_s: float | None  # the profiled steps' median step time (from the analysis)
+    gemm_problems: int
+    attention_problems: int
+    notes: list[str] = field(default_factory=list)
+    tuning_skipped: str | None = None  # why the loop stopped after the report
+    tune_run: Any = None  # tuner.core.TuneRun
+    cache: Path | None = None
+    measurement: SpeedupMeasurement | None = None
+
+
+def _problems(analysis: Any) -> list[Any]:
+    """The trace's GEMM and attention problems, most expensive first."""
+    rows = [*analysis.gemm_problems.itertuples(), *analysis.attention_problems.itertuples()]
+    rows.sort(key=lambda r: -float(r.time_s))
+    return list({r.problem.key(): r.problem for r in rows}.values())
+
+
+def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, blocks: int = 4,
+                    block_steps: int = 5, say: Say = lambda _m: None) -> SpeedupMeasurement:
+    """Train ``config`` with the cache's routers removed and installed in alternate blocks of
+    ``block_steps`` steps (one settling step after each switch), ``blocks`` blocks a side."""
+    from primus_perf.cache.runtime import activate
+    from primus_perf.trainer import dispatch
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.loop import Trainer
+
+    trainer = Trainer(load_config(config, overrides))
+    act = activate(cache)
+    times: dict[str, list[float]] = {"default": [], "tuned": []}
+    losses: dict[str, list[float]] = {"default": [], "tuned": []}
+    try:
+        for _ in range(2):  # warm-up: compile, allocate, plan
+            trainer.train_step()
+        for i in range(2 * blocks):
+            side = "tuned" if i % 2 else "default"
+            if side == "tuned":
+                dispatch.install_routers(act.routers)
+            else:
+                dispatch.remove_routers()
+            trainer.train_step()
+            for _ in range(block_steps):
+                m = trainer.train_step()
+                times[side].append(m.step_time_s)
+                losses[side].append(m.loss)
+            say(f"block {i + 1}/{2 * blocks} ({side}): median "
+                f"{statistics.median(times[side][-block_steps:]) * 1e3:.2f} ms/step")
+        summary = act.end_summary()
+    finally:
+        dispatch.remove_routers()
+        act.close()
+        trainer.close()
+    routed = sum(sum(s["routed"].values()) for s in summary.values())
+    fallback = sum(sum(s["fallback"].values()) for s in summary.values())
+    # the data advance with every step, so the two sides' losses differ step by step;
+    # what must hold is that both train alike (no divergence from a wrong kernel)
+    d, t = statistics.median(losses["default"]), statistics.median(losses["tuned"])
+    return SpeedupMeasurement(times["default"], times["tuned"], routed, fallback,
+                              abs(d - t) <= 0.05 * max(abs(d), 1e-6))
+
+
+def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str | Path = "runs/quickstart",
+             *, steps: int = 3, budget_s: float = 2.0, blocks: int = 4, block_steps: int = 5,
+             say: Say = lambda _m: None, tune_progress: Any = None) -> LoopResult:
+    """Profile, analyze, report; on a GPU also tune and measure (see the module docstring)."""
+    from primus_perf.profiler.capture import Schedule, capture_trainer
+    from primus_perf.tracelens.analyze import analyze
+    from primus_perf.tracelens.report import report_from_analysis
+    from primus_perf.tracelens.report_html import write_html
+
+    out = Path(out_dir)
+    run_dir = out / "profile"
+    say(f"1/4 training {config} under the profiler -> {run_dir}")
+    capture_trainer(config, list(overrides), run_dir, Schedule(active=steps, warmup=1, wait=1, baseline=2, after=1))
+    say("2/4 analyzing the trace")
+    analysis = analyze([run_dir])
+    report = write_html(report_from_analysis(analysis, title=f"{config}: profiled run"), out / "report.html")
+    problems = _problems(analysis)
+    result = LoopResult(
+        out_dir=out, run_dir=run_dir, report=report, device=str(analysis.device["name"]),
+        step_time_s=analysis.totals.get("step_time_s"),
+        gemm_problems=len(analysis.gemm_problems), attention_problems=len(analysis.attention_problems),
+        notes=list(analysis.notes),
+    )
+    if gpu_vendor() == "cpu":
+        result.tuning_skipped = ("tuning measures GPU kernels and needs a CUDA or ROCm GPU; "
+                                 "on this machine the loop ends with the report")
+        return result
+    if not problems:
+        result.tuning_skipped = "the trace has no GEMM or attention problems (was it recorded with shapes?)"
+        return result
+    from primus_perf.errors import UserError
+    from primus_perf.tuner.kinds import KINDS, kind_of, tune
+
+    checkers = {kind: cls() for kind, cls in KINDS.items()}
+    tunable = []
+    for p in problems:
+        try:
+            checkers[kind_of(p)].check(p)
+            tunable.append(p)
+        except UserError as exc:
+            result.notes.append(f"not tuned: {exc}")
+    if not tunable:
+        result.tuning_skipped = "no problem of the trace can be tuned (see the notes)"
+        return result
+    cache = out / "tuning_cache.json"
+    say(f"3/4 tuning {len(tunable)} problems -> {cache}")
+    result.cache = cache
+    result.tune_run = tune(tunable, cache=cache, budget_s=budget_s, progress=tune_progress)
+    if result.tune_run.interrupted:
+        return result
+    say("4/4 training with and without the cache, interleaved")
+    result.measurement = measure_speedup(config, overrides, cache, blocks=blocks, block_steps=block_steps, say=say)
+    return result
