@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: install, run the GPU tests, then the named benchmark steps; every log and
+# JSON goes to $OUT (default: out/). Usage on a GPU machine, from the repository root:
+#   bash scripts/gpu_check.sh tests gemm attention loop
+# Steps: tests (pytest -m gpu), gemm (GEMM tuning benchmark on a subset), attention (the
+# attention tuning benchmark on one problem), loop (primus-tune loop on tiny and on
+# llama3-8b with 2 layers).
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+source scripts/device_env.sh
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee "$OUT/device.txt"
+python -c "import json, primus_perf.devices as d; print(json.dumps(d.library_versions()))" | tee -a "$OUT/device.txt"
+for step in "$@"; do
+  echo "=== $step"
+  case "$step" in
+    tests)
+      TRITON_INTERPRET=0 python -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    gemm)
+      python benchmarks/gemm_tuning.py --cache /tmp/gemm_cache.json --max-s "${GEMM_MAX_S:-90}" \
+        --out "$OUT/gemm_tuning_subset.json" 2>&1 | tail -15 ;;
+    attention)
+      python benchmarks/attention_tuning.py --problems "${ATTN_PROBLEM:-b16_h16_s1024_d64_causal}" \
+        --out "$OUT/attention_tuning_one.json" 2>&1 | tail -15 ;;
+    loop)
+      primus-tune loop --config tiny --out /tmp/loop_tiny 2>&1 | tee "$OUT/loop_tiny.log" | tail -12
+      primus-tune loop --config llama3-8b --out /tmp/loop_8b model.n_layers=2 train.seq_len=2048 2>&1 \
+        | tee "$OUT/loop_llama3-8b.log" | tail -30 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
