@@ -17,7 +17,7 @@ from primus_perf.cache.store import TuningCache
 from primus_perf.devices import current_device
 from primus_perf.kernels.attention.backends import sdpa_bshd
 from primus_perf.problems import AttentionProblem, GemmProblem
-from primus_perf.tuner import core
+from primus_perf.tuner import core, kinds  # noqa: F401 (kinds: KINDS holds the real classes before any patch)
 from primus_perf.tuner.core import KEEP_DEFAULT_MARGIN, Candidate, select
 from primus_perf.tuner.gemm.plugin import GemmTuner, python_candidate
 
@@ -113,6 +113,9 @@ def test_select_is_the_one_policy() -> None:
     assert select({"d": 1.0, "x": 0.98}, "d") == "x"
     assert select({"d": 1.0, "x": 1.2}, "d") == "d"
     assert select({"d": 1.0, "x": 0.95}, "d", margin=0.1) == "d"
+    # a 5% win of a 6 us kernel saves less than a routed call costs: keep the default
+    assert select({"d": 6e-6, "x": 5.7e-6}, "d") == "d"
+    assert select({"d": 600e-6, "x": 590e-6}, "d") == "x"  # 10 us, 1.7%
 
 
 # ---- the loop -------------------------------------------------------------------------

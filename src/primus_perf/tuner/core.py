@@ -43,6 +43,11 @@ from primus_perf.tuner import timing
 from primus_perf.tuner.timing import Timer
 
 KEEP_DEFAULT_MARGIN = 0.01  # the default is kept unless a candidate is at least 1% faster
+# ... and saves at least this much per call: a routed call costs more CPU time than torch's
+# own launch (on an H100 the tiny preset's step, CPU-bound, ran 0.91x with 29 routed GEMMs
+# of about 6 us each per step, about 40 us more per call), which a busy GPU hides only when
+# the kernel's own saving is not negligible
+MIN_SAVING_S = 5e-6
 ROUGH_DROP = 1.5  # the rough pass drops candidates slower than 1.5x its best
 TIMER_OVERHEAD_S = 1.2e-3  # per timed call beyond the call itself (GPU idle + flush), for the budget
 BUDGET_SHARE = 0.6  # share of the time left in a problem's budget given to the final pass
@@ -206,11 +211,14 @@ class Progress:
 # ---- one problem ----------------------------------------------------------------------
 
 
-def select(times_s: dict[str, float], default: str, margin: float = KEEP_DEFAULT_MARGIN) -> str:
+def select(times_s: dict[str, float], default: str, margin: float = KEEP_DEFAULT_MARGIN,
+           min_saving_s: float = MIN_SAVING_S) -> str:
     """The one selection policy: the fastest, unless it beats ``default`` by less than
-    ``margin`` (a fraction of the default's time); then the default."""
+    ``margin`` (a fraction of the default's time) or by less than ``min_saving_s`` per call;
+    then the default."""
     best = min(times_s, key=lambda n: times_s[n])
-    if times_s[best] > (1.0 - margin) * times_s[default]:
+    saving = times_s[default] - times_s[best]
+    if saving < margin * times_s[default] or saving < min_saving_s:
         return default
     return best
 
