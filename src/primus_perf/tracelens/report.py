@@ -4,13 +4,15 @@
 The dict is bounded in size whatever the trace size: tables are per (category, op, shape)
 or per problem, the breakdown per (rank, step) and the timeline merges each stream's
 kernels into busy segments at a fixed resolution. Figures are per step (``calls`` are op
-calls), as in the analysis.
+calls), as in the analysis. Every category has one colour (:func:`category_colors`), the
+same in every report and comparison.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,13 +23,35 @@ import pandas as pd
 from primus_perf.cache.store import TuningCache
 from primus_perf.devices import lookup_peaks
 from primus_perf.errors import UserError
-from primus_perf.tracelens.analyses.hotspots import in_steps
+from primus_perf.tracelens import categories as C
+from primus_perf.tracelens.analyses.hotspots import KEYS, hotspot_kernels, in_steps
+from primus_perf.tracelens.analyses.tune_next import tune_next
 from primus_perf.tracelens.analyze import Analysis, analyze
 
 REPORT_SCHEMA = "primus-perf-report/1"
 MAX_HOTSPOTS = 2000
 MAX_BREAKDOWN_ROWS = 256
 TIMELINE_BINS = 1500  # segments are merged at span / TIMELINE_BINS
+MAX_KERNEL_DETAILS = 300  # hotspot rows (the largest) that list their kernels
+KERNELS_PER_HOTSPOT = 3
+MAX_COLLECTIVES = 200
+TUNE_NEXT = 20
+
+# the temporal breakdown's parts (analyses.breakdown), then every category: one colour each
+TEMPORAL_PARTS = ("compute", "exposed_comm", "exposed_memcpy", "idle")
+CATEGORY_COLORS = {
+    "compute": "#3b6fd8", "exposed_comm": "#d9534f", "exposed_memcpy": "#d4b21f", "idle": "#b8bec9",
+    C.GEMM: "#3b6fd8", C.ATTENTION_FWD: "#e8793a", C.ATTENTION_BWD: "#a05a2c", C.COMMUNICATION: "#d9534f",
+    C.MEMCPY: "#d4b21f", C.MEMSET: "#e6d36a", C.ELEMENTWISE: "#2fa36b", C.NORMALIZATION: "#20a3b5",
+    C.REDUCTION: "#8a63d2", C.OPTIMIZER: "#c9458f", C.OTHER: "#7a8699",
+}
+# categories without an entry take one of these, chosen by a hash of the name (stable everywhere)
+SPARE_COLORS = ("#4a4f9c", "#5fbf3a", "#e0475b", "#1f7a8c", "#b07cc6", "#8c6d1f", "#ff9f1c", "#2e4057")
+
+
+def category_colors(names: Sequence[str]) -> dict[str, str]:
+    """Category (or temporal part) -> colour: the fixed table, else a hash of the name."""
+    return {n: CATEGORY_COLORS.get(n) or SPARE_COLORS[zlib.crc32(n.encode()) % len(SPARE_COLORS)] for n in names}
 
 
 def _num(v: Any) -> float | None:
@@ -74,12 +98,64 @@ def breakdown(a: Analysis) -> tuple[list[str], list[dict[str, Any]]]:
     return cats, rows
 
 
-def hotspots(a: Analysis) -> list[dict[str, Any]]:
-    """Per (category, op, shape): op calls and ms per step, share, TFLOP/s, % roofline."""
-    return [{"category": r.category, "op": r.op, "shape": r.shape, "calls": float(r.calls),
+def temporal(a: Analysis) -> list[dict[str, Any]]:
+    """Per (rank, step), ms: the GPU step span, its compute, exposed communication, exposed
+    memcpy and idle, and the host (wall-clock) step time; per-rank means when there would be
+    more than ``MAX_BREAKDOWN_ROWS`` rows."""
+    t = a.temporal.merge(a.wall_steps, on=["rank", "step"], how="left")
+    cols = ["span_s", *(f"{p}_s" for p in TEMPORAL_PARTS), "wall_s"]
+    per_rank = len(t) > MAX_BREAKDOWN_ROWS
+    if per_rank:
+        counts = t.groupby("rank").size()
+        t = t.groupby("rank", as_index=False)[cols].mean()
+    rows = []
+    for r in t.head(MAX_BREAKDOWN_ROWS).to_dict(orient="records"):
+        rank = int(r["rank"])
+        label = f"rank {rank} (mean of {int(counts[rank])} steps)" if per_rank else f"rank {rank} step {int(r['step'])}"
+        rows.append({"rank": rank, "step": None if per_rank else int(r["step"]), "label": label,
+                     "span_ms": _ms(r["span_s"]), "wall_ms": _ms(r["wall_s"]),
+                     "parts": {p: _ms(r[f"{p}_s"]) or 0.0 for p in TEMPORAL_PARTS}})
+    return rows
+
+
+def hotspots(a: Analysis) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per (category, op, shape): op calls and ms per step, share, TFLOP/s, % roofline; the
+    largest ``MAX_KERNEL_DETAILS`` rows list their top kernels as [index into the returned
+    kernel names, share of the row's time]."""
+    top = a.hotspots.head(MAX_HOTSPOTS)
+    detail = top.head(MAX_KERNEL_DETAILS)[KEYS]
+    ks = hotspot_kernels(a.kernels, KERNELS_PER_HOTSPOT).merge(detail, on=KEYS)
+    names = sorted(set(ks["name"]))
+    index = {n: i for i, n in enumerate(names)}
+    under: dict[tuple[str, str, str], list[list[float]]] = {}
+    for r in ks.itertuples(index=False):
+        under.setdefault((r.category, r.op, r.shape), []).append([index[r.name], round(float(r.share), 4)])
+    rows = [{"category": r.category, "op": r.op, "shape": r.shape, "calls": float(r.calls),
              "time_ms": float(r.time_s) * 1e3, "share": _num(r.share), "tflops": _num(r.tflops),
-             "pct_roofline": _num(r.pct_roofline)}
-            for r in a.hotspots.head(MAX_HOTSPOTS).itertuples(index=False)]
+             "pct_roofline": _num(r.pct_roofline), "kernels": under.get((r.category, r.op, r.shape), [])}
+            for r in top.itertuples(index=False)]
+    return rows, names
+
+
+def collectives(a: Analysis) -> list[dict[str, Any]]:
+    """Per (collective, message size, group size): calls and ms per step, algorithm and bus
+    bandwidth (GB/s; median rank, min and max over ranks) and the start skew across ranks."""
+    return [{"collective": r.collective, "bytes": _num(r.bytes) if r.bytes >= 0 else None,
+             "group_size": int(r.group_size) if r.group_size > 0 else None, "ranks": int(r.ranks),
+             "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3, "mean_us": _num(r.mean_us),
+             "algbw_gbs": _num(r.algbw_gbs), "busbw_gbs": _num(r.busbw_gbs), "min_busbw_gbs": _num(r.min_busbw_gbs),
+             "max_busbw_gbs": _num(r.max_busbw_gbs), "slowest_rank": int(r.slowest_rank),
+             "mean_skew_us": _num(r.mean_skew_us), "max_skew_us": _num(r.max_skew_us),
+             "last_rank": None if _num(r.last_rank) is None else int(r.last_rank)}
+            for r in a.collective_bandwidth.head(MAX_COLLECTIVES).itertuples(index=False)]
+
+
+def tune_next_rows(a: Analysis, marks: Mapping[str, float | None] | None) -> list[dict[str, Any]]:
+    """The problems to tune next (:mod:`.analyses.tune_next`), with their commands."""
+    return [{"kind": r.kind, "key": r.key, "shape": r.label, "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3,
+             "pct_roofline": _num(r.pct_roofline), "saving_ms": float(r.score) * 1e3, "command": r.command,
+             "tuned": None if marks is None else r.key in marks}
+            for r in tune_next(a.gemm_problems, a.attention_problems, TUNE_NEXT).itertuples(index=False)]
 
 
 def problems(df: pd.DataFrame, kind: str, kernel_s_per_step: float,
@@ -211,9 +287,12 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "step_time_ms": _ms(a.totals["step_time_s"]),
         "gpu_kernel_ms": kernel_s * 1e3,
         "wall_step_time_ms": _ms(m.get("step_time_s")),
+        "host_step_time_ms": _ms(a.wall_steps["wall_s"].median()) if len(a.wall_steps) else None,
+        "world_size": a.world_size,
         "tokens_per_s": _num(m.get("tokens_per_s")),
         "mfu": _num(m.get("mfu")),
     }
+    hot, kernel_names = hotspots(a)
     return {
         "schema": REPORT_SCHEMA,
         "kind": "report",
@@ -221,8 +300,13 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "header": header,
         "categories": cats,
+        "colors": category_colors([*TEMPORAL_PARTS, *cats]),
         "breakdown": {"rows": rows, "per_rank_means": bool(rows) and rows[0]["step"] is None},
-        "hotspots": hotspots(a),
+        "temporal": temporal(a),
+        "tune_next": tune_next_rows(a, marks),
+        "hotspots": hot,
+        "kernel_names": kernel_names,
+        "collectives": collectives(a),
         "roofline": roof,
         "gemm": gemm,
         "attention": attn,

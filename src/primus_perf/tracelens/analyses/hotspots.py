@@ -60,3 +60,19 @@ def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | No
     for c in KEYS:
         g[c] = g[c].astype(str)
     return g.sort_values("time_s", ascending=False, ignore_index=True)[COLUMNS]
+
+
+def hotspot_kernels(kernels: pd.DataFrame, top: int = 3) -> pd.DataFrame:
+    """The kernels under each hotspot row: per (category, op, shape) its ``top`` kernel names
+    by time, with their share of the row's time and their count per row (all steps)."""
+    k = in_steps(kernels)
+    cols = [*KEYS, "name", "kernels", "share"]
+    if k.empty:
+        return pd.DataFrame(columns=cols)
+    g = k.groupby([*KEYS, "name"], observed=True)["dur_us"].agg(["sum", "size"]).reset_index()
+    g = g[g["size"] > 0]
+    g["share"] = g["sum"] / g.groupby(KEYS, observed=True)["sum"].transform("sum")
+    g = g.sort_values("sum", ascending=False, kind="stable").groupby(KEYS, observed=True).head(top)
+    for c in [*KEYS, "name"]:
+        g[c] = g[c].astype(str)
+    return g.rename(columns={"size": "kernels"})[cols].reset_index(drop=True)
