@@ -5,14 +5,13 @@ The dict is bounded in size whatever the trace size: tables are per (category, o
 or per problem, the breakdown per (rank, step) and the timeline merges each stream's
 kernels into busy segments at a fixed resolution. Figures are per step (``calls`` are op
 calls), as in the analysis. Every category has one colour (:func:`category_colors`), the
-same in every report and comparison.
+same in every report and comparison (:mod:`.colors`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,35 +22,19 @@ import pandas as pd
 from primus_perf.cache.store import TuningCache
 from primus_perf.devices import lookup_peaks
 from primus_perf.errors import UserError
-from primus_perf.tracelens import categories as C
-from primus_perf.tracelens.analyses.hotspots import KEYS, hotspot_kernels, in_steps
+from primus_perf.tracelens.analyses.hotspots import in_steps
 from primus_perf.tracelens.analyses.tune_next import tune_next
 from primus_perf.tracelens.analyze import Analysis, analyze
+from primus_perf.tracelens.colors import TEMPORAL_PARTS, category_colors
 
 REPORT_SCHEMA = "primus-perf-report/1"
 MAX_HOTSPOTS = 2000
 MAX_BREAKDOWN_ROWS = 256
 TIMELINE_BINS = 1500  # segments are merged at span / TIMELINE_BINS
 MAX_KERNEL_DETAILS = 300  # hotspot rows (the largest) that list their kernels
-KERNELS_PER_HOTSPOT = 3
 MAX_COLLECTIVES = 200
 TUNE_NEXT = 20
 
-# the temporal breakdown's parts (analyses.breakdown), then every category: one colour each
-TEMPORAL_PARTS = ("compute", "exposed_comm", "exposed_memcpy", "idle")
-CATEGORY_COLORS = {
-    "compute": "#3b6fd8", "exposed_comm": "#d9534f", "exposed_memcpy": "#d4b21f", "idle": "#b8bec9",
-    C.GEMM: "#3b6fd8", C.ATTENTION_FWD: "#e8793a", C.ATTENTION_BWD: "#a05a2c", C.COMMUNICATION: "#d9534f",
-    C.MEMCPY: "#d4b21f", C.MEMSET: "#e6d36a", C.ELEMENTWISE: "#2fa36b", C.NORMALIZATION: "#20a3b5",
-    C.REDUCTION: "#8a63d2", C.OPTIMIZER: "#c9458f", C.OTHER: "#7a8699",
-}
-# categories without an entry take one of these, chosen by a hash of the name (stable everywhere)
-SPARE_COLORS = ("#4a4f9c", "#5fbf3a", "#e0475b", "#1f7a8c", "#b07cc6", "#8c6d1f", "#ff9f1c", "#2e4057")
-
-
-def category_colors(names: Sequence[str]) -> dict[str, str]:
-    """Category (or temporal part) -> colour: the fixed table, else a hash of the name."""
-    return {n: CATEGORY_COLORS.get(n) or SPARE_COLORS[zlib.crc32(n.encode()) % len(SPARE_COLORS)] for n in names}
 
 
 def _num(v: Any) -> float | None:
@@ -119,22 +102,19 @@ def temporal(a: Analysis) -> list[dict[str, Any]]:
 
 
 def hotspots(a: Analysis) -> tuple[list[dict[str, Any]], list[str]]:
-    """Per (category, op, shape): op calls and ms per step, share, TFLOP/s, % roofline; the
-    largest ``MAX_KERNEL_DETAILS`` rows list their top kernels as [index into the returned
-    kernel names, share of the row's time]."""
+    """Per (category, op, shape, problem): op calls and ms per step, share, TFLOP/s, % roofline;
+    the largest ``MAX_KERNEL_DETAILS`` rows list their top kernels as [index into the
+    returned kernel names, share of the row's time]."""
     top = a.hotspots.head(MAX_HOTSPOTS)
-    detail = top.head(MAX_KERNEL_DETAILS)[KEYS]
-    ks = hotspot_kernels(a.kernels, KERNELS_PER_HOTSPOT).merge(detail, on=KEYS)
-    names = sorted(set(ks["name"]))
-    index = {n: i for i, n in enumerate(names)}
-    under: dict[tuple[str, str, str], list[list[float]]] = {}
-    for r in ks.itertuples(index=False):
-        under.setdefault((r.category, r.op, r.shape), []).append([index[r.name], round(float(r.share), 4)])
-    rows = [{"category": r.category, "op": r.op, "shape": r.shape, "calls": float(r.calls),
-             "time_ms": float(r.time_s) * 1e3, "share": _num(r.share), "tflops": _num(r.tflops),
-             "pct_roofline": _num(r.pct_roofline), "kernels": under.get((r.category, r.op, r.shape), [])}
-            for r in top.itertuples(index=False)]
-    return rows, names
+    names: dict[str, int] = {}
+    rows = []
+    for i, r in enumerate(top.itertuples(index=False)):
+        under = [[names.setdefault(n, len(names)), round(share, 4)] for n, share in r.top_kernels] \
+            if i < MAX_KERNEL_DETAILS else []
+        rows.append({"category": r.category, "op": r.op, "shape": r.shape, "problem": r.problem,
+                     "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3, "share": _num(r.share),
+                     "tflops": _num(r.tflops), "pct_roofline": _num(r.pct_roofline), "kernels": under})
+    return rows, list(names)
 
 
 def collectives(a: Analysis) -> list[dict[str, Any]]:

@@ -300,12 +300,13 @@
       table(tn, cols, DATA.tune_next, { name: "tune-next" });
     }
 
-    const s2 = section("Hotspots", "Kernel time per step grouped by (category, op, shape), averaged over steps and ranks; calls are op calls. " +
+    const s2 = section("Hotspots", "Kernel time per step grouped by (category, op, shape, problem), averaged over steps and ranks; calls are op calls. " +
       "Click a row for its kernels; click a header to sort.");
     table(s2, [catCol("category"), { key: "op", label: "op", wrap: true }, { key: "shape", label: "shape", wrap: true },
+      { key: "problem", label: "problem", wrap: true, fmt: (v) => v || "" },
       { key: "calls", label: "calls/step", num: true, fmt: F.count }, { key: "time_ms", label: "time/step", num: true, fmt: F.ms },
       { key: "share", label: "share", num: true, fmt: pct }, { key: "tflops", label: "TFLOP/s", num: true },
-      { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }], DATA.hotspots, { sortCol: 4, detail: kernelList, name: "hotspots" });
+      { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }], DATA.hotspots, { sortCol: 5, detail: kernelList, name: "hotspots" });
 
     if ((DATA.collectives || []).length) {
       const sc = section("Collectives", "Per collective and message size (NCCL's convention: an all-gather's output, a reduce-scatter's input): " +
