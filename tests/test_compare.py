@@ -168,3 +168,76 @@ def test_real_runs_with_and_without_a_tuning_cache(tmp_path: Path) -> None:
     assert res.console_errors == [] and res.selfcheck.startswith("ok"), (res.console_errors, res.selfcheck)
     assert res.chart_ink["breakdown-delta"] > 0.02, res.chart_ink
     assert d["verdict"] in res.dom
+
+
+# --------------------------------------------------------------------------- across vendors
+
+EXTERNAL = Path(__file__).resolve().parents[2] / "shared" / "traces" / "external"
+
+
+def test_cuda_against_rocm_matches_gemms_by_problem_and_warns(trace: dict[str, Any], base: Analysis,
+                                                              tmp_path: Path) -> None:
+    """The H100 trace against its ROCm rewrite (hipBLASLt kernels, HIP runtime, an MI300X):
+    every GEMM and attention problem is found on both sides; the verdict says the devices differ."""
+    from test_tracelens_bad_input import rocm_version_of
+
+    gemm_names = set(base.kernels.loc[base.kernels["category"] == "gemm", "name"].astype(str))
+    rocm = analyze([_write(tmp_path / "mi300x.json", rocm_version_of(trace, gemm_names))])
+    d = cmp.compare_analyses(base, rocm, base_label="h100", candidate_label="mi300x")
+    gemm = [r for r in d["ops"] if r["family"] == "gemm"]
+    assert len(gemm) == len(base.gemm_problems) and all(r["side"] == "both" for r in gemm)
+    assert all(r["delta_ms"] == pytest.approx(0.0, abs=1e-9) for r in gemm)  # same times, other kernel names
+    assert d["warnings"] == ["different devices: NVIDIA H100 80GB HBM3 vs AMD Instinct MI300X"]
+    assert d["verdict"].endswith("(warning: different devices: NVIDIA H100 80GB HBM3 vs AMD Instinct MI300X)")
+    assert d["header"]["device"] == "NVIDIA H100 80GB HBM3 vs AMD Instinct MI300X"
+    res = check_in_chromium(write_html(d, tmp_path / "diff.html"))
+    assert res.console_errors == [] and "warning: different devices" in res.dom
+
+
+def test_different_world_sizes_warn(base: Analysis) -> None:
+    d = cmp.compare_analyses(base, analyze([TRACES / "h200_tp2"]))
+    assert "different world sizes: 1 vs 2" in d["warnings"] and "different world sizes: 1 vs 2" in d["verdict"]
+    assert d["header"]["world_size"] == "1 vs 2"
+
+
+def test_qwen_on_mi300x_and_h100_match_by_problem() -> None:
+    """The same model traced on an MI300X and an H100 by another project: the GEMMs are found
+    on both sides by problem, whatever library ran them."""
+    from primus_perf.errors import TraceError
+
+    h100 = EXTERNAL / "tracelens" / "h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+    mi300 = EXTERNAL / "tracelens" / "mi300" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+    if not (h100.exists() and mi300.exists()):
+        pytest.skip(f"external trace corpus not found at {EXTERNAL}")
+    try:
+        a_mi300 = analyze([mi300])
+    except TraceError as exc:
+        pytest.skip(f"the MI300X trace does not load yet (tolerant loading is separate work): {exc}")
+    a_h100 = analyze([h100])
+    d = cmp.compare_analyses(a_h100, a_mi300)
+    gemm = [r for r in d["ops"] if r["family"] == "gemm"]
+    assert gemm and all(r["side"] == "both" for r in gemm)
+    assert {r["shape"] for r in gemm if r["shape"] != cmp.NO_OP} == {str(p) for p in a_h100.gemm_problems["problem"]}
+    assert "different devices" in d["verdict"]
+
+
+def test_cudnn_and_miopen_convolutions_match(tmp_path: Path) -> None:
+    """A CUDA ResNet trace against the same trace with MIOpen's op names (as a ROCm build of
+    torch records them): the convolutions are one family on both sides."""
+    path = EXTERNAL / "param" / "resnet_kineto.json.gz"
+    if not path.exists():
+        pytest.skip(f"external trace corpus not found at {EXTERNAL}")
+    t = json.loads(gzip.decompress(path.read_bytes()))
+    events = t["traceEvents"] if isinstance(t, dict) else t
+    for e in events:
+        if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"].startswith("aten::cudnn_"):
+            e["name"] = e["name"].replace("aten::cudnn_", "aten::miopen_")
+    cuda = analyze([path])
+    rocm = analyze([_write(tmp_path / "resnet_miopen.json", t)])
+    d = cmp.compare_analyses(cuda, rocm)
+    conv = {r["family"]: r for r in d["ops"] if r["family"].startswith("conv")}
+    assert conv["conv_fwd"]["side"] == "both" and conv["conv_fwd"]["delta_ms"] == pytest.approx(0.0, abs=1e-9)
+    assert "aten::cudnn_convolution" in conv["conv_fwd"]["base_op"]
+    assert "aten::miopen_convolution" in conv["conv_fwd"]["candidate_op"]
+    assert conv["conv_bwd"]["side"] == "both"
+    assert not any("convolution" in (r["base_op"] or r["candidate_op"]) for r in d["only_in_base"] + d["only_in_candidate"])

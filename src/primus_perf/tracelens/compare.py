@@ -6,7 +6,8 @@ under cuBLAS and hipBLASLt, an attention of one problem under flash, cuDNN or ai
 convolution of one shape under cuDNN and MIOpen. The family of a GEMM or attention row is
 its category and its shape the canonical problem key (:mod:`.analyses.hotspots`); other
 rows take their family from :data:`OP_FAMILIES` (else the op name) and keep their input
-shapes; a copy or memset is a family of its own ("memset in gemm": a GEMM's workspace). All figures are per step as in the analysis (step time: the temporal breakdown's
+shapes; a copy or memset is a family of its own ("memset in gemm": a GEMM's workspace);
+kernels launched outside any op compare by their category alone. All figures are per step as in the analysis (step time: the temporal breakdown's
 span; calls: op calls), so runs with different step counts compare. Runs on different
 devices or world sizes are compared too, with a warning in the result and the verdict.
 """
@@ -45,6 +46,7 @@ OP_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 KEY = ["family", "shape"]
+NO_OP = "(kernels without an op)"
 VERDICT_GROUPS = {"attention_fwd": "attention", "attention_bwd": "attention"}
 
 
@@ -88,20 +90,29 @@ def op_family(category: str, op: str, has_problem: bool) -> str:
     return f"{category} in {family}" if category in (MEMCPY, MEMSET) else family
 
 
+def _names(ops: pd.Series, most: int = 3) -> str:
+    """The distinct op (or kernel) names of a row, the first ``most`` of them."""
+    names = list(dict.fromkeys(ops))
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def _ops(a: Analysis) -> pd.DataFrame:
     """Hotspots per (family, shape): category, the ops behind them, ms and calls per step."""
     h = a.hotspots
     if h.empty:
         return pd.DataFrame(columns=["category", "ops", "ms", "calls"], index=pd.MultiIndex.from_tuples([], names=KEY))
     has = [bool(k) for k in h["problem_key"]]
-    family = [op_family(c, o, p) for c, o, p in zip(h["category"], h["op"], has, strict=True)]
-    shape = [p if k else sh for k, p, sh in zip(has, h["problem"], h["shape"], strict=True)]
-    key = [k or sh for k, sh in zip(h["problem_key"], h["shape"], strict=True)]
+    # a row of kernels launched outside any op is named after its kernel: its category is all
+    # that compares across libraries
+    no_op = [op in {n for n, _ in top} for op, top in zip(h["op"], h["top_kernels"], strict=True)]
+    family = [c if n else op_family(c, o, p) for c, o, p, n in zip(h["category"], h["op"], has, no_op, strict=True)]
+    shape = [NO_OP if n else p if k else sh for k, n, p, sh in zip(has, no_op, h["problem"], h["shape"], strict=True)]
+    key = [NO_OP if n else k or sh for k, n, sh in zip(h["problem_key"], no_op, h["shape"], strict=True)]
     d = pd.DataFrame({"family": family, "key": key, "label": shape, "category": h["category"], "op": h["op"],
                       "ms": h["time_s"] * 1e3, "calls": h["calls"]})
     g = d.groupby(["family", "key"], sort=False).agg(
         shape=("label", "first"), category=("category", "first"),
-        ops=("op", lambda s: ", ".join(dict.fromkeys(s))), ms=("ms", "sum"), calls=("calls", "sum"))
+        ops=("op", _names), ms=("ms", "sum"), calls=("calls", "sum"))
     return g
 
 
