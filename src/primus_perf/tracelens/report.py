@@ -31,7 +31,8 @@ REPORT_SCHEMA = "primus-perf-report/1"
 MAX_HOTSPOTS = 2000
 MAX_BREAKDOWN_ROWS = 256
 TIMELINE_BINS = 1500  # segments are merged at span / TIMELINE_BINS
-MAX_KERNEL_DETAILS = 300  # hotspot rows (the largest) that list their kernels
+MAX_KERNEL_DETAILS = 100  # hotspot rows (the largest) that list their kernels
+MAX_KERNEL_NAME = 200  # characters of a kernel name shown (templated names run to thousands)
 MAX_COLLECTIVES = 200
 TUNE_NEXT = 20
 
@@ -101,6 +102,10 @@ def temporal(a: Analysis) -> list[dict[str, Any]]:
     return rows
 
 
+def _short(name: str) -> str:
+    return name if len(name) <= MAX_KERNEL_NAME else name[:MAX_KERNEL_NAME - 1] + "…"
+
+
 def hotspots(a: Analysis) -> tuple[list[dict[str, Any]], list[str]]:
     """Per (category, op, shape, problem): op calls and ms per step, share, TFLOP/s, % roofline;
     the largest ``MAX_KERNEL_DETAILS`` rows list their top kernels as [index into the
@@ -109,7 +114,7 @@ def hotspots(a: Analysis) -> tuple[list[dict[str, Any]], list[str]]:
     names: dict[str, int] = {}
     rows = []
     for i, r in enumerate(top.itertuples(index=False)):
-        under = [[names.setdefault(n, len(names)), round(share, 4)] for n, share in r.top_kernels] \
+        under = [[names.setdefault(_short(n), len(names)), round(share, 4)] for n, share in r.top_kernels] \
             if i < MAX_KERNEL_DETAILS else []
         rows.append({"category": r.category, "op": r.op, "shape": r.shape, "problem": r.problem,
                      "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3, "share": _num(r.share),
