@@ -241,3 +241,17 @@ def test_cudnn_and_miopen_convolutions_match(tmp_path: Path) -> None:
     assert "aten::miopen_convolution" in conv["conv_fwd"]["candidate_op"]
     assert conv["conv_bwd"]["side"] == "both"
     assert not any("convolution" in (r["base_op"] or r["candidate_op"]) for r in d["only_in_base"] + d["only_in_candidate"])
+
+
+def test_compare_cli_prints_the_warnings_in_the_verdict() -> None:
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "primus_perf.cli.profile", "compare", str(H100), str(TRACES / "h200_tp2"),
+                        "--top", "3"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, COLUMNS="200"))
+    assert r.returncode == 0, r.stderr
+    verdict = r.stdout.splitlines()[0]
+    assert "(warning: different devices: NVIDIA H100 80GB HBM3 vs NVIDIA H200)" in verdict
+    assert "(warning: different world sizes: 1 vs 2)" in verdict

@@ -61,8 +61,6 @@ def register(app: typer.Typer) -> None:
             console.print_json(json.dumps(data))
             return
         console.print(f"[bold]{data['verdict']}[/]")
-        for w in data["warnings"]:
-            err_console.print(f"[yellow]warning:[/] {w}")
         table = Table(title="breakdown (ms per step)")
         for col in ("category", "base", "candidate", "delta", "change"):
             table.add_column(col, justify="left" if col == "category" else "right")
@@ -71,10 +69,11 @@ def register(app: typer.Typer) -> None:
                           f"{r['delta_ms']:+.3f}", "–" if r["rel"] is None else _fmt_pct(r["rel"]))
         console.print(table)
         ops = Table(title=f"largest op deltas (top {top}, ms per step)")
-        for col in ("family", "shape", "base op", "candidate op", "base", "candidate", "delta", "present in"):
+        for col in ("family", "shape", "ops", "base", "candidate", "delta", "present in"):
             ops.add_column(col, justify="right" if col in ("base", "candidate", "delta") else "left")
         for r in sorted(data["ops"], key=lambda r: -abs(r["delta_ms"]))[:top]:
-            ops.add_row(r["family"], r["shape"], r["base_op"] or "–", r["candidate_op"] or "–", f"{r['base_ms']:.3f}",
+            names = dict.fromkeys(n for n in (r["base_op"], r["candidate_op"]) if n)
+            ops.add_row(r["family"], r["shape"], " → ".join(names), f"{r['base_ms']:.3f}",
                         f"{r['candidate_ms']:.3f}", f"{r['delta_ms']:+.3f}", r["side"])
         console.print(ops)
         if output is not None:
