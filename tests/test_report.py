@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import html
 import json
 import re
 import shutil
@@ -59,6 +60,7 @@ class BrowserCheck:
     charts: list[dict[str, Any]]
     chart_ink: dict[str, float]  # chart name -> fraction of non-background pixels
     dom: str
+    section_ink: dict[str, float]  # section title -> fraction of pixels that are not plain white
 
 
 def check_in_chromium(html_path: Path, width: int = 1200, height: int = 5000) -> BrowserCheck:
@@ -81,18 +83,24 @@ def check_in_chromium(html_path: Path, width: int = 1200, height: int = 5000) ->
     m = re.search(r'data-selfcheck="([^"]*)"', dom.stdout)
     charts_m = re.search(r"data-charts=\"([^\"]*)\"", dom.stdout)
     charts = json.loads(charts_m.group(1).replace("&quot;", '"')) if charts_m else []
+    def region(r: dict[str, Any]) -> np.ndarray:
+        x0, y0 = int(r["x"]), int(r["y"])
+        x1, y1 = min(x0 + int(r["w"]), pixels.shape[1]), min(y0 + int(r["h"]), pixels.shape[0])
+        return pixels[y0:y1, x0:x1]
+
     ink = {}
     for c in charts:
-        x0, y0 = int(c["x"]), int(c["y"])
-        x1, y1 = min(x0 + int(c["w"]), pixels.shape[1]), min(y0 + int(c["h"]), pixels.shape[0])
-        region = pixels[y0:y1, x0:x1]
-        if region.size == 0:
-            ink[c["name"]] = 0.0
-            continue
+        px = region(c)
         # "ink": pixels that are clearly coloured (not white/grey background or gridlines)
-        spread = region.max(axis=2) - region.min(axis=2)
-        ink[c["name"]] = float((spread > 40).mean())
-    return BrowserCheck(m.group(1) if m else "", errors, charts, ink, dom.stdout)
+        ink[c["name"]] = float(((px.max(axis=2) - px.min(axis=2)) > 40).mean()) if px.size else 0.0
+    sections_m = re.search(r"data-sections=\"([^\"]*)\"", dom.stdout)
+    sections = json.loads(html.unescape(sections_m.group(1))) if sections_m else []
+    # text, rules, bars: anything darker than the near-white section background
+    section_ink = {}
+    for sec in sections:
+        px = region(sec)
+        section_ink[sec["title"]] = float((px.min(axis=2) < 200).mean()) if px.size else 0.0
+    return BrowserCheck(m.group(1) if m else "", errors, charts, ink, dom.stdout, section_ink)
 
 
 # --------------------------------------------------------------------------- tests
@@ -227,9 +235,9 @@ def test_report_of_a_real_h100_run_in_chromium(run: Analysis, tmp_path: Path) ->
     page = write_html(d, tmp_path / "report.html")
     res = check_in_chromium(page)
     assert res.console_errors == []
-    assert res.selfcheck == "ok charts=3 tables=3", res.selfcheck
+    assert res.selfcheck == "ok charts=4 tables=5", res.selfcheck
     assert res.chart_ink["breakdown"] > 0.1 and res.chart_ink["timeline"] > 0.05, res.chart_ink
     assert res.chart_ink["roofline"] > 0.003, res.chart_ink
     for text in ("47,7", "42.7%", "aten::_scaled_dot_product_cudnn_attention_backward", ">bwd<", ">tuned<", "1.25×",
-                 "cached speedup", ">step time<", "174.03 ms"):
+                 "cached speedup", ">GPU step time<", ">wall-clock step<", "174 ms", "47,757"):
         assert text in res.dom, text

@@ -69,10 +69,11 @@ def register(app: typer.Typer) -> None:
                           f"{r['delta_ms']:+.3f}", "–" if r["rel"] is None else _fmt_pct(r["rel"]))
         console.print(table)
         ops = Table(title=f"largest op deltas (top {top}, ms per step)")
-        for col in ("category", "op", "shape", "base", "candidate", "delta", "present in"):
+        for col in ("family", "shape", "ops", "base", "candidate", "delta", "present in"):
             ops.add_column(col, justify="right" if col in ("base", "candidate", "delta") else "left")
         for r in sorted(data["ops"], key=lambda r: -abs(r["delta_ms"]))[:top]:
-            ops.add_row(r["category"], r["op"], r["shape"], f"{r['base_ms']:.3f}",
+            names = dict.fromkeys(n for n in (r["base_op"], r["candidate_op"]) if n)
+            ops.add_row(r["family"], r["shape"], " → ".join(names), f"{r['base_ms']:.3f}",
                         f"{r['candidate_ms']:.3f}", f"{r['delta_ms']:+.3f}", r["side"])
         console.print(ops)
         if output is not None:

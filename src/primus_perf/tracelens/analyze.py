@@ -19,6 +19,10 @@ analysis.
 - ``op_times``: per op name, self and inclusive GPU time (:mod:`.analyses.op_times`).
 - ``rank_summary`` and ``collectives``: per-rank medians and collective start skew
   (:mod:`.analyses.collectives`).
+- ``collective_events`` (one row per communication GPU event: collective, message bytes,
+  group size) and ``collective_bandwidth`` (per collective and size: algorithm and bus
+  bandwidth, skew) (:mod:`.analyses.collectives`); ``world_size``.
+- ``wall_steps``: the host (wall-clock) time of each ``ProfilerStep`` (:mod:`.analyses.step_times`).
 - ``totals``: per-step figures; ``step_time_s`` is the median step span.
 
 A trace recorded without shapes still gives categories (from kernel names) with FLOPs
@@ -40,10 +44,17 @@ from primus_perf.devices import lookup_peaks
 from primus_perf.errors import TraceError
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.analyses import breakdown as B
-from primus_perf.tracelens.analyses.collectives import collective_skew, rank_summary
+from primus_perf.tracelens.analyses.collectives import (
+    bandwidth,
+    collective_skew,
+    rank_summary,
+    trace_collectives,
+    world_size,
+)
 from primus_perf.tracelens.analyses.hotspots import hotspots, in_steps
 from primus_perf.tracelens.analyses.op_times import op_times, trace_op_times
 from primus_perf.tracelens.analyses.problems import problem_table
+from primus_perf.tracelens.analyses.step_times import host_steps
 from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, COMPUTE, GEMM
 from primus_perf.tracelens.inputs import discover
 from primus_perf.tracelens.link import link
@@ -72,6 +83,10 @@ class Analysis:
     rank_summary: pd.DataFrame
     collectives: pd.DataFrame
     totals: dict[str, Any]
+    collective_events: pd.DataFrame = field(default_factory=pd.DataFrame)
+    collective_bandwidth: pd.DataFrame = field(default_factory=pd.DataFrame)
+    wall_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    world_size: int = 1
     manifest: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -201,6 +216,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     tables: list[TraceTables] = []
     op_totals: list[pd.DataFrame] = []
     ranks: list[int] = []
+    comm, walls, dist = [], [], []
     for i, path in enumerate(inputs.traces):
         if progress is not None:
             progress(f"loading {path}")
@@ -212,6 +228,9 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         lk = link(rt)
         tables.append(trace_tables(rt, lk, rank))
         op_totals.append(trace_op_times(rt, lk))
+        comm.append(trace_collectives(rt, lk, tables[-1].kernels))
+        walls.append(host_steps(lk, rank))
+        dist.append(rt.distributed)
         del rt, lk
     if not any(t.has_cpu_ops or len(t.kernels) for t in tables):
         raise TraceError(f"nothing to analyze: no operators or GPU events in {', '.join(map(str, inputs.traces))}")
@@ -221,9 +240,11 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     calls = pd.concat([t.calls for t in tables], ignore_index=True)
     steps = sorted({s for t in tables for s in t.steps})
     notes = [*inputs.notes, *_notes(tables, kernels, steps)]
+    comm_events = pd.concat(comm, ignore_index=True)
     if not steps:
         kernels["step"] = 0
         calls["step"] = 0
+        comm_events["step"] = 0
     device_name = _device_name(tables, inputs.manifest, kernels.empty)
     peaks = lookup_peaks(device_name)
     per_step = max(1, len(steps)) * max(1, len(ranks))
@@ -244,6 +265,10 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         rank_summary=rank_summary(temporal),
         collectives=collective_skew(kernels),
         totals=_totals(kernels, calls, temporal, per_step, flops_known),
+        collective_events=comm_events,
+        collective_bandwidth=bandwidth(comm_events, max(1, len(steps))),
+        wall_steps=pd.concat(walls, ignore_index=True),
+        world_size=world_size(dist, len(ranks)),
         manifest=inputs.manifest,
         notes=notes,
     )

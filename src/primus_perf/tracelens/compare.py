@@ -1,14 +1,20 @@
 """Compare two analyses: per-step time, category breakdown and per-op deltas, and a verdict.
 
-Ops are matched by (category, op, shape), never by kernel name: a library upgrade renames
-kernels (a new cuBLASLt/hipBLASLt heuristic, another flash-attention build) while the
-operator and its shapes stay, and that is what a user wants compared. All figures are per
-step as in the analysis (step time: the temporal breakdown's span; calls: op calls), so
-runs with different step counts compare.
+Ops are matched by op family and shape, never by kernel or exact op name, so the same work
+compares across libraries, backends and vendors: a GEMM of one problem is the same work
+under cuBLAS and hipBLASLt, an attention of one problem under flash, cuDNN or aiter, a
+convolution of one shape under cuDNN and MIOpen. The family of a GEMM or attention row is
+its category and its shape the canonical problem key (:mod:`.analyses.hotspots`); other
+rows take their family from :data:`OP_FAMILIES` (else the op name) and keep their input
+shapes; a copy or memset is a family of its own ("memset in gemm": a GEMM's workspace);
+kernels launched outside any op compare by their category alone. All figures are per step as in the analysis (step time: the temporal breakdown's
+span; calls: op calls), so runs with different step counts compare. Runs on different
+devices or world sizes are compared too, with a warning in the result and the verdict.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -18,15 +24,29 @@ import pandas as pd
 
 from primus_perf.errors import UserError
 from primus_perf.tracelens.analyses.breakdown import steps_in_order
-from primus_perf.tracelens.analyses.hotspots import KEYS
 from primus_perf.tracelens.analyze import Analysis, analyze
+from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, GEMM, MEMCPY, MEMSET
+from primus_perf.tracelens.colors import category_colors
 
 COMPARE_SCHEMA = "primus-perf-compare/1"
 MAX_OPS = 2000
 
-# Ops that stand for another op of the same shapes: a GEMM that the trainer's router sent to
-# a tuned cuBLASLt/hipBLASLt algorithm is the aten::mm it replaced.
-SAME_OP_AS = {"primus_perf::gemm": "aten::mm"}
+# categories whose rows carry a canonical problem: the category is the family
+PROBLEM_FAMILIES = (GEMM, ATTENTION_FWD, ATTENTION_BWD)
+# op name -> family for the other rows (first match wins), e.g. aten::cudnn_convolution and
+# aten::miopen_convolution are both conv_fwd
+OP_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (family, re.compile(rx)) for family, rx in (
+        ("conv_bwd", r"^aten::\w*convolution\w*backward|^aten::\w*conv\w*_backward"),
+        ("conv_fwd", r"^aten::(cudnn_|miopen_|mkldnn_|_slow_|_nnpack_|_)?convolution(_relu)?$|^aten::conv\dd$"
+                     r"|^aten::(cudnn_|miopen_)?conv_transpose\dd?$|^aten::miopen_depthwise_convolution$"),
+        ("gemm", r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm)$|^primus_perf::gemm$"),
+        ("attention_bwd", r"(attention|attn)\w*(backward|bwd)|FlashAttn\w*Backward|mha_bwd|fmha\w*bwd"),
+        ("attention_fwd", r"scaled_dot_product|attention_forward|^flash_attn|mha_fwd|fmha"),
+    )
+)
+KEY = ["family", "shape"]
+NO_OP = "(kernels without an op)"
 VERDICT_GROUPS = {"attention_fwd": "attention", "attention_bwd": "attention"}
 
 
@@ -60,11 +80,51 @@ def verdict_line(step_change: float | None, breakdown: list[dict[str, Any]], top
     return head + ("; " + ", ".join(parts) if parts else "")
 
 
+def op_family(category: str, op: str, has_problem: bool) -> str:
+    """The family of a hotspot row (see the module docstring); ``has_problem``: the row has a
+    canonical problem key."""
+    if category in PROBLEM_FAMILIES and has_problem:
+        return category
+    family = next((f for f, rx in OP_FAMILIES if rx.search(op)), op)
+    # a copy or memset an op launched (a GEMM's workspace memset) is not that op's work
+    return f"{category} in {family}" if category in (MEMCPY, MEMSET) else family
+
+
+def _names(ops: pd.Series, most: int = 3) -> str:
+    """The distinct op (or kernel) names of a row, the first ``most`` of them."""
+    names = list(dict.fromkeys(ops))
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def _ops(a: Analysis) -> pd.DataFrame:
-    """Hotspots per (category, op, shape) with equivalent ops merged: ms and calls per step."""
-    h = a.hotspots.assign(op=a.hotspots["op"].replace(SAME_OP_AS))
-    g = h.groupby(KEYS)[["time_s", "calls"]].sum()
-    return pd.DataFrame({"ms": g["time_s"] * 1e3, "calls": g["calls"]})
+    """Hotspots per (family, shape): category, the ops behind them, ms and calls per step."""
+    h = a.hotspots
+    if h.empty:
+        return pd.DataFrame(columns=["category", "ops", "ms", "calls"], index=pd.MultiIndex.from_tuples([], names=KEY))
+    has = [bool(k) for k in h["problem_key"]]
+    # a row of kernels launched outside any op is named after its kernel: its category is all
+    # that compares across libraries
+    no_op = [op in {n for n, _ in top} for op, top in zip(h["op"], h["top_kernels"], strict=True)]
+    family = [c if n else op_family(c, o, p) for c, o, p, n in zip(h["category"], h["op"], has, no_op, strict=True)]
+    shape = [NO_OP if n else p if k else sh for k, n, p, sh in zip(has, no_op, h["problem"], h["shape"], strict=True)]
+    key = [NO_OP if n else k or sh for k, n, sh in zip(h["problem_key"], no_op, h["shape"], strict=True)]
+    d = pd.DataFrame({"family": family, "key": key, "label": shape, "category": h["category"], "op": h["op"],
+                      "ms": h["time_s"] * 1e3, "calls": h["calls"]})
+    g = d.groupby(["family", "key"], sort=False).agg(
+        shape=("label", "first"), category=("category", "first"),
+        ops=("op", _names), ms=("ms", "sum"), calls=("calls", "sum"))
+    return g
+
+
+def mismatch_warnings(base: Analysis, candidate: Analysis) -> list[str]:
+    """Why the two runs may not be comparable: different devices or world sizes."""
+    out = []
+    bdev, cdev = base.device["name"], candidate.device["name"]
+    if bdev != cdev:
+        out.append(f"different devices: {bdev} vs {cdev}")
+    if base.world_size != candidate.world_size:
+        out.append(f"different world sizes: {base.world_size} vs {candidate.world_size}")
+    return out
 
 
 def _median(s: pd.Series) -> float:
@@ -98,13 +158,16 @@ def compare_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "
 
     joined = _ops(base).merge(_ops(candidate), how="outer", left_index=True, right_index=True, suffixes=("_b", "_c"))
     ops = []
-    for (cat, op, shape), r in joined.iterrows():
+    for (family, _), r in joined.iterrows():
         in_b, in_c = not np.isnan(r["ms_b"]), not np.isnan(r["ms_c"])
         b = float(r["ms_b"]) if in_b else 0.0
         c = float(r["ms_c"]) if in_c else 0.0
         side = "both" if in_b and in_c else ("base only" if in_b else "candidate only")
         ops.append({
-            "category": cat, "op": op, "shape": shape, "base_ms": b, "candidate_ms": c, "delta_ms": c - b,
+            "category": r["category_b"] if in_b else r["category_c"], "family": family,
+            "shape": r["shape_b"] if in_b else r["shape_c"],
+            "base_op": r["ops_b"] if in_b else None, "candidate_op": r["ops_c"] if in_c else None,
+            "base_ms": b, "candidate_ms": c, "delta_ms": c - b,
             "rel": _rel(b, c) if side == "both" else None, "side": side,
             "base_calls": float(r["calls_b"]) if in_b else None,
             "candidate_calls": float(r["calls_c"]) if in_c else None,
@@ -113,12 +176,16 @@ def compare_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "
     ops = ops[:MAX_OPS]
     step_change = _rel(base_step, cand_step)
     bdev, cdev = base.device["name"], candidate.device["name"]
+    warnings = mismatch_warnings(base, candidate)
+    verdict = verdict_line(step_change, breakdown)
     return {
         "schema": COMPARE_SCHEMA,
         "kind": "diff",
+        "colors": category_colors(cats),
         "title": f"primus-perf diff: {Path(candidate_label).name} vs {Path(base_label).name}",
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "verdict": verdict_line(step_change, breakdown),
+        "verdict": verdict + "".join(f" (warning: {w})" for w in warnings),
+        "warnings": warnings,
         "header": {
             "base": base_label, "candidate": candidate_label,
             "base_step_ms": base_step, "candidate_step_ms": cand_step, "step_change": step_change,
@@ -126,6 +193,8 @@ def compare_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "
             "kernel_change": _rel(base_kernel, cand_kernel),
             "base_steps": len(sb), "candidate_steps": len(sc),
             "device": bdev if bdev == cdev else f"{bdev} vs {cdev}", "same_device": bdev == cdev,
+            "world_size": base.world_size if base.world_size == candidate.world_size
+            else f"{base.world_size} vs {candidate.world_size}",
             "base_versions": base.versions, "candidate_versions": candidate.versions,
         },
         "steps": steps,

@@ -4,7 +4,8 @@
 The dict is bounded in size whatever the trace size: tables are per (category, op, shape)
 or per problem, the breakdown per (rank, step) and the timeline merges each stream's
 kernels into busy segments at a fixed resolution. Figures are per step (``calls`` are op
-calls), as in the analysis.
+calls), as in the analysis. Every category has one colour (:func:`category_colors`), the
+same in every report and comparison (:mod:`.colors`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,19 @@ from primus_perf.cache.store import TuningCache
 from primus_perf.devices import lookup_peaks
 from primus_perf.errors import UserError
 from primus_perf.tracelens.analyses.hotspots import in_steps
+from primus_perf.tracelens.analyses.tune_next import tune_next
 from primus_perf.tracelens.analyze import Analysis, analyze
+from primus_perf.tracelens.colors import TEMPORAL_PARTS, category_colors
 
 REPORT_SCHEMA = "primus-perf-report/1"
 MAX_HOTSPOTS = 2000
 MAX_BREAKDOWN_ROWS = 256
 TIMELINE_BINS = 1500  # segments are merged at span / TIMELINE_BINS
+MAX_KERNEL_DETAILS = 100  # hotspot rows (the largest) that list their kernels
+MAX_KERNEL_NAME = 200  # characters of a kernel name shown (templated names run to thousands)
+MAX_COLLECTIVES = 200
+TUNE_NEXT = 20
+
 
 
 def _num(v: Any) -> float | None:
@@ -74,12 +82,65 @@ def breakdown(a: Analysis) -> tuple[list[str], list[dict[str, Any]]]:
     return cats, rows
 
 
-def hotspots(a: Analysis) -> list[dict[str, Any]]:
-    """Per (category, op, shape): op calls and ms per step, share, TFLOP/s, % roofline."""
-    return [{"category": r.category, "op": r.op, "shape": r.shape, "calls": float(r.calls),
-             "time_ms": float(r.time_s) * 1e3, "share": _num(r.share), "tflops": _num(r.tflops),
-             "pct_roofline": _num(r.pct_roofline)}
-            for r in a.hotspots.head(MAX_HOTSPOTS).itertuples(index=False)]
+def temporal(a: Analysis) -> list[dict[str, Any]]:
+    """Per (rank, step), ms: the GPU step span, its compute, exposed communication, exposed
+    memcpy and idle, and the host (wall-clock) step time; per-rank means when there would be
+    more than ``MAX_BREAKDOWN_ROWS`` rows."""
+    t = a.temporal.merge(a.wall_steps, on=["rank", "step"], how="left")
+    cols = ["span_s", *(f"{p}_s" for p in TEMPORAL_PARTS), "wall_s"]
+    per_rank = len(t) > MAX_BREAKDOWN_ROWS
+    if per_rank:
+        counts = t.groupby("rank").size()
+        t = t.groupby("rank", as_index=False)[cols].mean()
+    rows = []
+    for r in t.head(MAX_BREAKDOWN_ROWS).to_dict(orient="records"):
+        rank = int(r["rank"])
+        label = f"rank {rank} (mean of {int(counts[rank])} steps)" if per_rank else f"rank {rank} step {int(r['step'])}"
+        rows.append({"rank": rank, "step": None if per_rank else int(r["step"]), "label": label,
+                     "span_ms": _ms(r["span_s"]), "wall_ms": _ms(r["wall_s"]),
+                     "parts": {p: _ms(r[f"{p}_s"]) or 0.0 for p in TEMPORAL_PARTS}})
+    return rows
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= MAX_KERNEL_NAME else name[:MAX_KERNEL_NAME - 1] + "…"
+
+
+def hotspots(a: Analysis) -> tuple[list[dict[str, Any]], list[str]]:
+    """Per (category, op, shape, problem): op calls and ms per step, share, TFLOP/s, % roofline;
+    the largest ``MAX_KERNEL_DETAILS`` rows list their top kernels as [index into the
+    returned kernel names, share of the row's time]."""
+    top = a.hotspots.head(MAX_HOTSPOTS)
+    names: dict[str, int] = {}
+    rows = []
+    for i, r in enumerate(top.itertuples(index=False)):
+        under = [[names.setdefault(_short(n), len(names)), round(share, 4)] for n, share in r.top_kernels] \
+            if i < MAX_KERNEL_DETAILS else []
+        rows.append({"category": r.category, "op": r.op, "shape": r.shape, "problem": r.problem,
+                     "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3, "share": _num(r.share),
+                     "tflops": _num(r.tflops), "pct_roofline": _num(r.pct_roofline), "kernels": under})
+    return rows, list(names)
+
+
+def collectives(a: Analysis) -> list[dict[str, Any]]:
+    """Per (collective, message size, group size): calls and ms per step, algorithm and bus
+    bandwidth (GB/s; median rank, min and max over ranks) and the start skew across ranks."""
+    return [{"collective": r.collective, "bytes": _num(r.bytes) if r.bytes >= 0 else None,
+             "group_size": int(r.group_size) if r.group_size > 0 else None, "ranks": int(r.ranks),
+             "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3, "mean_us": _num(r.mean_us),
+             "algbw_gbs": _num(r.algbw_gbs), "busbw_gbs": _num(r.busbw_gbs), "min_busbw_gbs": _num(r.min_busbw_gbs),
+             "max_busbw_gbs": _num(r.max_busbw_gbs), "slowest_rank": int(r.slowest_rank),
+             "mean_skew_us": _num(r.mean_skew_us), "max_skew_us": _num(r.max_skew_us),
+             "last_rank": None if _num(r.last_rank) is None else int(r.last_rank)}
+            for r in a.collective_bandwidth.head(MAX_COLLECTIVES).itertuples(index=False)]
+
+
+def tune_next_rows(a: Analysis, marks: Mapping[str, float | None] | None) -> list[dict[str, Any]]:
+    """The problems to tune next (:mod:`.analyses.tune_next`), with their commands."""
+    return [{"kind": r.kind, "key": r.key, "shape": r.label, "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3,
+             "pct_roofline": _num(r.pct_roofline), "saving_ms": float(r.score) * 1e3, "command": r.command,
+             "tuned": None if marks is None else r.key in marks}
+            for r in tune_next(a.gemm_problems, a.attention_problems, TUNE_NEXT).itertuples(index=False)]
 
 
 def problems(df: pd.DataFrame, kind: str, kernel_s_per_step: float,
@@ -211,9 +272,12 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "step_time_ms": _ms(a.totals["step_time_s"]),
         "gpu_kernel_ms": kernel_s * 1e3,
         "wall_step_time_ms": _ms(m.get("step_time_s")),
+        "host_step_time_ms": _ms(a.wall_steps["wall_s"].median()) if len(a.wall_steps) else None,
+        "world_size": a.world_size,
         "tokens_per_s": _num(m.get("tokens_per_s")),
         "mfu": _num(m.get("mfu")),
     }
+    hot, kernel_names = hotspots(a)
     return {
         "schema": REPORT_SCHEMA,
         "kind": "report",
@@ -221,8 +285,13 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "header": header,
         "categories": cats,
+        "colors": category_colors([*TEMPORAL_PARTS, *cats]),
         "breakdown": {"rows": rows, "per_rank_means": bool(rows) and rows[0]["step"] is None},
-        "hotspots": hotspots(a),
+        "temporal": temporal(a),
+        "tune_next": tune_next_rows(a, marks),
+        "hotspots": hot,
+        "kernel_names": kernel_names,
+        "collectives": collectives(a),
         "roofline": roof,
         "gemm": gemm,
         "attention": attn,

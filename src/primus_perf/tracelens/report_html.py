@@ -1,7 +1,7 @@
 """Render report and diff dicts as one self-contained HTML file (inline CSS, JS, data).
 
-No network access is needed to view the file: the chart and table code
-(``report_assets/report.js``) and the data (JSON in a ``<script type="application/json">``
+No network access is needed to view the file: the number formatting
+(``report_assets/format.js``), the chart and table code (``report_assets/report.js``) and the data (JSON in a ``<script type="application/json">``
 element) are written into the page.
 """
 
@@ -31,12 +31,16 @@ _PAGE = """<!DOCTYPE html>
 """
 
 
+_DIGITS = 7  # significant digits of the numbers written: far below any difference shown, and a smaller page
+
+
 def _asset(name: str) -> str:
     return resources.files("primus_perf.tracelens").joinpath("report_assets", name).read_text("utf-8")
 
 
 def _clean(obj: Any) -> Any:
-    """JSON-safe: NaN/inf become null (JSON has no NaN), numpy scalars become floats."""
+    """JSON-safe: NaN/inf become null (JSON has no NaN), numpy scalars become floats; floats
+    keep ``_DIGITS`` significant digits."""
     if isinstance(obj, dict):
         return {str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -44,12 +48,12 @@ def _clean(obj: Any) -> Any:
     if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
         return obj
     if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+        return float(f"{obj:.{_DIGITS}g}") if math.isfinite(obj) else None
     try:
         f = float(obj)
     except (TypeError, ValueError):
         return str(obj)
-    return f if math.isfinite(f) else None
+    return float(f"{f:.{_DIGITS}g}") if math.isfinite(f) else None
 
 
 def to_json_text(data: dict[str, Any], indent: int | None = None) -> str:
@@ -63,7 +67,7 @@ def render_html(data: dict[str, Any]) -> str:
         title=html.escape(str(data.get("title", "primus-perf report"))),
         generated=html.escape(str(data.get("generated", ""))),
         css=_asset("report.css"),
-        js=_asset("report.js"),
+        js=_asset("format.js") + "\n" + _asset("report.js"),
         data=payload,
     )
 

@@ -3,7 +3,11 @@
 ``calls`` counts op calls (an op that launches several kernels is one call; a GPU event
 without an op is a call of its own), ``kernels`` the GPU events; both, ``time_s`` and
 ``flops`` are per step. FLOPs and bytes come from the modeled op calls behind the GEMM
-and attention rows (not from a memset the same call launched).
+and attention rows (not from a memset the same call launched). A GEMM or attention row is
+one problem: ``problem_key`` and ``problem`` are its canonical key and label (the same
+whichever library, backend or op ran it; empty for other rows), so one op and input shape
+with two problems (other strides) gives two rows. ``top_kernels`` lists the row's largest
+kernels as (name, share of the row's time).
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ from primus_perf.devices import DevicePeaks
 from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, GEMM
 from primus_perf.tracelens.roofline import roofline
 
-COLUMNS = ["category", "op", "shape", "calls", "kernels", "time_s", "share", "flops", "tflops", "tb_s",
-           "pct_roofline"]
+COLUMNS = ["category", "op", "shape", "problem_key", "problem", "calls", "kernels", "time_s", "share", "flops",
+           "tflops", "tb_s", "pct_roofline", "top_kernels"]
 KEYS = ["category", "op", "shape"]
+ROW_KEYS = [*KEYS, "problem_key"]
+MODELED = (GEMM, ATTENTION_FWD, ATTENTION_BWD)
+TOP_KERNELS = 3
 
 
 def in_steps(kernels: pd.DataFrame) -> pd.DataFrame:
@@ -25,20 +32,44 @@ def in_steps(kernels: pd.DataFrame) -> pd.DataFrame:
     return kernels[kernels["step"] >= 0]
 
 
-def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | None, per_step: int) -> pd.DataFrame:
+def _problem_keys(k: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
+    """Per GPU event of a GEMM or attention category: its op call's problem key, else ""."""
+    out = np.full(len(k), "", dtype=object)
+    m = (k["category"].isin(MODELED) & (k["call"] >= 0)).to_numpy()
+    if m.any() and len(calls):
+        idx = pd.MultiIndex.from_arrays([k["rank"].to_numpy()[m], k["call"].to_numpy()[m]])
+        out[m] = calls.set_index(["rank", "row"])["key"].reindex(idx).fillna("").to_numpy()
+    return out
+
+
+def _top_kernels(k: pd.DataFrame, top: int) -> dict[tuple[str, ...], list[tuple[str, float]]]:
+    """Per row key: its ``top`` kernel names by time with their share of the row's time."""
+    g = k.groupby([*ROW_KEYS, "name"], observed=True)["dur_us"].sum().reset_index()
+    g["share"] = g["dur_us"] / g.groupby(ROW_KEYS, observed=True)["dur_us"].transform("sum")
+    g = g.sort_values("dur_us", ascending=False, kind="stable").groupby(ROW_KEYS, observed=True).head(top)
+    out: dict[tuple[str, ...], list[tuple[str, float]]] = {}
+    for *key, name, share in zip(*(g[c].astype(str) for c in ROW_KEYS), g["name"].astype(str), g["share"],
+                                 strict=True):
+        out.setdefault(tuple(key), []).append((name, float(share)))
+    return out
+
+
+def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | None, per_step: int,
+             top_kernels: int = TOP_KERNELS) -> pd.DataFrame:
     k = in_steps(kernels)
     if k.empty:
         return pd.DataFrame(columns=COLUMNS)
-    g = k.groupby(KEYS, observed=True).agg(time_us=("dur_us", "sum"), kernels=("dur_us", "size"))
-    distinct = k[k["call"] >= 0].drop_duplicates(["rank", "call", *KEYS])
-    n_calls = distinct.groupby(KEYS, observed=True).size()
-    no_call = k[k["call"] < 0].groupby(KEYS, observed=True).size()
+    k = k.assign(problem_key=pd.Categorical(_problem_keys(k, calls)))
+    g = k.groupby(ROW_KEYS, observed=True).agg(time_us=("dur_us", "sum"), kernels=("dur_us", "size"))
+    distinct = k[k["call"] >= 0].drop_duplicates(["rank", "call", *ROW_KEYS])
+    n_calls = distinct.groupby(ROW_KEYS, observed=True).size()
+    no_call = k[k["call"] < 0].groupby(ROW_KEYS, observed=True).size()
     g["calls"] = n_calls.reindex(g.index, fill_value=0) + no_call.reindex(g.index, fill_value=0)
-    modeled = distinct[distinct["category"].isin((GEMM, ATTENTION_FWD, ATTENTION_BWD))]
-    work = modeled[[*KEYS, "rank", "call"]].merge(
+    modeled = distinct[distinct["category"].isin(MODELED)]
+    work = modeled[[*ROW_KEYS, "rank", "call"]].merge(
         calls[["rank", "row", "flops", "bytes", "dtype"]], left_on=["rank", "call"], right_on=["rank", "row"])
-    agg = work.groupby(KEYS, observed=True).agg(flops=("flops", "sum"), bytes=("bytes", "sum"),
-                                                dtype=("dtype", "first"))
+    agg = work.groupby(ROW_KEYS, observed=True).agg(flops=("flops", "sum"), bytes=("bytes", "sum"),
+                                                    dtype=("dtype", "first"))
     g = g.join(agg, how="left").reset_index()
     g["time_s"] = g.pop("time_us") / 1e6
     total = g["time_s"].sum()
@@ -57,6 +88,10 @@ def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | No
     g["calls"] = g["calls"] / per_step
     g["kernels"] = g["kernels"] / per_step
     g["time_s"] = g["time_s"] / per_step
-    for c in KEYS:
+    for c in ROW_KEYS:
         g[c] = g[c].astype(str)
+    labels = calls.drop_duplicates("key").set_index("key")["problem"] if len(calls) else pd.Series(dtype=object)
+    g["problem"] = [str(labels[key]) if key else "" for key in g["problem_key"]]
+    tops = _top_kernels(k, top_kernels)
+    g["top_kernels"] = [tops.get(key, []) for key in zip(*(g[c] for c in ROW_KEYS), strict=True)]
     return g.sort_values("time_s", ascending=False, ignore_index=True)[COLUMNS]

@@ -3,11 +3,8 @@
 (function () {
   const DATA = JSON.parse(document.getElementById("report-data").textContent);
   const SVGNS = "http://www.w3.org/2000/svg";
-  const PALETTE = ["#3b6fd8", "#e8793a", "#2fa36b", "#c9458f", "#8a63d2", "#d4b21f",
-    "#20a3b5", "#a05a2c", "#7a8699", "#5fbf3a", "#e0475b", "#4a4f9c"];
-  const catColor = {};
-  (DATA.categories || []).forEach((c, i) => { catColor[c] = PALETTE[i % PALETTE.length]; });
-  const color = (c) => catColor[c] || "#999";
+  const F = PrimusFormat;
+  const color = (c) => (DATA.colors || {})[c] || "#999";
 
   function el(tag, attrs, children) {
     const e = document.createElement(tag);
@@ -25,31 +22,26 @@
     if (parent) parent.appendChild(e);
     return e;
   }
-  function fmt(v, digits) {
-    if (v === null || v === undefined || (typeof v === "number" && !isFinite(v))) return "–";
-    if (typeof v !== "number") return String(v);
-    const d = digits === undefined ? 3 : digits;
-    if (v !== 0 && Math.abs(v) < Math.pow(10, -d)) return v.toExponential(2);
-    return v.toLocaleString("en-US", { maximumFractionDigits: d, minimumFractionDigits: 0 });
-  }
-  const pct = (v) => (v === null || v === undefined ? "–" : (v * 100).toFixed(1) + "%");
-  const spct = (v) => (v === null || v === undefined ? "–" : (v >= 0 ? "+" : "") + (v * 100).toFixed(1) + "%");
+  const fmt = (v) => F.num(v), pct = F.pct, spct = F.spct;
   function section(title, note) {
     const s = el("section", {}, [el("h2", { text: title })]);
     if (note) s.appendChild(el("div", { cls: "muted", text: note }));
     document.querySelector("main").appendChild(s);
     return s;
   }
-  function legend(cats) {
-    return el("div", { cls: "legend" }, cats.map((c) => el("span", {}, [el("i", { style: "background:" + color(c) }), c])));
+  const chip = (c) => el("i", { cls: "chip", style: "background:" + color(c), "data-color": color(c) });
+  function legend(cats, labels) {
+    return el("div", { cls: "legend" }, cats.map((c) => el("span", { "data-category": c }, [chip(c), (labels || {})[c] || c])));
   }
+  // a category column: the category's colour chip, then its name
+  const catCol = (key) => ({ key, label: "category", html: (v) => el("span", { "data-category": v }, [chip(v), v]) });
 
   // ------------------------------------------------------------------ sortable table
   function table(parent, columns, rows, opts) {
     opts = opts || {};
     const wrap = el("div");
     const filter = el("input", { cls: "filter", type: "search", placeholder: "filter rows (substring, any column)" });
-    const tbl = el("table", { cls: "sortable", "data-rows": String(rows.length) });
+    const tbl = el("table", { cls: "sortable", "data-rows": String(rows.length), "data-table": opts.name || "" });
     const thead = el("thead"), tbody = el("tbody");
     const tr = el("tr");
     columns.forEach((c, i) => {
@@ -75,6 +67,14 @@
           row.appendChild(td);
         });
         tbody.appendChild(row);
+        const more = opts.detail ? opts.detail(r) : null;
+        if (more) {
+          row.className = "expandable";
+          const sub = el("tr", { cls: "detail" }, [el("td", { colspan: String(columns.length) }, [more])]);
+          sub.hidden = true;
+          row.addEventListener("click", () => { sub.hidden = !sub.hidden; row.classList.toggle("open", !sub.hidden); });
+          tbody.appendChild(sub);
+        }
       });
     }
     function sortBy(i) {
@@ -117,14 +117,15 @@
         if (v <= 0) return;
         const w = sx(v);
         const rect = sv("rect", { x, y: y + 2, width: Math.max(w, 0.5), height: rowH - 4, fill: color(c), "data-mark": "1" }, svg);
-        sv("title", { text: `${r.label} ${c}: ${fmt(v)} ms` }, rect);
+        sv("title", { text: `${r.label} ${(opts.labels || {})[c] || c}: ${F.ms(v)}` }, rect);
         x += w;
       });
-      sv("text", { x: x + 4, y: y + 12, text: fmt(cats.reduce((s, c) => s + (r.values[c] || 0), 0), 2) + " ms" }, svg);
+      const total = r.total !== undefined ? r.total : cats.reduce((s, c) => s + (r.values[c] || 0), 0);
+      sv("text", { x: x + 4, y: y + 12, text: F.ms(total) + (r.note ? " " + r.note : "") }, svg);
     });
     sv("line", { x1: left, x2: left, y1: top, y2: H - 28, stroke: "#888" }, svg);
     sv("text", { x: left, y: H - 8, text: opts.axis || "GPU kernel time per step (ms)" }, svg);
-    parent.appendChild(legend(cats));
+    parent.appendChild(legend(cats, opts.labels));
     parent.appendChild(svg);
   }
 
@@ -141,8 +142,8 @@
       const w = Math.max((Math.abs(r.delta) / max) * half, 0.5);
       const rect = sv("rect", { x: r.delta >= 0 ? mid : mid - w, y: y + 2, width: w, height: rowH - 4,
         fill: r.delta > 0 ? "#d9534f" : "#2fa36b", "data-mark": "1" }, svg);
-      sv("title", { text: `${r.label}: ${fmt(r.delta)} ms (${spct(r.rel)})` }, rect);
-      sv("text", { x: W - right + 4, y: y + 12, text: `${fmt(r.delta, 2)} ms ${spct(r.rel)}` }, svg);
+      sv("title", { text: `${r.label}: ${F.ms(r.delta)} (${spct(r.rel)})` }, rect);
+      sv("text", { x: W - right + 4, y: y + 12, text: `${F.ms(r.delta)} ${spct(r.rel)}` }, svg);
     });
     sv("line", { x1: mid, x2: mid, y1: top, y2: H - 28, stroke: "#888" }, svg);
     sv("text", { x: mid, y: H - 8, "text-anchor": "middle", text: opts.axis || "candidate − base (ms per step); red = slower" }, svg);
@@ -177,7 +178,7 @@
         const xa = Math.max(xmin, (10 ** ly0) / rf.hbm_tb_s);
         sv("polyline", { points: `${X(xa)},${Y(xa * rf.hbm_tb_s)} ${X(ridge)},${Y(P)} ${X(xmax)},${Y(P)}`,
           fill: "none", stroke: "#b3261e", "stroke-width": 2, "data-mark": "1" }, svg);
-        sv("text", { x: X(ridge) + 6, y: Y(P) - 6, text: `${fmt(P, 1)} TFLOP/s, ${fmt(rf.hbm_tb_s, 2)} TB/s (${rf.dtype})`, fill: "#b3261e" }, svg);
+        sv("text", { x: X(ridge) + 6, y: Y(P) - 6, text: `${F.tflops(P)}, ${fmt(rf.hbm_tb_s)} TB/s (${rf.dtype})`, fill: "#b3261e" }, svg);
       } else {
         sv("line", { x1: X(xmin), x2: X(xmax), y1: Y(P), y2: Y(P), stroke: "#b3261e", "stroke-width": 2, "data-mark": "1" }, svg);
       }
@@ -187,7 +188,7 @@
       const r = Math.max(3, Math.min(12, 3 + Math.sqrt(p.share || 0) * 18));
       const c = sv("circle", { cx: X(p.ai), cy: Y(p.tflops), r, fill: kinds[p.kind] || "#777", "fill-opacity": 0.75,
         stroke: "#222", "stroke-width": 0.5, "data-mark": "1" }, svg);
-      sv("title", { text: `${p.kind} ${p.label}\nAI ${fmt(p.ai, 1)} FLOP/B, ${fmt(p.tflops, 1)} TFLOP/s, ${pct(p.share)} of GPU time` }, c);
+      sv("title", { text: `${p.kind} ${p.label}\nAI ${fmt(p.ai)} FLOP/B, ${F.tflops(p.tflops)}, ${pct(p.share)} of GPU time` }, c);
     });
     parent.appendChild(el("div", { cls: "legend" }, [el("span", {}, [el("i", { style: "background:#3b6fd8" }), "GEMM"]),
       el("span", {}, [el("i", { style: "background:#e8793a" }), "attention"]),
@@ -209,12 +210,12 @@
         const cat = tl.categories[g[2]];
         const r = sv("rect", { x: X(g[0]), y: y + 3, width: Math.max(X(g[0] + g[1]) - X(g[0]), 0.6), height: rowH - 6,
           fill: color(cat), "data-mark": "1" }, svg);
-        sv("title", { text: `${cat} at ${fmt(g[0] / 1000, 3)} ms, ${fmt(g[1], 1)} us busy` }, r);
+        sv("title", { text: `${cat} at ${F.ms(g[0] / 1000)}, ${F.us(g[3])} busy` }, r);
       });
     });
     for (let k = 0; k <= 10; k++) {
       const t = (span * k) / 10;
-      sv("text", { x: X(t), y: H - 8, "text-anchor": "middle", text: fmt(t / 1000, 2) }, svg);
+      sv("text", { x: X(t), y: H - 8, "text-anchor": "middle", text: fmt(t / 1000) }, svg);
     }
     parent.appendChild(legend(tl.categories));
     parent.appendChild(svg);
@@ -238,53 +239,106 @@
     const cols = [{ key: "shape", label: kind === "gemm" ? "problem (m×n×k, transposes, dtype)" : "problem (b, hq/hkv, sq/skv, d)", wrap: true }];
     if (kind === "attention") cols.push({ key: "direction", label: "pass" });
     cols.push(
-      { key: "calls", label: "calls/step", num: true, fmt: (v) => fmt(v, 1) },
-      { key: "time_ms", label: "time/step (ms)", num: true },
+      { key: "calls", label: "calls/step", num: true, fmt: F.count },
+      { key: "time_ms", label: "time/step", num: true, fmt: F.ms },
       { key: "share", label: "share", num: true, fmt: pct },
-      { key: "ai", label: "FLOP/byte", num: true, fmt: (v) => fmt(v, 1) },
-      { key: "tflops", label: "TFLOP/s", num: true, fmt: (v) => fmt(v, 1) },
+      { key: "ai", label: "FLOP/byte", num: true },
+      { key: "tflops", label: "TFLOP/s", num: true },
       { key: "pct_roofline", label: "% roofline", num: true, fmt: pct });
     if (DATA.cache) {
       cols.push({ key: "tuned", label: "cache", html: tagCell });
-      cols.push({ key: "speedup", label: "cached speedup", num: true, fmt: (v) => (v ? fmt(v, 3) + "×" : "–") });
+      cols.push({ key: "speedup", label: "cached speedup", num: true, fmt: (v) => (v ? fmt(v) + "×" : "–") });
     }
     return cols;
+  }
+
+  const TEMPORAL_LABELS = { compute: "compute", exposed_comm: "exposed communication", exposed_memcpy: "exposed memcpy", idle: "idle" };
+
+  function kernelList(r) {
+    if (!r.kernels || !r.kernels.length) return null;
+    return el("ul", { cls: "kernels" }, r.kernels.map(([i, share]) =>
+      el("li", {}, [el("span", { cls: "share", text: pct(share) }), el("code", { text: DATA.kernel_names[i] })])));
+  }
+
+  function commandCell(v) {
+    return el("code", { cls: "cmd", text: v, title: "click to select" });
   }
 
   function reportPage() {
     const h = DATA.header;
     document.querySelector("h1").textContent = DATA.title;
-    headerCards([["device", h.device], ["ranks", h.ranks.length], ["steps", h.steps],
-      ["step time", h.step_time_ms !== null ? fmt(h.step_time_ms, 2) + " ms" : null],
-      ["GPU kernel time / step", fmt(h.gpu_kernel_ms, 2) + " ms"],
-      ["tokens/s", h.tokens_per_s ? fmt(h.tokens_per_s, 0) : null], ["MFU", h.mfu ? pct(h.mfu) : null]]);
+    headerCards([["device", h.device], ["ranks", h.world_size > h.ranks.length ? `${h.ranks.length} of ${h.world_size}` : h.ranks.length],
+      ["steps", h.steps], ["GPU step time", h.step_time_ms !== null ? F.ms(h.step_time_ms) : null],
+      ["wall-clock step", h.host_step_time_ms !== null && h.host_step_time_ms !== undefined ? F.ms(h.host_step_time_ms) : null],
+      ["GPU kernel time / step", F.ms(h.gpu_kernel_ms)],
+      ["tokens/s", h.tokens_per_s ? fmt(h.tokens_per_s) : null], ["MFU", h.mfu ? pct(h.mfu) : null]]);
     const vers = Object.entries(h.versions || {}).map(([k, v]) => `${k} ${v}`).join(" · ");
     document.querySelector(".sub").textContent = (vers ? vers + " · " : "") + (h.traces || []).join(", ");
     (DATA.notes || []).forEach((n) => document.querySelector("header").appendChild(el("div", { cls: "muted", text: "note: " + n })));
 
-    const b = DATA.breakdown;
-    const s1 = section("GPU time breakdown per step", "Kernel time by category, summed over streams, per rank and step.");
-    stackedBars(s1, b.rows.map((r) => ({ label: r.label, values: r.by_cat })), DATA.categories, { name: "breakdown" });
+    const parts = Object.keys(TEMPORAL_LABELS);
+    const t = DATA.temporal || [];
+    if (t.length) {
+      const st = section("Step time per rank and step", "The GPU step (first GPU event of the step to the first of the next) split into compute, " +
+        "communication not overlapped by compute, copies overlapped by neither, and idle; beside it the wall-clock time of the step on the host.");
+      stackedBars(st, t.map((r) => ({ label: r.label, values: r.parts, total: r.span_ms })), parts,
+        { name: "temporal", labels: TEMPORAL_LABELS, axis: "GPU step time (ms)" });
+      table(st, [{ key: "label", label: "rank / step" }, { key: "span_ms", label: "GPU step", num: true, fmt: F.ms },
+        { key: "wall_ms", label: "wall clock (host)", num: true, fmt: F.ms },
+        ...parts.map((p) => ({ key: p, label: TEMPORAL_LABELS[p], num: true, fmt: (v, r) => `${F.ms(v)} (${pct(v / r.span_ms)})` }))],
+        t.map((r) => Object.assign({ label: r.label, span_ms: r.span_ms, wall_ms: r.wall_ms }, r.parts)), { name: "temporal" });
+    }
 
-    const s2 = section("Hotspots", "Kernel time per step grouped by (category, op, shape), averaged over steps and ranks; calls are op calls. Click a header to sort.");
-    table(s2, [{ key: "category", label: "category" }, { key: "op", label: "op", wrap: true }, { key: "shape", label: "shape", wrap: true },
-      { key: "calls", label: "calls/step", num: true, fmt: (v) => fmt(v, 1) }, { key: "time_ms", label: "time/step (ms)", num: true },
-      { key: "share", label: "share", num: true, fmt: pct }, { key: "tflops", label: "TFLOP/s", num: true, fmt: (v) => fmt(v, 1) },
-      { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }], DATA.hotspots, { sortCol: 4 });
+    if ((DATA.tune_next || []).length) {
+      const tn = section("Tune next", "GEMM and attention problems ranked by the time they would save at the roofline (time × (1 − % roofline)); " +
+        "each with the command that tunes it.");
+      const cols = [{ key: "kind", label: "kind" }, { key: "shape", label: "problem", wrap: true },
+        { key: "saving_ms", label: "to gain / step", num: true, fmt: F.ms }, { key: "time_ms", label: "time/step", num: true, fmt: F.ms },
+        { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }, { key: "calls", label: "calls/step", num: true, fmt: F.count }];
+      if (DATA.cache) cols.push({ key: "tuned", label: "cache", html: tagCell });
+      cols.push({ key: "command", label: "command", wrap: true, html: commandCell });
+      table(tn, cols, DATA.tune_next, { name: "tune-next" });
+    }
+
+    const s2 = section("Hotspots", "Kernel time per step grouped by (category, op, shape, problem), averaged over steps and ranks; calls are op calls. " +
+      "Click a row for its kernels; click a header to sort.");
+    table(s2, [catCol("category"), { key: "op", label: "op", wrap: true }, { key: "shape", label: "shape", wrap: true },
+      { key: "problem", label: "problem", wrap: true, fmt: (v) => v || "" },
+      { key: "calls", label: "calls/step", num: true, fmt: F.count }, { key: "time_ms", label: "time/step", num: true, fmt: F.ms },
+      { key: "share", label: "share", num: true, fmt: pct }, { key: "tflops", label: "TFLOP/s", num: true },
+      { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }], DATA.hotspots, { sortCol: 5, detail: kernelList, name: "hotspots" });
+
+    if ((DATA.collectives || []).length) {
+      const sc = section("Collectives", "Per collective and message size (NCCL's convention: an all-gather's output, a reduce-scatter's input): " +
+        "algorithm bandwidth (bytes / kernel time) and bus bandwidth (× NCCL's factor for the collective and group size), the median rank's " +
+        "with the range over ranks; start skew across ranks and the rank the others wait for. Kernel time includes waiting for the last rank.");
+      table(sc, [{ key: "collective", label: "collective" }, { key: "bytes", label: "message", num: true, fmt: F.bytes },
+        { key: "group_size", label: "group", num: true, fmt: F.count }, { key: "calls", label: "calls/step", num: true, fmt: F.count },
+        { key: "time_ms", label: "time/step", num: true, fmt: F.ms }, { key: "mean_us", label: "per call", num: true, fmt: F.us },
+        { key: "algbw_gbs", label: "algbw", num: true, fmt: F.gbs }, { key: "busbw_gbs", label: "busbw", num: true, fmt: F.gbs },
+        { key: "min_busbw_gbs", label: "busbw range", num: true, fmt: (v, r) => (r.ranks > 1 ? `${fmt(v)} – ${fmt(r.max_busbw_gbs)}` : "–") },
+        { key: "max_skew_us", label: "skew (mean / max)", num: true, fmt: (v, r) => (r.ranks > 1 ? `${F.us(r.mean_skew_us)} / ${F.us(v)}` : "–") },
+        { key: "last_rank", label: "last to arrive", num: true, fmt: (v) => (v === null || v === undefined ? "–" : "rank " + v) }],
+        DATA.collectives, { sortCol: 4, name: "collectives" });
+    }
+
+    const b = DATA.breakdown;
+    const s1 = section("GPU time by category per step", "Kernel time by category, summed over streams, per rank and step.");
+    stackedBars(s1, b.rows.map((r) => ({ label: r.label, values: r.by_cat })), DATA.categories, { name: "breakdown" });
 
     const s3 = section("Roofline", DATA.roofline.peak_tflops ? "Each GEMM and attention problem; circle area ∝ share of GPU time." :
       "Device peaks unknown: problems are shown without roofs.");
     roofline(s3, DATA.roofline);
 
     const s4 = section("GEMM problems", DATA.cache ? `Tuning cache: ${DATA.cache.path} (${DATA.cache.entries} entries)` : "");
-    table(s4, problemColumns("gemm"), DATA.gemm, { sortCol: 2 });
+    table(s4, problemColumns("gemm"), DATA.gemm, { sortCol: 2, name: "gemm" });
     const s5 = section("Attention problems", "");
-    table(s5, problemColumns("attention"), DATA.attention, { sortCol: 3 });
+    table(s5, problemColumns("attention"), DATA.attention, { sortCol: 3, name: "attention" });
 
     if (DATA.timeline && DATA.timeline.streams.length) {
       const tl = DATA.timeline;
       const s6 = section(`Kernel timeline: rank ${tl.rank}, step ${tl.step}`,
-        `Per stream, in ${fmt(tl.resolution_us, 2)} us bins: each run of bins coloured by the category with most kernel time; time axis in ms.`);
+        `Per stream, in ${F.us(tl.resolution_us)} bins: each run of bins coloured by the category with most kernel time; time axis in ms.`);
       timeline(s6, tl);
     }
   }
@@ -292,23 +346,26 @@
   function diffPage() {
     document.querySelector("h1").textContent = DATA.title;
     const h = DATA.header;
-    headerCards([["base / step", fmt(h.base_step_ms, 2) + " ms"], ["candidate / step", fmt(h.candidate_step_ms, 2) + " ms"],
-      ["change", spct(h.step_change)], ["device", h.device]]);
+    headerCards([["base / step", F.ms(h.base_step_ms)], ["candidate / step", F.ms(h.candidate_step_ms)],
+      ["change", spct(h.step_change)], ["device", h.device], ["world size", h.world_size]]);
     document.querySelector(".sub").textContent = `base: ${h.base} · candidate: ${h.candidate}`;
     const s0 = section("Verdict");
     s0.appendChild(el("div", { cls: "verdict", text: DATA.verdict }));
-    const s1 = section("Per-step time", "Step time (first GPU event of the step to the first of the next; the last step to its last event's end; ms), averaged over ranks, by step index.");
-    table(s1, [{ key: "step", label: "step index", num: true }, { key: "base_ms", label: "base (ms)", num: true },
-      { key: "candidate_ms", label: "candidate (ms)", num: true }, { key: "rel", label: "change", num: true, fmt: spct }], DATA.steps, {});
-    const s2 = section("Breakdown deltas", "Per category, ms per step.");
+    (DATA.warnings || []).forEach((w) => s0.appendChild(el("div", { cls: "warning", text: "warning: " + w })));
+    const s1 = section("Per-step time", "Step time (first GPU event of the step to the first of the next; the last step to its last event's end), averaged over ranks, by step index.");
+    table(s1, [{ key: "step", label: "step index", num: true }, { key: "base_ms", label: "base", num: true, fmt: F.ms },
+      { key: "candidate_ms", label: "candidate", num: true, fmt: F.ms }, { key: "rel", label: "change", num: true, fmt: spct }], DATA.steps, {});
+    const s2 = section("Breakdown deltas", "Per category, per step.");
     divergingBars(s2, DATA.breakdown.map((r) => ({ label: r.category, delta: r.delta_ms, rel: r.rel })), { name: "breakdown-delta" });
-    table(s2, [{ key: "category", label: "category" }, { key: "base_ms", label: "base (ms)", num: true },
-      { key: "candidate_ms", label: "candidate (ms)", num: true }, { key: "delta_ms", label: "delta (ms)", num: true },
+    table(s2, [catCol("category"), { key: "base_ms", label: "base", num: true, fmt: F.ms },
+      { key: "candidate_ms", label: "candidate", num: true, fmt: F.ms }, { key: "delta_ms", label: "delta", num: true, fmt: F.ms },
       { key: "rel", label: "change", num: true, fmt: spct }], DATA.breakdown, { sortCol: 3 });
-    const s3 = section("Op deltas", "Matched by (category, op, shape), not by kernel name; ms per step; largest absolute change first.");
-    table(s3, [{ key: "category", label: "category" }, { key: "op", label: "op", wrap: true }, { key: "shape", label: "shape", wrap: true },
-      { key: "base_ms", label: "base (ms)", num: true }, { key: "candidate_ms", label: "candidate (ms)", num: true },
-      { key: "delta_ms", label: "delta (ms)", num: true }, { key: "rel", label: "change", num: true, fmt: spct },
+    const s3 = section("Op deltas", "Matched by op family and shape (a GEMM, attention or convolution of one shape is the same work whichever " +
+      "library or backend ran it), not by kernel or op name; per step; largest absolute change first.");
+    table(s3, [catCol("category"), { key: "family", label: "family" }, { key: "shape", label: "shape", wrap: true },
+      { key: "base_op", label: "base op", wrap: true }, { key: "candidate_op", label: "candidate op", wrap: true },
+      { key: "base_ms", label: "base", num: true, fmt: F.ms }, { key: "candidate_ms", label: "candidate", num: true, fmt: F.ms },
+      { key: "delta_ms", label: "delta", num: true, fmt: F.ms }, { key: "rel", label: "change", num: true, fmt: spct },
       { key: "side", label: "present in" }], DATA.ops, {});
   }
 
@@ -320,12 +377,12 @@
     });
     document.querySelectorAll("table.sortable").forEach((t, ti) => {
       const ths = Array.from(t.querySelectorAll("th.num"));
-      if (!ths.length || t.querySelectorAll("tbody tr").length < 2) return;
+      if (!ths.length || t.querySelectorAll("tbody tr:not(.detail)").length < 2) return;
       const th = ths[ths.length > 1 ? 1 : 0], col = Number(th.getAttribute("data-col"));
       for (const want of ["desc", "asc"]) {
         th.click();
         if (th.className.indexOf(want) < 0) th.click();
-        const vals = Array.from(t.querySelectorAll("tbody tr")).map((r) => r.children[col].getAttribute("data-v"))
+        const vals = Array.from(t.querySelectorAll("tbody tr:not(.detail)")).map((r) => r.children[col].getAttribute("data-v"))
           .filter((v) => v !== "").map(Number);
         for (let i = 1; i < vals.length; i++) {
           if (want === "desc" ? vals[i] > vals[i - 1] : vals[i] < vals[i - 1]) { problems.push(`table ${ti} not sorted ${want}`); break; }
@@ -339,6 +396,12 @@
         w: Math.round(r.width), h: Math.round(r.height) };
     });
     document.documentElement.setAttribute("data-charts", JSON.stringify(rects));
+    const sections = Array.from(document.querySelectorAll("section")).map((s) => {
+      const r = s.getBoundingClientRect();
+      return { title: s.querySelector("h2").textContent, x: Math.round(r.left + window.scrollX), y: Math.round(r.top + window.scrollY),
+        w: Math.round(r.width), h: Math.round(r.height) };
+    });
+    document.documentElement.setAttribute("data-sections", JSON.stringify(sections));
     const charts = document.querySelectorAll("svg.chart").length, tables = document.querySelectorAll("table.sortable").length;
     document.documentElement.setAttribute("data-selfcheck", problems.length ? "fail: " + problems.join("; ") : `ok charts=${charts} tables=${tables}`);
     if (problems.length) console.error("report self-check failed: " + problems.join("; "));
