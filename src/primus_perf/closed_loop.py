@@ -131,7 +131,8 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
     result = LoopResult(
         out_dir=out, run_dir=run_dir, report=report, device=str(analysis.device["name"]),
         step_time_s=analysis.totals.get("step_time_s"),
-        gemm_problems=len(analysis.gemm_problems), attention_problems=len(analysis.attention_problems),
+        gemm_problems=int(analysis.gemm_problems["key"].nunique()),
+        attention_problems=int(analysis.attention_problems["key"].nunique()),  # fwd + bwd: one problem
         notes=list(analysis.notes),
     )
     if gpu_vendor() == "cpu":

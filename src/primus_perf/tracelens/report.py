@@ -242,8 +242,9 @@ def cache_marks(cache_path: str | Path, device: str | None = None) -> tuple[dict
 def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title: str | None = None) -> dict[str, Any]:
     """The report dict (JSON-ready) of an analysis; ``cache`` marks tuned problems."""
     k = in_steps(a.kernels)
-    if k.empty:
-        raise UserError("the trace has no GPU kernels to report on")
+    cpu_only = k.empty
+    if cpu_only and a.gemm_problems.empty and a.attention_problems.empty:
+        raise UserError("nothing to report: the trace has no GPU kernels and no GEMM or attention ops with shapes")
     device = str(a.device["name"])
     marks, cache_info = None, None
     if cache is not None:
@@ -251,6 +252,8 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         cache_info = {"path": str(cache), "entries": n}
     cats, rows = breakdown(a)
     kernel_s = float(a.totals["gpu_kernel_s_per_step"])
+    if cpu_only:  # a CPU run: the problems' times are their ops' CPU times
+        kernel_s = float(a.gemm_problems["time_s"].sum() + a.attention_problems["time_s"].sum())
     gemm = problems(a.gemm_problems, "gemm", kernel_s, marks)
     attn = problems(a.attention_problems, "attention", kernel_s, marks)
     peaks = lookup_peaks(device)
@@ -270,7 +273,8 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "ranks": a.ranks,
         "steps": len(a.steps),
         "step_time_ms": _ms(a.totals["step_time_s"]),
-        "gpu_kernel_ms": kernel_s * 1e3,
+        "gpu_kernel_ms": None if cpu_only else kernel_s * 1e3,
+        "cpu_only": cpu_only,
         "wall_step_time_ms": _ms(m.get("step_time_s")),
         "host_step_time_ms": _ms(a.wall_steps["wall_s"].median()) if len(a.wall_steps) else None,
         "world_size": a.world_size,
@@ -288,7 +292,7 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "colors": category_colors([*TEMPORAL_PARTS, *cats]),
         "breakdown": {"rows": rows, "per_rank_means": bool(rows) and rows[0]["step"] is None},
         "temporal": temporal(a),
-        "tune_next": tune_next_rows(a, marks),
+        "tune_next": [] if cpu_only else tune_next_rows(a, marks),  # tuning measures GPU kernels
         "hotspots": hot,
         "kernel_names": kernel_names,
         "collectives": collectives(a),
@@ -296,7 +300,7 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "gemm": gemm,
         "attention": attn,
         "cache": cache_info,
-        "timeline": timeline(k, cats),
+        "timeline": None if cpu_only else timeline(k, cats),
         "notes": a.notes,
     }
 

@@ -300,6 +300,8 @@
       table(tn, cols, DATA.tune_next, { name: "tune-next" });
     }
 
+    const cpuOnly = DATA.header.cpu_only;  // a run without GPU kernels: problems carry their ops' CPU time
+    if (!cpuOnly) {
     const s2 = section("Hotspots", "Kernel time per step grouped by (category, op, shape, problem), averaged over steps and ranks; calls are op calls. " +
       "Click a row for its kernels; click a header to sort.");
     table(s2, [catCol("category"), { key: "op", label: "op", wrap: true }, { key: "shape", label: "shape", wrap: true },
@@ -307,6 +309,7 @@
       { key: "calls", label: "calls/step", num: true, fmt: F.count }, { key: "time_ms", label: "time/step", num: true, fmt: F.ms },
       { key: "share", label: "share", num: true, fmt: pct }, { key: "tflops", label: "TFLOP/s", num: true },
       { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }], DATA.hotspots, { sortCol: 5, detail: kernelList, name: "hotspots" });
+    }
 
     if ((DATA.collectives || []).length) {
       const sc = section("Collectives", "Per collective and message size (NCCL's convention: an all-gather's output, a reduce-scatter's input): " +
@@ -323,16 +326,19 @@
     }
 
     const b = DATA.breakdown;
-    const s1 = section("GPU time by category per step", "Kernel time by category, summed over streams, per rank and step.");
-    stackedBars(s1, b.rows.map((r) => ({ label: r.label, values: r.by_cat })), DATA.categories, { name: "breakdown" });
+    if (b.rows.length) {
+      const s1 = section("GPU time by category per step", "Kernel time by category, summed over streams, per rank and step.");
+      stackedBars(s1, b.rows.map((r) => ({ label: r.label, values: r.by_cat })), DATA.categories, { name: "breakdown" });
+    }
 
     const s3 = section("Roofline", DATA.roofline.peak_tflops ? "Each GEMM and attention problem; circle area ∝ share of GPU time." :
       "Device peaks unknown: problems are shown without roofs.");
     roofline(s3, DATA.roofline);
 
-    const s4 = section("GEMM problems", DATA.cache ? `Tuning cache: ${DATA.cache.path} (${DATA.cache.entries} entries)` : "");
+    const cpuNote = cpuOnly ? "A CPU run: times are the ops' CPU times, shares are of the problems' total. " : "";
+    const s4 = section("GEMM problems", cpuNote + (DATA.cache ? `Tuning cache: ${DATA.cache.path} (${DATA.cache.entries} entries)` : ""));
     table(s4, problemColumns("gemm"), DATA.gemm, { sortCol: 2, name: "gemm" });
-    const s5 = section("Attention problems", "");
+    const s5 = section("Attention problems", cpuNote);
     table(s5, problemColumns("attention"), DATA.attention, { sortCol: 3, name: "attention" });
 
     if (DATA.timeline && DATA.timeline.streams.length) {
