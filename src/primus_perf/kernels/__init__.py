@@ -1,0 +1,1 @@
+"""What a training step runs: kernels and the routers that pick them (one router per kind)."""
