@@ -109,7 +109,9 @@ def test_example_counts_fall_in_their_buckets(groups: int, tokens: int, skew: fl
 
 @pytest.mark.parametrize("name", list(BACKENDS))
 @pytest.mark.parametrize(
-    "counts", [COUNTS, [4, 8, 0, 12], [1], [0, 0, 3], [0, 0]], ids=["mixed", "aligned", "one", "empty-first", "all-empty"]
+    "counts",
+    [COUNTS, [4, 8, 0, 12], [1], [0, 0, 3], [0, 0]],
+    ids=["mixed", "aligned", "one", "empty-first", "all-empty"],
 )
 def test_backend_matches_reference(name: str, counts: list[int]) -> None:
     backend = BACKENDS[name]
@@ -165,14 +167,22 @@ def test_config_validity_rules() -> None:
     assert config_invalid(GroupedGemmConfig(), p, "sm_90") is None
     big = GroupedGemmConfig(block_m=256, block_n=256, block_k=128, num_stages=4)
     assert config_invalid(big, p, "sm_90") == "shared memory"
-    assert config_invalid(GroupedGemmConfig(block_m=256, block_n=256, num_warps=4), p, "sm_90") == "registers"
+    assert (
+        config_invalid(GroupedGemmConfig(block_m=256, block_n=256, num_warps=4), p, "sm_90")
+        == "registers"
+    )
     assert config_invalid(GroupedGemmConfig(block_k=48), p, "sm_90") is not None
     assert config_invalid(GroupedGemmConfig(group_order="random"), p, "sm_90") is not None
     small = GroupedGemmProblem(groups=8, k=32, n=32, tokens=64)
     assert "block_n" in config_invalid(GroupedGemmConfig(block_n=128), small, "sm_90")
     assert GroupedGemmConfig.from_dict(big.to_dict()) == big
     amd = GroupedGemmConfig(waves_per_eu=2, matrix_instr_nonkdim=16)
-    assert amd.launch_options("amd") == {"num_warps": 4, "num_stages": 3, "waves_per_eu": 2, "matrix_instr_nonkdim": 16}
+    assert amd.launch_options("amd") == {
+        "num_warps": 4,
+        "num_stages": 3,
+        "waves_per_eu": 2,
+        "matrix_instr_nonkdim": 16,
+    }
     assert amd.launch_options("nvidia") == {"num_warps": 4, "num_stages": 3}
 
 

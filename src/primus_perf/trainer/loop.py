@@ -221,11 +221,14 @@ class Trainer:
         self.optimizer.step()
         update_router_biases(self.model)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_value = loss.detach().float()
+        # the language-model loss and the balancing loss, averaged over data-parallel ranks
+        loss_value = torch.stack(
+            [loss.detach(), loss.new_zeros(()) if balance is None else balance.detach()]
+        ).float()
         if self.groups.dp_group is not None:
             dist.all_reduce(loss_value, group=self.groups.dp_group)
             loss_value /= self.groups.dp
-        loss_f, norm_f = float(loss_value), float(grad_norm)
+        (loss_f, balance_f), norm_f = loss_value.tolist(), float(grad_norm)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
@@ -243,7 +246,7 @@ class Trainer:
             peak_mem_bytes=_peak_memory(self.device),
             lr=lr,
             grad_norm=norm_f,
-            aux_loss=None if balance is None else float(balance),
+            aux_loss=None if balance is None else balance_f,
             tokens_per_expert=tokens_per_expert(self.model),
         )
 

@@ -35,7 +35,6 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from primus_perf.kernels.grouped_gemm import grouped_mm
@@ -102,7 +101,11 @@ class MoE(nn.Module):
         super().__init__()
         moe = cfg.moe
         self.n_experts, self.top_k, self.expert_dim = moe.n_experts, moe.top_k, moe.expert_dim
-        self.balance, self.aux_coef, self.bias_rate = moe.balance, moe.aux_loss_coef, moe.bias_update_rate
+        self.balance, self.aux_coef, self.bias_rate = (
+            moe.balance,
+            moe.aux_loss_coef,
+            moe.bias_update_rate,
+        )
         self.backend = moe.grouped_gemm_backend
         self.router = Router(cfg)
         # local experts (all of them until parallelize keeps this rank's slice)

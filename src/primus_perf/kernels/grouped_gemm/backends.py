@@ -144,9 +144,7 @@ def _grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int]) 
     return torch._grouped_mm(xp.t(), dyp, offs=_offs(layout[1:], x.device))
 
 
-def _grouped_mm_unsupported(
-    device: torch.device, dtype: torch.dtype, k: int, n: int
-) -> str | None:
+def _grouped_mm_unsupported(device: torch.device, dtype: torch.dtype, k: int, n: int) -> str | None:
     if not hasattr(torch, "_grouped_mm"):
         return f"torch {torch.__version__} has no _grouped_mm"
     if device.type == "cuda":

@@ -123,7 +123,9 @@ def grouped_mm(
     all three GEMMs go through :func:`run` with ``backend`` as the fallback."""
     counts = tuple(int(c) for c in counts)
     if x.dim() != 2 or w.dim() != 3:
-        raise ValueError(f"grouped_mm needs x[T, K] and w[G, K, N], got {tuple(x.shape)} and {tuple(w.shape)}")
+        raise ValueError(
+            f"grouped_mm needs x[T, K] and w[G, K, N], got {tuple(x.shape)} and {tuple(w.shape)}"
+        )
     if len(counts) != w.shape[0] or sum(counts) != x.shape[0] or x.shape[1] != w.shape[1]:
         raise ValueError(
             f"grouped_mm: {len(counts)} counts summing to {sum(counts)} do not fit"

@@ -78,7 +78,10 @@ def _grouped_mm_kernel(
             row = (start + rm).to(tl.int64)
             x_ptrs = x_ptr + row[:, None] * stride_xm + rk[None, :] * stride_xk
             w_ptrs = (
-                w_ptr + g.to(tl.int64) * stride_wg + rk[:, None] * stride_wk + rn[None, :] * stride_wn
+                w_ptr
+                + g.to(tl.int64) * stride_wg
+                + rk[:, None] * stride_wk
+                + rn[None, :] * stride_wn
             )
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for kk in range(0, tl.cdiv(K, BLOCK_K)):
@@ -140,8 +143,15 @@ def _grouped_mm_wgrad_kernel(
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
             x_ptrs += BLOCK_K * stride_xm
             dy_ptrs += BLOCK_K * stride_dym
-        dw_ptrs = dw_ptr + g.to(tl.int64) * stride_dwg + rm[:, None] * stride_dwk + rn[None, :] * stride_dwn
-        tl.store(dw_ptrs, acc.to(dw_ptr.dtype.element_ty), mask=(rm[:, None] < K) & (rn[None, :] < N))
+        dw_ptrs = (
+            dw_ptr
+            + g.to(tl.int64) * stride_dwg
+            + rm[:, None] * stride_dwk
+            + rn[None, :] * stride_dwn
+        )
+        tl.store(
+            dw_ptrs, acc.to(dw_ptr.dtype.element_ty), mask=(rm[:, None] < K) & (rn[None, :] < N)
+        )
 
 
 def _programs(device: torch.device) -> int:
@@ -192,7 +202,7 @@ def grouped_mm_wgrad(
     x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int], cfg: GroupedGemmConfig
 ) -> torch.Tensor:
     """``dw[G, K, N]`` with ``dw[g] = x_g^T @ dy_g`` (zeros for an empty group)."""
-    T, K = x.shape
+    K = x.shape[1]
     N = dy.shape[1]
     G = len(counts)
     dw = torch.empty(G, K, N, dtype=x.dtype, device=x.device)
