@@ -266,3 +266,35 @@ def test_backends_on_gpu_bf16(name: str) -> None:
     ):
         err = (got.double() - want).abs().max().item() / want.abs().max().item()
         assert err < 2e-2, (name, err)
+
+
+def test_benchmark_script_runs_in_smoke_mode(tmp_path) -> None:
+    """benchmarks/moe_grouped_gemm.py --smoke: every case and pass, every backend timed and
+    equal to the per-expert loop, the JSON with device and versions."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "smoke.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(root / "benchmarks" / "moe_grouped_gemm.py"), "--smoke"]
+    result = subprocess.run(
+        [*cmd, "--reps", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["device"]["vendor"] == "cpu" and "torch" in data["versions"]
+    timed = [r for r in data["rows"] if "median_s" in r]
+    assert {(r["case"], r["phase"]) for r in timed} == {
+        (c["name"], p) for c in data["cases"] for p in ("fwd", "dgrad", "wgrad")
+    }
+    assert len(data["cases"]) == 5 and {r["backend"] for r in timed} == set(BACKENDS)
+    assert all(r["max_rel_err_vs_loop"] < 1e-5 and r["tflops"] > 0 for r in timed)
+    assert len(data["summary"]) == 15
