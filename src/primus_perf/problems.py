@@ -512,6 +512,15 @@ def load_problems(path: str | os.PathLike) -> list[Problem]:
 
 # ---- grouped GEMM (MoE expert layers) ---------------------------------------------------
 
+
+def dataclass_from_dict(cls: Any, data: dict[str, Any]) -> Any:
+    """``cls(**data)`` for a dataclass; ValueError naming any field ``cls`` does not have."""
+    unknown = set(data) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s): {sorted(unknown)}")
+    return cls(**data)
+
+
 GROUPED_PASSES = ("fwd", "dgrad", "wgrad")
 
 
@@ -652,11 +661,7 @@ class GroupedGemmProblem:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GroupedGemmProblem:
-        names = {f.name for f in fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"unknown GroupedGemmProblem field(s): {sorted(unknown)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data)
 
     # ---- performance model ----------------------------------------------------------------
 

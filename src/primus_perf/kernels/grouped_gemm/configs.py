@@ -12,11 +12,11 @@ and the launch options only ROCm's Triton backend knows (``waves_per_eu``,
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from primus_perf.devices import shared_memory_per_block
-from primus_perf.problems import DTYPE_BYTES, GroupedGemmProblem
+from primus_perf.problems import DTYPE_BYTES, GroupedGemmProblem, dataclass_from_dict
 
 GROUP_ORDERS = ("natural", "largest_first")
 
@@ -60,11 +60,7 @@ class GroupedGemmConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GroupedGemmConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"unknown GroupedGemmConfig field(s): {sorted(unknown)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data)
 
     def launch_options(self, vendor: str) -> dict[str, int]:
         """``num_warps``, ``num_stages`` and the vendor's own options for the launch."""

@@ -40,6 +40,34 @@ def _first_item(base, pid, PROGRAMS: tl.constexpr):
 
 
 @triton.jit
+def _tile_product(
+    a_ptrs,
+    b_ptrs,
+    a_rows_ok,
+    b_cols_ok,
+    depth,
+    a_step,
+    b_step,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """fp32 ``A[BLOCK_M, depth] @ B[depth, BLOCK_N]``, ``BLOCK_K`` at a time: ``a_ptrs`` and
+    ``b_ptrs`` address the first step's tiles and advance by ``a_step`` / ``b_step``."""
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, tl.cdiv(depth, BLOCK_K)):
+        left = depth - kk * BLOCK_K
+        a = tl.load(a_ptrs, mask=a_rows_ok[:, None] & (rk[None, :] < left), other=0.0)
+        b = tl.load(b_ptrs, mask=(rk[:, None] < left) & b_cols_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += a_step
+        b_ptrs += b_step
+    return acc
+
+
+@triton.jit
 def _grouped_mm_kernel(
     x_ptr,
     w_ptr,
@@ -76,21 +104,12 @@ def _grouped_mm_kernel(
             rn = (local % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
             rk = tl.arange(0, BLOCK_K)
             row = (start + rm).to(tl.int64)
-            x_ptrs = x_ptr + row[:, None] * stride_xm + rk[None, :] * stride_xk
-            w_ptrs = (
-                w_ptr
-                + g.to(tl.int64) * stride_wg
-                + rk[:, None] * stride_wk
-                + rn[None, :] * stride_wn
-            )
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kk in range(0, tl.cdiv(K, BLOCK_K)):
-                left = K - kk * BLOCK_K
-                a = tl.load(x_ptrs, mask=(rm[:, None] < rows) & (rk[None, :] < left), other=0.0)
-                b = tl.load(w_ptrs, mask=(rk[:, None] < left) & (rn[None, :] < N), other=0.0)
-                acc = tl.dot(a, b, acc, input_precision=PRECISION)
-                x_ptrs += BLOCK_K * stride_xk
-                w_ptrs += BLOCK_K * stride_wk
+            acc = _tile_product(
+                x_ptr + row[:, None] * stride_xm + rk[None, :] * stride_xk,
+                w_ptr + g.to(tl.int64) * stride_wg + rk[:, None] * stride_wk + rn[None, :] * stride_wn,
+                rm < rows, rn < N, K, BLOCK_K * stride_xk, BLOCK_K * stride_wk,
+                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
+            )  # fmt: skip
             y_ptrs = y_ptr + row[:, None] * stride_ym + rn[None, :] * stride_yn
             mask = (rm[:, None] < rows) & (rn[None, :] < N)
             tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -131,18 +150,13 @@ def _grouped_mm_wgrad_kernel(
         rows = tl.load(starts_ptr + g + 1) - start
         rm = (local // n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # rows of dW: features of x
         rn = (local % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rt = tl.arange(0, BLOCK_K)  # tokens of the group
-        row0 = start.to(tl.int64)
-        x_ptrs = x_ptr + (row0 + rt)[None, :] * stride_xm + rm[:, None] * stride_xk
-        dy_ptrs = dy_ptr + (row0 + rt)[:, None] * stride_dym + rn[None, :] * stride_dyn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(0, tl.cdiv(rows, BLOCK_K)):
-            left = rows - kk * BLOCK_K
-            a = tl.load(x_ptrs, mask=(rm[:, None] < K) & (rt[None, :] < left), other=0.0)
-            b = tl.load(dy_ptrs, mask=(rt[:, None] < left) & (rn[None, :] < N), other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
-            x_ptrs += BLOCK_K * stride_xm
-            dy_ptrs += BLOCK_K * stride_dym
+        token = start.to(tl.int64) + tl.arange(0, BLOCK_K)  # the group's tokens
+        acc = _tile_product(
+            x_ptr + token[None, :] * stride_xm + rm[:, None] * stride_xk,
+            dy_ptr + token[:, None] * stride_dym + rn[None, :] * stride_dyn,
+            rm < K, rn < N, rows, BLOCK_K * stride_xm, BLOCK_K * stride_dym,
+            BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
+        )  # fmt: skip
         dw_ptrs = (
             dw_ptr
             + g.to(tl.int64) * stride_dwg
