@@ -224,6 +224,34 @@ def test_bad_moe_key_on_the_command_line_exits_2() -> None:
     assert len(lines) == 1 and "model.moe.top_k" in lines[0]
 
 
+@pytest.mark.parametrize("backend", ["grouped_mm", "padded_bmm", "triton"])
+def test_tiny_moe_trains_on_every_backend_like_the_loop(backend: str) -> None:
+    """Same losses (fp32 on the CPU) whichever backend runs the expert GEMMs."""
+    common = ["train.steps=2", "train.micro_batch=2", "train.seq_len=32"]
+    losses = {}
+    for name in ("loop", backend):
+        trainer = Trainer(
+            load_config("tiny-moe", [*common, f"model.moe.grouped_gemm_backend={name}"])
+        )
+        try:
+            losses[name] = [trainer.train_step().loss for _ in range(2)]
+        finally:
+            trainer.close()
+    assert losses[backend] == pytest.approx(losses["loop"], rel=1e-5)
+
+
+def test_backend_that_cannot_run_is_a_config_error() -> None:
+    cfg = load_config(
+        "tiny-moe", ["model.moe.grouped_gemm_backend=grouped_mm", "model.moe.expert_dim=30"]
+    )
+    trainer = Trainer(cfg)
+    try:
+        with pytest.raises(ConfigError, match=r"model\.moe\.grouped_gemm_backend.*multiples of 4"):
+            trainer.train_step()
+    finally:
+        trainer.close()
+
+
 def test_ep_needs_an_moe_model_and_a_divisible_world() -> None:
     with pytest.raises(ConfigError, match="parallel.ep"):
         load_config("tiny", ["parallel.ep=2"])

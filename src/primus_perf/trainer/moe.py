@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from primus_perf.kernels.grouped_gemm import grouped_mm
+from primus_perf.errors import ConfigError
+from primus_perf.kernels.grouped_gemm import BACKENDS, grouped_mm
 from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import ModelConfig
 from primus_perf.trainer.model import MLP, Transformer, swiglu
@@ -107,6 +108,7 @@ class MoE(nn.Module):
             moe.bias_update_rate,
         )
         self.backend = moe.grouped_gemm_backend
+        self.backend_checked = False
         self.router = Router(cfg)
         # local experts (all of them until parallelize keeps this rank's slice)
         self.w13 = nn.Parameter(torch.empty(moe.n_experts, cfg.dim, 2 * moe.expert_dim))
@@ -146,7 +148,23 @@ class MoE(nn.Module):
             out = out + self.shared(x2)
         return out.view(shape)
 
+    def _check_backend(self, rows: torch.Tensor) -> None:
+        """A one-line ConfigError when the configured backend cannot run here."""
+        device_type = rows.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        dtype = torch.get_autocast_dtype(device_type) if autocast else rows.dtype
+        dim, width = self.w13.shape[1], self.expert_dim
+        why = BACKENDS[self.backend].unsupported(rows.device, dtype, dim, 2 * width)
+        why = why or BACKENDS[self.backend].unsupported(rows.device, dtype, width, dim)
+        if why:
+            raise ConfigError(
+                f"config key 'model.moe.grouped_gemm_backend' ({self.backend}): {why}"
+            )
+        self.backend_checked = True
+
     def _expert_mlp(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        if not self.backend_checked:
+            self._check_backend(rows)
         h = grouped_mm(rows, self.w13, counts, self.backend)
         return grouped_mm(swiglu(h), self.w2, counts, self.backend)
 
