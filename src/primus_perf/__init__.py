@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     # problems: the shared vocabulary
     "GemmProblem": "primus_perf.problems",
     "AttentionProblem": "primus_perf.problems",
+    "GroupedGemmProblem": "primus_perf.problems",
     "load_problems": "primus_perf.problems",
     # devices and errors
     "DeviceIdentity": "primus_perf.devices",

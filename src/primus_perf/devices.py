@@ -175,3 +175,29 @@ def library_versions() -> dict[str, str]:
     except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
         versions["primus_perf"] = "source"
     return versions
+
+
+# Shared memory (bytes) one Triton program may use, by architecture prefix; first match
+# wins. Sources: CUDA programming guide (compute capabilities table: max shared memory per
+# block, opt-in) and the AMD CDNA ISA guides (LDS per workgroup).
+SHARED_MEMORY_PER_BLOCK: tuple[tuple[str, int], ...] = (
+    ("sm_90", 232_448),
+    ("sm_100", 232_448),
+    ("sm_120", 101_376),
+    ("sm_89", 101_376),
+    ("sm_86", 101_376),
+    ("sm_80", 166_912),
+    ("gfx950", 163_840),
+    ("gfx94", 65_536),
+    ("gfx9", 65_536),
+    ("cpu", 1 << 30),  # the Triton interpreter has no limit
+)
+
+
+def shared_memory_per_block(arch: str) -> int:
+    """Shared memory (LDS) one program may use on ``arch`` ("sm_90", "gfx942", "cpu");
+    64 KiB for an architecture the table does not know."""
+    for prefix, limit in SHARED_MEMORY_PER_BLOCK:
+        if arch.startswith(prefix):
+            return limit
+    return 65_536

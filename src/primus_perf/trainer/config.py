@@ -26,14 +26,42 @@ from typing import Any
 import yaml
 
 from primus_perf.errors import ConfigError
+from primus_perf.kernels.grouped_gemm.backends import BACKENDS as GROUPED_GEMM_BACKENDS
 
 PRESETS = "primus_perf.trainer.presets"  # package holding the preset YAML files
 
 
 @dataclass
+class MoEConfig:
+    """Mixture of experts in place of the dense MLP (``n_experts=0``: a dense model).
+
+    Layers ``first_k_dense`` and on route each token to ``top_k`` of ``n_experts`` SwiGLU
+    experts of width ``expert_dim`` (plus ``n_shared_experts`` experts every token takes,
+    run as one dense SwiGLU of width ``n_shared_experts * expert_dim``); the first
+    ``first_k_dense`` layers keep the dense MLP of ``model.ffn_dim``. ``router``: softmax or
+    sigmoid scores; ``balance``: the classic load-balancing loss (``aux_loss``, weighted by
+    ``aux_loss_coef``), a per-expert selection bias moved by ``bias_update_rate`` after each
+    step towards the mean load (``bias``, auxiliary-loss-free), or nothing. Expert GEMMs run
+    on ``grouped_gemm_backend`` unless a tuning cache routes them."""
+
+    n_experts: int = 0
+    top_k: int = 2
+    expert_dim: int = 0
+    n_shared_experts: int = 0
+    first_k_dense: int = 0
+    router: str = "softmax"
+    norm_topk_prob: bool = True  # renormalize the top-k weights to sum to 1
+    routed_scale: float = 1.0  # multiplies the routed experts' weights
+    balance: str = "aux_loss"
+    aux_loss_coef: float = 0.01
+    bias_update_rate: float = 1e-3
+    grouped_gemm_backend: str = "loop"
+
+
+@dataclass
 class ModelConfig:
     """A Llama-3-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP,
-    untied output head."""
+    untied output head; with ``moe.n_experts > 0`` an MoE decoder (:class:`MoEConfig`)."""
 
     name: str = "custom"
     vocab_size: int = 256
@@ -46,6 +74,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     qkv_bias: bool = False  # Qwen2.5 has biases on the Q/K/V projections
     init_std: float = 0.02
+    moe: MoEConfig = field(default_factory=MoEConfig)
 
     @property
     def head_dim(self) -> int:
@@ -54,10 +83,13 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    """Tensor-parallel size and data-parallel size; ``dp=0`` means world size / tp."""
+    """Tensor-parallel size and data-parallel size; ``dp=0`` means world size / tp.
+    ``ep``: expert-parallel size, the MoE experts split over ``ep`` data-parallel ranks
+    (it divides the data-parallel size and ``model.moe.n_experts``)."""
 
     tp: int = 1
     dp: int = 0
+    ep: int = 1
 
 
 @dataclass
@@ -124,6 +156,7 @@ _POSITIVE = (
     "model.n_kv_heads",
     "model.ffn_dim",
     "parallel.tp",
+    "parallel.ep",
     "train.steps",
     "train.seq_len",
     "train.micro_batch",
@@ -278,6 +311,7 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
             raise ConfigError(
                 f"config key {key!r} ({value}) is not divisible by parallel.tp ({p.tp})"
             )
+    _validate_moe(cfg)
     if t.warmup < 0:
         raise ConfigError(f"config key 'train.warmup' must be >= 0, got {t.warmup}")
     if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
@@ -294,6 +328,52 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     if cfg.tuning.cache is not None and not Path(cfg.tuning.cache).exists():
         raise ConfigError(f"config key 'tuning.cache': not found: {cfg.tuning.cache}")
     return cfg
+
+
+MOE_CHOICES: dict[str, tuple[str, ...]] = {
+    "router": ("softmax", "sigmoid"),
+    "balance": ("aux_loss", "bias", "none"),
+    "grouped_gemm_backend": tuple(GROUPED_GEMM_BACKENDS),
+}
+
+
+def _validate_moe(cfg: TrainerConfig) -> None:
+    moe, ep = cfg.model.moe, cfg.parallel.ep
+    for name, choices in MOE_CHOICES.items():
+        value = getattr(moe, name)
+        if value not in choices:
+            raise ConfigError(
+                f"config key 'model.moe.{name}' must be one of {', '.join(choices)}, got {value!r}"
+            )
+    for name in ("n_experts", "n_shared_experts", "first_k_dense"):
+        if getattr(moe, name) < 0:
+            raise ConfigError(f"config key 'model.moe.{name}' must be >= 0, got {getattr(moe, name)}")
+    for name in ("aux_loss_coef", "bias_update_rate", "routed_scale"):
+        if getattr(moe, name) < 0:
+            raise ConfigError(f"config key 'model.moe.{name}' must be >= 0, got {getattr(moe, name)}")
+    if moe.n_experts == 0:
+        if ep != 1:
+            raise ConfigError(f"config key 'parallel.ep' ({ep}) needs an MoE model (model.moe.n_experts > 0)")
+        return
+    if not 1 <= moe.top_k <= moe.n_experts:
+        raise ConfigError(
+            f"config key 'model.moe.top_k' must be in 1..model.moe.n_experts ({moe.n_experts}), got {moe.top_k}"
+        )
+    if moe.expert_dim <= 0:
+        raise ConfigError(f"config key 'model.moe.expert_dim' must be positive, got {moe.expert_dim}")
+    if moe.first_k_dense > cfg.model.n_layers:
+        raise ConfigError(
+            f"config key 'model.moe.first_k_dense' ({moe.first_k_dense}) exceeds model.n_layers ({cfg.model.n_layers})"
+        )
+    if moe.n_experts % ep:
+        raise ConfigError(
+            f"config key 'parallel.ep' ({ep}) must divide model.moe.n_experts ({moe.n_experts})"
+        )
+    shared = moe.n_shared_experts * moe.expert_dim
+    if shared % cfg.parallel.tp:
+        raise ConfigError(
+            f"config key 'model.moe.n_shared_experts' gives a shared width {shared} not divisible by parallel.tp ({cfg.parallel.tp})"
+        )
 
 
 def config_from_dict(data: dict[str, Any]) -> TrainerConfig:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from primus_perf.kernels.attention.backends import SDPA_BACKENDS, sdpa_bshd
+from primus_perf.kernels.autocast import autocast_dtype
 
 GemmRouter = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 AttentionRouter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], "torch.Tensor | None"]
@@ -95,17 +96,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a, b)
 
 
-def _autocast_dtype(device_type: str) -> torch.dtype | None:
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return None
-
-
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         device_type = x.device.type
-        cast = _autocast_dtype(device_type)
+        cast = autocast_dtype(device_type)
         if cast is not None:
             x = x.to(cast)
             weight = weight.to(cast)

@@ -17,6 +17,13 @@ Model FLOPs (the MFU numerator), per token of one training step (forward + backw
 Activation recompute re-runs forward GEMMs; those are not model FLOPs and
 :func:`model_gemms` does not list them.
 
+MoE layers (``model.moe.n_experts > 0``, layers ``first_k_dense`` and on) count their
+*active* parameters: the router ``dim * n_experts`` and the shared experts (dense GEMMs,
+listed by :func:`linear_layers`), and ``top_k`` routed SwiGLU experts of ``3 * dim *
+expert_dim`` each (:func:`routed_active_params`): a token takes only those, so MFU is
+measured against the work the step really does. The routed experts' grouped GEMMs are
+listed by :func:`model_grouped_gemms` for given tokens per expert.
+
 :func:`model_gemms` lists every GEMM one micro-batch runs on one tensor-parallel rank, in
 the row-major ``M, N, K`` torch sees and as a :class:`~primus_perf.problems.GemmProblem`
 exactly as :func:`dispatch.problem_of` builds it in the trainer: forward ``x @ W.T``
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from primus_perf.problems import AttentionProblem, GemmProblem
+from primus_perf.problems import AttentionProblem, GemmProblem, GroupedGemmProblem
 from primus_perf.trainer.config import ModelConfig
 
 
@@ -60,6 +67,7 @@ class GemmCall:
 def linear_layers(cfg: ModelConfig, tp: int = 1) -> list[LinearLayer]:
     """The model's linear layers in execution order, with per-rank shapes."""
     hd = cfg.head_dim
+    moe = cfg.moe
     layers: list[LinearLayer] = []
     for i in range(cfg.n_layers):
         p = f"layers.{i}"
@@ -68,16 +76,38 @@ def linear_layers(cfg: ModelConfig, tp: int = 1) -> list[LinearLayer]:
                 f"{p}.attention.wqkv", (cfg.n_heads + 2 * cfg.n_kv_heads) * hd // tp, cfg.dim
             ),
             LinearLayer(f"{p}.attention.wo", cfg.dim, cfg.n_heads * hd // tp),
-            LinearLayer(f"{p}.mlp.w13", 2 * cfg.ffn_dim // tp, cfg.dim),
-            LinearLayer(f"{p}.mlp.w2", cfg.dim, cfg.ffn_dim // tp),
         ]
+        if not is_moe_layer(cfg, i):
+            layers += [
+                LinearLayer(f"{p}.mlp.w13", 2 * cfg.ffn_dim // tp, cfg.dim),
+                LinearLayer(f"{p}.mlp.w2", cfg.dim, cfg.ffn_dim // tp),
+            ]
+            continue
+        layers.append(LinearLayer(f"{p}.mlp.router", moe.n_experts, cfg.dim))  # replicated
+        shared = moe.n_shared_experts * moe.expert_dim
+        if shared:
+            layers += [
+                LinearLayer(f"{p}.mlp.shared.w13", 2 * shared // tp, cfg.dim),
+                LinearLayer(f"{p}.mlp.shared.w2", cfg.dim, shared // tp),
+            ]
     layers.append(LinearLayer("output", cfg.vocab_size // tp, cfg.dim))
     return layers
 
 
+def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
+    return cfg.moe.n_experts > 0 and layer >= cfg.moe.first_k_dense
+
+
 def matmul_params(cfg: ModelConfig) -> int:
-    """Parameters that take part in GEMMs (whole model, all TP ranks together)."""
+    """Parameters that take part in dense GEMMs (whole model, all TP ranks together)."""
     return sum(layer.out_features * layer.in_features for layer in linear_layers(cfg))
+
+
+def routed_active_params(cfg: ModelConfig) -> int:
+    """Routed-expert parameters one token takes: ``top_k`` SwiGLU experts per MoE layer."""
+    moe = cfg.moe
+    layers = sum(is_moe_layer(cfg, i) for i in range(cfg.n_layers))
+    return layers * moe.top_k * 3 * cfg.dim * moe.expert_dim
 
 
 def model_gemms(
@@ -114,8 +144,46 @@ def model_gemms(
 
 
 def gemm_flops_per_step(cfg: ModelConfig, micro_batch: int, seq_len: int, tp: int = 1) -> int:
-    """GEMM FLOPs of one micro-batch step on one TP rank (= sum of :func:`model_gemms`)."""
-    return 6 * micro_batch * seq_len * matmul_params(cfg) // tp
+    """Dense GEMM FLOPs of one micro-batch step on one TP rank (= sum of :func:`model_gemms`)."""
+    per_rank = sum(layer.out_features * layer.in_features for layer in linear_layers(cfg, tp))
+    return 6 * micro_batch * seq_len * per_rank
+
+
+@dataclass(frozen=True)
+class GroupedGemmCall:
+    """One grouped GEMM of a training step, with the exact tokens per expert it saw."""
+
+    layer: str
+    counts: tuple[int, ...]
+    problem: GroupedGemmProblem
+
+    @property
+    def flops(self) -> int:
+        return 2 * sum(self.counts) * self.problem.k * self.problem.n
+
+
+def model_grouped_gemms(
+    cfg: ModelConfig, tokens_per_expert: list[list[int]], dtype: str = "bf16"
+) -> list[GroupedGemmCall]:
+    """The routed experts' grouped GEMMs of one step, given the tokens per (local) expert
+    of each MoE layer (``StepMetrics.tokens_per_expert`` on one process): per layer the
+    gate/up projection ``[dim -> 2 * expert_dim]`` and the down projection
+    ``[expert_dim -> dim]``, each forward, input gradient and weight gradient. Their FLOPs
+    sum to ``6 * tokens * routed_active_params``."""
+    moe = cfg.moe
+    layers = [i for i in range(cfg.n_layers) if is_moe_layer(cfg, i)]
+    if len(layers) != len(tokens_per_expert):
+        raise ValueError(f"{len(tokens_per_expert)} count lists for {len(layers)} MoE layers")
+    calls: list[GroupedGemmCall] = []
+    for i, counts in zip(layers, tokens_per_expert):
+        for name, k, n in (
+            ("w13", cfg.dim, 2 * moe.expert_dim),
+            ("w2", moe.expert_dim, cfg.dim),
+        ):
+            for phase in ("fwd", "dgrad", "wgrad"):
+                problem = GroupedGemmProblem.from_counts(counts, k, n, dtype=dtype, phase=phase)
+                calls.append(GroupedGemmCall(f"layers.{i}.mlp.{name}", tuple(counts), problem))
+    return calls
 
 
 def attention_problem(
@@ -142,8 +210,10 @@ def attention_flops_per_step(cfg: ModelConfig, micro_batch: int, seq_len: int, t
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Model FLOPs per trained token: ``6 * N_matmul`` + causal attention (fwd + bwd)."""
-    return 6 * matmul_params(cfg) + attention_flops_per_step(cfg, 1, seq_len) / seq_len
+    """Model FLOPs per trained token: ``6 * N_matmul`` (dense GEMM parameters plus the
+    routed experts a token takes) + causal attention (fwd + bwd)."""
+    active = matmul_params(cfg) + routed_active_params(cfg)
+    return 6 * active + attention_flops_per_step(cfg, 1, seq_len) / seq_len
 
 
 def flops_per_step(cfg: ModelConfig, micro_batch: int, seq_len: int, dp: int = 1) -> float:

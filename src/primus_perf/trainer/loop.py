@@ -38,8 +38,13 @@ from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import TrainConfig, TrainerConfig
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.flops import flops_per_token
-from primus_perf.trainer.model import Transformer
-from primus_perf.trainer.parallel import clip_grad_norm_, make_groups, parallelize
+from primus_perf.trainer.moe import aux_loss, build_model, tokens_per_expert, update_router_biases
+from primus_perf.trainer.parallel import (
+    clip_grad_norm_,
+    make_groups,
+    parallelize,
+    reduce_expert_grads,
+)
 
 
 @dataclass
@@ -52,6 +57,8 @@ class StepMetrics:
     peak_mem_bytes: int
     lr: float
     grad_norm: float
+    aux_loss: float | None = None  # MoE load-balancing loss (not in ``loss``)
+    tokens_per_expert: list[list[int]] | None = None  # MoE: global counts per layer
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,7 +100,12 @@ class Trainer:
             raise ConfigError(
                 f"config key 'parallel.dp' ({cfg.parallel.dp}) must be 0 or world size / tp ({world // tp})"
             )
-        self.groups = make_groups(tp)
+        ep = cfg.parallel.ep
+        if (world // tp) % ep:
+            raise ConfigError(
+                f"config key 'parallel.ep' ({ep}) must divide the data-parallel size ({world // tp})"
+            )
+        self.groups = make_groups(tp, ep)
         self.is_main = self.groups.rank == 0
         if t.dtype == "bf16" and self.device.type != "cuda":
             raise ConfigError("config key 'train.dtype': bf16 needs a GPU (the CPU path runs fp32)")
@@ -102,7 +114,7 @@ class Trainer:
 
         torch.manual_seed(t.seed)
         with torch.device(self.device):
-            model = Transformer(cfg.model)
+            model = build_model(cfg.model)
         parallelize(model, self.groups)
         model.recompute = t.recompute
         if t.compile:
@@ -200,15 +212,23 @@ class Trainer:
         with self._autocast():
             logits = self._forward(inputs)
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
-        loss.backward()
-        grad_norm = clip_grad_norm_(self.params, t.grad_clip, self.groups.tp_group)
+            balance = aux_loss(self.model)
+        (loss if balance is None else loss + balance).backward()
+        reduce_expert_grads(self.model, self.groups)
+        grad_norm = clip_grad_norm_(
+            self.params, t.grad_clip, self.groups.tp_group, self.groups.ep_group
+        )
         self.optimizer.step()
+        update_router_biases(self.model)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_value = loss.detach().float()
+        # the language-model loss and the balancing loss, averaged over data-parallel ranks
+        loss_value = torch.stack(
+            [loss.detach(), loss.new_zeros(()) if balance is None else balance.detach()]
+        ).float()
         if self.groups.dp_group is not None:
             dist.all_reduce(loss_value, group=self.groups.dp_group)
             loss_value /= self.groups.dp
-        loss_f, norm_f = float(loss_value), float(grad_norm)
+        (loss_f, balance_f), norm_f = loss_value.tolist(), float(grad_norm)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
@@ -226,6 +246,8 @@ class Trainer:
             peak_mem_bytes=_peak_memory(self.device),
             lr=lr,
             grad_norm=norm_f,
+            aux_loss=None if balance is None else balance_f,
+            tokens_per_expert=tokens_per_expert(self.model),
         )
 
     def close(self) -> None:

@@ -101,14 +101,32 @@ class MLP(nn.Module):
         h = self.act(dispatch.linear(x, self.w13))
         return reduce_from_tp(dispatch.linear(h, self.w2), self.tp_group)
 
+    @torch.no_grad()
+    def reset_parameters(self, std: float, out_std: float) -> None:
+        nn.init.normal_(self.w13, std=std)
+        nn.init.normal_(self.w2, std=out_std)
+
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """Pre-norm attention and MLP with residuals; ``mlp`` replaces the dense SwiGLU MLP
+    (an MoE layer: any module with ``forward(x)`` and ``reset_parameters(std, out_std)``)."""
+
+    def __init__(self, cfg: ModelConfig, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg) if mlp is None else mlp
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float, out_std: float) -> None:
+        nn.init.normal_(self.attention.wqkv, std=std)
+        if self.attention.bqkv is not None:
+            self.attention.bqkv.zero_()
+        nn.init.normal_(self.attention.wo, std=out_std)
+        self.mlp.reset_parameters(std, out_std)
+        self.attention_norm.weight.fill_(1.0)
+        self.mlp_norm.weight.fill_(1.0)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -139,7 +157,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, self.make_mlp(i)) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Parameter(torch.empty(cfg.vocab_size, cfg.dim))
         self.tp_group = None
@@ -155,16 +173,14 @@ class Transformer(nn.Module):
         out_std = std / math.sqrt(2 * cfg.n_layers)
         nn.init.normal_(self.tok_embeddings.weight, std=1.0)
         for block in self.layers:
-            nn.init.normal_(block.attention.wqkv, std=std)
-            if block.attention.bqkv is not None:
-                block.attention.bqkv.zero_()
-            nn.init.normal_(block.attention.wo, std=out_std)
-            nn.init.normal_(block.mlp.w13, std=std)
-            nn.init.normal_(block.mlp.w2, std=out_std)
-            block.attention_norm.weight.fill_(1.0)
-            block.mlp_norm.weight.fill_(1.0)
+            block.reset_parameters(std, out_std)
         self.norm.weight.fill_(1.0)
         nn.init.normal_(self.output, std=cfg.dim**-0.5)
+
+    def make_mlp(self, layer: int) -> nn.Module | None:
+        """The MLP of layer ``layer``; None: the dense SwiGLU MLP (the MoE model overrides
+        this)."""
+        return None
 
     def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (seq_len, device)

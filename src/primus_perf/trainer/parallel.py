@@ -17,6 +17,16 @@ RMSNorm weights are replicated; their gradients are identical on every tensor-pa
 rank. Sharded parameters carry ``tp_sharded = True`` so :func:`clip_grad_norm_` counts
 them once across the group. Ranks are laid out tensor-parallel-major: rank =
 dp_rank * tp + tp_rank.
+
+MoE layers (``trainer/moe.py``): their shared experts are sharded like the dense MLP; the
+router and the routed experts are replicated over the tensor-parallel group (each
+tensor-parallel rank runs the same expert GEMMs: expert tensor parallelism is not
+implemented). Expert parallelism ``ep`` splits the routed experts over ``ep``
+data-parallel ranks (an expert-parallel group: consecutive data-parallel ranks with the
+same tensor-parallel rank): each keeps ``n_experts / ep`` of them (``ep_sharded = True``)
+and the MoE layer exchanges token rows with :func:`all_to_all`. Expert weights are left
+out of DDP; :func:`reduce_expert_grads` sums their gradients over the ranks that hold the
+same experts and divides by the data-parallel size, as DDP's average would.
 """
 
 from __future__ import annotations
@@ -69,6 +79,32 @@ class _GatherFromTP(torch.autograd.Function):
         return grad.chunk(ctx.size, dim=-1)[ctx.rank].contiguous(), None
 
 
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, out_splits, in_splits, group):  # type: ignore[override]
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        x = x.contiguous()
+        out = x.new_empty(sum(out_splits), *x.shape[1:])
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        out_splits, in_splits = ctx.splits
+        grad = grad.contiguous()
+        back = grad.new_empty(sum(in_splits), *grad.shape[1:])
+        dist.all_to_all_single(back, grad, in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+def all_to_all(
+    x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any
+) -> torch.Tensor:
+    """Rows ``in_splits[r]`` of ``x`` (in rank order) go to rank r; ``out_splits[r]`` rows
+    come from rank r. Backward sends the gradients back the same way."""
+    return _AllToAll.apply(x, out_splits, in_splits, group)
+
+
 def copy_to_tp(x: torch.Tensor, group: Any) -> torch.Tensor:
     """Identity forward, all-reduce backward (the input of a column-parallel layer)."""
     return x if group is None else _CopyToTP.apply(x, group)
@@ -94,15 +130,33 @@ class ProcessGroups:
     dp_rank: int = 0
     tp_group: Any = None  # None when tp == 1
     dp_group: Any = None  # None when dp == 1
+    ep: int = 1
+    ep_rank: int = 0
+    ep_group: Any = None  # None when ep == 1
+    expert_dp_group: Any = None  # ranks holding the same experts; None when dp == ep
 
 
-def make_groups(tp: int) -> ProcessGroups:
-    """Tensor- and data-parallel groups over the initialised default group (or none)."""
+def make_groups(tp: int, ep: int = 1) -> ProcessGroups:
+    """Tensor-, data- and expert-parallel groups over the initialised default group (or
+    none). Data-parallel rank d is in expert-parallel group ``d // ep`` at position
+    ``d % ep``."""
     if not (dist.is_available() and dist.is_initialized()):
         return ProcessGroups()
     world, rank = dist.get_world_size(), dist.get_rank()
     dp = world // tp
     groups = ProcessGroups(world, rank, tp, dp, rank % tp, rank // tp)
+    groups.ep, groups.ep_rank = ep, groups.dp_rank % ep
+    for t in range(tp):  # every rank creates every group, in the same order
+        for first in range(0, dp, ep):
+            ranks = [(first + e) * tp + t for e in range(ep)]
+            group = dist.new_group(ranks) if ep > 1 else None
+            if rank in ranks:
+                groups.ep_group = group
+        for e in range(ep):
+            ranks = [(first + e) * tp + t for first in range(0, dp, ep)]
+            group = dist.new_group(ranks) if dp > ep else None
+            if rank in ranks:
+                groups.expert_dp_group = group
     for d in range(dp):  # every rank creates every group, in the same order
         ranks = [d * tp + t for t in range(tp)]
         group = dist.new_group(ranks) if tp > 1 else None
@@ -132,12 +186,25 @@ def _replace(module: torch.nn.Module, name: str, value: torch.Tensor) -> None:
     setattr(module, name, param)
 
 
+def _shard_mlp(mlp: torch.nn.Module, rank: int, tp: int, group: Any) -> None:
+    ffn = mlp.w2.shape[1]
+    _replace(mlp, "w13", _rows(mlp.w13, [ffn, ffn], rank, tp))
+    _replace(mlp, "w2", _cols(mlp.w2, rank, tp))
+    mlp.tp_group = group
+
+
 @torch.no_grad()
 def parallelize(model: torch.nn.Module, groups: ProcessGroups) -> torch.nn.Module:
-    """Shard a full model for tensor parallel ``groups.tp`` (in place; returns it)."""
-    from primus_perf.trainer.model import Transformer
+    """Shard a full model for tensor parallel ``groups.tp`` and, for an MoE model, expert
+    parallel ``groups.ep`` (in place; returns it)."""
+    from primus_perf.trainer.model import MLP, Transformer
+    from primus_perf.trainer.moe import moe_layers
 
     assert isinstance(model, Transformer)
+    for moe in moe_layers(model):
+        moe.dp_group = groups.dp_group
+    if groups.ep > 1:
+        _shard_experts(model, groups)
     tp, rank, group = groups.tp, groups.tp_rank, groups.tp_group
     if tp == 1:
         return model
@@ -153,9 +220,10 @@ def parallelize(model: torch.nn.Module, groups: ProcessGroups) -> torch.nn.Modul
         attn.n_heads = cfg.n_heads // tp
         attn.n_kv_heads = cfg.n_kv_heads // tp
         attn.tp_group = group
-        _replace(mlp, "w13", _rows(mlp.w13, [cfg.ffn_dim, cfg.ffn_dim], rank, tp))
-        _replace(mlp, "w2", _cols(mlp.w2, rank, tp))
-        mlp.tp_group = group
+        if isinstance(mlp, MLP):
+            _shard_mlp(mlp, rank, tp, group)
+        elif mlp.shared is not None:
+            _shard_mlp(mlp.shared, rank, tp, group)
     emb = model.tok_embeddings
     per = cfg.vocab_size // tp
     _replace(emb, "weight", emb.weight[rank * per : (rank + 1) * per].contiguous())
@@ -166,17 +234,61 @@ def parallelize(model: torch.nn.Module, groups: ProcessGroups) -> torch.nn.Modul
     return model
 
 
+def _shard_experts(model: torch.nn.Module, groups: ProcessGroups) -> None:
+    """Keep this rank's ``n_experts / ep`` routed experts; leave them out of DDP."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from primus_perf.trainer.moe import moe_layers
+
+    ep, rank = groups.ep, groups.ep_rank
+    ignored = []
+    for moe in moe_layers(model):
+        for name in ("w13", "w2"):
+            weight = getattr(moe, name)
+            local = weight.shape[0] // ep
+            param = torch.nn.Parameter(weight[rank * local : (rank + 1) * local].contiguous())
+            param.ep_sharded = True  # type: ignore[attr-defined]
+            setattr(moe, name, param)
+        moe.ep_group, moe.ep = groups.ep_group, ep
+    for name, param in model.named_parameters():
+        if getattr(param, "ep_sharded", False):
+            ignored.append(name)
+    DDP._set_params_and_buffers_to_ignore_for_model(model, ignored)
+
+
+@torch.no_grad()
+def reduce_expert_grads(model: torch.nn.Module, groups: ProcessGroups) -> None:
+    """After backward: each expert-parallel shard's gradient holds the sum over its
+    expert-parallel group's tokens; sum it over the ranks that hold the same experts and
+    divide by the data-parallel size (the average DDP gives every other parameter)."""
+    if groups.ep == 1:
+        return
+    for param in model.parameters():
+        if getattr(param, "ep_sharded", False) and param.grad is not None:
+            if groups.expert_dp_group is not None:
+                dist.all_reduce(param.grad, group=groups.expert_dp_group)
+            param.grad /= groups.dp
+
+
 @torch.no_grad()
 def clip_grad_norm_(
-    params: list[torch.nn.Parameter], max_norm: float, tp_group: Any = None
+    params: list[torch.nn.Parameter],
+    max_norm: float,
+    tp_group: Any = None,
+    ep_group: Any = None,
 ) -> torch.Tensor:
-    """Clip to a global L2 norm (sharded parameters summed over the tensor-parallel group,
-    replicated ones counted once). Returns the norm before clipping; no host sync."""
-    sharded = [p.grad for p in params if p.grad is not None and getattr(p, "tp_sharded", False)]
+    """Clip to a global L2 norm (tensor-parallel shards summed over the tensor-parallel
+    group, expert-parallel shards over the expert-parallel group, replicated parameters
+    counted once). Returns the norm before clipping; no host sync."""
+    with_grad = [p for p in params if p.grad is not None]
+    sharded = [p.grad for p in with_grad if getattr(p, "tp_sharded", False)]
+    experts = [p.grad for p in with_grad if getattr(p, "ep_sharded", False)]
     replicated = [
-        p.grad for p in params if p.grad is not None and not getattr(p, "tp_sharded", False)
+        p.grad
+        for p in with_grad
+        if not getattr(p, "tp_sharded", False) and not getattr(p, "ep_sharded", False)
     ]
-    device = (sharded or replicated)[0].device
+    device = with_grad[0].grad.device
 
     def sq(grads: list[torch.Tensor]) -> torch.Tensor:
         if not grads:
@@ -187,9 +299,12 @@ def clip_grad_norm_(
     sharded_sq = sq(sharded)
     if tp_group is not None:
         dist.all_reduce(sharded_sq, group=tp_group)
-    total = (sharded_sq + sq(replicated)).sqrt()
+    experts_sq = sq(experts)
+    if ep_group is not None:
+        dist.all_reduce(experts_sq, group=ep_group)
+    total = (sharded_sq + experts_sq + sq(replicated)).sqrt()
     if max_norm > 0:
         coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        grads = sharded + replicated
+        grads = sharded + experts + replicated
         torch._foreach_mul_(grads, coef.to(grads[0].dtype))
     return total

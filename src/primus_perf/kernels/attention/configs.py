@@ -16,21 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from primus_perf.devices import shared_memory_per_block
 from primus_perf.problems import AttentionProblem
-
-# Shared memory (bytes) one program may use, by architecture prefix; first match wins.
-SMEM_BYTES: tuple[tuple[str, int], ...] = (
-    ("sm_90", 232_448),
-    ("sm_100", 232_448),
-    ("sm_120", 101_376),
-    ("sm_89", 101_376),
-    ("sm_86", 101_376),
-    ("sm_80", 166_912),
-    ("gfx950", 163_840),
-    ("gfx94", 65_536),
-    ("gfx9", 65_536),
-    ("cpu", 1 << 30),  # the Triton interpreter has no limit
-)
 
 # Launch options that exist only in one vendor's Triton backend (passing them to the
 # other one is an error), with the values the search tries.
@@ -41,13 +28,6 @@ VENDOR_OPTIONS: dict[str, dict[str, tuple[int, ...]]] = {
 }
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
-
-
-def smem_limit(arch: str) -> int:
-    for prefix, limit in SMEM_BYTES:
-        if arch.startswith(prefix):
-            return limit
-    return 65_536
 
 
 @dataclass(frozen=True)
@@ -152,7 +132,7 @@ def fwd_invalid(cfg: FwdConfig, problem: AttentionProblem, arch: str) -> str | N
     d = problem.head_dim
     if cfg.block_m < 16 or cfg.block_n < 16:
         return "blocks under 16"
-    if fwd_smem_bytes(cfg, d) > smem_limit(arch):
+    if fwd_smem_bytes(cfg, d) > shared_memory_per_block(arch):
         return "shared memory"
     if arch != "cpu":
         # the fp32 accumulators (O: BLOCK_M x D, S: BLOCK_M x BLOCK_N) must fit registers
@@ -170,7 +150,7 @@ def bwd_invalid(cfg: BwdConfig, problem: AttentionProblem, arch: str) -> str | N
     d = problem.head_dim
     if min(cfg.block_m1, cfg.block_n1, cfg.block_m2, cfg.block_n2) < 16:
         return "blocks under 16"
-    if bwd_smem_bytes(cfg, d) > smem_limit(arch):
+    if bwd_smem_bytes(cfg, d) > shared_memory_per_block(arch):
         return "shared memory"
     if arch != "cpu":
         # dK and dV accumulators (2 x BLOCK_N1 x D), dQ (BLOCK_M2 x D) in fp32

@@ -1,0 +1,29 @@
+"""Grouped GEMM (MoE expert layers): backends, the Triton kernel's configs, and the one
+dispatch point (:func:`grouped_mm`, routed through :func:`run`)."""
+
+from __future__ import annotations
+
+from primus_perf.kernels.grouped_gemm.backends import BACKENDS, Backend, available, triton_backend
+from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped_gemm.dispatch import (
+    DEFAULT_BACKEND,
+    get_router,
+    grouped_mm,
+    problem_of,
+    run,
+    set_router,
+)
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_BACKEND",
+    "Backend",
+    "GroupedGemmConfig",
+    "available",
+    "get_router",
+    "grouped_mm",
+    "problem_of",
+    "run",
+    "set_router",
+    "triton_backend",
+]

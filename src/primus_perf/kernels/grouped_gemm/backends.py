@@ -1,0 +1,233 @@
+"""The grouped-GEMM backends, all with the same two functions:
+
+- ``mm(x[T, K], w[G, K, N], counts) -> y[T, N]``: rows of group g (tokens sorted by group,
+  ``counts[g]`` of them) times ``w[g]``. ``w`` may have any strides: the input gradient
+  passes ``w.transpose(1, 2)`` of the forward weight.
+- ``wgrad(x[T, K], dy[T, N], counts) -> dw[G, K, N]``: ``dw[g] = x_g^T @ dy_g``, a
+  contraction over each group's own tokens; an empty group gives zeros.
+
+``counts`` are host integers (the loop and padded backends size their work from them; the
+MoE layer reads them once per layer, as expert parallelism's all-to-all split sizes need
+anyway). Every backend accumulates in fp32 and returns the input dtype.
+
+Backends:
+
+- ``loop``: one ``torch.mm`` per non-empty group (the default).
+- ``grouped_mm``: ``torch._grouped_mm``. On CUDA it needs bf16 (torch's documentation:
+  SM 8.0 or newer); torch 2.13's CPU build also runs bf16 and fp32. Every operand stride
+  must be a multiple of 16 bytes (K and N multiples of 8 in bf16), and each group's first
+  row is placed at a multiple of 16 bytes / element size rows: when the counts leave a
+  group start unaligned, the tokens are copied into a zero-padded buffer with aligned group
+  starts (padding rows add nothing to any product) and the result is gathered back. The
+  same padding runs on the CPU, so CPU tests cover it.
+- ``padded_bmm``: every group padded with zero rows to the largest count, one
+  ``torch.bmm`` over ``[G, max_count, K]``.
+- ``triton``: the persistent Triton kernels of :mod:`.triton_kernels`, with a
+  :class:`~.configs.GroupedGemmConfig` (``triton_backend(cfg)``; ``BACKENDS["triton"]``
+  uses the default config). On the CPU it runs under ``TRITON_INTERPRET=1`` only.
+
+``unsupported(device, dtype, k, n)`` says why a backend cannot run such a call (None when it
+can); :func:`available` lists the backends that can.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
+
+MmFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
+WhyNot = Callable[[torch.device, torch.dtype, int, int], "str | None"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    mm: MmFn
+    wgrad: MmFn
+    unsupported: WhyNot
+
+
+def _starts(counts: Sequence[int]) -> list[int]:
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + int(c))
+    return out
+
+
+def _scatter_index(
+    counts: Sequence[int], new_starts: Sequence[int], device: torch.device
+) -> torch.Tensor:
+    """Where each of the ``sum(counts)`` rows goes when group g moves to ``new_starts[g]``."""
+    shift = torch.tensor(
+        [new - old for new, old in zip(new_starts, _starts(counts)[:-1])], dtype=torch.int64
+    )
+    rows = torch.repeat_interleave(shift, torch.tensor([int(c) for c in counts]))
+    return (rows + torch.arange(rows.numel())).to(device)
+
+
+def _padded(t: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
+    out = t.new_zeros(rows, t.shape[1])
+    out[index] = t
+    return out
+
+
+# ---- loop ---------------------------------------------------------------------------------
+
+
+def _loop_mm(x: torch.Tensor, w: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+    y = x.new_empty(x.shape[0], w.shape[2])
+    starts = _starts(counts)
+    for g, c in enumerate(counts):
+        if c:
+            torch.mm(x[starts[g] : starts[g + 1]], w[g], out=y[starts[g] : starts[g + 1]])
+    return y
+
+
+def _loop_wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+    dw = x.new_empty(len(counts), x.shape[1], dy.shape[1])
+    starts = _starts(counts)
+    for g, c in enumerate(counts):
+        if c:
+            rows = slice(starts[g], starts[g + 1])
+            torch.mm(x[rows].t(), dy[rows], out=dw[g])
+        else:
+            dw[g].zero_()
+    return dw
+
+
+def _torch_ok(device: torch.device, dtype: torch.dtype, k: int, n: int) -> str | None:
+    return None
+
+
+# ---- torch._grouped_mm --------------------------------------------------------------------
+
+
+def _align_rows(dtype: torch.dtype) -> int:
+    return max(1, 16 // torch.empty((), dtype=dtype).element_size())
+
+
+def _aligned_layout(counts: Sequence[int], align: int) -> list[int] | None:
+    """Group starts at multiples of ``align`` rows, or None when the counts already are."""
+    starts = _starts(counts)
+    if all(s % align == 0 for s in starts[:-1]):
+        return None
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + -(-int(c) // align) * align)
+    return out
+
+
+def _offs(ends: Sequence[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(list(ends), dtype=torch.int32, device=device)
+
+
+def _grouped_mm_mm(x: torch.Tensor, w: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+    layout = _aligned_layout(counts, _align_rows(x.dtype))
+    if layout is None:
+        return torch._grouped_mm(x, w, offs=_offs(_starts(counts)[1:], x.device))
+    index = _scatter_index(counts, layout, x.device)
+    y = torch._grouped_mm(_padded(x, index, layout[-1]), w, offs=_offs(layout[1:], x.device))
+    return y[index]
+
+
+def _grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+    layout = _aligned_layout(counts, _align_rows(x.dtype))
+    if layout is None:
+        return torch._grouped_mm(x.t(), dy, offs=_offs(_starts(counts)[1:], x.device))
+    index = _scatter_index(counts, layout, x.device)
+    xp, dyp = _padded(x, index, layout[-1]), _padded(dy, index, layout[-1])
+    return torch._grouped_mm(xp.t(), dyp, offs=_offs(layout[1:], x.device))
+
+
+def _grouped_mm_unsupported(device: torch.device, dtype: torch.dtype, k: int, n: int) -> str | None:
+    if not hasattr(torch, "_grouped_mm"):
+        return f"torch {torch.__version__} has no _grouped_mm"
+    if device.type == "cuda":
+        if dtype != torch.bfloat16:
+            return "torch._grouped_mm on CUDA runs bf16 only"
+        if torch.cuda.get_device_capability(device) < (8, 0):
+            return "torch._grouped_mm needs SM 8.0 or newer"
+    elif dtype not in (torch.bfloat16, torch.float32):
+        return "torch._grouped_mm on the CPU runs bf16 and fp32"
+    align = _align_rows(dtype)
+    if k % align or n % align:
+        return f"torch._grouped_mm needs K and N multiples of {align} (16 bytes)"
+    return None
+
+
+# ---- padded bmm ---------------------------------------------------------------------------
+
+
+def _bmm_layout(counts: Sequence[int]) -> tuple[int, list[int]]:
+    longest = max((int(c) for c in counts), default=0)
+    return longest, [g * longest for g in range(len(counts) + 1)]
+
+
+def _bmm_mm(x: torch.Tensor, w: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+    longest, layout = _bmm_layout(counts)
+    if longest == 0:
+        return x.new_empty(0, w.shape[2])
+    index = _scatter_index(counts, layout, x.device)
+    xp = _padded(x, index, layout[-1]).view(len(counts), longest, x.shape[1])
+    return torch.bmm(xp, w).view(layout[-1], w.shape[2])[index]
+
+
+def _bmm_wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+    longest, layout = _bmm_layout(counts)
+    if longest == 0:
+        return x.new_zeros(len(counts), x.shape[1], dy.shape[1])
+    index = _scatter_index(counts, layout, x.device)
+    G = len(counts)
+    xp = _padded(x, index, layout[-1]).view(G, longest, x.shape[1])
+    dyp = _padded(dy, index, layout[-1]).view(G, longest, dy.shape[1])
+    return torch.bmm(xp.transpose(1, 2), dyp)
+
+
+# ---- Triton -------------------------------------------------------------------------------
+
+
+def _triton_unsupported(device: torch.device, dtype: torch.dtype, k: int, n: int) -> str | None:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "the Triton grouped GEMM runs on the CPU only under TRITON_INTERPRET=1"
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"the Triton grouped GEMM does not run {dtype}"
+    return None
+
+
+def triton_backend(cfg: GroupedGemmConfig | None = None) -> Backend:
+    """The Triton grouped GEMM with the tiles of ``cfg`` (the default config when None)."""
+    cfg = cfg or GroupedGemmConfig()
+
+    def mm(x: torch.Tensor, w: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+        from primus_perf.kernels.grouped_gemm.triton_kernels import grouped_mm
+
+        return grouped_mm(x, w, counts, cfg)
+
+    def wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+        from primus_perf.kernels.grouped_gemm.triton_kernels import grouped_mm_wgrad
+
+        return grouped_mm_wgrad(x, dy, counts, cfg)
+
+    return Backend("triton", mm, wgrad, _triton_unsupported)
+
+
+BACKENDS: dict[str, Backend] = {
+    "loop": Backend("loop", _loop_mm, _loop_wgrad, _torch_ok),
+    "grouped_mm": Backend("grouped_mm", _grouped_mm_mm, _grouped_mm_wgrad, _grouped_mm_unsupported),
+    "padded_bmm": Backend("padded_bmm", _bmm_mm, _bmm_wgrad, _torch_ok),
+    "triton": triton_backend(),
+}
+
+
+def available(device: torch.device, dtype: torch.dtype, k: int, n: int) -> list[str]:
+    """Names of the backends that can run a ``[*, k] x [k, n]`` grouped GEMM here."""
+    return [name for name, b in BACKENDS.items() if b.unsupported(device, dtype, k, n) is None]

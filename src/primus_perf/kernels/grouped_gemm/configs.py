@@ -1,0 +1,168 @@
+"""Tile configurations of the Triton grouped GEMM, their validity rules and the space a tuner
+searches.
+
+A config is data (:class:`GroupedGemmConfig`). Invalid combinations (shared-memory
+overflow, accumulators that do not fit the register file, tiles far larger than the
+problem) are pruned here, before anything is launched. Vendor differences are rows of
+tables: shared memory per architecture (:func:`primus_perf.devices.shared_memory_per_block`)
+and the launch options only ROCm's Triton backend knows (``waves_per_eu``,
+``matrix_instr_nonkdim``), which are passed to the launch only on that vendor.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from primus_perf.devices import shared_memory_per_block
+from primus_perf.problems import DTYPE_BYTES, GroupedGemmProblem, dataclass_from_dict
+
+GROUP_ORDERS = ("natural", "largest_first")
+
+# Launch options that exist only in one vendor's Triton backend (passing them to the other
+# one is an error), with the values the search tries.
+VENDOR_OPTIONS: dict[str, dict[str, tuple[int, ...]]] = {
+    "nvidia": {},
+    "cpu": {},
+    "amd": {"waves_per_eu": (0, 2), "matrix_instr_nonkdim": (16,)},
+}
+
+MAX_ACC_REGS = 128  # fp32 accumulator registers per thread a tile may take (of 255)
+
+
+@dataclass(frozen=True)
+class GroupedGemmConfig:
+    """One Triton grouped-GEMM launch: output tiles of ``block_m x block_n``, ``block_k``
+    per inner step; a persistent grid (one program per SM/CU, each walking the (group,
+    tile) work items); groups visited in their own order or largest first."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+    group_order: str = "largest_first"
+    waves_per_eu: int = 0  # ROCm only
+    matrix_instr_nonkdim: int = 0  # ROCm only; 0 = compiler default
+
+    def label(self) -> str:
+        text = (
+            f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps}"
+            f" s{self.num_stages} {self.group_order}"
+        )
+        if self.waves_per_eu or self.matrix_instr_nonkdim:
+            text += f" wpe{self.waves_per_eu} mi{self.matrix_instr_nonkdim}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GroupedGemmConfig:
+        return dataclass_from_dict(cls, data)
+
+    def launch_options(self, vendor: str) -> dict[str, int]:
+        """``num_warps``, ``num_stages`` and the vendor's own options for the launch."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        for name in VENDOR_OPTIONS.get(vendor, {}):
+            value = getattr(self, name)
+            if value:
+                opts[name] = value
+        return opts
+
+
+def smem_bytes(cfg: GroupedGemmConfig, dtype: str) -> int:
+    """A and B tiles once per pipeline stage."""
+    elem = DTYPE_BYTES[dtype]
+    stages = max(cfg.num_stages, 1)
+    return int(stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * elem)
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and not x & (x - 1)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def output_shape(problem: GroupedGemmProblem) -> tuple[int, int, int]:
+    """(rows per group at most, columns, contraction) of the pass's output tiles: fwd
+    ``[tokens, n]`` over k, dgrad ``[tokens, k]`` over n, wgrad ``[k, n]`` over tokens."""
+    if problem.phase == "fwd":
+        return problem.tokens, problem.n, problem.k
+    if problem.phase == "dgrad":
+        return problem.tokens, problem.k, problem.n
+    return problem.k, problem.n, problem.tokens
+
+
+def config_invalid(cfg: GroupedGemmConfig, problem: GroupedGemmProblem, arch: str) -> str | None:
+    """Why ``cfg`` cannot (or should not) run ``problem`` on ``arch``; None if it can."""
+    for name in ("block_m", "block_n", "block_k"):
+        value = getattr(cfg, name)
+        if not _pow2(value) or value < 16:
+            return f"{name} must be a power of two >= 16"
+    if not _pow2(cfg.num_warps) or cfg.num_warps > 16:
+        return "num_warps must be a power of two <= 16"
+    if cfg.num_stages < 1:
+        return "num_stages must be >= 1"
+    if cfg.group_order not in GROUP_ORDERS:
+        return f"group_order must be one of {', '.join(GROUP_ORDERS)}"
+    if smem_bytes(cfg, problem.dtype) > shared_memory_per_block(arch):
+        return "shared memory"
+    if arch != "cpu" and cfg.block_m * cfg.block_n // (32 * cfg.num_warps) > MAX_ACC_REGS:
+        return "registers"
+    rows, cols, depth = output_shape(problem)
+    if cfg.block_n > 16 and cfg.block_n > _next_pow2(cols):
+        return "block_n larger than the output columns"
+    if cfg.block_k > 16 and cfg.block_k > _next_pow2(depth):
+        return "block_k larger than the contraction"
+    if cfg.block_m > 16 and cfg.block_m > _next_pow2(rows):
+        return "block_m larger than the output rows"
+    return None
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Values tried per parameter; the grid is their product, minus invalid points."""
+
+    axes: dict[str, tuple[Any, ...]]
+
+    def configs(self, problem: GroupedGemmProblem, arch: str) -> list[GroupedGemmConfig]:
+        names = list(self.axes)
+        out = []
+        for values in itertools.product(*(self.axes[n] for n in names)):
+            cfg = GroupedGemmConfig(**dict(zip(names, values, strict=True)))
+            if config_invalid(cfg, problem, arch) is None:
+                out.append(cfg)
+        return out
+
+
+def default_space(vendor: str) -> SearchSpace:
+    """The space searched on a GPU: tiles, warps, stages, group order; ROCm options on AMD."""
+    return SearchSpace(
+        {
+            "block_m": (64, 128),
+            "block_n": (64, 128, 256),
+            "block_k": (32, 64),
+            "num_warps": (4, 8),
+            "num_stages": (3, 4) if vendor == "nvidia" else (2,),
+            "group_order": GROUP_ORDERS,
+            **VENDOR_OPTIONS.get(vendor, {}),
+        }
+    )
+
+
+def tiny_space() -> SearchSpace:
+    """A small space for the CPU interpreter (tests): 16/32 tiles, both group orders."""
+    return SearchSpace(
+        {
+            "block_m": (16, 32),
+            "block_n": (16, 32),
+            "block_k": (16, 32),
+            "num_warps": (4,),
+            "num_stages": (1,),
+            "group_order": GROUP_ORDERS,
+        }
+    )

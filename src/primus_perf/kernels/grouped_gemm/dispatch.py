@@ -1,0 +1,131 @@
+"""The grouped-GEMM seam: every expert GEMM of a training step goes through :func:`run`.
+
+:func:`grouped_mm` is a custom autograd Function whose three grouped GEMMs (forward
+``x_g @ W_g``, input gradient ``dy_g @ W_g^T``, weight gradient ``x_g^T @ dy_g``) each call
+:func:`run` with the pass name ("fwd", "dgrad", "wgrad"; see
+:class:`~primus_perf.problems.GroupedGemmProblem`), so one router sees and can replace all
+three. With no router, or when it answers None, the caller's backend runs (``loop`` unless
+the caller names another one).
+
+Router: ``fn(phase, a, b, counts) -> Tensor | None`` with the operands of the pass
+(fwd: ``x[T, K]``, ``w[G, K, N]``; dgrad: ``dy[T, N]``, ``w.transpose(1, 2)``; wgrad:
+``x[T, K]``, ``dy[T, N]``) and the host token counts per group; :func:`problem_of` gives the
+:class:`~primus_perf.problems.GroupedGemmProblem`. Under autocast the Function casts its
+inputs to the autocast dtype once and runs its GEMMs with autocast off, so the router sees
+the dtype the GEMM really runs in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from primus_perf.kernels.autocast import autocast_dtype
+from primus_perf.kernels.grouped_gemm.backends import BACKENDS
+from primus_perf.problems import GroupedGemmProblem, dtype_name
+
+DEFAULT_BACKEND = "loop"
+
+Router = Callable[[str, torch.Tensor, torch.Tensor, Sequence[int]], "torch.Tensor | None"]
+
+_router: Router | None = None
+
+
+def set_router(fn: Router | None) -> None:
+    """Install (or with None remove) the grouped-GEMM router."""
+    global _router
+    _router = fn
+
+
+def get_router() -> Router | None:
+    return _router
+
+
+def run(
+    phase: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    counts: Sequence[int],
+    backend: str = DEFAULT_BACKEND,
+) -> torch.Tensor:
+    """One grouped GEMM of ``phase``: the router's answer when it gives one, else
+    ``backend``'s."""
+    router = _router
+    if router is not None:
+        out = router(phase, a, b, counts)
+        if out is not None:
+            return out
+    chosen = BACKENDS[backend]
+    return chosen.wgrad(a, b, counts) if phase == "wgrad" else chosen.mm(a, b, counts)
+
+
+def problem_of(
+    phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]
+) -> GroupedGemmProblem:
+    """The problem of a :func:`run` call. ``k``, ``n`` and ``trans_w`` describe the forward
+    weight (``trans_w``: stored ``[G, N, K]`` and used transposed); a wgrad problem has
+    ``trans_w=False``: it produces ``dW[G, K, N]`` whatever the weight's storage."""
+    dtype = dtype_name(a.dtype)
+    if phase == "fwd":
+        k, n, trans_w = b.shape[1], b.shape[2], b.stride(2) != 1
+    elif phase == "dgrad":
+        k, n, trans_w = b.shape[2], b.shape[1], b.stride(1) != 1
+    elif phase == "wgrad":
+        k, n, trans_w = a.shape[1], b.shape[1], False
+    else:
+        raise ValueError(f"unknown grouped GEMM pass {phase!r}")
+    return GroupedGemmProblem.from_counts(
+        list(counts), k, n, dtype=dtype, trans_w=trans_w, phase=phase
+    )
+
+
+class _GroupedMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, counts, backend):  # type: ignore[override]
+        device_type = x.device.type
+        cast = autocast_dtype(device_type)
+        if cast is not None:
+            x, w = x.to(cast), w.to(cast)
+        elif w.dtype != x.dtype:
+            w = w.to(x.dtype)
+        if not x.is_contiguous():
+            x = x.contiguous()
+        with torch.autocast(device_type, enabled=False):
+            y = run("fwd", x, w, counts, backend)
+        ctx.save_for_backward(x, w)
+        ctx.counts, ctx.backend = counts, backend
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        dy = dy.contiguous().to(x.dtype)
+        dx = dw = None
+        with torch.autocast(dy.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                dx = run("dgrad", dy, w.transpose(1, 2), ctx.counts, ctx.backend)
+            if ctx.needs_input_grad[1]:
+                dw = run("wgrad", x, dy, ctx.counts, ctx.backend)
+        return dx, dw, None, None
+
+
+def grouped_mm(
+    x: torch.Tensor, w: torch.Tensor, counts: Sequence[int], backend: str = DEFAULT_BACKEND
+) -> torch.Tensor:
+    """``y[T, N]`` with the rows of group g equal to ``x_g @ w[g]``: ``x[T, K]`` sorted by
+    group (``counts[g]`` rows each, host ints summing to T), ``w[G, K, N]``. Differentiable;
+    all three GEMMs go through :func:`run` with ``backend`` as the fallback."""
+    counts = tuple(int(c) for c in counts)
+    if x.dim() != 2 or w.dim() != 3:
+        raise ValueError(
+            f"grouped_mm needs x[T, K] and w[G, K, N], got {tuple(x.shape)} and {tuple(w.shape)}"
+        )
+    if len(counts) != w.shape[0] or sum(counts) != x.shape[0] or x.shape[1] != w.shape[1]:
+        raise ValueError(
+            f"grouped_mm: {len(counts)} counts summing to {sum(counts)} do not fit"
+            f" x{tuple(x.shape)} and w{tuple(w.shape)}"
+        )
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown grouped GEMM backend {backend!r} ({', '.join(BACKENDS)})")
+    return _GroupedMM.apply(x, w, counts, backend)
