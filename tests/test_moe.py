@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from primus_perf.errors import ConfigError
+from primus_perf.kernels.gemm import problem_of as gemm_problem_of
 from primus_perf.kernels.grouped_gemm import problem_of, set_router
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.trainer import dispatch
@@ -144,7 +145,7 @@ def test_every_expert_gemm_goes_through_the_seams() -> None:
     dense, grouped = [], []
 
     def gemm_router(a, b):
-        dense.append(dispatch.problem_of(a, b))
+        dense.append(gemm_problem_of(a, b))
 
     def grouped_router(phase, a, b, counts):
         grouped.append(problem_of(phase, a, b, counts))

@@ -159,7 +159,7 @@ def test_script_end_tag_in_data_is_escaped(h100: Analysis) -> None:
     assert page.count("</script>") == 2  # the data block's and the code block's own
 
 
-def test_report_without_kernels_is_a_user_error(tmp_path: Path) -> None:
+def test_report_of_a_run_without_gpu_kernels_shows_its_problems_with_cpu_times(tmp_path: Path) -> None:
     from primus_perf.errors import UserError
 
     trace = json.loads(gzip.decompress(H100.read_bytes()))
@@ -167,7 +167,14 @@ def test_report_without_kernels_is_a_user_error(tmp_path: Path) -> None:
                                                                                       "gpu_memset")]
     cpu_only = tmp_path / "cpu_only.json"
     cpu_only.write_text(json.dumps(trace))
-    with pytest.raises(UserError, match="no GPU kernels"):
+    data = rp.build_report([cpu_only])
+    assert data["header"]["cpu_only"] and data["timeline"] is None and data["tune_next"] == []
+    assert {r["key"] for r in data["gemm"]} == {r["key"] for r in rp.build_report([H100])["gemm"]}
+    assert all(r["time_ms"] > 0 for r in data["gemm"])
+    # neither GPU kernels nor ops with shapes: nothing to report
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "cpu_op"]
+    cpu_only.write_text(json.dumps(trace))
+    with pytest.raises(UserError, match="nothing to report"):
         rp.build_report([cpu_only])
 
 
