@@ -40,7 +40,8 @@ ALL_KINDS = ("gemm", "grouped_gemm", "attention")
 _active: Handle | None = None
 
 
-def _rank0_stderr(line: str) -> None:
+def rank0_stderr(line: str) -> None:
+    """Print ``primus_perf: <line>`` to stderr on rank 0 (``RANK``) only."""
     if os.environ.get("RANK", "0") == "0":
         print(f"primus_perf: {line}", file=sys.stderr, flush=True)
 
@@ -145,7 +146,7 @@ def enable(
     device: DeviceIdentity | None = None,
     router_kinds: Mapping[str, RouterKind] | None = None,
     online_options: Mapping[str, Any] | None = None,
-    log: Callable[[str], None] | None = _rank0_stderr,
+    log: Callable[[str], None] | None = rank0_stderr,
 ) -> Handle:
     """Route this process's GEMMs and SDPA calls to the cache's choices (module docstring).
 
