@@ -207,6 +207,8 @@ class KindAdapter(Protocol):
 
     def pool(self, problem: Any, *args: Any) -> list[Pooled]: ...  # validated, the default first
 
+    def run(self, cand: Pooled, *args: Any) -> Any: ...  # answer a call with a candidate
+
     def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]: ...
 
 
@@ -259,7 +261,7 @@ class OnlineRouter(Router):
             return self.offline(*args)
         cand = self.locked.get(key)
         if cand is not None:
-            return self._run(key, lambda: cand.run(*args))
+            return self._run(key, lambda: self.adapter.run(cand, *args))
         if key in self.failed:
             self._fall_back(key)
             return None
@@ -276,7 +278,7 @@ class OnlineRouter(Router):
             report.host_s += time.perf_counter() - t0
             self._lock(key, problem, state)
             cand = self.locked[key]
-            return self._run(key, lambda: cand.run(*args))
+            return self._run(key, lambda: self.adapter.run(cand, *args))
         cand = state.next()
         report.host_s += time.perf_counter() - t0
         if cand is None:  # bound reached, samples still in flight: torch's default
