@@ -36,8 +36,8 @@ def run_gpu(args: argparse.Namespace) -> None:
 
     from primus_perf.cache.runtime import activate
     from primus_perf.devices import library_versions
-    from primus_perf.tracelens.shapes import problems_from_traces
     from primus_perf.runtime import routes
+    from primus_perf.tracelens.shapes import problems_from_traces
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
     from primus_perf.tuner.core import Progress, tune

@@ -215,3 +215,16 @@ def test_launcher_runs_a_script_with_enable(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "primus_perf.enable", "--cache", str(tmp_path / "no.json"), "--",
                           str(script)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "not found" in bad.stderr
+
+
+def test_example_and_overhead_benchmark_run_on_the_cpu() -> None:
+    """The GPU benchmark's --smoke mode: the example model, interleaved blocks, the JSON."""
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "enable_overhead.py"), "--smoke", "--pairs", "1",
+                          "--block", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["off"]["n"] == 1 and data["on"]["n"] == 1
+    assert data["calls"]["attention"]["seen_per_step"] == data["calls"]["attention"]["model_per_step"] == 2

@@ -143,7 +143,7 @@ def test_online_run_locks_every_problem_writes_the_cache_and_restart_does_no_tun
     cache = tmp_path / "cache.json"
     clock = FakeClock(lag=2)
     adapter = FakeGemmOnline(clock)
-    steps, summary, lines, router = _steps_until_locked(cache, clock, adapter)
+    steps, summary, lines, _ = _steps_until_locked(cache, clock, adapter)
     # 2 linears: fwd + dgrad (down only: x needs no grad) + wgrad = 5 problems, one call each per step
     assert adapter.pools == 5 and len(summary["online"]) == 5
     assert steps <= 20, steps

@@ -24,7 +24,6 @@ from primus_perf.errors import DeviceError
 from primus_perf.kernels import gemm
 from primus_perf.kernels.attention import router as attention
 
-
 NOT_INSTALLED = "not available in this installation"
 
 
