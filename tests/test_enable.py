@@ -26,20 +26,23 @@ from primus_perf.problems import AttentionProblem
 
 
 class Block(nn.Module):
-    """Attention and an MLP with plain nn.Linear and F.scaled_dot_product_attention."""
+    """Grouped-query attention and an MLP with plain nn.Linear and F.scaled_dot_product_attention."""
 
-    def __init__(self, dim: int = 32, heads: int = 2) -> None:
+    def __init__(self, dim: int = 32, heads: int = 4, kv_heads: int = 2) -> None:
         super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.qkv = nn.Linear(dim, dim + 2 * kv_heads * self.head_dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=True)
         self.up = nn.Linear(dim, 2 * dim, bias=False)
         self.down = nn.Linear(2 * dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q, k, v = self.qkv(x).split([d, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.proj(o.transpose(1, 2).reshape(b, s, d))
         return x + self.down(F.silu(self.up(x)))
 
@@ -52,7 +55,7 @@ def run(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Ten
 
 
 def attention_entry(device, versions) -> CacheEntry:
-    p = AttentionProblem(2, 2, 2, 8, 8, 16, "f32", True, "bshd")
+    p = AttentionProblem(2, 4, 2, 8, 8, 8, "f32", True, "bshd")
     return CacheEntry(kind="attention", problem_key=p.key(), problem=p.to_dict(), device=device.to_dict(),
                       versions=versions, solution={"config": {"backend": "sdpa:math"}, "blob": b""})
 
@@ -203,7 +206,8 @@ def test_launcher_runs_a_script_with_enable(tmp_path: Path) -> None:
         "import sys, torch, primus_perf.runtime as rt\n"
         "print('args', sys.argv[1:])\n"
         "print('active', rt.active() is not None)\n"
-        "torch.nn.functional.scaled_dot_product_attention(*[torch.randn(2, 2, 8, 16)] * 3, is_causal=True)\n"
+        "q, kv = torch.randn(2, 4, 8, 8), torch.randn(2, 2, 8, 8)\n"
+        "torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)\n"
     )
     cache = tmp_path / "cache.json"
     TuningCache(cache).put(attention_entry(current_device(), attention_versions()))
@@ -228,3 +232,27 @@ def test_example_and_overhead_benchmark_run_on_the_cpu() -> None:
     data = json.loads(out.stdout)
     assert data["off"]["n"] == 1 and data["on"]["n"] == 1
     assert data["calls"]["attention"]["seen_per_step"] == data["calls"]["attention"]["model_per_step"] == 2
+
+
+def test_environment_variable_hook_enables_through_the_pth_file(tmp_path: Path) -> None:
+    """``site`` processes ``primus_perf_enable.pth`` (here from the source folder, as from
+    site-packages): with PRIMUS_PERF_CACHE set the program runs under enable, unmodified."""
+    import os
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(attention_entry(current_device(), attention_versions()))
+    code = (f"import site; site.addsitedir({str(src)!r})\n"
+            "import torch, primus_perf.runtime as rt\n"
+            "print('active', rt.active() is not None)\n"
+            "torch.nn.functional.scaled_dot_product_attention(*[torch.randn(2, 4, 8, 8)] * 3, is_causal=True)\n")
+    env = {**os.environ, "PRIMUS_PERF_CACHE": str(cache)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "active True" in out.stdout and "attention: 0 calls used a cached choice, 1 fell" in out.stderr
+    env.pop("PRIMUS_PERF_CACHE")
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert "active False" in off.stdout
+    bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**env, "PRIMUS_PERF_CACHE": str(tmp_path / "none.json")})
+    assert bad.returncode == 0 and "not enabled" in bad.stderr and "Traceback" not in bad.stderr

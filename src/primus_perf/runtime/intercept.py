@@ -3,7 +3,7 @@
 While enabled, the backend kernels of ``aten::mm``, ``aten::addmm`` and ``aten::bmm`` (the
 ``CUDA`` key; ``CPU`` for tests) are Python functions that run :func:`routes.gemm`, and
 ``aten::scaled_dot_product_attention`` has one at the autograd and backend keys that runs
-:func:`routes.attention`. Torch's default goes through the ``out=`` overloads (the same
+:func:`routes.routed_attention`. Torch's default goes through the ``out=`` overloads (the same
 kernels) and the SDPA composite itself (``OpOverload.decompose``): a call left to torch
 is bit-identical to one without the overrides.
 
@@ -75,8 +75,9 @@ def _routable_sdpa(q, k, v, attn_mask, dropout_p, scale, enable_gqa) -> bool:
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     if _routable_sdpa(q, k, v, attn_mask, dropout_p, scale, enable_gqa):
         # (batch, heads, seq, dim) -> the routers' (batch, seq, heads, dim) views, and back
-        out = routes.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bool(is_causal))
-        return out.transpose(1, 2)
+        out = routes.routed_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bool(is_causal))
+        if out is not None:
+            return out.transpose(1, 2)
     return _SDPA.decompose(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 

@@ -57,16 +57,27 @@ def bypassed() -> bool:
     return getattr(_local, "bypass", 0) > 0
 
 
+def routed_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """The attention router's answer for (batch, seq, heads, head_dim) tensors, or None
+    (no router, or "not mine"): the caller runs torch's SDPA as it would have."""
+    router = _routers.get("attention")
+    if router is None:
+        return None
+    _local.bypass = getattr(_local, "bypass", 0) + 1
+    try:
+        return router(q, k, v, causal)
+    finally:
+        _local.bypass -= 1
+
+
 def attention(q: Any, k: Any, v: Any, causal: bool, backend: str | None = None) -> Any:
     """Attention on (batch, seq, heads, head_dim) tensors: the router's answer when it gives
     one, else torch SDPA (``backend``: a row of the SDPA table, None: torch picks)."""
-    router = _routers.get("attention")
+    out = routed_attention(q, k, v, causal)
+    if out is not None:
+        return out
     _local.bypass = getattr(_local, "bypass", 0) + 1
     try:
-        if router is not None:
-            out = router(q, k, v, causal)
-            if out is not None:
-                return out
         return sdpa_bshd(q, k, v, causal, backend)
     finally:
         _local.bypass -= 1
