@@ -53,6 +53,7 @@ class FakeGemmOnline(GemmOnline):
 
     def pool(self, problem, a, b, bias=None):
         self.pools += 1
+        torch.mm(a.double(), b.double())  # as a reference product: must not start tuning its own problem
 
         def runner(name):
             def run(x, y):

@@ -29,6 +29,7 @@ The state machine runs on the CPU with an injected clock and fake candidates.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError
 from primus_perf.kernels.routing import Router
 from primus_perf.tuner.core import KEEP_DEFAULT_MARGIN, select
+
+_building = threading.local()  # .depth > 0 while a pool is validated: its own GEMMs and SDPA go to torch
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,8 @@ class OnlineRouter(Router):
         self.unusable = getattr(offline, "unusable", set())
 
     def __call__(self, *args: Any) -> Any:
+        if getattr(_building, "depth", 0):  # the validation's own calls (its fp32 reference ...)
+            return None
         found = self.adapter.key(*args)
         if found is None:
             self._fall_back("unsupported")
@@ -291,12 +296,15 @@ class OnlineRouter(Router):
 
     def _start(self, key: str, problem: Any, args: tuple) -> ProblemTuning | None:
         t0 = time.perf_counter()
+        _building.depth = getattr(_building, "depth", 0) + 1
         try:
             pool = self.adapter.pool(problem, *args)
         except Exception as exc:  # the default itself cannot be validated, no library, ...
             self.failed.add(key)
             self.log(f"online {self.adapter.kind} {problem}: not tuned ({type(exc).__name__}: {exc}); using torch")
             return None
+        finally:
+            _building.depth -= 1
         self.reports[key] = _Report(validation_s=time.perf_counter() - t0)
         state = self.tuning[key] = ProblemTuning(pool[: self.policy.max_candidates], self.policy, self.clock)
         return state
@@ -306,6 +314,7 @@ class OnlineRouter(Router):
         cand = state.pool[chosen]
         self.locked[key] = cand
         del self.tuning[key]
+        _close_runs(c for name, c in state.pool.items() if name != chosen)
         times = state.times()
         report = self.reports.pop(key)
         tuned, default = times.get(chosen), times.get(state.default)
@@ -350,12 +359,18 @@ class OnlineRouter(Router):
     def close(self) -> None:
         if self.offline is not None:
             self.offline.close()
-        for cand in self.locked.values():
-            close = getattr(cand.run, "close", None)
-            if close is not None:
-                close()
+        _close_runs(self.locked.values())
+        _close_runs(c for state in self.tuning.values() for c in state.pool.values())
         self.locked.clear()
         self.tuning.clear()
+
+
+def _close_runs(cands: Any) -> None:
+    """Release the kernels of candidates (library plans) that will not run again."""
+    for c in cands:
+        close = getattr(c.run, "close", None)
+        if close is not None:
+            close()
 
 
 def online_routers(
