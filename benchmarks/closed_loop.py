@@ -36,8 +36,8 @@ def run_gpu(args: argparse.Namespace) -> None:
 
     from primus_perf.cache.runtime import activate
     from primus_perf.devices import library_versions
+    from primus_perf.runtime import routes
     from primus_perf.tracelens.shapes import problems_from_traces
-    from primus_perf.trainer import dispatch
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
     from primus_perf.tuner.core import Progress, tune
@@ -66,7 +66,7 @@ def run_gpu(args: argparse.Namespace) -> None:
     tune([p for p, _ in gemm], cache=cache, tuners=[GemmTuner()], budget_s=args.budget_s, progress=Log())
     tuning_s = time.perf_counter() - t0
     act = activate(cache)
-    dispatch.install_routers(act.routers)
+    routes.install(act.routers)
     capture(trainer, out / "tuned", args.profile_steps, {**manifest, "tuning_cache": str(cache.name)})
     # interleaved blocks: router off / on, same trainer
     blocks: dict[str, list[float]] = {"default": [], "tuned": []}
@@ -74,16 +74,16 @@ def run_gpu(args: argparse.Namespace) -> None:
     for i in range(2 * args.pairs):
         side = "default" if i % 2 == 0 else "tuned"
         if side == "default":
-            dispatch.remove_routers()
+            routes.remove()
         else:
-            dispatch.install_routers(act.routers)
+            routes.install(act.routers)
         trainer.train_step()  # one step to settle after the switch
         for _ in range(args.block_steps):
             m = trainer.train_step()
             blocks[side].append(m.step_time_s)
             losses[side].append(m.loss)
     summary = act.end_summary()
-    dispatch.remove_routers()
+    routes.remove()
     act.close()
     trainer.close()
     med = {k: statistics.median(v) for k, v in blocks.items()}

@@ -134,13 +134,13 @@ def main() -> None:
 
 def trainer_problems(config: str, layers: int) -> list[GemmProblem]:
     """The GEMM problems one training step of the trainer issues (recorded at dispatch)."""
-    from primus_perf.trainer import dispatch
+    from primus_perf.runtime import routes
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
 
     seen: dict[str, GemmProblem] = {}
 
-    def record(a, b):
+    def record(a, b, bias=None):
         try:
             p = problem_of(a, b)
             seen[p.key()] = p
@@ -149,11 +149,11 @@ def trainer_problems(config: str, layers: int) -> list[GemmProblem]:
         return None
 
     trainer = Trainer(load_config(config, [f"model.n_layers={layers}", "train.steps=1"]))
-    dispatch.set_gemm_router(record)
+    routes.install({"gemm": record})
     try:
         trainer.train_step()
     finally:
-        dispatch.set_gemm_router(None)
+        routes.remove()
         trainer.close()
     del trainer
     torch.cuda.empty_cache()

@@ -18,16 +18,19 @@ GROUND = {"problems", "devices", "files", "errors"}
 ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "cache": {"kernels"},
-    "trainer": {"kernels", "cache"},
+    "trainer": {"kernels", "cache", "runtime"},  # the trainer enables a cache as any program does
+    # enable(): routers from the cache, installed at the dispatcher; the tuner only for
+    # online tuning (imported inside enable when online=True)
+    "runtime": {"kernels", "cache", "tuner"},
     "tracelens": {"cache"},  # report --cache reads the store to mark tuned problems
     "profiler": {"trainer", "kernels", "cache", "tracelens"},
     "gate": {"tracelens", "profiler", "trainer", "kernels", "cache"},
     "tuner": {"kernels", "cache", "tracelens"},
     # the whole loop: profile, analyze, report, tune, train with the cache
-    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "kernels", "cache"},
+    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache"},
 }
 # never, whatever ALLOWED says: the rules DESIGN.md spells out
-FORBIDDEN = [("trainer", "tuner"), ("cache", "trainer"), ("cache", "tuner"), ("kernels", "tuner"),
+FORBIDDEN = [("trainer", "tuner"), ("tuner", "runtime"), ("kernels", "runtime"), ("cache", "runtime"), ("cache", "trainer"), ("cache", "tuner"), ("kernels", "tuner"),
              ("kernels", "trainer"), ("tracelens", "trainer"), ("tracelens", "tuner")]
 
 

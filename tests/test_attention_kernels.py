@@ -183,6 +183,7 @@ def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
     from primus_perf.cache import runtime
     from primus_perf.cache.store import TuningCache
     from primus_perf.kernels.attention.router import library_versions
+    from primus_perf.runtime import routes
     from primus_perf.trainer import dispatch
 
     path = tmp_path / "tuning.cache"
@@ -192,8 +193,8 @@ def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
                                 _entry(stale, AttentionChoice("sdpa:cudnn"), {"torch": "0.0", "triton": "0.0"})])
     device = _entry(prob, AttentionChoice("sdpa:cudnn"), {}).device_identity
     act = runtime.activate(path, device=device)
-    assert dispatch.get_attention_router() is None  # activate installs nothing
-    dispatch.install_routers(act.routers)
+    assert routes.installed("attention") is None  # activate installs nothing
+    routes.install(act.routers)
     try:
         assert act.usable == {"attention": 1}  # the entry with other versions is stale
         assert any("stale" in line for line in act.start_lines())
@@ -205,6 +206,6 @@ def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
                                                   "failed": []}
         assert act.end_lines() == ["tuning cache attention: 1 calls used a cached choice, 1 fell back to torch"]
     finally:
-        dispatch.remove_routers()
+        routes.remove()
         act.close()
-    assert dispatch.get_attention_router() is None
+    assert routes.installed("attention") is None

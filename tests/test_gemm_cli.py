@@ -82,16 +82,46 @@ def test_tunableop_export_format(tmp_path) -> None:
                                  mk(p2, {"source": "torch"}), mk(p3, {"source": "cublaslt", "name": "heur0"})])
     out = tmp_path / "tunableop_results.csv"
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out)])
+    assert isinstance(res.exception, UserError) and "--torch-version" in str(res.exception)
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
+                                   "--torch-version", "2.14.0"])
     assert res.exit_code == 0, res.output
     lines = out.read_text().splitlines()
-    assert lines[0].startswith("Validator,PT_VERSION,")
+    assert lines[0] == "Validator,PT_VERSION,2.14.0"
     assert "Validator,HIPBLASLT_VERSION,0.12.0" in lines
     assert "GemmTunableOp_BFloat16_TN,tn_6144_4096_4096,Gemm_Hipblaslt_1234,0.500000" in lines
     assert "GemmTunableOp_Half_NN,nn_4096_128_14336,Default,0.500000" in lines
-    assert len([x for x in lines if not x.startswith("Validator")]) == 2  # the cuBLASLt algo has no spelling
+    assert len([x for x in lines if not x.startswith("Validator")]) == 2  # a cuBLASLt entry without its algo config
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "hipblaslt", "--out", str(tmp_path / "h.txt")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "h.txt").read_text().splitlines() == [
         "T,N,6144,4096,4096,1,4096,4096,6144,6144,bf16_r,bf16_r,bf16_r,bf16_r,c_f32_r,1234"]
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "xml", "--out", str(tmp_path / "x")])
     assert isinstance(res.exception, UserError) and "unknown export format 'xml'" in str(res.exception)
+
+
+def test_tunableop_export_spells_cublaslt_algorithms(tmp_path) -> None:
+    dev = {"name": "NVIDIA H100 80GB HBM3", "vendor": "nvidia", "arch": "sm_90", "compute_units": 132}
+    p = GemmProblem.from_row_major(8192, 4096, 4096, b_transposed=True)
+    algo = {"ID": 66, "TILE_ID": 18, "SPLITK_NUM": 1, "REDUCTION_SCHEME": 0, "CTA_SWIZZLING": 1,
+            "CUSTOM_OPTION": 0, "STAGES_ID": 35, "INNER_SHAPE_ID": 1, "CLUSTER_SHAPE_ID": 2}
+    old = {k: v for k, v in algo.items() if k not in ("INNER_SHAPE_ID", "CLUSTER_SHAPE_ID")}
+    q = GemmProblem.from_row_major(1024, 1024, 1024, dtype="f16")
+    mk = lambda prob, cfg: CacheEntry(kind="gemm", problem_key=prob.key(), problem=prob.to_dict(), device=dev,  # noqa: E731
+                                      versions={"cublasLt": "13.1.0"},
+                                      solution={"config": {"name": "heur2", "source": "cublaslt", **cfg},
+                                                "blob": b"\x01" * 64}, times={"tuned_ms": 1.25, "default_ms": 1.3})
+    cache = tmp_path / "c.json"
+    TuningCache(cache).put_many([mk(p, algo), mk(q, old)])
+    out = tmp_path / "t.csv"
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
+                                   "--torch-version", "2.14.0.dev20260101"])
+    assert res.exit_code == 0, res.output
+    assert out.read_text().splitlines() == [
+        "Validator,PT_VERSION,2.14.0.dev20260101",
+        "Validator,CUBLASLT_VERSION,13.1.0",
+        "GemmTunableOp_BFloat16_TN,tn_4096_8192_4096,"
+        "Gemm_Cublaslt_id_66_tile_18_stages_35_splitk_1_red_0_swizzle_1_custom_0_inner_1_cluster_2,1.250000",
+        "GemmTunableOp_Half_NN,nn_1024_1024_1024,Gemm_Cublaslt_id_66_tile_18_stages_35_splitk_1_red_0_swizzle_1_custom_0,"
+        "1.250000",
+    ]

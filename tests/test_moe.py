@@ -14,7 +14,7 @@ from primus_perf.errors import ConfigError
 from primus_perf.kernels.gemm import problem_of as gemm_problem_of
 from primus_perf.kernels.grouped_gemm import problem_of, set_router
 from primus_perf.problems import GroupedGemmProblem
-from primus_perf.trainer import dispatch
+from primus_perf.runtime import routes
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import (
     flops_per_token,
@@ -144,19 +144,19 @@ def test_every_expert_gemm_goes_through_the_seams() -> None:
     cfg = load_config("tiny-moe", ["train.steps=1", "train.micro_batch=2"])
     dense, grouped = [], []
 
-    def gemm_router(a, b):
+    def gemm_router(a, b, bias=None):
         dense.append(gemm_problem_of(a, b))
 
     def grouped_router(phase, a, b, counts):
         grouped.append(problem_of(phase, a, b, counts))
 
     trainer = Trainer(cfg)
-    dispatch.set_gemm_router(gemm_router)
+    routes.install({"gemm": gemm_router})
     set_router(grouped_router)
     try:
         metrics = trainer.train_step()
     finally:
-        dispatch.set_gemm_router(None)
+        routes.remove()
         set_router(None)
         trainer.close()
     t = cfg.train

@@ -16,6 +16,7 @@ import torch
 from primus_perf.errors import ConfigError
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import GemmProblem
+from primus_perf.runtime import routes
 from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import gemm_flops_per_step, model_gemms
@@ -152,16 +153,16 @@ def test_every_training_gemm_goes_through_dispatch() -> None:
     cfg = load_config("tiny", ["train.steps=1", "model.n_layers=2", "train.micro_batch=2"])
     seen: list[GemmProblem] = []
 
-    def router(a: torch.Tensor, b: torch.Tensor) -> None:
+    def router(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         seen.append(problem_of(a, b))
         return None  # fall back to torch
 
     trainer = Trainer(cfg)
-    dispatch.set_gemm_router(router)
+    routes.install({"gemm": router})
     try:
         trainer.train_step()
     finally:
-        dispatch.set_gemm_router(None)
+        routes.remove()
         trainer.close()
     expected = model_gemms(cfg.model, cfg.train.micro_batch, cfg.train.seq_len, dtype="f32")
     assert sorted(p.key() for p in seen) == sorted(c.problem.key() for c in expected)
@@ -172,11 +173,11 @@ def test_every_training_gemm_goes_through_dispatch() -> None:
 
 def test_router_output_is_used() -> None:
     a, b = torch.randn(4, 3), torch.randn(3, 5)
-    dispatch.set_gemm_router(lambda x, y: torch.full((x.shape[0], y.shape[1]), 7.0))
+    routes.install({"gemm": lambda x, y, bias: torch.full((x.shape[0], y.shape[1]), 7.0)})
     try:
         assert torch.equal(dispatch.matmul(a, b), torch.full((4, 5), 7.0))
     finally:
-        dispatch.set_gemm_router(None)
+        routes.remove()
     torch.testing.assert_close(dispatch.matmul(a, b), a @ b)
 
 

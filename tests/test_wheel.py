@@ -45,6 +45,12 @@ def test_installed_wheel_trains_tiny_from_another_directory(installed, tmp_path)
     assert "step    2/2" in out.stdout, out.stdout
 
 
+def test_wheel_installs_the_enable_hook_at_the_site_root(installed):
+    from primus_perf.env_hook import PTH_LINE
+
+    assert (installed / "primus_perf_enable.pth").read_text().strip() == PTH_LINE
+
+
 def test_wheel_has_no_tests_or_benchmarks(installed):
     names = {p.name for p in installed.iterdir()}
     assert "tests" not in names and "benchmarks" not in names

@@ -11,7 +11,9 @@ The loop in a few calls::
     act = pp.activate("tuning_cache.json")            # routers for this device and libraries
 
 or all of it at once: ``pp.run_loop("tiny")`` (what ``primus-tune loop`` runs). Your own
-step loop is profiled with ``pp.profile_steps`` or ``pp.profile_window``.
+step loop is profiled with ``pp.profile_steps`` or ``pp.profile_window``, and
+``with pp.enable(cache="tuning_cache.json"):`` runs any PyTorch program's GEMMs and SDPA
+calls on the cache's choices (``online=True`` tunes new problems during the first steps).
 
 Names are imported when first used, so ``import primus_perf`` stays cheap (no torch).
 """
@@ -50,6 +52,8 @@ _EXPORTS: dict[str, str] = {
     "TuningCache": "primus_perf.cache.store",
     "CacheEntry": "primus_perf.cache.store",
     "activate": "primus_perf.cache.runtime",
+    # tuned kernels in any PyTorch program (``python -m primus_perf.enable`` is its launcher)
+    "enable": "primus_perf.runtime",
     # the reference trainer and the whole loop
     "load_config": "primus_perf.trainer.config",
     "Trainer": "primus_perf.trainer.loop",

@@ -73,7 +73,7 @@ def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, block
     """Train ``config`` with the cache's routers removed and installed in alternate blocks of
     ``block_steps`` steps (one settling step after each switch), ``blocks`` blocks a side."""
     from primus_perf.cache.runtime import activate
-    from primus_perf.trainer import dispatch
+    from primus_perf.runtime import routes
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
 
@@ -87,9 +87,9 @@ def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, block
         for i in range(2 * blocks):
             side = "tuned" if i % 2 else "default"
             if side == "tuned":
-                dispatch.install_routers(act.routers)
+                routes.install(act.routers)
             else:
-                dispatch.remove_routers()
+                routes.remove()
             trainer.train_step()
             for _ in range(block_steps):
                 m = trainer.train_step()
@@ -99,7 +99,7 @@ def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, block
                 f"{statistics.median(times[side][-block_steps:]) * 1e3:.2f} ms/step")
         summary = act.end_summary()
     finally:
-        dispatch.remove_routers()
+        routes.remove()
         act.close()
         trainer.close()
     routed = sum(sum(s["routed"].values()) for s in summary.values())

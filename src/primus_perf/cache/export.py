@@ -4,7 +4,13 @@
   ``<op signature>,<param signature>,<solution>,<time ms>`` rows, e.g.
   ``GemmTunableOp_BFloat16_TN,tn_4096_4096_4096,Default,0.512``. An entry whose choice is
   torch's own maps to ``Default``; a hipBLASLt solution to ``Gemm_Hipblaslt_<index>``; a
-  cuBLASLt algorithm has no TunableOp spelling and is left out.
+  cuBLASLt algorithm to TunableOp's cuBLASLt spelling, its algo config attributes in
+  order: ``Gemm_Cublaslt_id_<ID>_tile_<TILE_ID>_stages_<STAGES_ID>_splitk_<SPLITK_NUM>
+  _red_<REDUCTION_SCHEME>_swizzle_<CTA_SWIZZLING>_custom_<CUSTOM_OPTION>``, then
+  ``_inner_<INNER_SHAPE_ID>_cluster_<CLUSTER_SHAPE_ID>`` when the library has those (12.0
+  and later). TunableOp reads the cuBLASLt names from the release after torch 2.13 on
+  (2.13 and earlier CUDA builds offer only ``Default``). ``PT_VERSION`` is the reading
+  torch's version (TunableOp drops a file whose version differs), given by the caller.
 - ``hipblaslt``: a hipBLASLt tuning override file, one line per hipBLASLt entry:
   ``transA,transB,m,n,k,batch,lda,ldb,ldc,ldd,a_type,b_type,c_type,d_type,compute,solution_index``.
 """
@@ -27,8 +33,24 @@ def _solution(entry: CacheEntry) -> tuple[str, int | None]:
     return str(cfg.get("source", "")), cfg.get("solution_index")
 
 
-def tunableop_rows(entries: list[CacheEntry], torch_version: str = "") -> tuple[list[str], int]:
-    lines = [f"Validator,PT_VERSION,{torch_version}"] if torch_version else []
+CUBLASLT_NAME_FIELDS = (("id", "ID"), ("tile", "TILE_ID"), ("stages", "STAGES_ID"), ("splitk", "SPLITK_NUM"),
+                        ("red", "REDUCTION_SCHEME"), ("swizzle", "CTA_SWIZZLING"), ("custom", "CUSTOM_OPTION"))
+CUBLASLT_SHAPE_FIELDS = (("inner", "INNER_SHAPE_ID"), ("cluster", "CLUSTER_SHAPE_ID"))
+
+
+def cublaslt_name(config: dict) -> str | None:
+    """TunableOp's name of a cuBLASLt algorithm from its readable config (None when an
+    attribute is missing)."""
+    if any(attr not in config for _, attr in CUBLASLT_NAME_FIELDS):
+        return None
+    fields = CUBLASLT_NAME_FIELDS
+    if all(attr in config for _, attr in CUBLASLT_SHAPE_FIELDS):
+        fields += CUBLASLT_SHAPE_FIELDS
+    return "Gemm_Cublaslt_" + "_".join(f"{label}_{int(config[attr])}" for label, attr in fields)
+
+
+def tunableop_rows(entries: list[CacheEntry], torch_version: str) -> tuple[list[str], int]:
+    lines = [f"Validator,PT_VERSION,{torch_version}"]
     versions: dict[str, str] = {}
     skipped = 0
     rows = []
@@ -44,6 +66,8 @@ def tunableop_rows(entries: list[CacheEntry], torch_version: str = "") -> tuple[
             sol = "Default"
         elif source == "hipblaslt" and index is not None:
             sol = f"Gemm_Hipblaslt_{index}"
+        elif source == "cublaslt" and cublaslt_name(e.solution.get("config") or {}):
+            sol = cublaslt_name(e.solution["config"])
         else:
             skipped += 1
             continue
@@ -74,6 +98,9 @@ def hipblaslt_rows(entries: list[CacheEntry]) -> tuple[list[str], int]:
 def export(entries: list[CacheEntry], fmt: str, out: str | os.PathLike, torch_version: str = "") -> tuple[int, int]:
     """Write ``out`` atomically; returns (rows written, gemm entries that do not map)."""
     if fmt == "tunableop":
+        if not torch_version:
+            raise UserError("--format tunableop needs --torch-version: the torch release that will read the file"
+                            " (TunableOp ignores a file stamped with another version)")
         lines, skipped = tunableop_rows(entries, torch_version)
         n = sum(1 for x in lines if not x.startswith("Validator,"))
     elif fmt == "hipblaslt":

@@ -3,7 +3,7 @@
 :func:`activate` reads the cache once, keeps the entries usable here (same hardware; the
 library versions its kind depends on), builds one router per kind from them and returns
 them in an :class:`Activation`. It installs nothing: the program does (the trainer gives
-``Activation.routers`` to ``trainer.dispatch.install_routers``) and calls
+``Activation.routers`` to ``runtime.routes.install``, as ``primus_perf.enable`` does) and calls
 :meth:`Activation.close` at the end.
 
 Kinds are data: :data:`KINDS` maps a kind to the router factory in ``kernels`` and the
@@ -14,7 +14,7 @@ function giving the running library versions its entries must match. A router ha
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,16 +24,20 @@ from primus_perf.errors import DeviceError
 from primus_perf.kernels import gemm
 from primus_perf.kernels.attention import router as attention
 
+NOT_INSTALLED = "not available in this installation"
+
 
 @dataclass(frozen=True)
 class RouterKind:
     factory: Callable[[Iterable[CacheEntry]], Any]  # usable entries -> router | None
     versions: Callable[[], dict[str, str]]  # running library versions an entry must match
+    empty: Callable[[], Any]  # a router with no entries (it counts the calls it leaves to torch)
 
 
 KINDS: dict[str, RouterKind] = {
-    "gemm": RouterKind(gemm.GemmRouter.from_entries, gemm.library_versions),
-    "attention": RouterKind(attention.AttentionRouter.from_entries, attention.library_versions),
+    "gemm": RouterKind(gemm.GemmRouter.from_entries, gemm.library_versions, lambda: gemm.GemmRouter([])),
+    "attention": RouterKind(attention.AttentionRouter.from_entries, attention.library_versions,
+                            lambda: attention.AttentionRouter({})),
 }
 
 
@@ -46,6 +50,8 @@ class Activation:
     loaded: dict[str, int] = field(default_factory=dict)  # kind -> entries in the file
     usable: dict[str, int] = field(default_factory=dict)  # kind -> entries for this device
     stale: list[str] = field(default_factory=list)
+    stale_count: dict[str, int] = field(default_factory=dict)  # kind -> entries not for this device/versions
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)  # kind -> running library versions
     unavailable: dict[str, str] = field(default_factory=dict)  # kind -> why no router here
     routers: dict[str, Any] = field(default_factory=dict)
 
@@ -82,28 +88,41 @@ class Activation:
         self.routers.clear()
 
 
-def activate(path: str | os.PathLike, device: DeviceIdentity | None = None) -> Activation:
-    """Read the cache at ``path`` and build a router for every kind with usable entries."""
+def activate(
+    path: str | os.PathLike,
+    device: DeviceIdentity | None = None,
+    kinds: Mapping[str, RouterKind] | None = None,
+    always: Iterable[str] = (),
+) -> Activation:
+    """Read the cache at ``path`` and build a router for every kind with usable entries;
+    ``kinds``: the kind table (default :data:`KINDS`; entries of other kinds are loaded,
+    counted and not routed); ``always``: kinds that get a router (one counting the calls it
+    leaves to torch) even without usable entries, where the kind is available here."""
+    kinds = KINDS if kinds is None else kinds
     device = device or current_device()
     act = Activation(path=str(path), device=device)
     cache = TuningCache(path, report_stale=act.stale.append)
-    by_kind: dict[str, list[CacheEntry]] = {}
+    by_kind: dict[str, list[CacheEntry]] = {kind: [] for kind in always}
     for entry in cache.entries():
         by_kind.setdefault(entry.kind, []).append(entry)
     for kind, entries in sorted(by_kind.items()):
         act.loaded[kind] = len(entries)
-        spec = KINDS.get(kind)
+        spec = kinds.get(kind)
         if spec is None:
-            act.unavailable[kind] = "no router for this kind in this installation"
+            act.unavailable[kind] = NOT_INSTALLED
             continue
         try:
             versions = spec.versions()
         except DeviceError as exc:  # e.g. no GPU, so no BLAS-Lt library to match
             act.unavailable[kind] = str(exc)
             continue
+        act.versions[kind] = versions
         usable = cache.select(entries, device, versions)
         act.usable[kind] = len(usable)
+        act.stale_count[kind] = len(entries) - len(usable)
         router = spec.factory(list(usable.values())) if usable else None
+        if router is None and kind in always:
+            router = spec.empty()
         if router is not None:
             act.routers[kind] = router
     return act

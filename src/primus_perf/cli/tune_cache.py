@@ -45,11 +45,13 @@ def register(app: typer.Typer) -> None:
         path: str = typer.Argument(..., help="Cache file"),
         fmt: str = typer.Option(..., "--format", help="tunableop | hipblaslt"),
         out: str = typer.Option(..., "--out", help="File to write"),
+        torch_version: str = typer.Option(
+            "", "--torch-version",
+            help="tunableop: the torch release that reads the file, e.g. 2.14.0 (its PT_VERSION must match;"
+                 " cuBLASLt choices are read by releases after 2.13, hipBLASLt ones and Default by all)"),
     ) -> None:
         """Export the entries that map to TunableOp's results CSV or a hipBLASLt override file."""
         from pathlib import Path
-
-        import torch
 
         from primus_perf.cache.export import export
         from primus_perf.cache.store import TuningCache
@@ -57,5 +59,5 @@ def register(app: typer.Typer) -> None:
 
         if not Path(path).exists():
             raise CacheError(f"cache file not found: {path}")
-        n, skipped = export(TuningCache(path).entries(), fmt, out, torch.__version__.split("+")[0])
+        n, skipped = export(TuningCache(path).entries(), fmt, out, torch_version)
         console.print(f"{out}: {n} rows ({skipped} GEMM entries have no {fmt} spelling)")

@@ -20,7 +20,12 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="List the problems, tune nothing"),
     ) -> None:
         """Tune GEMM problems with cuBLASLt/hipBLASLt and write the cache after each problem
-        (resumes: problems already in the cache for this GPU and library are skipped)."""
+        (resumes: problems already in the cache for this GPU and library are skipped).
+
+        This is offline tuning, before a run. To tune inside the run instead (the first
+        steps time each new problem's candidates, then write the cache), use
+        tuning.online=true in primus-train, or primus_perf.enable(cache, online=True) /
+        python -m primus_perf.enable --cache PATH --online -- script.py in any program."""
         from primus_perf.cli.tune_run import run_tuning
         from primus_perf.tuner.gemm.plugin import GemmTuner
         from primus_perf.tuner.problems_input import gather_problems

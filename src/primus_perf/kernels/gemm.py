@@ -1,35 +1,58 @@
-"""The GEMM router: operands -> problem -> the cached cuBLASLt/hipBLASLt algorithm.
+"""The GEMM router: operands -> problem -> the cached kernel.
 
-Each call ``router(a, b)`` looks its operands' (shape, strides, dtype) up in a small table;
-a cached algorithm runs on torch's current stream with one shared workspace per device, a
-"torch" choice or an unknown problem returns None (torch runs it). A tuned call that
-fails falls back to torch for that problem and says so once (``routing.Router``).
+Each call ``router(a, b)`` (``a @ b`` for 2-D operands, or batched 3-D ones as ``bmm``) looks
+its operands' (shape, strides, dtype) up in a small table; a cached choice runs through the
+router's kernel table, a "torch" choice or an unknown problem returns None (torch runs it).
+A tuned call that fails falls back to torch for that problem and says so once
+(``routing.Router``).
+
+The kernel table (:data:`KERNELS`) is data: a solution's ``source`` (what the tuner wrote
+into the entry's config: "cublaslt", "hipblaslt") -> a factory that makes the kernel of
+one problem from the entry's solution, or None when it cannot run on the operands' device.
+The cuBLASLt/hipBLASLt kernel runs the stored algorithm on torch's current stream with one
+shared workspace per device. Entries whose source has no row are counted as unusable.
 
 While torch.profiler records, a tuned call goes through the operator ``primus_perf::gemm``
 (a torch custom op), so the trace shows it like ``aten::mm``: with its operands' shapes
 and strides, which the trace analyzer models exactly as it models ``aten::mm``. Outside
-the profiler the launch is called directly (no dispatcher overhead). The op's arguments
+the profiler the kernel is called directly (no dispatcher overhead). The op's arguments
 name the router (a small id; the registry holds routers weakly, so it holds only live
-ones) and the slot of the algorithm in that router's own table.
+ones) and the slot of the kernel in that router's own table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import weakref
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
-from primus_perf.kernels.blaslt.binding import BlasLt, load
+from primus_perf.kernels.blaslt.binding import BlasLt, Plan, load
 from primus_perf.kernels.routing import CachedChoice, Router
 from primus_perf.problems import GemmProblem, dtype_name, operand_layout
 
 WORKSPACE_BYTES = 32 * 2**20
 TRACED_OP = "primus_perf::gemm"
 TORCH_CHOICE = -1  # slot of a problem whose cached choice is torch's own
+TORCH_SOURCE = "torch"
 
 _live_routers: weakref.WeakValueDictionary[int, GemmRouter] = weakref.WeakValueDictionary()
 _router_ids = itertools.count()
 _traced_op: Any = None
+_workspaces: dict[Any, Any] = {}  # device -> the BLAS-Lt workspace shared by every kernel on it
+
+
+class GemmKernel(Protocol):
+    """One problem's kernel: ``kernel(a, b)`` is ``a @ b`` (``close()`` releases it)."""
+
+    def __call__(self, a: Any, b: Any) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+# solution source -> factory(problem, solution, device) -> kernel, or None when it cannot run there
+KernelFactory = Callable[[GemmProblem, Mapping[str, Any], Any], "GemmKernel | None"]
 
 
 def library_versions(lt: BlasLt | None = None) -> dict[str, str]:
@@ -39,18 +62,101 @@ def library_versions(lt: BlasLt | None = None) -> dict[str, str]:
     return {lt.library_name(): lt.version()}
 
 
+def _layout(t: Any) -> Any:
+    la = operand_layout(t.shape[-2], t.shape[-1], t.stride(-2), t.stride(-1))
+    if la is None:
+        raise ValueError(f"operand strides {t.stride()} have no BLAS layout")
+    return la
+
+
 def problem_of(a: Any, b: Any) -> GemmProblem:
-    """The GemmProblem of ``a @ b`` for 2-D operands whose rows or columns are contiguous
-    (``problems.operand_layout``); ValueError for any other operands."""
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"problem_of needs 2-D operands, got {tuple(a.shape)} and {tuple(b.shape)}")
-    la = operand_layout(*a.shape, *a.stride())
-    lb = operand_layout(*b.shape, *b.stride())
-    if la is None or lb is None:
-        raise ValueError(f"operand strides {a.stride()} / {b.stride()} have no BLAS layout")
+    """The GemmProblem of ``a @ b`` for 2-D operands, or of ``torch.bmm(a, b)`` for 3-D ones,
+    whose rows or columns are contiguous (``problems.operand_layout``; batched operands with
+    a positive batch stride); ValueError for any other operands."""
+    if a.dim() != b.dim() or a.dim() not in (2, 3):
+        raise ValueError(f"problem_of needs 2-D or 3-D operands, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.dtype != b.dtype:
         raise ValueError(f"operand dtypes differ: {a.dtype} and {b.dtype}")
-    return GemmProblem.from_operands(la, lb, dtype_name(a.dtype))
+    p = GemmProblem.from_operands(_layout(a), _layout(b), dtype_name(a.dtype))
+    if a.dim() == 2:
+        return p
+    batch = a.shape[0]
+    if batch != b.shape[0] or (batch > 1 and (a.stride(0) == 0 or b.stride(0) == 0)):
+        raise ValueError(f"batched operands {tuple(a.shape)} and {tuple(b.shape)} do not pair up")
+    if batch == 1:
+        return p
+    # BLAS A is torch's b (module docstring of problems.py); the output is packed
+    return dataclasses.replace(p, batch=batch, stride_a=b.stride(0), stride_b=a.stride(0),
+                               stride_c=p.ldc * p.n, stride_d=p.ldd * p.n)
+
+
+class BlasLtKernel:
+    """A stored cuBLASLt/hipBLASLt algorithm for one problem, on torch's current stream."""
+
+    def __init__(self, plan: Plan, algo: bytes) -> None:
+        self.plan = plan
+        self.algo = algo
+
+    def __call__(self, a: Any, b: Any) -> Any:
+        import torch
+
+        ws = _workspaces.get(a.device)
+        if ws is None:
+            ws = _workspaces[a.device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=a.device)
+        out = torch.empty((*a.shape[:-1], b.shape[-1]), dtype=a.dtype, device=a.device)
+        self.plan.run(self.algo, b.data_ptr(), a.data_ptr(), out.data_ptr(), ws.data_ptr(), WORKSPACE_BYTES,
+                      torch.cuda.current_stream(a.device).cuda_stream)
+        return out
+
+    def close(self) -> None:
+        self.plan.close()
+
+
+def blaslt_kernel(problem: GemmProblem, solution: Mapping[str, Any], device: Any) -> BlasLtKernel | None:
+    """The kernel of a stored BLAS-Lt algorithm (None off the GPU)."""
+    if device.type != "cuda" or not solution.get("blob"):
+        return None
+    return BlasLtKernel(load().plan(problem), bytes(solution["blob"]))
+
+
+KERNELS: dict[str, KernelFactory] = {
+    "cublaslt": blaslt_kernel,
+    "hipblaslt": blaslt_kernel,
+}
+
+
+def torch_mm(a: Any, b: Any, bias: Any = None) -> Any:
+    """Torch's own GEMM for ``a @ b`` (``torch.bmm`` for 3-D operands; ``+ bias`` when given),
+    called through the ``out=`` overloads: the same kernels as ``torch.mm``/``addmm``/``bmm``
+    (one implementation behind both overloads), reached past any override of those."""
+    import torch
+
+    out = a.new_empty((*a.shape[:-1], b.shape[-1]))
+    if bias is not None:
+        return torch.ops.aten.addmm.out(bias, a, b, out=out)
+    if a.dim() == 3:
+        return torch.ops.aten.bmm.out(a, b, out=out)
+    return torch.ops.aten.mm.out(a, b, out=out)
+
+
+def torch_kernel(problem: GemmProblem, solution: Mapping[str, Any], device: Any) -> GemmKernel:
+    """Torch's own choice as a kernel (online tuning times it against the library's)."""
+    return _TorchKernel()
+
+
+class _TorchKernel:
+    def __call__(self, a: Any, b: Any) -> Any:
+        return torch_mm(a, b)
+
+    def close(self) -> None:
+        pass
+
+
+def solution_source(solution: Mapping[str, Any]) -> str:
+    """The kernel-table row of a stored solution: its config's ``source``; an entry without
+    one is torch's own choice when it has no blob (older entries)."""
+    config = solution.get("config") or {}
+    return str(config.get("source") or ("" if solution.get("blob") else TORCH_SOURCE))
 
 
 def traced_gemm_op() -> Any:
@@ -65,7 +171,7 @@ def traced_gemm_op() -> Any:
 
         @gemm.register_fake
         def _(a, b, router, slot):
-            return a.new_empty((a.shape[0], b.shape[1]))
+            return a.new_empty((*a.shape[:-1], b.shape[-1]))
 
         _traced_op = gemm
     return _traced_op
@@ -78,41 +184,54 @@ def _profiler_on() -> bool:
 
 
 class GemmRouter(Router):
-    """Callable ``(a, b) -> Tensor | None`` over the cached GEMM entries of this device."""
+    """Callable ``(a, b) -> Tensor | None`` over the cached GEMM entries of this device;
+    ``kernels``: the kernel table (source -> factory)."""
 
-    def __init__(self, entries: list[CachedChoice]) -> None:
+    def __init__(self, entries: list[CachedChoice], kernels: Mapping[str, KernelFactory] | None = None) -> None:
         super().__init__()
         self.entries = {e.problem_key: e for e in entries}
+        self.kernels = KERNELS if kernels is None else kernels
         self.id = next(_router_ids)
         _live_routers[self.id] = self
         # operand signature -> (key, slot in _slots | TORCH_CHOICE | None: no usable entry)
         self._memo: dict[tuple, tuple[str, int | None]] = {}
-        self._slots: list[tuple[Any, bytes]] = []  # (plan, algo) of each routed problem
-        self._ws: dict[int, Any] = {}
+        self._slots: list[GemmKernel] = []  # the kernel of each routed problem
+        self.unusable: set[str] = set()  # problems whose entry has no kernel here
 
     @classmethod
-    def from_entries(cls, entries: list[CachedChoice]) -> GemmRouter | None:
-        return cls(entries) if entries else None
+    def from_entries(cls, entries: list[CachedChoice], kernels: Mapping[str, KernelFactory] | None = None
+                     ) -> GemmRouter | None:
+        return cls(entries, kernels) if entries else None
 
-    def _resolve(self, a, b) -> tuple[str, int | None]:
+    def _resolve(self, a, b, bias: bool) -> tuple[str, int | None]:
         try:
             p = problem_of(a, b)
         except ValueError:
             return "unsupported", None
+        if bias:
+            p = dataclasses.replace(p, epilogue="bias")
         key = p.key()
         entry = self.entries.get(key)
-        if entry is not None and not entry.solution.get("blob"):
-            return key, TORCH_CHOICE
-        if entry is None or not a.is_cuda:
+        if entry is None:
             return key, None
-        self._slots.append((load().plan(GemmProblem.from_dict(entry.problem)), bytes(entry.solution["blob"])))
+        source = solution_source(entry.solution)
+        if source == TORCH_SOURCE:
+            return key, TORCH_CHOICE
+        factory = self.kernels.get(source)
+        kernel = factory(GemmProblem.from_dict(entry.problem), entry.solution, a.device) if factory else None
+        if kernel is None:
+            self.unusable.add(key)
+            return key, None
+        self._slots.append(kernel)
         return key, len(self._slots) - 1
 
-    def __call__(self, a, b):
-        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device)
+    def __call__(self, a, b, bias=None):
+        """``a @ b`` (``+ bias``, a vector over the output's columns, when given: the problem
+        with the bias epilogue, run as the cached GEMM and one add) or None: torch runs it."""
+        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, bias is not None)
         hit = self._memo.get(sig)
         if hit is None:
-            hit = self._memo[sig] = self._resolve(a, b)
+            hit = self._memo[sig] = self._resolve(a, b, bias is not None)
         key, slot = hit
         if slot == TORCH_CHOICE:
             self.routed[key] += 1
@@ -121,27 +240,19 @@ class GemmRouter(Router):
             self._fall_back(key)
             return None
         if _profiler_on():
-            return self._run(key, lambda: traced_gemm_op()(a, b, self.id, slot))
-        return self._run(key, lambda: self.launch(slot, a, b))
+            out = self._run(key, lambda: traced_gemm_op()(a, b, self.id, slot))
+        else:
+            out = self._run(key, lambda: self.launch(slot, a, b))
+        return out if out is None or bias is None else out.add_(bias)
 
     def launch(self, slot: int, a, b):
-        """``a @ b`` with the algorithm of ``slot`` (no checks: the slot was resolved for them)."""
-        import torch
-
-        plan, algo = self._slots[slot]
-        dev = a.device.index or 0
-        ws = self._ws.get(dev)
-        if ws is None:
-            ws = self._ws[dev] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=a.device)
-        out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-        plan.run(algo, b.data_ptr(), a.data_ptr(), out.data_ptr(), ws.data_ptr(), WORKSPACE_BYTES,
-                 torch.cuda.current_stream(a.device).cuda_stream)
-        return out
+        """``a @ b`` with the kernel of ``slot`` (no checks: the slot was resolved for them)."""
+        return self._slots[slot](a, b)
 
     def close(self) -> None:
-        """Destroy the plans; the router routes nothing after."""
-        for plan, _ in self._slots:
-            plan.close()
+        """Release the kernels; the router routes nothing after."""
+        for kernel in self._slots:
+            kernel.close()
         self._slots.clear()
         self._memo.clear()
         self.entries.clear()

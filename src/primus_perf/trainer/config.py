@@ -125,9 +125,12 @@ class DataConfig:
 @dataclass
 class TuningConfig:
     """``cache``: path of a tuning cache to load at start-up (GEMM and attention
-    solutions); None runs the default torch kernels."""
+    solutions); None runs the default torch kernels. ``online``: tune the problems the
+    cache does not hold during the first steps and add them to it (``primus_perf.enable``
+    with ``online=True``; the cache file is created if missing)."""
 
     cache: str | None = None
+    online: bool = False
 
 
 @dataclass
@@ -325,7 +328,9 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
             )
         if not Path(cfg.data.path).is_file():
             raise ConfigError(f"config key 'data.path': file not found: {cfg.data.path}")
-    if cfg.tuning.cache is not None and not Path(cfg.tuning.cache).exists():
+    if cfg.tuning.online and cfg.tuning.cache is None:
+        raise ConfigError("config key 'tuning.online' needs tuning.cache (the file it writes)")
+    if cfg.tuning.cache is not None and not cfg.tuning.online and not Path(cfg.tuning.cache).exists():
         raise ConfigError(f"config key 'tuning.cache': not found: {cfg.tuning.cache}")
     return cfg
 

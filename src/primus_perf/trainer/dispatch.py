@@ -1,12 +1,15 @@
 """The trainer's two dispatch points: every linear GEMM goes through :func:`matmul`, every
-attention through :func:`attention`. A tuning cache installs a router here; with none set
-the cost is one ``is None`` check and the call goes to torch.
+attention through :func:`attention`. They are the fast path into the one routing path of
+``primus_perf.runtime.routes``: the routers ``primus_perf.enable`` installed (the trainer
+enables a tuning cache with it, as any program does), called directly instead of through
+the dispatcher overrides; with none installed the cost is one dictionary lookup and the
+call goes to torch.
 
-Routers (``kernels/``; a tuning cache's come from ``cache.runtime.activate`` and are
-installed with :func:`install_routers`):
+Routers (``kernels/``, or online tuning's):
 
-- GEMM: ``fn(a, b) -> Tensor | None`` for 2-D operands (``a @ b``); None means "not mine,
-  use torch". ``kernels.gemm.problem_of`` gives the :class:`~primus_perf.problems.GemmProblem`.
+- GEMM: ``fn(a, b, bias) -> Tensor | None`` for 2-D operands (``a @ b``); None means
+  "not mine, use torch". ``kernels.gemm.problem_of`` gives the
+  :class:`~primus_perf.problems.GemmProblem`.
 - Attention: ``fn(q, k, v, causal) -> Tensor | None`` with q/k/v in (batch, seq, heads,
   head_dim) layout (kv heads may be fewer: GQA); returns the output in the same layout.
 
@@ -20,61 +23,13 @@ operands of the dtype the GEMM really runs in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
-
 import torch
 
 from primus_perf.kernels.attention.backends import SDPA_BACKENDS, sdpa_bshd
 from primus_perf.kernels.autocast import autocast_dtype
+from primus_perf.runtime import routes
 
-GemmRouter = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | None"]
-AttentionRouter = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], "torch.Tensor | None"]
-
-_gemm_router: GemmRouter | None = None
-_attention_router: AttentionRouter | None = None
 _sdpa_backend: str | None = None  # a row of kernels.attention.backends.SDPA_BACKENDS; None: torch picks
-
-
-def set_gemm_router(fn: GemmRouter | None) -> None:
-    """Install (or with None remove) the GEMM router."""
-    global _gemm_router
-    _gemm_router = fn
-
-
-def get_gemm_router() -> GemmRouter | None:
-    return _gemm_router
-
-
-def set_attention_router(fn: AttentionRouter | None) -> None:
-    """Install (or with None remove) the attention router."""
-    global _attention_router
-    _attention_router = fn
-
-
-def get_attention_router() -> AttentionRouter | None:
-    return _attention_router
-
-
-_SETTERS: dict[str, Callable[[Any], None]] = {
-    "gemm": set_gemm_router,
-    "attention": set_attention_router,
-}
-
-
-def install_routers(routers: Mapping[str, Any]) -> None:
-    """Install one router per kind (``cache.runtime.Activation.routers``)."""
-    unknown = set(routers) - set(_SETTERS)
-    if unknown:
-        raise ValueError(f"no dispatch point for router kind(s) {sorted(unknown)}")
-    for kind, router in routers.items():
-        _SETTERS[kind](router)
-
-
-def remove_routers() -> None:
-    """Remove every installed router: every call goes to torch again."""
-    for setter in _SETTERS.values():
-        setter(None)
 
 
 def set_sdpa_backend(name: str) -> None:
@@ -88,12 +43,9 @@ def set_sdpa_backend(name: str) -> None:
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for 2-D operands: the router's answer when it gives one, else torch's."""
-    router = _gemm_router
-    if router is not None:
-        out = router(a, b)
-        if out is not None:
-            return out
-    return torch.mm(a, b)
+    if routes.installed("gemm") is None:
+        return torch.mm(a, b)
+    return routes.gemm(a, b)
 
 
 class _Linear(torch.autograd.Function):
@@ -140,9 +92,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
     """Scaled dot-product attention, (batch, seq, heads, head_dim) in and out."""
-    router = _attention_router
-    if router is not None:
-        out = router(q, k, v, causal)
-        if out is not None:
-            return out
-    return sdpa_bshd(q, k, v, causal, _sdpa_backend)
+    if routes.installed("attention") is None:
+        return sdpa_bshd(q, k, v, causal, _sdpa_backend)
+    return routes.attention(q, k, v, causal, _sdpa_backend)

@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from primus_perf.cache.runtime import Activation, activate
 from primus_perf.errors import ConfigError, DeviceError
+from primus_perf.runtime import Handle, enable
 from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import TrainConfig, TrainerConfig
 from primus_perf.trainer.data import make_batches
@@ -160,10 +160,9 @@ class Trainer:
         )
         self.peak_tflops = self._peak_tflops()
         self.step = 0
-        self.tuning: Activation | None = None  # the tuning cache's routers, when tuning.cache is set
+        self.tuning: Handle | None = None  # primus_perf.enable's handle, when tuning.cache is set
         if cfg.tuning.cache:
-            self.tuning = activate(cfg.tuning.cache)
-            dispatch.install_routers(self.tuning.routers)
+            self.tuning = enable(cfg.tuning.cache, online=cfg.tuning.online, device_type=self.device.type)
 
     # ---- set-up ------------------------------------------------------------------------
 
@@ -259,8 +258,7 @@ class Trainer:
         meet at a barrier first, and the reducer goes while the group is still registered.
         """
         if self.tuning is not None:
-            dispatch.remove_routers()
-            self.tuning.close()
+            self.tuning.disable()
         if self._forward is not self.model:
             if dist.is_initialized():
                 dist.barrier(group=self.groups.dp_group)

@@ -25,14 +25,14 @@ DEFAULT = "torch"
 class Operands:
     """Rotating sets of inputs and outputs for one problem, in the torch layout the trainer uses."""
 
-    def __init__(self, p: GemmProblem, seed: int = 0, device: str = "cuda") -> None:
+    def __init__(self, p: GemmProblem, seed: int = 0, device: str = "cuda", sets: int | None = None) -> None:
         import torch
 
         M, N, K, at, bt = p.row_major_shapes()
         dt = torch_dtype(p.dtype_a)
         g = torch.Generator(device=device).manual_seed(seed)
         per_set = (M * K + K * N + M * N) * torch.empty((), dtype=dt).element_size()
-        self.n = timing.buffer_sets(per_set)
+        self.n = sets or timing.buffer_sets(per_set)
         self.a, self.b, self.d = [], [], []
         for _ in range(self.n):
             a = torch.randn(*((K, M) if at else (M, K)), device=device, dtype=dt, generator=g)
@@ -80,7 +80,9 @@ def python_candidate(name: str, fn: Callable[[Any, Any, Any], object]) -> Candid
 
 class GemmTuner:
     """cuBLASLt/hipBLASLt algorithms against torch's own choice. ``library``: the BLAS-Lt
-    loader (None: torch and ``extra`` candidates only); ``device``: where operands live."""
+    loader (None: torch and ``extra`` candidates only); ``device``: where operands live;
+    ``sets``: input sets per problem (None: enough to exceed L2; online tuning, which only
+    validates here, takes 1)."""
 
     kind = "gemm"
     version = TUNER_VERSION
@@ -94,7 +96,9 @@ class GemmTuner:
         library: Callable[[], BlasLt] | None = load,
         extra: Sequence[Candidate] = (),
         device: str = "cuda",
+        sets: int | None = None,
     ) -> None:
+        self.sets = sets
         self.widen = widen
         self.library = library
         self.extra = list(extra)
@@ -120,7 +124,7 @@ class GemmSession:
             require_gpu()
         self.tuner = tuner
         self.problem = problem
-        self.ops = Operands(problem, device=tuner.device)
+        self.ops = Operands(problem, device=tuner.device, sets=tuner.sets)
         self.n_sets = self.ops.n
         self.tolerance = TOLERANCE[problem.compute if problem.compute == "tf32" else problem.dtype_a]
         self.details: dict[str, Any] = {}

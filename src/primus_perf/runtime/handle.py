@@ -1,0 +1,191 @@
+"""``enable()``: tuned kernels in any PyTorch program, and the handle that turns them off.
+
+::
+
+    import primus_perf
+    with primus_perf.enable(cache="tuning_cache.json") as tuned:
+        train()                      # unmodified PyTorch code
+    print(tuned.summary())           # per kind: calls routed, fell back, entries stale ...
+
+:func:`enable` reads the cache once (``cache.runtime.activate``: entries for this device
+and library versions), installs one router per kind (``routes``) and the dispatcher
+overrides that send the program's GEMMs and SDPA calls to them (``intercept``). With
+``online=True`` the routers of ``tuner.online`` tune every problem the cache does not
+hold inside the real steps and write what they lock to the cache (the tuner is imported
+only then). Every rank of a ``torchrun`` job calls it with the same cache; each reads the
+file and none rewrites it (online tuning adds entries under the cache's lock).
+
+Without editing the program: ``python -m primus_perf.enable --cache PATH -- script.py
+args`` (``primus_perf/enable.py``), or the ``PRIMUS_PERF_CACHE`` environment variable with
+the start-up hook (``primus_perf/env_hook.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from primus_perf.cache.runtime import KINDS as ROUTER_KINDS
+from primus_perf.cache.runtime import NOT_INSTALLED, Activation, RouterKind, activate
+from primus_perf.devices import DeviceIdentity
+from primus_perf.errors import CacheError, UserError
+from primus_perf.runtime import routes
+from primus_perf.runtime.intercept import Interception
+
+ALL_KINDS = ("gemm", "grouped_gemm", "attention")
+_active: Handle | None = None
+
+
+def rank0_stderr(line: str) -> None:
+    """Print ``primus_perf: <line>`` to stderr on rank 0 (``RANK``) only."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"primus_perf: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Handle:
+    """What :func:`enable` installed; a context manager (:meth:`disable` on exit)."""
+
+    kinds: tuple[str, ...]
+    activation: Activation
+    routers: dict[str, Any]
+    interception: Interception | None
+    online: bool = False
+    notes: dict[str, str] = field(default_factory=dict)  # kind -> why it is not routed here
+    active: bool = True
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per kind: ``routed`` and ``fallback`` call counts, ``stale`` (entries for another
+        device or library version) and ``unusable`` (entries with no kernel here) entry
+        counts, ``failed`` problems, ``problems`` (calls per problem key); online tuning
+        adds ``tuning`` calls and ``online`` (per problem: locked choice, calls, overhead).
+        A kind that cannot route here has ``available: False`` and a ``note``."""
+        out: dict[str, dict[str, Any]] = {}
+        act = self.activation
+        for kind in self.kinds:
+            if kind in self.notes:
+                out[kind] = {"available": False, "note": self.notes[kind], "entries": act.loaded.get(kind, 0)}
+                continue
+            router = self.routers.get(kind)
+            s = router.summary() if router is not None else {"routed": {}, "fallback": {}, "failed": []}
+            row = {
+                "available": True,
+                "routed": sum(s["routed"].values()),
+                "fallback": sum(s["fallback"].values()),
+                "entries": act.loaded.get(kind, 0),
+                "stale": act.stale_count.get(kind, 0),
+                "unusable": len(getattr(router, "unusable", ())),
+                "failed": list(s["failed"]),
+                "problems": {"routed": s["routed"], "fallback": s["fallback"]},
+            }
+            for extra in ("tuning", "online"):
+                if extra in s:
+                    row[extra] = s[extra]
+            out[kind] = row
+        return out
+
+    def start_lines(self) -> list[str]:
+        """What was found in the cache, and the kinds not routed here (and why)."""
+        lines = self.activation.start_lines()
+        lines += [f"  {kind}: not routed ({note})" for kind, note in self.notes.items()]
+        if self.online:
+            lines.append("  online tuning: problems without a usable entry are tuned in the first steps")
+        return lines
+
+    def end_lines(self) -> list[str]:
+        """The summary as text, one line per routed kind."""
+        lines = []
+        for kind, row in self.summary().items():
+            if not row["available"]:
+                continue
+            line = (f"tuning cache {kind}: {row['routed']} calls used a cached choice, {row['fallback']} fell"
+                    f" back to torch; entries: {row['entries']}, {row['stale']} stale, {row['unusable']} unusable")
+            if "tuning" in row:
+                line += f"; {sum(row['tuning'].values())} calls spent tuning"
+            if row["failed"]:
+                line += f"; {len(row['failed'])} tuned kernels failed"
+            lines.append(line)
+        return lines
+
+    def disable(self) -> None:
+        """Remove the overrides and routers: every call is torch's again."""
+        global _active
+        if not self.active:
+            return
+        self.active = False
+        if self.interception is not None:
+            self.interception.close()
+        routes.remove()
+        for router in self.routers.values():
+            router.close()
+        if _active is self:
+            _active = None
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.disable()
+
+
+def active() -> Handle | None:
+    """The handle :func:`enable` returned, while it is enabled."""
+    return _active
+
+
+def enable(
+    cache: str | os.PathLike | None,
+    online: bool = False,
+    kinds: Iterable[str] = ALL_KINDS,
+    *,
+    device_type: str | None = None,
+    device: DeviceIdentity | None = None,
+    router_kinds: Mapping[str, RouterKind] | None = None,
+    online_options: Mapping[str, Any] | None = None,
+    log: Callable[[str], None] | None = rank0_stderr,
+) -> Handle:
+    """Route this process's GEMMs and SDPA calls to the cache's choices (module docstring).
+
+    ``cache``: the tuning cache (read once; with ``online``, also written: a missing file
+    is then created); ``kinds``: which of ``gemm``, ``grouped_gemm``, ``attention``;
+    ``device_type``: whose kernels are overridden ("cuda"; "cpu" where there is no GPU);
+    ``router_kinds``: the kind table (``cache.runtime.KINDS``; tests pass fake kernels);
+    ``online_options``: keywords of ``tuner.online.online_routers`` (``policy``, ``clock``,
+    ``adapters``); ``log``: where online tuning's reports go (None: nowhere). Nothing else
+    is printed: ``Handle.start_lines()`` and ``end_lines()`` say what happened."""
+    global _active
+    import torch
+
+    kinds = tuple(kinds)
+    unknown = [k for k in kinds if k not in ALL_KINDS]
+    if unknown:
+        raise UserError(f"enable(kinds=...): unknown kind(s) {unknown} (one of {', '.join(ALL_KINDS)})")
+    if _active is not None:
+        raise UserError("primus_perf.enable is already active in this process; disable() it first")
+    if cache is None:
+        raise UserError("enable() needs a tuning cache path (online tuning writes its choices there)")
+    path = Path(cache)
+    if not online and not path.is_file():
+        raise CacheError(f"tuning cache not found: {path}")
+    table = ROUTER_KINDS if router_kinds is None else router_kinds
+    act = activate(path, device=device, kinds=table, always=[k for k in kinds if k in table])
+    notes = {k: act.unavailable.get(k, NOT_INSTALLED) for k in kinds if k not in act.routers}
+    routers = {k: r for k, r in act.routers.items() if k in kinds}
+    if online:
+        from primus_perf.tuner.online import online_routers  # the tuner only for online tuning
+
+        routers = online_routers(routers, act, path, log=log, **dict(online_options or {}))
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    routes.install(routers)
+    try:
+        interception = Interception(set(routers), device_type) if routers else None
+    except BaseException:
+        routes.remove()
+        raise
+    handle = Handle(kinds, act, routers, interception, online, notes)
+    _active = handle
+    return handle

@@ -1,0 +1,399 @@
+"""Online tuning: the problems a cache does not hold are tuned inside the real steps.
+
+For each new problem (a GEMM, or an attention call) the router takes the offline tuner's
+pool for it (``tuner/gemm``: torch's own choice and the BLAS-Lt heuristic's candidates;
+``tuner/attention``: torch's default SDPA, each SDPA backend and the Triton configs the
+cache holds for this device), validates every candidate once against the fp32 reference
+on a side buffer (the plugin's ``error``; a candidate over the tolerance never runs on the
+program's tensors), then answers the problem's real calls round-robin over the
+candidates, each call between two device events (:class:`CudaClock`). The events are read
+later, when they have completed (``query``, never a synchronize inside a step).
+
+:class:`ProblemTuning` is the state machine of one problem:
+
+1. sampling: each call runs the next live candidate and records a :class:`Sample`;
+2. early drop: once every live candidate has ``drop_after`` samples, those whose median is
+   over ``drop_ratio`` x the best median are dropped (torch's own choice never is);
+3. locking: when every live candidate has ``min_samples`` samples, or after ``max_calls``
+   tuning calls of the problem (the bound), the choice is made by the tuner's one
+   selection policy (``core.select``, with its margin for keeping the default); the
+   problem runs that choice for the rest of the run, and the choice is written to the
+   cache (``TuningCache.put``: under the file lock, merged with what other ranks wrote),
+   so the next run starts tuned and does no tuning.
+
+Every lock reports the problem's tuning cost: GPU time spent on slower candidates (their
+samples minus the chosen one's median), host time in this module, and validation time.
+The state machine runs on the CPU with an injected clock and fake candidates.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.devices import DeviceIdentity
+from primus_perf.errors import CacheError
+from primus_perf.kernels.routing import Router
+from primus_perf.tuner.core import KEEP_DEFAULT_MARGIN, select
+
+_building = threading.local()  # .depth > 0 while a pool is validated: its own GEMMs and SDPA go to torch
+
+
+@dataclass(frozen=True)
+class OnlinePolicy:
+    """How long a problem is tuned. Defaults: 8 candidates at most (the default and the
+    pool's first 7, in the plugin's order: the library heuristic's ranking), dropped after
+    2 samples each when 1.25x slower than the best, locked at 5 samples each or after 64
+    tuning calls (a problem called 4 times per step locks within 16 steps)."""
+
+    min_samples: int = 5
+    drop_after: int = 2
+    drop_ratio: float = 1.25
+    max_calls: int = 64
+    max_candidates: int = 8
+    margin: float = KEEP_DEFAULT_MARGIN
+
+
+class Clock(Protocol):
+    """Marks on the device's timeline; ``elapsed`` is None until both marks completed."""
+
+    def mark(self) -> Any: ...
+
+    def elapsed(self, start: Any, end: Any) -> float | None: ...  # seconds
+
+
+class CudaClock:
+    """CUDA (or HIP) events on torch's current stream, read without waiting."""
+
+    def mark(self) -> Any:
+        import torch
+
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def elapsed(self, start: Any, end: Any) -> float | None:
+        if not end.query():
+            return None
+        return start.elapsed_time(end) / 1e3
+
+
+@dataclass
+class Sample:
+    """One timed call: ``pairs`` of marks (attention adds its backward's pair later);
+    complete when ``expect`` pairs are in and every pair has finished."""
+
+    pairs: list[tuple[Any, Any]] = field(default_factory=list)
+    expect: int = 1
+
+    def seconds(self, clock: Clock) -> float | None:
+        if len(self.pairs) < self.expect:
+            return None
+        total = 0.0
+        for start, end in self.pairs:
+            t = None if end is None else clock.elapsed(start, end)
+            if t is None:
+                return None
+            total += t
+        return total
+
+
+@dataclass
+class Pooled:
+    """A validated candidate: ``run(*call_args)`` answers one call (timing is the adapter's)."""
+
+    name: str
+    solution: dict[str, Any]  # {"config": {"name": ..., ...}, "blob": bytes}, as a cache entry stores it
+    error: float
+    run: Callable[..., Any]
+
+
+class ProblemTuning:
+    """The state machine of one problem (module docstring)."""
+
+    def __init__(self, pool: list[Pooled], policy: OnlinePolicy, clock: Clock) -> None:
+        if not pool:
+            raise ValueError("online tuning needs at least the default candidate")
+        self.pool = {c.name: c for c in pool}
+        self.default = pool[0].name
+        self.policy = policy
+        self.clock = clock
+        self.alive = list(self.pool)
+        self.dropped: list[str] = []
+        self.samples: dict[str, list[float]] = {n: [] for n in self.pool}
+        self.pending: list[tuple[str, Sample]] = []
+        self.calls = 0
+        self.chosen: str | None = None
+        self._turn = 0
+        self._waits = 0  # calls since the bound was reached
+
+    def next(self) -> Pooled | None:
+        """The candidate for the next call, or None once the bound is reached (the call
+        then runs the default, untimed, until the pending samples are in)."""
+        if self.calls >= self.policy.max_calls:
+            self._waits += 1
+            return None
+        name = self.alive[self._turn % len(self.alive)]
+        self._turn += 1
+        self.calls += 1
+        return self.pool[name]
+
+    def add(self, name: str, sample: Sample) -> None:
+        self.pending.append((name, sample))
+
+    def poll(self) -> None:
+        """Read the samples whose events have completed; drop clearly slower candidates."""
+        still = []
+        for name, sample in self.pending:
+            t = sample.seconds(self.clock)
+            if t is None:
+                still.append((name, sample))
+            elif name in self.alive:
+                self.samples[name].append(t)
+        self.pending = still
+        self._drop_slow()
+
+    def _medians(self, names: list[str]) -> dict[str, float]:
+        return {n: statistics.median(self.samples[n]) for n in names if self.samples[n]}
+
+    def _drop_slow(self) -> None:
+        p = self.policy
+        if len(self.alive) < 2 or any(len(self.samples[n]) < p.drop_after for n in self.alive):
+            return
+        med = self._medians(self.alive)
+        best = min(med.values())
+        slow = [n for n in self.alive if n != self.default and med[n] > p.drop_ratio * best]
+        for n in slow:
+            self.alive.remove(n)
+            self.dropped.append(n)
+
+    def ready(self) -> bool:
+        if all(len(self.samples[n]) >= self.policy.min_samples for n in self.alive):
+            return True
+        # at the bound: once the samples in flight are in (or never come: a forward whose
+        # backward does not run)
+        return self.calls >= self.policy.max_calls and (not self.pending or self._waits >= self.policy.max_calls)
+
+    def lock(self) -> str:
+        """The choice: ``core.select`` over the live candidates' medians."""
+        med = self._medians(self.alive)
+        if self.default not in med:  # no sample of the default completed: keep it
+            self.chosen = self.default
+        else:
+            self.chosen = select(med, self.default, self.policy.margin)
+        return self.chosen
+
+    def times(self) -> dict[str, float]:
+        """Medians (seconds) of every candidate with samples."""
+        return self._medians(list(self.pool))
+
+    def gpu_overhead_s(self) -> float:
+        """Device time the tuning calls took beyond the chosen candidate's median."""
+        assert self.chosen is not None
+        best = statistics.median(self.samples[self.chosen]) if self.samples[self.chosen] else 0.0
+        return sum(t - best for ts in self.samples.values() for t in ts if t > best)
+
+
+class KindAdapter(Protocol):
+    """What online tuning needs of one kind."""
+
+    kind: str
+    tuner_version: str
+
+    def key(self, *args: Any) -> tuple[str, Any] | None: ...  # (problem key, problem) of a call
+
+    def pool(self, problem: Any, *args: Any) -> list[Pooled]: ...  # validated, the default first
+
+    def run(self, cand: Pooled, *args: Any) -> Any: ...  # answer a call with a candidate
+
+    def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]: ...
+
+
+@dataclass
+class _Report:
+    validation_s: float = 0.0
+    host_s: float = 0.0
+
+
+class OnlineRouter(Router):
+    """A router that tunes what ``offline`` (the cache's router of this kind) does not
+    hold; ``summary()`` adds ``tuning`` (tuning calls per problem) and ``online``."""
+
+    def __init__(
+        self,
+        adapter: KindAdapter,
+        offline: Any,
+        cache: str | Path,
+        device: DeviceIdentity,
+        versions: dict[str, str],
+        *,
+        policy: OnlinePolicy | None = None,
+        clock: Clock | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.adapter = adapter
+        self.offline = offline
+        self.offline_keys = set(getattr(offline, "entries", None) or getattr(offline, "choices", None) or ())
+        self.cache = TuningCache(cache)
+        self.device = device
+        self.versions = versions
+        self.policy = policy or OnlinePolicy()
+        self.clock = clock or CudaClock()
+        self.log = log or (lambda _line: None)
+        self.tuning: dict[str, ProblemTuning] = {}
+        self.locked: dict[str, Pooled] = {}
+        self.reports: dict[str, _Report] = {}
+        self.tuning_calls: dict[str, int] = {}
+        self.online: dict[str, dict[str, Any]] = {}
+        self.unusable = getattr(offline, "unusable", set())
+
+    def __call__(self, *args: Any) -> Any:
+        if getattr(_building, "depth", 0):  # the validation's own calls (its fp32 reference ...)
+            return None
+        found = self.adapter.key(*args)
+        if found is None:
+            self._fall_back("unsupported")
+            return None
+        key, problem = found
+        if key in self.offline_keys:
+            return self.offline(*args)
+        cand = self.locked.get(key)
+        if cand is not None:
+            return self._run(key, lambda: self.adapter.run(cand, *args))
+        if key in self.failed:
+            self._fall_back(key)
+            return None
+        t0 = time.perf_counter()
+        state = self.tuning.get(key)
+        if state is None:
+            state = self._start(key, problem, args)
+            if state is None:
+                self._fall_back(key)
+                return None
+        report = self.reports[key]
+        state.poll()
+        if state.ready():
+            report.host_s += time.perf_counter() - t0
+            self._lock(key, problem, state)
+            cand = self.locked[key]
+            return self._run(key, lambda: self.adapter.run(cand, *args))
+        cand = state.next()
+        report.host_s += time.perf_counter() - t0
+        if cand is None:  # bound reached, samples still in flight: torch's default
+            self._fall_back(key)
+            return None
+        out, sample = self.adapter.timed(cand, self.clock, *args)
+        state.add(cand.name, sample)
+        self.tuning_calls[key] = self.tuning_calls.get(key, 0) + 1
+        return out
+
+    def _start(self, key: str, problem: Any, args: tuple) -> ProblemTuning | None:
+        t0 = time.perf_counter()
+        _building.depth = getattr(_building, "depth", 0) + 1
+        try:
+            pool = self.adapter.pool(problem, *args)
+        except Exception as exc:  # the default itself cannot be validated, no library, ...
+            self.failed.add(key)
+            self.log(f"online {self.adapter.kind} {problem}: not tuned ({type(exc).__name__}: {exc}); using torch")
+            return None
+        finally:
+            _building.depth -= 1
+        self.reports[key] = _Report(validation_s=time.perf_counter() - t0)
+        state = self.tuning[key] = ProblemTuning(pool[: self.policy.max_candidates], self.policy, self.clock)
+        return state
+
+    def _lock(self, key: str, problem: Any, state: ProblemTuning) -> None:
+        chosen = state.lock()
+        cand = state.pool[chosen]
+        self.locked[key] = cand
+        del self.tuning[key]
+        _close_runs(c for name, c in state.pool.items() if name != chosen)
+        times = state.times()
+        report = self.reports.pop(key)
+        tuned, default = times.get(chosen), times.get(state.default)
+        speedup = default / tuned if tuned and default else None
+        info = {
+            "chosen": chosen, "calls": state.calls, "candidates": len(state.pool),
+            "dropped": list(state.dropped), "speedup": speedup,
+            "gpu_overhead_ms": state.gpu_overhead_s() * 1e3, "host_ms": report.host_s * 1e3,
+            "validation_ms": report.validation_s * 1e3,
+        }
+        self.online[key] = info
+        entry = CacheEntry(
+            kind=self.adapter.kind, problem_key=key, problem=problem.to_dict(), device=self.device.to_dict(),
+            versions=dict(self.versions), solution=cand.solution,
+            times={"tuned_ms": (tuned or 0.0) * 1e3, "default_ms": (default or 0.0) * 1e3},
+            error=cand.error, tuner_version=self.adapter.tuner_version,
+        )
+        try:
+            self.cache.put(entry)
+            written = f"written to {self.cache.path}"
+        except CacheError as exc:
+            written = f"not written ({exc})"
+        ratio = f"{speedup:.3f}x torch" if speedup else "no complete sample"
+        self.log(
+            f"online {self.adapter.kind} {problem}: locked {chosen} ({ratio}) after {state.calls} calls,"
+            f" {len(state.pool)} candidates ({len(state.dropped)} dropped early); tuning cost"
+            f" {info['gpu_overhead_ms']:.2f} ms GPU, {info['host_ms']:.2f} ms host,"
+            f" {info['validation_ms']:.1f} ms validation; {written}"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        own = super().summary()
+        if self.offline is not None:
+            off = self.offline.summary()
+            for part in ("routed", "fallback"):
+                own[part] = {**off[part], **own[part]}
+            own["failed"] = sorted(set(own["failed"]) | set(off["failed"]))
+        own["tuning"] = dict(self.tuning_calls)
+        own["online"] = {k: dict(v) for k, v in self.online.items()}
+        return own
+
+    def close(self) -> None:
+        if self.offline is not None:
+            self.offline.close()
+        _close_runs(self.locked.values())
+        _close_runs(c for state in self.tuning.values() for c in state.pool.values())
+        self.locked.clear()
+        self.tuning.clear()
+
+
+def _close_runs(cands: Any) -> None:
+    """Release the kernels of candidates (library plans) that will not run again."""
+    for c in cands:
+        close = getattr(c.run, "close", None)
+        if close is not None:
+            close()
+
+
+def online_routers(
+    routers: Mapping[str, Any],
+    activation: Any,
+    cache: str | Path,
+    *,
+    adapters: Mapping[str, KindAdapter] | None = None,
+    policy: OnlinePolicy | None = None,
+    clock: Clock | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The cache's routers (``cache.runtime.Activation``), each of a kind online tuning
+    knows wrapped in an :class:`OnlineRouter`; ``adapters``: kind -> adapter (default:
+    :func:`default_adapters`)."""
+    if adapters is None:
+        from primus_perf.tuner.online_kinds import default_adapters
+
+        adapters = default_adapters(routers)
+    out = dict(routers)
+    for kind, router in routers.items():
+        adapter = adapters.get(kind)
+        if adapter is not None:
+            out[kind] = OnlineRouter(adapter, router, cache, activation.device, activation.versions.get(kind, {}),
+                                     policy=policy, clock=clock, log=log)
+    return out

@@ -1,0 +1,187 @@
+"""The kinds online tuning knows (``online.KindAdapter``): GEMM, with the GEMM plugin's pool
+and the kernels' table, and attention, with the attention plugin's SDPA backends and the
+Triton configs the cache holds."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from primus_perf.kernels import gemm
+from primus_perf.kernels.attention.backends import TRITON
+from primus_perf.kernels.attention.router import problem_of as attention_problem_of
+from primus_perf.tuner.attention.plugin import TUNER_VERSION as ATTENTION_VERSION
+from primus_perf.tuner.attention.plugin import AttentionTuner, triton_candidate
+from primus_perf.tuner.core import Candidate
+from primus_perf.tuner.gemm.plugin import TUNER_VERSION as GEMM_VERSION
+from primus_perf.tuner.gemm.plugin import GemmTuner
+from primus_perf.tuner.online import Clock, Pooled, Sample
+
+ONLINE_SUFFIX = "+online"
+
+
+def validated(session: Any, limit: int) -> list[tuple[Candidate, float]]:
+    """The session's candidates that pass its reference check, the default first, at most
+    ``limit``; RuntimeError when the default fails (nothing to tune against)."""
+    pool = session.candidates()
+    out: list[tuple[Candidate, float]] = []
+    for i, c in enumerate(pool):
+        if len(out) >= limit:
+            break
+        try:
+            err = session.error(c)
+        except Exception:  # the candidate cannot run this problem
+            err = float("nan")
+        if err <= session.tolerance:
+            out.append((c, err))
+        elif i == 0:
+            raise RuntimeError(f"the default ({c.name}) fails the reference check")
+    return out
+
+
+def _solution(c: Candidate) -> dict[str, Any]:
+    return {"config": {"name": c.name, **c.config}, "blob": c.blob}
+
+
+class GemmOnline:
+    """GEMM calls ``(a, b, bias)``: the problem with ``kernels.gemm.problem_of``; the pool of
+    the GEMM plugin (one input set, for validation); kernels from the router's table."""
+
+    kind = "gemm"
+    tuner_version = GEMM_VERSION + ONLINE_SUFFIX
+
+    def __init__(self, kernels: Mapping[str, gemm.KernelFactory] | None = None, limit: int = 8) -> None:
+        self.kernels = gemm.KERNELS if kernels is None else kernels
+        self.limit = limit
+        self._memo: dict[tuple, tuple[str, Any] | None] = {}
+
+    def key(self, a: Any, b: Any, bias: Any = None) -> tuple[str, Any] | None:
+        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, bias is not None)
+        if sig not in self._memo:
+            try:
+                p = gemm.problem_of(a, b)
+            except ValueError:
+                self._memo[sig] = None
+            else:
+                p = dataclasses.replace(p, epilogue="bias") if bias is not None else p
+                self._memo[sig] = (p.key(), p)
+        return self._memo[sig]
+
+    def pool(self, problem: Any, a: Any, b: Any, bias: Any = None) -> list[Pooled]:
+        plain = dataclasses.replace(problem, epilogue="none")
+        session = GemmTuner(device=a.device.type, sets=1).open(plain, None, lambda _label: None)
+        try:
+            found = validated(session, self.limit)
+        finally:
+            session.close()
+        out = []
+        for c, err in found:
+            sol = _solution(c)
+            source = gemm.solution_source(sol)
+            factory = gemm.torch_kernel if source == gemm.TORCH_SOURCE else self.kernels.get(source)
+            kernel = factory(plain, sol, a.device) if factory is not None else None
+            if kernel is not None:
+                out.append(Pooled(c.name, sol, err, kernel))
+        return out
+
+    def run(self, cand: Pooled, a: Any, b: Any, bias: Any = None) -> Any:
+        if bias is not None and cand.solution["config"].get("source") == gemm.TORCH_SOURCE:
+            return gemm.torch_mm(a, b, bias)  # torch's own addmm, as the program would run it
+        out = cand.run(a, b)
+        return out if bias is None else out.add_(bias)
+
+    def timed(self, cand: Pooled, clock: Clock, a: Any, b: Any, bias: Any = None) -> tuple[Any, Sample]:
+        start = clock.mark()
+        out = self.run(cand, a, b, bias)
+        return out, Sample([(start, clock.mark())])
+
+
+class _BackwardEnd(torch.autograd.Function):
+    """Identity on q, k, v; its backward (after the attention's) marks the end."""
+
+    @staticmethod
+    def forward(ctx, sample, clock, q, k, v):  # type: ignore[override]
+        ctx.sample, ctx.clock = sample, clock
+        return q.view_as(q), k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):  # type: ignore[override]
+        ctx.sample.pairs[-1] = (ctx.sample.pairs[-1][0], ctx.clock.mark())
+        return None, None, dq, dk, dv
+
+
+class _BackwardStart(torch.autograd.Function):
+    """Identity on the output; its backward (before the attention's) marks the start."""
+
+    @staticmethod
+    def forward(ctx, sample, clock, out):  # type: ignore[override]
+        ctx.sample, ctx.clock = sample, clock
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        ctx.sample.pairs.append((ctx.clock.mark(), None))
+        return None, None, dout
+
+
+class AttentionOnline:
+    """Attention calls ``(q, k, v, causal)`` in (batch, seq, heads, dim) layout: the pool of
+    the attention plugin without a search (torch's default, each raced SDPA backend) plus
+    the cache's Triton configs; forward and backward are timed (the backward between two
+    identity nodes around the call)."""
+
+    kind = "attention"
+    tuner_version = ATTENTION_VERSION + ONLINE_SUFFIX
+
+    def __init__(self, triton_configs: list[Any] = (), limit: int = 8) -> None:
+        self.triton_configs = list(triton_configs)
+        self.limit = limit
+
+    def key(self, q: Any, k: Any, v: Any, causal: bool) -> tuple[str, Any] | None:
+        try:
+            p = attention_problem_of(q, k, v, causal)
+        except ValueError:
+            return None
+        return p.key(), p
+
+    def pool(self, problem: Any, q: Any, k: Any, v: Any, causal: bool) -> list[Pooled]:
+        extra = [triton_candidate(cfg, f"triton{i}") for i, cfg in enumerate(self.triton_configs)]
+        tuner = AttentionTuner(strategy=None, extra=extra, device=q.device.type)
+        session = tuner.open(problem, None, lambda _label: None)
+        try:
+            found = validated(session, self.limit)
+        finally:
+            session.close()
+        return [Pooled(c.name, {"config": c.config, "blob": b""}, err, c.run) for c, err in found]
+
+    def run(self, cand: Pooled, q: Any, k: Any, v: Any, causal: bool) -> Any:
+        return cand.run(q, k, v, causal)
+
+    def timed(self, cand: Pooled, clock: Clock, q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, Sample]:
+        sample = Sample()
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if grad:
+            q, k, v = _BackwardEnd.apply(sample, clock, q, k, v)
+            sample.expect = 2
+        start = clock.mark()
+        out = cand.run(q, k, v, causal)
+        sample.pairs.append((start, clock.mark()))
+        if grad:
+            out = _BackwardStart.apply(sample, clock, out)
+        return out, sample
+
+
+def default_adapters(routers: Mapping[str, Any]) -> dict[str, Any]:
+    """The adapters for the kinds installed: the GEMM one uses the GEMM router's kernel
+    table; the attention one the Triton configs of the attention router's choices."""
+    out: dict[str, Any] = {}
+    if "gemm" in routers:
+        out["gemm"] = GemmOnline(getattr(routers["gemm"], "kernels", None))
+    if "attention" in routers:
+        choices = getattr(routers["attention"], "choices", {}) or {}
+        configs = list(dict.fromkeys(c.config for c in choices.values() if c.backend == TRITON))
+        out["attention"] = AttentionOnline(configs)
+    return out

@@ -1,0 +1,94 @@
+"""GPU tests of primus_perf.enable: an offline-tuned cuBLASLt/hipBLASLt entry routes an
+unmodified nn.Linear's forward, input-gradient and weight-gradient GEMMs (results within
+the tuner's tolerance); online tuning locks every problem and the restart does no tuning."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _linear_problems(lin, x, g):
+    from primus_perf.kernels.gemm import problem_of
+
+    return [problem_of(x, lin.weight.t()), problem_of(g, lin.weight), problem_of(g.t(), x)]
+
+
+def test_offline_cache_routes_linear_fwd_dgrad_wgrad(tmp_path) -> None:
+    import torch
+
+    import primus_perf
+    from primus_perf.cache.store import TuningCache
+    from primus_perf.tuner.core import tune
+    from primus_perf.tuner.gemm.plugin import TOLERANCE, GemmTuner
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(1024, 3072, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(2048, 3072, device="cuda", dtype=torch.bfloat16)
+    cache = tmp_path / "cache.json"
+    problems = _linear_problems(lin, x.detach(), g)
+    tune(problems, cache=cache, tuners=[GemmTuner()], budget_s=1.0)
+    with primus_perf.enable(cache, kinds=("gemm",), log=None) as tuned:
+        y = lin(x)
+        y.backward(g)
+        torch.cuda.synchronize()
+        s = tuned.summary()["gemm"]
+    assert s["routed"] == 3 and s["fallback"] == 0 and not s["failed"]
+    ref = x.float() @ lin.weight.float().t()
+    assert ((y.float() - ref).norm() / ref.norm()).item() <= TOLERANCE["bf16"]
+    assert len(TuningCache(cache).entries("gemm")) == 3
+
+
+def test_online_tuning_locks_and_restart_does_no_tuning(tmp_path) -> None:
+    import torch
+
+    import primus_perf
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(1024, 4096, bias=False, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cache = tmp_path / "online.json"
+    lines: list[str] = []
+    with primus_perf.enable(cache, online=True, kinds=("gemm",), log=lines.append) as tuned:
+        for _ in range(60):
+            lin(x).square().mean().backward()
+        torch.cuda.synchronize()
+        s = tuned.summary()["gemm"]
+    assert len(s["online"]) == 3 and all(calls <= 64 for calls in s["tuning"].values())
+    assert len(lines) == 3 and all("locked" in line for line in lines)
+    with primus_perf.enable(cache, online=True, kinds=("gemm",), log=None) as again:
+        lin(x).square().mean().backward()
+        s2 = again.summary()["gemm"]
+    assert s2["tuning"] == {} and s2["routed"] == 3
+
+
+def test_cached_triton_attention_is_routed_from_plain_sdpa(tmp_path) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    import primus_perf
+    from primus_perf.cache.store import CacheEntry, TuningCache
+    from primus_perf.devices import current_device
+    from primus_perf.kernels.attention.configs import AttnConfig
+    from primus_perf.kernels.attention.router import AttentionChoice, library_versions
+    from primus_perf.problems import AttentionProblem
+
+    p = AttentionProblem(2, 8, 2, 512, 512, 64, "bf16", True, "bshd")
+    entry = CacheEntry(kind="attention", problem_key=p.key(), problem=p.to_dict(),
+                       device=current_device().to_dict(), versions=library_versions(),
+                       solution={"config": AttentionChoice("triton", AttnConfig()).to_solution(), "blob": b""})
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(entry)
+    q = torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 2, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 2, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    with primus_perf.enable(cache, kinds=("attention",), log=None) as tuned:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out.sum().backward()
+        s = tuned.summary()["attention"]
+    assert s["routed"] == 1 and s["fallback"] == 0
+    assert (out.float() - ref.float()).abs().max().item() < 2e-2
+    assert q.grad is not None and k.grad.shape == k.shape
