@@ -15,9 +15,9 @@ pytest.importorskip("triton")
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import DeviceIdentity, current_device
 from primus_perf.kernels.attention.router import AttentionRouter, library_versions
+from primus_perf.problems import GemmProblem
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import attention_problem
-from primus_perf.problems import GemmProblem
 
 
 def attention_entry(device: DeviceIdentity, versions: dict[str, str]) -> CacheEntry:

@@ -137,7 +137,7 @@ def test_gate_cli_exit_codes(tmp_path: Path) -> None:
     assert r.returncode == 2 and "nope" in r.stderr
 
     r = _run_cli("--baseline", str(base), "--candidate", str(slow), "--metric", "step_time",
-                 "--metric", "gpu_time.gemm", "--json")
+                 "--metric", "gpu_time.gemm", "--json", "-")
     assert r.returncode == 1
     out = json.loads(r.stdout)
     assert [v["metric"] for v in out["verdicts"]] == ["step_time", "gpu_time.gemm"]

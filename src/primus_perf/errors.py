@@ -41,3 +41,9 @@ class Interrupted(Exception):
     def __init__(self, kept: str) -> None:
         super().__init__(kept)
         self.kept = kept
+
+
+class DivergedError(UserError):
+    """Training reached a non-finite loss (exit code 3: the run stopped, the input was valid)."""
+
+    exit_code = 3

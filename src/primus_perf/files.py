@@ -127,8 +127,9 @@ def write_output(path: str | os.PathLike, text: str) -> None:
 class LineLog:
     """A file written a line at a time (JSON lines) that appears under its final name only
     when closed: lines go to a temporary name next to it (flushed and fsynced per line), and
-    :meth:`close` renames it over ``path``; an old file at ``path`` is untouched until then.
-    Close it in a ``finally`` (the CLIs turn SIGTERM into an exception so that it runs)."""
+    :meth:`close` renames it over ``path`` (when at least one line was written: an old file
+    at ``path`` is never replaced by an empty one, and is untouched until then). Close it in
+    a ``finally`` (the CLIs turn SIGTERM into an exception so that it runs)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -141,6 +142,7 @@ class LineLog:
             raise write_error(self.path, exc) from None
         self.partial = Path(tmp)
         self._file = os.fdopen(fd, "w", encoding="utf-8")
+        self.lines = 0
 
     def write(self, line: str) -> None:
         try:
@@ -149,13 +151,18 @@ class LineLog:
             os.fsync(self._file.fileno())
         except OSError as exc:
             raise write_error(self.path, exc) from None
+        self.lines += 1
 
     def close(self) -> None:
-        """Rename the lines written so far to the final name (idempotent)."""
+        """Rename the lines written so far to the final name (idempotent); with no line
+        written, remove the temporary file and leave ``path`` as it was."""
         if self._file.closed:
             return
         try:
             self._file.close()
+            if not self.lines:
+                self.partial.unlink()
+                return
             os.chmod(self.partial, 0o666 & ~_UMASK)
             os.replace(self.partial, self.path)
         except OSError as exc:

@@ -10,8 +10,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from primus_perf.cli.common import console, err_console
-from primus_perf.files import write_text
+from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
+from primus_perf.files import write_output
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.shapes import write_problems
 
@@ -29,6 +29,7 @@ def _pct(v: Any) -> str:
 
 
 def _run(traces: list[Path]) -> Analysis:
+    check_trace_args(traces)
     with err_console.status("analyzing") as status:
         return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg))
 
@@ -96,22 +97,18 @@ def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_cmd(
         traces: list[Path] = typer.Argument(..., help="Trace files (.json/.json.gz, one per rank) or run directories."),
-        json_out: bool = typer.Option(False, "--json", help="Print the analysis summary as JSON."),
-        output: Path | None = typer.Option(None, "-o", "--output", help="Also write the JSON summary here."),
-        top: int = typer.Option(20, "--top", help="Rows of the hotspot and problem tables."),
+        json_out: str | None = typer.Option(None, "--json", help=JSON_HELP + " The tables are not printed with -."),
+        top: int = typer.Option(20, "--top", min=TOP_MIN, help="Rows of the hotspot and problem tables."),
     ) -> None:
         """Breakdown, hotspots and GEMM/attention problems of one or more traces."""
         a = _run(traces)
-        if output is not None or json_out:
-            text = json.dumps(a.to_json(top=max(top, 50)), indent=1)
-            if output is not None:
-                write_text(output, text)
-            if json_out:
-                print(text)
+        if json_out is not None:
+            write_output(json_out, json.dumps(a.to_json(top=max(top, 50)), indent=1))
+            if json_out == "-":
                 return
         render(a, top)
-        if output is not None:
-            console.print(f"wrote {output}")
+        if json_out is not None:
+            console.print(f"wrote {json_out}")
 
     @app.command("shapes")
     def shapes_cmd(
