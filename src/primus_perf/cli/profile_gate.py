@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         profile_steps: int = typer.Option(
             DEFAULT_PROFILE_STEPS, "--profile-steps", min=0,
             help="Profiled steps for per-category GPU times (0: none); the default catches a 5% change"
-            " at 2% noise in 95% of cases."),
+            " at 2% noise in 99% of cases."),
         output: Path = typer.Option(Path("samples.json"), "-o", "--output", help="Samples file to write."),
     ) -> None:
         """Measure the trainer repeatedly for the regression gate."""

@@ -54,7 +54,7 @@ DEFAULT_ALPHA = 0.01
 DEFAULT_MAX_REGRESSION = 0.03
 NOISY_CV = 0.05  # a side noisier than this gets a note
 # The profiled window of ``bench``: the fewest steps whose gpu_time metrics catch a true 5%
-# change in >= 95% of trials at 2% noise (gate.simulation.smallest_window; held by a test).
+# change in >= 99% of trials at 2% noise (gate.simulation.smallest_window; held by a test).
 DEFAULT_PROFILE_STEPS = 20
 
 # Metrics where a larger value is better; every other metric (times) is lower-is-better.
