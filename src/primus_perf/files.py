@@ -104,6 +104,22 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", *, fsync: bool = False
         raise
 
 
+def check_writable(path: str | os.PathLike) -> Path:
+    """Before long work whose result goes to ``path``: can a file be written there? (Its
+    folder is made; a probe file is created and removed.) The one-line UserError of a write."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(p))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p.parent, prefix=temp_prefix(p), suffix=TEMP_SUFFIX)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise write_error(p, exc) from None
+    return p
+
+
 def write_text(path: str | os.PathLike, text: str, *, fsync: bool = False) -> Path:
     with atomic_open(path, fsync=fsync) as f:
         f.write(text)

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from primus_perf.cli.common import JSON_HELP, console, err_console
 from primus_perf.errors import Interrupted
-from primus_perf.files import write_output
+from primus_perf.files import check_writable, write_output
 from primus_perf.gate.gate import DEFAULT_ALPHA, DEFAULT_PROFILE_STEPS, gate, parse_fraction
 
 
@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
             write_samples,
         )
 
+        check_writable(output)  # before minutes of measuring
         done = [0, repeat + warmup + profile_steps]
         with Progress(console=err_console, transient=True) as bar:
             task = bar.add_task("bench", total=None)
