@@ -451,3 +451,149 @@ def test_bad_input(case: Case, paths: dict[str, str], tmp_path: Path) -> None:
     assert time.monotonic() - t0 < CASE_TIMEOUT_S
     if paths["rofile"]:
         assert Path(paths["rofile"]).read_bytes() == OLD  # the old file, byte for byte
+
+
+# --------------------------------------------------------------------------- a full disk
+
+FULL_DISK_WRITERS = {
+    "analyze --json": ("profile", "analyze", "{trace}", "--json", "{T}"),
+    "report -o": ("profile", "report", "{trace}", "-o", "{T}"),
+    "report --json": ("profile", "report", "{trace}", "-o", "{other}", "--json", "{T}"),
+    "compare -o": ("profile", "compare", "{trace}", "{trace}", "-o", "{T}"),
+    "shapes -o": ("profile", "shapes", "{trace}", "-o", "{T}"),
+    "cache merge": ("tune", "cache", "merge", "{T}", "{cache}"),
+    "cache export": ("tune", "cache", "export", "{cache}", "--format", "tunableop", "--out", "{T}"),
+    "train --json-log": ("train", "--steps", "2", "model.n_layers=1", "--json-log", "{T}"),
+    "run --out": ("profile", "run", "--steps", "1", "--wait", "0", "--baseline", "1", "--after", "0",
+                  "model.n_layers=1", "--out", "{D}"),
+}
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
+    """A folder on a full file system holding ``old.json`` (a valid cache): a 256 KiB tmpfs
+    filled up (root), else every atomic write goes to /dev/full (ENOSPC on the first flush)."""
+    old = TuningCache(tmp_path / "seed.json")
+    old.put(_entry(0))
+    content = old.path.read_bytes()
+    disk = tmp_path / "disk"
+    with _mounted_tmpfs(disk, "256k") as ok:
+        if ok:
+            (disk / "old.json").write_bytes(content)
+            (disk / "run").mkdir()
+            with contextlib.suppress(OSError), open(disk / "filler", "wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+        else:
+            import primus_perf.files as files
+
+            disk.mkdir()
+            (disk / "old.json").write_bytes(content)
+            real_mkstemp = files.tempfile.mkstemp
+
+            def full_mkstemp(*args, **kwargs):
+                fd, name = real_mkstemp(*args, **kwargs)
+                os.close(fd)
+                return os.open("/dev/full", os.O_WRONLY), name
+
+            monkeypatch.setattr(files.tempfile, "mkstemp", full_mkstemp)
+        yield disk, content
+
+
+@pytest.mark.parametrize("name", list(FULL_DISK_WRITERS))
+def test_a_full_disk_is_one_line_and_the_old_file_survives_byte_for_byte(
+        name: str, full_disk: tuple[Path, bytes], paths: dict[str, str], tmp_path: Path) -> None:
+    disk, content = full_disk
+    values = {**paths, "T": str(disk / "old.json"), "D": str(disk / "run"), "other": str(tmp_path / "r.html")}
+    argv = [re.sub(r"\{([\w-]+)\}", lambda m: values[m.group(1)], a) for a in FULL_DISK_WRITERS[name]]
+    code, out, err, error = run_cli(argv)
+    assert error is None and "Traceback" not in err, err[-3000:]
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and lines[-1].startswith("error:"), (code, out[-1000:], err[-2000:])
+    assert "No space left on device" in lines[-1], lines[-1]
+    assert (disk / "old.json").read_bytes() == content
+    assert not [p for p in disk.iterdir() if p.name.endswith(".tmp")]  # no temporary left behind
+
+
+# --------------------------------------------------------------------------- signals
+
+
+def _spawn(module: str, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def _wait_for_lines(proc: subprocess.Popen[str], pattern: str, count: int, timeout: float = 120) -> list[str]:
+    assert proc.stdout is not None
+    seen: list[str] = []
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if re.search(pattern, line):
+            seen.append(line)
+            if len(seen) >= count:
+                return seen
+    proc.kill()
+    raise AssertionError(f"{pattern!r} seen {len(seen)} times; stderr: {proc.stderr.read()[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen[str], sig: int) -> tuple[int, str]:
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the command did not stop within 60 s of the signal") from None
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_train_interrupted_keeps_the_json_log_under_its_final_name(tmp_path: Path, sig: int) -> None:
+    log = tmp_path / "log.jsonl"
+    proc = _spawn("primus_perf.cli.train", "--steps", "100000", "model.n_layers=1", "--json-log", str(log))
+    _wait_for_lines(proc, r"^step\s+\d+/", 2)
+    code, err = _stop(proc, sig)
+    assert code == 130 and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert re.match(rf"interrupted: after \d+ of 100000 steps; the JSON log {re.escape(str(log))} holds \d+ step", last), last
+    steps = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(steps) >= 2 and steps[0]["step"] == 1
+    assert os.listdir(tmp_path) == ["log.jsonl"]
+
+
+def test_profile_run_interrupted_keeps_the_recorded_steps(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _spawn("primus_perf.cli.profile", "run", "--steps", "100000", "--wait", "0", "--warmup", "1",
+                  "--baseline", "1", "--after", "0", "model.n_layers=1", "--out", str(out))
+    _wait_for_lines(proc, r"active", 2)
+    code, err = _stop(proc, signal.SIGINT)
+    assert code == 130 and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert re.match(r"interrupted: after \d+ steps; wrote .*rank0\.pt\.trace\.json\.gz with \d+ recorded", last), last
+    code, stdout, err, error = run_cli(["profile", "analyze", str(out), "--top", "3"])
+    assert code == 0 and error is None, err
+
+
+def test_profile_run_interrupted_before_recording_says_nothing_was_written(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _spawn("primus_perf.cli.profile", "run", "--steps", "1", "--baseline", "100000",
+                  "model.n_layers=1", "--out", str(out))
+    _wait_for_lines(proc, r"baseline", 1)
+    code, err = _stop(proc, signal.SIGINT)
+    assert code == 130 and "Traceback" not in err, err[-3000:]
+    assert re.search(r"interrupted: .*nothing was written", err.strip().splitlines()[-1]), err[-1000:]
+    assert not list(out.glob("*"))
+
+
+def test_bench_interrupted_exits_130_and_writes_nothing(tmp_path: Path) -> None:
+    samples = tmp_path / "s.json"
+    proc = _spawn("primus_perf.cli.profile", "bench", "--config", "tiny", "--repeat", "100000", "-o", str(samples))
+    time.sleep(8)  # past start-up: measuring
+    code, err = _stop(proc, signal.SIGINT)
+    assert code == 130 and "Traceback" not in err, err[-3000:]
+    assert not samples.exists()
