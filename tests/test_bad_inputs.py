@@ -597,3 +597,39 @@ def test_bench_interrupted_exits_130_and_writes_nothing(tmp_path: Path) -> None:
     code, err = _stop(proc, signal.SIGINT)
     assert code == 130 and "Traceback" not in err, err[-3000:]
     assert not samples.exists()
+
+
+# --------------------------------------------------------------------------- training guards
+
+
+def test_a_non_finite_loss_stops_with_the_step_and_the_last_finite_loss(tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    code, out, err, error = run_cli(["train", "--steps", "30", "train.lr=1e30", "train.min_lr=0", "train.warmup=0",
+                                     "train.grad_clip=0", "model.n_layers=1", "--json-log", str(log)])
+    assert error is None and code == 3, (code, err[-2000:])
+    last = err.strip().splitlines()[-1]
+    assert re.match(r"error: loss became (nan|inf) at step (\d+) \(last finite loss [\d.]+ at step \d+\)", last), last
+    assert len(log.read_text().splitlines()) >= 1  # the finished steps are kept
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the CPU path of a tuning cache")
+@pytest.mark.parametrize("hide_triton", [False, True], ids=["with-triton", "without-triton"])
+def test_a_tuning_cache_on_a_cpu_trains_with_defaults(tmp_path: Path, hide_triton: bool) -> None:
+    from primus_perf.devices import current_device
+
+    cache = tmp_path / "cache.json"
+    gemm = _entry(1)
+    gemm.device = current_device().to_dict()
+    attention = CacheEntry("attention", "attn", {"batch": 1, "heads_q": 4, "heads_kv": 2, "seq_q": 64, "seq_kv": 64,
+                                                 "head_dim": 32}, _entry(2).device, {"torch": "2"},
+                           {"config": {"backend": "triton"}, "blob": b""})
+    TuningCache(cache).put_many([gemm, attention])
+    code = ("import sys\n" + ("sys.modules['triton'] = None\n" if hide_triton else "") +
+            "from primus_perf.cli.train import main\nsys.argv = ['primus-train', '--steps', '1', "
+            f"'model.n_layers=1', 'tuning.cache={cache}']\nmain()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert re.search(r"gemm: 1 entries, not usable here", r.stdout), r.stdout
+    assert re.search(r"attention: 0 of 1 entries usable", r.stdout), r.stdout
+    assert re.search(r"step\s+1/1", r.stdout)
