@@ -22,7 +22,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from primus_perf.cache.store import SCHEMA_VERSION, CacheEntry, TuningCache
+from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.cli import profile, train, tune
 from primus_perf.cli.common import run_app
 from primus_perf.devices import DeviceIdentity
@@ -401,7 +401,7 @@ def run_cli(argv: list[str]) -> tuple[int, str, str, BaseException | None]:
                 code = 0
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException as exc:  # noqa: BLE001 - the test reports it
+            except BaseException as exc:
                 error = exc
             sys.stdout.flush()
             sys.stderr.flush()
@@ -575,7 +575,7 @@ def test_profile_run_interrupted_keeps_the_recorded_steps(tmp_path: Path) -> Non
     assert code == 130 and "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert re.match(r"interrupted: after \d+ steps; wrote .*rank0\.pt\.trace\.json\.gz with \d+ recorded", last), last
-    code, stdout, err, error = run_cli(["profile", "analyze", str(out), "--top", "3"])
+    code, _, err, error = run_cli(["profile", "analyze", str(out), "--top", "3"])
     assert code == 0 and error is None, err
 
 
@@ -604,7 +604,7 @@ def test_bench_interrupted_exits_130_and_writes_nothing(tmp_path: Path) -> None:
 
 def test_a_non_finite_loss_stops_with_the_step_and_the_last_finite_loss(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
-    code, out, err, error = run_cli(["train", "--steps", "30", "train.lr=1e30", "train.min_lr=0", "train.warmup=0",
+    code, _, err, error = run_cli(["train", "--steps", "30", "train.lr=1e30", "train.min_lr=0", "train.warmup=0",
                                      "train.grad_clip=0", "model.n_layers=1", "--json-log", str(log)])
     assert error is None and code == 3, (code, err[-2000:])
     last = err.strip().splitlines()[-1]
