@@ -35,7 +35,21 @@ def _run(traces: list[Path]) -> Analysis:
 
 
 def _tflop(flops: float | None) -> str:
-    return "FLOPs unknown" if flops is None else f"{flops / 1e12:.2f} TFLOP/step"
+    """FLOPs per step in the unit that shows them (a CPU run's are far below a TFLOP)."""
+    if flops is None:
+        return "FLOPs unknown"
+    for scale, unit in ((1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")):
+        if flops >= scale:
+            return f"{flops / scale:.2f} {unit}/step"
+    return f"{flops:,.0f} FLOP/step"
+
+
+def _busy(a: Analysis) -> str:
+    """GPU busy time; for a trace without GPU events, the CPU time of its modeled ops."""
+    if len(a.kernels):
+        return f"GPU busy {_ms(a.totals['gpu_busy_s_per_step'])} ms/step"
+    cpu = sum(float(df["time_s"].sum()) for df in (a.gemm_problems, a.attention_problems) if len(df))
+    return f"no GPU events: CPU time of GEMM and attention ops {_ms(cpu)} ms/step"
 
 
 def render(a: Analysis, top: int) -> None:
@@ -43,7 +57,7 @@ def render(a: Analysis, top: int) -> None:
     t = a.totals
     console.print(
         f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {len(a.steps) or 1} step(s) · "
-        f"step {_ms(t['step_time_s'])} ms · GPU busy {_ms(t['gpu_busy_s_per_step'])} ms/step · GEMM {_tflop(t['gemm_flops_per_step'])} · "
+        f"step {_ms(t['step_time_s'])} ms · {_busy(a)} · GEMM {_tflop(t['gemm_flops_per_step'])} · "
         f"attention {_tflop(t['attention_flops_per_step'])}"
     )
     cat = a.category_seconds()

@@ -52,6 +52,9 @@ def register(app: typer.Typer) -> None:
         console.print(overhead_line(m["steps"]), highlight=False, soft_wrap=True)
 
 
+MIN_STEPS = 2  # steps on each side before an overhead is claimed
+
+
 def _ms_range(times: list[float]) -> str:
     return f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f} ms"
 
@@ -59,15 +62,16 @@ def _ms_range(times: list[float]) -> str:
 def overhead_line(steps: list[dict]) -> str:
     """The profiler's overhead on the recorded steps and on those outside the window,
     against the unprofiled steps, with each group's spread; a difference within the
-    step-to-step spread (the ranges overlap) is reported as not measurable."""
+    step-to-step spread (the ranges overlap), or from fewer than :data:`MIN_STEPS` steps a
+    side, is reported as not measurable."""
     def times(*phases: str) -> list[float]:
         return [s["time_s"] for s in steps if s["phase"] in phases]
 
     base = times("baseline")[1:] or times("baseline")
     parts = []
     for label, group in (("recorded steps", times("active")), ("steps outside the window", times("wait", "after"))):
-        if not base or not group:
-            parts.append(f"{label}: n/a")
+        if len(base) < MIN_STEPS or len(group) < MIN_STEPS:
+            parts.append(f"{label}: not measured (fewer than {MIN_STEPS} steps to compare)")
             continue
         spread = f"({_ms_range(group)} vs unprofiled {_ms_range(base)})"
         if min(group) > max(base) or max(group) < min(base):
