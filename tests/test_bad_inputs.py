@@ -57,9 +57,9 @@ ODD_FILES = {  # kind -> what the one line says (alternatives: each command word
     "directory": r"directory|no trace",
     "fifo": r"FIFO",
     "devzero": r"character device",
-    "huge": r"MiB|does not look|corrupt|binary",
-    "binary": r"binary|does not look|corrupt|not valid|cannot (read|parse)",
-    "text": r"does not look|not valid|corrupt|cannot (read|parse)|must be a mapping|expected a list",
+    "huge": r"MiB|is not JSON|corrupt|binary",
+    "binary": r"binary|is not JSON|corrupt|not valid|cannot (read|parse)",
+    "text": r"is not JSON|not valid|corrupt|cannot (read|parse)|must be a mapping|expected a list",
 }
 FILE_SLOTS = {  # slot -> argv with {X}; kinds it does not treat as bad (a valid input there)
     "analyze": (("profile", "analyze", "{X}"), ()),
@@ -239,7 +239,7 @@ def _cases() -> list[Case]:
                               2, pattern))
     for name in CORRUPT_CACHES:
         for argv in CACHE_READERS:
-            pattern = r"newer primus-perf \(schema 9" if name == "newer-schema" else r"corrupt|does not look"
+            pattern = r"newer primus-perf \(schema 9" if name == "newer-schema" else r"corrupt|is not JSON"
             cases.append(Case(f"cache-{name}", tuple(a.replace("{C}", "{cache_" + name + "}") for a in argv),
                               2, pattern))
     for name in BAD_SAMPLES:

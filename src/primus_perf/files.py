@@ -204,12 +204,14 @@ def check_input_file(
     what: str = "file",
     max_bytes: int | None = None,
     starts_with: Sequence[bytes] | None = None,
+    expected: str = "",
     text: bool = False,
 ) -> Path:
     """``path`` if it is a regular, non-empty, readable file, else one UserError naming it.
 
     ``max_bytes``: refuse larger files. ``starts_with``: the first non-blank bytes must
-    begin with one of these (e.g. ``b"{"`` or the gzip magic). ``text``: the first 64 KiB
+    begin with one of these (e.g. ``b"{"`` or the gzip magic; ``expected`` names the format
+    in the message). ``text``: the first 64 KiB
     must be UTF-8 without NUL bytes. Never blocks: a FIFO or a device is refused from its
     ``stat``, before it is opened."""
     p = Path(path)
@@ -233,7 +235,7 @@ def check_input_file(
     except OSError as exc:
         raise UserError(f"cannot read {what} {p}: {exc.strerror}") from None
     if starts_with is not None and not head.lstrip().startswith(tuple(starts_with)):
-        raise UserError(f"{what} {p} does not look like one (it starts with {head[:8]!r})")
+        raise UserError(f"{what} {p} is not {expected or 'what it should be'} (it starts with {head[:8]!r})")
     if text:
         import codecs
 

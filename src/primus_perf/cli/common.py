@@ -76,4 +76,4 @@ def check_trace_args(paths: Sequence[str | Path]) -> None:
     for path in paths:
         if Path(path).is_dir():
             continue
-        check_input_file(path, what="trace", starts_with=(b"{", b"[", b"\x1f\x8b"))
+        check_input_file(path, what="trace", starts_with=(b"{", b"[", b"\x1f\x8b"), expected="JSON or gzip")

@@ -195,7 +195,7 @@ MAX_SAMPLES_BYTES = 64 << 20
 def load_samples(path: str | Path) -> dict[str, Any]:
     """Read a ``primus-profile bench`` samples file; GateInputError if it is not one."""
     try:
-        p = check_input_file(path, what="samples file", max_bytes=MAX_SAMPLES_BYTES, starts_with=(b"{",))
+        p = check_input_file(path, what="samples file", max_bytes=MAX_SAMPLES_BYTES, starts_with=(b"{",), expected="JSON")
     except UserError as exc:
         raise GateInputError(str(exc)) from None
     try:
