@@ -136,39 +136,159 @@ def test_writer_killed_mid_write_leaves_a_loadable_cache(tmp_path: Path) -> None
     assert len(TuningCache(path).entries()) == len(entries) + 1
 
 
-@pytest.mark.parametrize(
-    "content",
-    [b'{"schema": 1, "entries": [', b"\x1f\x8b garbage", b'{"schema": 99, "entries": []}', b"[]"],
-    ids=["truncated", "binary", "other-schema", "not-a-cache"],
-)
-def test_corrupt_file_is_kept_aside_with_one_clear_error(tmp_path: Path, content: bytes) -> None:
+CORRUPT = [b'{"schema": 1, "entries": [', b"\x1f\x8b garbage", b'{"schema": 0, "entries": []}', b"[]",
+           b'{"schema": 1, "entries": {}}']
+
+
+@pytest.mark.parametrize("content", CORRUPT, ids=["truncated", "binary", "older-schema", "not-a-cache", "dict"])
+def test_a_reader_never_moves_a_corrupt_file(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "c.json"
     path.write_bytes(content)
-    cache = TuningCache(path)
     with pytest.raises(CacheError, match="corrupt") as info:
-        cache.entries()
+        TuningCache(path).entries()
     assert "\n" not in str(info.value)
-    aside = list(tmp_path.glob("c.json.corrupt-*"))
-    assert len(aside) == 1 and aside[0].read_bytes() == content
-    assert not path.exists()
+    assert path.read_bytes() == content and os.listdir(tmp_path) == ["c.json"]
 
 
-def test_put_on_corrupt_file_never_overwrites_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("content", CORRUPT, ids=["truncated", "binary", "older-schema", "not-a-cache", "dict"])
+def test_a_writer_sets_a_corrupt_file_aside_and_never_overwrites_it(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "c.json"
-    path.write_bytes(b'{"schema": 1, "entr')
-    with pytest.raises(CacheError):
+    path.write_bytes(content)
+    with pytest.raises(CacheError, match="kept as"):
         TuningCache(path).put(entry(1))
     (aside,) = tmp_path.glob("c.json.corrupt-*")
-    assert aside.read_bytes() == b'{"schema": 1, "entr'
+    assert aside.read_bytes() == content
+    TuningCache(path).put(entry(1))  # the next write starts a new cache
+    assert len(TuningCache(path).entries()) == 1
 
 
-def test_merge_newest_wins(tmp_path: Path) -> None:
+def test_a_newer_schema_is_named_and_left_in_place_by_readers_and_writers(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    content = b'{"schema": 7, "entries": [{"future": true}]}'
+    path.write_bytes(content)
+    for action in (lambda: TuningCache(path).entries(), lambda: TuningCache(path).put(entry(1)),
+                   lambda: TuningCache(tmp_path / "t.json").merge_from(path)):
+        with pytest.raises(CacheError, match=r"written by a newer primus-perf \(schema 7"):
+            action()
+    assert path.read_bytes() == content and sorted(os.listdir(tmp_path)) == ["c.json", "c.json.lock"]
+
+
+def _bad(mutate) -> dict:
+    data = entry(50).to_dict()
+    mutate(data)
+    return data
+
+
+BAD_ENTRIES = {
+    "bad-base64": lambda d: d["solution"].update(blob="@@not base64@@"),
+    "empty-kind": lambda d: d.update(kind=""),
+    "solution-string": lambda d: d.update(solution="algo 3"),
+    "time-string": lambda d: d["times"].update(tuned_ms="fast"),
+    "time-nan": lambda d: d["times"].update(tuned_ms=float("nan")),
+    "problem-malformed": lambda d: d.update(problem={"m": -1}),
+    "problem-list": lambda d: d.update(problem=[1, 2]),
+    "device-missing": lambda d: d.pop("device"),
+    "units-string": lambda d: d["device"].update(compute_units="many"),
+    "versions-numbers": lambda d: d.update(versions={"cublasLt": 13}),
+    "created-string": lambda d: d.update(created="yesterday"),
+    "not-a-mapping": lambda d: d.clear(),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_ENTRIES))
+def test_a_bad_entry_is_skipped_and_named_once_the_rest_stays_usable(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "c.json"
+    good = [entry(1).to_dict(), entry(2).to_dict()]
+    bad = _bad(BAD_ENTRIES[name]) or "not a mapping"
+    path.write_text(json.dumps({"schema": SCHEMA_VERSION, "entries": [good[0], bad, good[1]]}))
+    seen: list[str] = []
+    cache = TuningCache(path, report_stale=seen.append)
+    for _ in range(3):
+        assert {e.problem_key for e in cache.entries()} == {entry(1).problem_key, entry(2).problem_key}
+    assert len(seen) == 1 and "entry #1" in seen[0], seen
+    # a writer keeps the bad entry as it is (nothing is lost); merge does not carry it
+    cache.put(entry(3))
+    written = [json.dumps(e, sort_keys=True) for e in json.loads(path.read_text())["entries"]]
+    assert json.dumps(bad, sort_keys=True) in written
+    target = TuningCache(tmp_path / "t.json", report_stale=seen.append)
+    assert target.merge_from(path) == 3
+    assert len(json.loads(target.path.read_text())["entries"]) == 3
+
+
+def test_merge_newest_created_wins_across_target_and_sources_ties_go_to_the_faster(tmp_path: Path) -> None:
     a, b, out = (TuningCache(tmp_path / n) for n in ("a.json", "b.json", "out.json"))
-    old, new = entry(1), entry(1)
-    old.created, new.created = 100.0, 200.0
-    new.solution = {"config": {"algo": 7}, "blob": b""}
-    a.put_many([old, entry(2)])
-    b.put_many([new, entry(3, device=H200)])
-    assert out.merge_from(a.path, b.path) == 3
-    got = out.get("gemm", entry(1).problem_key, H100, LIB)
-    assert got is not None and got.solution["config"] == {"algo": 7}
+
+    def version(i: int, created: float, algo: int, tuned_ms: float = 1.0) -> CacheEntry:
+        e = entry(i)
+        e.created, e.solution, e.times = created, {"config": {"algo": algo}, "blob": b""}, {"tuned_ms": tuned_ms}
+        return e
+
+    out.put_many([version(1, 300.0, 1), version(2, 100.0, 2), version(4, 50.0, 4, tuned_ms=2.0)])
+    a.put_many([version(1, 200.0, 11), version(2, 150.0, 12), entry(3, device=H200)])
+    b.put_many([version(2, 120.0, 22), version(4, 50.0, 44, tuned_ms=1.5)])
+    assert out.merge_from(a.path, b.path) == 3  # entry 2 from a, 3 from a, 4 from b (faster at a tie)
+    algo = {e.problem_key: e.solution["config"]["algo"] for e in out.entries() if e.device["name"] == H100.name}
+    assert algo == {entry(1).problem_key: 1, entry(2).problem_key: 12, entry(4).problem_key: 44}
+    assert out.merge_from(a.path, b.path) == 0  # merging again changes nothing
+
+
+def test_merge_from_a_missing_source_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(CacheError, match="not found"):
+        TuningCache(tmp_path / "out.json").merge_from(tmp_path / "nope.json")
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_a_symlinked_cache_is_written_through_the_link_with_the_real_files_lock(tmp_path: Path) -> None:
+    real = tmp_path / "shared" / "cache.json"
+    real.parent.mkdir()
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    TuningCache(link).put(entry(1))
+    TuningCache(real).put(entry(2))
+    assert link.is_symlink() and len(TuningCache(link).entries()) == 2
+    assert TuningCache(link)._lock.lock_file == TuningCache(real)._lock.lock_file == str(real) + ".lock"
+
+
+def test_the_next_writer_removes_orphaned_temporary_files_only(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    TuningCache(path).put(entry(1))
+    old = tmp_path / ".c.json.killed1.tmp"
+    young = tmp_path / ".c.json.live.tmp"
+    other = tmp_path / ".other.json.x.tmp"
+    for f in (old, young, other):
+        f.write_bytes(b"partial")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    os.utime(other, (time.time() - 3600, time.time() - 3600))
+    TuningCache(path).entries()  # a reader removes nothing
+    assert old.exists()
+    TuningCache(path).put(entry(2))
+    assert not old.exists() and young.exists() and other.exists()
+
+
+READER = """
+import os, sys, time
+from primus_perf.cache.store import TuningCache
+from primus_perf.errors import CacheError
+cache, end, n = TuningCache(sys.argv[1]), time.time() + float(sys.argv[2]), 0
+while time.time() < end:
+    n += len(cache.entries())
+print(n)
+"""
+
+
+def test_readers_during_writes_never_move_or_change_a_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "c.json")
+    TuningCache(path).put(entry(9999))
+    ctx = mp.get_context("spawn")
+    writers = [ctx.Process(target=_writer, args=(path, w, 40)) for w in range(2)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    reader = subprocess.Popen([sys.executable, "-c", READER, path, "6"], stdout=subprocess.PIPE, text=True, env=env)
+    for p in writers:
+        p.start()
+    for p in writers:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    out, _ = reader.communicate(timeout=120)
+    assert reader.returncode == 0 and int(out) > 0
+    assert not list(tmp_path.glob("*.corrupt-*"))
+    assert len(TuningCache(path).entries()) == 1 + 2 * 40

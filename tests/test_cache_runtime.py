@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import DeviceIdentity, current_device
 from primus_perf.kernels.attention.router import AttentionRouter, library_versions
+from primus_perf.problems import GemmProblem
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import attention_problem
 
@@ -77,7 +78,8 @@ def test_corrupt_cache_stops_the_trainer_with_one_line(tmp_path: Path) -> None:
 def test_activate_returns_routers_without_importing_the_trainer(tmp_path: Path) -> None:
     cache = tmp_path / "cache.json"
     TuningCache(cache).put(attention_entry(current_device(), library_versions()))
-    gemm = CacheEntry(kind="gemm", problem_key="gemm|x", problem={}, device=current_device().to_dict(),
+    gp = GemmProblem.from_row_major(64, 64, 64)
+    gemm = CacheEntry(kind="gemm", problem_key=gp.key(), problem=gp.to_dict(), device=current_device().to_dict(),
                       versions={"cublasLt": "0.0.0"}, solution={"config": {}, "blob": b"1"})
     TuningCache(cache).put(gemm)
     code = (

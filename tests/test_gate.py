@@ -137,7 +137,7 @@ def test_gate_cli_exit_codes(tmp_path: Path) -> None:
     assert r.returncode == 2 and "nope" in r.stderr
 
     r = _run_cli("--baseline", str(base), "--candidate", str(slow), "--metric", "step_time",
-                 "--metric", "gpu_time.gemm", "--json")
+                 "--metric", "gpu_time.gemm", "--json", "-")
     assert r.returncode == 1
     out = json.loads(r.stdout)
     assert [v["metric"] for v in out["verdicts"]] == ["step_time", "gpu_time.gemm"]
@@ -187,3 +187,80 @@ def test_bench_cli_rejects_a_bad_config(tmp_path: Path) -> None:
     )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "s.json").exists()
+
+
+# --------------------------------------------------------------------------- simulation, refusals
+
+
+@pytest.fixture(scope="module")
+def sim_table() -> dict:
+    from primus_perf.gate.simulation import table
+
+    return table(trials=400, seed=11)
+
+
+def _rate(table: dict, n: int, cv: float, key: str) -> float:
+    (row,) = [r for r in table["rows"] if r["n"] == n and r["cv"] == cv]
+    return row[key]
+
+
+def test_simulated_rates_for_5_10_20_40_samples_at_2_and_10_percent_noise(sim_table: dict) -> None:
+    assert [(r["n"], r["cv"]) for r in sim_table["rows"]] == [(n, cv) for n in (5, 10, 20, 40) for cv in (0.02, 0.1)]
+    assert all(r["false_alarm"] <= 0.02 for r in sim_table["rows"])  # the rule's false alarms stay low
+    assert _rate(sim_table, 5, 0.02, "detection") < 0.8  # 5 profiled steps miss a 5% change often
+    assert _rate(sim_table, 20, 0.02, "detection") >= 0.97
+    assert _rate(sim_table, 40, 0.02, "detection") >= 0.99
+    assert _rate(sim_table, 40, 0.1, "detection") < 0.6  # at 10% noise even 40 samples do not suffice
+    detections = [_rate(sim_table, n, 0.02, "detection") for n in (5, 10, 20, 40)]
+    assert detections == sorted(detections)
+    assert sim_table["refused"]["0.005"] == [5] and sim_table["refused"]["0.01"] == []
+
+
+def test_the_default_profiled_window_is_the_smallest_that_catches_five_percent() -> None:
+    from primus_perf.gate.simulation import smallest_window
+
+    assert smallest_window(trials=400) == g.DEFAULT_PROFILE_STEPS
+
+
+def test_committed_simulation_table_matches_the_rule() -> None:
+    data = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "gate_simulation_cpu.json").read_text())
+    assert data["default_profile_window"] == g.DEFAULT_PROFILE_STEPS
+    assert data["alpha"] == g.DEFAULT_ALPHA and data["max_regression"] == g.DEFAULT_MAX_REGRESSION
+
+
+def test_a_comparison_that_cannot_reach_significance_is_refused() -> None:
+    from primus_perf.gate.stats import min_p_value
+
+    assert min_p_value(5, 5) == pytest.approx(0.0061, abs=1e-4)
+    base, slow = [1.0] * 5, [10.0] * 5  # +900%
+    with pytest.raises(g.GateInputError, match=r"smallest possible p is 0.006\d*, not below alpha 0.005"):
+        g.compare_metric("step_time", base, slow, alpha=0.005)
+    assert g.compare_metric("step_time", base, slow, alpha=0.01).regression
+
+
+def _doc(values: list[float], **extra) -> dict:
+    return {"schema": g.SAMPLES_SCHEMA, "config": "tiny", "overrides": [],
+            "device": {"name": "cpu", "arch": "", "compute_units": 2, "world_size": 1},
+            "metrics": {"step_time": values}, **extra}
+
+
+@pytest.mark.parametrize("field,other", [("config", "llama3-8b"), ("overrides", ["model.dim=64"]),
+                                         ("device", {"name": "NVIDIA H100", "arch": "sm_90", "compute_units": 132,
+                                                     "world_size": 1})])
+def test_different_configs_overrides_or_devices_are_refused_unless_allowed(field: str, other) -> None:
+    values = list(np.linspace(1.0, 1.01, 10))
+    with pytest.raises(g.GateInputError, match="--allow-mismatch"):
+        g.gate(_doc(values), _doc(values, **{field: other}))
+    result = g.gate(_doc(values), _doc(values, **{field: other}), allow_mismatch=True)
+    assert result.passed and any(field.rstrip("s") in n or "device" in n for n in result.notes)
+
+
+def test_each_sides_noise_is_reported_and_a_noisy_side_gets_a_note() -> None:
+    rng = np.random.default_rng(5)
+    quiet = list(1.0 + 0.01 * rng.standard_normal(20))
+    noisy = list(np.abs(1.0 + 0.4 * rng.standard_normal(20)) + 0.1)
+    result = g.gate(_doc(quiet), _doc(noisy))
+    (v,) = result.verdicts
+    assert v.cv_baseline < 0.02 and v.cv_candidate > 0.2
+    assert any("candidate is noisy" in n for n in result.notes)
+    assert not any("baseline is noisy" in n for n in result.notes)

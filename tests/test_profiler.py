@@ -140,7 +140,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["run", "--config", "tiny", "--out", str(blocker / "sub")], "cannot write to --out"),
         (["run", "--config", "tiny", "--out", str(tmp_path / "o"), "--ranks", "0,x"], "--ranks"),
         (["run", "--config", "tiny", "--out", str(tmp_path / "o"), "--ranks", "5"], "ranks must be in 0..0"),
-        (["run", "--config", "tiny", "--steps", "0"], "at least 1"),
+        (["run", "--config", "tiny", "--steps", "0"], "greater than or equal to 1"),
     ):
         r = _cli(args)
         assert r.returncode == 2, (args, r.stderr)

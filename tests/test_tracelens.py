@@ -137,7 +137,7 @@ def test_union_length_matches_brute_force() -> None:
 
 def test_json_summary_has_the_documented_keys() -> None:
     runner = CliRunner()
-    res = runner.invoke(app, ["analyze", str(H100_CUDNN), "--json"])
+    res = runner.invoke(app, ["analyze", str(H100_CUDNN), "--json", "-"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     for key in ("device", "steps", "breakdown", "gemm_problems", "attention_problems", "totals"):

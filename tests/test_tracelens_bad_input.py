@@ -124,7 +124,7 @@ def test_trace_without_cpu_events_uses_kernel_names(tmp_path: Path, trace: dict,
     assert gemm_names <= found
     total_gpu = float(a.kernels["dur_us"].sum())
     assert total_gpu == pytest.approx(float(kernels["dur_us"].sum()), rel=1e-9)
-    r = _cli("analyze", str(path), "--json")
+    r = _cli("analyze", str(path), "--json", "-")
     assert r.returncode == 0 and json.loads(r.stdout)["breakdown"], r.stderr
 
 

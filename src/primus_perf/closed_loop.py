@@ -123,7 +123,9 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
     out = Path(out_dir)
     run_dir = out / "profile"
     say(f"1/4 training {config} under the profiler -> {run_dir}")
-    capture_trainer(config, list(overrides), run_dir, Schedule(active=steps, warmup=1, wait=1, baseline=2, after=1))
+    # the loop owns OUT/profile: a rerun replaces the run it left there
+    capture_trainer(config, list(overrides), run_dir, Schedule(active=steps, warmup=1, wait=1, baseline=2, after=1),
+                    overwrite=True)
     say("2/4 analyzing the trace")
     analysis = analyze([run_dir])
     report = write_html(report_from_analysis(analysis, title=f"{config}: profiled run"), out / "report.html")

@@ -29,3 +29,21 @@ class DeviceError(UserError):
 
 class CacheError(UserError):
     """A tuning cache that cannot be read (corrupt, truncated, wrong schema)."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C (or SIGTERM) caught by a command after it kept what it had: the CLI prints
+    ``interrupted: <kept>`` on one line and exits with code 130. (Not a KeyboardInterrupt,
+    which the CLI framework would turn into a silent exit.)"""
+
+    exit_code = 130
+
+    def __init__(self, kept: str) -> None:
+        super().__init__(kept)
+        self.kept = kept
+
+
+class DivergedError(UserError):
+    """Training reached a non-finite loss (exit code 3: the run stopped, the input was valid)."""
+
+    exit_code = 3

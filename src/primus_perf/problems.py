@@ -31,7 +31,6 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
 # Canonical dtype names, their element sizes, and the torch dtype they come from.
@@ -44,6 +43,26 @@ DTYPE_BYTES: dict[str, float] = {
     "f8e4m3": 1,
     "f8e5m2": 1,
 }
+
+# Other spellings users type (``--dtype fp16``, ``"dtype": "float16"``): alias -> canonical.
+DTYPE_ALIASES: dict[str, str] = {
+    "fp64": "f64", "float64": "f64", "double": "f64",
+    "fp32": "f32", "float32": "f32", "float": "f32",
+    "bfloat16": "bf16",
+    "fp16": "f16", "float16": "f16", "half": "f16",
+    "fp8e4m3": "f8e4m3", "fp8e5m2": "f8e5m2",
+}
+
+
+def canonical_dtype(name: Any) -> str:
+    """``"fp16"`` -> ``"f16"``; a canonical name as is; ValueError listing the names."""
+    text = str(name).strip().lower()
+    if text in DTYPE_BYTES:
+        return text
+    if text in DTYPE_ALIASES:
+        return DTYPE_ALIASES[text]
+    raise ValueError(f"unknown dtype {name!r} (one of {', '.join(DTYPE_BYTES)}; or fp16, float16, fp32, bfloat16)")
+
 
 _TORCH_DTYPE_NAMES: dict[str, str] = {
     "torch.float64": "f64",
@@ -158,8 +177,10 @@ class GemmProblem:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"GemmProblem.{name} must be a positive int, got {value!r}")
         for name in ("dtype_a", "dtype_b", "dtype_c", "dtype_d", "compute"):
-            if getattr(self, name) not in DTYPE_BYTES:
-                raise ValueError(f"GemmProblem.{name}: unknown dtype {getattr(self, name)!r}")
+            try:
+                object.__setattr__(self, name, canonical_dtype(getattr(self, name)))
+            except ValueError as exc:
+                raise ValueError(f"GemmProblem.{name}: {exc}") from None
         # Fill packed leading dimensions and batch strides so that equal problems compare
         # (and key) equal whether or not the caller spelled the defaults out.
         rows_a = self.k if self.trans_a else self.m
@@ -355,8 +376,10 @@ class AttentionProblem:
             raise ValueError(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})"
             )
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"AttentionProblem.dtype: unknown dtype {self.dtype!r}")
+        try:
+            object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        except ValueError as exc:
+            raise ValueError(f"AttentionProblem.dtype: {exc}") from None
         if self.layout not in ("bshd", "bhsd"):
             raise ValueError(f"AttentionProblem.layout must be 'bshd' or 'bhsd', got {self.layout!r}")
 
@@ -442,6 +465,7 @@ def geomean(values: list[float]) -> float:
 # ---- problems files ------------------------------------------------------------------
 
 PROBLEMS_SCHEMA = "primus-perf-problems/1"
+MAX_PROBLEMS_BYTES = 256 << 20
 
 Problem = GemmProblem | AttentionProblem
 
@@ -480,11 +504,13 @@ def load_problems(path: str | os.PathLike) -> list[Problem]:
     :func:`problem_from_item` reads it. A problem listed twice is kept once. The one reader
     of problems files: every error is a one-line :class:`~primus_perf.errors.ConfigError`
     naming the file and the item."""
-    from primus_perf.errors import ConfigError
+    from primus_perf.errors import ConfigError, UserError
+    from primus_perf.files import check_input_file
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"problems file not found: {p}" if not p.exists() else f"not a file: {p}")
+    try:
+        p = check_input_file(path, what="problems file", max_bytes=MAX_PROBLEMS_BYTES, text=True)
+    except UserError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         text = p.read_text(encoding="utf-8")
         if p.suffix in (".yaml", ".yml"):

@@ -17,21 +17,36 @@ An entry is used only on the same hardware (``DeviceIdentity.same_hardware``) an
 same library versions; :meth:`TuningCache.get` reports any other entry of that problem as
 stale, once per cache object, and returns None.
 
-File format: ``{"schema": SCHEMA_VERSION, "entries": [...]}``. Writes take a file lock
-(``<path>.lock``), re-read the file so that entries other processes wrote meanwhile are
-kept, write a temporary file in the same folder, fsync it and rename it over the cache: a
-writer killed at any point leaves either the old or the new file, never a torn one. A file
-that does not parse, or has another schema, is moved aside to
-``<path>.corrupt-<timestamp>`` and reported as a :class:`~primus_perf.errors.CacheError`;
-it is never overwritten.
+File format: ``{"schema": SCHEMA_VERSION, "entries": [...]}``. The path is resolved to
+the real file (a symlinked cache is written through the link; the lock belongs to the real
+file). Writes take a file lock (``<real path>.lock``), re-read the file so that entries other
+processes wrote meanwhile are kept, remove temporary files that killed writers left
+behind, write a temporary file in the same folder, fsync it and rename it over the cache: a
+writer killed at any point leaves either the old or the new file, never a torn one.
+
+Readers never move or rewrite a file. A file that does not parse is a
+:class:`~primus_perf.errors.CacheError`; a file of a newer schema says so and is left in
+place for the newer primus-perf that wrote it. Only a writer holding the lock, after
+re-reading the file under it, sets a corrupt file aside (``<path>.corrupt-<timestamp>``)
+and reports it; it never overwrites one. Each entry is validated on its own: a bad one
+(bad base64 blob, empty kind, a solution that is not a mapping, a non-numeric time, a
+malformed problem) is skipped and named once, the others stay usable, and merge does not
+carry it.
+
+Merge (:meth:`TuningCache.merge_from`): per slot (kind, problem, hardware, library
+versions) the entry with the newest ``created`` wins, across the target and the sources;
+on a tie the faster tuned time wins.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import contextlib
 import json
+import math
 import os
+import stat
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -43,10 +58,16 @@ from filelock import FileLock, Timeout
 
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError
-from primus_perf.files import write_json
+from primus_perf.files import remove_orphaned_temps, write_json
+from primus_perf.problems import AttentionProblem, GemmProblem
 
 SCHEMA_VERSION = 1
 LOCK_TIMEOUT_S = 120.0
+ORPHAN_AGE_S = 30.0  # a temporary file this old, seen under the lock, belongs to a killed writer
+READ_RETRIES = 3  # a file replaced while it was read is read again
+# Kinds whose problem dict the store can check; other kinds need a mapping.
+PROBLEM_TYPES: dict[str, Any] = {"gemm": GemmProblem, "attention": AttentionProblem}
+_REQUIRED = ("kind", "problem_key", "problem", "device", "versions", "solution")
 
 
 @dataclass
@@ -65,11 +86,19 @@ class CacheEntry:
     def __post_init__(self) -> None:
         if not self.kind or not self.problem_key:
             raise ValueError("a cache entry needs a kind and a problem_key")
+        if not isinstance(self.solution, dict):
+            raise ValueError(f"solution must be a mapping, got {type(self.solution).__name__}")
         blob = self.solution.get("blob")
         if isinstance(blob, str):  # as stored in the file
-            self.solution = {**self.solution, "blob": base64.b64decode(blob)}
+            try:
+                decoded = base64.b64decode(blob, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("solution blob is not valid base64") from None
+            self.solution = {**self.solution, "blob": decoded}
         elif blob is None:
             self.solution = {**self.solution, "blob": b""}
+        elif not isinstance(blob, bytes):
+            raise ValueError(f"solution blob must be bytes or base64 text, got {type(blob).__name__}")
 
     @property
     def device_identity(self) -> DeviceIdentity:
@@ -95,6 +124,11 @@ class CacheEntry:
             tuple(sorted(self.versions.items())),
         )
 
+    def rank(self) -> tuple[float, float]:
+        """Merge order: the newest ``created`` wins; on a tie, the faster tuned time."""
+        tuned = self.times.get("tuned_ms")
+        return (self.created, -tuned if tuned is not None else -math.inf)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["solution"] = {
@@ -104,77 +138,157 @@ class CacheEntry:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CacheEntry:
-        names = {f.name for f in fields(cls)}
-        missing = {"kind", "problem_key", "problem", "device", "versions", "solution"} - set(data)
+    def from_dict(cls, data: Any) -> CacheEntry:
+        """An entry as stored in the file; ValueError naming what is wrong with it."""
+        if not isinstance(data, dict):
+            raise ValueError(f"an entry must be a mapping, got {type(data).__name__}")
+        missing = [k for k in _REQUIRED if k not in data]
         if missing:
-            raise ValueError(f"missing field(s) {sorted(missing)}")
+            raise ValueError(f"missing field(s) {missing}")
+        for key in ("kind", "problem_key"):
+            if not isinstance(data[key], str) or not data[key]:
+                raise ValueError(f"{key} must be a non-empty string, got {data[key]!r}")
+        for key in ("problem", "device", "versions", "solution"):
+            if not isinstance(data[key], dict):
+                raise ValueError(f"{key} must be a mapping, got {type(data[key]).__name__}")
+        _check_device(data["device"])
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in data["versions"].items()):
+            raise ValueError("versions must map library names to version strings")
+        times = data.get("times", {})
+        if not isinstance(times, dict) or not all(_is_number(v) for v in times.values()):
+            raise ValueError(f"times must map names to numbers, got {times!r}")
+        for key in ("error", "created"):
+            if data.get(key) is not None and not _is_number(data[key]):
+                raise ValueError(f"{key} must be a number, got {data[key]!r}")
+        config = data["solution"].get("config", {})
+        if not isinstance(config, dict):
+            raise ValueError(f"solution config must be a mapping, got {type(config).__name__}")
+        problem_type = PROBLEM_TYPES.get(data["kind"])
+        if problem_type is not None:
+            try:
+                problem_type.from_dict(data["problem"])
+            except (TypeError, ValueError, KeyError) as exc:
+                raise ValueError(f"malformed {data['kind']} problem ({str(exc).splitlines()[0][:80]})") from None
+        names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def _raw_slot(data: dict[str, Any]) -> tuple:
-    """``CacheEntry.slot()`` of an entry still in its stored form."""
-    d = data["device"]
-    return (
-        data["kind"],
-        data["problem_key"],
-        d["name"],
-        d["arch"],
-        int(d["compute_units"]),
-        tuple(sorted(data["versions"].items())),
-    )
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_device(device: dict[str, Any]) -> None:
+    if not isinstance(device.get("name"), str) or not isinstance(device.get("arch", ""), str):
+        raise ValueError("device must have a name and an arch")
+    units = device.get("compute_units", 0)
+    if isinstance(units, bool) or not isinstance(units, int):
+        raise ValueError(f"device compute_units must be an int, got {units!r}")
+
+
+def _describe(data: Any, index: int) -> str:
+    if isinstance(data, dict):
+        return f"{data.get('kind') or '?'} entry #{index} {str(data.get('problem_key') or '')[:60]}".rstrip()
+    return f"entry #{index}"
+
+
+@dataclass
+class _Parsed:
+    """A cache file as read: its valid entries, and its invalid ones (kept as they are by
+    writers, so that nothing is lost, and skipped by readers)."""
+
+    entries: list[CacheEntry] = field(default_factory=list)
+    invalid: list[tuple[str, Any]] = field(default_factory=list)  # (why, raw entry)
 
 
 class TuningCache:
     """A cache file; every method reads the file afresh, so several processes can share it."""
 
     def __init__(self, path: str | os.PathLike, *, report_stale: Callable[[str], None] | None = None):
-        self.path = Path(path)
+        self.given = Path(path)
+        self.path = Path(os.path.realpath(path))  # through symlinks: the file and its lock
         self._lock = FileLock(str(self.path) + ".lock", timeout=LOCK_TIMEOUT_S)
-        self._stale_reported: set[tuple] = set()
-        self._report_stale = report_stale or (lambda msg: warnings.warn(msg, stacklevel=3))
+        self._reported: set[Any] = set()
+        self._report = report_stale or (lambda msg: warnings.warn(msg, stacklevel=4))
+
+    def _report_once(self, key: Any, message: str) -> None:
+        if key not in self._reported:
+            self._reported.add(key)
+            self._report(message)
 
     # ---- reading ---------------------------------------------------------------------------
 
-    def _read(self) -> list[CacheEntry]:
-        """Entries on disk; [] for a missing file; CacheError (file moved aside) if corrupt."""
-        return [CacheEntry.from_dict(e) for e in self._read_raw()]
-
-    def _read_raw(self) -> list[dict[str, Any]]:
-        """The entries on disk as plain dicts, checked enough to be turned into entries."""
+    def _read_bytes(self) -> bytes | None:
+        """The file's bytes; None when there is no file. Never blocks on a FIFO or a device."""
         try:
-            raw = self.path.read_bytes()
+            st = os.stat(self.path)
+            if not stat.S_ISREG(st.st_mode):
+                kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+                raise CacheError(f"tuning cache {self.given} is {kind}")
+            with open(self.path, "rb") as f:
+                head = f.read(1)
+                if head and head not in b"{ \t\r\n":
+                    return head  # not JSON: reported as corrupt without reading gigabytes
+                return head + f.read()
         except FileNotFoundError:
-            return []
-        except IsADirectoryError:
-            raise CacheError(f"tuning cache {self.path} is a directory, not a file") from None
+            return None
         except OSError as exc:
-            raise CacheError(f"cannot read tuning cache {self.path}: {exc.strerror}") from None
-        try:
-            doc = json.loads(raw)
-            if not isinstance(doc, dict) or "entries" not in doc:
-                raise ValueError("not a primus-perf tuning cache")
-            if doc.get("schema") != SCHEMA_VERSION:
-                raise ValueError(f"schema {doc.get('schema')!r}, expected {SCHEMA_VERSION}")
-            entries = doc["entries"]
-            if not isinstance(entries, list):
-                raise ValueError("'entries' is not a list")
-            for e in entries:
-                _raw_slot(e)  # every entry has the fields that identify it
-            return entries
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            aside = self._move_aside()
-            reason = str(exc).splitlines()[0][:120]
-            raise CacheError(
-                f"tuning cache {self.path} is corrupt ({reason}); kept as {aside}"
-            ) from None
+            raise CacheError(f"cannot read tuning cache {self.given}: {exc.strerror}") from None
 
-    def _move_aside(self) -> Path:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
-        with contextlib.suppress(FileNotFoundError):  # another process moved it first
-            os.replace(self.path, aside)
-        return aside
+    def _parse(self, raw: bytes) -> list[Any]:
+        """The raw entries of a file's bytes; ValueError for a file that is not a cache,
+        CacheError for one of a newer schema."""
+        if not raw.strip():
+            return []  # an empty file (e.g. made by mktemp): an empty cache
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or "entries" not in doc:
+            raise ValueError("not a primus-perf tuning cache")
+        schema = doc.get("schema")
+        if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
+            raise CacheError(
+                f"tuning cache {self.given} was written by a newer primus-perf (schema {schema}; this one"
+                f" reads {SCHEMA_VERSION}); left in place"
+            )
+        if schema != SCHEMA_VERSION:
+            raise ValueError(f"schema {schema!r}, expected {SCHEMA_VERSION}")
+        if not isinstance(doc["entries"], list):
+            raise ValueError("'entries' is not a list")
+        return doc["entries"]
+
+    def _load(self) -> _Parsed:
+        """The file's entries, each validated; ValueError (with the reason) for a corrupt
+        file. A file replaced while it was read is read again."""
+        error: Exception | None = None
+        for _ in range(READ_RETRIES):
+            before = _identity(self.path)
+            raw = self._read_bytes()
+            if raw is None:
+                return _Parsed()
+            try:
+                items = self._parse(raw)
+                break
+            except (ValueError, UnicodeDecodeError) as exc:
+                error = exc
+                if _identity(self.path) == before:
+                    raise ValueError(str(exc).splitlines()[0][:120]) from None
+        else:
+            raise ValueError(str(error).splitlines()[0][:120])
+        parsed = _Parsed()
+        for i, item in enumerate(items):
+            try:
+                parsed.entries.append(CacheEntry.from_dict(item))
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                why = f"skipped invalid {_describe(item, i)} in {self.given}: {str(exc).splitlines()[0][:120]}"
+                parsed.invalid.append((why, item))
+                self._report_once(("invalid", why), why)
+        return parsed
+
+    def _read(self) -> list[CacheEntry]:
+        """Valid entries on disk; [] for a missing file; CacheError for a corrupt one (left
+        where it is: readers never move files)."""
+        try:
+            return self._load().entries
+        except ValueError as exc:
+            raise CacheError(f"tuning cache {self.given} is corrupt ({exc})") from None
 
     def entries(self, kind: str | None = None) -> list[CacheEntry]:
         return [e for e in self._read() if kind is None or e.kind == kind]
@@ -196,10 +310,9 @@ class TuningCache:
             reason = self.stale_reason(entry, device, versions)
             if reason is None:
                 usable[entry.problem_key] = entry
-            elif entry.slot() not in self._stale_reported:
-                self._stale_reported.add(entry.slot())
-                self._report_stale(
-                    f"stale {entry.kind} cache entry {entry.problem_key} ({reason}); not used"
+            else:
+                self._report_once(
+                    entry.slot(), f"stale {entry.kind} cache entry {entry.problem_key} ({reason}); not used"
                 )
         return usable
 
@@ -229,29 +342,84 @@ class TuningCache:
         new = list(new)
         if not new:
             return 0
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._update(lambda slots: [slots.__setitem__(e.slot(), e) for e in new])
+        return len(new)
+
+    def merge_from(self, *others: str | os.PathLike) -> int:
+        """Copy the entries of other cache files into this one: per slot, the newest
+        ``created`` wins across this file and the others (a tie: the faster tuned time).
+        Invalid entries of the sources are skipped (and named). Returns how many entries
+        were taken from the sources. CacheError for a missing or unreadable source."""
+        incoming: dict[tuple, CacheEntry] = {}
+        for other in others:
+            source = TuningCache(other, report_stale=self._report)
+            if not source.path.exists():
+                raise CacheError(f"tuning cache to merge from not found: {other}")
+            for e in source.entries():
+                old = incoming.get(e.slot())
+                if old is None or e.rank() > old.rank():
+                    incoming[e.slot()] = e
+        taken = 0
+
+        def merge(slots: dict[tuple, CacheEntry]) -> None:
+            nonlocal taken
+            for slot, e in incoming.items():
+                old = slots.get(slot)
+                if old is None or e.rank() > old.rank():
+                    slots[slot] = e
+                    taken += 1
+
+        self._update(merge)
+        return taken
+
+    def _update(self, change: Callable[[dict[tuple, CacheEntry]], Any]) -> None:
+        """Under the lock: read the file, apply ``change`` to its entries by slot, write it."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cannot write tuning cache {self.given}: {exc.strerror}") from None
         try:
             with self._lock:
-                merged = {_raw_slot(e): e for e in self._read_raw()}
-                for e in new:
-                    merged[e.slot()] = e.to_dict()
-                self._write(list(merged.values()))
+                remove_orphaned_temps(self.path, older_than_s=ORPHAN_AGE_S)
+                parsed = self._load_for_writing()
+                slots = {e.slot(): e for e in parsed.entries}
+                change(slots)
+                kept_invalid = [raw for _, raw in parsed.invalid]  # nothing is lost
+                self._write([e.to_dict() for e in slots.values()] + kept_invalid)
         except Timeout:
             raise CacheError(
-                f"tuning cache {self.path} stayed locked for {LOCK_TIMEOUT_S:.0f} s"
+                f"tuning cache {self.given} stayed locked for {LOCK_TIMEOUT_S:.0f} s"
                 f" (is another tuner stuck? lock file {self._lock.lock_file})"
             ) from None
-        return len(new)
+        except OSError as exc:  # the lock file cannot be made (read-only folder, ...)
+            raise CacheError(f"cannot write tuning cache {self.given}: {exc.strerror}") from None
+
+    def _load_for_writing(self) -> _Parsed:
+        """The file as a writer holding the lock sees it; a corrupt file (read again under
+        the lock) is set aside and reported, never overwritten."""
+        try:
+            return self._load()
+        except ValueError as exc:
+            aside = self._move_aside()
+            raise CacheError(
+                f"tuning cache {self.given} is corrupt ({exc}); kept as {aside}, the next write starts a new one"
+            ) from None
+
+    def _move_aside(self) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.path, aside)
+        return aside
 
     def _write(self, entries: list[dict[str, Any]]) -> None:
         write_json(self.path, {"schema": SCHEMA_VERSION, "entries": entries}, fsync=True, separators=(",", ":"))
 
-    def merge_from(self, *others: str | os.PathLike) -> int:
-        """Copy every entry of other cache files into this one (newest wins per slot)."""
-        incoming: dict[tuple, CacheEntry] = {}
-        for other in others:
-            for e in TuningCache(other).entries():
-                old = incoming.get(e.slot())
-                if old is None or e.created >= old.created:
-                    incoming[e.slot()] = e
-        return self.put_many(incoming.values())
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced or rewritten."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -1,28 +1,79 @@
-"""What every CLI shares: user errors as one line and exit code 2, a console."""
+"""What every CLI shares: user errors as one line and exit code 2, Ctrl-C and SIGTERM as
+exit code 130 with a line saying what was kept, a console, and the shared option checks."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from primus_perf.errors import UserError
+try:  # typer >= 0.20 vendors click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover - older typer on click
+    from click.exceptions import ClickException, NoArgsIsHelpError
+
+from primus_perf.errors import Interrupted, UserError
+from primus_perf.files import check_input_file
 
 console = Console()
 err_console = Console(stderr=True)
 
+EXIT_INTERRUPTED = 130
+# Options that print rows: at least one (a typer min, so that `--top -5` is a usage error).
+TOP_MIN = 1
+JSON_HELP = "Write the result as JSON to this file (- for stdout)."
 
-def run_app(app: typer.Typer | Callable[[], object]) -> None:
-    """Run a typer app (standalone: usage errors and --help as click does them); a
-    UserError becomes ``error: <message>`` on one line and its exit code."""
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line (rich markup) a UserError or an Interrupted prints."""
+    if isinstance(exc, Interrupted):
+        return f"interrupted: {escape(' '.join(exc.kept.split()))}"
+    return f"[red]error:[/] {escape(' '.join(str(exc).split()))}"
+
+
+def run_app(app: typer.Typer | Callable[..., object], args: Sequence[str] | None = None) -> None:
+    """Run a typer app. Every error a user can cause is one line on stderr: a usage error
+    (``error: Invalid value for '--top': ...``, exit 2), a UserError (``error: <message>``,
+    its exit code). SIGTERM is handled as Ctrl-C (``finally`` blocks run: logs and partial
+    traces are kept); a command that caught it raises :class:`Interrupted` to say what it
+    kept (exit 130). ``--help`` and a command without arguments print the help."""
+    with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
+        signal.signal(signal.SIGTERM, _terminate)
     try:
-        app()
-    except UserError as exc:
-        message = " ".join(str(exc).split())
-        err_console.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+        code = app(None if args is None else list(args), standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # no_args_is_help: the help, as the framework prints it
+        exc.show()
+        sys.exit(exc.exit_code)
+    except ClickException as exc:
+        hint = f" (see {exc.ctx.command_path} --help)" if getattr(exc, "ctx", None) is not None else ""
+        err_console.print(f"[red]error:[/] {escape(' '.join(exc.format_message().split()) + hint)}",
+                          highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:  # end of input at a prompt
+        sys.exit(1)
+    except (UserError, Interrupted) as exc:
+        err_console.print(error_line(exc), highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
+        err_console.print("interrupted: nothing was written")
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def check_trace_args(paths: Sequence[str | Path]) -> None:
+    """Each trace argument is a run directory or a trace file that can be one (a regular,
+    non-empty file starting like JSON or gzip): one clear error before the analyzer runs."""
+    for path in paths:
+        if Path(path).is_dir():
+            continue
+        check_input_file(path, what="trace", starts_with=(b"{", b"[", b"\x1f\x8b"), expected="JSON or gzip")

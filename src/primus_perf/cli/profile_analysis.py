@@ -10,8 +10,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from primus_perf.cli.common import console, err_console
-from primus_perf.files import write_text
+from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
+from primus_perf.files import write_output
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.shapes import write_problems
 
@@ -29,12 +29,27 @@ def _pct(v: Any) -> str:
 
 
 def _run(traces: list[Path]) -> Analysis:
+    check_trace_args(traces)
     with err_console.status("analyzing") as status:
         return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg))
 
 
 def _tflop(flops: float | None) -> str:
-    return "FLOPs unknown" if flops is None else f"{flops / 1e12:.2f} TFLOP/step"
+    """FLOPs per step in the unit that shows them (a CPU run's are far below a TFLOP)."""
+    if flops is None:
+        return "FLOPs unknown"
+    for scale, unit in ((1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")):
+        if flops >= scale:
+            return f"{flops / scale:.2f} {unit}/step"
+    return f"{flops:,.0f} FLOP/step"
+
+
+def _busy(a: Analysis) -> str:
+    """GPU busy time; for a trace without GPU events, the CPU time of its modeled ops."""
+    if len(a.kernels):
+        return f"GPU busy {_ms(a.totals['gpu_busy_s_per_step'])} ms/step"
+    cpu = sum(float(df["time_s"].sum()) for df in (a.gemm_problems, a.attention_problems) if len(df))
+    return f"no GPU events: CPU time of GEMM and attention ops {_ms(cpu)} ms/step"
 
 
 def render(a: Analysis, top: int) -> None:
@@ -42,7 +57,7 @@ def render(a: Analysis, top: int) -> None:
     t = a.totals
     console.print(
         f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {len(a.steps) or 1} step(s) · "
-        f"step {_ms(t['step_time_s'])} ms · GPU busy {_ms(t['gpu_busy_s_per_step'])} ms/step · GEMM {_tflop(t['gemm_flops_per_step'])} · "
+        f"step {_ms(t['step_time_s'])} ms · {_busy(a)} · GEMM {_tflop(t['gemm_flops_per_step'])} · "
         f"attention {_tflop(t['attention_flops_per_step'])}"
     )
     cat = a.category_seconds()
@@ -96,22 +111,18 @@ def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_cmd(
         traces: list[Path] = typer.Argument(..., help="Trace files (.json/.json.gz, one per rank) or run directories."),
-        json_out: bool = typer.Option(False, "--json", help="Print the analysis summary as JSON."),
-        output: Path | None = typer.Option(None, "-o", "--output", help="Also write the JSON summary here."),
-        top: int = typer.Option(20, "--top", help="Rows of the hotspot and problem tables."),
+        json_out: str | None = typer.Option(None, "--json", help=JSON_HELP + " The tables are not printed with -."),
+        top: int = typer.Option(20, "--top", min=TOP_MIN, help="Rows of the hotspot and problem tables."),
     ) -> None:
         """Breakdown, hotspots and GEMM/attention problems of one or more traces."""
         a = _run(traces)
-        if output is not None or json_out:
-            text = json.dumps(a.to_json(top=max(top, 50)), indent=1)
-            if output is not None:
-                write_text(output, text)
-            if json_out:
-                print(text)
+        if json_out is not None:
+            write_output(json_out, json.dumps(a.to_json(top=max(top, 50)), indent=1))
+            if json_out == "-":
                 return
         render(a, top)
-        if output is not None:
-            console.print(f"wrote {output}")
+        if json_out is not None:
+            console.print(f"wrote {json_out}")
 
     @app.command("shapes")
     def shapes_cmd(

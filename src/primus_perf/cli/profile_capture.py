@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -18,17 +19,19 @@ def register(app: typer.Typer) -> None:
             None, help="Config overrides key=value, e.g. train.micro_batch=2 parallel.tp=2"
         ),
         config: str = typer.Option("tiny", "--config", "-c", help="Preset name or YAML path"),
-        layers: Optional[int] = typer.Option(None, "--layers", help="Override model.n_layers"),  # noqa: UP045
-        steps: int = typer.Option(3, "--steps", help="Profiled (recorded) steps"),
-        warmup: int = typer.Option(1, "--warmup", help="Profiler warm-up steps before recording"),
-        wait: int = typer.Option(2, "--wait", help="Steps with the profiler started but not recording"),
-        baseline: int = typer.Option(3, "--baseline", help="Unprofiled steps before the profiler"),
-        after: int = typer.Option(3, "--after", help="Unprofiled steps after the profiler"),
+        layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Override model.n_layers"),  # noqa: UP045
+        steps: int = typer.Option(3, "--steps", min=1, help="Profiled (recorded) steps"),
+        warmup: int = typer.Option(1, "--warmup", min=0, help="Profiler warm-up steps before recording"),
+        wait: int = typer.Option(2, "--wait", min=0, help="Steps with the profiler started but not recording"),
+        baseline: int = typer.Option(3, "--baseline", min=0, help="Unprofiled steps before the profiler"),
+        after: int = typer.Option(3, "--after", min=0, help="Unprofiled steps after the profiler"),
         out: Path = typer.Option(Path("runs/profile"), "--out", "-o", help="Run directory to write"),
         ranks: Optional[str] = typer.Option(None, "--ranks", help="Ranks to trace, e.g. 0,3 (default: all)"),  # noqa: UP045
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in a non-empty --out folder"),
     ) -> None:
         """Train under torch.profiler: one gzipped trace per rank plus manifest.json
-        (works under torchrun). Analyze with `primus-profile analyze DIR`."""
+        (works under torchrun). Analyze with `primus-profile analyze DIR`. --out must be
+        empty (or --overwrite). Ctrl-C keeps the steps already recorded."""
         from primus_perf.profiler.capture import Schedule, capture_trainer
 
         extra = list(overrides or [])
@@ -41,17 +44,39 @@ def register(app: typer.Typer) -> None:
             console.print(f"step {rec['index'] + 1:>3}  {rec['phase']:<8} {rec['time_s'] * 1e3:9.1f} ms{loss}",
                           highlight=False)
 
-        res = capture_trainer(config, extra, out, sched, ranks=ranks, on_step=show)
+        res = capture_trainer(config, extra, out, sched, ranks=ranks, on_step=show, overwrite=overwrite)
         m = res.manifest
         if not m:
             return  # not rank 0
-        o = m["overhead"]
-        ratio = o.get("outside_window_vs_unprofiled")
-        active = o.get("active_vs_unprofiled")
-        console.print(
-            f"wrote {len(m['traced_ranks'])} trace(s) and {res.out_dir / MANIFEST}; "
-            f"profiler overhead: steps outside the recorded window "
-            f"{'n/a' if ratio is None else f'{(ratio - 1) * 100:+.1f}%'}, recorded steps "
-            f"{'n/a' if active is None else f'{(active - 1) * 100:+.1f}%'} vs unprofiled",
-            highlight=False,
-        )
+        console.print(f"wrote {len(m['traced_ranks'])} trace(s) and {res.out_dir / MANIFEST}", highlight=False)
+        console.print(overhead_line(m["steps"]), highlight=False, soft_wrap=True)
+
+
+MIN_STEPS = 2  # steps on each side before an overhead is claimed
+
+
+def _ms_range(times: list[float]) -> str:
+    return f"{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f} ms"
+
+
+def overhead_line(steps: list[dict]) -> str:
+    """The profiler's overhead on the recorded steps and on those outside the window,
+    against the unprofiled steps, with each group's spread; a difference within the
+    step-to-step spread (the ranges overlap), or from fewer than :data:`MIN_STEPS` steps a
+    side, is reported as not measurable."""
+    def times(*phases: str) -> list[float]:
+        return [s["time_s"] for s in steps if s["phase"] in phases]
+
+    base = times("baseline")[1:] or times("baseline")
+    parts = []
+    for label, group in (("recorded steps", times("active")), ("steps outside the window", times("wait", "after"))):
+        if len(base) < MIN_STEPS or len(group) < MIN_STEPS:
+            parts.append(f"{label}: not measured (fewer than {MIN_STEPS} steps to compare)")
+            continue
+        spread = f"({_ms_range(group)} vs unprofiled {_ms_range(base)})"
+        if min(group) > max(base) or max(group) < min(base):
+            change = statistics.median(group) / statistics.median(base) - 1
+            parts.append(f"{label} {change * 100:+.1f}% {spread}")
+        else:
+            parts.append(f"{label}: not measurable, within the step-to-step spread {spread}")
+    return "profiler overhead: " + "; ".join(parts)

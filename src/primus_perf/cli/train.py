@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from primus_perf.cli.common import console, run_app
+from primus_perf.errors import Interrupted
 
 app = typer.Typer(name="primus-train", add_completion=False)
 
@@ -28,14 +29,17 @@ def train(
     config: str = typer.Option(
         "tiny", "--config", "-c", help="Preset name (tiny, llama3-8b, ...) or a YAML path"
     ),
-    layers: Optional[int] = typer.Option(None, "--layers", help="Override model.n_layers"),  # noqa: UP045
-    steps: Optional[int] = typer.Option(None, "--steps", help="Override train.steps"),  # noqa: UP045
+    layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Override model.n_layers"),  # noqa: UP045
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Override train.steps"),  # noqa: UP045
     json_log: Optional[str] = typer.Option(  # noqa: UP045
-        None, "--json-log", help="Write one JSON object per step to this file (JSON lines)"
+        None, "--json-log", help="Write one JSON object per step to this file (JSON lines; it appears under"
+        " this name at the end, on Ctrl-C, SIGTERM or an error, holding every finished step)"
     ),
 ) -> None:
     """Train a preset or YAML config; prints loss, step time, tokens/s, MFU and peak memory
-    per step. Under torchrun every rank runs it (rank 0 prints and writes the log)."""
+    per step. Under torchrun every rank runs it (rank 0 prints and writes the log).
+    Exit codes: 0 done, 2 bad config or environment, 3 the loss became NaN or infinite,
+    130 interrupted (Ctrl-C or SIGTERM)."""
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import JsonLog, Trainer
 
@@ -46,7 +50,12 @@ def train(
         extra.append(f"train.steps={steps}")
     cfg = load_config(config, extra)
     trainer = Trainer(cfg)
-    log = JsonLog(json_log) if (json_log and trainer.is_main) else None
+    done = 0
+    try:
+        log = JsonLog(json_log) if (json_log and trainer.is_main) else None
+    except BaseException:
+        trainer.close()
+        raise
     m = cfg.model
     if trainer.is_main:
         console.print(
@@ -63,6 +72,7 @@ def train(
     try:
         for _ in range(cfg.train.steps):
             metrics = trainer.train_step()
+            done += 1
             if not trainer.is_main:
                 continue
             if log is not None:
@@ -71,13 +81,19 @@ def train(
                 console.print(
                     format_step(metrics, cfg.train.steps), highlight=False, soft_wrap=True
                 )
+    except KeyboardInterrupt:
+        kept = f"the JSON log {json_log} holds {log.steps} step(s)" if log is not None and log.steps else \
+            "nothing was written"
+        raise Interrupted(f"after {done} of {cfg.train.steps} steps; {kept}") from None
     finally:
-        if log is not None:
-            log.close()
-        if trainer.is_main and trainer.tuning is not None:
-            for line in trainer.tuning.end_lines():
-                console.print(line, highlight=False, soft_wrap=True)
-        trainer.close()
+        try:
+            if log is not None:
+                log.close()
+        finally:
+            if trainer.is_main and trainer.tuning is not None:
+                for line in trainer.tuning.end_lines():
+                    console.print(line, highlight=False, soft_wrap=True)
+            trainer.close()
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from primus_perf.cli.common import console
+from primus_perf.cli.common import check_trace_args, console
 
 
 def register(app: typer.Typer) -> None:
@@ -22,10 +22,10 @@ def register(app: typer.Typer) -> None:
         problems_file: Optional[list[Path]] = typer.Option(  # noqa: UP045
             None, "--problems", help="Problems file(s) (`primus-profile shapes`): their attention problems"
         ),
-        dtype: str = typer.Option("bf16", "--dtype", help="bf16 or f16 (for --problem)"),
+        dtype: str = typer.Option("bf16", "--dtype", help="bf16 or f16 (fp16, float16 accepted) for --problem"),
         strategy: str = typer.Option("grid", "--strategy", help="grid (exhaustive) or tpe (optuna)"),
-        trials: Optional[int] = typer.Option(None, "--trials", help="tpe trials (default: 20% of the grid)"),  # noqa: UP045
-        budget_s: float = typer.Option(5.0, "--budget-s", help="Time budget per problem for the final race"),
+        trials: Optional[int] = typer.Option(None, "--trials", min=1, help="tpe trials (default: 20% of the grid)"),  # noqa: UP045
+        budget_s: float = typer.Option(5.0, "--budget-s", min=0.001, help="Time budget per problem for the final race"),
         cache: str = typer.Option("tuning_cache.json", "--cache", help="Cache file to write"),
         study_db: Optional[Path] = typer.Option(  # noqa: UP045
             None, "--study-db", help="SQLite file for tpe studies (resume an interrupted search)"
@@ -35,9 +35,16 @@ def register(app: typer.Typer) -> None:
         """Tune attention: Triton tile configs (forward + backward) against every torch SDPA
         backend; the fastest per problem goes to the cache, written after each problem."""
         from primus_perf.cli.tune_run import run_tuning
+        from primus_perf.errors import UserError
+        from primus_perf.problems import canonical_dtype
         from primus_perf.tuner.attention.plugin import AttentionTuner
         from primus_perf.tuner.problems_input import gather_problems
 
+        check_trace_args(from_trace or ())
+        try:
+            dtype = canonical_dtype(dtype)
+        except ValueError as exc:
+            raise UserError(f"--dtype: {exc}") from None
         tuner = AttentionTuner(strategy=strategy, trials=trials, storage=study_db)
         problems = gather_problems("attention", traces=from_trace or (), files=problems_file or (),
                                    specs=problem or (), dtype=dtype)

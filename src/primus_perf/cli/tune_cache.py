@@ -4,41 +4,54 @@ from __future__ import annotations
 
 import typer
 
-from primus_perf.cli.common import console
+from primus_perf.cli.common import console, err_console
+
+
+def open_cache(path: str):
+    """A cache named on the command line: it must be a regular, non-empty file; invalid or
+    stale entries are reported as notes on stderr."""
+    from primus_perf.cache.store import TuningCache
+    from primus_perf.files import check_input_file
+
+    check_input_file(path, what="tuning cache")
+    return TuningCache(path, report_stale=note)
+
+
+def note(message: str) -> None:
+    err_console.print(f"[yellow]note:[/] {message}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("show")
     def show_cmd(path: str = typer.Argument(..., help="Cache file")) -> None:
-        """List the entries of a tuning cache."""
-        from pathlib import Path
-
+        """List the entries of a tuning cache (invalid entries are named and skipped)."""
         from rich.table import Table
 
-        from primus_perf.cache.store import TuningCache
-        from primus_perf.errors import CacheError
-
-        if not Path(path).exists():
-            raise CacheError(f"cache file not found: {path}")
         table = Table("kind", "problem", "device", "versions", "choice", "speedup")
-        for e in TuningCache(path).entries():
-            t, d = e.times.get("tuned_ms"), e.times.get("default_ms")
+        entries = open_cache(path).entries()
+        for e in entries:
+            speedup = e.speedup
             cfg = e.solution.get("config") or {}
-            table.add_row(e.kind, e.problem_key, e.device.get("name", "?"),
+            table.add_row(e.kind, e.problem_key, str(e.device.get("name", "?")),
                           ",".join(f"{k}={v}" for k, v in e.versions.items()),
-                          str(cfg.get("name", cfg.get("backend", ""))), f"{d / t:.3f}x" if t and d else "-")
+                          str(cfg.get("name", cfg.get("backend", ""))), f"{speedup:.3f}x" if speedup else "-")
         console.print(table)
+        console.print(f"{len(entries)} entries", highlight=False)
 
     @app.command("merge")
     def merge_cmd(
-        target: str = typer.Argument(..., help="Cache file to merge into"),
-        sources: list[str] = typer.Argument(..., help="Cache files to merge from"),
+        target: str = typer.Argument(..., help="Cache file to merge into (made when missing)"),
+        sources: list[str] = typer.Argument(..., help="Cache files to merge from (each must exist)"),
     ) -> None:
-        """Merge other cache files into one (newest entry wins per problem/device/library)."""
+        """Merge other cache files into one. Per problem, device and library versions the
+        entry with the newest `created` time wins, across the target and the sources; on a
+        tie the faster tuned time wins. Invalid entries are named and not carried."""
         from primus_perf.cache.store import TuningCache
 
-        n = TuningCache(target).merge_from(*sources)
-        console.print(f"{target}: merged {n} entries")
+        for source in sources:
+            open_cache(source)  # each source exists and is a regular file
+        n = TuningCache(target, report_stale=note).merge_from(*sources)
+        console.print(f"{target}: took {n} entries from {len(sources)} file(s)", highlight=False)
 
     @app.command("export")
     def export_cmd(
@@ -51,13 +64,9 @@ def register(app: typer.Typer) -> None:
                  " cuBLASLt choices are read by releases after 2.13, hipBLASLt ones and Default by all)"),
     ) -> None:
         """Export the entries that map to TunableOp's results CSV or a hipBLASLt override file."""
-        from pathlib import Path
 
         from primus_perf.cache.export import export
-        from primus_perf.cache.store import TuningCache
-        from primus_perf.errors import CacheError
 
-        if not Path(path).exists():
-            raise CacheError(f"cache file not found: {path}")
-        n, skipped = export(TuningCache(path).entries(), fmt, out, torch_version)
-        console.print(f"{out}: {n} rows ({skipped} GEMM entries have no {fmt} spelling)")
+        entries = open_cache(path).entries()
+        n, skipped = export(entries, fmt, out, torch_version)
+        console.print(f"{out}: {n} rows ({skipped} GEMM entries have no {fmt} spelling)", highlight=False)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from primus_perf.cli.common import console
+from primus_perf.cli.common import check_trace_args, console
 
 
 def register(app: typer.Typer) -> None:
@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     def gemm_cmd(
         problems: Optional[list[str]] = typer.Option(None, "--problems", help="JSON/YAML problems file(s)"),  # noqa: UP045
         from_trace: Optional[list[str]] = typer.Option(None, "--from-trace", help="Profiler trace(s)"),  # noqa: UP045
-        budget_s: float = typer.Option(5.0, "--budget-s", help="Time budget per problem"),
+        budget_s: float = typer.Option(5.0, "--budget-s", min=0.001, help="Time budget per problem"),
         widen: bool = typer.Option(False, "--widen", help="Also try split-K variants of the top heuristics"),
         cache: str = typer.Option("tuning_cache.json", "--cache", help="Cache file to write"),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the problems, tune nothing"),
@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
         from primus_perf.tuner.gemm.plugin import GemmTuner
         from primus_perf.tuner.problems_input import gather_problems
 
+        check_trace_args(from_trace or ())
         with console.status("reading the problems"):
             probs = gather_problems("gemm", traces=from_trace or (), files=problems or ())
         if dry_run:

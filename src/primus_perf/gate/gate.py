@@ -18,8 +18,16 @@ error rates of this rule are measured by a seeded simulation in the tests: with 
 noise and 20 samples per side, a true 5% regression is caught in >= 95% of trials and a
 no-change pair fails in <= 2%.
 
+Refusals (exit code 2, before any verdict): sample sizes whose smallest possible p
+(every candidate sample worse than every baseline one) is not below ``alpha``, so that no
+regression could ever fail (5 samples a side cannot reach 0.005); samples of different
+configs, overrides or devices, unless ``allow_mismatch`` (then they are notes). Each
+side's noise (coefficient of variation) is reported, with a note above
+:data:`NOISY_CV`: on a noisy machine the verdict can flip with the order of the runs.
+
 Exit codes of ``primus-profile gate``: 0 pass, 1 regression, 2 bad input (unreadable or
-malformed samples, a missing metric, too few samples, different devices).
+malformed samples, a missing metric, too few samples, a comparison that cannot reach
+significance, different configs, overrides or devices).
 """
 
 from __future__ import annotations
@@ -32,10 +40,22 @@ from typing import Any
 import numpy as np
 
 from primus_perf.errors import UserError
-from primus_perf.gate.stats import bootstrap_ratio_ci, mann_whitney_greater
+from primus_perf.files import check_input_file
+from primus_perf.gate.stats import (
+    bootstrap_ratio_ci,
+    coefficient_of_variation,
+    mann_whitney_greater,
+    min_p_value,
+)
 
 SAMPLES_SCHEMA = "primus-perf-bench/1"
 MIN_SAMPLES = 5
+DEFAULT_ALPHA = 0.01
+DEFAULT_MAX_REGRESSION = 0.03
+NOISY_CV = 0.05  # a side noisier than this gets a note
+# The profiled window of ``bench``: the fewest steps whose gpu_time metrics catch a true 5%
+# change in >= 99% of trials at 2% noise (gate.simulation.smallest_window; held by a test).
+DEFAULT_PROFILE_STEPS = 20
 
 # Metrics where a larger value is better; every other metric (times) is lower-is-better.
 HIGHER_IS_BETTER = frozenset({"tokens_per_s", "mfu", "tflops"})
@@ -59,6 +79,8 @@ class MetricVerdict:
     ci_low: float  # 95% bootstrap CI of ``change``
     ci_high: float
     p_value: float  # one-sided Mann-Whitney U: candidate worse than baseline
+    cv_baseline: float  # noise of each side: standard deviation / mean
+    cv_candidate: float
     regression: bool
     improvement: bool
     higher_is_better: bool
@@ -107,11 +129,12 @@ def compare_metric(
     baseline: list[float] | np.ndarray,
     candidate: list[float] | np.ndarray,
     *,
-    max_regression: float = 0.03,
-    alpha: float = 0.01,
+    max_regression: float = DEFAULT_MAX_REGRESSION,
+    alpha: float = DEFAULT_ALPHA,
     bootstrap: bool = True,
 ) -> MetricVerdict:
-    """Apply the gate's rule to one metric's samples."""
+    """Apply the gate's rule to one metric's samples; GateInputError when the sample sizes
+    cannot reach significance at ``alpha``."""
     b = np.asarray(baseline, dtype=np.float64)
     c = np.asarray(candidate, dtype=np.float64)
     for side, arr in (("baseline", b), ("candidate", c)):
@@ -121,6 +144,13 @@ def compare_metric(
             )
         if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
             raise GateInputError(f"metric {metric!r}: {side} has non-finite or non-positive samples")
+    p_min = min_p_value(len(b), len(c))
+    if p_min >= alpha:
+        raise GateInputError(
+            f"metric {metric!r}: with {len(b)} and {len(c)} samples the smallest possible p is {p_min:.3g},"
+            f" not below alpha {alpha:g}: no regression could fail; take more samples (bench --repeat)"
+            f" or raise --alpha"
+        )
     higher = metric in HIGHER_IS_BETTER
     mb, mc = float(np.median(b)), float(np.median(c))
     ratio = mc / mb
@@ -148,6 +178,8 @@ def compare_metric(
         ci_low=ci[0],
         ci_high=ci[1],
         p_value=p_worse,
+        cv_baseline=coefficient_of_variation(b),
+        cv_candidate=coefficient_of_variation(c),
         regression=bool(p_worse < alpha and change > max_regression),
         improvement=bool(p_better < alpha and -change > max_regression),
         higher_is_better=higher,
@@ -157,11 +189,15 @@ def compare_metric(
 # --------------------------------------------------------------------------- samples files
 
 
+MAX_SAMPLES_BYTES = 64 << 20
+
+
 def load_samples(path: str | Path) -> dict[str, Any]:
     """Read a ``primus-profile bench`` samples file; GateInputError if it is not one."""
-    p = Path(path)
-    if not p.is_file():
-        raise GateInputError(f"samples file not found: {p}")
+    try:
+        p = check_input_file(path, what="samples file", max_bytes=MAX_SAMPLES_BYTES, starts_with=(b"{",), expected="JSON")
+    except UserError as exc:
+        raise GateInputError(str(exc)) from None
     try:
         data = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -185,14 +221,32 @@ def _device_label(device: dict[str, Any]) -> str:
     return str(device.get("name", "?"))
 
 
-def check_same_device(baseline: dict[str, Any], candidate: dict[str, Any]) -> None:
-    """Samples from different GPU models (or counts) cannot be compared."""
-    keys = ("name", "arch", "compute_units", "world_size")
-    b = {k: baseline["device"].get(k) for k in keys}
-    c = {k: candidate["device"].get(k) for k in keys}
+DEVICE_KEYS = ("name", "arch", "compute_units", "world_size")
+
+
+def mismatches(baseline: dict[str, Any], candidate: dict[str, Any]) -> list[str]:
+    """What makes two samples files measure different things: devices (model, count),
+    configs, overrides. Empty when they can be compared."""
+    found = []
+    b = {k: baseline["device"].get(k) for k in DEVICE_KEYS}
+    c = {k: candidate["device"].get(k) for k in DEVICE_KEYS}
     if b != c:
-        diff = ", ".join(f"{k}: {b[k]!r} vs {c[k]!r}" for k in keys if b[k] != c[k])
-        raise GateInputError(f"baseline and candidate ran on different devices ({diff})")
+        diff = ", ".join(f"{k}: {b[k]!r} vs {c[k]!r}" for k in DEVICE_KEYS if b[k] != c[k])
+        found.append(f"ran on different devices ({diff})")
+    for key in ("config", "overrides"):
+        if baseline.get(key) != candidate.get(key):
+            found.append(f"have different {key}s ({baseline.get(key)!r} vs {candidate.get(key)!r})")
+    return found
+
+
+def check_comparable(baseline: dict[str, Any], candidate: dict[str, Any], *, allow_mismatch: bool = False
+                     ) -> list[str]:
+    """GateInputError for samples of different devices, configs or overrides, unless
+    ``allow_mismatch``: then the differences come back as notes."""
+    found = mismatches(baseline, candidate)
+    if found and not allow_mismatch:
+        raise GateInputError(f"baseline and candidate {'; '.join(found)}; pass --allow-mismatch to gate them anyway")
+    return [f"baseline and candidate {m}" for m in found]
 
 
 def gate(
@@ -200,8 +254,9 @@ def gate(
     candidate: str | Path | dict[str, Any],
     *,
     metrics: list[str] | None = None,
-    max_regression: float = 0.03,
-    alpha: float = 0.01,
+    max_regression: float = DEFAULT_MAX_REGRESSION,
+    alpha: float = DEFAULT_ALPHA,
+    allow_mismatch: bool = False,
 ) -> GateResult:
     """Gate a candidate samples file against a baseline one (paths or loaded dicts)."""
     if not 0 <= max_regression < 1:
@@ -212,12 +267,8 @@ def gate(
     cpath = "" if isinstance(candidate, dict) else str(candidate)
     b = baseline if isinstance(baseline, dict) else load_samples(baseline)
     c = candidate if isinstance(candidate, dict) else load_samples(candidate)
-    check_same_device(b, c)
+    notes = check_comparable(b, c, allow_mismatch=allow_mismatch)
     wanted = metrics or ["step_time"]
-    notes: list[str] = []
-    bconf, cconf = b.get("config"), c.get("config")
-    if bconf != cconf:
-        notes.append(f"configs differ: {bconf!r} vs {cconf!r}")
     if b.get("versions") != c.get("versions"):
         notes.append("library versions differ")
     verdicts = []
@@ -228,6 +279,11 @@ def gate(
         verdicts.append(
             compare_metric(m, b["metrics"][m], c["metrics"][m], max_regression=max_regression, alpha=alpha)
         )
+    for v in verdicts:
+        for side, cv in (("baseline", v.cv_baseline), ("candidate", v.cv_candidate)):
+            if cv > NOISY_CV:
+                notes.append(f"{v.metric}: the {side} is noisy (CV {cv:.1%} > {NOISY_CV:.0%}); the verdict"
+                             f" may change with the order of the runs: quiet the machine or take more samples")
     return GateResult(
         verdicts=verdicts,
         max_regression=max_regression,

@@ -55,3 +55,20 @@ def bootstrap_ratio_ci(
     ratios = np.median(c, axis=1) / np.median(b, axis=1)
     lo, hi = np.percentile(ratios, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def min_p_value(n1: int, n2: int) -> float:
+    """The smallest p :func:`mann_whitney_greater` can give for these sample sizes (every
+    value of one side above every value of the other): a test whose alpha is not above it
+    can never find anything."""
+    n = n1 + n2
+    z = (n1 * n2 / 2.0 - 0.5) / math.sqrt(n1 * n2 / 12.0 * (n + 1))
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def coefficient_of_variation(values: np.ndarray) -> float:
+    """Sample standard deviation over the mean (the noise of one side)."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return 0.0
+    return float(np.std(values, ddof=1) / np.mean(values))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus_perf.errors import UserError
+from primus_perf.errors import Interrupted, UserError
 from primus_perf.files import atomic_open, write_json
 from primus_perf.tracelens.inputs import MANIFEST
 
@@ -79,6 +80,18 @@ def trace_name(rank: int) -> str:
     return f"rank{rank}.pt.trace.json.gz"
 
 
+_TRACE_NAME = re.compile(r"rank\d+\.pt\.trace\.json\.gz")
+
+
+class CaptureInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`profile_steps`, with what was captured until then (the trace
+    of the active steps already recorded, when there are any)."""
+
+    def __init__(self, result: CaptureResult) -> None:
+        super().__init__("interrupted")
+        self.result = result
+
+
 def _sync() -> None:
     import torch
 
@@ -102,9 +115,13 @@ def _write_gz(src: Path, dst: Path) -> None:
         shutil.copyfileobj(f, g, 1 << 20)
 
 
-def prepare_out_dir(out_dir: str | Path) -> Path:
-    """Create the output directory, or one clear error."""
+def prepare_out_dir(out_dir: str | Path, *, overwrite: bool | None = None) -> Path:
+    """Create the output directory, or one clear error. ``overwrite=False``: a directory
+    with files in it is refused (runs would mix); ``True``: the previous run's traces and
+    manifest there are removed (rank 0 only: ``RANK``); None: no check."""
     out = Path(out_dir)
+    if overwrite is not None and int(os.environ.get("RANK", "0")) == 0:
+        _check_empty(out, overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)
         # A probe of its own per process: every rank of a torchrun job checks the same
@@ -115,6 +132,27 @@ def prepare_out_dir(out_dir: str | Path) -> Path:
     except OSError as exc:
         raise UserError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
     return out
+
+
+def _check_empty(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory")
+    try:
+        present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    except OSError as exc:
+        raise UserError(f"cannot read --out {out}: {exc.strerror}") from None
+    if not present:
+        return
+    if not overwrite:
+        shown = ", ".join(present[:3]) + (f" and {len(present) - 3} more" if len(present) > 3 else "")
+        raise UserError(f"--out {out} is not empty ({shown}): runs would mix; choose an empty folder"
+                        f" or pass --overwrite to replace the run there")
+    for name in present:  # only what a run writes: other files stay
+        if name == MANIFEST or _TRACE_NAME.fullmatch(name):
+            try:
+                (out / name).unlink()
+            except OSError as exc:
+                raise UserError(f"cannot replace {out / name}: {exc.strerror}") from None
 
 
 @dataclass
@@ -138,7 +176,8 @@ def profile_window(trace: str | Path, *, active: int, warmup: int = 1, wait: int
     but not recording, ``warmup`` steps recorded and dropped (the profiler's own start-up
     cost), then ``active`` steps recorded with shapes and marked ``ProfilerStep#N``. The
     trace is written gzipped to ``trace`` (temporary name, then renamed) when the window
-    closes; a loop that stops early keeps the active steps recorded so far."""
+    closes; a loop that stops early, or is interrupted (Ctrl-C), keeps the active steps
+    recorded so far (the exception goes on)."""
     import torch.profiler as tp
 
     if active < 1 or warmup < 0 or wait < 0:
@@ -147,19 +186,21 @@ def profile_window(trace: str | Path, *, active: int, warmup: int = 1, wait: int
     window = ProfiledWindow(steps=wait + warmup + active)
     with tempfile.TemporaryDirectory(prefix="primus-capture-") as tmp:
         raw = Path(tmp) / "trace.json"
-        with tp.profile(
-            activities=_activities(),
-            schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-            on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
-            record_shapes=True,
-            with_stack=False,
-            profile_memory=False,
-        ) as prof:
-            window._prof = prof
-            yield window
-        if raw.is_file():
-            _write_gz(raw, out)
-            window.trace = out
+        try:
+            with tp.profile(
+                activities=_activities(),
+                schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
+                record_shapes=True,
+                with_stack=False,
+                profile_memory=False,
+            ) as prof:
+                window._prof = prof
+                yield window
+        finally:  # the profiler's exit exported the active steps recorded, also on Ctrl-C
+            if raw.is_file():
+                _write_gz(raw, out)
+                window.trace = out
 
 
 def profile_steps(
@@ -180,6 +221,7 @@ def profile_steps(
     """
     sched = schedule or Schedule()
     out = prepare_out_dir(out_dir)
+    trace: Path | None = None
     phases = sched.phases()
     records: list[dict[str, Any]] = []
 
@@ -195,24 +237,28 @@ def profile_steps(
         if on_step is not None:
             on_step(rec)
 
-    for phase in phases[:sched.baseline]:
-        run(phase)
-    trace: Path | None = None
-    profiled = phases[sched.baseline: len(phases) - sched.after]
-    if traced:
-        with profile_window(out / trace_name(rank), active=sched.active, warmup=sched.warmup,
-                            wait=sched.wait) as window:
+    window: ProfiledWindow | None = None
+    try:
+        for phase in phases[:sched.baseline]:
+            run(phase)
+        profiled = phases[sched.baseline: len(phases) - sched.after]
+        if traced:
+            with profile_window(out / trace_name(rank), active=sched.active, warmup=sched.warmup,
+                                wait=sched.wait) as window:
+                for phase in profiled:
+                    run(phase)
+                    window.step()
+            if window.trace is None:
+                raise UserError("the profiler wrote no trace")
+            trace = window.trace
+        else:
             for phase in profiled:
                 run(phase)
-                window.step()
-        if window.trace is None:
-            raise UserError("the profiler wrote no trace")
-        trace = window.trace
-    else:
-        for phase in profiled:
+        for phase in phases[len(phases) - sched.after:]:
             run(phase)
-    for phase in phases[len(phases) - sched.after:]:
-        run(phase)
+    except KeyboardInterrupt:
+        kept = trace or (window.trace if window is not None else None)
+        raise CaptureInterrupted(CaptureResult(out_dir=out, trace=kept, steps=records)) from None
     return CaptureResult(out_dir=out, trace=trace, steps=records)
 
 
@@ -294,14 +340,17 @@ def parse_ranks(text: str | None, world_size: int) -> list[int]:
 
 
 def capture_trainer(config: str, overrides: Sequence[str], out_dir: str | Path, schedule: Schedule,
-                    ranks: str | None = None, on_step: Callable[[dict[str, Any]], None] | None = None
-                    ) -> CaptureResult:
-    """Train the reference trainer under the profiler (every rank under torchrun)."""
+                    ranks: str | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
+                    *, overwrite: bool = False) -> CaptureResult:
+    """Train the reference trainer under the profiler (every rank under torchrun) into a
+    run folder (an empty one, or ``overwrite``). Ctrl-C keeps the trace of the active steps
+    already recorded (with a manifest of the steps run) and raises
+    :class:`~primus_perf.errors.Interrupted` saying what was written."""
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
 
     cfg = load_config(config, overrides)
-    out = prepare_out_dir(out_dir)
+    out = prepare_out_dir(out_dir, overwrite=overwrite)
     trainer = Trainer(cfg)
     try:
         world = trainer.groups.world_size
@@ -311,8 +360,21 @@ def capture_trainer(config: str, overrides: Sequence[str], out_dir: str | Path, 
         def info(m: Any) -> dict[str, Any]:
             return {"loss": m.loss, "tokens_per_s": m.tokens_per_s, "mfu": m.mfu}
 
-        res = profile_steps(trainer.train_step, out, schedule, rank=rank, traced=rank in traced,
-                            step_info=info, on_step=on_step if trainer.is_main else None)
+        try:
+            res = profile_steps(trainer.train_step, out, schedule, rank=rank, traced=rank in traced,
+                                step_info=info, on_step=on_step if trainer.is_main else None)
+        except CaptureInterrupted as stop:
+            part = stop.result
+            recorded = sum(s["phase"] == "active" for s in part.steps)
+            if part.trace is None:
+                raise Interrupted(f"after {len(part.steps)} steps, before a recorded step was written;"
+                                  f" nothing was written to {out}") from None
+            if trainer.is_main:
+                write_manifest(out, base_manifest(schedule, part.steps, world_size=world, traced_ranks=traced,
+                                                  extra={"config": cfg.to_dict(), "config_name": config,
+                                                         "overrides": list(overrides), "interrupted": True}))
+            raise Interrupted(f"after {len(part.steps)} steps; wrote {part.trace} with {recorded} recorded"
+                              f" step(s) and {out / MANIFEST}") from None
         if trainer.is_main:
             plain = [s for s in res.steps if s["phase"] in ("baseline", "after")][1:]
             tok = _median([s["tokens_per_s"] for s in plain])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import math
 import types
 import typing
 from collections.abc import Sequence
@@ -25,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from primus_perf.errors import ConfigError
+from primus_perf.errors import ConfigError, UserError
+from primus_perf.files import check_input_file
 from primus_perf.kernels.grouped_gemm.backends import BACKENDS as GROUPED_GEMM_BACKENDS
 
 PRESETS = "primus_perf.trainer.presets"  # package holding the preset YAML files
@@ -167,6 +169,32 @@ _POSITIVE = (
 )
 
 
+SEED_MAX = 2**32 - 1
+# Float keys that must be finite and > 0; and those in [0, 1) (Adam's betas).
+_POSITIVE_FLOATS = ("model.rope_theta", "model.norm_eps", "model.init_std", "train.lr", "train.eps")
+_UNIT_INTERVAL = ("train.beta1", "train.beta2")
+_NON_NEGATIVE_FLOATS = ("train.min_lr", "train.weight_decay", "train.grad_clip")
+MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is not a config
+
+
+def _check_numbers(flat: dict[str, Any]) -> None:
+    """Finite floats in their ranges and a seed a generator takes; ConfigError naming the key."""
+    for key, value in flat.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"config key {key!r} must be a finite number, got {value}")
+    for key in _POSITIVE_FLOATS:
+        if key in flat and flat[key] <= 0:
+            raise ConfigError(f"config key {key!r} must be > 0, got {flat[key]}")
+    for key in _NON_NEGATIVE_FLOATS:
+        if key in flat and flat[key] < 0:
+            raise ConfigError(f"config key {key!r} must be >= 0, got {flat[key]}")
+    for key in _UNIT_INTERVAL:
+        if key in flat and not 0 <= flat[key] < 1:
+            raise ConfigError(f"config key {key!r} must be in [0, 1), got {flat[key]}")
+    if not 0 <= flat["train.seed"] <= SEED_MAX:
+        raise ConfigError(f"config key 'train.seed' must be in [0, {SEED_MAX}], got {flat['train.seed']}")
+
+
 def _preset_files() -> dict[str, Any]:
     """Preset name -> its YAML resource (a Traversable: a file, or an entry of a zip)."""
     root = importlib.resources.files(PRESETS)
@@ -181,7 +209,7 @@ def resolve_config_path(name_or_path: str) -> Any:
     """``tiny`` -> the ``tiny.yaml`` preset resource; an existing path is used as is."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"config file not found: {name_or_path}")
         return path
     presets = _preset_files()
@@ -220,6 +248,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -281,6 +314,7 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         for section, values in cfg.to_dict().items()
         for name, value in values.items()
     }
+    _check_numbers(flat)
     for key in _POSITIVE:
         if flat[key] <= 0:
             raise ConfigError(f"config key {key!r} must be positive, got {flat[key]}")
@@ -321,17 +355,16 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         raise ConfigError("config key 'train.lr' must be > 0 and train.min_lr in [0, train.lr]")
     if t.grad_clip < 0:
         raise ConfigError(f"config key 'train.grad_clip' must be >= 0, got {t.grad_clip}")
-    if cfg.data.path is not None:
-        if m.vocab_size < 256:
-            raise ConfigError(
-                f"config key 'model.vocab_size' ({m.vocab_size}) must be >= 256 for data.path (byte tokens)"
-            )
-        if not Path(cfg.data.path).is_file():
-            raise ConfigError(f"config key 'data.path': file not found: {cfg.data.path}")
+    if cfg.data.path is not None and m.vocab_size < 256:
+        raise ConfigError(
+            f"config key 'model.vocab_size' ({m.vocab_size}) must be >= 256 for data.path (byte tokens)"
+        )
     if cfg.tuning.online and cfg.tuning.cache is None:
         raise ConfigError("config key 'tuning.online' needs tuning.cache (the file it writes)")
-    if cfg.tuning.cache is not None and not cfg.tuning.online and not Path(cfg.tuning.cache).exists():
-        raise ConfigError(f"config key 'tuning.cache': not found: {cfg.tuning.cache}")
+    if cfg.data.path is not None:
+        _check_file("data.path", cfg.data.path)
+    if cfg.tuning.cache is not None and not cfg.tuning.online:  # online tuning may start the file
+        _check_file("tuning.cache", cfg.tuning.cache)
     return cfg
 
 
@@ -381,6 +414,13 @@ def _validate_moe(cfg: TrainerConfig) -> None:
         )
 
 
+def _check_file(key: str, path: str) -> None:
+    try:
+        check_input_file(path)
+    except UserError as exc:
+        raise ConfigError(f"config key {key!r}: {exc}") from None
+
+
 def config_from_dict(data: dict[str, Any]) -> TrainerConfig:
     return validate(_build(TrainerConfig, data, ""))
 
@@ -388,8 +428,15 @@ def config_from_dict(data: dict[str, Any]) -> TrainerConfig:
 def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> TrainerConfig:
     """Load a preset (by name) or a YAML file, apply ``key=value`` overrides, validate."""
     path = resolve_config_path(name_or_path)
+    if isinstance(path, Path):
+        try:
+            check_input_file(path, what="config file", max_bytes=MAX_CONFIG_BYTES, text=True)
+        except UserError as exc:
+            raise ConfigError(str(exc)) from None
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: a binary file, not a YAML config") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     except OSError as exc:

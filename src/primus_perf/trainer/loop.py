@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from primus_perf.errors import ConfigError, DeviceError
+from primus_perf.errors import ConfigError, DeviceError, DivergedError
+from primus_perf.files import LineLog
 from primus_perf.runtime import Handle, enable
 from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import TrainConfig, TrainerConfig
@@ -45,6 +46,7 @@ from primus_perf.trainer.parallel import (
     parallelize,
     reduce_expert_grads,
 )
+from primus_perf.trainer.resources import check_fits
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Trainer:
         self.cfg = cfg
         t = cfg.train
         self.device = self._pick_device(t.device)
+        check_fits(cfg, self.device.type, self.device.index or 0)  # before any large allocation
         self._owns_process_group = self._init_distributed()
         world = dist.get_world_size() if dist.is_initialized() else 1
         tp = cfg.parallel.tp
@@ -160,6 +163,7 @@ class Trainer:
         )
         self.peak_tflops = self._peak_tflops()
         self.step = 0
+        self.last_finite_loss: tuple[int, float] | None = None  # (step, loss)
         self.tuning: Handle | None = None  # primus_perf.enable's handle, when tuning.cache is set
         if cfg.tuning.cache:
             self.tuning = enable(cfg.tuning.cache, online=cfg.tuning.online, device_type=self.device.type)
@@ -228,6 +232,7 @@ class Trainer:
             dist.all_reduce(loss_value, group=self.groups.dp_group)
             loss_value /= self.groups.dp
         (loss_f, balance_f), norm_f = loss_value.tolist(), float(grad_norm)
+        self._check_finite(loss_f)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
@@ -248,6 +253,15 @@ class Trainer:
             aux_loss=None if balance is None else balance_f,
             tokens_per_expert=tokens_per_expert(self.model),
         )
+
+    def _check_finite(self, loss: float) -> None:
+        """Stop at a non-finite loss, naming the step and the last finite loss."""
+        if math.isfinite(loss):
+            self.last_finite_loss = (self.step + 1, loss)
+            return
+        last = self.last_finite_loss
+        before = f"last finite loss {last[1]:.4f} at step {last[0]}" if last else "no finite loss before it"
+        raise DivergedError(f"loss became {loss} at step {self.step + 1} ({before}); lower train.lr or check the data")
 
     def close(self) -> None:
         """Release the DDP wrapper, then leave the process group if this trainer made it.
@@ -270,25 +284,23 @@ class Trainer:
 
 
 class JsonLog:
-    """One JSON object per step, written to ``PATH.partial`` and renamed to PATH on close."""
+    """One JSON object per step (JSON lines), written to a temporary name next to PATH and
+    renamed to PATH on close: the CLI closes it at the end, on Ctrl-C, SIGTERM or an error,
+    so PATH holds every finished step (an old PATH stays intact until then)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.partial = self.path.with_name(self.path.name + ".partial")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.partial.open("w")
-        except OSError as exc:
-            raise ConfigError(f"cannot write the JSON log {self.path}: {exc.strerror}") from None
+        self._log = LineLog(path)
+
+    @property
+    def steps(self) -> int:
+        return self._log.lines
 
     def write(self, metrics: StepMetrics) -> None:
-        self._file.write(json.dumps(metrics.to_dict()) + "\n")
-        self._file.flush()
+        self._log.write(json.dumps(metrics.to_dict()))
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
-            os.replace(self.partial, self.path)
+        self._log.close()
 
 
 def train(

@@ -3,6 +3,11 @@
 One row per (problem key, direction): ``calls`` (per step), ``time_s`` (per step), FLOPs
 and bytes of one call, arithmetic intensity, achieved TFLOP/s and TB/s, the fraction of
 the roofline, the share of the kind's time, the dtype and the problem object.
+
+GEMM directions: a call whose kernels run in the backward pass (the kernels table links
+them to a forward op) is a weight gradient (``wgrad``) when it reduces over a token count
+of the forward GEMMs (dW = dY^T X sums over tokens), else an input gradient (``dgrad``,
+dX = dY W); ``bwd`` when the shapes cannot tell (a token count equal to a feature size).
 """
 
 from __future__ import annotations
@@ -18,12 +23,35 @@ COLUMNS = ["key", "label", "direction", "calls", "time_s", "flops", "bytes", "in
 GEMM_COLUMNS = [*COLUMNS[:2], "m", "n", "k", *COLUMNS[2:]]
 
 
-def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int) -> pd.DataFrame:
-    """``kind`` is "gemm" or "attention"."""
+def gemm_directions(gemm_calls: pd.DataFrame, kernels: pd.DataFrame) -> pd.Series:
+    """``fwd``, ``dgrad``, ``wgrad`` or ``bwd`` for each GEMM call (see the module docstring)."""
+    backward = kernels.loc[kernels["fwd_op"].astype(str) != "", ["rank", "call"]]
+    in_bwd = pd.MultiIndex.from_frame(gemm_calls[["rank", "row"]]).isin(
+        pd.MultiIndex.from_frame(backward.rename(columns={"call": "row"})))
+    shapes = [p.row_major_shapes() for p in gemm_calls["problem"]]
+    tokens = {s[0] for s, b in zip(shapes, in_bwd) if not b}  # row-major M of the forward GEMMs
+    out = []
+    for (m, _n, k, _at, _bt), b in zip(shapes, in_bwd):
+        if not b:
+            out.append("fwd")
+        elif k in tokens and m not in tokens:
+            out.append("wgrad")
+        elif m in tokens and k not in tokens:
+            out.append("dgrad")
+        else:
+            out.append("bwd")
+    return pd.Series(out, index=gemm_calls.index, dtype=object)
+
+
+def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int,
+                  kernels: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``kind`` is "gemm" or "attention"; with ``kernels``, GEMM rows say their pass."""
     cols = GEMM_COLUMNS if kind == "gemm" else COLUMNS
     sub = calls[calls["kind"] == kind]
     if sub.empty:
         return pd.DataFrame(columns=cols)
+    if kind == "gemm" and kernels is not None and len(kernels):
+        sub = sub.assign(direction=gemm_directions(sub, kernels))
     g = sub.groupby(["key", "direction"], sort=False).agg(
         problem=("problem", "first"), n=("row", "size"), time_us=("time_us", "sum"),
         flops=("flops", "first"), bytes=("bytes", "first"), dtype=("dtype", "first")).reset_index()

@@ -1,0 +1,41 @@
+"""Output that must not mislead: GEMM passes (fwd, dgrad, wgrad), FLOPs in a unit that shows
+them, the profiler's overhead only where it stands out of the step-to-step spread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from primus_perf.cli.profile_analysis import _tflop
+from primus_perf.cli.profile_capture import overhead_line
+from primus_perf.tracelens.analyze import analyze
+
+H100 = Path(__file__).parent / "data" / "traces" / "h100_llama3-8b_l2_s1024_cudnn.json.gz"
+
+
+def test_gemm_rows_say_fwd_dgrad_or_wgrad() -> None:
+    g = analyze([H100]).gemm_problems
+    rows = {r.problem.row_major_shapes()[:3]: r.direction for r in g.itertuples()}
+    forward = [shape for shape, direction in rows.items() if direction == "fwd"]
+    assert forward and set(rows.values()) == {"fwd", "dgrad", "wgrad"}
+    for m, n, k in forward:  # y = x W^T (M tokens, N out, K in): dX = dY W (M, K, N), dW = dY^T X (N, K, M)
+        assert rows.get((m, k, n)) == "dgrad" and rows.get((n, k, m)) == "wgrad", (m, n, k)
+
+
+def test_flops_are_shown_in_a_unit_that_shows_them() -> None:
+    assert _tflop(None) == "FLOPs unknown"
+    assert _tflop(2.5e12) == "2.50 TFLOP/step"
+    assert _tflop(1.41e9) == "1.41 GFLOP/step"
+    assert _tflop(3e6) == "3.00 MFLOP/step"
+
+
+def _steps(**phases: list[float]) -> list[dict]:
+    return [{"phase": p, "time_s": t} for p, times in phases.items() for t in times]
+
+
+def test_profiler_overhead_is_claimed_only_outside_the_spread() -> None:
+    clear = overhead_line(_steps(baseline=[9.0, 1.0, 1.01, 0.99], active=[1.3, 1.31, 1.29], wait=[1.0, 1.02]))
+    assert "recorded steps +30.0%" in clear and "outside the window: not measurable" in clear
+    noisy = overhead_line(_steps(baseline=[9.0, 0.5, 2.0], active=[0.3, 1.9], wait=[1.0, 1.1]))
+    assert "recorded steps: not measurable, within the step-to-step spread" in noisy and "%" not in noisy
+    few = overhead_line(_steps(baseline=[2.5], active=[0.5], after=[2.6]))
+    assert few.count("not measured (fewer than 2 steps") == 2
