@@ -31,14 +31,19 @@ def register(app: typer.Typer) -> None:
             None, "--study-db", help="SQLite file for tpe studies (resume an interrupted search)"
         ),
         json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON"),  # noqa: UP045
+        gpus: str = typer.Option("1", "--gpus", help="GPUs to tune on: a number or 'all' (one worker process each)"),
     ) -> None:
         """Tune attention: Triton tile configs (forward + backward) against every torch SDPA
         backend; the fastest per problem goes to the cache, written after each problem."""
+        from functools import partial
+
         from primus_perf.cli.tune_run import run_tuning
         from primus_perf.tuner.attention.plugin import AttentionTuner
+        from primus_perf.tuner.multi_gpu import resolve_gpus
         from primus_perf.tuner.problems_input import gather_problems
 
-        tuner = AttentionTuner(strategy=strategy, trials=trials, storage=study_db)
+        n_gpus = resolve_gpus(gpus)
+        make_tuner = partial(AttentionTuner, strategy=strategy, trials=trials, storage=study_db)
         problems = gather_problems("attention", traces=from_trace or (), files=problems_file or (),
                                    specs=problem or (), dtype=dtype)
         results = []
@@ -49,7 +54,7 @@ def register(app: typer.Typer) -> None:
                 render(res)
 
         try:
-            run_tuning(problems, tuner, cache, budget_s=budget_s, on_done=done)
+            run_tuning(problems, make_tuner, cache, budget_s=budget_s, gpus=n_gpus, on_done=done)
         finally:
             if json_out is not None:
                 from primus_perf.files import write_json
