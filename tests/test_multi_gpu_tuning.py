@@ -151,3 +151,15 @@ def test_gpus_beyond_the_visible_ones_is_a_user_error() -> None:
 
     result = CliRunner().invoke(app, ["gemm", "--problems", "x.json", "--gpus", "2"])
     assert isinstance(result.exception, UserError) and "only 0 GPU" in str(result.exception)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_gpus_tune_bf16_gemms_into_one_cache(tmp_path: Path) -> None:
+    problems = [GemmProblem.from_row_major(1024 * (i + 1), 2048, 1024, b_transposed=True) for i in range(4)]
+    cache = tmp_path / "cache.json"
+    run = tune_on_gpus(problems, cache=cache, make_tuner=GemmTuner, gpus=2, budget_s=1.0, worker=logging_worker)
+    assert not run.failures and len(run.results) == 4
+    entries = TuningCache(cache).entries("gemm")
+    assert len(entries) == 4 and {e.device["name"] for e in entries} == {torch.cuda.get_device_name(0)}
+    assert [json.loads((tmp_path / f"worker{g}.json").read_text())["visible"] for g in (0, 1)] == ["0", "1"]

@@ -118,3 +118,17 @@ def test_two_ranks_under_torchrun_measure_collectives_and_links(tmp_path: Path) 
     assert sorted(c["subject"] for c in data["checks"] if c["group"] == "p2p") == ["link 0->1", "link 1->0"]
     assert data["facts"]["ranks"] == 2 and data["facts"]["nodes"] == 1
     assert [c["group"] for c in data["checks"]].count("host") == 3  # one node: host checked once
+
+
+@pytest.mark.gpu
+def test_preflight_on_this_gpu(tmp_path: Path) -> None:
+    """Real figures of one GPU: GEMM and HBM above zero and judged against the datasheet
+    when the device is in the peak table; telemetry read or skipped with its reason."""
+    from primus_perf.profiler.preflight import preflight
+
+    report = preflight(gemm_sizes=(4096,), disk_path=tmp_path)
+    by_name = {c.measurement.name: c for c in report.checks if c.measurement.group == "gpu"}
+    assert by_name["bf16 GEMM 4096"].measurement.value > 10
+    assert by_name["HBM copy"].measurement.value > 100
+    assert all(c.status != "skipped" or c.reason for c in report.checks)
+    assert report.exit_code == (1 if report.failed else 0)
