@@ -5,7 +5,6 @@ keys are checked. The bf16 GPU path (and ``train.compile``) is in the ``gpu`` te
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -83,7 +82,6 @@ def test_bad_fsdp_keys_name_the_key(overrides: list[str], key: str) -> None:
 def test_fsdp2_bf16_matches_ddp_on_two_gpus(tmp_path: Path, compile_: bool) -> None:
     """bf16 parameters, fp32 reduction: FSDP2 and DDP losses of the same seed agree to bf16
     noise over 10 steps (with and without ``train.compile``)."""
-    os.environ.pop("TRITON_INTERPRET", None)
     common = ["--config", "tiny", "--steps", "10", "train.device=cuda", f"train.compile={str(compile_).lower()}"]
     ddp, fsdp = tmp_path / "ddp.jsonl", tmp_path / "fsdp.jsonl"
     r1 = _run([*common, "--json-log", str(ddp)], nproc=2)
