@@ -4,7 +4,9 @@
 #   bash scripts/gpu_check.sh tests gemm attention loop
 # Steps: tests (pytest -m gpu), gemm (GEMM tuning benchmark on a subset), attention (the
 # attention tuning benchmark on one problem), loop (primus-tune loop on tiny and on
-# llama3-8b with 2 layers).
+# llama3-8b with 2 layers), preflight (this machine's GPUs), enable (examples/llama_train.py
+# under primus_perf.enable with an offline-tuned cache: routed-call check and the
+# interleaved overhead benchmark), online (benchmarks/online_tuning.py).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -26,6 +28,20 @@ for step in "$@"; do
       primus-tune loop --config tiny --out /tmp/loop_tiny 2>&1 | tee "$OUT/loop_tiny.log" | tail -12
       primus-tune loop --config llama3-8b --out /tmp/loop_8b model.n_layers=2 train.seq_len=2048 2>&1 \
         | tee "$OUT/loop_llama3-8b.log" | tail -30 ;;
+    preflight)
+      primus-profile preflight --json "$OUT/preflight.json" -o "$OUT/preflight.html" 2>&1 | tail -40 ;;
+    enable)
+      # the example's problems: one online run writes them; then tuned offline like any problems file
+      python -m primus_perf.enable --cache /tmp/enable_online.json --online -- examples/llama_train.py --steps 12 \
+        2>&1 | tail -5
+      python -c "import json, sys; from primus_perf.cache.store import TuningCache; \
+json.dump([{'kind': e.kind, 'problem': e.problem} for e in TuningCache(sys.argv[1]).entries()], \
+open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
+      primus-tune gemm --problems /tmp/example_problems.json --cache /tmp/enable_offline.json --budget-s 2 2>&1 | tail -3
+      python examples/llama_train.py --cache /tmp/enable_offline.json --steps 12 --check 2>&1 | tee "$OUT/example_check.log" | tail -15
+      python benchmarks/enable_overhead.py --cache /tmp/enable_offline.json --result "$OUT/enable_overhead.json" 2>&1 | tail -8 ;;
+    online)
+      python benchmarks/online_tuning.py --out "$OUT/online_tuning.json" 2>&1 | tail -8 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -57,7 +57,14 @@ def test_tpe_finds_the_grid_best_and_resumes_from_sqlite(tmp_path) -> None:
     assert first.trials == 5
     res = tpe_search(_evaluator(2), SPACE, trials=14, storage=db, seed=0)
     assert res.trials == 14  # resumed: the first 5 trials were kept
-    assert res.config == grid.config
+
+    def near_best(part: str) -> set:
+        ok = [m for m in grid.measurements if m.part == part and m.ok]
+        best = min(m.ms for m in ok)
+        return {m.config for m in ok if m.ms <= 1.15 * best}  # ties within timing noise
+
+    # the grid's best, or a config the grid timed as fast within noise
+    assert res.config is not None and res.config.fwd in near_best("fwd") and res.config.bwd in near_best("bwd")
 
 
 def test_tpe_stops_at_the_measurement_budget() -> None:

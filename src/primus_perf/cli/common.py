@@ -50,7 +50,10 @@ def run_app(app: typer.Typer | Callable[..., object], args: Sequence[str] | None
     with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
         signal.signal(signal.SIGTERM, _terminate)
     try:
-        code = app(None if args is None else list(args), standalone_mode=False)
+        if isinstance(app, typer.Typer):
+            code = app(None if args is None else list(args), standalone_mode=False)
+        else:  # a plain entry point taking argv (a launcher such as ``python -m primus_perf.enable``)
+            code = app(None if args is None else list(args))
     except NoArgsIsHelpError as exc:  # no_args_is_help: the help, as the framework prints it
         exc.show()
         sys.exit(exc.exit_code)

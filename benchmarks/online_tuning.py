@@ -1,0 +1,107 @@
+"""Online tuning in the reference trainer, measured in one GPU session (llama3-8b, 4 layers,
+seq 4096 by default):
+
+1. ``tuning.online=true`` from an empty cache: every step's time, how many problems are still
+   being tuned after each step (the step where the last one locks), the tuning calls, and the
+   step-time overhead while tuning (steps before the last lock against the steps after it);
+2. a restart with the cache that run wrote: it must do no tuning;
+3. the same problems tuned offline (``primus_perf.tune``) into a second cache;
+4. interleaved in one trainer each (``closed_loop.measure_speedup``: routers installed and
+   removed in alternate blocks): default vs the online cache, default vs the offline cache.
+
+    python benchmarks/online_tuning.py --out benchmarks/results/online_tuning_h100.json
+    python benchmarks/online_tuning.py --out ... train.compile=true      # (c) with compile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _run(config: str, overrides: list[str], steps: int) -> dict[str, Any]:
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.loop import Trainer
+
+    trainer = Trainer(load_config(config, overrides))
+    try:
+        online = {kind: r for kind, r in trainer.tuning.routers.items() if hasattr(r, "tuning")}
+        times, in_tuning = [], []
+        for _ in range(steps):
+            m = trainer.train_step()
+            times.append(m.step_time_s)
+            in_tuning.append(sum(len(r.tuning) for r in online.values()))
+        summary = trainer.tuning.summary()
+    finally:
+        trainer.close()
+    tuning_calls = {k: sum(row.get("tuning", {}).values()) for k, row in summary.items() if row.get("available")}
+    started = [i for i, n in enumerate(in_tuning) if n > 0]
+    locked_at = (max(started) + 2) if started else 0  # 1-based step after which nothing is tuned
+    before, after = times[1:locked_at], times[max(locked_at, 2):]
+    return {
+        "step_time_s": times, "problems_in_tuning_after_step": in_tuning, "all_locked_after_step": locked_at,
+        "tuning_calls": tuning_calls, "summary": summary,
+        "median_while_tuning_s": statistics.median(before) if before else None,
+        "median_after_s": statistics.median(after) if after else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="llama3-8b")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--budget-s", type=float, default=2.0, help="offline tuning budget per problem")
+    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("overrides", nargs="*", default=["model.n_layers=4", "train.seq_len=4096", "train.micro_batch=1"])
+    args = ap.parse_args()
+
+    from primus_perf.cache.store import TuningCache
+    from primus_perf.closed_loop import measure_speedup
+    from primus_perf.devices import current_device, library_versions
+    from primus_perf.problems import GemmProblem
+    from primus_perf.tuner.kinds import tune
+
+    work = Path(tempfile.mkdtemp(prefix="online_tuning."))
+    online_cache, offline_cache = work / "online.json", work / "offline.json"
+    tuned = [*args.overrides, f"tuning.cache={online_cache}", "tuning.online=true"]
+    first = _run(args.config, tuned, args.steps)
+    print(json.dumps({k: first[k] for k in ("all_locked_after_step", "tuning_calls", "median_while_tuning_s",
+                                            "median_after_s")}), flush=True)
+    restart = _run(args.config, tuned, max(6, args.steps // 4))
+    print(json.dumps({"restart_tuning_calls": restart["tuning_calls"]}), flush=True)
+    problems = [GemmProblem.from_dict(e.problem) for e in TuningCache(online_cache).entries() if e.kind == "gemm"]
+    run = tune(problems, cache=offline_cache, budget_s=args.budget_s)
+    vs_online = measure_speedup(args.config, args.overrides, online_cache, blocks=args.blocks)
+    vs_offline = measure_speedup(args.config, args.overrides, offline_cache, blocks=args.blocks)
+
+    def side(m: Any) -> dict[str, Any]:
+        return {"speedup": m.speedup, "default_s": m.default_s, "tuned_s": m.tuned_s,
+                "routed_calls": m.routed_calls, "fallback_calls": m.fallback_calls, "losses_match": m.losses_match}
+
+    w, a = first["median_while_tuning_s"], first["median_after_s"]
+    result = {
+        "benchmark": "online_tuning", "device": current_device().to_dict(), "versions": library_versions(),
+        "config": args.config, "overrides": args.overrides,
+        "online_first_run": first, "restart": restart,
+        "offline": {"problems": len(problems), "tuned": run.tuned, "choices": {r.problem.key(): r.chosen for r in run.results}},
+        "online_choices": {e.problem_key: (e.solution.get("config") or {}).get("name") for e in TuningCache(online_cache).entries()},
+        "interleaved_vs_default": {"online_cache": side(vs_online), "offline_cache": side(vs_offline)},
+        "bars": {
+            "steps_until_all_locked": first["all_locked_after_step"], "goal_steps": 20,
+            "overhead_while_tuning": (w / a - 1) if w and a else None, "goal_overhead": 0.05,
+            "online_vs_offline_final": vs_online.speedup / vs_offline.speedup, "goal_within": 0.01,
+            "restart_tuning_calls": sum(restart["tuning_calls"].values()),
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps(result["bars"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
