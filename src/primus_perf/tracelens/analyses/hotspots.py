@@ -29,11 +29,14 @@ def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | No
     k = in_steps(kernels)
     if k.empty:
         return pd.DataFrame(columns=COLUMNS)
-    g = k.groupby(KEYS, observed=True).agg(time_us=("dur_us", "sum"), kernels=("dur_us", "size"))
+    # one groupby, no reindexing between groupings of different subsets: pandas cannot
+    # reindex a categorical MultiIndex whose level codes differ in width (int8 for up to 127
+    # categories, int16 above), which crashed traces with many distinct shapes
+    call = k["call"].to_numpy(dtype=np.int64)
+    unit = np.where(call >= 0, k["rank"].to_numpy(dtype=np.int64) * (1 << 40) + call, -1 - np.arange(len(k)))
+    g = k.assign(unit=unit).groupby(KEYS, observed=True).agg(
+        time_us=("dur_us", "sum"), kernels=("dur_us", "size"), calls=("unit", "nunique"))
     distinct = k[k["call"] >= 0].drop_duplicates(["rank", "call", *KEYS])
-    n_calls = distinct.groupby(KEYS, observed=True).size()
-    no_call = k[k["call"] < 0].groupby(KEYS, observed=True).size()
-    g["calls"] = n_calls.reindex(g.index, fill_value=0) + no_call.reindex(g.index, fill_value=0)
     modeled = distinct[distinct["category"].isin((GEMM, ATTENTION_FWD, ATTENTION_BWD))]
     work = modeled[[*KEYS, "rank", "call"]].merge(
         calls[["rank", "row", "flops", "bytes", "dtype"]], left_on=["rank", "call"], right_on=["rank", "row"])
