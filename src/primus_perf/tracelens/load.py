@@ -197,7 +197,11 @@ class RawTrace:
 
 def fix_notes(fixes: Counter) -> list[str]:
     """``converted 1,234 string-typed `args.bytes` values`` lines, largest count first."""
-    return [f"{what} {n:,} {field_name} value(s)" for (field_name, what), n in fixes.most_common()]
+    out = []
+    for (field_name, what), n in fixes.most_common():
+        verb, _, kind = what.partition(" ")
+        out.append(f"{verb} {n:,} {kind} `{field_name}` value(s) for their events")
+    return out
 
 
 def _json_or_empty(b: bytes) -> Any:

@@ -2,8 +2,9 @@
 
 ``calls`` counts op calls (an op that launches several kernels is one call; a GPU event
 without an op is a call of its own), ``kernels`` the GPU events; both, ``time_s`` and
-``flops`` are per step. FLOPs and bytes come from the modeled op calls behind the GEMM
-and attention rows (not from a memset the same call launched).
+``flops`` are per step. FLOPs and bytes come from the modeled op calls behind the rows
+(GEMM, convolution, attention; bytes of norms and elementwise ops), not from a memset or
+copy the same call launched.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from primus_perf.devices import DevicePeaks
-from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, GEMM
+from primus_perf.tracelens.categories import COMMUNICATION, MEMCPY, MEMSET
 from primus_perf.tracelens.roofline import roofline
 
 COLUMNS = ["category", "op", "shape", "calls", "kernels", "time_s", "share", "flops", "tflops", "tb_s",
@@ -37,7 +38,7 @@ def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | No
     g = k.assign(unit=unit).groupby(KEYS, observed=True).agg(
         time_us=("dur_us", "sum"), kernels=("dur_us", "size"), calls=("unit", "nunique"))
     distinct = k[k["call"] >= 0].drop_duplicates(["rank", "call", *KEYS])
-    modeled = distinct[distinct["category"].isin((GEMM, ATTENTION_FWD, ATTENTION_BWD))]
+    modeled = distinct[~distinct["category"].isin((MEMCPY, MEMSET, COMMUNICATION))]  # not a memset of the call
     work = modeled[[*KEYS, "rank", "call"]].merge(
         calls[["rank", "row", "flops", "bytes", "dtype"]], left_on=["rank", "call"], right_on=["rank", "row"])
     agg = work.groupby(KEYS, observed=True).agg(flops=("flops", "sum"), bytes=("bytes", "sum"),
@@ -49,13 +50,14 @@ def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | No
     flops = g["flops"].fillna(0.0).to_numpy(dtype=np.float64)
     nbytes = g["bytes"].fillna(0.0).to_numpy(dtype=np.float64)
     has = flops > 0
+    has_bytes = nbytes > 0
     tfl, pct = roofline(flops, nbytes, g["time_s"].to_numpy(), [d if isinstance(d, str) else "" for d in g["dtype"]],
                         peaks)
     with np.errstate(divide="ignore", invalid="ignore"):
         tb_s = nbytes / g["time_s"].to_numpy() / 1e12
     g["tflops"] = np.where(has, tfl, np.nan)
-    g["pct_roofline"] = np.where(has, pct, np.nan)
-    g["tb_s"] = np.where(has, tb_s, np.nan)
+    g["pct_roofline"] = np.where(has | has_bytes, pct, np.nan)
+    g["tb_s"] = np.where(has_bytes, tb_s, np.nan)
     g["flops"] = np.where(has, flops / per_step, np.nan)
     g["calls"] = g["calls"] / per_step
     g["kernels"] = g["kernels"] / per_step

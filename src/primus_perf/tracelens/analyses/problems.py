@@ -21,7 +21,7 @@ GEMM_COLUMNS = [*COLUMNS[:2], "m", "n", "k", *COLUMNS[2:]]
 def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int) -> pd.DataFrame:
     """``kind`` is "gemm" or "attention"."""
     cols = GEMM_COLUMNS if kind == "gemm" else COLUMNS
-    sub = calls[calls["kind"] == kind]
+    sub = calls[(calls["kind"] == kind) & calls["problem"].notna()]  # grouped GEMMs have no problem type
     if sub.empty:
         return pd.DataFrame(columns=cols)
     g = sub.groupby(["key", "direction"], sort=False).agg(
