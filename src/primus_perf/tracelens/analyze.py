@@ -53,7 +53,13 @@ from primus_perf.tracelens.analyses.collectives import collective_skew, rank_sum
 from primus_perf.tracelens.analyses.hotspots import hotspots, in_steps
 from primus_perf.tracelens.analyses.op_times import op_times, trace_op_times
 from primus_perf.tracelens.analyses.problems import problem_table
-from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, COMPUTE, CONVOLUTION, GEMM
+from primus_perf.tracelens.categories import (
+    ATTENTION_BWD,
+    ATTENTION_FWD,
+    COMPUTE,
+    CONVOLUTION,
+    GEMM,
+)
 from primus_perf.tracelens.inputs import discover
 from primus_perf.tracelens.link import link
 from primus_perf.tracelens.tables import TraceTables, trace_tables
