@@ -298,10 +298,10 @@ def model_conv_forward(s: ShapeArgs, at: dict[str, int]) -> OpModel | None:
 
 
 def model_conv_backward(s: ShapeArgs, grad_at: int, input_at: int | None, weight_at: int | None,
-                        mask_at: int | None = None) -> OpModel | None:
+                        mask_at: int | None = None, passes: int = 2) -> OpModel | None:
     """A convolution backward from ``grad_output[N, K, *out]`` and the weight (or the input,
     when only the weight gradient is computed): one forward's FLOPs per gradient computed
-    (input and weight gradients: ``output_mask``, both when not recorded)."""
+    (input and weight gradients: ``output_mask``, else ``passes``)."""
     d = s.dims
     if len(d) <= grad_at or not _int_list(d[grad_at]):
         return None
@@ -311,7 +311,6 @@ def model_conv_backward(s: ShapeArgs, grad_at: int, input_at: int | None, weight
     x = d[input_at] if input_at is not None and input_at < len(d) and _int_list(d[input_at]) else None
     if w is None or dtype is None or len(w) != len(go):
         return None  # the kernel size is not recorded: FLOPs unknown
-    passes = 2
     if mask_at is not None and mask_at < len(s.concrete) and isinstance(s.concrete[mask_at], str):
         flags = [f.strip().lower() for f in s.concrete[mask_at].strip("[]()").split(",")]
         if len(flags) >= 2:
@@ -425,9 +424,9 @@ MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "aten::miopen_convolution": lambda s: model_conv_forward(s, {"padding": 3, "stride": 4, "dilation": 5}),
     "aten::convolution_backward": lambda s: model_conv_backward(s, 0, 1, 2, mask_at=10),
     "aten::cudnn_convolution_backward": lambda s: model_conv_backward(s, 1, 0, 2),
-    "aten::cudnn_convolution_backward_input": lambda s: model_conv_backward(s, 1, None, 2),
+    "aten::cudnn_convolution_backward_input": lambda s: model_conv_backward(s, 1, None, 2, passes=1),
     "aten::miopen_convolution_backward": lambda s: model_conv_backward(s, 1, 0, 2),
-    "aten::miopen_convolution_backward_input": lambda s: model_conv_backward(s, 1, None, 2),
+    "aten::miopen_convolution_backward_input": lambda s: model_conv_backward(s, 1, None, 2, passes=1),
 }
 
 
