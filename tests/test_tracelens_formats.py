@@ -60,7 +60,9 @@ def test_fields_of_unexpected_types_are_converted_and_reported_once(tmp_path: Pa
     assert (a.kernels["step"] == 1).all()
 
 
-def test_a_piece_cut_inside_a_string_is_joined_with_the_next(tmp_path: Path) -> None:
+def test_a_piece_cut_inside_a_string_is_joined_with_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Read 100 bytes at a time and cut every 256: some cuts fall inside the name below."""
     tricky = "op}, {with braces"
     events = [_step(1, 0, 1000)]
     for i in range(200):
@@ -68,6 +70,7 @@ def test_a_piece_cut_inside_a_string_is_joined_with_the_next(tmp_path: Path) -> 
         events.append(_kernel(i, 20 + 4 * i, 2))
     path = _write(tmp_path / "t.json.gz", events)
     whole = L.load(path)
+    monkeypatch.setattr(L, "READ_BYTES", 100)
     small = L.load(path, chunk_bytes=256)
     assert len(whole) == len(small) and np.array_equal(whole.ts, small.ts)
     assert whole.names == small.names and tricky in small.names

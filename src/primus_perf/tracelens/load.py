@@ -65,11 +65,12 @@ INT_ARGS = ("correlation", "stream", "device", "seq", "nbytes")
 
 
 class _Args(msgspec.Struct, gc=False):
-    correlation: int | None = None
-    stream: int | None = None
-    device: int | None = None
-    seq: int | None = msgspec.field(name="Sequence number", default=None)
-    nbytes: int | None = msgspec.field(name="bytes", default=None)
+    # -1: absent (an explicit null is not an int: its chunk takes the tolerant decode)
+    correlation: int = -1
+    stream: int = -1
+    device: int = -1
+    seq: int = msgspec.field(name="Sequence number", default=-1)
+    nbytes: int = msgspec.field(name="bytes", default=-1)
     dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
     types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
     strides: msgspec.Raw = msgspec.field(name="Input Strides", default=msgspec.Raw(b""))
@@ -130,7 +131,7 @@ _RAW_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _LOOSE_EVENT = msgspec.json.Decoder(_LooseEvent)
 _LOOSE_ARGS = msgspec.json.Decoder(_LooseArgs)
 CHUNK_BYTES = 16 << 20  # events are decoded and turned into columns this many bytes at a time
-READ_BYTES = 8 << 20  # bytes read from the file at a time
+READ_BYTES = 16 << 20  # bytes read from the file at a time
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*')
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -298,6 +299,19 @@ def _split_tail(rest: bytes, path: str) -> tuple[bytes, bytes]:
     raise TraceError(f"{path}: malformed trace events (the traceEvents array is not closed)")
 
 
+def _last_boundary(buf: bytearray) -> tuple[int, int] | None:
+    """Positions of the ``}`` and ``{`` of the last ``}, {`` between two events in ``buf``."""
+    pos = len(buf)
+    while True:
+        close = buf.rfind(b"}", 0, pos)
+        if close < 0:
+            return None
+        m = _BOUNDARY.match(buf, close)
+        if m is not None:
+            return close, m.end() - 1
+        pos = close
+
+
 class _Reader:
     """Split the text of a trace into its header and ``traceEvents`` pieces, streaming."""
 
@@ -307,10 +321,13 @@ class _Reader:
         self.chunk = chunk_bytes
         self.prefix = b""
         self.tail = b""
+        self.gap = b","
 
-    def pieces(self) -> Iterator[bytes]:
-        """The events array's text, cut between two events, about ``chunk_bytes`` each
-        (without the brackets); ``prefix`` and ``tail`` are set once it is exhausted."""
+    def pieces(self) -> Iterator[bytes | memoryview]:
+        """The events array as JSON arrays of whole events, about ``chunk_bytes`` each;
+        ``prefix`` and ``tail`` are set once it is exhausted. Each piece is cut after the
+        last event boundary of the text read so far, and bracketed in place (the bytes
+        between two events become ``]`` and ``[``), so the text is copied once."""
         buf = bytearray()
         key = None
         for block in self.blocks:
@@ -331,25 +348,25 @@ class _Reader:
         i = len(buf) - len(buf.lstrip())
         if buf[i:i + 1] != b"[":
             raise TraceError(f"{self.path}: not a Kineto trace (traceEvents is not a list)")
-        del buf[:i + 1]
+        del buf[:i]  # keep the "[": every piece starts with one
         for block in self.blocks:
             buf += block
-            while len(buf) > 2 * self.chunk:
-                m = _BOUNDARY.search(buf, self.chunk)
-                if m is None:
-                    break
-                yield bytes(buf[:m.start() + 1])
-                del buf[:m.end() - 1]
-        body, self.tail = _split_tail(bytes(buf), self.path)
+            if len(buf) < self.chunk:
+                continue
+            cut = _last_boundary(buf)
+            if cut is None:
+                continue
+            close, open_ = cut
+            self.gap = bytes(buf[close + 1:open_])  # the text between the two events, as written
+            buf[close + 1] = 0x5D  # "]"
+            yield memoryview(buf)[:close + 2]
+            rest = bytearray(b"[")
+            rest += memoryview(buf)[open_:]
+            buf = rest
+        body, self.tail = _split_tail(bytes(buf[1:]), self.path)
         del buf
-        while len(body) > 2 * self.chunk:  # a small read size leaves more than one piece
-            m = _BOUNDARY.search(body, self.chunk)
-            if m is None:
-                break
-            yield body[:m.start() + 1]
-            body = body[m.end() - 1:]
         if body.strip():
-            yield body
+            yield b"[" + body + b"]"
 
     def header(self) -> _Header:
         return _header(self.prefix + b'"traceEvents": []' + self.tail, self.path)
@@ -423,6 +440,10 @@ def _as_ident(v: Any, name: str, fixes: Counter) -> int | str:
     return 0
 
 
+def _or_absent(v: int | None) -> int:
+    return -1 if v is None else v
+
+
 def _tighten(ev: _LooseEvent, fixes: Counter) -> _Event:
     """A loosely decoded event as a strict one (see :func:`_as_int`)."""
     args = None
@@ -432,7 +453,7 @@ def _tighten(ev: _LooseEvent, fixes: Counter) -> _Event:
         except (msgspec.DecodeError, msgspec.ValidationError):
             fixes[("args", "dropped non-object")] += 1
         else:
-            args = _Args(*(_as_int(getattr(la, f), f"args.{_ARG_LABEL[f]}", fixes) for f in INT_ARGS),
+            args = _Args(*(_or_absent(_as_int(getattr(la, f), f"args.{_ARG_LABEL[f]}", fixes)) for f in INT_ARGS),
                          dims=la.dims, types=la.types, strides=la.strides, concrete=la.concrete)
     ident = ev.id if isinstance(ev.id, (int, str)) and not isinstance(ev.id, bool) else None
     return _Event(ph=_as_str(ev.ph, "ph", fixes), cat=_as_str(ev.cat, "cat", fixes),
@@ -445,9 +466,8 @@ _ARG_LABEL = {"correlation": "correlation", "stream": "stream", "device": "devic
               "nbytes": "bytes"}
 
 
-def _decode_piece(piece: bytes, fixes: Counter) -> list[_Event]:
-    """Strictly; on a type error, loosely (one pass), else event by event."""
-    text = b"[" + piece + b"]"
+def _decode_piece(text: bytes | memoryview, fixes: Counter) -> list[_Event]:
+    """A JSON array of events: strictly; on a type error, loosely (one pass), else event by event."""
     try:
         return _STRICT.decode(text)
     except msgspec.ValidationError:
@@ -472,14 +492,14 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> RawTrace:
     reader = _Reader(path, chunk_bytes)
     builder = _ColumnBuilder()
     p = str(path)
-    carry, error = b"", None
+    carry, gap, error = b"", b"", None
     for piece in reader.pieces():
-        if carry:  # the last cut fell inside a string: join the pieces and try again
-            piece, carry = carry + b"," + piece, b""
+        if carry:  # the last cut fell inside a string: join the pieces as written and try again
+            piece, carry = carry[:-1] + gap + bytes(piece[1:]), b""
         try:
             events = _decode_piece(piece, builder.fixes)
         except msgspec.DecodeError as exc:
-            carry, error = piece, exc
+            carry, gap, error = bytes(piece), reader.gap, exc
             continue
         except (msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise _events_error(p, exc) from None
@@ -528,6 +548,7 @@ class _ColumnBuilder:
         self.names = _Interner()
         self.shapes = _Interner()
         self.threads = _Interner()
+        self.flow_ids = _Interner()
         self.fixes: Counter = Counter()
         self.parts: dict[str, list[np.ndarray]] = {f: [] for f in self.FIELDS}
 
@@ -552,12 +573,12 @@ class _ColumnBuilder:
         none_args = _Args()
         args = [ev.args or none_args for ev in keep]
 
-        def ints(values) -> np.ndarray:
-            return np.fromiter((-1 if v is None else v for v in values), dtype=np.int64, count=n)
+        def ints(values: list[int]) -> np.ndarray:
+            return np.array(values, dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
 
         kind = np.array(kind_list, dtype=np.int8)
         correlation = ints([a.correlation for a in args])
-        flow_ids = self.threads  # flow ids that are strings get codes of their own, below -1
+        flow_ids = self.flow_ids  # flow ids that are strings get codes of their own, below -1
         for i in np.flatnonzero(kind == KIND_FLOW_START):
             v = keep[i].id
             correlation[i] = v if isinstance(v, int) and _INT64[0] <= v <= _INT64[1] else -2 - flow_ids.code(("flow", v))
@@ -569,8 +590,8 @@ class _ColumnBuilder:
         cols = {
             "kind": kind,
             "name": np.fromiter((name_code(ev.name) for ev in keep), dtype=np.int32, count=n),
-            "thread": np.fromiter((thread_code((_ident(ev.pid), _ident(ev.tid))) for ev in keep), dtype=np.int32,
-                                  count=n),
+            # codes of the (pid, tid) pairs as written; finish() merges "25738" with 25738
+            "thread": np.fromiter((thread_code((ev.pid, ev.tid)) for ev in keep), dtype=np.int32, count=n),
             "ts": np.fromiter((ev.ts for ev in keep), dtype=np.float64, count=n),
             "dur": np.fromiter((ev.dur for ev in keep), dtype=np.float64, count=n),
             "correlation": _narrow(correlation),
@@ -590,6 +611,9 @@ class _ColumnBuilder:
             cols[f] = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
             del parts
         names = self.names.values
+        threads = _Interner()  # the same thread whether its ids were written as numbers or strings
+        lut = np.array([threads.code((_ident(p), _ident(t))) for p, t in self.threads.values] or [0], dtype=np.int32)
+        cols["thread"] = lut[cols["thread"]]
         rt = RawTrace(
             path=path, kind=cols["kind"].astype(np.int8), name=cols["name"].astype(np.int32), names=names,
             thread=cols["thread"].astype(np.int32), ts=cols["ts"].astype(np.float64),
