@@ -28,9 +28,9 @@ def _pct(v: Any) -> str:
     return _num(v * 100 if v is not None else None, "{:.1f}%")
 
 
-def _run(traces: list[Path]) -> Analysis:
+def _run(traces: list[Path], jobs: int | None = None) -> Analysis:
     with err_console.status("analyzing") as status:
-        return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg))
+        return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg), jobs=jobs)
 
 
 def _tflop(flops: float | None) -> str:
@@ -99,9 +99,12 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the analysis summary as JSON."),
         output: Path | None = typer.Option(None, "-o", "--output", help="Also write the JSON summary here."),
         top: int = typer.Option(20, "--top", help="Rows of the hotspot and problem tables."),
+        jobs: int | None = typer.Option(None, "-j", "--jobs", min=1,
+                                        help="Processes for the traces of many ranks (default: one per trace, "
+                                             "at most one per CPU)."),
     ) -> None:
         """Breakdown, hotspots and GEMM/attention problems of one or more traces."""
-        a = _run(traces)
+        a = _run(traces, jobs)
         if output is not None or json_out:
             text = json.dumps(a.to_json(top=max(top, 50)), indent=1)
             if output is not None:

@@ -30,7 +30,8 @@ from primus_perf.tracelens.perf_models import OpModel, model_bytes, model_op
 KIND_NAMES = {L.KIND_KERNEL: "kernel", L.KIND_MEMCPY: "memcpy", L.KIND_MEMSET: "memset"}
 _STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 _DTYPE_SHORT = {"c10::BFloat16": "bf16", "c10::Half": "f16", "float": "f32", "double": "f64",
-                "long int": "i64", "int": "i32", "bool": "bool"}
+                "long int": "i64", "int": "i32", "bool": "bool", "signed char": "i8", "unsigned char": "u8",
+                "short": "i16", "c10::Float8_e4m3fn": "f8e4m3", "c10::Float8_e5m2": "f8e5m2"}
 CALL_COLUMNS = ["rank", "step", "row", "kind", "key", "problem", "direction", "flops", "bytes", "dtype",
                 "time_us"]
 
