@@ -518,18 +518,18 @@ def _narrow(a: np.ndarray) -> np.ndarray:
 
 
 class _Interner:
-    """Values to dense int codes: names of events, threads, and the raw shape arguments of ops."""
+    """Values to dense int codes (names of events, threads, raw shape arguments of ops): the
+    code of a value is its position in ``codes``, a dict in insertion order."""
 
     def __init__(self) -> None:
         self.codes: dict = {}
-        self.values: list = []
 
     def code(self, v) -> int:
-        c = self.codes.get(v)
-        if c is None:
-            c = self.codes[v] = len(self.values)
-            self.values.append(v)
-        return c
+        return self.codes.setdefault(v, len(self.codes))
+
+    @property
+    def values(self) -> list:
+        return list(self.codes)
 
 
 def _ident(v: int | str) -> int | str:
@@ -582,18 +582,21 @@ class _ColumnBuilder:
         for i in np.flatnonzero(kind == KIND_FLOW_START):
             v = keep[i].id
             correlation[i] = v if isinstance(v, int) and _INT64[0] <= v <= _INT64[1] else -2 - flow_ids.code(("flow", v))
-        shape_code = self.shapes.code
-        shape = np.fromiter(
-            (shape_code((bytes(a.dims), bytes(a.types), bytes(a.strides), bytes(a.concrete)))
-             if a.dims else -1 for a in args), dtype=np.int32, count=n)
-        name_code, thread_code = self.names.code, self.threads.code
+        # interning: dict.setdefault(value, len(dict)) is the code (a dict keeps insertion order)
+        sd = self.shapes.codes
+        shape = np.full(n, -1, dtype=np.int32)
+        with_dims = [i for i, a in enumerate(args) if a.dims]
+        if with_dims:
+            shape[with_dims] = [sd.setdefault((bytes(a.dims), bytes(a.types), bytes(a.strides), bytes(a.concrete)),
+                                              len(sd)) for a in (args[i] for i in with_dims)]
+        nd, td = self.names.codes, self.threads.codes
         cols = {
             "kind": kind,
-            "name": np.fromiter((name_code(ev.name) for ev in keep), dtype=np.int32, count=n),
+            "name": np.array([nd.setdefault(ev.name, len(nd)) for ev in keep], dtype=np.int32),
             # codes of the (pid, tid) pairs as written; finish() merges "25738" with 25738
-            "thread": np.fromiter((thread_code((ev.pid, ev.tid)) for ev in keep), dtype=np.int32, count=n),
-            "ts": np.fromiter((ev.ts for ev in keep), dtype=np.float64, count=n),
-            "dur": np.fromiter((ev.dur for ev in keep), dtype=np.float64, count=n),
+            "thread": np.array([td.setdefault((ev.pid, ev.tid), len(td)) for ev in keep], dtype=np.int32),
+            "ts": np.array([ev.ts for ev in keep], dtype=np.float64),
+            "dur": np.array([ev.dur for ev in keep], dtype=np.float64),
             "correlation": _narrow(correlation),
             "stream": _narrow(ints([a.stream for a in args])),
             "device": _narrow(ints([a.device for a in args])),
