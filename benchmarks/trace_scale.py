@@ -7,8 +7,8 @@ subprocess (so its peak RSS is its own, ``trace_analysis.run_measured``):
 - ``1gb``: one ~1.05 GB trace (bar: 15 s);
 - ``10gb``: one ~10 GB trace (bars: 200 s, 4 GB peak RSS): the loader streams it;
 - ``ranks``: 8 rank traces of ~``--rank-mb`` MB each, analyzed one after another
-  (``jobs=1``) and in parallel processes (``jobs`` = CPU count); the two results are
-  checked equal.
+  (``jobs=1``) and in parallel processes (default ``jobs``: one per CPU), three times each,
+  alternated; medians; the two results are checked equal.
 
 The load average is recorded before and after each measurement: other work on a shared
 machine slows it down.
@@ -44,20 +44,32 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "events": a.totals["event
 """
 
 RANKS = """
-import json, sys, time
+import json, resource, statistics, sys, time
 import pandas as pd
 from primus_perf.tracelens.analyze import analyze
 paths = sys.argv[1].split(",")
-t0 = time.perf_counter()
-serial = analyze(paths, jobs=1)
-t1 = time.perf_counter()
-parallel = analyze(paths)
-t2 = time.perf_counter()
+
+def cpu_s():
+    return sum(resource.getrusage(w).ru_utime + resource.getrusage(w).ru_stime
+               for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+times = {1: [], None: []}
+cpu = {1: [], None: []}  # CPU seconds (this process and its workers) per wall second: the CPUs it got
+results = {}
+for jobs in (1, None, None, 1, 1, None):  # alternated: load from other work hits both alike
+    t0, c0 = time.perf_counter(), cpu_s()
+    results[jobs] = analyze(paths, jobs=jobs)
+    times[jobs].append(time.perf_counter() - t0)
+    cpu[jobs].append((cpu_s() - c0) / times[jobs][-1])
+serial, parallel = results[1], results[None]
 pd.testing.assert_frame_equal(serial.kernels, parallel.kernels)
 pd.testing.assert_frame_equal(serial.hotspots, parallel.hotspots)
 assert serial.totals == parallel.totals and serial.ranks == parallel.ranks
-print(json.dumps({"serial_s": t1 - t0, "parallel_s": t2 - t1, "speedup": (t1 - t0) / (t2 - t1),
-                  "ranks": serial.ranks, "events": serial.totals["events"], "identical": True}))
+s, p = statistics.median(times[1]), statistics.median(times[None])
+print(json.dumps({"serial_s": s, "parallel_s": p, "speedup": s / p, "serial_runs_s": times[1],
+                  "parallel_runs_s": times[None], "serial_cpus_used": cpu[1], "parallel_cpus_used": cpu[None],
+                  "ranks": serial.ranks, "events": serial.totals["events"],
+                  "identical": True}))
 """
 
 

@@ -32,6 +32,7 @@ unknown; a CPU-only trace (no GPU events) gives its problems with the ops' CPU t
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import re
@@ -246,13 +247,17 @@ def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None
             say(f"analyzing {p}")
             out.append(_analyze_trace(p, _provisional_rank(p, i)))
         return out
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = [pool.submit(_analyze_trace, p, _provisional_rank(p, i)) for i, p in enumerate(paths)]
-        out = []
-        for p, f in zip(paths, futures, strict=True):
-            out.append(f.result())
-            say(f"analyzed {p}")
-        return out
+    gc.freeze()  # forked workers then leave this process's objects (pages) shared instead of copying them
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_analyze_trace, p, _provisional_rank(p, i)) for i, p in enumerate(paths)]
+            out = []
+            for p, f in zip(paths, futures, strict=True):
+                out.append(f.result())
+                say(f"analyzed {p}")
+            return out
+    finally:
+        gc.unfreeze()
 
 
 def default_jobs(n_traces: int) -> int:
