@@ -35,15 +35,25 @@ class DevicePeaks:
         return self.tflops.get(dtype)
 
 
-def _nv(bf16: float, tf32: float, f32: float, f8: float | None) -> dict[str, float]:
-    table = {"bf16": bf16, "f16": bf16, "tf32": tf32, "f32": f32}
+def _nv(bf16: float | None, tf32: float | None, f32: float, f8: float | None, f16: float | None = None
+        ) -> dict[str, float]:
+    """NVIDIA dense tensor-core peaks (f16 = bf16 unless given; None: not supported)."""
+    table = {"f32": f32}
+    if bf16 is not None:
+        table["bf16"] = bf16
+    if f16 is not None or bf16 is not None:
+        table["f16"] = f16 if f16 is not None else bf16  # type: ignore[assignment]
+    if tf32 is not None:
+        table["tf32"] = tf32
     if f8 is not None:
         table["f8e4m3"] = table["f8e5m2"] = f8
     return table
 
 
-def _amd(bf16: float, tf32: float | None, f32: float, f8: float) -> dict[str, float]:
-    table = {"bf16": bf16, "f16": bf16, "f32": f32, "f8e4m3": f8, "f8e5m2": f8}
+def _amd(bf16: float, tf32: float | None, f32: float, f8: float | None) -> dict[str, float]:
+    table = {"bf16": bf16, "f16": bf16, "f32": f32}
+    if f8 is not None:
+        table["f8e4m3"] = table["f8e5m2"] = f8
     if tf32 is not None:
         table["tf32"] = tf32
     return table
@@ -51,18 +61,46 @@ def _amd(bf16: float, tf32: float | None, f32: float, f8: float) -> dict[str, fl
 
 MiB = 1 << 20
 
-# Dense datasheet figures. H100 SXM: 989.4 bf16 / 494.7 tf32 / 66.9 fp32 / 1978.9 fp8.
+# Dense datasheet figures (TFLOP/s without structured sparsity; HBM TB/s; L2; SMs/CUs). The
+# name patterns were checked against ``deviceProperties`` names of real traces
+# ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PG509-200",
+# "Tesla V100-SXM2-16GB", "Tesla V100-DGXS-32GB", "NVIDIA B200", "AMD Instinct MI300X VF",
+# "AMD Instinct MI210"); a device no row matches has no roof ("n/a"), never a wrong one.
 PEAK_TABLE: tuple[DevicePeaks, ...] = (
+    # NVIDIA GB200 NVL72 datasheet (per GPU: half of a GB200 superchip)
+    DevicePeaks("gb200", r"\bGB200\b", "nvidia", _nv(2500.0, 1250.0, 80.0, 5000.0), 8.0, 126 * MiB, 148),
+    # NVIDIA HGX B200 / DGX B200 datasheet (per GPU)
+    DevicePeaks("b200", r"\bB200\b", "nvidia", _nv(2250.0, 1100.0, 75.0, 4500.0), 8.0, 126 * MiB, 148),
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM)
     DevicePeaks("h200", r"\bH200\b", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9), 4.8, 60 * MiB, 132),
+    # NVIDIA H20 product brief
+    DevicePeaks("h20", r"\bH20\b", "nvidia", _nv(148.0, 74.0, 44.0, 296.0), 4.0, 60 * MiB, 78),
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5, PCIe, NVL)
     DevicePeaks("h100-pcie", r"\bH100\b.*PCIe", "nvidia", _nv(756.5, 378.0, 51.2, 1513.0), 2.0, 50 * MiB, 114),
     DevicePeaks("h100-nvl", r"\bH100\b.*NVL", "nvidia", _nv(835.5, 417.5, 60.0, 1670.5), 3.9, 50 * MiB, 132),
     DevicePeaks("h100-sxm", r"\bH100\b", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9), 3.35, 50 * MiB, 132),
+    # NVIDIA A100 Tensor Core GPU datasheet
     DevicePeaks("a100-sxm-40gb", r"\bA100\b.*SXM.*40GB", "nvidia", _nv(312.0, 156.0, 19.5, None), 1.555, 40 * MiB, 108),
     DevicePeaks("a100-pcie", r"\bA100\b.*PCIE", "nvidia", _nv(312.0, 156.0, 19.5, None), 1.935, 40 * MiB, 108),
     DevicePeaks("a100-sxm", r"\bA100\b", "nvidia", _nv(312.0, 156.0, 19.5, None), 2.039, 40 * MiB, 108),
+    # NVIDIA A10 Tensor Core GPU datasheet
+    DevicePeaks("a10", r"\bA10\b", "nvidia", _nv(125.0, 62.5, 31.2, None), 0.6, 6 * MiB, 72),
+    # NVIDIA L4 Tensor Core GPU datasheet
+    DevicePeaks("l4", r"\bL4\b", "nvidia", _nv(121.0, 60.0, 30.3, 242.5), 0.3, 48 * MiB, 58),
+    # NVIDIA L40S GPU datasheet
+    DevicePeaks("l40s", r"\bL40S\b", "nvidia", _nv(362.05, 183.0, 91.6, 733.0), 0.864, 96 * MiB, 142),
+    # NVIDIA Tesla V100 datasheet (no bf16, no tf32: fp16 tensor cores; SXM2 and DGX Station
+    # parts at the SXM2 clocks, PCIe at its own; V100S PCIe)
+    DevicePeaks("v100s-pcie", r"\bV100S\b", "nvidia", _nv(None, None, 16.4, None, f16=130.0), 1.134, 6 * MiB, 80),
+    DevicePeaks("v100-pcie", r"\bV100\b.*PCIE", "nvidia", _nv(None, None, 14.0, None, f16=112.0), 0.9, 6 * MiB, 80),
+    DevicePeaks("v100-sxm2", r"\bV100\b", "nvidia", _nv(None, None, 15.7, None, f16=125.0), 0.9, 6 * MiB, 80),
+    # AMD Instinct MI355X / MI325X / MI300X / MI300A / MI250X / MI210 datasheets (matrix peaks)
     DevicePeaks("mi355x", r"\bMI355X?\b", "amd", _amd(2516.6, None, 157.3, 5033.2), 8.0, 0, 256),
     DevicePeaks("mi325x", r"\bMI325X?\b", "amd", _amd(1307.4, 653.7, 163.4, 2614.9), 6.0, 0, 304),
+    DevicePeaks("mi300a", r"\bMI300A\b", "amd", _amd(980.6, 490.3, 122.6, 1961.2), 5.3, 0, 228),
     DevicePeaks("mi300x", r"\bMI300X?\b", "amd", _amd(1307.4, 653.7, 163.4, 2614.9), 5.3, 0, 304),
+    DevicePeaks("mi250x", r"\bMI250X\b", "amd", _amd(383.0, None, 95.7, None), 3.2, 0, 220),
+    DevicePeaks("mi210", r"\bMI210\b", "amd", _amd(181.0, None, 45.3, None), 1.6, 0, 104),
 )
 
 

@@ -28,10 +28,10 @@ def _pct(v: Any) -> str:
     return _num(v * 100 if v is not None else None, "{:.1f}%")
 
 
-def _run(traces: list[Path]) -> Analysis:
+def _run(traces: list[Path], jobs: int | None = None) -> Analysis:
     check_trace_args(traces)
     with err_console.status("analyzing") as status:
-        return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg))
+        return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg), jobs=jobs)
 
 
 def _tflop(flops: float | None) -> str:
@@ -113,9 +113,12 @@ def register(app: typer.Typer) -> None:
         traces: list[Path] = typer.Argument(..., help="Trace files (.json/.json.gz, one per rank) or run directories."),
         json_out: str | None = typer.Option(None, "--json", help=JSON_HELP + " The tables are not printed with -."),
         top: int = typer.Option(20, "--top", min=TOP_MIN, help="Rows of the hotspot and problem tables."),
+        jobs: int | None = typer.Option(None, "-j", "--jobs", min=1,
+                                        help="Processes for the traces of many ranks (default: one per trace, "
+                                             "at most one per CPU)."),
     ) -> None:
         """Breakdown, hotspots and GEMM/attention problems of one or more traces."""
-        a = _run(traces)
+        a = _run(traces, jobs)
         if json_out is not None:
             write_output(json_out, json.dumps(a.to_json(top=max(top, 50)), indent=1))
             if json_out == "-":

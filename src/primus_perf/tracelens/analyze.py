@@ -23,7 +23,12 @@ analysis.
   group size) and ``collective_bandwidth`` (per collective and size: algorithm and bus
   bandwidth, skew) (:mod:`.analyses.collectives`); ``world_size``.
 - ``wall_steps``: the host (wall-clock) time of each ``ProfilerStep`` (:mod:`.analyses.step_times`).
-- ``totals``: per-step figures; ``step_time_s`` is the median step span.
+- ``totals``: per-step figures; ``step_time_s`` is the median step span;
+  ``outside_steps_gpu_s``: GPU time outside the profiled steps (total, see :mod:`.link`).
+- ``notes``: what the reader should know once: values the loader converted or dropped,
+  GPU work outside the steps, missing shapes or CPU ops.
+
+Many traces (ranks) are analyzed in parallel processes (``jobs``).
 
 A trace recorded without shapes still gives categories (from kernel names) with FLOPs
 unknown; a CPU-only trace (no GPU events) gives its problems with the ops' CPU time.
@@ -31,8 +36,13 @@ unknown; a CPU-only trace (no GPU events) gives its problems with the ops' CPU t
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
+import os
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +65,13 @@ from primus_perf.tracelens.analyses.hotspots import hotspots, in_steps
 from primus_perf.tracelens.analyses.op_times import op_times, trace_op_times
 from primus_perf.tracelens.analyses.problems import problem_table
 from primus_perf.tracelens.analyses.step_times import host_steps
-from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, COMPUTE, GEMM
+from primus_perf.tracelens.categories import (
+    ATTENTION_BWD,
+    ATTENTION_FWD,
+    COMPUTE,
+    CONVOLUTION,
+    GEMM,
+)
 from primus_perf.tracelens.inputs import discover
 from primus_perf.tracelens.link import link
 from primus_perf.tracelens.tables import TraceTables, trace_tables
@@ -83,12 +99,12 @@ class Analysis:
     rank_summary: pd.DataFrame
     collectives: pd.DataFrame
     totals: dict[str, Any]
+    manifest: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
     collective_events: pd.DataFrame = field(default_factory=pd.DataFrame)
     collective_bandwidth: pd.DataFrame = field(default_factory=pd.DataFrame)
     wall_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     world_size: int = 1
-    manifest: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
     @property
     def n_steps(self) -> int:
@@ -153,11 +169,8 @@ def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [{str(k): _plain(v) for k, v in rec.items()} for rec in df.to_dict(orient="records")]
 
 
-def _rank_of(rt: L.RawTrace, path: Path, index: int, taken: set[int]) -> int:
-    r = rt.rank
-    if r is None:
-        m = _RANK_IN_NAME.search(path.name)
-        r = int(m.group(1)) if m else index
+def _rank_of(recorded: int | None, path: Path, index: int, taken: set[int]) -> int:
+    r = recorded if recorded is not None else _provisional_rank(path, index)
     while r in taken:
         r += 1
     return r
@@ -192,14 +205,19 @@ def _totals(kernels: pd.DataFrame, calls: pd.DataFrame, temporal: pd.DataFrame, 
     def seconds(mask: Any) -> float:
         return float(k.loc[mask, "dur_us"].sum()) / 1e6 / per_step
 
-    def flops(kind: str) -> float | None:
-        # FLOPs are unknown (None), not zero, when no op could be modeled for lack of shapes
-        return int(calls.loc[calls["kind"] == kind, "flops"].sum()) / per_step if flops_known else None
+    def flops(kind: str, cats: tuple[str, ...]) -> float | None:
+        # unknown (None), not zero, when no op could be modeled (no shapes, or ops without a
+        # model) while kernels of the kind ran
+        f = calls.loc[(calls["kind"] == kind) & calls["flops"].notna(), "flops"]
+        if not flops_known or (f.empty and k["category"].isin(cats).any()):
+            return None
+        return int(f.sum()) / per_step
 
     busy = float(temporal["busy_s"].sum()) if len(temporal) else float(k["dur_us"].sum()) / 1e6
     return {
-        "gemm_flops_per_step": flops("gemm"),
-        "attention_flops_per_step": flops("attention"),
+        "gemm_flops_per_step": flops("gemm", (GEMM,)),
+        "attention_flops_per_step": flops("attention", (ATTENTION_FWD, ATTENTION_BWD)),
+        "convolution_flops_per_step": flops("convolution", (CONVOLUTION,)),
         "gpu_busy_s_per_step": busy / per_step,
         "gpu_kernel_s_per_step": seconds(slice(None)),
         "compute_kernel_s_per_step": seconds(k["category"].isin(COMPUTE)),
@@ -210,28 +228,99 @@ def _totals(kernels: pd.DataFrame, calls: pd.DataFrame, temporal: pd.DataFrame, 
     }
 
 
-def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str], None] | None = None) -> Analysis:
-    """Analyze one or more traces (files or run folders); see the module docstring."""
+@dataclass
+class _TraceResult:
+    """What one trace contributes (computed in a worker process when ``jobs`` > 1)."""
+
+    tables: TraceTables
+    op_totals: pd.DataFrame
+    rank: int | None
+    fixes: Counter
+    events: int
+    collectives: pd.DataFrame  # one row per communication GPU event (``trace_collectives``)
+    walls: pd.DataFrame  # host time per ProfilerStep (``host_steps``)
+    distributed: dict[str, Any]  # the trace's distributedInfo
+
+
+def _analyze_trace(path: Path, rank: int) -> _TraceResult:
+    """Load, link and tabulate one trace (``rank`` is provisional: :func:`analyze` assigns
+    the final ranks once all traces are read)."""
+    rt = L.load(path)
+    lk = link(rt)
+    tables = trace_tables(rt, lk, rank)
+    return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, len(rt),
+                        trace_collectives(rt, lk, tables.kernels), host_steps(lk, rank), dict(rt.distributed))
+
+
+def _provisional_rank(path: Path, index: int) -> int:
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else index
+
+
+def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None) -> list[_TraceResult]:
+    """Each trace's result, in the order of ``paths``: in this process (``jobs`` 1) or in
+    ``jobs`` worker processes (the same results: each trace is analyzed alone)."""
+    say = progress or (lambda _msg: None)
+    if jobs <= 1 or len(paths) <= 1:
+        out = []
+        for i, p in enumerate(paths):
+            say(f"analyzing {p}")
+            out.append(_analyze_trace(p, _provisional_rank(p, i)))
+        return out
+    gc.freeze()  # forked workers then leave this process's objects (pages) shared instead of copying them
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_analyze_trace, p, _provisional_rank(p, i)) for i, p in enumerate(paths)]
+            out = []
+            for p, f in zip(paths, futures, strict=True):
+                out.append(f.result())
+                say(f"analyzed {p}")
+            return out
+    finally:
+        gc.unfreeze()
+
+
+def default_jobs(n_traces: int) -> int:
+    """Worker processes for ``n_traces`` traces: one per trace, at most one per CPU."""
+    return max(1, min(n_traces, os.cpu_count() or 1))
+
+
+def _outside_note(kernels: pd.DataFrame, has_steps: bool) -> tuple[float, list[str]]:
+    """Seconds of GPU work outside the profiled steps, and its note."""
+    if not has_steps:
+        return 0.0, []
+    out = kernels[kernels["step"] < 0]
+    secs = float(out["dur_us"].sum()) / 1e6
+    if out.empty:
+        return 0.0, []
+    return secs, [f"outside steps: {len(out):,} GPU events ({secs * 1e3:,.3f} ms) without a launch inside the "
+                  "profiled steps (queued before profiling started, or launched outside the steps) are left out "
+                  "of the per-step figures"]
+
+
+def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str], None] | None = None,
+            jobs: int | None = None) -> Analysis:
+    """Analyze one or more traces (files or run folders); see the module docstring. The
+    traces of many ranks are analyzed in ``jobs`` processes (default: one per trace, at
+    most one per CPU); the result does not depend on ``jobs``."""
     inputs = discover(paths)
+    n_jobs = default_jobs(len(inputs.traces)) if jobs is None else max(1, int(jobs))
+    results = _traces(inputs.traces, n_jobs, progress)
     tables: list[TraceTables] = []
     op_totals: list[pd.DataFrame] = []
     ranks: list[int] = []
-    comm, walls, dist = [], [], []
-    for i, path in enumerate(inputs.traces):
-        if progress is not None:
-            progress(f"loading {path}")
-        rt = L.load(path)
-        rank = _rank_of(rt, path, i, set(ranks))
+    fixes: Counter = Counter()
+    for i, (path, res) in enumerate(zip(inputs.traces, results, strict=True)):
+        rank = _rank_of(res.rank, path, i, set(ranks))
         ranks.append(rank)
-        if progress is not None:
-            progress(f"analyzing {path} ({len(rt):,} events)")
-        lk = link(rt)
-        tables.append(trace_tables(rt, lk, rank))
-        op_totals.append(trace_op_times(rt, lk))
-        comm.append(trace_collectives(rt, lk, tables[-1].kernels))
-        walls.append(host_steps(lk, rank))
-        dist.append(rt.distributed)
-        del rt, lk
+        res.tables.kernels["rank"] = np.int64(rank)
+        res.tables.calls["rank"] = np.int64(rank)
+        for frame in (res.collectives, res.walls):
+            if "rank" in frame:
+                frame["rank"] = np.int64(rank)
+        tables.append(res.tables)
+        op_totals.append(res.op_totals)
+        fixes.update(res.fixes)
     if not any(t.has_cpu_ops or len(t.kernels) for t in tables):
         raise TraceError(f"nothing to analyze: no operators or GPU events in {', '.join(map(str, inputs.traces))}")
     kernels = pd.concat([t.kernels for t in tables], ignore_index=True)
@@ -239,17 +328,19 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         kernels[c] = kernels[c].astype("category")
     calls = pd.concat([t.calls for t in tables], ignore_index=True)
     steps = sorted({s for t in tables for s in t.steps})
-    notes = [*inputs.notes, *_notes(tables, kernels, steps)]
-    comm_events = pd.concat(comm, ignore_index=True)
+    outside_s, outside_notes = _outside_note(kernels, bool(steps))
+    notes = [*inputs.notes, *L.fix_notes(fixes), *outside_notes, *_notes(tables, kernels, steps)]
+    comm_events = pd.concat([r.collectives for r in results], ignore_index=True)
     if not steps:
         kernels["step"] = 0
         calls["step"] = 0
-        comm_events["step"] = 0
     device_name = _device_name(tables, inputs.manifest, kernels.empty)
     peaks = lookup_peaks(device_name)
     per_step = max(1, len(steps)) * max(1, len(ranks))
     temporal = B.temporal(kernels)
     flops_known = any(t.has_cpu_ops and t.has_shapes for t in tables)
+    totals = _totals(kernels, calls, temporal, per_step, flops_known)
+    totals["outside_steps_gpu_s"] = outside_s
     return Analysis(
         traces=[str(f) for f in inputs.traces],
         device={"name": device_name, "peaks": peaks.key if peaks else None, "vendor": peaks.vendor if peaks else None},
@@ -264,11 +355,11 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         op_times=op_times(op_totals, per_step),
         rank_summary=rank_summary(temporal),
         collectives=collective_skew(kernels),
-        totals=_totals(kernels, calls, temporal, per_step, flops_known),
-        collective_events=comm_events,
-        collective_bandwidth=bandwidth(comm_events, max(1, len(steps))),
-        wall_steps=pd.concat(walls, ignore_index=True),
-        world_size=world_size(dist, len(ranks)),
+        totals=totals,
         manifest=inputs.manifest,
         notes=notes,
+        collective_events=comm_events,
+        collective_bandwidth=bandwidth(comm_events, max(1, len(steps))),
+        wall_steps=pd.concat([r.walls for r in results], ignore_index=True),
+        world_size=world_size([r.distributed for r in results], len(ranks)),
     )

@@ -5,11 +5,14 @@ event gets the first category that matches
 
 1. its kind (memcpy, memset),
 2. a communication kernel or op (NCCL/RCCL kernels, ``c10d::``/``nccl:`` ops),
-3. the op it is attributed to (a GEMM or attention op with a perf model) and then the op
-   that launched it (the leaf op: ``aten::native_layer_norm``, ``aten::add``, ...),
+3. the op it is attributed to (a GEMM, convolution or attention op with a perf model) and
+   then the op that launched it (the leaf op: ``aten::native_layer_norm``, ``aten::add``,
+   ``vllm::unified_attention``, ``aiter::mha_fwd``, ...),
 4. an optimizer step around it (``Optimizer.step#...`` annotations, fused/foreach ops),
-5. the kernel name (traces without CPU events or with unknown ops: ``nvjet_*``,
-   ``Cijk_*``, ``flash_fwd_*``, ``elementwise_kernel``, ...),
+5. the kernel name (traces without CPU events or with unknown ops: cuBLAS/hipBLASLt/CUTLASS
+   GEMMs (``nvjet_*``, ``Cijk_*``), batched, grouped and MoE GEMMs (trtllm-gen ``bmm_*``,
+   Triton ``*mm*`` templates), cuDNN/MIOpen convolutions, flash/aiter/cuDNN/vLLM attention,
+   ``elementwise_kernel``, ...),
 
 else "other".
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import re
 
 GEMM = "gemm"
+CONVOLUTION = "convolution"
 ATTENTION_FWD = "attention_fwd"
 ATTENTION_BWD = "attention_bwd"
 COMMUNICATION = "communication"
@@ -30,29 +34,37 @@ REDUCTION = "reduction"
 OPTIMIZER = "optimizer"
 OTHER = "other"
 
-COMPUTE = frozenset({GEMM, ATTENTION_FWD, ATTENTION_BWD, ELEMENTWISE, NORMALIZATION, REDUCTION,
+COMPUTE = frozenset({GEMM, CONVOLUTION, ATTENTION_FWD, ATTENTION_BWD, ELEMENTWISE, NORMALIZATION, REDUCTION,
                      OPTIMIZER, OTHER})
+MODELED = frozenset({GEMM, CONVOLUTION, ATTENTION_FWD, ATTENTION_BWD})  # decided by the op when it has a model
 
+# NCCL/RCCL kernels, vLLM/SGLang custom and symmetric-memory all-reduce kernels
 COMMUNICATION_KERNEL = re.compile(r"nccl|rccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter"
-                                  r"|alltoall|sendrecv", re.I)
-COMMUNICATION_OP = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms|_c10d_functional::)")
+                                  r"|all_?to_?all|sendrecv|multimem", re.I)
+COMMUNICATION_OP = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms|_c10d_functional::|c10d_functional::"
+                              r"|symm_mem::|vllm::\w*all_reduce|_C_custom_ar::)")
 
+_ATTN = r"(attn|attention|sdpa|fmha|mha|flash|paged_attention|mla_decode)"
 # op name -> category (first match wins)
 OP_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (cat, re.compile(rx)) for cat, rx in (
         (ATTENTION_BWD, r"^aten::_(scaled_dot_product|flash|efficient|cudnn)\w*attention\w*backward"
-                        r"|^flash_attn::\w*backward|^FlashAttn\w*Backward"),
+                        r"|^(flash_attn|_flash_attn\w*|aiter|transformer_engine\w*|te|sglang|vllm)::\w*"
+                        + _ATTN + r"\w*(bwd|backward)|" + _ATTN + r"\w*(Backward|_bwd)\w*$"),
         (ATTENTION_FWD, r"^aten::(_?scaled_dot_product\w*attention\w*|_flash_attention_forward"
-                        r"|_efficient_attention_forward|_cudnn_attention_forward)$|^flash_attn::\w*forward"),
+                        r"|_efficient_attention_forward|_cudnn_attention_forward)$"
+                        r"|^(flash_attn|_flash_attn\w*|_vllm_fa\d_C|aiter|transformer_engine\w*|te|sglang|vllm|_C"
+                        r"|cudnn\w*)::\w*" + _ATTN + r"|^(FlashAttnFunc|FusedAttnFunc|FlashAttnVarlenFunc)$"),
+        (CONVOLUTION, r"^aten::\w*conv(?!ert)|^(miopen|cudnn)\w*::\w*conv"),
         (GEMM, r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|_addmm_activation"
-               r"|_int_mm|_grouped_mm|_scaled_grouped_mm)$|^primus_perf::gemm$"),
+               r"|_int_mm|_grouped_mm|_scaled_grouped_mm|_weight_int\w*mm\w*)$|^primus_perf::gemm$"
+               r"|^(?!aten::)\w+::\w*(gemm|gemv|scaled_mm|grouped_mm|_bmm|_matmul)"),
         (OPTIMIZER, r"^aten::_fused_(adam|adamw|sgd|adagrad)_?|^aten::_foreach_|^Optimizer\.step"),
-        (NORMALIZATION, r"^aten::(native_)?(layer_norm|rms_norm|_fused_rms_norm|batch_norm|group_norm"
-                        r"|instance_norm|native_batch_norm|cudnn_batch_norm|_fused_rms_norm_backward"
-                        r"|native_layer_norm_backward|native_group_norm)|rms_?norm|layer_?norm"),
+        (NORMALIZATION, r"(batch|layer|group|instance|rms|l2)_?norm"),
         (REDUCTION, r"^aten::(sum|mean|max|min|amax|amin|argmax|argmin|norm|linalg_vector_norm|prod|std"
                     r"|var|cumsum|logsumexp|_?softmax|_?log_softmax|_softmax_backward_data"
-                    r"|_log_softmax_backward_data|nll_loss\w*|cross_entropy_loss|topk|sort|all|any)$"),
+                    r"|_log_softmax_backward_data|nll_loss\w*|cross_entropy_loss|topk|sort|all|any|\w*pool\w*"
+                    r"|mse_loss_backward|bincount|histc|unique\w*)$"),
         (ELEMENTWISE, r"^aten::"),  # remaining aten ops that launch kernels: copies, pointwise, fills
     )
 )
@@ -60,15 +72,22 @@ OP_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 # kernel name -> category, for kernels whose op is unknown or missing
 KERNEL_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (cat, re.compile(rx, re.I)) for cat, rx in (
-        (ATTENTION_BWD, r"flash_bwd|fmha\w*bwd|bprop|attn_bwd|_bwd_preprocess|_bwd_dkdv|_bwd_dq"
-                        r"|attention_backward|dot_do_o|convert_dq"),
-        (ATTENTION_FWD, r"flash_fwd|fmha|fprop\w*sdpa|sdpa\w*fprop|attn_fwd|attention_forward|flash_attn"),
-        (GEMM, r"gemm|nvjet|Cijk_|cutlass|xmma|sm\d+_xmma|_mm_|matmul|wgmma|hipblaslt|rocblas|ck_tile"),
+        (ATTENTION_BWD, r"flash_bwd|fmha\w*bwd|bprop\w*sdpa|sdpa\w*bprop|attn_bwd|_bwd_preprocess|_bwd_dkdv"
+                        r"|_bwd_dq|attention_backward|dot_do_o|convert_dq|mha_bwd|" + _ATTN + r"\w*_bwd"),
+        (ATTENTION_FWD, r"flash_fwd|fmha|fprop\w*sdpa|sdpa|attn_fwd|attention|flash_attn|mha_fwd|paged_attention"
+                        r"|_fwd_kernel_stage|decode_attention|mla_|unified_attention"),
+        (CONVOLUTION, r"conv(?!ert)|scudnn|winograd|wgrad|dgrad|implicit_?gemm|igemm|miopenSp|xdlops_conv"
+                      r"|cudnn::cnn|nchwToNhwc|nhwcToNchw|naive_conv"),
+        (GEMM, r"gemm|gemv|nvjet|Cijk_|cutlass|xmma|wgmma|hipblaslt|rocblas|ck_tile|_mm_|matmul|^bmm_|_bmm_"
+               r"|triton_tem_fused\w*mm|mm_kernel|splitKreduce|epilogue::impl|grouped_mm|moe_align_block"
+               r"|fused_moe_kernel"),
         (OPTIMIZER, r"adam|FusedOptimizer|fused_sgd|multi_tensor_apply_kernel<\w*::?\w*FusedOptimizer"),
-        (NORMALIZATION, r"layer_norm|rms_?norm|GammaBeta|batch_norm|group_norm"),
-        (REDUCTION, r"reduce_kernel|LpNorm|lpnorm|SoftMax|softmax|nll_loss|cross_entropy|cumsum|topk"),
-        (ELEMENTWISE, r"elementwise|Functor|copy|fill|CatArray|triton_poi|index|gather|scatter|where"
-                      r"|embedding|cast|transpose"),
+        (NORMALIZATION, r"layer_?norm|rms_?norm|GammaBeta|batch_?norm|group_?norm|bn_fw|bn_bw|triton_(red|per)_\w*rsqrt"),
+        (REDUCTION, r"reduce|LpNorm|lpnorm|SoftMax|softmax|nll_loss|cross_entropy|cumsum|topk|pool|cub::Device"
+                    r"|RadixSort|scan|histogram|routing|bitmatrix|argmax|triton_(red|per)_"),
+        (ELEMENTWISE, r"elementwise|Functor|copy|fill|CatArray|triton_poi|triton__|index|indices|gather|scatter"
+                      r"|where|embedding|cast|transpose|permute|quant|rotary|reshape_and_cache|OpTensor"
+                      r"|TensorOp|pad|Memcpy|act_and_mul|silu|gelu|relu|dropout|unrolled|vectorized"),
     )
 )
 
@@ -106,7 +125,7 @@ def classify(kind: str, kernel_name: str, model_op: str | None, leaf_op: str | N
     for op in (model_op, leaf_op):
         if op:
             cat = op_category(op)
-            if cat == COMMUNICATION or cat in (GEMM, ATTENTION_FWD, ATTENTION_BWD):
+            if cat == COMMUNICATION or cat in MODELED:
                 return cat
     if in_optimizer:
         return OPTIMIZER
@@ -115,7 +134,7 @@ def classify(kind: str, kernel_name: str, model_op: str | None, leaf_op: str | N
         if cat is not None and cat != ELEMENTWISE:
             return cat
         by_kernel = kernel_category(kernel_name)
-        if cat == ELEMENTWISE and by_kernel not in (GEMM, ATTENTION_FWD, ATTENTION_BWD):
+        if cat == ELEMENTWISE and by_kernel not in MODELED:
             return cat
         if by_kernel is not None:
             return by_kernel

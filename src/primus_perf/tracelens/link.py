@@ -12,8 +12,13 @@
 - GPU events (kernels, memcpy, memset) link to their launch by correlation id; all kernels
   of a CUDA/HIP graph replay carry the graph launch's correlation id.
 - Backward ops link to their forward op through the autograd ``Sequence number``.
-- Steps: an event belongs to ``ProfilerStep#N`` when its launch (or, lacking one, its own
-  start) falls inside that annotation; -1 outside every step.
+- Steps: a host event belongs to ``ProfilerStep#N`` (an annotation, or a cpu op in 2021
+  traces) when it starts inside it. A GPU event belongs to the step of its launch, not of
+  its own start: a GPU running behind its host runs step N's kernels during step N+1.
+  GPU work without a launch inside the steps (queued before the profiler started, or
+  whose launch is not in the trace) is outside every step (-1), reported on its own and
+  left out of per-step figures. Only a trace whose GPU events have no launches at all
+  (GPU-only traces) places them by their own start.
 """
 
 from __future__ import annotations
@@ -53,10 +58,14 @@ class Linked:
 
 def step_windows(rt: L.RawTrace) -> tuple[list[int], np.ndarray]:
     """The ``ProfilerStep#N`` annotations: step numbers and their [start, end) on the host."""
-    ann = np.flatnonzero(rt.kind == L.KIND_ANNOTATION)
+    ann = np.flatnonzero((rt.kind == L.KIND_ANNOTATION) | (rt.kind == L.KIND_CPU_OP))
     step_code = {c: int(m.group(1)) for c, n in enumerate(rt.names) if (m := _STEP.match(n))}
     found: dict[int, tuple[float, float]] = {}
-    for r in ann:
+    if step_code:
+        ann = ann[np.isin(rt.name[ann], np.fromiter(step_code, dtype=np.int64))]
+    else:
+        ann = ann[:0]
+    for r in ann.tolist():
         n = step_code.get(int(rt.name[r]))
         if n is not None:
             s, e = float(rt.ts[r]), float(rt.ts[r] + rt.dur[r])
@@ -69,16 +78,19 @@ def step_windows(rt: L.RawTrace) -> tuple[list[int], np.ndarray]:
 
 def assign_steps(times: np.ndarray, steps: list[int], win: np.ndarray) -> np.ndarray:
     """Step number of each time (-1 outside every window)."""
-    out = np.full(len(times), -1, dtype=np.int64)
+    out = np.full(len(times), -1, dtype=np.int32)
     if not steps:
         return out
     order = np.argsort(win[:, 0], kind="stable")
     starts, ends = win[order, 0], win[order, 1]
-    nums = np.asarray(steps, dtype=np.int64)[order]
+    nums = np.asarray(steps, dtype=np.int32)[order]
     i = np.searchsorted(starts, times, side="right") - 1
     ok = (i >= 0) & (times < ends[np.clip(i, 0, None)])
     out[ok] = nums[i[ok]]
     return out
+
+
+OP_TREE_BLOCK = 1 << 20  # host events converted to Python values at a time (bounded memory)
 
 
 def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -87,64 +99,68 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     kind = rt.kind
     host = np.flatnonzero((kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION) | (kind == L.KIND_RUNTIME)
                           | (kind == L.KIND_FLOW_START))
-    order = host[np.lexsort((-rt.dur[host], rt.ts[host], rt.tid[host], rt.pid[host]))]
-    _, thread = np.unique(np.stack([rt.pid[order], rt.tid[order]]), axis=1, return_inverse=True)
+    order = host[np.lexsort((-rt.dur[host], rt.ts[host], rt.thread[host]))]
+    del host
     names = rt.names
     modeled_name = np.array([nm in MODELS for nm in names] + [False], dtype=bool)
     is_opt_name = np.array([nm.startswith(OPTIMIZER_PREFIX) for nm in names] + [False], dtype=bool)
     is_bwd_name = np.array([nm.startswith(BACKWARD_PREFIX) for nm in names] + [False], dtype=bool)
-    name_of = rt.name[order]
-    modeled = (modeled_name[name_of] & (rt.shape[order] >= 0)).tolist()
-    opt_flag = is_opt_name[name_of].tolist()
-    bwd_flag = is_bwd_name[name_of].tolist()
-    op_like = ((kind[order] == L.KIND_CPU_OP) | (kind[order] == L.KIND_ANNOTATION)).tolist()
-    starts = rt.ts[order].tolist()
-    ends = (rt.ts[order] + rt.dur[order]).tolist()
-    threads = thread.ravel().tolist()
-    rows = order.tolist()
 
-    parent = [-1] * n
-    model = [-1] * n
-    optim = [False] * n
-    bwd_root = [-1] * n
-    launch_op = [-1] * n
+    up = np.full(n, -1, dtype=np.int32)  # parent op of an op; the op around a launch
+    model = np.full(n, -1, dtype=np.int32)
+    optim = np.zeros(n, dtype=bool)
+    bwd_root = np.full(n, -1, dtype=np.int32)
     shadowed = np.zeros(n, dtype=bool)
-    stack: list[int] = []  # positions in `order`
-    stack_end: list[float] = []
+    shadow_rows: list[int] = []
+    stack: list[tuple[float, int, int, bool, int]] = []  # (end, row, model, optimizer, backward root)
     cur = -1
-    for j in range(len(rows)):
-        t = starts[j]
-        if threads[j] != cur:
-            cur = threads[j]
-            stack.clear()
-            stack_end.clear()
-        while stack_end and stack_end[-1] <= t:
-            stack.pop()
-            stack_end.pop()
-        p = rows[stack[-1]] if stack else -1
-        r = rows[j]
-        if not op_like[j]:
-            launch_op[r] = p
-            continue
-        parent[r] = p
-        if p >= 0:
-            pm = model[p]
-            if modeled[j]:
-                model[r] = r
-                if pm >= 0:
-                    shadowed[pm] = True
+    for b0 in range(0, len(order), OP_TREE_BLOCK):
+        blk = order[b0:b0 + OP_TREE_BLOCK]
+        name_of = rt.name[blk]
+        modeled = (modeled_name[name_of] & (rt.shape[blk] >= 0)).tolist()
+        opt_flag = is_opt_name[name_of].tolist()
+        bwd_flag = is_bwd_name[name_of].tolist()
+        op_like = ((kind[blk] == L.KIND_CPU_OP) | (kind[blk] == L.KIND_ANNOTATION)).tolist()
+        starts = rt.ts[blk].tolist()
+        ends = (rt.ts[blk] + rt.dur[blk]).tolist()
+        threads = rt.thread[blk].tolist()
+        rows = blk.tolist()
+        m = len(rows)
+        b_up, b_model, b_opt, b_bwd = [-1] * m, [-1] * m, [False] * m, [-1] * m
+        for j in range(m):
+            t = starts[j]
+            if threads[j] != cur:
+                cur = threads[j]
+                stack.clear()
+            while stack and stack[-1][0] <= t:
+                stack.pop()
+            if stack:
+                _, p, pm, po, pb = stack[-1]
             else:
-                model[r] = pm
-            optim[r] = opt_flag[j] or optim[p]
-            bwd_root[r] = r if bwd_flag[j] else bwd_root[p]
-        else:
-            model[r] = r if modeled[j] else -1
-            optim[r] = opt_flag[j]
-            bwd_root[r] = r if bwd_flag[j] else -1
-        stack.append(j)
-        stack_end.append(ends[j])
-    return (np.array(parent, dtype=np.int64), np.array(model, dtype=np.int64), shadowed,
-            np.array(optim, dtype=bool), np.array(bwd_root, dtype=np.int64), np.array(launch_op, dtype=np.int64))
+                p, pm, po, pb = -1, -1, False, -1
+            b_up[j] = p
+            if not op_like[j]:
+                continue
+            r = rows[j]
+            if modeled[j]:
+                mr = r
+                if pm >= 0:
+                    shadow_rows.append(pm)
+            else:
+                mr = pm
+            o = opt_flag[j] or po
+            br = r if bwd_flag[j] else pb
+            b_model[j], b_opt[j], b_bwd[j] = mr, o, br
+            stack.append((ends[j], r, mr, o, br))
+        up[blk] = b_up
+        model[blk] = b_model
+        optim[blk] = b_opt
+        bwd_root[blk] = b_bwd
+    shadowed[shadow_rows] = True
+    op_like_all = (kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)
+    parent = np.where(op_like_all, up, -1).astype(np.int32)
+    launch_op = np.where(op_like_all, -1, up).astype(np.int32)
+    return parent, model, shadowed, optim, bwd_root, launch_op
 
 
 def _lookup(keys: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -191,11 +207,14 @@ def link(rt: L.RawTrace) -> Linked:
         seqs, fwd_rows = _forward_ops(rt, bwd_root)
         fwd_op[in_bwd] = _lookup(seqs, fwd_rows, rt.seq[root[in_bwd]])
     steps, win = step_windows(rt)
-    when = np.where(has, rt.ts[np.clip(launch, 0, None)], rt.ts[gpu])
+    if has.any():  # the step of the launch; no launch: outside the steps
+        step = np.where(has, assign_steps(rt.ts[np.clip(launch, 0, None)], steps, win), -1).astype(np.int32)
+    else:  # a GPU-only trace: by the event's own start
+        step = assign_steps(rt.ts[gpu], steps, win)
     op_step = assign_steps(rt.ts, steps, win)
     return Linked(
         gpu=gpu, launch=launch, leaf_op=leaf, model_op=model_op, fwd_op=fwd_op,
-        in_optimizer=in_opt.astype(bool), step=assign_steps(when, steps, win),
+        in_optimizer=in_opt.astype(bool), step=step,
         op_rows=np.flatnonzero((kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)),
         op_parent=parent, op_model=model, shadowed=shadowed, op_step=op_step,
         steps=steps, step_windows=win,

@@ -33,19 +33,29 @@ from primus_perf.tracelens.load import ShapeArgs
 
 @dataclass(frozen=True)
 class OpModel:
-    """What one call of a modeled op computes."""
+    """What one call of a modeled op computes. ``problem`` is None for the ops no problem
+    type describes (convolutions, grouped GEMMs, memory-bound ops); ``flops`` is None where
+    the recorded inputs do not determine it (never a guessed 0)."""
 
-    kind: str  # "gemm" or "attention"
-    problem: GemmProblem | AttentionProblem
-    direction: str  # "fwd" for GEMMs and attention forward, "bwd" for attention backward
-    flops: int
-    bytes: int
+    kind: str  # "gemm", "attention", "convolution" or "memory" (norms, elementwise: bytes only)
+    problem: GemmProblem | AttentionProblem | None
+    direction: str  # "fwd", or "bwd" for attention and convolution backward
+    flops: int | None
+    bytes: int | None
+    input_dtype: str = ""
+    label: str = ""
 
     @property
     def dtype(self) -> str:
         """The input dtype (what the peak table is looked up by)."""
         p = self.problem
+        if p is None:
+            return self.input_dtype
         return p.dtype_a if isinstance(p, GemmProblem) else p.dtype
+
+    def key(self) -> str:
+        """The problem's key, or ``kind:label`` for an op without a problem type."""
+        return self.problem.key() if self.problem is not None else f"{self.kind}:{self.label}"
 
 
 # ---------------------------------------------------------------------------- GEMM
@@ -162,16 +172,165 @@ def model_matmul(s: ShapeArgs) -> OpModel | None:
                                     Operand(db[-2], db[-1], False, db[-1]), dtype, batch=batch))
 
 
-def model_scaled_mm(s: ShapeArgs) -> OpModel | None:
+def model_scaled_mm(s: ShapeArgs, first: int = 0) -> OpModel | None:
     """``aten::_scaled_mm(a, b, scale_a, scale_b, bias?, scale_result?, out_dtype?, ...)``: fp8
     inputs; the output dtype is recorded only as an enum code, so it is taken as bf16."""
-    m = model_mm(s)
+    m = model_mm(s, first=first)
     if m is None:
         return None
     p = m.problem
     assert isinstance(p, GemmProblem)
     prob = GemmProblem(**{**p.to_dict(), "dtype_c": "bf16", "dtype_d": "bf16"})
     return _gemm_model(prob)
+
+
+def _dims_label(dims: list[Any]) -> str:
+    return ", ".join("x".join(map(str, d)) for d in dims if _int_list(d))
+
+
+def _int_list(d: Any) -> bool:
+    return isinstance(d, list) and bool(d) and all(isinstance(x, int) and not isinstance(x, bool) for x in d)
+
+
+def _numel(d: list[int]) -> int:
+    return math.prod(d)
+
+
+def model_grouped_mm(s: ShapeArgs) -> OpModel | None:
+    """``aten::_grouped_mm(a, b, offs, ...)`` and ``_scaled_grouped_mm``: MoE expert GEMMs.
+    2-D ``a[T, K]`` with 3-D ``b[G, K, N]`` (tokens split over G groups by ``offs``): 2*T*K*N
+    FLOPs whatever the split; 3-D with 3-D: a batch of G equal GEMMs."""
+    if len(s.dims) < 2 or not (_int_list(s.dims[0]) and _int_list(s.dims[1])):
+        return None
+    a, b = s.dims[0], s.dims[1]
+    dtype = _dtype(s.types, 0)
+    if dtype is None:
+        return None
+    if len(a) == 2 and len(b) == 3 and a[1] == b[1]:
+        flops = 2 * a[0] * a[1] * b[2]
+        out = a[0] * b[2]
+    elif len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
+        flops = 2 * a[0] * a[1] * a[2] * b[2]
+        out = a[0] * a[1] * b[2]
+    elif len(a) == 2 and len(b) == 2 and a[1] == b[0]:  # 2-D x 2-D: K split into groups
+        flops = 2 * a[0] * a[1] * b[1]
+        out = a[0] * b[1]
+    else:
+        return None
+    elem = DTYPE_BYTES[dtype]
+    nbytes = int((_numel(a) + _numel(b)) * elem + out * 2)
+    return OpModel("gemm", None, "fwd", flops, nbytes, dtype, f"grouped {_dims_label([a, b])} {dtype}")
+
+
+def model_linear_like(s: ShapeArgs, first: int = 0) -> OpModel | None:
+    """``x[..., K] @ W[N, K].T`` of fused FP8 GEMM ops (``fbgemm::f8f8bf16_rowwise``): bf16 out."""
+    if len(s.dims) < first + 2:
+        return None
+    x, w = s.dims[first], s.dims[first + 1]
+    dtype = _dtype(s.types, first)
+    if not (_int_list(x) and _int_list(w)) or len(w) != 2 or x[-1] != w[1] or dtype is None:
+        return None
+    try:
+        prob = GemmProblem.from_row_major(math.prod(x[:-1]), w[0], w[1], b_transposed=True, dtype=dtype)
+        prob = GemmProblem(**{**prob.to_dict(), "dtype_c": "bf16", "dtype_d": "bf16"})
+    except ValueError:
+        return None
+    return _gemm_model(prob)
+
+
+def _ints_arg(concrete: list[Any], i: int, n: int) -> list[int] | None:
+    """An int-list argument of ``Concrete Inputs`` (a list, or a string ``"[1, 1]"``; one int
+    repeated for every spatial dim), or None when it was not recorded."""
+    if i >= len(concrete):
+        return None
+    v = concrete[i]
+    if isinstance(v, str):
+        text = v.strip().strip("[]()")
+        if not text:
+            return None
+        try:
+            v = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            return None
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v]
+    if not (isinstance(v, list) and v and all(isinstance(x, int) for x in v)):
+        return None
+    return v * n if len(v) == 1 else (v if len(v) == n else None)
+
+
+def _conv_model(inp: list[int], weight: list[int], out: list[int], dtype: str, direction: str, passes: int,
+                transposed: bool = False) -> OpModel | None:
+    """2 x (output elements) x (weight elements per output channel) FLOPs per pass."""
+    if transposed:  # every input element meets C_out/g x kernel weights
+        flops = 2 * _numel(inp) * (_numel(weight) // max(1, weight[0])) * passes
+    else:
+        flops = 2 * _numel(out) * (_numel(weight) // max(1, weight[0])) * passes
+    elem = DTYPE_BYTES[dtype]
+    nbytes = int((_numel(inp) + _numel(weight) + _numel(out)) * elem * (1 if passes <= 1 else 2))
+    label = f"conv {'x'.join(map(str, inp))} * {'x'.join(map(str, weight))}{' T' if transposed else ''} {dtype}"
+    return OpModel("convolution", None, direction, flops, nbytes, dtype, label)
+
+
+def model_conv_forward(s: ShapeArgs, at: dict[str, int]) -> OpModel | None:
+    """A forward convolution: input[N, C, *spatial] and weight[K, C/g, *kernel]; the output
+    size needs stride, padding and dilation from ``Concrete Inputs`` (unknown without them)."""
+    if len(s.dims) < 2 or not (_int_list(s.dims[0]) and _int_list(s.dims[1])):
+        return None
+    inp, w = s.dims[0], s.dims[1]
+    nsp = len(inp) - 2
+    dtype = _dtype(s.types, 0)
+    if nsp < 1 or len(w) != len(inp) or dtype is None:
+        return None
+    transposed = "transposed" in at and _truthy(s.concrete, at["transposed"], default=False)
+    if transposed:
+        return _conv_model(inp, w, inp, dtype, "fwd", 1, transposed=True)
+    stride = _ints_arg(s.concrete, at["stride"], nsp)
+    pad = _ints_arg(s.concrete, at["padding"], nsp)
+    dil = _ints_arg(s.concrete, at["dilation"], nsp) or [1] * nsp
+    if stride is None or pad is None:
+        return None
+    spatial = [(i + 2 * p - d * (k - 1) - 1) // st + 1
+               for i, p, d, k, st in zip(inp[2:], pad, dil, w[2:], stride, strict=True)]
+    if min(spatial) <= 0:
+        return None
+    return _conv_model(inp, w, [inp[0], w[0], *spatial], dtype, "fwd", 1)
+
+
+def model_conv_backward(s: ShapeArgs, grad_at: int, input_at: int | None, weight_at: int | None,
+                        mask_at: int | None = None, passes: int = 2) -> OpModel | None:
+    """A convolution backward from ``grad_output[N, K, *out]`` and the weight (or the input,
+    when only the weight gradient is computed): one forward's FLOPs per gradient computed
+    (input and weight gradients: ``output_mask``, else ``passes``)."""
+    d = s.dims
+    if len(d) <= grad_at or not _int_list(d[grad_at]):
+        return None
+    go = d[grad_at]
+    dtype = _dtype(s.types, grad_at)
+    w = d[weight_at] if weight_at is not None and weight_at < len(d) and _int_list(d[weight_at]) else None
+    x = d[input_at] if input_at is not None and input_at < len(d) and _int_list(d[input_at]) else None
+    if w is None or dtype is None or len(w) != len(go):
+        return None  # the kernel size is not recorded: FLOPs unknown
+    if mask_at is not None and mask_at < len(s.concrete) and isinstance(s.concrete[mask_at], str):
+        flags = [f.strip().lower() for f in s.concrete[mask_at].strip("[]()").split(",")]
+        if len(flags) >= 2:
+            passes = max(1, sum(f in ("true", "1") for f in flags[:2]))
+    inp = x if x is not None else [go[0], w[1], *go[2:]]
+    return _conv_model(inp, w, go, dtype, "bwd", passes)
+
+
+def model_bytes(s: ShapeArgs) -> OpModel | None:
+    """A memory-bound op (norms, elementwise): bytes read (every tensor input) and written
+    (one output the size of the largest input, in its dtype); FLOPs not counted."""
+    tensors = [(d, _dtype(s.types, i)) for i, d in enumerate(s.dims) if _int_list(d) or d == []]
+    tensors = [(d, t) for d, t in tensors if t is not None and (d or len(tensors) == 1)]
+    if not tensors:
+        return None
+    read = sum(_numel(d) * DTYPE_BYTES[t] for d, t in tensors)
+    big, bt = max(tensors, key=lambda dt: _numel(dt[0]))
+    written = _numel(big) * DTYPE_BYTES[bt]
+    return OpModel("memory", None, "fwd", None, int(read + written), tensors[0][1],
+                   f"{_dims_label([d for d, _ in tensors])} {tensors[0][1]}")
 
 
 # ---------------------------------------------------------------------------- attention
@@ -245,6 +404,29 @@ MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "aten::_scaled_dot_product_efficient_attention_backward": _attn(1, 11, "bhsd", "bwd"),
     "flash_attn::_flash_attn_forward": _attn(0, 5, "bshd", "fwd"),
     "flash_attn::_flash_attn_backward": _attn(1, 11, "bshd", "bwd"),
+    "aiter::mha_fwd": _attn(0, 5, "bshd", "fwd"),
+    "aiter::mha_bwd": _attn(1, 8, "bshd", "bwd"),
+    "aten::_grouped_mm": model_grouped_mm,
+    "aten::_scaled_grouped_mm": model_grouped_mm,
+    "_C::cutlass_scaled_mm": lambda s: model_scaled_mm(s, first=1),
+    "fbgemm::f8f8bf16_rowwise": model_linear_like,
+    "fbgemm::f8f8bf16": model_linear_like,
+    "fbgemm::f8f8bf16_tensorwise": model_linear_like,
+    # convolution (argument positions of native_functions.yaml)
+    "aten::convolution": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5,
+                                                           "transposed": 6}),
+    "aten::_convolution": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5,
+                                                            "transposed": 6}),
+    "aten::conv2d": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5}),
+    "aten::conv1d": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5}),
+    "aten::conv3d": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5}),
+    "aten::cudnn_convolution": lambda s: model_conv_forward(s, {"padding": 2, "stride": 3, "dilation": 4}),
+    "aten::miopen_convolution": lambda s: model_conv_forward(s, {"padding": 3, "stride": 4, "dilation": 5}),
+    "aten::convolution_backward": lambda s: model_conv_backward(s, 0, 1, 2, mask_at=10),
+    "aten::cudnn_convolution_backward": lambda s: model_conv_backward(s, 1, 0, 2),
+    "aten::cudnn_convolution_backward_input": lambda s: model_conv_backward(s, 1, None, 2, passes=1),
+    "aten::miopen_convolution_backward": lambda s: model_conv_backward(s, 1, 0, 2),
+    "aten::miopen_convolution_backward_input": lambda s: model_conv_backward(s, 1, None, 2, passes=1),
 }
 
 

@@ -6,10 +6,12 @@
   name), shape (that op's input shapes), leaf_op, fwd_op (backward events), and ``call``:
   the trace row of the op call it is attributed to (-1: none), which makes "calls" op
   calls everywhere.
-- ``calls``: every call of a modeled op (:mod:`.perf_models`) that has no modeled op
-  inside it, in a step (or all calls when the trace has no step markers): rank, step,
-  row, kind, key, problem, direction, flops, bytes, dtype, time_us (GPU time of its
-  kernels, or its CPU time in a trace without GPU events).
+- ``calls``: every call of a modeled op (:mod:`.perf_models`: GEMM, convolution,
+  attention) that has no modeled op inside it, in a step (or all calls when the trace has
+  no step markers), and every call of an op that launched normalization or elementwise
+  kernels (kind "memory", bytes only): rank, step, row, kind, key, problem (None for ops
+  without a problem type), direction, flops (None: unknown), bytes, dtype, time_us (GPU
+  time of its kernels, or its CPU time in a trace without GPU events).
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ import numpy as np
 import pandas as pd
 
 from primus_perf.tracelens import load as L
-from primus_perf.tracelens.categories import classify
+from primus_perf.tracelens.categories import ELEMENTWISE, NORMALIZATION, classify
 from primus_perf.tracelens.link import Linked
-from primus_perf.tracelens.perf_models import OpModel, model_op
+from primus_perf.tracelens.perf_models import OpModel, model_bytes, model_op
 
 KIND_NAMES = {L.KIND_KERNEL: "kernel", L.KIND_MEMCPY: "memcpy", L.KIND_MEMSET: "memset"}
 _STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 _DTYPE_SHORT = {"c10::BFloat16": "bf16", "c10::Half": "f16", "float": "f32", "double": "f64",
-                "long int": "i64", "int": "i32", "bool": "bool"}
+                "long int": "i64", "int": "i32", "bool": "bool", "signed char": "i8", "unsigned char": "u8",
+                "short": "i16", "c10::Float8_e4m3fn": "f8e4m3", "c10::Float8_e5m2": "f8e5m2"}
 CALL_COLUMNS = ["rank", "step", "row", "kind", "key", "problem", "direction", "flops", "bytes", "dtype",
                 "time_us"]
 
@@ -124,7 +127,9 @@ def kernel_table(rt: L.RawTrace, lk: Linked, rank: int) -> pd.DataFrame:
 
 
 def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> pd.DataFrame:
-    """The modeled op calls (see the module docstring)."""
+    """The modeled op calls (see the module docstring), then the memory-bound calls: the ops
+    that launched normalization or elementwise kernels, with a bytes model
+    (:func:`~.perf_models.model_bytes`)."""
     modeled = np.flatnonzero(lk.op_model == np.arange(len(lk.op_model)))
     modeled = modeled[~lk.shadowed[modeled]]
     if lk.steps:
@@ -141,9 +146,43 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
         if m is None:
             continue
         t = float(rt.dur[r]) if cpu_only else float(gpu_time.get(r, 0.0))
-        rows.append((rank, int(lk.op_step[r]), r, m.kind, m.problem.key(), m.problem, m.direction,
+        rows.append((rank, int(lk.op_step[r]), r, m.kind, m.key(), m.problem, m.direction,
                      m.flops, m.bytes, m.dtype, t))
-    return pd.DataFrame(rows, columns=CALL_COLUMNS)
+    calls = pd.DataFrame(rows, columns=CALL_COLUMNS)
+    memory = _memory_calls(rt, lk, kernels, rank, gpu_time)
+    return pd.concat([calls, memory], ignore_index=True) if len(memory) else calls
+
+
+def _memory_calls(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int, gpu_time: pd.Series
+                  ) -> pd.DataFrame:
+    """One row per call of an op (with recorded shapes) whose kernels are normalization or
+    elementwise: vectorized over calls, modeled once per (op name, shapes)."""
+    k = kernels[kernels["category"].isin((NORMALIZATION, ELEMENTWISE)) & (kernels["call"] >= 0)]
+    if lk.steps:
+        k = k[k["step"] >= 0]
+    rows = np.unique(k["call"].to_numpy(dtype=np.int64))
+    rows = rows[(rt.shape[rows] >= 0) & (lk.op_model[rows] != rows)]
+    if not len(rows):
+        return pd.DataFrame(columns=CALL_COLUMNS)
+    combo = np.stack([rt.name[rows].astype(np.int64), rt.shape[rows].astype(np.int64)])
+    uniq, inverse = np.unique(combo, axis=1, return_inverse=True)
+    inverse = inverse.ravel()
+    ms = [model_bytes(rt.shape_args(int(c))) for c in uniq[1]]
+    ok = np.array([m is not None for m in ms], dtype=bool)[inverse]
+    rows, inverse = rows[ok], inverse[ok]
+    if not len(rows):
+        return pd.DataFrame(columns=CALL_COLUMNS)
+    keys = np.array([f"{rt.names[int(n)]} {m.label}" if m else "" for n, m in zip(uniq[0], ms, strict=True)],
+                    dtype=object)
+    nbytes = np.array([m.bytes if m else 0 for m in ms], dtype=np.float64)
+    dtypes = np.array([m.dtype if m else "" for m in ms], dtype=object)
+    n = len(rows)
+    return pd.DataFrame({
+        "rank": np.full(n, rank, dtype=np.int64), "step": lk.op_step[rows].astype(np.int64), "row": rows,
+        "kind": "memory", "key": keys[inverse], "problem": None, "direction": "fwd",
+        "flops": np.full(n, np.nan), "bytes": nbytes[inverse], "dtype": dtypes[inverse],
+        "time_us": gpu_time.reindex(rows, fill_value=0.0).to_numpy(dtype=np.float64),
+    })
 
 
 def trace_tables(rt: L.RawTrace, lk: Linked, rank: int) -> TraceTables:

@@ -1,16 +1,20 @@
 """Where GPU time goes: category sums per step and the temporal breakdown of each step.
 
 The temporal breakdown of a step on one rank is interval arithmetic over all streams of
-the device. The step runs from its first GPU event to the next step's first GPU event
-(the last step to its last event's end): that span is the step time, the one definition
-every table, report and comparison uses. Within it
+the device, over the GPU events of that step (the step of their launch, :mod:`..link`).
+The step's span runs from the first start of its GPU events to the later of their last
+end and the first start of the next step's GPU events (the last step: to its last end).
+So the host's gaps between steps count as the step's idle time, and a GPU that lags its
+host stretches the span of the step whose work it runs late instead of making anything
+negative. That span is the step time, the one definition every table, report and
+comparison uses. Within it
 
-- compute: the union of compute kernels (everything but communication and copies),
-- exposed communication: communication kernels not overlapped by compute,
-- exposed memcpy: copies and memsets overlapped by neither,
-- idle: the rest of the step.
+- compute: the union of the step's compute kernels (everything but communication and copies),
+- exposed communication: its communication kernels not overlapped by its compute,
+- exposed memcpy: its copies and memsets overlapped by neither,
+- idle: the rest of the span.
 
-They add up to the step's span.
+Each is non-negative and they add up to the span.
 """
 
 from __future__ import annotations
@@ -59,8 +63,7 @@ def temporal(kernels: pd.DataFrame) -> pd.DataFrame:
             copy = (cat == MEMCPY) | (cat == MEMSET)
             comp = ~(comm | copy)
             t0 = float(s.min())
-            t1 = float(nexts.get(step, e.max()))
-            e = np.minimum(e, t1)  # a kernel running past the next step's start belongs to it from there
+            t1 = max(float(e.max()), float(nexts.get(step, -np.inf)))
             c = union_length(s[comp], e[comp])
             cm = union_length(s[comp | comm], e[comp | comm])
             everything = union_length(s, e)

@@ -2,8 +2,9 @@
 
 ``calls`` counts op calls (an op that launches several kernels is one call; a GPU event
 without an op is a call of its own), ``kernels`` the GPU events; both, ``time_s`` and
-``flops`` are per step. FLOPs and bytes come from the modeled op calls behind the GEMM
-and attention rows (not from a memset the same call launched). A GEMM or attention row is
+``flops`` are per step. FLOPs and bytes come from the modeled op calls behind the rows
+(GEMM, convolution, attention; bytes of norms and elementwise ops), not from a memset or
+copy the same call launched. A GEMM or attention row is
 one problem: ``problem_key`` and ``problem`` are its canonical key and label (the same
 whichever library, backend or op ran it; empty for other rows), so one op and input shape
 with two problems (other strides) gives two rows. ``top_kernels`` lists the row's largest
@@ -16,14 +17,21 @@ import numpy as np
 import pandas as pd
 
 from primus_perf.devices import DevicePeaks
-from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, GEMM
+from primus_perf.tracelens.categories import (
+    ATTENTION_BWD,
+    ATTENTION_FWD,
+    COMMUNICATION,
+    GEMM,
+    MEMCPY,
+    MEMSET,
+)
 from primus_perf.tracelens.roofline import roofline
 
 COLUMNS = ["category", "op", "shape", "problem_key", "problem", "calls", "kernels", "time_s", "share", "flops",
            "tflops", "tb_s", "pct_roofline", "top_kernels"]
 KEYS = ["category", "op", "shape"]
 ROW_KEYS = [*KEYS, "problem_key"]
-MODELED = (GEMM, ATTENTION_FWD, ATTENTION_BWD)
+MODELED = (GEMM, ATTENTION_FWD, ATTENTION_BWD)  # categories whose rows are one problem each
 TOP_KERNELS = 3
 
 
@@ -60,12 +68,15 @@ def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | No
     if k.empty:
         return pd.DataFrame(columns=COLUMNS)
     k = k.assign(problem_key=pd.Categorical(_problem_keys(k, calls)))
-    g = k.groupby(ROW_KEYS, observed=True).agg(time_us=("dur_us", "sum"), kernels=("dur_us", "size"))
+    # one groupby, no reindexing between groupings of different subsets: pandas cannot
+    # reindex a categorical MultiIndex whose level codes differ in width (int8 for up to 127
+    # categories, int16 above), which crashed traces with many distinct shapes
+    call = k["call"].to_numpy(dtype=np.int64)
+    unit = np.where(call >= 0, k["rank"].to_numpy(dtype=np.int64) * (1 << 40) + call, -1 - np.arange(len(k)))
+    g = k.assign(unit=unit).groupby(ROW_KEYS, observed=True).agg(
+        time_us=("dur_us", "sum"), kernels=("dur_us", "size"), calls=("unit", "nunique"))
     distinct = k[k["call"] >= 0].drop_duplicates(["rank", "call", *ROW_KEYS])
-    n_calls = distinct.groupby(ROW_KEYS, observed=True).size()
-    no_call = k[k["call"] < 0].groupby(ROW_KEYS, observed=True).size()
-    g["calls"] = n_calls.reindex(g.index, fill_value=0) + no_call.reindex(g.index, fill_value=0)
-    modeled = distinct[distinct["category"].isin(MODELED)]
+    modeled = distinct[~distinct["category"].isin((MEMCPY, MEMSET, COMMUNICATION))]  # not a memset of the call
     work = modeled[[*ROW_KEYS, "rank", "call"]].merge(
         calls[["rank", "row", "flops", "bytes", "dtype"]], left_on=["rank", "call"], right_on=["rank", "row"])
     agg = work.groupby(ROW_KEYS, observed=True).agg(flops=("flops", "sum"), bytes=("bytes", "sum"),
@@ -77,13 +88,14 @@ def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | No
     flops = g["flops"].fillna(0.0).to_numpy(dtype=np.float64)
     nbytes = g["bytes"].fillna(0.0).to_numpy(dtype=np.float64)
     has = flops > 0
+    has_bytes = nbytes > 0
     tfl, pct = roofline(flops, nbytes, g["time_s"].to_numpy(), [d if isinstance(d, str) else "" for d in g["dtype"]],
                         peaks)
     with np.errstate(divide="ignore", invalid="ignore"):
         tb_s = nbytes / g["time_s"].to_numpy() / 1e12
     g["tflops"] = np.where(has, tfl, np.nan)
-    g["pct_roofline"] = np.where(has, pct, np.nan)
-    g["tb_s"] = np.where(has, tb_s, np.nan)
+    g["pct_roofline"] = np.where(has | has_bytes, pct, np.nan)
+    g["tb_s"] = np.where(has_bytes, tb_s, np.nan)
     g["flops"] = np.where(has, flops / per_step, np.nan)
     g["calls"] = g["calls"] / per_step
     g["kernels"] = g["kernels"] / per_step

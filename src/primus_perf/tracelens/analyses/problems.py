@@ -43,11 +43,27 @@ def gemm_directions(gemm_calls: pd.DataFrame, kernels: pd.DataFrame) -> pd.Serie
     return pd.Series(out, index=gemm_calls.index, dtype=object)
 
 
+def _labels(problems: list, keys: list[str]) -> list[str]:
+    """``str(problem)``, with the leading dimensions and output dtype added where two
+    different problems would otherwise share a label."""
+    labels = [str(p) for p in problems]
+    seen: dict[str, set[str]] = {}
+    for label, key in zip(labels, keys, strict=True):
+        seen.setdefault(label, set()).add(key)
+    out = []
+    for label, p in zip(labels, problems, strict=True):
+        if len(seen[label]) > 1 and hasattr(p, "lda"):
+            d = p.to_dict()
+            label = f"{label} ld {d['lda']}/{d['ldb']}/{d['ldd']} -> {p.dtype_d}"
+        out.append(label)
+    return out
+
+
 def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int,
                   kernels: pd.DataFrame | None = None) -> pd.DataFrame:
     """``kind`` is "gemm" or "attention"; with ``kernels``, GEMM rows say their pass."""
     cols = GEMM_COLUMNS if kind == "gemm" else COLUMNS
-    sub = calls[calls["kind"] == kind]
+    sub = calls[(calls["kind"] == kind) & calls["problem"].notna()]  # grouped GEMMs have no problem type
     if sub.empty:
         return pd.DataFrame(columns=cols)
     if kind == "gemm" and kernels is not None and len(kernels):
@@ -67,7 +83,7 @@ def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per
     g["time_s"] = time_s / per_step
     tot = time_s.sum()
     g["share_of_kind"] = time_s / tot if tot > 0 else np.nan
-    g["label"] = [str(p) for p in g["problem"]]
+    g["label"] = _labels(list(g["problem"]), list(g["key"]))
     if kind == "gemm":
         g["m"] = [p.m for p in g["problem"]]
         g["n"] = [p.n for p in g["problem"]]
