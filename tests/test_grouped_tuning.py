@@ -14,13 +14,21 @@ import torch
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import current_device
 from primus_perf.errors import ConfigError, UserError
-from primus_perf.kernels.grouped_gemm import BACKENDS, Backend, get_router, grouped_mm, problem_of
+from primus_perf.kernels.grouped_gemm import BACKENDS, Backend, get_router, grouped_mm
 from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
-from primus_perf.kernels.grouped_gemm.router import GroupedChoice, GroupedGemmRouter, library_versions
+from primus_perf.kernels.grouped_gemm.router import (
+    GroupedChoice,
+    GroupedGemmRouter,
+    library_versions,
+)
 from primus_perf.problems import GroupedGemmProblem, load_problems
 from primus_perf.runtime import enable, routes
 from primus_perf.tuner import core, timing
-from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner, choice_candidate, validation_counts
+from primus_perf.tuner.grouped_gemm.plugin import (
+    GroupedGemmTuner,
+    choice_candidate,
+    validation_counts,
+)
 
 COUNTS = [5, 0, 1, 19, 0, 8, 1, 30]
 K, N = 16, 24
@@ -378,3 +386,26 @@ def test_router_on_the_gpu(tmp_path: Path) -> None:
     assert row["routed"] == 3 and row["fallback"] == 0 and not row["failed"]
     for got, want in ((y, y0), (dx, dx0), (dw, dw0)):
         torch.testing.assert_close(got.float(), want.float(), atol=0.5, rtol=2e-2)
+
+
+def test_benchmarks_run_their_smoke_modes(tmp_path: Path) -> None:
+    """``moe_e2e.py`` and ``moe_grouped_gemm.py --tune`` on the CPU: the scripts, not the numbers."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "TRITON_INTERPRET": "1"}
+    e2e = subprocess.run([sys.executable, str(root / "benchmarks/moe_e2e.py"), "--smoke", "--out",
+                          str(tmp_path / "e2e.json")], env=env, capture_output=True, text=True, timeout=300)
+    assert e2e.returncode == 0, e2e.stderr[-2000:]
+    res = json.loads((tmp_path / "e2e.json").read_text())["results"]["tiny-moe"]
+    assert set(res["tokens_per_s"]) == {"loop", "grouped_mm", "tuned"} and res["routed_calls"] > 0
+    assert res["max_rel_loss_diff_vs_loop"] < 1e-3
+    gg = subprocess.run([sys.executable, str(root / "benchmarks/moe_grouped_gemm.py"), "--smoke", "--tune",
+                         "--reps", "2", "--max-configs", "1", "--tune-budget-s", "0.05",
+                         "--cases", "qwen3-30b-a3b-up", "--out", str(tmp_path / "gg.json")],
+                        env=env, capture_output=True, text=True, timeout=300)
+    assert gg.returncode == 0, gg.stderr[-2000:]
+    summary = json.loads((tmp_path / "gg.json").read_text())["summary"]
+    assert [s["phase"] for s in summary] == ["fwd", "dgrad", "wgrad"] and all("tuned_choice" in s for s in summary)
