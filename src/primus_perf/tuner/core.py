@@ -352,6 +352,7 @@ def tune(
     store = TuningCache(cache)
     progress = progress or Progress()
     device = device or current_device()
+    timers = {kind: timer or timer_for(t) for kind, t in kinds.items()}  # one per kind for the run
     results: list[TuneResult] = []
     items = list(todo.values())
     progress.start(len(items))
@@ -362,7 +363,7 @@ def tune(
             if existing is not None:
                 result = TuneResult.from_entry(existing, p)
             else:
-                result = tune_problem(t, p, timer=timer, budget_s=budget_s, step=progress.step,
+                result = tune_problem(t, p, timer=timers[t.kind], budget_s=budget_s, step=progress.step,
                                       device=device, versions=versions[t.kind])
                 store.put(result.entry)
         except KeyboardInterrupt:
