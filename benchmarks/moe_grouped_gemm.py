@@ -47,7 +47,7 @@ from primus_perf.kernels.grouped_gemm.configs import default_space
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tuner import core
 from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
-from primus_perf.tuner.timing import summarize, time_isolated, time_launch_bound, time_wall
+from primus_perf.tuner.timing import summarize, time_cpu, time_isolated, time_launch_bound
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def run_case(
             samples = time_launch_bound(fns, n_sets=1, reps=args.reps, seed=args.seed)
             isolated = time_isolated(fns, n_sets=1, reps=args.reps, seed=args.seed)
         else:
-            samples, isolated = time_wall(fns, 1, args.reps, args.seed), None
+            samples, isolated = time_cpu(fns, 1, args.reps, args.seed), None
         flops = 2 * sum(counts) * case.k * case.n
         for name in ops:
             stats = summarize(samples[name])
@@ -241,7 +241,7 @@ def main() -> None:
         "dtype": str(dtype), "seed": args.seed, "reps": args.reps, "smoke": args.smoke,
         "timing": ("median_s: launch-bound (L2 flush, idle GPU, events around the launches);"
                    " isolated_median_s: 1 ms GPU sleep + L2 flush, GPU time only")
-                  if device.type == "cuda" else "wall clock, CPU",
+                  if device.type == "cuda" else "CPU time (process), CPU",
         "cases": [c.__dict__ for c in cases], "summary": summary, "rows": rows,
     })  # fmt: skip
     print(f"wrote {args.out}")

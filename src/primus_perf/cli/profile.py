@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import typer
 
-from primus_perf.cli import profile_analysis, profile_capture, profile_gate, profile_report
+from primus_perf.cli import (
+    profile_analysis,
+    profile_capture,
+    profile_gate,
+    profile_preflight,
+    profile_report,
+)
 from primus_perf.cli.common import run_app
 
 app = typer.Typer(
@@ -16,7 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-for module in (profile_capture, profile_analysis, profile_report, profile_gate):
+for module in (profile_capture, profile_analysis, profile_report, profile_gate, profile_preflight):
     module.register(app)
 
 

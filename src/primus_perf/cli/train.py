@@ -56,11 +56,12 @@ def train(
     except BaseException:
         trainer.close()
         raise
-    m = cfg.model
+    m, g = cfg.model, trainer.groups
+    fsdp = f" (FSDP2 shard {g.dp_shard} x replicate {g.dp_replicate})" if g.dp_shard > 1 else ""
     if trainer.is_main:
         console.print(
             f"[bold]{m.name}[/]: {m.n_layers} layers, dim {m.dim}, heads {m.n_heads}/{m.n_kv_heads},"
-            f" vocab {m.vocab_size} | tp {trainer.groups.tp} dp {trainer.groups.dp} | device"
+            f" vocab {m.vocab_size} | tp {g.tp} dp {g.dp}{fsdp} | device"
             f" {trainer.device_name} | {'bf16 autocast' if trainer.autocast else 'fp32'} |"
             f" {trainer.tokens_per_step} tokens/step | {trainer.flops_per_token / 1e9:.3f} GFLOP/token",
             highlight=False,

@@ -31,13 +31,17 @@ def register(app: typer.Typer) -> None:
             None, "--study-db", help="SQLite file for tpe studies (resume an interrupted search)"
         ),
         json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON"),  # noqa: UP045
+        gpus: str = typer.Option("1", "--gpus", help="GPUs to tune on: a number or 'all' (one worker process each)"),
     ) -> None:
         """Tune attention: Triton tile configs (forward + backward) against every torch SDPA
         backend; the fastest per problem goes to the cache, written after each problem."""
+        from functools import partial
+
         from primus_perf.cli.tune_run import run_tuning
         from primus_perf.errors import UserError
         from primus_perf.problems import canonical_dtype
         from primus_perf.tuner.attention.plugin import AttentionTuner
+        from primus_perf.tuner.multi_gpu import resolve_gpus
         from primus_perf.tuner.problems_input import gather_problems
 
         check_trace_args(from_trace or ())
@@ -45,7 +49,8 @@ def register(app: typer.Typer) -> None:
             dtype = canonical_dtype(dtype)
         except ValueError as exc:
             raise UserError(f"--dtype: {exc}") from None
-        tuner = AttentionTuner(strategy=strategy, trials=trials, storage=study_db)
+        n_gpus = resolve_gpus(gpus)
+        make_tuner = partial(AttentionTuner, strategy=strategy, trials=trials, storage=study_db)
         problems = gather_problems("attention", traces=from_trace or (), files=problems_file or (),
                                    specs=problem or (), dtype=dtype)
         results = []
@@ -56,7 +61,7 @@ def register(app: typer.Typer) -> None:
                 render(res)
 
         try:
-            run_tuning(problems, tuner, cache, budget_s=budget_s, on_done=done)
+            run_tuning(problems, make_tuner, cache, budget_s=budget_s, gpus=n_gpus, on_done=done)
         finally:
             if json_out is not None:
                 from primus_perf.files import write_json

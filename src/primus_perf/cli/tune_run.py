@@ -13,15 +13,10 @@ from rich.table import Table
 
 from primus_perf.cli.common import console
 from primus_perf.tuner import core
+from primus_perf.tuner.multi_gpu import flops_of, tune_on_gpus
 
 EXIT_INTERRUPTED = 130
-
-
-def flops_of(problem: Any) -> int:
-    """FLOPs of one timed call of a problem's candidates (attention: forward + backward)."""
-    if hasattr(problem, "forward_flops"):
-        return problem.forward_flops + problem.backward_flops
-    return problem.flops
+EXIT_WORKER_FAILED = 1
 
 
 def tflops(flops: int, seconds: float | None) -> str:
@@ -72,19 +67,35 @@ def results_table(results: Sequence[core.TuneResult]) -> Table:
 
 def run_tuning(
     problems: Sequence[Any],
-    tuner: core.Tuner,
+    make_tuner: Callable[[], core.Tuner],
     cache: str,
     *,
     budget_s: float = 5.0,
+    gpus: int = 1,
     on_done: Callable[[core.TuneResult], None] = lambda _r: None,
 ) -> core.TuneRun:
-    """Tune with progress bars, print the table and the summary; on Ctrl-C print the table
-    so far and the resume hint, and exit 130."""
+    """Tune (on ``gpus`` GPUs, one worker each, when more than one) with progress bars,
+    print the table and the summary; on Ctrl-C print the table so far and the resume hint,
+    and exit 130; when a GPU's worker failed, say which and exit 1."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console) as bar:
-        run = core.tune(problems, cache=cache, tuners=[tuner], budget_s=budget_s,
-                        progress=RichProgress(bar, on_done))
+        progress = RichProgress(bar, on_done)
+        if gpus > 1:
+            run = tune_on_gpus(problems, cache=cache, make_tuner=make_tuner, gpus=gpus,
+                               budget_s=budget_s, progress=progress)
+        else:
+            run = core.tune(problems, cache=cache, tuners=[make_tuner()], budget_s=budget_s,
+                            progress=progress)
     console.print(results_table(run.results))
+    for failure in run.failures:
+        console.print(f"[red]failed:[/] {failure}", highlight=False, soft_wrap=True)
+    if run.failures:
+        console.print(
+            f"{run.tuned} tuned and {run.cached} already cached are in {cache};"
+            f" {len(run.remaining)} left. Resume with the same command.",
+            highlight=False, soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_WORKER_FAILED)
     if run.interrupted:
         console.print(
             f"interrupted: {run.tuned} tuned and {run.cached} already cached are in {cache};"

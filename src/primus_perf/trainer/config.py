@@ -87,11 +87,22 @@ class ModelConfig:
 class ParallelConfig:
     """Tensor-parallel size and data-parallel size; ``dp=0`` means world size / tp.
     ``ep``: expert-parallel size, the MoE experts split over ``ep`` data-parallel ranks
-    (it divides the data-parallel size and ``model.moe.n_experts``)."""
+    (it divides the data-parallel size and ``model.moe.n_experts``).
+
+    The data-parallel ranks are ``dp_replicate x dp_shard``: ``dp_shard`` > 1 shards
+    parameters, gradients and optimizer state over that many ranks (FSDP2);
+    ``dp_replicate`` replicas (0: the data-parallel size / ``dp_shard``) hold the same
+    parameters (DDP when ``dp_shard`` is 1, hybrid sharding otherwise). With FSDP2,
+    ``fsdp_prefetch`` blocks are all-gathered ahead of use (0: FSDP2's own schedule) and
+    ``fsdp_reshard_after_forward=false`` keeps gathered blocks until backward."""
 
     tp: int = 1
     dp: int = 0
     ep: int = 1
+    dp_shard: int = 1
+    dp_replicate: int = 0
+    fsdp_prefetch: int = 0
+    fsdp_reshard_after_forward: bool = True
 
 
 @dataclass
@@ -162,6 +173,7 @@ _POSITIVE = (
     "model.ffn_dim",
     "parallel.tp",
     "parallel.ep",
+    "parallel.dp_shard",
     "train.steps",
     "train.seq_len",
     "train.micro_batch",
@@ -324,8 +336,12 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
                 f"config key {key!r} must be one of {', '.join(choices)}, got {flat[key]!r}"
             )
     m, p, t = cfg.model, cfg.parallel, cfg.train
-    if p.dp < 0:
-        raise ConfigError(f"config key 'parallel.dp' must be >= 0, got {p.dp}")
+    for key, value in (("parallel.dp", p.dp), ("parallel.dp_replicate", p.dp_replicate),
+                       ("parallel.fsdp_prefetch", p.fsdp_prefetch)):
+        if value < 0:
+            raise ConfigError(f"config key {key!r} must be >= 0, got {value}")
+    if p.dp and p.dp % p.dp_shard:
+        raise ConfigError(f"config key 'parallel.dp_shard' ({p.dp_shard}) must divide parallel.dp ({p.dp})")
     if m.dim % m.n_heads:
         raise ConfigError(
             f"config key 'model.dim' ({m.dim}) must be divisible by model.n_heads ({m.n_heads})"

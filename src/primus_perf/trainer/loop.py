@@ -3,7 +3,8 @@ one optimizer step at a time, with per-step metrics.
 
 Launch: one process (``primus-train``), or ``torchrun`` (``WORLD_SIZE > 1``): NCCL on
 GPUs, gloo on CPU. Ranks are tensor-parallel-major (see ``parallel.py``); data parallel is
-DDP over the data-parallel group. Every rank builds the *full* model from the same seed,
+DDP over the data-parallel group, or with ``parallel.dp_shard > 1`` FSDP2 (``fsdp.py``)
+over ``dp_shard`` ranks, hybrid with ``parallel.dp_replicate > 1`` replicas. Every rank builds the *full* model from the same seed,
 then :func:`parallel.parallelize` keeps its shard, so the initial weights do not depend on
 the tensor-parallel size.
 
@@ -39,6 +40,7 @@ from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import TrainConfig, TrainerConfig
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.flops import flops_per_token
+from primus_perf.trainer.fsdp import data_parallel_mesh, shard_model
 from primus_perf.trainer.moe import aux_loss, build_model, tokens_per_expert, update_router_biases
 from primus_perf.trainer.parallel import (
     clip_grad_norm_,
@@ -75,6 +77,20 @@ def lr_at(step: int, t: TrainConfig) -> float:
     return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+def data_parallel_degrees(cfg: TrainerConfig, dp: int) -> tuple[int, int]:
+    """(dp_shard, dp_replicate) for ``dp`` data-parallel ranks: ``parallel.dp_replicate=0``
+    takes what ``dp_shard`` leaves; ConfigError when they do not multiply to ``dp``."""
+    p = cfg.parallel
+    replicate = p.dp_replicate or dp // p.dp_shard
+    if p.dp_shard * replicate != dp:
+        raise ConfigError(
+            f"config keys 'parallel.dp_shard' ({p.dp_shard}) x 'parallel.dp_replicate'"
+            f" ({p.dp_replicate or 'auto'}) must equal the data-parallel size {dp}"
+            " (world size / parallel.tp)"
+        )
+    return p.dp_shard, replicate
+
+
 def _peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -108,7 +124,9 @@ class Trainer:
             raise ConfigError(
                 f"config key 'parallel.ep' ({ep}) must divide the data-parallel size ({world // tp})"
             )
+        dp_shard, dp_replicate = data_parallel_degrees(cfg, world // tp)
         self.groups = make_groups(tp, ep)
+        self.groups.dp_shard, self.groups.dp_replicate = dp_shard, dp_replicate
         self.is_main = self.groups.rank == 0
         if t.dtype == "bf16" and self.device.type != "cuda":
             raise ConfigError("config key 'train.dtype': bf16 needs a GPU (the CPU path runs fp32)")
@@ -124,7 +142,18 @@ class Trainer:
             model.compile_pointwise()
         self.model = model
         self._forward: torch.nn.Module = model
-        if self.groups.dp > 1:
+        if dp_shard > 1:
+            g = self.groups
+            g.mesh = data_parallel_mesh(self.device.type, dp_replicate, dp_shard, tp)
+            g.shard_group = g.mesh["dp_shard"].get_group()
+            shard_model(
+                model,
+                g.mesh,
+                bf16=self.autocast,
+                prefetch=cfg.parallel.fsdp_prefetch,
+                reshard_after_forward=cfg.parallel.fsdp_reshard_after_forward,
+            )
+        elif self.groups.dp > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             self._forward = DDP(
@@ -219,7 +248,11 @@ class Trainer:
         (loss if balance is None else loss + balance).backward()
         reduce_expert_grads(self.model, self.groups)
         grad_norm = clip_grad_norm_(
-            self.params, t.grad_clip, self.groups.tp_group, self.groups.ep_group
+            self.params,
+            t.grad_clip,
+            self.groups.tp_group,
+            self.groups.ep_group,
+            self.groups.shard_group,
         )
         self.optimizer.step()
         update_router_biases(self.model)

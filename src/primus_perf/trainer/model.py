@@ -117,6 +117,7 @@ class Block(nn.Module):
         self.attention = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = MLP(cfg) if mlp is None else mlp
+        self.recompute = False  # activation recompute (set through Transformer.recompute)
 
     @torch.no_grad()
     def reset_parameters(self, std: float, out_std: float) -> None:
@@ -129,6 +130,16 @@ class Block(nn.Module):
         self.mlp_norm.weight.fill_(1.0)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """With ``recompute``, the block's activations are recomputed in backward. The
+        checkpoint is taken inside the block's call, so hooks on the block (FSDP2's
+        parameter all-gather) run once around it, not again in the recomputation."""
+        if self.recompute and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self._body, x, cos, sin, use_reentrant=False)
+        return self._body(x, cos, sin)
+
+    def _body(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
         return h + self.mlp(self.mlp_norm(h))
 
@@ -161,7 +172,6 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Parameter(torch.empty(cfg.vocab_size, cfg.dim))
         self.tp_group = None
-        self.recompute = False
         self._rope_cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         self.reset_parameters()
 
@@ -182,6 +192,16 @@ class Transformer(nn.Module):
         this)."""
         return None
 
+    @property
+    def recompute(self) -> bool:
+        """Activation recompute per transformer block."""
+        return all(block.recompute for block in self.layers)
+
+    @recompute.setter
+    def recompute(self, on: bool) -> None:
+        for block in self.layers:
+            block.recompute = on
+
     def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (seq_len, device)
         if key not in self._rope_cache:
@@ -195,12 +215,7 @@ class Transformer(nn.Module):
         cos, sin = self.rope(ids.shape[1], ids.device)
         x = self.tok_embeddings(ids)
         for block in self.layers:
-            if self.recompute and torch.is_grad_enabled():
-                from torch.utils.checkpoint import checkpoint
-
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
-            else:
-                x = block(x, cos, sin)
+            x = block(x, cos, sin)
         h = copy_to_tp(self.norm(x), self.tp_group)
         logits = dispatch.linear(h, self.output)
         return gather_from_tp(logits, self.tp_group)

@@ -134,6 +134,10 @@ class ProcessGroups:
     ep_rank: int = 0
     ep_group: Any = None  # None when ep == 1
     expert_dp_group: Any = None  # ranks holding the same experts; None when dp == ep
+    dp_shard: int = 1  # FSDP2 degree (dp = dp_replicate * dp_shard)
+    dp_replicate: int = 1  # replicas: DDP without FSDP2, hybrid sharding with it
+    mesh: Any = None  # the (dp_replicate, dp_shard, tp) device mesh when dp_shard > 1
+    shard_group: Any = None  # the dp_shard ranks of mesh; None when dp_shard == 1
 
 
 def make_groups(tp: int, ep: int = 1) -> ProcessGroups:
@@ -276,15 +280,19 @@ def clip_grad_norm_(
     max_norm: float,
     tp_group: Any = None,
     ep_group: Any = None,
+    shard_group: Any = None,
 ) -> torch.Tensor:
     """Clip to a global L2 norm (tensor-parallel shards summed over the tensor-parallel
     group, expert-parallel shards over the expert-parallel group, replicated parameters
-    counted once). Returns the norm before clipping; no host sync."""
+    counted once, FSDP2 shards (DTensor gradients) summed over ``shard_group``). Returns
+    the norm before clipping; no host sync."""
+    from primus_perf.trainer.fsdp import local_tensor
+
     with_grad = [p for p in params if p.grad is not None]
-    sharded = [p.grad for p in with_grad if getattr(p, "tp_sharded", False)]
-    experts = [p.grad for p in with_grad if getattr(p, "ep_sharded", False)]
+    sharded = [local_tensor(p.grad) for p in with_grad if getattr(p, "tp_sharded", False)]
+    experts = [local_tensor(p.grad) for p in with_grad if getattr(p, "ep_sharded", False)]
     replicated = [
-        p.grad
+        local_tensor(p.grad)
         for p in with_grad
         if not getattr(p, "tp_sharded", False) and not getattr(p, "ep_sharded", False)
     ]
@@ -296,13 +304,16 @@ def clip_grad_norm_(
         norms = torch._foreach_norm(grads, 2.0)
         return torch.stack([n.float() for n in norms]).square().sum()
 
-    sharded_sq = sq(sharded)
+    sharded_sq, experts_sq, replicated_sq = sq(sharded), sq(experts), sq(replicated)
+    if shard_group is not None:  # experts are not FSDP-sharded (ignored_params)
+        fsdp_sq = torch.stack([sharded_sq, replicated_sq])
+        dist.all_reduce(fsdp_sq, group=shard_group)
+        sharded_sq, replicated_sq = (t.clone() for t in fsdp_sq.unbind())
     if tp_group is not None:
         dist.all_reduce(sharded_sq, group=tp_group)
-    experts_sq = sq(experts)
     if ep_group is not None:
         dist.all_reduce(experts_sq, group=ep_group)
-    total = (sharded_sq + experts_sq + sq(replicated)).sqrt()
+    total = (sharded_sq + experts_sq + replicated_sq).sqrt()
     if max_norm > 0:
         coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
         grads = sharded + experts + replicated

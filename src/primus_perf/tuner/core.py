@@ -177,12 +177,15 @@ class TuneResult:
 
 @dataclass
 class TuneRun:
-    """What :func:`tune` did: the results in order, and on Ctrl-C the problems left."""
+    """What :func:`tune` did: the results in order, and on Ctrl-C the problems left.
+    ``failures``: workers that did not finish (multi-GPU tuning), one line each; their
+    problems are in ``remaining``."""
 
     results: list[TuneResult]
     remaining: list[Any]
     interrupted: bool
     cache_path: str
+    failures: list[str] = field(default_factory=list)
 
     @property
     def tuned(self) -> int:

@@ -3,7 +3,7 @@
 A timer is ``timer(calls, n_sets, reps, seed=0) -> {key: [seconds, ...]}``: ``calls`` maps
 a key to ``fn(set_index)``, ``n_sets`` is how many input sets the calls rotate through, and
 every call is timed ``reps`` times. The tuner core takes one (tests pass a fake);
-:func:`default_timer` is :func:`time_isolated` on a GPU and :func:`time_wall` without one.
+:func:`default_timer` is :func:`time_isolated` on a GPU and :func:`time_cpu` without one.
 
 Two GPU conditions. ``time_isolated`` (what the tuner uses) times each call alone, after about
 1 ms of GPU idle and a 256 MB memory-bound kernel that also evicts L2: as inside a
@@ -90,21 +90,23 @@ def default_timer() -> Timer:
     Triton interpreter on the CPU)."""
     import torch
 
-    return time_isolated if torch.cuda.is_available() else time_wall
+    return time_isolated if torch.cuda.is_available() else time_cpu
 
 
 def launch_bound_timer() -> Timer:
-    """:func:`time_launch_bound` when a GPU is visible, wall-clock timing otherwise (which
-    counts the host's launching anyway)."""
+    """:func:`time_launch_bound` when a GPU is visible, CPU timing otherwise (which counts
+    the host's launching anyway)."""
     import torch
 
-    return time_launch_bound if torch.cuda.is_available() else time_wall
+    return time_launch_bound if torch.cuda.is_available() else time_cpu
 
 
-def time_wall(
+def time_cpu(
     calls: dict[Hashable, Callable[[int], object]], n_sets: int, reps: int, seed: int = 0
 ) -> dict[Hashable, list[float]]:
-    """Seconds of each call by the wall clock (CPU), one warm-up call each, shuffled rounds."""
+    """CPU seconds this process spends in each call (the Triton interpreter, CPU kernels),
+    one warm-up call each, shuffled rounds. Process CPU time, not the wall clock: other
+    processes on a loaded machine do not inflate it, so choices do not flip with the load."""
     rng = random.Random(seed)
     names = list(calls)
     for name in names:
@@ -114,9 +116,9 @@ def time_wall(
     for _ in range(reps):
         rng.shuffle(names)
         for name in names:
-            start = time.perf_counter()
+            start = time.process_time()
             calls[name](cursor % n_sets)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(time.process_time() - start)
             cursor += 1
     return times
 

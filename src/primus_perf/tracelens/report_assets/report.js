@@ -413,6 +413,48 @@
     if (problems.length) console.error("report self-check failed: " + problems.join("; "));
   }
 
-  if (DATA.kind === "diff") diffPage(); else reportPage();
+  // ------------------------------------------------------------------ preflight
+  // the figures' text comes formatted from Python (checks.format_value): the terminal and the page agree
+  const PREFLIGHT_GROUPS = { host: "Host", gpu: "GPU compute and memory", telemetry: "GPU telemetry",
+    collective: "Collectives (bus bandwidth)", p2p: "Point-to-point links" };
+  function preflightPage() {
+    document.querySelector("h1").textContent = DATA.title;
+    const c = DATA.counts || {};
+    headerCards([["verdict", DATA.passed ? "pass" : "FAIL"], ["ranks", DATA.facts.ranks], ["nodes", DATA.facts.nodes],
+      ["checks ok", c.ok || 0], ["flagged", (c.fail || 0) + (c.slow || 0)], ["skipped", c.skipped || 0],
+      ["peer threshold", pct(DATA.threshold)]]);
+    const vers = Object.entries(DATA.facts.versions || {}).map(([k, v]) => `${k} ${v}`).join(" · ");
+    document.querySelector(".sub").textContent = vers;
+    (DATA.skipped || []).forEach((n) => document.querySelector("header").appendChild(el("div", { cls: "muted", text: "note: " + n })));
+    const failed = DATA.checks.filter((r) => r.status === "fail" || r.status === "slow");
+    const v = section("Verdict");
+    v.appendChild(el("div", { cls: "verdict", text: DATA.passed ? "every check passed (exit code 0)" :
+      `${failed.length} check(s) failed (exit code ${DATA.exit_code})` }));
+    failed.forEach((r) => v.appendChild(el("div", { cls: "warning", text: `${r.subject}: ${r.name} ${r.value_text}: ${r.reason}` })));
+    const status = (s) => el("span", { cls: "tag " + (s === "ok" ? "tuned" : s === "fail" || s === "slow" ? "untuned" : ""), text: s });
+    for (const [group, title] of Object.entries(PREFLIGHT_GROUPS)) {
+      const rows = DATA.checks.filter((r) => r.group === group);
+      if (!rows.length) continue;
+      const s = section(title, rows[0].expected_note ? "expected: " + rows[0].expected_note : "");
+      table(s, [
+        { key: "name", label: "check" }, { key: "subject", label: "subject" },
+        { key: "value", label: "value", num: true, fmt: (x, r) => r.value_text },
+        { key: "expected", label: "expected", num: true, fmt: (x, r) => r.expected_text },
+        { key: "peer_median", label: "peer median", num: true, fmt: (x, r) => r.peer_text },
+        { key: "status", label: "status", html: status }, { key: "reason", label: "why", wrap: true },
+      ], rows, { name: "preflight-" + group });
+    }
+    const hosts = (DATA.facts.per_rank || []).filter((f) => f.host).map((f) => f.host);
+    if (hosts.length) {
+      const s = section("Hosts", "CPU, memory and the collective libraries' environment variables of each node");
+      table(s, [{ key: "hostname", label: "host" }, { key: "cpu_model", label: "CPU", wrap: true },
+        { key: "cpus", label: "CPUs", num: true }, { key: "memory_total_bytes", label: "memory", num: true, fmt: F.bytes },
+        { key: "envText", label: "environment", wrap: true }],
+      hosts.map((h) => Object.assign({}, h, { envText: Object.entries(h.env || {}).map(([k, x]) => `${k}=${x}`).join(" ") || "–" })),
+      { name: "preflight-hosts" });
+    }
+  }
+
+  if (DATA.kind === "diff") diffPage(); else if (DATA.kind === "preflight") preflightPage(); else reportPage();
   selfCheck();
 })();

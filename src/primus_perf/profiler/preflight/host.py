@@ -1,0 +1,68 @@
+"""Host facts and checks: CPU model and count, memory, free disk, the collective
+libraries' environment variables. Linux files where they exist, portable fallbacks else."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+from pathlib import Path
+
+from primus_perf.profiler.preflight.checks import Measurement
+
+GiB = 1 << 30
+MIN_FREE_DISK_GIB = 20.0  # checkpoints, traces and caches of a run need room
+MIN_AVAILABLE_MEMORY_GIB = 8.0  # data loading and pinned buffers
+ENV_PREFIXES = ("NCCL_", "RCCL_", "TORCH_NCCL_", "HSA_", "HIP_", "CUDA_", "MIOPEN_", "UCX_", "FI_")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_bytes() -> tuple[int | None, int | None]:
+    """(total, available) from /proc/meminfo; (None, None) where it cannot be read."""
+    try:
+        info = {
+            k.strip(): int(v.split()[0]) * 1024
+            for k, v in (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        }
+    except (OSError, ValueError):
+        return None, None
+    return info.get("MemTotal"), info.get("MemAvailable")
+
+
+def collective_env() -> dict[str, str]:
+    """NCCL/RCCL and related variables set in this process's environment."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
+def host_facts() -> dict[str, object]:
+    total, available = memory_bytes()
+    return {
+        "hostname": socket.gethostname(), "cpu_model": cpu_model(), "cpus": os.cpu_count(),
+        "memory_total_bytes": total, "memory_available_bytes": available,
+        "os": platform.platform(), "python": platform.python_version(), "env": collective_env(),
+    }
+
+
+def host_measurements(node: str, disk_path: str | os.PathLike = ".") -> list[Measurement]:
+    """The host's checked figures: free disk where the run writes, available memory, CPUs."""
+    subject = f"host {node}"
+    free = shutil.disk_usage(disk_path).free / GiB
+    _, available = memory_bytes()
+    return [
+        Measurement("host", "free disk", subject, free, "GiB", MIN_FREE_DISK_GIB,
+                    f"room for checkpoints, traces and caches in {Path(disk_path).resolve()}"),
+        Measurement("host", "available memory", subject, None if available is None else available / GiB, "GiB",
+                    MIN_AVAILABLE_MEMORY_GIB, "data loading and pinned buffers",
+                    reason="" if available is not None else "/proc/meminfo not readable"),
+        Measurement("host", "logical CPUs", subject, float(os.cpu_count() or 0), "", peers=True),
+    ]

@@ -1,0 +1,114 @@
+"""Run the preflight on this process, or on every rank of a ``torchrun`` job (any number of
+nodes): each rank measures its GPU, the first rank of each node its host, all ranks the
+collectives and links; rank 0 gathers the figures, judges them (``checks.evaluate``) and
+every rank gets the same report, so every rank exits with the same code."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from primus_perf.devices import current_device, gpu_vendor, library_versions, lookup_peaks
+from primus_perf.profiler.preflight import comm, gpu, host
+from primus_perf.profiler.preflight.checks import (
+    DEFAULT_THRESHOLD,
+    Measurement,
+    PreflightReport,
+    evaluate,
+)
+
+
+def _init_distributed() -> bool:
+    """Join the torchrun job (NCCL/RCCL on GPUs, gloo on the CPU); True if this call did."""
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return False
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return True
+
+
+def _gather(obj: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _job() -> comm.Job:
+    import torch.distributed as dist
+
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    hosts = _gather(socket.gethostname())
+    order = list(dict.fromkeys(hosts))
+    vendor = gpu_vendor()
+    peaks = lookup_peaks(current_device().name) if vendor != "cpu" else None
+    return comm.Job(rank, world, [order.index(h) for h in hosts], "cpu" if vendor == "cpu" else "gpu",
+                    comm.LINKS.get(peaks.key) if peaks else None)
+
+
+def measure_gpus(job: comm.Job, gemm_sizes: tuple[int, ...]) -> list[Measurement]:
+    """This rank's GPU figures ([] without a GPU)."""
+    if job.device == "cpu":
+        return []
+    import torch
+
+    index = torch.cuda.current_device()
+    local = job.nodes[: job.rank].count(job.nodes[job.rank])
+    return gpu.gpu_measurements(f"gpu {job.rank} (node{job.nodes[job.rank]}:{local})", index, gemm_sizes)
+
+
+def measure_links(job: comm.Job, sizes: tuple[int, ...] | None) -> list[Measurement]:
+    """Collectives and the P2P matrix (every rank calls; rank 0 holds the figures)."""
+    if job.world == 1:
+        return []
+    sizes = sizes or (comm.GPU_SIZES if job.device == "gpu" else comm.CPU_SIZES)
+    figures = comm.collective_measurements(job, sizes)
+    figures += comm.p2p_measurements(job)
+    return figures if job.rank == 0 else []
+
+
+def preflight(
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    gemm_sizes: tuple[int, ...] = gpu.GEMM_SIZES,
+    collective_sizes: tuple[int, ...] | None = None,
+    disk_path: str | os.PathLike = ".",
+) -> PreflightReport:
+    """Measure, gather and judge (see the module docstring)."""
+    import torch.distributed as dist
+
+    owns = _init_distributed()
+    try:
+        job = _job()
+        first_of_node = job.nodes.index(job.nodes[job.rank]) == job.rank
+        mine = host.host_measurements(f"node{job.nodes[job.rank]}", disk_path) if first_of_node else []
+        mine += measure_gpus(job, gemm_sizes)
+        mine += measure_links(job, collective_sizes)
+        facts = {"host": host.host_facts(), "device": current_device().to_dict()} if first_of_node else {
+            "device": current_device().to_dict()}
+        everything = _gather(([m.to_dict() for m in mine], facts))
+        measurements = [Measurement.from_dict(m) for part, _ in everything for m in part]
+        skipped = []
+        if job.device == "cpu":
+            skipped.append("GPU checks skipped: no CUDA or ROCm GPU is visible to torch")
+        if job.world == 1:
+            skipped.append("collective and P2P checks skipped: one process (launch with torchrun"
+                           " --nproc-per-node N for them)")
+        report = PreflightReport(
+            evaluate(measurements, threshold), threshold,
+            facts={"ranks": job.world, "nodes": len(set(job.nodes)), "versions": library_versions(),
+                   "per_rank": [f for _, f in everything]},
+            skipped=skipped,
+        )
+        return report
+    finally:
+        if owns and dist.is_initialized():
+            dist.destroy_process_group()

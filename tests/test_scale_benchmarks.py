@@ -1,0 +1,39 @@
+"""The scale-out benchmarks run end to end in their ``--smoke`` CPU modes (tiny model on
+gloo; CPU tuning workers), so the scripts the GPU machine runs are tested here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+
+
+def _smoke(script: str, out: Path) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke", "--out", str(out)],
+                            capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_multi_gpu_tuning_smoke(tmp_path: Path) -> None:
+    data = _smoke("multi_gpu_tuning.py", tmp_path / "mg.json")
+    assert data["problems"] == 16 and data["gpus"] == 2 and not data["failures"]
+    assert data["choices"]["problems"] == 16 and data["speedup"] > 0
+    assert {r["one_gpu"] for r in data["choices"]["rows"]} <= {"torch", "mm_out"}
+
+
+@pytest.mark.slow
+def test_fsdp2_benchmark_smoke(tmp_path: Path) -> None:
+    data = _smoke("fsdp2_llama3_8b.py", tmp_path / "fsdp2.json")
+    for run in ("fsdp2_eager", "fsdp2_compile"):
+        assert data[run]["median_tokens_per_s"] > 0 and "parallel.dp_shard=2" in data[run]["cmd"]
+    assert "train.compile=true" in data["fsdp2_compile"]["cmd"]
+    assert len(data["match_ddp"]["losses"]) == len(data["match_fsdp2"]["losses"]) == 10
+    assert data["match_max_rel_loss_diff"] <= 1e-4
