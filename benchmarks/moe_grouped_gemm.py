@@ -10,14 +10,20 @@ Cases (experts, routed token rows, K, N of the forward ``x[T, K] @ W_e[K, N]``):
 
 Routing is skewed with a fixed seed: expert popularity ``exp(0.8 z)``, ``z ~ N(0, 1)``,
 tokens drawn from it (the counts, their skew and the problem key are in the output).
-On a GPU each call is timed alone after about 1 ms of GPU idle and a 256 MB zeroing that
-evicts L2 (``primus_perf.tuner.timing.time_isolated``), the backends of one operation
-interleaved in shuffled rounds within one run; medians with quartiles, TFLOP/s on the
-median, and each backend's largest error relative to the per-expert loop.
+On a GPU every call is timed two ways, the backends of one operation interleaved in
+shuffled rounds within one run: ``median_s`` as a training step pays it
+(``primus_perf.tuner.timing.time_launch_bound``: L2 flushed, GPU idle, events around the
+call's launches, so the per-expert loop's 3 x G launches count where they outlast the
+GPU work; what the tuner uses) and ``isolated_median_s`` (``time_isolated``: the call
+queued during 1 ms of GPU sleep, its GPU time only; what earlier results reported).
+Medians with quartiles, TFLOP/s on the median, and each backend's largest error relative
+to the per-expert loop. ``--tune`` also runs the grouped-GEMM tuner on each problem (no
+cache) and times its choice in the same rounds as ``tuned``; the summary gives the tuned
+choice's time against the fastest backend measured.
 ``--triton-space`` also times every config of the Triton search space (the best one is
 reported as ``triton_best``).
 
-    python benchmarks/moe_grouped_gemm.py --out benchmarks/results/moe_grouped_gemm_h100.json
+    python benchmarks/moe_grouped_gemm.py --tune --out benchmarks/results/moe_grouped_gemm_h100.json
 
 ``--smoke`` runs the same cases shrunk to a few experts and 32-64 features on any device
 (on the CPU with wall-clock timing, and the Triton backend only under TRITON_INTERPRET=1):
@@ -27,8 +33,7 @@ it checks the script, not the hardware.
 from __future__ import annotations
 
 import argparse
-import random
-import time
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +45,9 @@ from primus_perf.files import write_json
 from primus_perf.kernels.grouped_gemm import BACKENDS, Backend, triton_backend
 from primus_perf.kernels.grouped_gemm.configs import default_space
 from primus_perf.problems import GroupedGemmProblem
-from primus_perf.tuner.timing import summarize, time_isolated
+from primus_perf.tuner import core
+from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
+from primus_perf.tuner.timing import summarize, time_cpu, time_isolated, time_launch_bound
 
 
 @dataclass(frozen=True)
@@ -82,24 +89,6 @@ def operation(
         wt = w.transpose(1, 2)
         return lambda: backend.mm(dy, wt, counts)
     return lambda: backend.wgrad(x, dy, counts)
-
-
-def time_wall(
-    fns: dict[str, Callable[[int], object]], reps: int, seed: int = 0
-) -> dict[str, list[float]]:
-    """Seconds per call on the CPU: shuffled rounds, each call timed alone."""
-    rng = random.Random(seed)
-    names = list(fns)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for name in names:
-        fns[name](0)
-    for _ in range(reps):
-        rng.shuffle(names)
-        for name in names:
-            start = time.perf_counter()
-            fns[name](0)
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def candidates(
@@ -150,25 +139,46 @@ def run_case(
             errors[name] = float(
                 (out - reference).abs().max() / reference.abs().max().clamp_min(1e-30)
             )
+        chosen = None
+        if args.tune:
+            tuner = GroupedGemmTuner(device=device.type, max_configs=args.max_configs)
+            res = core.tune_problem(tuner, problem, budget_s=args.tune_budget_s)
+            chosen = res.chosen
+            winner = next(c for c in res.candidates if c.name == chosen)
+            ops["tuned"] = operation(tuner_backend(res), phase, x, w, dy, counts)
+            errors["tuned"] = errors.get(winner.name, float("nan"))
         fns = {name: (lambda _i, op=op: op()) for name, op in ops.items()}
         if device.type == "cuda":
-            samples = time_isolated(fns, n_sets=1, reps=args.reps, seed=args.seed)
+            samples = time_launch_bound(fns, n_sets=1, reps=args.reps, seed=args.seed)
+            isolated = time_isolated(fns, n_sets=1, reps=args.reps, seed=args.seed)
         else:
-            samples = time_wall(fns, args.reps, args.seed)
+            samples, isolated = time_cpu(fns, 1, args.reps, args.seed), None
         flops = 2 * sum(counts) * case.k * case.n
         for name in ops:
             stats = summarize(samples[name])
             stats["samples"] = stats.pop("n")
+            extra = {}
+            if isolated is not None:
+                iso = statistics.median(isolated[name])
+                extra = {"isolated_median_s": iso, "isolated_tflops": flops / iso / 1e12}
             rows.append({
                 "case": case.name, "phase": phase, "backend": name, "problem": problem.key(),
                 "groups": case.groups, "tokens": sum(counts), "k": case.k, "n": case.n,
                 "max_count": max(counts), "empty_groups": counts.count(0),
-                "tflops": flops / stats["median_s"] / 1e12, **stats,
-                "max_rel_err_vs_loop": errors[name],
+                "tflops": flops / stats["median_s"] / 1e12, **stats, **extra,
+                "max_rel_err_vs_loop": errors.get(name, float("nan")),
+                **({"tuned_choice": chosen} if name == "tuned" else {}),
             })  # fmt: skip
         for name, why in skipped.items():
             rows.append({"case": case.name, "phase": phase, "backend": name, "skipped": why})
     return rows
+
+
+def tuner_backend(res: core.TuneResult) -> Backend:
+    """The backend of a tuning result's choice."""
+    from primus_perf.kernels.grouped_gemm.router import GroupedChoice
+
+    return GroupedChoice.from_solution(res.config).implementation()
 
 
 def fastest(rows: list[dict]) -> list[dict]:
@@ -176,6 +186,8 @@ def fastest(rows: list[dict]) -> list[dict]:
     out = []
     for case, phase in dict.fromkeys((r["case"], r["phase"]) for r in rows):
         timed = [r for r in rows if (r["case"], r["phase"]) == (case, phase) and "median_s" in r]
+        tuned = next((r for r in timed if r["backend"] == "tuned"), None)
+        timed = [r for r in timed if r["backend"] != "tuned"]
         tritons = [r for r in timed if r["backend"].startswith("triton[")]
         plain = [r for r in timed if not r["backend"].startswith("triton[")]
         if tritons:
@@ -188,6 +200,9 @@ def fastest(rows: list[dict]) -> list[dict]:
             "triton_best_config": plain[-1]["config"] if tritons else None,
             "tflops": {r["backend"]: round(r["tflops"], 3) for r in plain},
             "speedup_vs_loop": {r["backend"]: round(loop_s / r["median_s"], 3) for r in plain},
+            "isolated_tflops": {r["backend"]: round(r["isolated_tflops"], 3) for r in plain if "isolated_tflops" in r},
+            **({"tuned_choice": tuned["tuned_choice"], "tuned_vs_fastest": round(win["median_s"] / tuned["median_s"], 3)}
+               if tuned else {}),
         })  # fmt: skip
     return out
 
@@ -200,6 +215,9 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, any device")
     ap.add_argument("--triton-space", action="store_true", help="also time every Triton config")
     ap.add_argument("--cases", nargs="*", default=None, help="case names (default: all)")
+    ap.add_argument("--tune", action="store_true", help="also tune each problem and time the choice")
+    ap.add_argument("--max-configs", type=int, default=16, help="Triton configs the tuner races")
+    ap.add_argument("--tune-budget-s", type=float, default=5.0, help="the tuner's budget per problem")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.smoke:
@@ -221,7 +239,9 @@ def main() -> None:
     write_json(args.out, {
         "benchmark": "moe_grouped_gemm", "device": current_device().to_dict(), "versions": library_versions(),
         "dtype": str(dtype), "seed": args.seed, "reps": args.reps, "smoke": args.smoke,
-        "timing": "isolated (1 ms idle + L2 flush per call)" if device.type == "cuda" else "wall clock, CPU",
+        "timing": ("median_s: launch-bound (L2 flush, idle GPU, events around the launches);"
+                   " isolated_median_s: 1 ms GPU sleep + L2 flush, GPU time only")
+                  if device.type == "cuda" else "CPU time (process), CPU",
         "cases": [c.__dict__ for c in cases], "summary": summary, "rows": rows,
     })  # fmt: skip
     print(f"wrote {args.out}")

@@ -136,7 +136,7 @@ def _distinct_arithmetic(configs: list[GroupedGemmConfig]) -> list[GroupedGemmCo
     interpreter ignores them: one config per tile shape and group order is checked."""
     seen: dict[tuple, GroupedGemmConfig] = {}
     for cfg in configs:
-        seen.setdefault((cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_order), cfg)
+        seen.setdefault((cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.group_order), cfg)
     return list(seen.values())
 
 
@@ -173,10 +173,11 @@ def test_config_validity_rules() -> None:
     )
     assert config_invalid(GroupedGemmConfig(block_k=48), p, "sm_90") is not None
     assert config_invalid(GroupedGemmConfig(group_order="random"), p, "sm_90") is not None
+    assert config_invalid(GroupedGemmConfig(group_m=0), p, "sm_90") is not None
     small = GroupedGemmProblem(groups=8, k=32, n=32, tokens=64)
     assert "block_n" in config_invalid(GroupedGemmConfig(block_n=128), small, "sm_90")
     assert GroupedGemmConfig.from_dict(big.to_dict()) == big
-    amd = GroupedGemmConfig(waves_per_eu=2, matrix_instr_nonkdim=16)
+    amd = GroupedGemmConfig(num_warps=4, num_stages=3, waves_per_eu=2, matrix_instr_nonkdim=16)
     assert amd.launch_options("amd") == {
         "num_warps": 4,
         "num_stages": 3,

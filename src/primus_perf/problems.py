@@ -467,12 +467,15 @@ def geomean(values: list[float]) -> float:
 PROBLEMS_SCHEMA = "primus-perf-problems/1"
 MAX_PROBLEMS_BYTES = 256 << 20
 
-Problem = GemmProblem | AttentionProblem
+Problem = "GemmProblem | AttentionProblem | GroupedGemmProblem"  # (the last is defined below)
 
 
 def problem_from_item(item: Any) -> Problem:
-    """One item of a problems file: ``{"kind": "gemm"|"attention", "problem": {...}}`` (what
-    ``primus-profile shapes`` writes), a bare ``GemmProblem`` dict, or the row-major GEMM
+    """One item of a problems file: ``{"kind": "gemm"|"attention"|"grouped_gemm", "problem":
+    {...}}`` (what ``primus-profile shapes`` writes; a grouped GEMM's fields are those of
+    :class:`GroupedGemmProblem`, e.g. ``{"groups": 32, "k": 7168, "n": 4096, "tokens":
+    8192, "skew": 2, "phase": "fwd"}``, or ``counts`` (tokens per group) in place of
+    ``groups``/``tokens``/``skew``), a bare ``GemmProblem`` dict, or the row-major GEMM
     spelling ``{"M": 4096, "N": 6144, "K": 4096, "b_transposed": true, "dtype": "bf16"}``.
     ValueError (naming the field) for anything else."""
     if not isinstance(item, dict):
@@ -485,8 +488,10 @@ def problem_from_item(item: Any) -> Problem:
     try:
         if kind == "attention":
             return AttentionProblem.from_dict(data)
+        if kind == "grouped_gemm":
+            return _grouped_from_item(data)
         if kind != "gemm":
-            raise ValueError(f"unknown kind {kind!r} (gemm or attention)")
+            raise ValueError(f"unknown kind {kind!r} (gemm, grouped_gemm or attention)")
         if "M" in data:
             for name in ("M", "N", "K"):
                 value = data.get(name)
@@ -496,6 +501,22 @@ def problem_from_item(item: Any) -> Problem:
         return GemmProblem.from_dict(data)
     except TypeError as exc:  # missing or unexpected keyword
         raise ValueError(str(exc).replace("__init__() ", "").replace("from_row_major() ", "")) from None
+
+
+def _grouped_from_item(data: dict[str, Any]) -> GroupedGemmProblem:
+    if "counts" not in data:
+        return GroupedGemmProblem.from_dict(data)
+    counts = data.pop("counts")
+    if not isinstance(counts, list) or not counts or any(
+        isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts
+    ):
+        raise ValueError(f"counts must be a non-empty list of token counts >= 0, got {counts!r}")
+    if sum(counts) == 0:
+        raise ValueError("counts must route at least one token")
+    clash = sorted({"groups", "tokens", "skew"} & set(data))
+    if clash:
+        raise ValueError(f"give counts or {', '.join(clash)}, not both")
+    return GroupedGemmProblem.from_counts(counts, **data)
 
 
 def load_problems(path: str | os.PathLike) -> list[Problem]:

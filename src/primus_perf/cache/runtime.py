@@ -23,6 +23,7 @@ from primus_perf.devices import DeviceIdentity, current_device
 from primus_perf.errors import DeviceError
 from primus_perf.kernels import gemm
 from primus_perf.kernels.attention import router as attention
+from primus_perf.kernels.grouped_gemm import router as grouped
 
 NOT_INSTALLED = "not available in this installation"
 
@@ -38,6 +39,8 @@ KINDS: dict[str, RouterKind] = {
     "gemm": RouterKind(gemm.GemmRouter.from_entries, gemm.library_versions, lambda: gemm.GemmRouter([])),
     "attention": RouterKind(attention.AttentionRouter.from_entries, attention.library_versions,
                             lambda: attention.AttentionRouter({})),
+    "grouped_gemm": RouterKind(grouped.GroupedGemmRouter.from_entries, grouped.library_versions,
+                               lambda: grouped.GroupedGemmRouter({})),
 }
 
 

@@ -1,4 +1,4 @@
-"""``primus-tune``: GEMM and attention tuners and the tuning cache.
+"""``primus-tune``: GEMM, grouped-GEMM and attention tuners and the tuning cache.
 
 Each group of commands lives in its own module with a ``register(app)`` function.
 """
@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import typer
 
-from primus_perf.cli import tune_attention, tune_cache, tune_gemm, tune_loop
+from primus_perf.cli import tune_attention, tune_cache, tune_gemm, tune_grouped, tune_loop
 from primus_perf.cli.common import run_app
 
 app = typer.Typer(
     name="primus-tune",
-    help="Tune GEMM and attention kernels for your exact problems.",
+    help="Tune GEMM, grouped-GEMM (MoE) and attention kernels for your exact problems.",
     no_args_is_help=True,
     add_completion=False,
 )
 tune_loop.register(app)
 tune_gemm.register(app)
 tune_attention.register(app)
+tune_grouped.register(app)
 cache_app = typer.Typer(help="Inspect, merge and export tuning caches.", no_args_is_help=True)
 tune_cache.register(cache_app)
 app.add_typer(cache_app, name="cache")

@@ -7,6 +7,11 @@ cache by ``cache.runtime.activate``, or the online tuner's); :func:`gemm` and
 fast path: no trip through the dispatcher). A router answers with the tuned kernel's
 tensor or None; None runs torch's own kernel, reached past the overrides (``torch_mm``,
 and SDPA with the overrides bypassed), so a call is never routed twice.
+
+Grouped GEMMs have no aten operator to override: their one dispatch point is
+``kernels.grouped_gemm.run`` (every pass of ``kernels.grouped_gemm.grouped_mm``, which the
+trainer's MoE layer and any program may call). Installing a ``grouped_gemm`` router sets
+that seam's router to :func:`grouped_gemm`; None there runs the caller's backend.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from primus_perf.kernels import grouped_gemm as grouped
 from primus_perf.kernels.attention.backends import sdpa_bshd
 from primus_perf.kernels.gemm import torch_mm
 
-KINDS = ("gemm", "attention")  # the kinds a router can be installed for
+KINDS = ("gemm", "attention", "grouped_gemm")  # the kinds a router can be installed for
 
 _routers: dict[str, Any] = {}
 _local = threading.local()  # .bypass: > 0 while a routed attention runs (its SDPA is torch's)
@@ -30,11 +36,15 @@ def install(routers: Mapping[str, Any]) -> None:
     if unknown:
         raise ValueError(f"no routing point for router kind(s) {sorted(unknown)}")
     _routers.update(routers)
+    if "grouped_gemm" in routers:
+        grouped.set_router(grouped_gemm)
 
 
 def remove() -> None:
     """Remove every installed router: every call goes to torch again."""
     _routers.clear()
+    if grouped.get_router() is grouped_gemm:
+        grouped.set_router(None)
 
 
 def installed(kind: str) -> Any:
@@ -50,6 +60,13 @@ def gemm(a: Any, b: Any, bias: Any = None) -> Any:
         if out is not None:
             return out
     return torch_mm(a, b, bias)
+
+
+def grouped_gemm(phase: str, a: Any, b: Any, counts: Any) -> Any:
+    """The grouped-GEMM router's answer for one pass of the seam, or None (the caller's
+    backend runs)."""
+    router = _routers.get("grouped_gemm")
+    return None if router is None else router(phase, a, b, counts)
 
 
 def bypassed() -> bool:

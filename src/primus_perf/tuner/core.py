@@ -8,7 +8,8 @@ plans, a search where the kind has one), and the core runs:
 2. validation: ``error(candidate)`` is its relative error against the fp32 reference; a
    candidate above the session's tolerance (or NaN, or one that cannot run) is rejected
    and never chosen; if the default itself fails, the problem fails (:class:`TuneError`);
-3. measurement through the injected timer (``tuner.timing``; seconds): a rough pass of
+3. measurement through the injected timer (``tuner.timing``; seconds; without one, the
+   plugin's own ``default_timer()`` where it has one, else ``timing.default_timer()``): a rough pass of
    ``reps.rough`` calls drops candidates slower than :data:`ROUGH_DROP` x the best, then
    the finalists get ``reps.final_min`` to ``reps.final_max`` calls each, as many as the
    problem's time budget allows. A candidate may have several parts (attention: forward
@@ -226,6 +227,13 @@ def select(times_s: dict[str, float], default: str, margin: float = KEEP_DEFAULT
     return best
 
 
+def timer_for(tuner: Tuner) -> Timer:
+    """The timer a plugin's candidates are measured with when none is injected: its own
+    ``default_timer()`` (grouped GEMM: launches counted), else ``timing.default_timer()``."""
+    own = getattr(tuner, "default_timer", None)
+    return own() if own is not None else timing.default_timer()
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
@@ -247,7 +255,7 @@ def tune_problem(
 ) -> TuneResult:
     """Tune one problem with ``tuner`` (see the module docstring)."""
     t0 = time.perf_counter()
-    timer = timer or timing.default_timer()
+    timer = timer or timer_for(tuner)
     step = step or (lambda _label: None)
     session = tuner.open(problem, timer, step)
     try:
@@ -347,7 +355,7 @@ def tune(
     store = TuningCache(cache)
     progress = progress or Progress()
     device = device or current_device()
-    timer = timer or timing.default_timer()
+    timers = {kind: timer or timer_for(t) for kind, t in kinds.items()}  # one per kind for the run
     results: list[TuneResult] = []
     items = list(todo.values())
     progress.start(len(items))
@@ -358,7 +366,7 @@ def tune(
             if existing is not None:
                 result = TuneResult.from_entry(existing, p)
             else:
-                result = tune_problem(t, p, timer=timer, budget_s=budget_s, step=progress.step,
+                result = tune_problem(t, p, timer=timers[t.kind], budget_s=budget_s, step=progress.step,
                                       device=device, versions=versions[t.kind])
                 store.put(result.entry)
         except KeyboardInterrupt:

@@ -15,10 +15,12 @@ from primus_perf.errors import UserError
 from primus_perf.tuner import core
 from primus_perf.tuner.attention.plugin import AttentionTuner
 from primus_perf.tuner.gemm.plugin import GemmTuner
+from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
 
 KINDS: dict[str, type] = {
     "gemm": GemmTuner,
     "attention": AttentionTuner,
+    "grouped_gemm": GroupedGemmTuner,
 }
 
 
@@ -38,7 +40,7 @@ def tune(
     timer: Any = None,
     progress: core.Progress | None = None,
 ) -> core.TuneRun:
-    """Tune GEMM and attention problems (any mix) into ``cache``: one plugin per kind with
+    """Tune GEMM, grouped-GEMM and attention problems (any mix) into ``cache``: one plugin per kind with
     its defaults, the core loop's dedupe, resume, per-problem writes and Ctrl-C handling."""
     kinds = dict.fromkeys(kind_of(p) for p in problems)
     tuners = [KINDS[k]() for k in kinds]

@@ -1,5 +1,6 @@
 """The kinds online tuning knows (``online.KindAdapter``): GEMM, with the GEMM plugin's pool
-and the kernels' table, and attention, with the attention plugin's SDPA backends and the
+and the kernels' table; attention, with the attention plugin's SDPA backends and the
+Triton configs the cache holds; grouped GEMM, with the grouped plugin's backends and the
 Triton configs the cache holds."""
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import torch
 from primus_perf.kernels import gemm
 from primus_perf.kernels.attention.backends import TRITON
 from primus_perf.kernels.attention.router import problem_of as attention_problem_of
+from primus_perf.kernels.grouped_gemm.dispatch import problem_of as grouped_problem_of
+from primus_perf.kernels.grouped_gemm.dispatch import run_backend
 from primus_perf.tuner.attention.plugin import TUNER_VERSION as ATTENTION_VERSION
 from primus_perf.tuner.attention.plugin import AttentionTuner, triton_candidate
 from primus_perf.tuner.core import Candidate
 from primus_perf.tuner.gemm.plugin import TUNER_VERSION as GEMM_VERSION
 from primus_perf.tuner.gemm.plugin import GemmTuner
+from primus_perf.tuner.grouped_gemm.plugin import TUNER_VERSION as GROUPED_VERSION
+from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
 from primus_perf.tuner.online import Clock, Pooled, Sample
 
 ONLINE_SUFFIX = "+online"
@@ -44,6 +49,13 @@ def validated(session: Any, limit: int) -> list[tuple[Candidate, float]]:
 
 def _solution(c: Candidate) -> dict[str, Any]:
     return {"config": {"name": c.name, **c.config}, "blob": c.blob}
+
+
+def bracketed(adapter: Any, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
+    """``adapter.run(cand, *args)`` between two marks: one sample of one call."""
+    start = clock.mark()
+    out = adapter.run(cand, *args)
+    return out, Sample([(start, clock.mark())])
 
 
 class GemmOnline:
@@ -93,10 +105,8 @@ class GemmOnline:
         out = cand.run(a, b)
         return out if bias is None else out.add_(bias)
 
-    def timed(self, cand: Pooled, clock: Clock, a: Any, b: Any, bias: Any = None) -> tuple[Any, Sample]:
-        start = clock.mark()
-        out = self.run(cand, a, b, bias)
-        return out, Sample([(start, clock.mark())])
+    def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
+        return bracketed(self, cand, clock, *args)
 
 
 class _BackwardEnd(torch.autograd.Function):
@@ -174,9 +184,47 @@ class AttentionOnline:
         return out, sample
 
 
+class GroupedGemmOnline:
+    """Grouped-GEMM calls of the dispatch seam ``(phase, a, b, counts)``: the problem with
+    ``kernels.grouped_gemm.problem_of`` (the token-distribution bucket, so per-step counts
+    that move a little keep one problem); the pool of the grouped plugin without its Triton
+    search (the loop, the other torch backends) plus the cache's Triton configs, validated
+    on the bucket's operands; each call timed between two marks."""
+
+    kind = "grouped_gemm"
+    tuner_version = GROUPED_VERSION + ONLINE_SUFFIX
+
+    def __init__(self, triton_configs: list[Any] = (), limit: int = 8) -> None:
+        self.triton_configs = list(triton_configs)
+        self.limit = limit
+
+    def key(self, phase: str, a: Any, b: Any, counts: Any) -> tuple[str, Any] | None:
+        try:
+            p = grouped_problem_of(phase, a, b, counts)
+        except ValueError:
+            return None
+        return p.key(), p
+
+    def pool(self, problem: Any, phase: str, a: Any, b: Any, counts: Any) -> list[Pooled]:
+        tuner = GroupedGemmTuner(configs=self.triton_configs, device=a.device.type, sets=1)
+        session = tuner.open(problem, None, lambda _label: None)
+        try:
+            found = validated(session, self.limit)
+        finally:
+            session.close()
+        return [Pooled(c.name, _solution(c), err, c.run) for c, err in found]
+
+    def run(self, cand: Pooled, phase: str, a: Any, b: Any, counts: Any) -> Any:
+        return run_backend(cand.run, phase, a, b, counts)
+
+    def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
+        return bracketed(self, cand, clock, *args)
+
+
 def default_adapters(routers: Mapping[str, Any]) -> dict[str, Any]:
     """The adapters for the kinds installed: the GEMM one uses the GEMM router's kernel
-    table; the attention one the Triton configs of the attention router's choices."""
+    table; the attention and grouped-GEMM ones the Triton configs of their router's
+    choices."""
     out: dict[str, Any] = {}
     if "gemm" in routers:
         out["gemm"] = GemmOnline(getattr(routers["gemm"], "kernels", None))
@@ -184,4 +232,8 @@ def default_adapters(routers: Mapping[str, Any]) -> dict[str, Any]:
         choices = getattr(routers["attention"], "choices", {}) or {}
         configs = list(dict.fromkeys(c.config for c in choices.values() if c.backend == TRITON))
         out["attention"] = AttentionOnline(configs)
+    if "grouped_gemm" in routers:
+        choices = getattr(routers["grouped_gemm"], "choices", {}) or {}
+        configs = list(dict.fromkeys(c.config for c in choices.values() if c.config is not None))
+        out["grouped_gemm"] = GroupedGemmOnline(configs)
     return out

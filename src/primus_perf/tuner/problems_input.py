@@ -41,7 +41,8 @@ def gather_problems(
     specs: Sequence[str] = (),
     dtype: str = "bf16",
 ) -> list[Problem]:
-    """The unique problems of one kind ("gemm" or "attention"): those of the traces
+    """The unique problems of one kind ("gemm", "attention" or "grouped_gemm"; traces give
+    GEMM and attention problems only): those of the traces
     (most expensive first), then of the problems files, then the attention specs
     (``parse_attention_spec``, in ``dtype``). UserError when there is none."""
     wanted = KINDS[kind].problem_type

@@ -12,6 +12,19 @@ the clock its power limit allows, recovers between them. ``time_interleaved`` ru
 back to back, the GPU at its power limit for milliseconds on end: on an H100 that moved
 one GEMM's torch time from 0.59 to 0.60-0.71 ms between runs, and picked algorithms that
 were up to 18% slower in the trainer (benchmarks/gemm_timing_conditions.py).
+
+``time_isolated`` queues each call while the GPU sleeps, so the call's CPU launch cost is
+hidden: right for one-kernel calls (a GEMM, an attention), wrong for a call that launches
+many kernels (the per-expert loop of a grouped GEMM: one ``torch.mm`` per expert), whose
+launches a CPU-bound step pays in full. :func:`time_launch_bound` (what the grouped-GEMM
+tuner uses) times what such a step sees: before each call the L2-evicting zeroing runs and
+the host waits for the GPU to go idle (a synchronize, no sleep); the start event is recorded
+right before the call's first launch and the end event after its last, so the interval
+covers the GPU work and any gap the host's launching leaves in it: about ``max(GPU time,
+CPU launch time)`` plus one launch latency, which every candidate pays alike.
+
+The device primitives every GPU timer uses (sleep, the zeroing, synchronize, events) are
+one :class:`DeviceOps` object, so tests run the timers with a simulated stream and clock.
 """
 
 from __future__ import annotations
@@ -34,12 +47,58 @@ class Timer(Protocol):
     ) -> dict[Hashable, list[float]]: ...
 
 
+class DeviceOps(Protocol):
+    """What the GPU timers do to the device; :class:`CudaOps` is the real one."""
+
+    def sleep(self, cycles: int) -> None: ...  # queue GPU idle
+    def flush(self) -> None: ...  # queue the L2-evicting zeroing
+    def synchronize(self) -> None: ...  # wait on the host until the GPU is idle
+    def mark(self) -> object: ...  # record an event on the stream
+    def elapsed(self, start: object, end: object) -> float: ...  # seconds between two completed marks
+
+
+class CudaOps:
+    """Torch's current CUDA (or HIP) stream: ``torch.cuda._sleep``, a 256 MB zeroing,
+    timing events."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._flush = torch.empty(ISOLATION_BYTES, dtype=torch.uint8, device="cuda")
+
+    def sleep(self, cycles: int) -> None:
+        self._torch.cuda._sleep(cycles)
+
+    def flush(self) -> None:
+        self._flush.zero_()
+
+    def synchronize(self) -> None:
+        self._torch.cuda.synchronize()
+
+    def mark(self) -> object:
+        ev = self._torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def elapsed(self, start: object, end: object) -> float:
+        return start.elapsed_time(end) / 1e3  # type: ignore[attr-defined]
+
+
 def default_timer() -> Timer:
     """Isolated-call GPU timing when a GPU is visible, wall-clock timing otherwise (the
     Triton interpreter on the CPU)."""
     import torch
 
     return time_isolated if torch.cuda.is_available() else time_cpu
+
+
+def launch_bound_timer() -> Timer:
+    """:func:`time_launch_bound` when a GPU is visible, CPU timing otherwise (which counts
+    the host's launching anyway)."""
+    import torch
+
+    return time_launch_bound if torch.cuda.is_available() else time_cpu
 
 
 def time_cpu(
@@ -114,45 +173,69 @@ def time_isolated(
     reps: int,
     seed: int = 0,
     idle_cycles: int = IDLE_CYCLES,
+    ops: DeviceOps | None = None,
 ) -> dict[Hashable, list[float]]:
     """Seconds of each call of each ``fn(set_index)``, ``reps`` calls per candidate: rounds
     in a shuffled order, each call alone between two events after ``idle_cycles`` of GPU
-    sleep and a 256 MB zeroing."""
-    import torch
+    sleep and a 256 MB zeroing (the call is queued during the sleep: its GPU time)."""
+    return _time_each(fns, n_sets, reps, seed, ops, idle_cycles=idle_cycles, wait_idle=False)
 
+
+def time_launch_bound(
+    fns: dict[Hashable, Callable[[int], object]],
+    n_sets: int,
+    reps: int,
+    seed: int = 0,
+    ops: DeviceOps | None = None,
+) -> dict[Hashable, list[float]]:
+    """Seconds of each call as a step pays it when launching may be slower than the GPU
+    (module docstring): the zeroing, the host waits for an idle GPU, then start event,
+    the call's launches, end event. Same rounds and warm-up as :func:`time_isolated`."""
+    return _time_each(fns, n_sets, reps, seed, ops, idle_cycles=0, wait_idle=True)
+
+
+def _time_each(
+    fns: dict[Hashable, Callable[[int], object]],
+    n_sets: int,
+    reps: int,
+    seed: int,
+    ops: DeviceOps | None,
+    *,
+    idle_cycles: int,
+    wait_idle: bool,
+) -> dict[Hashable, list[float]]:
+    ops = ops or CudaOps()
     rng = random.Random(seed)
     names = list(fns)
-    flush = torch.empty(ISOLATION_BYTES, dtype=torch.uint8, device="cuda")
     times: dict[Hashable, list[float]] = {n: [] for n in names}
     for name in names:  # warm-up
         fns[name](0)
-    torch.cuda.synchronize()
+    ops.synchronize()
     pending: list[tuple[Hashable, object, object]] = []
     cursor = 0
     for _ in range(reps):
         rng.shuffle(names)
         for name in names:
             if idle_cycles:
-                torch.cuda._sleep(idle_cycles)
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+                ops.sleep(idle_cycles)
+            ops.flush()
+            if wait_idle:
+                ops.synchronize()
+            start = ops.mark()
             fns[name](cursor % n_sets)
-            end.record()
+            end = ops.mark()
             cursor += 1
             pending.append((name, start, end))
         if len(pending) >= 256:  # bound the queue (and the events alive)
-            _collect(pending, times)
-    _collect(pending, times)
+            _collect(ops, pending, times)
+    _collect(ops, pending, times)
     return times
 
 
-def _collect(pending: list, times: dict[Hashable, list[float]]) -> None:
-    import torch
-
-    torch.cuda.synchronize()
+def _collect(ops: DeviceOps, pending: list, times: dict[Hashable, list[float]]) -> None:
+    ops.synchronize()
     for name, start, end in pending:
-        times[name].append(start.elapsed_time(end) / 1e3)
+        times[name].append(ops.elapsed(start, end))
     pending.clear()
 
 

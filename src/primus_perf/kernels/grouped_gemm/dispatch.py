@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from primus_perf.kernels.autocast import autocast_dtype
-from primus_perf.kernels.grouped_gemm.backends import BACKENDS
+from primus_perf.kernels.grouped_gemm.backends import BACKENDS, Backend
 from primus_perf.problems import GroupedGemmProblem, dtype_name
 
 DEFAULT_BACKEND = "loop"
@@ -56,8 +56,14 @@ def run(
         out = router(phase, a, b, counts)
         if out is not None:
             return out
-    chosen = BACKENDS[backend]
-    return chosen.wgrad(a, b, counts) if phase == "wgrad" else chosen.mm(a, b, counts)
+    return run_backend(BACKENDS[backend], phase, a, b, counts)
+
+
+def run_backend(
+    backend: Backend, phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]
+) -> torch.Tensor:
+    """One pass of :func:`run` on ``backend`` (``wgrad`` or the product of the others)."""
+    return backend.wgrad(a, b, counts) if phase == "wgrad" else backend.mm(a, b, counts)
 
 
 def problem_of(

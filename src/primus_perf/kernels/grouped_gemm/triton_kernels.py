@@ -14,8 +14,14 @@ the tail). Tile offsets come from the group offsets on the device: no host work 
   ``c_g`` tokens (a different K per group). Every group has ``ceil(K / BLOCK_M) *
   ceil(N / BLOCK_N)`` tiles; an empty group's tiles store zeros.
 
-Operands load through plain pointers with masks (no TMA descriptors). Accumulation in fp32;
-fp32 inputs use IEEE products (no TF32), so the kernel matches an fp32 reference.
+Inside a group, work items walk ``GROUP_M`` row tiles together across the column tiles
+(the config's ``group_m``), so that the programs running side by side share weight and
+token tiles in L2. Operands load through plain pointers with masks (no TMA descriptors:
+group boundaries fall on any row, which a descriptor per group would need building on the
+device); when the contraction is a multiple of ``BLOCK_K`` (forward and input gradient
+with K resp. N divisible) the inner loop loads without a contraction mask. Accumulation in
+fp32 (``tl.dot`` on the bf16/f16 tiles); fp32 inputs use IEEE products (no TF32), so the
+kernel matches an fp32 reference.
 """
 
 from __future__ import annotations
@@ -40,6 +46,18 @@ def _first_item(base, pid, PROGRAMS: tl.constexpr):
 
 
 @triton.jit
+def _tile_of(local, m_tiles, n_tiles, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of a group's ``local``-th work item: ``GROUP_M`` row tiles
+    at a time walk the column tiles together, so the programs running side by side share
+    their column (weight) tiles and row tiles in L2 (``GROUP_M=1``: row by row)."""
+    per_band = GROUP_M * n_tiles
+    first_m = (local // per_band) * GROUP_M
+    band = tl.minimum(m_tiles - first_m, GROUP_M)
+    in_band = local % per_band
+    return first_m + in_band % band, in_band // band
+
+
+@triton.jit
 def _tile_product(
     a_ptrs,
     b_ptrs,
@@ -52,15 +70,22 @@ def _tile_product(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     """fp32 ``A[BLOCK_M, depth] @ B[depth, BLOCK_N]``, ``BLOCK_K`` at a time: ``a_ptrs`` and
-    ``b_ptrs`` address the first step's tiles and advance by ``a_step`` / ``b_step``."""
+    ``b_ptrs`` address the first step's tiles and advance by ``a_step`` / ``b_step``.
+    ``EVEN_K``: ``depth`` is a multiple of ``BLOCK_K``, so the contraction needs no mask
+    (the loads keep only the row / column masks)."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(0, tl.cdiv(depth, BLOCK_K)):
-        left = depth - kk * BLOCK_K
-        a = tl.load(a_ptrs, mask=a_rows_ok[:, None] & (rk[None, :] < left), other=0.0)
-        b = tl.load(b_ptrs, mask=(rk[:, None] < left) & b_cols_ok[None, :], other=0.0)
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=a_rows_ok[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=b_cols_ok[None, :], other=0.0)
+        else:
+            left = depth - kk * BLOCK_K
+            a = tl.load(a_ptrs, mask=a_rows_ok[:, None] & (rk[None, :] < left), other=0.0)
+            b = tl.load(b_ptrs, mask=(rk[:, None] < left) & b_cols_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += a_step
         b_ptrs += b_step
@@ -88,7 +113,9 @@ def _grouped_mm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -97,18 +124,19 @@ def _grouped_mm_kernel(
         g = tl.load(order_ptr + i)
         start = tl.load(starts_ptr + g)
         rows = tl.load(starts_ptr + g + 1) - start
-        items = tl.cdiv(rows, BLOCK_M) * n_tiles
+        m_tiles = tl.cdiv(rows, BLOCK_M)
+        items = m_tiles * n_tiles
         for t in range(_first_item(base, pid, PROGRAMS), base + items, PROGRAMS):
-            local = t - base
-            rm = (local // n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-            rn = (local % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+            tile_m, tile_n = _tile_of(t - base, m_tiles, n_tiles, GROUP_M)
+            rm = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            rn = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
             rk = tl.arange(0, BLOCK_K)
             row = (start + rm).to(tl.int64)
             acc = _tile_product(
                 x_ptr + row[:, None] * stride_xm + rk[None, :] * stride_xk,
                 w_ptr + g.to(tl.int64) * stride_wg + rk[:, None] * stride_wk + rn[None, :] * stride_wn,
                 rm < rows, rn < N, K, BLOCK_K * stride_xk, BLOCK_K * stride_wk,
-                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
+                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, EVEN_K,
             )  # fmt: skip
             y_ptrs = y_ptr + row[:, None] * stride_ym + rn[None, :] * stride_yn
             mask = (rm[:, None] < rows) & (rn[None, :] < N)
@@ -137,6 +165,7 @@ def _grouped_mm_wgrad_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -145,17 +174,17 @@ def _grouped_mm_wgrad_kernel(
     per_group = m_tiles * n_tiles
     for t in range(pid, G * per_group, PROGRAMS):
         g = tl.load(order_ptr + t // per_group)
-        local = t % per_group
+        tile_m, tile_n = _tile_of(t % per_group, m_tiles, n_tiles, GROUP_M)
         start = tl.load(starts_ptr + g)
         rows = tl.load(starts_ptr + g + 1) - start
-        rm = (local // n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # rows of dW: features of x
-        rn = (local % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # rows of dW: features of x
+        rn = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
         token = start.to(tl.int64) + tl.arange(0, BLOCK_K)  # the group's tokens
         acc = _tile_product(
             x_ptr + token[None, :] * stride_xm + rm[:, None] * stride_xk,
             dy_ptr + token[:, None] * stride_dym + rn[None, :] * stride_dyn,
             rm < K, rn < N, rows, BLOCK_K * stride_xm, BLOCK_K * stride_dym,
-            BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
+            BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, False,
         )  # fmt: skip
         dw_ptrs = (
             dw_ptr
@@ -207,7 +236,8 @@ def grouped_mm(
         x, w, y, starts, visit, G, N, K,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0), y.stride(1),
         PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        PRECISION=_precision(x.dtype), **cfg.launch_options(gpu_vendor()),
+        GROUP_M=cfg.group_m, PRECISION=_precision(x.dtype), EVEN_K=K % cfg.block_k == 0,
+        **cfg.launch_options(gpu_vendor()),
     )  # fmt: skip
     return y
 
@@ -229,6 +259,6 @@ def grouped_mm_wgrad(
         x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
         dw.stride(0), dw.stride(1), dw.stride(2),
         PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        PRECISION=_precision(x.dtype), **cfg.launch_options(gpu_vendor()),
+        GROUP_M=cfg.group_m, PRECISION=_precision(x.dtype), **cfg.launch_options(gpu_vendor()),
     )  # fmt: skip
     return dw

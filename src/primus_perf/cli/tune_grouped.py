@@ -1,0 +1,82 @@
+"""``primus-tune grouped-gemm``: race the grouped-GEMM backends and Triton configs per
+pass of the MoE expert GEMMs, write the cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from primus_perf.cli.common import console
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("grouped-gemm")
+    def grouped_cmd(
+        overrides: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional)
+            None, help="With --config: config overrides key=value, e.g. model.n_layers=2"
+        ),
+        problems_file: Optional[list[Path]] = typer.Option(  # noqa: UP045
+            None, "--problems", help="Problems file(s) with grouped_gemm items (repeatable)"
+        ),
+        config: Optional[str] = typer.Option(  # noqa: UP045
+            None, "--config", "-c", help="Preset or YAML: run a few steps, tune the grouped GEMMs they ran"
+        ),
+        steps: int = typer.Option(3, "--steps", min=1, help="With --config: training steps to record"),
+        triton: bool = typer.Option(True, "--triton/--no-triton", help="Also search the Triton grouped GEMM"),
+        max_configs: int = typer.Option(16, "--max-configs", min=0, help="Triton configs raced per problem"),
+        budget_s: float = typer.Option(5.0, "--budget-s", min=0.001, help="Time budget per problem for the final race"),
+        cache: str = typer.Option("tuning_cache.json", "--cache", help="Cache file to write"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="List the problems, tune nothing"),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON"),  # noqa: UP045
+    ) -> None:
+        """Tune MoE grouped GEMMs: the per-expert loop (default), torch._grouped_mm, padded
+        bmm and the Triton grouped GEMM's configs, each pass (fwd, dgrad, wgrad) its own
+        problem, timed with the launches a step pays; the fastest per problem goes to the
+        cache (written after each problem; a rerun resumes). Problems come from problems
+        files (items {"kind": "grouped_gemm", "problem": {...}}) or from a short run of a
+        config (--config PRESET [overrides]: --steps steps are trained and the grouped GEMMs
+        they ran are tuned). primus-train and primus_perf.enable() route them from the cache."""
+        from primus_perf.cli.tune_run import run_tuning
+        from primus_perf.errors import UserError
+        from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
+        from primus_perf.tuner.problems_input import gather_problems
+
+        if overrides and config is None:
+            raise UserError("config overrides need --config")
+        if not problems_file and config is None:
+            raise UserError("nothing to tune: give --problems FILE or --config PRESET")
+        problems = []
+        if problems_file:
+            problems += gather_problems("grouped_gemm", files=problems_file)
+        if config is not None:
+            problems += recorded(config, list(overrides or []), steps)
+        problems = list({p.key(): p for p in problems}.values())
+        if dry_run:
+            for p in problems:
+                console.print(p.key(), highlight=False)
+            console.print(f"{len(problems)} unique grouped GEMM problems")
+            return
+        tuner = GroupedGemmTuner(triton=triton, max_configs=max_configs)
+        results = []
+        try:
+            run_tuning(problems, tuner, cache, budget_s=budget_s, on_done=results.append)
+        finally:
+            if json_out is not None:
+                from primus_perf.files import write_json
+
+                write_json(json_out, [r.to_dict() for r in results], indent=1, default=float)
+
+
+def recorded(config: str, overrides: list[str], steps: int) -> list:
+    """The grouped problems ``steps`` training steps of the config ran (printed)."""
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.grouped_problems import record_grouped_problems
+
+    cfg = load_config(config, [*overrides, f"train.steps={max(steps, 1)}"])
+    with console.status(f"recording the grouped GEMMs of {steps} steps of {config}"):
+        found = record_grouped_problems(cfg, steps)
+    for p, calls in found:
+        console.print(f"{p.key()}  ({calls} calls)", highlight=False)
+    return [p for p, _ in found]

@@ -1,0 +1,53 @@
+"""The grouped-GEMM problems a training run really meets, for the tuner.
+
+:func:`record_grouped_problems` builds the trainer for a config, runs a few optimizer
+steps with a recording router on the grouped-GEMM seam (``kernels.grouped_gemm``:
+every pass of every MoE layer, with the exact operands, dtype and tokens per local
+expert of that step, so expert parallelism's local counts too) and returns the unique
+problems, each with how many calls it had. The routing of the first steps decides the
+token-distribution buckets; a run whose routing settles later (a bias-balanced router)
+meets the same problems when its buckets hold, and new ones otherwise.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from primus_perf.errors import ConfigError
+from primus_perf.kernels import grouped_gemm
+from primus_perf.problems import GroupedGemmProblem
+from primus_perf.trainer.config import TrainerConfig
+from primus_perf.trainer.flops import is_moe_layer
+from primus_perf.trainer.loop import Trainer
+
+
+def record_grouped_problems(
+    cfg: TrainerConfig, steps: int = 3, on_step: Callable[[int], None] | None = None
+) -> list[tuple[GroupedGemmProblem, int]]:
+    """``(problem, calls)`` of every grouped GEMM ``steps`` training steps of ``cfg`` ran,
+    in first-seen order (``on_step(i)`` after each step). ConfigError for a config without
+    routed experts."""
+    if not any(is_moe_layer(cfg.model, i) for i in range(cfg.model.n_layers)):
+        raise ConfigError("the config has no MoE layer (model.moe.n_experts, first_k_dense): it runs no grouped GEMM")
+    seen: dict[str, GroupedGemmProblem] = {}
+    calls: Counter[str] = Counter()
+    trainer = Trainer(cfg)
+    previous = grouped_gemm.get_router()
+
+    def record(phase, a, b, counts):
+        p = grouped_gemm.problem_of(phase, a, b, counts)
+        seen.setdefault(p.key(), p)
+        calls[p.key()] += 1
+        return previous(phase, a, b, counts) if previous is not None else None
+
+    grouped_gemm.set_router(record)
+    try:
+        for i in range(steps):
+            trainer.train_step()
+            if on_step is not None:
+                on_step(i)
+    finally:
+        grouped_gemm.set_router(previous)
+        trainer.close()
+    return [(p, calls[key]) for key, p in seen.items()]
