@@ -221,7 +221,8 @@ def test_report_of_a_real_h100_run_in_chromium(run: Analysis, tmp_path: Path) ->
     top = run.gemm_problems.sort_values("time_s", ascending=False).iloc[0]
     cache = _cache_for(top, "NVIDIA H100 80GB HBM3", tmp_path / "cache.json", 1.25)
     d = rp.build_report([RUN], cache=cache)
-    assert d["cache"] == {"path": str(cache), "entries": 2}
+    # the committed run predates BLAS-Lt versions in the manifest: its GEMM entry matches by device
+    assert d["cache"] == {"path": str(cache), "entries": 2, "versions_unchecked": 1}
     h = d["header"]
     assert h["device"] == "NVIDIA H100 80GB HBM3" and h["steps"] == 3
     assert h["tokens_per_s"] > 40000 and 0.3 < h["mfu"] < 0.6  # from the manifest
@@ -248,3 +249,27 @@ def test_report_of_a_real_h100_run_in_chromium(run: Analysis, tmp_path: Path) ->
     for text in ("47,7", "42.7%", "aten::_scaled_dot_product_cudnn_attention_backward", ">bwd<", ">tuned<", "1.25×",
                  "cached speedup", ">GPU step time<", ">wall-clock step<", "174 ms", "47,757"):
         assert text in res.dom, text
+
+
+def test_cache_marks_follow_the_runtime_rule_device_and_library_versions(tmp_path: Path) -> None:
+    from primus_perf.cache.store import CacheEntry, TuningCache
+    from primus_perf.problems import GemmProblem
+
+    dev = {"name": "NVIDIA H100 80GB HBM3", "vendor": "nvidia", "arch": "sm_90", "compute_units": 132}
+    other_dev = {**dev, "name": "NVIDIA H200"}
+    probs = [GemmProblem.from_row_major(1024, 1024 * (i + 1), 1024, b_transposed=True) for i in range(3)]
+
+    def entry(p, device, lib):
+        return CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=device,
+                          versions={"cublasLt": lib}, solution={"config": {"name": "heur1"}, "blob": b"x"},
+                          times={"tuned_ms": 1.0, "default_ms": 1.1})
+
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put_many([entry(probs[0], dev, "13.1.0"), entry(probs[1], dev, "12.0.0"),
+                                 entry(probs[2], other_dev, "13.1.0")])
+    marks, n, unchecked = rp.cache_marks(cache, dev["name"], {"cublasLt": "13.1.0", "torch": "2.11.0"})
+    assert n == 3 and set(marks) == {probs[0].key()} and unchecked == 0
+    assert marks[probs[0].key()] == pytest.approx(1.1)
+    # a run that did not record its BLAS-Lt version: matched by device, and said so
+    marks, _, unchecked = rp.cache_marks(cache, dev["name"], {"torch": "2.11.0"})
+    assert set(marks) == {probs[0].key(), probs[1].key()} and unchecked == 2

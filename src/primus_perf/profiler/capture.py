@@ -23,6 +23,7 @@ Files are written under a temporary name and renamed.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
@@ -302,10 +303,25 @@ def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
     return write_json(out_dir / MANIFEST, manifest, indent=1, default=str)
 
 
+def _run_versions() -> dict[str, str]:
+    """The run's library versions: ``devices.library_versions()`` and, on a GPU, the BLAS-Lt
+    library's (what GEMM cache entries are keyed by, so a report can match them)."""
+    from primus_perf.devices import current_device, library_versions
+    from primus_perf.errors import DeviceError
+
+    versions = library_versions()
+    if current_device().vendor != "cpu":
+        from primus_perf.kernels.gemm import library_versions as blaslt_versions
+
+        with contextlib.suppress(DeviceError):  # no BLAS-Lt library: GEMM entries stay unmatched
+            versions.update(blaslt_versions())
+    return versions
+
+
 def base_manifest(schedule: Schedule, steps: Sequence[dict[str, Any]], *, world_size: int = 1,
                   traced_ranks: Sequence[int] = (0,), extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest fields every capture has (the trainer adds config, tokens/s, MFU)."""
-    from primus_perf.devices import current_device, library_versions
+    from primus_perf.devices import current_device
 
     active = [s["time_s"] for s in steps if s["phase"] == "active"]
     return {
@@ -313,7 +329,7 @@ def base_manifest(schedule: Schedule, steps: Sequence[dict[str, Any]], *, world_
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": sys.argv,
         "device": current_device().to_dict(),
-        "versions": library_versions(),
+        "versions": _run_versions(),
         "world_size": world_size,
         "traced_ranks": list(traced_ranks),
         "traces": {str(r): trace_name(r) for r in traced_ranks},

@@ -221,19 +221,32 @@ def timeline(kernels: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) 
 # --------------------------------------------------------------------------- cache marks
 
 
-def cache_marks(cache_path: str | Path, device: str | None = None) -> tuple[dict[str, float | None], int]:
-    """Problem key -> cached speedup (default / tuned time) of the cache's entries for
-    ``device`` (all devices when None); the newest entry wins when several match."""
+def cache_marks(cache_path: str | Path, device: str | None = None,
+                versions: Mapping[str, str] | None = None) -> tuple[dict[str, float | None], int, int]:
+    """Problem key -> cached speedup (default / tuned time) of the cache's entries usable on
+    the traced run, as the runtime decides: the same device (all devices when ``device`` is
+    None) and the same version of every library the entry names that the run recorded
+    (``versions``, from its manifest). Returns the marks, the number of entries, and how many
+    marked entries name a library the run did not record (matched without it). The newest
+    entry wins when several match."""
     p = Path(cache_path)
     if not p.exists():
         raise UserError(f"tuning cache not found: {p}")
     entries = TuningCache(p).entries()
+    recorded = dict(versions or {})
     marks: dict[str, float | None] = {}
+    unchecked: set[str] = set()
     for e in sorted(entries, key=lambda e: e.created):
         if device is not None and e.device.get("name") not in (None, "", device):
             continue
+        if any(lib in recorded and recorded[lib] != v for lib, v in e.versions.items()):
+            continue  # tuned with another library version: the runtime would not use it
         marks[e.problem_key] = e.speedup
-    return marks, len(entries)
+        if any(lib not in recorded for lib in e.versions):
+            unchecked.add(e.problem_key)
+        else:
+            unchecked.discard(e.problem_key)
+    return marks, len(entries), len(unchecked)
 
 
 # --------------------------------------------------------------------------- assembly
@@ -248,8 +261,8 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
     device = str(a.device["name"])
     marks, cache_info = None, None
     if cache is not None:
-        marks, n = cache_marks(cache, device if device != "unknown" else None)
-        cache_info = {"path": str(cache), "entries": n}
+        marks, n, unchecked = cache_marks(cache, device if device != "unknown" else None, a.versions)
+        cache_info = {"path": str(cache), "entries": n, "versions_unchecked": unchecked}
     cats, rows = breakdown(a)
     kernel_s = float(a.totals["gpu_kernel_s_per_step"])
     if cpu_only:  # a CPU run: the problems' times are their ops' CPU times

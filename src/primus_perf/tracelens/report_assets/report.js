@@ -336,7 +336,8 @@
     roofline(s3, DATA.roofline);
 
     const cpuNote = cpuOnly ? "A CPU run: times are the ops' CPU times, shares are of the problems' total. " : "";
-    const s4 = section("GEMM problems", cpuNote + (DATA.cache ? `Tuning cache: ${DATA.cache.path} (${DATA.cache.entries} entries)` : ""));
+    const s4 = section("GEMM problems", cpuNote + (DATA.cache ? `Tuning cache: ${DATA.cache.path} (${DATA.cache.entries} entries` +
+      (DATA.cache.versions_unchecked ? `; ${DATA.cache.versions_unchecked} matched by device only: the run did not record their libraries` : "") + ")" : ""));
     table(s4, problemColumns("gemm"), DATA.gemm, { sortCol: 2, name: "gemm" });
     const s5 = section("Attention problems", cpuNote);
     table(s5, problemColumns("attention"), DATA.attention, { sortCol: 3, name: "attention" });
