@@ -186,3 +186,36 @@ def test_two_processes_lock_into_one_cache(tmp_path: Path) -> None:
     assert [p.exitcode for p in procs] == [0, 0]
     keys = {e.problem_key for e in TuningCache(cache).entries()}
     assert keys == {problem_of(torch.randn(8, 16), torch.randn(16, n)).key() for n in (4, 12)}
+
+
+def test_validation_runs_without_autocast_and_its_calls_from_any_thread_go_to_torch(tmp_path: Path) -> None:
+    """A pool is validated inside the program's forward (autocast on) and its reference's
+    backward GEMMs run on autograd's worker threads: both must reach torch's own kernels,
+    untuned, and the reference must be fp32."""
+    import threading
+
+    clock = FakeClock()
+    seen: dict[str, object] = {}
+
+    class Probing(FakeGemmOnline):
+        def pool(self, problem, a, b, bias=None):
+            seen["autocast"] = torch.is_autocast_enabled("cpu")
+            x, y = torch.randn(3, 5), torch.randn(5, 7)
+            seen["reference_dtype"] = (x @ y).dtype
+            out: list = []
+            worker = threading.Thread(target=lambda: out.append(router(x, y)))  # another thread's call
+            worker.start()
+            worker.join()
+            seen["other_thread"] = out[0]
+            return super().pool(problem, a, b, bias)
+
+    adapter = Probing(clock)
+    with primus_perf.enable(tmp_path / "c.json", online=True, kinds=("gemm",), device_type="cpu",
+                            router_kinds=FAKE_KINDS, online_options={"adapters": {"gemm": adapter}, "clock": clock},
+                            log=lambda _l: None) as handle:
+        router = handle.routers["gemm"]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            nn.Linear(8, 4, bias=False)(torch.randn(2, 8))
+        assert seen["autocast"] is False and seen["reference_dtype"] == torch.float32
+        assert seen["other_thread"] is None  # answered by torch, not tuned
+        assert len(router.tuning) == 1  # only the program's own problem is being tuned

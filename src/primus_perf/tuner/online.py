@@ -28,6 +28,7 @@ The state machine runs on the CPU with an injected clock and fake candidates.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -42,7 +43,41 @@ from primus_perf.errors import CacheError
 from primus_perf.kernels.routing import Router
 from primus_perf.tuner.core import KEEP_DEFAULT_MARGIN, select
 
-_building = threading.local()  # .depth > 0 while a pool is validated: its own GEMMs and SDPA go to torch
+
+class _Validating:
+    """Process-wide: while a new problem's pool is validated, every call an online router
+    sees goes to torch, from any thread. The validation's own reference GEMMs also run in
+    its backward pass, on the autograd engine's device thread, where a thread-local flag
+    is not set: measured on an H200, those one-off batched GEMMs then started tuning and
+    never finished."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.depth -= 1
+
+
+_building = _Validating()
+
+
+def _autocast_off() -> contextlib.ExitStack:
+    """Autocast off on every device type where it is on: a pool is validated against an
+    fp32 reference, which autocast (the validation runs inside the program's forward)
+    would compute in bf16; on an H200 that made torch's own SDPA fail its check."""
+    import torch
+
+    stack = contextlib.ExitStack()
+    for device_type in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device_type):
+            stack.enter_context(torch.autocast(device_type, enabled=False))
+    return stack
 
 
 @dataclass(frozen=True)
@@ -255,7 +290,7 @@ class OnlineRouter(Router):
         self.unusable = getattr(offline, "unusable", set())
 
     def __call__(self, *args: Any) -> Any:
-        if getattr(_building, "depth", 0):  # the validation's own calls (its fp32 reference ...)
+        if _building.depth:  # the validation's own calls (its fp32 reference ...), from any thread
             return None
         found = self.adapter.key(*args)
         if found is None:
@@ -296,15 +331,13 @@ class OnlineRouter(Router):
 
     def _start(self, key: str, problem: Any, args: tuple) -> ProblemTuning | None:
         t0 = time.perf_counter()
-        _building.depth = getattr(_building, "depth", 0) + 1
         try:
-            pool = self.adapter.pool(problem, *args)
+            with _building, _autocast_off():
+                pool = self.adapter.pool(problem, *args)
         except Exception as exc:  # the default itself cannot be validated, no library, ...
             self.failed.add(key)
             self.log(f"online {self.adapter.kind} {problem}: not tuned ({type(exc).__name__}: {exc}); using torch")
             return None
-        finally:
-            _building.depth -= 1
         self.reports[key] = _Report(validation_s=time.perf_counter() - t0)
         state = self.tuning[key] = ProblemTuning(pool[: self.policy.max_candidates], self.policy, self.clock)
         return state
