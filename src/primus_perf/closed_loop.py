@@ -51,7 +51,7 @@ class LoopResult:
     run_dir: Path
     report: Path
     device: str
-    step_time_s: float | None  # the profiled steps' median step time (from the analysis)
+    step_time_s: float | None  # the profiled steps' median step time (GPU; on a CPU run the host's)
     gemm_problems: int
     attention_problems: int
     notes: list[str] = field(default_factory=list)
@@ -59,6 +59,12 @@ class LoopResult:
     tune_run: Any = None  # tuner.core.TuneRun
     cache: Path | None = None
     measurement: SpeedupMeasurement | None = None
+
+
+def _host_step(analysis: Any) -> float | None:
+    """The median wall-clock time of the profiled steps (a CPU run has no GPU step)."""
+    walls = analysis.wall_steps
+    return float(walls["wall_s"].median()) if len(walls) else None
 
 
 def _problems(analysis: Any) -> list[Any]:
@@ -132,7 +138,7 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
     problems = _problems(analysis)
     result = LoopResult(
         out_dir=out, run_dir=run_dir, report=report, device=str(analysis.device["name"]),
-        step_time_s=analysis.totals.get("step_time_s"),
+        step_time_s=analysis.totals.get("step_time_s") or _host_step(analysis),
         gemm_problems=int(analysis.gemm_problems["key"].nunique()),
         attention_problems=int(analysis.attention_problems["key"].nunique()),  # fwd + bwd: one problem
         notes=list(analysis.notes),
