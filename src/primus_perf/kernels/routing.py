@@ -60,3 +60,20 @@ class Router:
 
     def close(self) -> None:
         """Release what the router holds (library descriptors); it routes nothing after."""
+
+
+def choice_solution(backend: str, config: Any) -> dict[str, Any]:
+    """The readable ``config`` part of a cache entry for a backend choice (attention, grouped
+    GEMM): the backend's name, and the Triton config's fields when the choice has one."""
+    out: dict[str, Any] = {"backend": backend}
+    if config is not None:
+        out.update(config.to_dict())
+    return out
+
+
+def solution_backend(data: Any, what: str) -> str:
+    """The backend named by a cache entry's solution; ValueError naming ``what`` otherwise."""
+    try:
+        return str(data["backend"])
+    except (KeyError, TypeError):
+        raise ValueError(f"not {what} solution: {data!r}") from None

@@ -23,7 +23,7 @@ from primus_perf.kernels.attention.backends import (
     sdpa_implementation,
 )
 from primus_perf.kernels.attention.configs import AttnConfig
-from primus_perf.kernels.routing import CachedChoice, Router
+from primus_perf.kernels.routing import CachedChoice, Router, choice_solution, solution_backend
 from primus_perf.problems import AttentionProblem, dtype_name
 
 VERSIONED_LIBRARIES = ("torch", "triton", "cudnn")
@@ -48,17 +48,11 @@ class AttentionChoice:
 
     def to_solution(self) -> dict[str, Any]:
         """The readable ``config`` part of a cache entry's solution."""
-        out: dict[str, Any] = {"backend": self.backend}
-        if self.config is not None:
-            out.update(self.config.to_dict())
-        return out
+        return choice_solution(self.backend, self.config)
 
     @classmethod
     def from_solution(cls, data: Mapping[str, Any]) -> AttentionChoice:
-        try:
-            backend = str(data["backend"])
-        except (KeyError, TypeError):
-            raise ValueError(f"not an attention solution: {data!r}") from None
+        backend = solution_backend(data, "an attention")
         config = AttnConfig.from_dict(dict(data)) if backend == TRITON else None
         return cls(backend, config)
 

@@ -22,7 +22,7 @@ from primus_perf.errors import CacheError
 from primus_perf.kernels.grouped_gemm.backends import BACKENDS, Backend, triton_backend
 from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped_gemm.dispatch import problem_of, run_backend
-from primus_perf.kernels.routing import CachedChoice, Router
+from primus_perf.kernels.routing import CachedChoice, Router, choice_solution, solution_backend
 
 VERSIONED_LIBRARIES = ("torch", "cuda", "hip", "triton")
 TRITON = "triton"
@@ -49,17 +49,11 @@ class GroupedChoice:
 
     def to_solution(self) -> dict[str, Any]:
         """The readable ``config`` part of a cache entry's solution."""
-        out: dict[str, Any] = {"backend": self.backend}
-        if self.config is not None:
-            out.update(self.config.to_dict())
-        return out
+        return choice_solution(self.backend, self.config)
 
     @classmethod
     def from_solution(cls, data: Mapping[str, Any]) -> GroupedChoice:
-        try:
-            backend = str(data["backend"])
-        except (KeyError, TypeError):
-            raise ValueError(f"not a grouped GEMM solution: {data!r}") from None
+        backend = solution_backend(data, "a grouped GEMM")
         fields = {k: v for k, v in data.items() if k not in ("backend", "name")}
         config = GroupedGemmConfig.from_dict(fields) if backend == TRITON else None
         return cls(backend, config)
