@@ -18,6 +18,7 @@ from primus_perf.errors import UserError
 from primus_perf.profiler.capture import (
     Schedule,
     parse_ranks,
+    prepare_out_dir,
     profile_steps,
     profile_window,
     trace_name,
@@ -171,3 +172,17 @@ def test_run_on_the_gpu_records_kernels_and_exact_gemm_flops(tmp_path: Path) -> 
     assert a.totals["gemm_flops_per_step"] == gemm_flops_per_step(cfg.model, 2, 64)
     assert a.to_json()["breakdown"], "GPU time by category"
     assert len(a.gemm_problems) > 0
+
+
+def test_out_folder_with_a_run_is_refused_unless_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in (trace_name(0), "manifest.json", "notes.txt"):
+        (out / name).write_text("x")
+    with pytest.raises(UserError, match="is not empty .*--overwrite"):
+        prepare_out_dir(out, overwrite=False)
+    assert {p.name for p in out.iterdir()} == {trace_name(0), "manifest.json", "notes.txt"}
+    prepare_out_dir(out, overwrite=True)  # the run's own files go, anything else stays
+    assert {p.name for p in out.iterdir()} == {"notes.txt"}
+    r = _cli(["run", "--config", "tiny", "--out", str(out), *SMALL])  # refused before training
+    assert r.returncode == 2 and "--overwrite" in r.stderr and "Traceback" not in r.stderr

@@ -232,3 +232,17 @@ def test_two_rank_nccl_runs(mode: str) -> None:
     assert (c["max_skew_us"] >= c["mean_skew_us"]).all() and set(c["last_rank"]) <= {0, 1}
     js = a.to_json()
     assert js["breakdown"]["communication"] > 0 and len(js["collectives"]) == len(c)
+
+
+def test_analyze_jobs_option_runs_ranks_in_processes_with_the_same_result(tmp_path: Path) -> None:
+    runner = CliRunner()
+    results = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / f"a{jobs}.json"
+        res = runner.invoke(app, ["analyze", str(Path(__file__).parent / "data" / "traces" / "h200_tp2"),
+                                  "-j", jobs, "--json", str(out)])
+        assert res.exit_code == 0, res.output
+        results[jobs] = json.loads(out.read_text())
+    assert results["1"]["ranks"] == results["2"]["ranks"] == [0, 1]
+    assert results["1"]["totals"] == results["2"]["totals"] and results["1"]["breakdown"] == results["2"]["breakdown"]
+    assert CliRunner().invoke(app, ["analyze", str(H100_CUDNN), "-j", "0"]).exit_code == 2

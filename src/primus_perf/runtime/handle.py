@@ -40,6 +40,10 @@ ALL_KINDS = ("gemm", "grouped_gemm", "attention")
 _active: Handle | None = None
 
 
+# online tuning times candidates with device events inside the real steps
+ONLINE_NEEDS_GPU = "off: it times kernels with CUDA/ROCm events and this process has no GPU"
+
+
 def rank0_stderr(line: str) -> None:
     """Print ``primus_perf: <line>`` to stderr on rank 0 (``RANK``) only."""
     if os.environ.get("RANK", "0") == "0":
@@ -57,6 +61,7 @@ class Handle:
     online: bool = False
     notes: dict[str, str] = field(default_factory=dict)  # kind -> why it is not routed here
     active: bool = True
+    online_note: str | None = None  # why online tuning was asked for and is off
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per kind: ``routed`` and ``fallback`` call counts, ``stale`` (entries for another
@@ -94,6 +99,8 @@ class Handle:
         lines += [f"  {kind}: not routed ({note})" for kind, note in self.notes.items()]
         if self.online:
             lines.append("  online tuning: problems without a usable entry are tuned in the first steps")
+        if self.online_note:
+            lines.append(f"  online tuning: {self.online_note}")
         return lines
 
     def end_lines(self) -> list[str]:
@@ -175,6 +182,9 @@ def enable(
     act = activate(path, device=device, kinds=table, always=[k for k in kinds if k in table])
     notes = {k: act.unavailable.get(k, NOT_INSTALLED) for k in kinds if k not in act.routers}
     routers = {k: r for k, r in act.routers.items() if k in kinds}
+    online_note = None
+    if online and act.device.vendor == "cpu" and "clock" not in dict(online_options or {}):
+        online, online_note = False, ONLINE_NEEDS_GPU
     if online:
         from primus_perf.tuner.online import online_routers  # the tuner only for online tuning
 
@@ -186,6 +196,6 @@ def enable(
     except BaseException:
         routes.remove()
         raise
-    handle = Handle(kinds, act, routers, interception, online, notes)
+    handle = Handle(kinds, act, routers, interception, online, notes, online_note=online_note)
     _active = handle
     return handle
