@@ -47,3 +47,10 @@ class DivergedError(UserError):
     """Training reached a non-finite loss (exit code 3: the run stopped, the input was valid)."""
 
     exit_code = 3
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 200 characters): how a candidate that
+    failed (a kernel that would not compile or launch) is reported beside the others."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]

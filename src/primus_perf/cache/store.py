@@ -298,7 +298,8 @@ class TuningCache:
     ) -> CacheEntry | None:
         """The entry for this problem on this device and library versions, else None; other
         entries of the problem are reported as stale (once)."""
-        return self.select(self.entries(kind), device, versions).get(problem_key)
+        mine = (e for e in self.entries(kind) if e.problem_key == problem_key)
+        return self.select(mine, device, versions).get(problem_key)
 
     def select(
         self, entries: Iterable[CacheEntry], device: DeviceIdentity, versions: dict[str, str] | None

@@ -23,6 +23,7 @@ ones) and the slot of the kernel in that router's own table.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import weakref
 from collections.abc import Callable, Mapping
@@ -178,9 +179,15 @@ def traced_gemm_op() -> Any:
 
 
 def _profiler_on() -> bool:
-    import torch
+    return bool(_autograd_profiler()._is_profiler_enabled)
 
-    return bool(torch.autograd.profiler._is_profiler_enabled)
+
+@functools.cache
+def _autograd_profiler() -> Any:
+    """``torch.autograd.profiler``, imported once (this module imports torch lazily)."""
+    import torch.autograd.profiler
+
+    return torch.autograd.profiler
 
 
 class GemmRouter(Router):

@@ -49,8 +49,7 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return routes.gemm(a, b)
 
 
-def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return routes.gemm(a, b)
+_bmm = _mm  # a batched GEMM takes the same route (routes.gemm reads the operands' rank)
 
 
 def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import DeviceIdentity, current_device
+from primus_perf.errors import one_line
 from primus_perf.tuner import timing
 from primus_perf.tuner.timing import Timer
 
@@ -234,11 +235,6 @@ def timer_for(tuner: Tuner) -> Timer:
     return own() if own is not None else timing.default_timer()
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
-
-
 def _medians(samples: dict[Any, list[float]], names: Sequence[str], parts: dict[str, list[str]]) -> dict[str, float]:
     return {n: sum(statistics.median(samples[(n, part)]) for part in parts[n]) for n in names}
 
@@ -275,7 +271,7 @@ def tune_problem(
                     continue
                 mine = session.calls(c)
             except Exception as exc:  # the candidate cannot run this problem
-                s.reason = _one_line(exc)
+                s.reason = one_line(exc)
                 continue
             valid[c.name] = c
             parts[c.name] = list(mine)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from primus_perf.errors import UserError
+from primus_perf.errors import UserError, one_line
 from primus_perf.tuner import core
 from primus_perf.tuner.timing import Timer
 
@@ -122,7 +122,7 @@ def run_worker(job: WorkerJob, conn: Connection) -> None:
     except KeyboardInterrupt:
         conn.send(("end", True))
     except Exception as exc:  # reported by the parent as this GPU's failure
-        conn.send(("error", core._one_line(exc)))
+        conn.send(("error", one_line(exc)))
     finally:
         conn.close()
 

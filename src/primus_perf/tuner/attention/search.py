@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from primus_perf.errors import one_line
 from primus_perf.kernels.attention.configs import (
     AttnConfig,
     BwdConfig,
@@ -183,7 +184,7 @@ class Evaluator:
                     return Measurement("fwd", cfg, "numerics", error=error, reason=f"error {error:.3g} > {tol}")
             status, ms = self._timed(lambda: flash_fwd(self.q, self.k, self.v, causal, cfg), self.best_fwd())
         except Exception as exc:  # compile failures (out of resources) of one config
-            return Measurement("fwd", cfg, "failed", reason=_one_line(exc))
+            return Measurement("fwd", cfg, "failed", reason=one_line(exc))
         if status == "ok" and self._good_fwd is None:
             self._good_fwd = cfg
         return Measurement("fwd", cfg, status, ms=ms, error=error)
@@ -228,17 +229,12 @@ class Evaluator:
                 lambda: flash_bwd(self.do, self.q, self.k, self.v, o, lse, causal, cfg), self.best_bwd()
             )
         except Exception as exc:
-            return Measurement("bwd", cfg, "failed", reason=_one_line(exc))
+            return Measurement("bwd", cfg, "failed", reason=one_line(exc))
         return Measurement("bwd", cfg, status, ms=ms, error=error)
 
 
 def check_tolerance(dtype: torch.dtype) -> float:
     return TOLERANCE.get(dtype, 1e-3)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
 
 
 # ---- strategies -----------------------------------------------------------------------
