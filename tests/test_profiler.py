@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -114,6 +115,29 @@ def test_profile_window_inside_any_step_loop(tmp_path: Path) -> None:
     assert sum(e.get("name") == "aten::mm" for e in _events(window.trace)) == 2
     with pytest.raises(UserError, match="at least 1 active step"), profile_window(tmp_path / "n.json.gz", active=0):
         pass
+
+
+def test_ctrl_c_inside_the_profilers_step_waits_for_the_step_and_keeps_the_trace(tmp_path: Path) -> None:
+    """Ctrl-C landing inside the profiler's own step (between closing one ProfilerStep
+    and opening the next) once left it unable to stop: the process failed at exit."""
+    w = torch.randn(64, 64)
+    steps_done = []
+    with pytest.raises(KeyboardInterrupt), \
+            profile_window(tmp_path / "int.json.gz", active=4, warmup=1) as window:
+        real_step = window._prof.step
+
+        def step_hit_by_ctrl_c() -> None:
+            if len(steps_done) == 2:
+                os.kill(os.getpid(), signal.SIGINT)  # arrives while the profiler steps
+            real_step()
+            steps_done.append(1)
+
+        window._prof.step = step_hit_by_ctrl_c
+        for _ in range(window.steps):
+            float((torch.randn(32, 64) @ w).sum())
+            window.step()
+    assert len(steps_done) == 3  # the interrupted step finished before the interrupt went on
+    assert window.trace is not None and {"ProfilerStep#1", "ProfilerStep#2"} <= set(_profiler_steps(window.trace))
 
 
 def test_torchrun_two_ranks_trace_every_rank_or_the_chosen(tmp_path: Path) -> None:

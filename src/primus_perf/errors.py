@@ -8,6 +8,11 @@ internal bug and may carry a traceback.
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class UserError(Exception):
     """A problem with the user's input or environment, reported as one line."""
@@ -54,3 +59,27 @@ def one_line(exc: BaseException) -> str:
     failed (a kernel that would not compile or launch) is reported beside the others."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while a block runs that must not stop halfway (a library's
+    state change such as the profiler's step, or writing what was captured), then raise
+    the KeyboardInterrupt at its end. Outside the main thread signals cannot be handled:
+    the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    if caught:
+        raise KeyboardInterrupt(f"signal {caught[0]}")

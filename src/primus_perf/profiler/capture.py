@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus_perf.errors import Interrupted, UserError
+from primus_perf.errors import Interrupted, UserError, interrupts_held
 from primus_perf.files import atomic_open, write_json
 from primus_perf.tracelens.inputs import MANIFEST
 
@@ -167,8 +167,10 @@ class ProfiledWindow:
     _prof: Any = None
 
     def step(self) -> None:
-        """Mark the end of one step of the caller's loop."""
-        self._prof.step()
+        """Mark the end of one step of the caller's loop (Ctrl-C waits for the profiler's
+        step to finish: halfway, it leaves the profiler unable to stop)."""
+        with interrupts_held():
+            self._prof.step()
 
 
 @contextmanager
@@ -187,21 +189,27 @@ def profile_window(trace: str | Path, *, active: int, warmup: int = 1, wait: int
     window = ProfiledWindow(steps=wait + warmup + active)
     with tempfile.TemporaryDirectory(prefix="primus-capture-") as tmp:
         raw = Path(tmp) / "trace.json"
+        prof = tp.profile(
+            activities=_activities(),
+            schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
+            record_shapes=True,
+            with_stack=False,
+            profile_memory=False,
+        )
+        # Ctrl-C is held while the profiler starts and stops: interrupted halfway it can
+        # neither export nor stop cleanly. The step loop itself stays interruptible.
+        with interrupts_held():
+            prof.__enter__()
         try:
-            with tp.profile(
-                activities=_activities(),
-                schedule=tp.schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
-                record_shapes=True,
-                with_stack=False,
-                profile_memory=False,
-            ) as prof:
-                window._prof = prof
-                yield window
-        finally:  # the profiler's exit exported the active steps recorded, also on Ctrl-C
-            if raw.is_file():
-                _write_gz(raw, out)
-                window.trace = out
+            window._prof = prof
+            yield window
+        finally:
+            with interrupts_held():
+                prof.__exit__(*sys.exc_info())
+                if raw.is_file():  # the active steps recorded, also on Ctrl-C
+                    _write_gz(raw, out)
+                    window.trace = out
 
 
 def profile_steps(
