@@ -6,7 +6,11 @@
 # attention tuning benchmark on one problem), loop (primus-tune loop on tiny and on
 # llama3-8b with 2 layers), preflight (this machine's GPUs), enable (examples/llama_train.py
 # under primus_perf.enable with an offline-tuned cache: routed-call check and the
-# interleaved overhead benchmark), online (benchmarks/online_tuning.py).
+# interleaved overhead benchmark), online (benchmarks/online_tuning.py), online-compile (the
+# same with train.compile=true), online-moe (online grouped-GEMM tuning on an MoE preset, 100
+# steps), moe (the grouped-GEMM backends and the tuned choice), moe-e2e (three MoE presets,
+# tuned vs loop vs always-_grouped_mm), fsdp2 (llama3-8b full depth on 2 GPUs), multi-gpu
+# (tuning on every GPU against one).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -42,6 +46,21 @@ open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
       python benchmarks/enable_overhead.py --cache /tmp/enable_offline.json --result "$OUT/enable_overhead.json" 2>&1 | tail -8 ;;
     online)
       python benchmarks/online_tuning.py --out "$OUT/online_tuning.json" 2>&1 | tail -8 ;;
+    online-compile)
+      python benchmarks/online_tuning.py --out "$OUT/online_tuning_compile.json" model.n_layers=4 \
+        train.seq_len=4096 train.micro_batch=1 train.compile=true 2>&1 | tail -8 ;;
+    online-moe)
+      python benchmarks/online_tuning.py --config "${MOE_PRESET:-qwen3-30b-a3b}" --steps 100 \
+        --out "$OUT/online_tuning_moe.json" ${MOE_OVERRIDES:-model.n_layers=2 model.vocab_size=32000 train.seq_len=4096 train.micro_batch=1} \
+        2>&1 | tail -8 ;;
+    moe)
+      python benchmarks/moe_grouped_gemm.py --tune --out "$OUT/moe_grouped_gemm_tuned.json" 2>&1 | tail -25 ;;
+    moe-e2e)
+      python benchmarks/moe_e2e.py --out "$OUT/moe_e2e.json" 2>&1 | tail -25 ;;
+    fsdp2)
+      python benchmarks/fsdp2_llama3_8b.py --gpus 2 --out "$OUT/fsdp2_llama3_8b.json" 2>&1 | tail -25 ;;
+    multi-gpu)
+      python benchmarks/multi_gpu_tuning.py --gpus 2 --budget-s 2 --out "$OUT/multi_gpu_tuning.json" 2>&1 | tail -15 ;;
     *) echo "unknown step $step" ;;
   esac
 done
