@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from primus_perf.cache.store import TuningCache
+from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import lookup_peaks
 from primus_perf.errors import UserError
 from primus_perf.tracelens.analyses.hotspots import in_steps
@@ -227,8 +227,9 @@ def cache_marks(cache_path: str | Path, device: str | None = None,
     the traced run, as the runtime decides: the same device (all devices when ``device`` is
     None) and the same version of every library the entry names that the run recorded
     (``versions``, from its manifest). Returns the marks, the number of entries, and how many
-    marked entries name a library the run did not record (matched without it). The newest
-    entry wins when several match."""
+    marked entries name a library the run did not record (matched without it). When several
+    match, the one the cache ranks first wins (:meth:`CacheEntry.rank`: the newest, on a tie
+    the fastest)."""
     p = Path(cache_path)
     if not p.exists():
         raise UserError(f"tuning cache not found: {p}")
@@ -236,7 +237,7 @@ def cache_marks(cache_path: str | Path, device: str | None = None,
     recorded = dict(versions or {})
     marks: dict[str, float | None] = {}
     unchecked: set[str] = set()
-    for e in sorted(entries, key=lambda e: e.created):
+    for e in sorted(entries, key=CacheEntry.rank):
         if device is not None and e.device.get("name") not in (None, "", device):
             continue
         if any(lib in recorded and recorded[lib] != v for lib, v in e.versions.items()):
