@@ -127,3 +127,25 @@ def test_corpus_reduce_scatter_and_all_gather_groups_from_c10d_shapes() -> None:
     assert bw.loc[("reduce_scatter", 65536 * 384 * 4), "group_size"] == 8
     assert bw.loc[("all_gather", 65536 * 64 * 4), "group_size"] == 8
     assert set(bw.loc["all_to_all", "group_size"]) == {16}
+
+
+def test_corpus_all_to_alls_with_split_sizes_are_one_row() -> None:
+    """The same job's all-to-alls whose input and output sizes differ (split sizes, not
+    recorded by this older profiler) are all-to-allv: one row over their many sizes, with
+    the input and output of each call, instead of a row per size."""
+    path = EXTERNAL / "hta" / "negative_queue_length_values_check" / "rank0.json.gz"
+    if not path.exists():
+        pytest.skip(f"external trace corpus not found at {EXTERNAL}")
+    a = analyze([path])
+    ev = a.collective_events
+    v = ev[(ev["collective"] == "all_to_allv") & (ev["step"] >= 0)]
+    assert len(v) and (v["in_bytes"] != v["out_bytes"]).all() and (v["bytes"] == v[["in_bytes", "out_bytes"]].max(axis=1)).all()
+    # c10d::alltoall_base_ [2883584] <- [3145728] f32: sends the input, receives the output
+    assert ((v["in_bytes"] == 3145728 * 4) & (v["out_bytes"] == 2883584 * 4)).any()
+    bw = a.collective_bandwidth
+    row = bw[bw["collective"] == "all_to_allv"]
+    assert len(row) == 1 and row["sizes"].iloc[0] == v["bytes"].nunique() > 5
+    assert row["calls"].iloc[0] == pytest.approx(len(v) / len(a.steps))
+    assert row["algbw_gbs"].iloc[0] == pytest.approx(v["bytes"].sum() / (v["dur_us"].sum() * 1e-6) / 1e9)
+    equal = ev[ev["collective"] == "all_to_all"]
+    assert (equal["in_bytes"] == equal["out_bytes"]).all()

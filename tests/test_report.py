@@ -273,3 +273,25 @@ def test_cache_marks_follow_the_runtime_rule_device_and_library_versions(tmp_pat
     # a run that did not record its BLAS-Lt version: matched by device, and said so
     marks, _, unchecked = rp.cache_marks(cache, dev["name"], {"torch": "2.11.0"})
     assert set(marks) == {probs[0].key(), probs[1].key()} and unchecked == 2
+
+
+def test_cache_marks_take_the_entry_the_cache_ranks_first(tmp_path: Path) -> None:
+    """Two entries of one problem that the run matches (it did not record the BLAS-Lt
+    version), created at the same time: the cache's order (:meth:`CacheEntry.rank`) puts the
+    faster tuned time first, whatever their order in the file."""
+    from primus_perf.cache.store import CacheEntry, TuningCache
+    from primus_perf.problems import GemmProblem
+
+    dev = {"name": "NVIDIA H100 80GB HBM3", "vendor": "nvidia", "arch": "sm_90", "compute_units": 132}
+    p = GemmProblem.from_row_major(1024, 1024, 1024, b_transposed=True)
+
+    def entry(lib: str, tuned_ms: float) -> CacheEntry:
+        return CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=dev, versions={"cublasLt": lib},
+                          solution={"config": {"name": lib}, "blob": b"x"},
+                          times={"tuned_ms": tuned_ms, "default_ms": 2.0}, created=1000.0)
+
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put_many([entry("13.1.0", 0.5), entry("13.0.0", 1.0)])  # the faster one first in the file
+    assert [e.times["tuned_ms"] for e in TuningCache(cache).entries()] == [0.5, 1.0]
+    marks, n, unchecked = rp.cache_marks(cache, dev["name"], {"torch": "2.11.0"})
+    assert n == 2 and unchecked == 1 and marks == {p.key(): pytest.approx(4.0)}

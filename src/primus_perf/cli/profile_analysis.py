@@ -12,6 +12,7 @@ from rich.table import Table
 
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
 from primus_perf.files import write_output
+from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.shapes import write_problems
 
@@ -103,8 +104,56 @@ def render(a: Analysis, top: int) -> None:
             tc.add_row(r["name"][:80], str(r["calls"]), _num(r["mean_skew_us"]), _num(r["max_skew_us"]),
                        _num(r["mean_dur_us"]), f"rank {r['last_rank']}")
         console.print(tc)
+    render_bandwidth(a, top)
+    load = summary_line(a.expert_load)
+    if load:
+        console.print(load, highlight=False, soft_wrap=True)
     for note in a.notes:
         err_console.print(f"[yellow]note:[/] {note}")
+
+
+ALL_TO_ALLS = ("all_to_all", "all_to_allv")
+MAX_RANK_ROWS = 64  # all-to-all rows per rank printed (the JSON and the report hold them all)
+GBS = "{:.3g}"  # bandwidths: a small all-to-all moves well under 1 GB/s
+
+
+def _bytes(v: Any) -> str:
+    """Bytes in powers of 1024, 3 significant digits."""
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v < 0:
+        return "–"
+    x, unit = float(v), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(x) < 1024 or unit == "TiB":
+            break
+        x /= 1024
+    return f"{x:.0f} {unit}" if unit == "B" or x >= 100 else f"{x:.3g} {unit}"
+
+
+def render_bandwidth(a: Analysis, top: int) -> None:
+    """Collective bandwidth per (collective, size), and all-to-all time, bytes and bandwidth
+    per rank."""
+    if len(a.collective_bandwidth):
+        tb = Table(title="collective bandwidth (per step; all_to_allv: mean message of its calls)")
+        for col in ("collective", "message", "group", "calls", "ms", "algbw GB/s", "busbw GB/s", "busbw range"):
+            tb.add_column(col, justify="left" if col == "collective" else "right")
+        for _, r in a.collective_bandwidth.head(top).iterrows():
+            spread = f"{_num(r['min_busbw_gbs'], GBS)}-{_num(r['max_busbw_gbs'], GBS)}" if r["ranks"] > 1 else "–"
+            tb.add_row(r["collective"], _bytes(r["bytes"]), _num(r["group_size"], "{:d}") if r["group_size"] > 0
+                       else "–", _num(r["calls"], "{:g}"), _ms(r["time_s"]), _num(r["algbw_gbs"], GBS),
+                       _num(r["busbw_gbs"], GBS), spread)
+        console.print(tb)
+    ranks = a.collective_ranks[a.collective_ranks["collective"].isin(ALL_TO_ALLS)] if len(a.collective_ranks) else []
+    if len(ranks):
+        tr = Table(title="all-to-all per rank (per step)")
+        for col in ("collective", "rank", "calls", "ms", "bytes", "sent", "received", "algbw GB/s", "busbw GB/s"):
+            tr.add_column(col, justify="left" if col == "collective" else "right")
+        for _, r in ranks.head(MAX_RANK_ROWS).iterrows():
+            tr.add_row(r["collective"], str(r["rank"]), _num(r["calls"], "{:g}"), _ms(r["time_s"]), _bytes(r["bytes"]),
+                       _bytes(r["in_bytes"]), _bytes(r["out_bytes"]), _num(r["algbw_gbs"], GBS),
+                       _num(r["busbw_gbs"], GBS))
+        console.print(tr)
+        if len(ranks) > MAX_RANK_ROWS:
+            console.print(f"{len(ranks) - MAX_RANK_ROWS} more all-to-all rows per rank in --json and the report")
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,9 @@ and writes a run folder. The schedule of :func:`profile_steps`::
   profiler started but not recording. Their times give the profiler's overhead on steps
   outside the recorded window, kept in the manifest next to the per-step times.
 - ``manifest.json`` (rank 0): config, device, library versions, world size, traced ranks,
-  every step's phase and time, medians, tokens/s and MFU of the unprofiled steps, overhead.
+  every step's phase and time (the trainer's: loss, tokens/s, MFU, and for an MoE model
+  the tokens per expert of each MoE layer), medians, tokens/s and MFU of the unprofiled
+  steps, overhead.
 
 Files are written under a temporary name and renamed.
 """
@@ -382,7 +384,10 @@ def capture_trainer(config: str, overrides: Sequence[str], out_dir: str | Path, 
         traced = parse_ranks(ranks, world)
 
         def info(m: Any) -> dict[str, Any]:
-            return {"loss": m.loss, "tokens_per_s": m.tokens_per_s, "mfu": m.mfu}
+            rec = {"loss": m.loss, "tokens_per_s": m.tokens_per_s, "mfu": m.mfu}
+            if m.tokens_per_expert is not None:  # an MoE model: the report's expert load
+                rec["tokens_per_expert"] = m.tokens_per_expert
+            return rec
 
         try:
             res = profile_steps(trainer.train_step, out, schedule, rank=rank, traced=rank in traced,

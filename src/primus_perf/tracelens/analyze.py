@@ -9,7 +9,8 @@ analysis.
 ``Analysis`` holds (every table per step: the mean over the profiled steps of every rank;
 ``calls`` are op calls):
 
-- ``kernels``: one row per GPU event (see :mod:`.tables`), times in microseconds.
+- ``kernels``: one row per GPU event (see :mod:`.tables`), times in microseconds; the events
+  of an all-to-allv share one shape (:func:`.analyses.collectives.pool_variable_sizes`).
 - ``breakdown``: seconds per (rank, step, category); ``temporal``: the step time (``span_s``)
   and its compute, exposed communication, exposed memcpy and idle per (rank, step)
   (:mod:`.analyses.breakdown`).
@@ -20,8 +21,11 @@ analysis.
 - ``rank_summary`` and ``collectives``: per-rank medians and collective start skew
   (:mod:`.analyses.collectives`).
 - ``collective_events`` (one row per communication GPU event: collective, message bytes,
-  group size) and ``collective_bandwidth`` (per collective and size: algorithm and bus
-  bandwidth, skew) (:mod:`.analyses.collectives`); ``world_size``.
+  group size, the rank's input and output bytes), ``collective_bandwidth`` (per collective
+  and size: algorithm and bus bandwidth, skew) and ``collective_ranks`` (per collective and
+  rank: time, bytes and bandwidth per step) (:mod:`.analyses.collectives`); ``world_size``.
+- ``expert_load``: per MoE layer, tokens per expert over the profiled steps, when the run's
+  manifest recorded them (:mod:`.analyses.expert_load`; empty otherwise).
 - ``wall_steps``: the host (wall-clock) time of each ``ProfilerStep`` (:mod:`.analyses.step_times`).
 - ``totals``: per-step figures; ``step_time_s`` is the median step span;
   ``outside_steps_gpu_s``: GPU time outside the profiled steps (total, see :mod:`.link`).
@@ -57,10 +61,13 @@ from primus_perf.tracelens.analyses import breakdown as B
 from primus_perf.tracelens.analyses.collectives import (
     bandwidth,
     collective_skew,
+    pool_variable_sizes,
+    rank_bandwidth,
     rank_summary,
     trace_collectives,
     world_size,
 )
+from primus_perf.tracelens.analyses.expert_load import expert_load
 from primus_perf.tracelens.analyses.hotspots import hotspots, in_steps
 from primus_perf.tracelens.analyses.op_times import op_times, trace_op_times
 from primus_perf.tracelens.analyses.problems import problem_table
@@ -103,8 +110,10 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     collective_events: pd.DataFrame = field(default_factory=pd.DataFrame)
     collective_bandwidth: pd.DataFrame = field(default_factory=pd.DataFrame)
+    collective_ranks: pd.DataFrame = field(default_factory=pd.DataFrame)
     wall_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     world_size: int = 1
+    expert_load: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def n_steps(self) -> int:
@@ -146,6 +155,9 @@ class Analysis:
             "op_times": records(self.op_times.head(top)),
             "ranks_summary": records(self.rank_summary),
             "collectives": records(self.collectives),
+            "collective_bandwidth": records(self.collective_bandwidth),
+            "collective_ranks": records(self.collective_ranks),
+            "expert_load": records(self.expert_load),
             "totals": self.totals,
             "notes": self.notes,
         }
@@ -248,8 +260,10 @@ def _analyze_trace(path: Path, rank: int) -> _TraceResult:
     rt = L.load(path)
     lk = link(rt)
     tables = trace_tables(rt, lk, rank)
-    return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, len(rt),
-                        trace_collectives(rt, lk, tables.kernels), host_steps(lk, rank), dict(rt.distributed))
+    comm = trace_collectives(rt, lk, tables.kernels)
+    pool_variable_sizes(tables.kernels, comm)
+    return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, len(rt), comm, host_steps(lk, rank),
+                        dict(rt.distributed))
 
 
 def _provisional_rank(path: Path, index: int) -> int:
@@ -329,7 +343,8 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     calls = pd.concat([t.calls for t in tables], ignore_index=True)
     steps = sorted({s for t in tables for s in t.steps})
     outside_s, outside_notes = _outside_note(kernels, bool(steps))
-    notes = [*inputs.notes, *L.fix_notes(fixes), *outside_notes, *_notes(tables, kernels, steps)]
+    load, load_notes = expert_load(inputs.manifest)
+    notes = [*inputs.notes, *L.fix_notes(fixes), *outside_notes, *_notes(tables, kernels, steps), *load_notes]
     comm_events = pd.concat([r.collectives for r in results], ignore_index=True)
     if not steps:
         kernels["step"] = 0
@@ -360,6 +375,8 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         notes=notes,
         collective_events=comm_events,
         collective_bandwidth=bandwidth(comm_events, max(1, len(steps))),
+        collective_ranks=rank_bandwidth(comm_events, max(1, len(steps))),
         wall_steps=pd.concat([r.walls for r in results], ignore_index=True),
         world_size=world_size([r.distributed for r in results], len(ranks)),
+        expert_load=load,
     )

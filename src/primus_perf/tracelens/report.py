@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from primus_perf.cache.store import TuningCache
+from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import lookup_peaks
 from primus_perf.errors import UserError
+from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyses.hotspots import in_steps
 from primus_perf.tracelens.analyses.tune_next import tune_next
 from primus_perf.tracelens.analyze import Analysis, analyze
@@ -34,6 +35,7 @@ TIMELINE_BINS = 1500  # segments are merged at span / TIMELINE_BINS
 MAX_KERNEL_DETAILS = 100  # hotspot rows (the largest) that list their kernels
 MAX_KERNEL_NAME = 200  # characters of a kernel name shown (templated names run to thousands)
 MAX_COLLECTIVES = 200
+MAX_COLLECTIVE_RANKS = 1024  # rows of the per-rank collectives table
 TUNE_NEXT = 20
 
 
@@ -131,8 +133,32 @@ def collectives(a: Analysis) -> list[dict[str, Any]]:
              "algbw_gbs": _num(r.algbw_gbs), "busbw_gbs": _num(r.busbw_gbs), "min_busbw_gbs": _num(r.min_busbw_gbs),
              "max_busbw_gbs": _num(r.max_busbw_gbs), "slowest_rank": int(r.slowest_rank),
              "mean_skew_us": _num(r.mean_skew_us), "max_skew_us": _num(r.max_skew_us),
-             "last_rank": None if _num(r.last_rank) is None else int(r.last_rank)}
+             "last_rank": None if _num(r.last_rank) is None else int(r.last_rank), "sizes": int(r.sizes)}
             for r in a.collective_bandwidth.head(MAX_COLLECTIVES).itertuples(index=False)]
+
+
+def collective_ranks(a: Analysis) -> list[dict[str, Any]]:
+    """Per (collective, group size, rank), every message size together: calls and ms per
+    step, bytes per step (message, and the rank's input and output: what an all-to-all
+    sends and receives), algorithm and bus bandwidth (GB/s)."""
+    return [{"collective": r.collective, "group_size": int(r.group_size) if r.group_size > 0 else None,
+             "rank": int(r.rank), "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3, "bytes": _num(r.bytes),
+             "in_bytes": _num(r.in_bytes), "out_bytes": _num(r.out_bytes), "algbw_gbs": _num(r.algbw_gbs),
+             "busbw_gbs": _num(r.busbw_gbs)}
+            for r in a.collective_ranks.head(MAX_COLLECTIVE_RANKS).itertuples(index=False)]
+
+
+def expert_load_rows(a: Analysis) -> dict[str, Any] | None:
+    """Per MoE layer, the tokens per expert over the profiled steps (:mod:`.analyses.expert_load`),
+    each expert's mean tokens per step under ``load``; None when the run recorded none."""
+    t = a.expert_load
+    if t.empty:
+        return None
+    return {"summary": summary_line(t), "layers": [
+        {"layer": int(r.layer), "experts": int(r.experts), "steps": int(r.steps), "tokens": float(r.tokens),
+         "min": float(r.min), "median": float(r.median), "max": float(r.max), "imbalance": _num(r.imbalance),
+         "worst_step_imbalance": _num(r.worst_step_imbalance), "idle": int(r.idle), "load": list(r.load)}
+        for r in t.itertuples(index=False)]}
 
 
 def tune_next_rows(a: Analysis, marks: Mapping[str, float | None] | None) -> list[dict[str, Any]]:
@@ -227,8 +253,9 @@ def cache_marks(cache_path: str | Path, device: str | None = None,
     the traced run, as the runtime decides: the same device (all devices when ``device`` is
     None) and the same version of every library the entry names that the run recorded
     (``versions``, from its manifest). Returns the marks, the number of entries, and how many
-    marked entries name a library the run did not record (matched without it). The newest
-    entry wins when several match."""
+    marked entries name a library the run did not record (matched without it). When several
+    match, the one the cache ranks first wins (:meth:`CacheEntry.rank`: the newest, on a tie
+    the fastest)."""
     p = Path(cache_path)
     if not p.exists():
         raise UserError(f"tuning cache not found: {p}")
@@ -236,7 +263,7 @@ def cache_marks(cache_path: str | Path, device: str | None = None,
     recorded = dict(versions or {})
     marks: dict[str, float | None] = {}
     unchecked: set[str] = set()
-    for e in sorted(entries, key=lambda e: e.created):
+    for e in sorted(entries, key=CacheEntry.rank):
         if device is not None and e.device.get("name") not in (None, "", device):
             continue
         if any(lib in recorded and recorded[lib] != v for lib, v in e.versions.items()):
@@ -309,6 +336,8 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "hotspots": hot,
         "kernel_names": kernel_names,
         "collectives": collectives(a),
+        "collective_ranks": collective_ranks(a),
+        "expert_load": expert_load_rows(a),
         "roofline": roof,
         "gemm": gemm,
         "attention": attn,

@@ -7,7 +7,13 @@ Per communication GPU event (:func:`trace_collectives`, one trace at a time):
   ``symm_mem::multimem_all_reduce_``, ``vllm::all_gather``) and else its kernel name;
 - the message size ``bytes`` in NCCL's convention (the larger of the collective's input and
   output: an all-gather's output, a reduce-scatter's input), from the recorded input shapes
-  and dtypes of those ops; unknown (-1) when the trace has no shapes;
+  and dtypes of those ops; unknown (-1) when the trace has no shapes; and the rank's own
+  input and output (``in_bytes``, ``out_bytes``: what an all-to-all sends and receives)
+  where the ops record both;
+- an all-to-all with split sizes (``all_to_all_single`` with splits: expert-parallel
+  dispatch and combine) is an ``all_to_allv``: its input and output sizes differ by rank
+  and by call; it is recognized by split sizes recorded with the op, else by an input and
+  output of different sizes;
 - the group size: the last argument of ``record_param_comms`` (its group size), else the
   output/input ratio of a ``c10d`` all-gather or reduce-scatter, else the one process-group
   size of the trace's ``distributedInfo`` (its world size when groups differ); -1 unknown.
@@ -15,7 +21,11 @@ Per communication GPU event (:func:`trace_collectives`, one trace at a time):
 From those (:func:`bandwidth`): per (collective, bytes, group size), calls and time per
 step, algorithm bandwidth (bytes / kernel time) and bus bandwidth (algorithm bandwidth times
 NCCL's factor for the collective, :data:`BUS_FACTORS`), per rank and over ranks, with the
-start skew across ranks. :func:`collective_skew` is the same skew per kernel name, and
+start skew across ranks. A collective whose size changes from call to call
+(:data:`VARIABLE_SIZE`) has one row per group size, its ``bytes`` the mean message per call
+and its bandwidth the bytes of all its calls over their time. :func:`rank_bandwidth` is the
+same per rank: each collective's time, bytes (message, input and output) and bandwidth per
+step on every rank. :func:`collective_skew` is the same skew per kernel name, and
 :func:`rank_summary` each rank's median step breakdown.
 
 A collective's kernel time includes the wait for the last rank to arrive, so a rank that
@@ -27,7 +37,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -38,7 +48,10 @@ from primus_perf.tracelens.categories import COMMUNICATION
 from primus_perf.tracelens.link import Linked
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
+ALL_TO_ALLV = "all_to_allv"  # an all-to-all with split sizes: each rank sends and receives its own amounts
 BROADCAST, REDUCE, SEND_RECV = "broadcast", "reduce", "send_recv"
+# collectives whose message size changes from call to call: one bandwidth row per group size
+VARIABLE_SIZE = frozenset({ALL_TO_ALLV})
 
 # op or kernel name -> collective (first match wins: the specific names before "reduce")
 COLLECTIVE_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
@@ -59,6 +72,7 @@ BUS_FACTORS: dict[str, Callable[[int], float]] = {
     ALL_GATHER: lambda n: (n - 1) / n,
     REDUCE_SCATTER: lambda n: (n - 1) / n,
     ALL_TO_ALL: lambda n: (n - 1) / n,
+    ALL_TO_ALLV: lambda n: (n - 1) / n,
     BROADCAST: lambda n: 1.0,
     REDUCE: lambda n: 1.0,
     SEND_RECV: lambda n: 1.0,
@@ -69,11 +83,14 @@ _INT_BYTES = {"long": 8, "long int": 8, "int": 4, "short": 2, "signed char": 1, 
 _CHAIN_DEPTH = 6  # ops above a communication kernel's launch that are searched
 _GROUP_OP = "record_param_comms"
 
-EVENT_COLUMNS = ["rank", "step", "ts_us", "dur_us", "name", "collective", "bytes", "group_size"]
+EVENT_COLUMNS = ["rank", "step", "ts_us", "dur_us", "name", "collective", "bytes", "group_size", "in_bytes",
+                 "out_bytes"]
 COLLECTIVE_COLUMNS = ["name", "calls", "mean_skew_us", "max_skew_us", "mean_dur_us", "last_rank"]
 BANDWIDTH_COLUMNS = ["collective", "bytes", "group_size", "ranks", "calls", "time_s", "mean_us", "algbw_gbs",
-                     "busbw_gbs", "min_busbw_gbs", "max_busbw_gbs", "slowest_rank", "mean_skew_us", "max_skew_us",
-                     "last_rank"]
+                     "busbw_gbs", "min_busbw_gbs", "max_busbw_gbs", "slowest_rank", "sizes", "mean_skew_us",
+                     "max_skew_us", "last_rank"]
+RANK_BANDWIDTH_COLUMNS = ["collective", "group_size", "rank", "calls", "time_s", "bytes", "in_bytes", "out_bytes",
+                          "algbw_gbs", "busbw_gbs"]
 RANK_COLUMNS = ["rank", "steps", "step_time_s", "compute_s", "exposed_comm_s", "exposed_memcpy_s", "idle_s",
                 "slowest"]
 
@@ -133,13 +150,32 @@ def default_group_size(distributed: dict[str, Any]) -> int:
     return int(ws) if isinstance(ws, int) and ws > 0 else -1
 
 
-def _describe(rt: L.RawTrace, lk: Linked, leaf: int, kernel_name: str, default_group: int) -> tuple[str, int, int]:
-    """(collective, bytes, group size) of a communication kernel launched under op ``leaf``."""
-    kind, group, in_bytes, pair = None, -1, -1, None
+class Described(NamedTuple):
+    """What :func:`_describe` reads from the ops around a communication kernel's launch."""
+
+    collective: str
+    nbytes: int  # the message size (NCCL's convention), -1 unknown
+    group: int  # ranks in the group, -1 unknown
+    in_bytes: int  # this rank's input (an all-to-all's send buffer), -1 unknown
+    out_bytes: int  # this rank's output (an all-to-all's receive buffer), -1 unknown
+
+
+def _has_splits(args: L.ShapeArgs | None) -> bool:
+    """Split sizes recorded with an op (``[3, 5]`` among its scalar-list inputs)."""
+    if args is None:
+        return False
+    return any(t == "ScalarList" and isinstance(v, str) and v.startswith("[") and v.strip("[] ")
+               for t, v in zip(args.types, args.concrete, strict=False))
+
+
+def _describe(rt: L.RawTrace, lk: Linked, leaf: int, kernel_name: str, default_group: int) -> Described:
+    """What a communication kernel launched under op ``leaf`` moved."""
+    kind, group, in_bytes, pair, splits = None, -1, -1, None, False
     r, depth = leaf, 0
     while r >= 0 and depth < _CHAIN_DEPTH:
         name = rt.names[rt.name[r]]
         args = rt.shape_args(int(rt.shape[r]))
+        splits = splits or _has_splits(args)
         if name == _GROUP_OP:
             group = _concrete_int(args, -1) or group
         else:
@@ -153,17 +189,19 @@ def _describe(rt: L.RawTrace, lk: Linked, leaf: int, kernel_name: str, default_g
                     in_bytes = sizes[0]
         r, depth = int(lk.op_parent[r]), depth + 1
     kind = kind or collective_kind(kernel_name) or SEND_RECV
+    if kind == ALL_TO_ALL and (splits or (pair is not None and pair[0] != pair[1])):
+        kind = ALL_TO_ALLV
     if group < 0 and pair is not None and kind in (ALL_GATHER, REDUCE_SCATTER) and min(pair) > 0:
         group = max(pair) // min(pair)
     if group < 0:
         group = default_group
     if pair is not None:
-        nbytes = max(pair)
-    elif in_bytes >= 0 and kind == ALL_GATHER:
-        nbytes = in_bytes * group if group > 0 else -1
-    else:
-        nbytes = in_bytes
-    return kind, nbytes, group
+        return Described(kind, max(pair), group, pair[1], pair[0])
+    same = in_bytes if kind in (ALL_REDUCE, ALL_TO_ALL) else -1  # output as large as the input
+    if in_bytes >= 0 and kind == ALL_GATHER:
+        gathered = in_bytes * group if group > 0 else -1
+        return Described(kind, gathered, group, in_bytes, gathered)
+    return Described(kind, in_bytes, group, in_bytes, same)
 
 
 def trace_collectives(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame) -> pd.DataFrame:
@@ -173,19 +211,42 @@ def trace_collectives(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame) -> pd.D
         return pd.DataFrame(columns=EVENT_COLUMNS)
     default_group = default_group_size(rt.distributed)
     names = kernels["name"].to_numpy()[comm].astype(str)
-    seen: dict[tuple[int, str], tuple[str, int, int]] = {}
+    seen: dict[tuple[int, str], Described] = {}
     described = []
     for leaf, kname in zip(lk.leaf_op[comm].tolist(), names.tolist(), strict=True):
         key = (leaf, kname)
         if key not in seen:
             seen[key] = _describe(rt, lk, leaf, kname, default_group)
         described.append(seen[key])
-    kind, nbytes, group = zip(*described, strict=True)
+    kind, nbytes, group, in_bytes, out_bytes = zip(*described, strict=True)
     sub = kernels.iloc[comm]
+
+    def ints(values: tuple[int, ...]) -> np.ndarray:
+        return np.asarray(values, dtype=np.int64)
+
     return pd.DataFrame({"rank": sub["rank"].to_numpy(), "step": sub["step"].to_numpy(),
                          "ts_us": sub["ts_us"].to_numpy(), "dur_us": sub["dur_us"].to_numpy(), "name": names,
-                         "collective": list(kind), "bytes": np.asarray(nbytes, dtype=np.int64),
-                         "group_size": np.asarray(group, dtype=np.int64)})
+                         "collective": list(kind), "bytes": ints(nbytes), "group_size": ints(group),
+                         "in_bytes": ints(in_bytes), "out_bytes": ints(out_bytes)})
+
+
+SIZES_VARY = "sizes vary by call"  # the shape of a variable-size collective's GPU events
+
+
+def pool_variable_sizes(kernels: pd.DataFrame, events: pd.DataFrame) -> None:
+    """Give the GPU events of variable-size collectives (:data:`VARIABLE_SIZE`) one shape,
+    :data:`SIZES_VARY`, in place: tables by (op, shape) (hotspots, comparisons) then keep one
+    row for them instead of one per size. ``events``: :func:`trace_collectives` of these
+    ``kernels`` (one row per communication event, in order)."""
+    comm = np.flatnonzero((kernels["category"] == COMMUNICATION).to_numpy())
+    rows = comm[events["collective"].isin(VARIABLE_SIZE).to_numpy()] if len(events) == len(comm) else comm[:0]
+    if not len(rows):
+        return
+    shape = kernels["shape"].astype("category")
+    if SIZES_VARY not in shape.cat.categories:
+        shape = shape.cat.add_categories([SIZES_VARY])
+    shape.iloc[rows] = SIZES_VARY
+    kernels["shape"] = shape
 
 
 def _skew(events: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -226,31 +287,73 @@ def collective_skew(kernels: pd.DataFrame) -> pd.DataFrame:
     return s.sort_values("max_skew_us", ascending=False, ignore_index=True)[COLLECTIVE_COLUMNS]
 
 
+def _gbs(nbytes: pd.Series, seconds_us: pd.Series) -> np.ndarray:
+    """GB/s of byte totals over kernel microseconds; nan where the bytes are unknown (< 0)."""
+    b = nbytes.to_numpy(dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(b >= 0, b / (seconds_us.to_numpy(dtype=np.float64) * 1e-6) / 1e9, np.nan)
+
+
+def _bus(alg: np.ndarray, collectives: pd.Series, groups: pd.Series) -> np.ndarray:
+    factor = [bus_factor(k, int(g)) for k, g in zip(collectives, groups, strict=True)]
+    return alg * np.asarray(factor, dtype=np.float64)
+
+
+def _total(values: pd.Series) -> float:
+    """Sum of byte counts, -1 when any is unknown."""
+    return -1.0 if (values < 0).any() else float(values.sum())
+
+
 def bandwidth(events: pd.DataFrame, per_rank_steps: int) -> pd.DataFrame:
     """Per (collective, bytes, group size): ranks, calls and time per step (per rank),
     mean kernel time, algorithm and bus bandwidth in GB/s (the median rank's; min and max
-    over ranks; the slowest rank), and the start skew across ranks. Bandwidths are nan
-    where the message size or group size is unknown. ``per_rank_steps``: profiled steps
-    per rank."""
-    keys = ["collective", "bytes", "group_size"]
+    over ranks; the slowest rank), the number of distinct message sizes, and the start
+    skew across ranks. A collective of :data:`VARIABLE_SIZE` has one row per group size:
+    ``bytes`` is its mean message per call, its bandwidth its bytes over its time.
+    Bandwidths are nan where the message size or group size is unknown.
+    ``per_rank_steps``: profiled steps per rank."""
+    keys = ["collective", "size_key", "group_size"]
     e = events[events["step"] >= 0]
     if e.empty:
         return pd.DataFrame(columns=BANDWIDTH_COLUMNS)
-    per = e.groupby([*keys, "rank"]).agg(n=("dur_us", "size"), t=("dur_us", "sum")).reset_index()
-    nbytes = per["bytes"].to_numpy(dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        alg = np.where(nbytes >= 0, nbytes * per["n"] / (per["t"] * 1e-6) / 1e9, np.nan)
-    factor = [bus_factor(k, int(g)) for k, g in zip(per["collective"], per["group_size"], strict=True)]
-    per["alg"], per["bus"] = alg, alg * np.asarray(factor, dtype=np.float64)
+    e = e.assign(size_key=np.where(e["collective"].isin(VARIABLE_SIZE), 0, e["bytes"]))
+    per = e.groupby([*keys, "rank"]).agg(n=("dur_us", "size"), t=("dur_us", "sum"), b=("bytes", _total)).reset_index()
+    sizes = e.groupby(keys)["bytes"].nunique()
+    per["alg"] = _gbs(per["b"], per["t"])
+    per["bus"] = _bus(per["alg"].to_numpy(), per["collective"], per["group_size"])
     rows = []
-    for key, g in per.groupby(keys, sort=False):
+    for (kind, size, group), g in per.groupby(keys, sort=False):
         slow = g.loc[g["bus"].idxmin(), "rank"] if g["bus"].notna().any() else g.loc[g["t"].idxmax(), "rank"]
-        rows.append((*key, len(g), float(g["n"].mean()) / per_rank_steps, float(g["t"].mean()) / 1e6 / per_rank_steps,
-                     float(g["t"].sum() / g["n"].sum()), float(g["alg"].median()), float(g["bus"].median()),
-                     float(g["bus"].min()), float(g["bus"].max()), int(slow)))
-    out = pd.DataFrame(rows, columns=BANDWIDTH_COLUMNS[:12])
+        nbytes = size if kind not in VARIABLE_SIZE else -1 if (g["b"] < 0).any() else round(g["b"].sum() / g["n"].sum())
+        rows.append((kind, int(nbytes), group, len(g), float(g["n"].mean()) / per_rank_steps,
+                     float(g["t"].mean()) / 1e6 / per_rank_steps, float(g["t"].sum() / g["n"].sum()),
+                     float(g["alg"].median()), float(g["bus"].median()), float(g["bus"].min()), float(g["bus"].max()),
+                     int(slow), int(sizes[(kind, size, group)]), size))
+    out = pd.DataFrame(rows, columns=[*BANDWIDTH_COLUMNS[:13], "size_key"])
     out = out.merge(_skew(e, keys).drop(columns="matched"), on=keys, how="left")
     return out.sort_values("time_s", ascending=False, ignore_index=True)[BANDWIDTH_COLUMNS]
+
+
+def rank_bandwidth(events: pd.DataFrame, per_rank_steps: int) -> pd.DataFrame:
+    """Per (collective, group size, rank), per step: calls, kernel time, message bytes, the
+    rank's input and output bytes (what an all-to-all sends and receives; nan unknown), and
+    algorithm and bus bandwidth (GB/s: the message bytes of all calls over their time), every
+    message size together. Collectives by total time, then ranks."""
+    e = events[events["step"] >= 0]
+    if e.empty:
+        return pd.DataFrame(columns=RANK_BANDWIDTH_COLUMNS)
+    keys = ["collective", "group_size", "rank"]
+    g = e.groupby(keys).agg(calls=("dur_us", "size"), t=("dur_us", "sum"), b=("bytes", _total),
+                            i=("in_bytes", _total), o=("out_bytes", _total)).reset_index()
+    g["algbw_gbs"] = _gbs(g["b"], g["t"])
+    g["busbw_gbs"] = _bus(g["algbw_gbs"].to_numpy(), g["collective"], g["group_size"])
+    g["calls"] = g["calls"] / per_rank_steps
+    g["time_s"] = g["t"] / 1e6 / per_rank_steps
+    for col, src in (("bytes", "b"), ("in_bytes", "i"), ("out_bytes", "o")):
+        g[col] = np.where(g[src] >= 0, g[src] / per_rank_steps, np.nan)
+    order = g.groupby(["collective", "group_size"])["t"].transform("sum")
+    g = g.assign(order=-order).sort_values(["order", "collective", "group_size", "rank"], ignore_index=True)
+    return g[RANK_BANDWIDTH_COLUMNS]
 
 
 def world_size(distributed: Sequence[dict[str, Any]], n_ranks: int) -> int:

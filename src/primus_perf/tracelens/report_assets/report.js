@@ -314,8 +314,11 @@
     if ((DATA.collectives || []).length) {
       const sc = section("Collectives", "Per collective and message size (NCCL's convention: an all-gather's output, a reduce-scatter's input): " +
         "algorithm bandwidth (bytes / kernel time) and bus bandwidth (× NCCL's factor for the collective and group size), the median rank's " +
-        "with the range over ranks; start skew across ranks and the rank the others wait for. Kernel time includes waiting for the last rank.");
-      table(sc, [{ key: "collective", label: "collective" }, { key: "bytes", label: "message", num: true, fmt: F.bytes },
+        "with the range over ranks; start skew across ranks and the rank the others wait for. Kernel time includes waiting for the last rank. " +
+        "An all-to-all with split sizes (all_to_allv: expert-parallel dispatch and combine) is one row per group: its message is the mean " +
+        "of its calls, its bandwidth the bytes of all its calls over their time.");
+      table(sc, [{ key: "collective", label: "collective" },
+        { key: "bytes", label: "message", num: true, fmt: (v, r) => (r.sizes > 1 ? `${F.bytes(v)} (mean of ${F.count(r.sizes)} sizes)` : F.bytes(v)) },
         { key: "group_size", label: "group", num: true, fmt: F.count }, { key: "calls", label: "calls/step", num: true, fmt: F.count },
         { key: "time_ms", label: "time/step", num: true, fmt: F.ms }, { key: "mean_us", label: "per call", num: true, fmt: F.us },
         { key: "algbw_gbs", label: "algbw", num: true, fmt: F.gbs }, { key: "busbw_gbs", label: "busbw", num: true, fmt: F.gbs },
@@ -324,6 +327,8 @@
         { key: "last_rank", label: "last to arrive", num: true, fmt: (v) => (v === null || v === undefined ? "–" : "rank " + v) }],
         DATA.collectives, { sortCol: 4, name: "collectives" });
     }
+    if ((DATA.collective_ranks || []).length && h.ranks.length > 1) collectiveRanks(DATA.collective_ranks);
+    if (DATA.expert_load) expertLoad(DATA.expert_load);
 
     const b = DATA.breakdown;
     if (b.rows.length) {
@@ -348,6 +353,56 @@
         `Per stream, in ${F.us(tl.resolution_us)} bins: each run of bins coloured by the category with most kernel time; time axis in ms.`);
       timeline(s6, tl);
     }
+  }
+
+  function collectiveRanks(rows) {
+    const s = section("Collectives per rank", "Per rank and collective, every message size together, per step: kernel time, bytes " +
+      "(the message in NCCL's convention, and the rank's input and output: what an all-to-all sends and receives) and bandwidth " +
+      "(message bytes over kernel time). all_to_allv is the all-to-all with split sizes of expert-parallel dispatch and combine: " +
+      "a rank whose experts receive more tokens receives more bytes.");
+    table(s, [{ key: "collective", label: "collective" }, { key: "group_size", label: "group", num: true, fmt: F.count },
+      { key: "rank", label: "rank", num: true, fmt: F.count }, { key: "calls", label: "calls/step", num: true, fmt: F.count },
+      { key: "time_ms", label: "time/step", num: true, fmt: F.ms }, { key: "bytes", label: "bytes/step", num: true, fmt: F.bytes },
+      { key: "in_bytes", label: "input (sent)/step", num: true, fmt: F.bytes },
+      { key: "out_bytes", label: "output (received)/step", num: true, fmt: F.bytes },
+      { key: "algbw_gbs", label: "algbw", num: true, fmt: F.gbs }, { key: "busbw_gbs", label: "busbw", num: true, fmt: F.gbs }],
+    rows, { name: "collective-ranks" });
+  }
+
+  // per MoE layer, one bar per expert: its mean tokens per step, scaled to the layer's busiest; dashed line: the mean
+  function expertBars(parent, layers) {
+    const W = 900, rowH = 30, left = 90, right = 120, top = 6;
+    const H = top + layers.length * rowH + 24;
+    const svg = sv("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-chart": "expert-load" });
+    layers.forEach((l, i) => {
+      const y = top + i * rowH, h = rowH - 8, bw = (W - left - right) / l.load.length;
+      const max = Math.max(1e-9, ...l.load), mean = l.load.reduce((a, b) => a + b, 0) / l.load.length;
+      sv("text", { x: left - 6, y: y + h / 2 + 4, "text-anchor": "end", text: `layer ${l.layer}` }, svg);
+      l.load.forEach((v, e) => {
+        const bh = (v / max) * h;
+        const r = sv("rect", { x: left + e * bw, y: y + h - bh, width: Math.max(bw - (bw > 3 ? 1 : 0), 0.5), height: Math.max(bh, 0.5),
+          fill: v === 0 ? "#d9534f" : "#3b6fd8", "data-mark": "1" }, svg);
+        sv("title", { text: `layer ${l.layer}, expert ${e}: ${fmt(v)} tokens/step (${fmt(mean > 0 ? v / mean : null)}× the mean)` }, r);
+      });
+      const my = y + h - (mean / max) * h;
+      sv("line", { x1: left, x2: W - right, y1: my, y2: my, stroke: "#222", "stroke-dasharray": "3 2", "stroke-width": 0.8 }, svg);
+      sv("text", { x: W - right + 6, y: y + h / 2 + 4, text: `max/mean ${fmt(l.imbalance)}` }, svg);
+    });
+    sv("text", { x: left, y: H - 6, text: "experts in order; bar height: mean tokens per step (red: no token); dashed: the mean" }, svg);
+    parent.appendChild(svg);
+  }
+
+  function expertLoad(d) {
+    const s = section("Expert load", "Tokens each routed expert received over the profiled steps, as the run recorded them " +
+      "(the whole data-parallel batch; a token counts once per expert it is routed to). max/mean 1.0 is perfect balance; " +
+      "the slowest expert sets the time of a layer's grouped GEMMs.");
+    s.appendChild(el("p", { text: d.summary }));
+    expertBars(s, d.layers);
+    table(s, [{ key: "layer", label: "layer", num: true, fmt: F.count }, { key: "experts", label: "experts", num: true, fmt: F.count },
+      { key: "tokens", label: "tokens/step", num: true, fmt: F.count }, { key: "min", label: "min/expert", num: true },
+      { key: "median", label: "median/expert", num: true }, { key: "max", label: "max/expert", num: true },
+      { key: "imbalance", label: "max/mean", num: true }, { key: "worst_step_imbalance", label: "worst step max/mean", num: true },
+      { key: "idle", label: "idle experts", num: true, fmt: F.count }], d.layers, { name: "expert-load" });
   }
 
   function diffPage() {
