@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from primus_perf.devices import gpu_vendor
+from primus_perf.problems import problem_from_item
 
 Say = Callable[[str], None]
 
@@ -67,11 +68,14 @@ def _host_step(analysis: Any) -> float | None:
     return float(walls["wall_s"].median()) if len(walls) else None
 
 
-def _problems(analysis: Any) -> list[Any]:
-    """The trace's GEMM and attention problems, most expensive first."""
-    rows = [*analysis.gemm_problems.itertuples(), *analysis.attention_problems.itertuples()]
-    rows.sort(key=lambda r: -float(r.time_s))
-    return list({r.problem.key(): r.problem for r in rows}.values())
+def trace_problems(analysis: Any) -> list[Any]:
+    """The trace's GEMM and attention problems in the order of its problems file
+    (``tracelens.shapes.problems_document``: most expensive first, an attention problem's
+    forward and backward as one item), each once (a GEMM may be listed per direction)."""
+    from primus_perf.tracelens.shapes import problems_document
+
+    ranked = (problem_from_item(item) for item in problems_document(analysis)["problems"])
+    return list({p.key(): p for p in ranked}.values())
 
 
 def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, blocks: int = 4,
@@ -135,7 +139,7 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
     say("2/4 analyzing the trace")
     analysis = analyze([run_dir])
     report = write_html(report_from_analysis(analysis, title=f"{config}: profiled run"), out / "report.html")
-    problems = _problems(analysis)
+    problems = trace_problems(analysis)
     result = LoopResult(
         out_dir=out, run_dir=run_dir, report=report, device=str(analysis.device["name"]),
         step_time_s=analysis.totals.get("step_time_s") or _host_step(analysis),
