@@ -13,12 +13,13 @@ import torch
 from typer.testing import CliRunner
 
 from primus_perf.cli.tune import app
-from primus_perf.closed_loop import trace_problems
+from primus_perf.closed_loop import trace_problems, tunable_problems
 from primus_perf.problems import load_problems
 from primus_perf.tracelens.analyze import analyze
 from primus_perf.tracelens.shapes import write_problems
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import model_gemms
+from primus_perf.tuner.kinds import default_tuners
 
 OVERRIDES = ["model.n_layers=2", "train.seq_len=64", "train.micro_batch=2", "train.device=cpu"]
 
@@ -73,3 +74,13 @@ def test_the_loop_takes_the_problems_in_the_problems_files_order(tmp_path: Path)
     problems = trace_problems(analysis)
     assert [p.key() for p in problems] == [p.key() for p in load_problems(write_problems(analysis, tmp_path / "p.json"))]
     assert [str(p) for p in problems] == ["b1 h4 s64 d16 bf16 causal", "64x16x32 f32 NN", "b1 h2 s32 d16 f32 full"]
+
+
+def test_what_its_kinds_plugin_does_not_take_is_a_note(tmp_path: Path) -> None:
+    """Each problem is checked by its kind's plugin (the loop then tunes it with that same
+    plugin); what the plugin does not take (the Triton kernel has no fp32) is a note."""
+    tuners = default_tuners()
+    problems = trace_problems(analyze([_ranking_trace(tmp_path / "trace.json")]))
+    tunable, notes = tunable_problems(problems, tuners)
+    assert [str(p) for p in tunable] == ["b1 h4 s64 d16 bf16 causal", "64x16x32 f32 NN"]
+    assert notes == ["not tuned: b1 h2 s32 d16 f32 full: attention tuning needs bf16 or f16, not f32"]

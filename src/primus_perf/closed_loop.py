@@ -16,7 +16,7 @@ GPU kernels. Everything the CLI prints comes from the returned :class:`LoopResul
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,23 @@ def trace_problems(analysis: Any) -> list[Any]:
 
     ranked = (problem_from_item(item) for item in problems_document(analysis)["problems"])
     return list({p.key(): p for p in ranked}.values())
+
+
+def tunable_problems(problems: Sequence[Any], tuners: Mapping[str, Any]) -> tuple[list[Any], list[str]]:
+    """The problems their kind's plugin (``tuners``: kind -> plugin, the ones that then tune
+    them) takes, and a note for each one it does not."""
+    from primus_perf.errors import UserError
+    from primus_perf.tuner.kinds import kind_of
+
+    tunable, notes = [], []
+    for p in problems:
+        try:
+            tuners[kind_of(p)].check(p)
+        except UserError as exc:
+            notes.append(f"not tuned: {exc}")
+            continue
+        tunable.append(p)
+    return tunable, notes
 
 
 def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, blocks: int = 4,
@@ -154,24 +171,20 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
     if not problems:
         result.tuning_skipped = "the trace has no GEMM or attention problems (was it recorded with shapes?)"
         return result
-    from primus_perf.errors import UserError
-    from primus_perf.tuner.kinds import KINDS, kind_of, tune
+    from primus_perf.tuner import core
+    from primus_perf.tuner.kinds import default_tuners
 
-    checkers = {kind: cls() for kind, cls in KINDS.items()}
-    tunable = []
-    for p in problems:
-        try:
-            checkers[kind_of(p)].check(p)
-            tunable.append(p)
-        except UserError as exc:
-            result.notes.append(f"not tuned: {exc}")
+    tuners = default_tuners()
+    tunable, not_tunable = tunable_problems(problems, tuners)
+    result.notes += not_tunable
     if not tunable:
         result.tuning_skipped = "no problem of the trace can be tuned (see the notes)"
         return result
     cache = out / "tuning_cache.json"
     say(f"3/4 tuning {len(tunable)} problems -> {cache}")
     result.cache = cache
-    result.tune_run = tune(tunable, cache=cache, budget_s=budget_s, progress=tune_progress)
+    result.tune_run = core.tune(tunable, cache=cache, tuners=list(tuners.values()), budget_s=budget_s,
+                                progress=tune_progress)
     if result.tune_run.interrupted:
         return result
     say("4/4 training with and without the cache, interleaved")
