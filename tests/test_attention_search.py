@@ -102,6 +102,42 @@ def test_rocm_space_carries_vendor_options() -> None:
     assert len(tiny_space().fwd_configs(PROBLEM, "cpu")) == 4
 
 
+def test_the_search_times_on_the_sessions_inputs(monkeypatch) -> None:
+    """A tuning session's Triton search measures on the session's own real-size inputs (no
+    second set), and the leaves its backward timing differentiates share their storage."""
+    from primus_perf.tuner import timing
+    from primus_perf.tuner.attention import search
+    from primus_perf.tuner.attention.plugin import AttentionTuner
+
+    made: list[Evaluator] = []
+
+    class Recorded(Evaluator):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(search, "Evaluator", Recorded)
+    one_pair = SearchSpace(fwd={"block_m": (16,), "block_n": (16,), "num_warps": (4,), "num_stages": (1,)},
+                           bwd={"block_m1": (16,), "block_n1": (16,), "block_m2": (16,), "block_n2": (16,),
+                                "num_warps": (4,), "num_stages": (1,)})
+    tuner = AttentionTuner(strategy="grid", space=one_pair, backends=(), device="cpu")
+    session = tuner.open(PROBLEM, timing.time_cpu, lambda _label: None)
+    try:
+        pool = session.candidates()
+        (ev,) = made
+        assert all(a is b for a, b in zip((ev.q, ev.k, ev.v, ev.do), (session.q, session.k, session.v, session.do)))
+        assert [t.data_ptr() for t in session.grad_inputs] == [t.data_ptr() for t in (session.q, session.k, session.v)]
+        assert [c.name for c in pool] == ["sdpa:default", "triton"]
+        assert session.details["search"]["measured"] == 2
+        triton = pool[1]
+        assert session.error(triton) <= session.tolerance
+        calls = session.calls(triton)
+        calls["fwd"](0)
+        calls["bwd"](0)
+    finally:
+        session.close()
+
+
 def test_backend_race_times_what_runs_and_reports_what_cannot(tmp_path) -> None:
     """The attention kind through the real core on the CPU: wall-clock timing, SDPA
     backends that cannot run are rejected with a reason, the rest raced forward + backward."""

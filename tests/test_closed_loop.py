@@ -13,8 +13,13 @@ import torch
 from typer.testing import CliRunner
 
 from primus_perf.cli.tune import app
+from primus_perf.closed_loop import trace_problems, tunable_problems
+from primus_perf.problems import load_problems
+from primus_perf.tracelens.analyze import analyze
+from primus_perf.tracelens.shapes import write_problems
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import model_gemms
+from primus_perf.tuner.kinds import default_tuners
 
 OVERRIDES = ["model.n_layers=2", "train.seq_len=64", "train.micro_batch=2", "train.device=cpu"]
 
@@ -37,3 +42,45 @@ def test_loop_on_cpu_writes_the_report_and_says_tuning_needs_a_gpu(tmp_path: Pat
     assert len(data["gemm"]) == n_gemm and all(r["time_ms"] > 0 for r in data["gemm"])
     assert (out / "profile" / "manifest.json").is_file()
     assert not (out / "tuning_cache.json").exists()
+
+
+def _op(name: str, dims: list, dtype: str, ts: int, dur: int, causal: tuple[int, str] | None = None) -> dict:
+    concrete = [""] * 16
+    if causal is not None:
+        concrete[causal[0]] = causal[1]
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            "args": {"Input Dims": dims, "Input type": [dtype] * len(dims), "Concrete Inputs": concrete}}
+
+
+def _ranking_trace(path: Path) -> Path:
+    """A GEMM of 10 us; an attention problem whose forward and backward take 8 us each
+    (together the most expensive problem, apart each cheaper than the GEMM); a small fp32
+    attention."""
+    q = [1, 4, 64, 16]
+    events = [
+        _op("aten::mm", [[64, 32], [32, 16]], "float", 0, 10),
+        _op("aten::scaled_dot_product_attention", [q] * 3, "c10::BFloat16", 20, 8, (5, "True")),
+        _op("aten::_scaled_dot_product_flash_attention_backward", [q] * 5, "c10::BFloat16", 40, 8, (11, "True")),
+        _op("aten::scaled_dot_product_attention", [[1, 2, 32, 16]] * 3, "float", 60, 1, (5, "False")),
+    ]
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_the_loop_takes_the_problems_in_the_problems_files_order(tmp_path: Path) -> None:
+    """The loop tunes what ``primus-profile shapes`` would write, in its order: an attention
+    problem ranks by its forward and backward together."""
+    analysis = analyze([_ranking_trace(tmp_path / "trace.json")])
+    problems = trace_problems(analysis)
+    assert [p.key() for p in problems] == [p.key() for p in load_problems(write_problems(analysis, tmp_path / "p.json"))]
+    assert [str(p) for p in problems] == ["b1 h4 s64 d16 bf16 causal", "64x16x32 f32 NN", "b1 h2 s32 d16 f32 full"]
+
+
+def test_what_its_kinds_plugin_does_not_take_is_a_note(tmp_path: Path) -> None:
+    """Each problem is checked by its kind's plugin (the loop then tunes it with that same
+    plugin); what the plugin does not take (the Triton kernel has no fp32) is a note."""
+    tuners = default_tuners()
+    problems = trace_problems(analyze([_ranking_trace(tmp_path / "trace.json")]))
+    tunable, notes = tunable_problems(problems, tuners)
+    assert [str(p) for p in tunable] == ["b1 h4 s64 d16 bf16 causal", "64x16x32 f32 NN"]
+    assert notes == ["not tuned: b1 h2 s32 d16 f32 full: attention tuning needs bf16 or f16, not f32"]

@@ -177,14 +177,6 @@ def test_config_validity_rules() -> None:
     small = GroupedGemmProblem(groups=8, k=32, n=32, tokens=64)
     assert "block_n" in config_invalid(GroupedGemmConfig(block_n=128), small, "sm_90")
     assert GroupedGemmConfig.from_dict(big.to_dict()) == big
-    amd = GroupedGemmConfig(num_warps=4, num_stages=3, waves_per_eu=2, matrix_instr_nonkdim=16)
-    assert amd.launch_options("amd") == {
-        "num_warps": 4,
-        "num_stages": 3,
-        "waves_per_eu": 2,
-        "matrix_instr_nonkdim": 16,
-    }
-    assert amd.launch_options("nvidia") == {"num_warps": 4, "num_stages": 3}
 
 
 # ---- the dispatch seam -----------------------------------------------------------------------

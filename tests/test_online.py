@@ -149,8 +149,9 @@ def test_online_run_locks_every_problem_writes_the_cache_and_restart_does_no_tun
     assert adapter.pools == 5 and len(summary["online"]) == 5
     assert steps <= 20, steps
     assert all(info["chosen"] == "fast" and info["dropped"] == ["close", "slow"] for info in summary["online"].values())
+    assert all(info["speedup"] == pytest.approx(SPEED["torch"] / SPEED["fast"]) for info in summary["online"].values())
     assert all(calls <= 40 for calls in summary["tuning"].values())
-    assert len(lines) == 5 and all("locked fast" in line and "tuning cost" in line for line in lines)
+    assert len(lines) == 5 and all("locked fast (1.429x torch)" in line and "tuning cost" in line for line in lines)
     entries = TuningCache(cache).entries("gemm")
     assert len(entries) == 5 and {e.solution["config"]["name"] for e in entries} == {"fast"}
     assert all(e.tuner_version.endswith("+online") and e.times["tuned_ms"] == pytest.approx(0.7) for e in entries)

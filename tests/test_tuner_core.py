@@ -87,6 +87,7 @@ def test_selection_policy_is_the_same_for_every_kind(kind: str, fast_s: float, e
     assert stats["fast"].error is not None and stats["fast"].error <= 1e-2
     assert res.tuned_s == pytest.approx(fast_s if expect == "fast" else 1.0)
     assert res.default_s == pytest.approx(1.0)
+    assert res.speedup == pytest.approx(1.0 / res.tuned_s) and res.to_dict()["speedup"] == res.speedup
     entry = res.entry
     assert entry.kind == kind and entry.problem_key == problem.key()
     assert entry.solution["config"]["name"] == res.chosen

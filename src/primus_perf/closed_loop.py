@@ -16,12 +16,13 @@ GPU kernels. Everything the CLI prints comes from the returned :class:`LoopResul
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from primus_perf.devices import gpu_vendor
+from primus_perf.problems import problem_from_item
 
 Say = Callable[[str], None]
 
@@ -67,11 +68,31 @@ def _host_step(analysis: Any) -> float | None:
     return float(walls["wall_s"].median()) if len(walls) else None
 
 
-def _problems(analysis: Any) -> list[Any]:
-    """The trace's GEMM and attention problems, most expensive first."""
-    rows = [*analysis.gemm_problems.itertuples(), *analysis.attention_problems.itertuples()]
-    rows.sort(key=lambda r: -float(r.time_s))
-    return list({r.problem.key(): r.problem for r in rows}.values())
+def trace_problems(analysis: Any) -> list[Any]:
+    """The trace's GEMM and attention problems in the order of its problems file
+    (``tracelens.shapes.problems_document``: most expensive first, an attention problem's
+    forward and backward as one item), each once (a GEMM may be listed per direction)."""
+    from primus_perf.tracelens.shapes import problems_document
+
+    ranked = (problem_from_item(item) for item in problems_document(analysis)["problems"])
+    return list({p.key(): p for p in ranked}.values())
+
+
+def tunable_problems(problems: Sequence[Any], tuners: Mapping[str, Any]) -> tuple[list[Any], list[str]]:
+    """The problems their kind's plugin (``tuners``: kind -> plugin, the ones that then tune
+    them) takes, and a note for each one it does not."""
+    from primus_perf.errors import UserError
+    from primus_perf.tuner.kinds import kind_of
+
+    tunable, notes = [], []
+    for p in problems:
+        try:
+            tuners[kind_of(p)].check(p)
+        except UserError as exc:
+            notes.append(f"not tuned: {exc}")
+            continue
+        tunable.append(p)
+    return tunable, notes
 
 
 def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, blocks: int = 4,
@@ -135,7 +156,7 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
     say("2/4 analyzing the trace")
     analysis = analyze([run_dir])
     report = write_html(report_from_analysis(analysis, title=f"{config}: profiled run"), out / "report.html")
-    problems = _problems(analysis)
+    problems = trace_problems(analysis)
     result = LoopResult(
         out_dir=out, run_dir=run_dir, report=report, device=str(analysis.device["name"]),
         step_time_s=analysis.totals.get("step_time_s") or _host_step(analysis),
@@ -150,24 +171,20 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
     if not problems:
         result.tuning_skipped = "the trace has no GEMM or attention problems (was it recorded with shapes?)"
         return result
-    from primus_perf.errors import UserError
-    from primus_perf.tuner.kinds import KINDS, kind_of, tune
+    from primus_perf.tuner import core
+    from primus_perf.tuner.kinds import default_tuners
 
-    checkers = {kind: cls() for kind, cls in KINDS.items()}
-    tunable = []
-    for p in problems:
-        try:
-            checkers[kind_of(p)].check(p)
-            tunable.append(p)
-        except UserError as exc:
-            result.notes.append(f"not tuned: {exc}")
+    tuners = default_tuners()
+    tunable, not_tunable = tunable_problems(problems, tuners)
+    result.notes += not_tunable
     if not tunable:
         result.tuning_skipped = "no problem of the trace can be tuned (see the notes)"
         return result
     cache = out / "tuning_cache.json"
     say(f"3/4 tuning {len(tunable)} problems -> {cache}")
     result.cache = cache
-    result.tune_run = tune(tunable, cache=cache, budget_s=budget_s, progress=tune_progress)
+    result.tune_run = core.tune(tunable, cache=cache, tuners=list(tuners.values()), budget_s=budget_s,
+                                progress=tune_progress)
     if result.tune_run.interrupted:
         return result
     say("4/4 training with and without the cache, interleaved")

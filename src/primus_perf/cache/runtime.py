@@ -74,16 +74,6 @@ class Activation:
         """Kind -> the router's summary (``{"routed": {key: calls}, "fallback": ..., "failed": [...]}``)."""
         return {kind: router.summary() for kind, router in self.routers.items()}
 
-    def end_lines(self) -> list[str]:
-        lines = []
-        for kind, summary in self.end_summary().items():
-            routed, fallback = sum(summary["routed"].values()), sum(summary["fallback"].values())
-            line = f"tuning cache {kind}: {routed} calls used a cached choice, {fallback} fell back to torch"
-            if summary["failed"]:
-                line += f" ({len(summary['failed'])} tuned kernels failed)"
-            lines.append(line)
-        return lines
-
     def close(self) -> None:
         """Release the routers (the program uninstalls them first)."""
         for router in self.routers.values():

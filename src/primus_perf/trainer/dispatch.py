@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from primus_perf.kernels.attention.backends import SDPA_BACKENDS, sdpa_bshd
-from primus_perf.kernels.autocast import autocast_dtype
+from primus_perf.kernels.autocast import cast_operands
 from primus_perf.runtime import routes
 
 _sdpa_backend: str | None = None  # a row of kernels.attention.backends.SDPA_BACKENDS; None: torch picks
@@ -52,12 +52,7 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         device_type = x.device.type
-        cast = autocast_dtype(device_type)
-        if cast is not None:
-            x = x.to(cast)
-            weight = weight.to(cast)
-        elif weight.dtype != x.dtype:
-            weight = weight.to(x.dtype)
+        x, weight = cast_operands(x, weight)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if not x2.is_contiguous():

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from primus_perf.errors import ConfigError
+from primus_perf.kernels.autocast import gemm_dtype
 from primus_perf.kernels.grouped_gemm import BACKENDS, grouped_mm
 from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import ModelConfig
@@ -150,9 +151,7 @@ class MoE(nn.Module):
 
     def _check_backend(self, rows: torch.Tensor) -> None:
         """A one-line ConfigError when the configured backend cannot run here."""
-        device_type = rows.device.type
-        autocast = torch.is_autocast_enabled(device_type)
-        dtype = torch.get_autocast_dtype(device_type) if autocast else rows.dtype
+        dtype = gemm_dtype(rows)
         dim, width = self.w13.shape[1], self.expert_dim
         why = BACKENDS[self.backend].unsupported(rows.device, dtype, dim, 2 * width)
         why = why or BACKENDS[self.backend].unsupported(rows.device, dtype, width, dim)

@@ -148,9 +148,8 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
-        if not self.tuned_s or not self.default_s:
-            return None
-        return self.default_s / self.tuned_s
+        """The default's time over the chosen one's (the cache entry's ``speedup``)."""
+        return self.entry.speedup
 
     @classmethod
     def from_entry(cls, entry: CacheEntry, problem: Any) -> TuneResult:

@@ -8,7 +8,7 @@ kinds and runs the core loop with one plugin per kind present, each with its def
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from primus_perf.errors import UserError
@@ -32,6 +32,11 @@ def kind_of(problem: Any) -> str:
     raise UserError(f"no tuner takes problems of type {type(problem).__name__}")
 
 
+def default_tuners(kinds: Iterable[str] = KINDS) -> dict[str, Any]:
+    """One plugin with its defaults per kind of ``kinds`` (default: every kind), by kind."""
+    return {kind: KINDS[kind]() for kind in kinds}
+
+
 def tune(
     problems: Sequence[Any],
     *,
@@ -42,6 +47,6 @@ def tune(
 ) -> core.TuneRun:
     """Tune GEMM, grouped-GEMM and attention problems (any mix) into ``cache``: one plugin per kind with
     its defaults, the core loop's dedupe, resume, per-problem writes and Ctrl-C handling."""
-    kinds = dict.fromkeys(kind_of(p) for p in problems)
-    tuners = [KINDS[k]() for k in kinds]
-    return core.tune(problems, cache=cache, tuners=tuners, budget_s=budget_s, timer=timer, progress=progress)
+    tuners = default_tuners(dict.fromkeys(kind_of(p) for p in problems))
+    return core.tune(problems, cache=cache, tuners=list(tuners.values()), budget_s=budget_s, timer=timer,
+                     progress=progress)

@@ -354,7 +354,13 @@ class OnlineRouter(Router):
         times = state.times()
         report = self.reports.pop(key)
         tuned, default = times.get(chosen), times.get(state.default)
-        speedup = default / tuned if tuned and default else None
+        entry = CacheEntry(
+            kind=self.adapter.kind, problem_key=key, problem=problem.to_dict(), device=self.device.to_dict(),
+            versions=dict(self.versions), solution=cand.solution,
+            times={"tuned_ms": (tuned or 0.0) * 1e3, "default_ms": (default or 0.0) * 1e3},
+            error=cand.error, tuner_version=self.adapter.tuner_version,
+        )
+        speedup = entry.speedup
         info = {
             "chosen": chosen, "calls": state.calls, "candidates": len(state.pool),
             "dropped": list(state.dropped), "speedup": speedup,
@@ -362,12 +368,6 @@ class OnlineRouter(Router):
             "validation_ms": report.validation_s * 1e3,
         }
         self.online[key] = info
-        entry = CacheEntry(
-            kind=self.adapter.kind, problem_key=key, problem=problem.to_dict(), device=self.device.to_dict(),
-            versions=dict(self.versions), solution=cand.solution,
-            times={"tuned_ms": (tuned or 0.0) * 1e3, "default_ms": (default or 0.0) * 1e3},
-            error=cand.error, tuner_version=self.adapter.tuner_version,
-        )
         try:
             self.cache.put(entry)
             written = f"written to {self.cache.path}"

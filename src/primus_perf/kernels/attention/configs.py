@@ -8,7 +8,7 @@ anything is launched (the tuner's search space, ``tuner/attention/space.py``, us
 
 Vendor differences are rows of tables: the shared memory (LDS) per block by GPU
 architecture, and the launch options that only one vendor's Triton backend knows
-(``waves_per_eu`` and ``matrix_instr_nonkdim`` on ROCm).
+(``kernels.triton_launch``: ``waves_per_eu`` and ``matrix_instr_nonkdim`` on ROCm).
 """
 
 from __future__ import annotations
@@ -17,15 +17,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from primus_perf.devices import shared_memory_per_block
+from primus_perf.kernels.triton_launch import options_label
 from primus_perf.problems import AttentionProblem
-
-# Launch options that exist only in one vendor's Triton backend (passing them to the
-# other one is an error), with the values the search tries.
-VENDOR_OPTIONS: dict[str, dict[str, tuple[int, ...]]] = {
-    "nvidia": {},
-    "cpu": {},
-    "amd": {"waves_per_eu": (0, 1, 2), "matrix_instr_nonkdim": (16, 32)},
-}
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
@@ -42,10 +35,7 @@ class FwdConfig:
     matrix_instr_nonkdim: int = 0  # ROCm only; 0 = compiler default
 
     def label(self) -> str:
-        text = f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
-        if self.waves_per_eu or self.matrix_instr_nonkdim:
-            text += f" wpe{self.waves_per_eu} mi{self.matrix_instr_nonkdim}"
-        return text
+        return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}" + options_label(self)
 
 
 @dataclass(frozen=True)
@@ -63,13 +53,10 @@ class BwdConfig:
     matrix_instr_nonkdim: int = 0
 
     def label(self) -> str:
-        text = (
+        return (
             f"dkdv {self.block_m1}x{self.block_n1} dq {self.block_m2}x{self.block_n2}"
             f" w{self.num_warps} s{self.num_stages}"
-        )
-        if self.waves_per_eu or self.matrix_instr_nonkdim:
-            text += f" wpe{self.waves_per_eu} mi{self.matrix_instr_nonkdim}"
-        return text
+        ) + options_label(self)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ Causal masking is top-left aligned (key j visible to query i iff j <= i), as tor
 ``is_causal``; causal problems need ``seq_q == seq_kv``.
 
 Tile sizes, warps and stages are arguments (``FwdConfig``, ``BwdConfig``); on ROCm the
-vendor options in ``configs.VENDOR_OPTIONS`` are passed through as launch options.
+vendor's own options (``kernels.triton_launch``) are passed through as launch options.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import triton.language as tl
 
 from primus_perf.devices import gpu_vendor
 from primus_perf.kernels.attention.configs import (
-    VENDOR_OPTIONS,
     BwdConfig,
     FwdConfig,
     check_head_dim,
 )
+from primus_perf.kernels.triton_launch import launch_options
 
 LOG2E = 1.4426950408889634
 
@@ -343,15 +343,6 @@ def _attn_bwd_dq(
 # ---- launchers -------------------------------------------------------------------------
 
 
-def _launch_options(cfg: FwdConfig | BwdConfig) -> dict[str, int]:
-    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    for name in VENDOR_OPTIONS.get(gpu_vendor(), {}):
-        value = getattr(cfg, name)
-        if value:
-            opts[name] = value
-    return opts
-
-
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[int, ...]:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("q, k, v must be 4-d (batch, seq, heads, head_dim)")
@@ -396,7 +387,7 @@ def flash_fwd(
         o.stride(0), o.stride(1), o.stride(2),
         hq, hq // hkv, sq, skv,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-        **_launch_options(cfg),
+        **launch_options(cfg, gpu_vendor()),
     )
     return o, lse
 
@@ -428,7 +419,7 @@ def flash_bwd(
     dq = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((b, skv, hkv, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((b, skv, hkv, d), dtype=v.dtype, device=v.device)
-    opts = _launch_options(cfg)
+    opts = launch_options(cfg, gpu_vendor())
     _attn_bwd_dkdv[(triton.cdiv(skv, cfg.block_n1), b * hkv)](
         q, k, v, do, lse, delta, dk, dv, scale,
         q.stride(0), q.stride(1), q.stride(2),

@@ -13,6 +13,11 @@ from primus_perf.problems import AttentionProblem
 TOLERANCE: dict[torch.dtype, float] = {torch.bfloat16: 2.5e-2, torch.float16: 5e-3}
 
 
+def tolerance(dtype: torch.dtype) -> float:
+    """The largest :func:`relative_error` a result in ``dtype`` may have."""
+    return TOLERANCE.get(dtype, 1e-3)
+
+
 def reference_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, sm_scale: float | None = None
 ) -> torch.Tensor:
@@ -51,9 +56,10 @@ class NumericsReport:
         return math.isfinite(self.worst) and self.worst <= self.tolerance
 
 
-def _rel(err: torch.Tensor, ref: torch.Tensor) -> float:
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max |got - ref| over the reference's max |value| (inf where it is not finite)."""
     denom = ref.abs().max().item()
-    value = (err.float() - ref).abs().max().item() / max(denom, 1e-6)
+    value = (got.float() - ref).abs().max().item() / max(denom, 1e-6)
     return value if math.isfinite(value) else float("inf")
 
 
@@ -68,11 +74,11 @@ def check_numerics(fn, q, k, v, *, causal: bool, seed: int = 0) -> NumericsRepor
     ref = reference_attention(qr, kr, vr, causal=causal)
     ref.backward(do.float())
     return NumericsReport(
-        out=_rel(out.detach(), ref.detach()),
-        dq=_rel(qq.grad, qr.grad),
-        dk=_rel(kk.grad, kr.grad),
-        dv=_rel(vv.grad, vr.grad),
-        tolerance=TOLERANCE.get(q.dtype, 1e-3),
+        out=relative_error(out.detach(), ref.detach()),
+        dq=relative_error(qq.grad, qr.grad),
+        dk=relative_error(kk.grad, kr.grad),
+        dv=relative_error(vv.grad, vr.grad),
+        tolerance=tolerance(q.dtype),
     )
 
 

@@ -4,9 +4,11 @@ searches.
 A config is data (:class:`GroupedGemmConfig`). Invalid combinations (shared-memory
 overflow, accumulators that do not fit the register file, tiles far larger than the
 problem) are pruned here, before anything is launched. Vendor differences are rows of
-tables: shared memory per architecture (:func:`primus_perf.devices.shared_memory_per_block`)
-and the launch options only ROCm's Triton backend knows (``waves_per_eu``,
-``matrix_instr_nonkdim``), which are passed to the launch only on that vendor.
+tables: shared memory per architecture (:func:`primus_perf.devices.shared_memory_per_block`),
+the launch options only ROCm's Triton backend knows (``waves_per_eu``,
+``matrix_instr_nonkdim``; ``kernels.triton_launch`` passes them to the launch only on that
+vendor), and the values the search tries per vendor (:data:`STAGES`,
+:data:`VENDOR_OPTION_VALUES`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from primus_perf.devices import shared_memory_per_block
+from primus_perf.kernels.triton_launch import options_label
 from primus_perf.problems import DTYPE_BYTES, GroupedGemmProblem, dataclass_from_dict
 
 GROUP_ORDERS = ("natural", "largest_first")
 
-# Launch options that exist only in one vendor's Triton backend (passing them to the other
-# one is an error), with the values the search tries.
-VENDOR_OPTIONS: dict[str, dict[str, tuple[int, ...]]] = {
+# Per vendor, the pipeline stages the search tries (ROCm's Triton pipelines differently) ...
+STAGES: dict[str, tuple[int, ...]] = {"nvidia": (3, 4), "amd": (2,), "cpu": (2,)}
+# ... and the values of the vendor's own launch options (``kernels.triton_launch``)
+VENDOR_OPTION_VALUES: dict[str, dict[str, tuple[int, ...]]] = {
     "nvidia": {},
     "cpu": {},
     "amd": {"waves_per_eu": (0, 2), "matrix_instr_nonkdim": (16,)},
@@ -54,13 +58,10 @@ class GroupedGemmConfig:
     matrix_instr_nonkdim: int = 0  # ROCm only; 0 = compiler default
 
     def label(self) -> str:
-        text = (
+        return (
             f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps}"
             f" s{self.num_stages} gm{self.group_m} {self.group_order}"
-        )
-        if self.waves_per_eu or self.matrix_instr_nonkdim:
-            text += f" wpe{self.waves_per_eu} mi{self.matrix_instr_nonkdim}"
-        return text
+        ) + options_label(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,15 +69,6 @@ class GroupedGemmConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GroupedGemmConfig:
         return dataclass_from_dict(cls, data)
-
-    def launch_options(self, vendor: str) -> dict[str, int]:
-        """``num_warps``, ``num_stages`` and the vendor's own options for the launch."""
-        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        for name in VENDOR_OPTIONS.get(vendor, {}):
-            value = getattr(self, name)
-            if value:
-                opts[name] = value
-        return opts
 
 
 def smem_bytes(cfg: GroupedGemmConfig, dtype: str) -> int:
@@ -161,10 +153,10 @@ def default_space(vendor: str) -> SearchSpace:
             "block_n": (128, 256),
             "block_k": (64,),
             "num_warps": (4, 8),
-            "num_stages": (3, 4) if vendor == "nvidia" else (2,),
+            "num_stages": STAGES[vendor],
             "group_m": (8,),
             "group_order": ("largest_first",),
-            **VENDOR_OPTIONS.get(vendor, {}),
+            **VENDOR_OPTION_VALUES[vendor],
         }
     )
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from primus_perf.kernels.autocast import autocast_dtype
+from primus_perf.kernels.autocast import cast_operands
 from primus_perf.kernels.grouped_gemm.backends import BACKENDS, Backend
 from primus_perf.problems import GroupedGemmProblem, dtype_name
 
@@ -90,11 +90,7 @@ class _GroupedMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, counts, backend):  # type: ignore[override]
         device_type = x.device.type
-        cast = autocast_dtype(device_type)
-        if cast is not None:
-            x, w = x.to(cast), w.to(cast)
-        elif w.dtype != x.dtype:
-            w = w.to(x.dtype)
+        x, w = cast_operands(x, w)
         if not x.is_contiguous():
             x = x.contiguous()
         with torch.autocast(device_type, enabled=False):

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from primus_perf.devices import gpu_vendor
 from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
+from primus_perf.kernels.triton_launch import launch_options
 
 INTERPRETER_PROGRAMS = 4  # grid on the CPU interpreter: every program walks several tiles
 
@@ -237,7 +238,7 @@ def grouped_mm(
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), y.stride(0), y.stride(1),
         PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, PRECISION=_precision(x.dtype), EVEN_K=K % cfg.block_k == 0,
-        **cfg.launch_options(gpu_vendor()),
+        **launch_options(cfg, gpu_vendor()),
     )  # fmt: skip
     return y
 
@@ -259,6 +260,6 @@ def grouped_mm_wgrad(
         x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
         dw.stride(0), dw.stride(1), dw.stride(2),
         PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, PRECISION=_precision(x.dtype), **cfg.launch_options(gpu_vendor()),
+        GROUP_M=cfg.group_m, PRECISION=_precision(x.dtype), **launch_options(cfg, gpu_vendor()),
     )  # fmt: skip
     return dw

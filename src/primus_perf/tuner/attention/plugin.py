@@ -17,9 +17,9 @@ from primus_perf.errors import UserError
 from primus_perf.kernels.attention.backends import DEFAULT, RACED, TRITON, sdpa_name
 from primus_perf.kernels.attention.configs import HEAD_DIMS, AttnConfig
 from primus_perf.kernels.attention.reference import (
-    TOLERANCE,
     check_numerics,
     random_qkv,
+    tolerance,
     validation_shape,
 )
 from primus_perf.kernels.attention.router import AttentionChoice, library_versions
@@ -103,9 +103,10 @@ class AttentionSession:
                              tuner.device, seed=1234)
         self.q, self.k, self.v = q, k, v
         self.do = torch.randn_like(q)
-        self.grad_inputs = tuple(t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        # the same storage as q, k, v (no candidate writes its inputs), as leaves that take gradients
+        self.grad_inputs = tuple(t.detach().requires_grad_(True) for t in (q, k, v))
         self.n_sets = 1
-        self.tolerance = TOLERANCE.get(self.dtype, 1e-3)
+        self.tolerance = tolerance(self.dtype)
         self.details: dict[str, Any] = {}
         self._seed = 0
 
@@ -117,7 +118,8 @@ class AttentionSession:
             from primus_perf.tuner.attention.search import Evaluator, search  # Triton on demand
 
             space = t.space or default_space(self.vendor, self.problem.head_dim)
-            ev = Evaluator(self.problem, arch=self.arch, device=t.device, timer=self.timer)
+            ev = Evaluator(self.problem, arch=self.arch, device=t.device, timer=self.timer,
+                           inputs=(self.q, self.k, self.v, self.do))
             found = search(ev, space, strategy=t.strategy, trials=t.trials, storage=t.storage,
                            vendor=self.vendor, progress=self.step)
             self.details["search"] = {"strategy": found.strategy, "trials": found.trials,

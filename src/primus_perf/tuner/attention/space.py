@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from primus_perf.kernels.attention.configs import (
-    VENDOR_OPTIONS,
     AttnConfig,
     BwdConfig,
     FwdConfig,
@@ -19,6 +18,20 @@ from primus_perf.kernels.attention.configs import (
 from primus_perf.problems import AttentionProblem
 
 STRATEGIES = ("grid", "tpe")  # exhaustive, or optuna TPE (search.py)
+
+# Per vendor, the pipeline stages the search tries for the forward and the backward kernels
+# (ROCm's Triton pipelines differently) ...
+STAGES: dict[str, dict[str, tuple[int, ...]]] = {
+    "nvidia": {"fwd": (2, 3), "bwd": (2, 3)},
+    "cpu": {"fwd": (2, 3), "bwd": (2, 3)},
+    "amd": {"fwd": (1, 2), "bwd": (1,)},
+}
+# ... and the values of the vendor's own launch options (``kernels.triton_launch``)
+VENDOR_OPTION_VALUES: dict[str, dict[str, tuple[int, ...]]] = {
+    "nvidia": {},
+    "cpu": {},
+    "amd": {"waves_per_eu": (0, 1, 2), "matrix_instr_nonkdim": (16, 32)},
+}
 
 @dataclass(frozen=True)
 class SearchSpace:
@@ -46,16 +59,12 @@ def _product(cls: type, axes: dict[str, tuple[int, ...]], invalid) -> list[Any]:
 
 def default_space(vendor: str, head_dim: int) -> SearchSpace:
     """The space searched on a GPU: blocks, warps, stages; vendor options on ROCm."""
-    extra = VENDOR_OPTIONS.get(vendor, {})
-    if vendor == "amd":
-        stages: tuple[int, ...] = (1, 2)
-    else:
-        stages = (2, 3)
+    extra = VENDOR_OPTION_VALUES[vendor]
     fwd = {
         "block_m": (64, 128),
         "block_n": (32, 64, 128),
         "num_warps": (4, 8),
-        "num_stages": stages,
+        "num_stages": STAGES[vendor]["fwd"],
         **extra,
     }
     # backward: tile pairs (small, big) shared by dK/dV (M1 small, N1 big) and dQ
@@ -65,7 +74,7 @@ def default_space(vendor: str, head_dim: int) -> SearchSpace:
         "block_m2": (64, 128),
         "block_n2": (32, 64),
         "num_warps": (4, 8),
-        "num_stages": (2, 3) if vendor != "amd" else (1,),
+        "num_stages": STAGES[vendor]["bwd"],
         **extra,
     }
     return SearchSpace(fwd=fwd, bwd=bwd)

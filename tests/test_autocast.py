@@ -1,0 +1,79 @@
+"""Under autocast the dense and the grouped GEMM Functions cast their inputs once to the
+autocast dtype (``kernels.autocast.cast_operands``) and their routers see operands of the
+dtype the GEMM runs in, in every pass; without autocast the weight follows the activations."""
+
+from __future__ import annotations
+
+import torch
+
+from primus_perf.kernels.autocast import cast_operands, gemm_dtype
+from primus_perf.kernels.grouped_gemm import grouped_mm, set_router
+from primus_perf.runtime import routes
+from primus_perf.trainer import dispatch
+
+COUNTS = (3, 0, 5)
+
+
+def test_cast_operands_follows_autocast_or_the_activations() -> None:
+    x, w = torch.randn(4, 8), torch.randn(6, 8, dtype=torch.bfloat16)
+    assert gemm_dtype(x) == torch.float32
+    x2, w2 = cast_operands(x, w)
+    assert x2 is x and w2.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert gemm_dtype(x) == torch.bfloat16
+        x3, w3 = cast_operands(x, w)
+        assert x3.dtype == torch.bfloat16 and w3 is w  # already in the GEMM's dtype: not copied
+
+
+def _linear_dtypes(x: torch.Tensor, w: torch.Tensor, autocast: bool) -> set[tuple[torch.dtype, torch.dtype]]:
+    seen: set[tuple[torch.dtype, torch.dtype]] = set()
+
+    def router(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        seen.add((a.dtype, b.dtype))
+        return None
+
+    routes.install({"gemm": router})
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = dispatch.linear(x, w)
+        y.float().sum().backward()
+    finally:
+        routes.remove()
+    return seen
+
+
+def _grouped_dtypes(x: torch.Tensor, w: torch.Tensor, autocast: bool) -> set[tuple[str, torch.dtype, torch.dtype]]:
+    seen: set[tuple[str, torch.dtype, torch.dtype]] = set()
+
+    def router(phase: str, a: torch.Tensor, b: torch.Tensor, counts) -> None:
+        seen.add((phase, a.dtype, b.dtype))
+        return None
+
+    set_router(router)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = grouped_mm(x, w, COUNTS)
+        y.float().sum().backward()
+    finally:
+        set_router(None)
+    return seen
+
+
+def test_both_gemm_functions_cast_once_to_the_autocast_dtype() -> None:
+    bf16 = torch.bfloat16
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    w = torch.randn(6, 8, requires_grad=True)
+    assert _linear_dtypes(x, w, autocast=True) == {(bf16, bf16)}  # forward, dgrad, wgrad
+    assert x.grad is not None and w.grad is not None and w.grad.dtype == torch.float32
+    xg = torch.randn(sum(COUNTS), 8, requires_grad=True)
+    wg = torch.randn(len(COUNTS), 8, 6, requires_grad=True)
+    assert _grouped_dtypes(xg, wg, autocast=True) == {(p, bf16, bf16) for p in ("fwd", "dgrad", "wgrad")}
+    assert wg.grad is not None and wg.grad.dtype == torch.float32
+
+
+def test_without_autocast_the_weight_follows_the_activations() -> None:
+    f32 = torch.float32
+    x = torch.randn(4, 8)
+    assert _linear_dtypes(x, torch.randn(6, 8, dtype=torch.bfloat16, requires_grad=True), autocast=False) == {(f32, f32)}
+    w = torch.randn(len(COUNTS), 8, 6, dtype=torch.bfloat16, requires_grad=True)
+    assert _grouped_dtypes(torch.randn(sum(COUNTS), 8), w, autocast=False) == {(p, f32, f32) for p in ("fwd", "wgrad")}
