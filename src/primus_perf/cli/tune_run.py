@@ -75,8 +75,9 @@ def run_tuning(
     on_done: Callable[[core.TuneResult], None] = lambda _r: None,
 ) -> core.TuneRun:
     """Tune (on ``gpus`` GPUs, one worker each, when more than one) with progress bars,
-    print the table, each GPU's start-up and share (several GPUs) and the summary; on Ctrl-C print the table so far and the resume hint,
-    and exit 130; when a GPU's worker failed, say which and exit 1."""
+    print the table, each GPU's start-up and share (several GPUs) and the summary; on
+    Ctrl-C print the table so far and the resume hint, and exit 130; when a GPU's worker
+    failed, say which and exit 1."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console) as bar:
         progress = RichProgress(bar, on_done)
