@@ -7,7 +7,11 @@ Tunes the Llama-3 8B linear GEMMs of ``benchmarks/gemm_tuning.py`` (fwd, dgrad, 
 4k and 16k tokens: 24 problems) into a fresh cache on one GPU, then into another fresh
 cache on ``--gpus`` GPUs (one worker each, ``tuner.multi_gpu``). A problem whose choice
 differs counts as "same within noise" when the one-GPU run measured the other choice
-within ``--noise`` of its own. ``--smoke``: 16 small f32 problems tuned on the CPU by
+within ``--noise`` of its own. Each run's ``workers`` say, per GPU, the start-up (spawn to
+its first request), of it the launch (interpreter and imports, torch's included; the rest
+is the GPU and library set-up), the problems it tuned and the seconds it spent on them;
+``*_startup_s`` is the longest start-up of a run, which every run pays before its first
+problem. ``--smoke``: 16 small f32 problems tuned on the CPU by
 two worker processes (torch's default against a planted ``torch.mm`` candidate), to test
 the script.
 """
@@ -20,6 +24,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -27,7 +32,7 @@ import torch
 from primus_perf.problems import GemmProblem
 from primus_perf.tuner.core import TuneRun
 from primus_perf.tuner.gemm.plugin import GemmTuner, python_candidate
-from primus_perf.tuner.multi_gpu import tune_on_gpus
+from primus_perf.tuner.multi_gpu import MultiGpuRun, tune_on_gpus
 
 
 def gpu_problems() -> list[GemmProblem]:
@@ -45,10 +50,16 @@ def smoke_problems() -> list[GemmProblem]:
             for i in range(16)]
 
 
-def timed(problems: list[GemmProblem], cache: Path, gpus: int, make_tuner, budget_s: float) -> tuple[TuneRun, float]:
+def timed(problems: list[GemmProblem], cache: Path, gpus: int, make_tuner, budget_s: float) -> tuple[MultiGpuRun, float]:
     start = time.perf_counter()
     run = tune_on_gpus(problems, cache=cache, make_tuner=make_tuner, gpus=gpus, budget_s=budget_s)
     return run, time.perf_counter() - start
+
+
+def startup(run: MultiGpuRun) -> float | None:
+    """The longest start-up of a run's workers (None when none got ready)."""
+    known = [w.startup_s for w in run.workers if w.startup_s is not None]
+    return max(known) if known else None
 
 
 def compare(one: TuneRun, many: TuneRun, noise: float) -> dict:
@@ -96,6 +107,8 @@ def main() -> int:
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip},
         "problems": len(problems), "budget_s": budget, "one_gpu_s": one_s, "multi_gpu_s": many_s,
         "speedup": one_s / many_s, "failures": failures,
+        "one_gpu_startup_s": startup(one), "multi_gpu_startup_s": startup(many),
+        "one_gpu_workers": [asdict(w) for w in one.workers], "multi_gpu_workers": [asdict(w) for w in many.workers],
     }
     if not failures:
         result["choices"] = compare(one, many, a.noise)
@@ -103,6 +116,8 @@ def main() -> int:
         print(f"{len(problems)} problems: 1 GPU {one_s:.1f} s, {gpus} GPUs {many_s:.1f} s, speedup {one_s / many_s:.2f}x;"
               f" same choice {c['same_choice']}, different within {a.noise:.0%} {c['different_within_noise']},"
               f" beyond {c['different_beyond_noise']}")
+        for label, run in (("1 GPU", one), (f"{gpus} GPUs", many)):
+            print(f"{label}: " + "; ".join(w.summary() for w in run.workers))
     else:
         print("failures: " + "; ".join(failures), file=sys.stderr)
     a.out.parent.mkdir(parents=True, exist_ok=True)

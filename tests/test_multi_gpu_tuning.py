@@ -1,14 +1,18 @@
 """Tuning on several GPUs, on the CPU: real worker processes (spawned) run the real GEMM
-plugin on the CPU through an injected worker function; the split balances FLOPs, one
-cache receives every entry, one progress sees every problem, a killed worker is reported
-and the same call resumes with what it left."""
+plugin on the CPU, some through a tuner that sleeps a set time per problem (a problem's
+time unrelated to its FLOPs) or a worker that kills itself on one problem. Pulling keeps
+the workers equally busy, one cache receives every entry, one progress sees every
+problem, a killed worker's problem is retried once, Ctrl-C lets the workers finish their
+problems (twice: stops them), and the same call resumes."""
 
 from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,50 +21,76 @@ import torch
 from typer.testing import CliRunner
 
 from primus_perf.cache.store import TuningCache
+from primus_perf.cli.tune_run import run_tuning
 from primus_perf.errors import UserError
 from primus_perf.problems import GemmProblem
 from primus_perf.tuner import core
 from primus_perf.tuner.gemm.plugin import GemmTuner
 from primus_perf.tuner.multi_gpu import (
+    MultiGpuRun,
     flops_of,
     resolve_gpus,
     run_worker,
-    split_by_cost,
     tune_on_gpus,
 )
 
 CPU_TUNER = functools.partial(GemmTuner, library=None, device="cpu")
-# 16 problems of unequal cost: a count split would give one worker far more FLOPs
 PROBLEMS = [GemmProblem.from_row_major(16 * (1 + i % 4), 24 + 8 * i, 32, b_transposed=True, dtype="f32")
             for i in range(16)]
+# one problem with more FLOPs than all the others together, tuned at once, and ten slow
+# small ones: any split that balances FLOPs gives one worker the big problem alone and the
+# other all ten slow ones (3 s against nothing)
+BIG = GemmProblem.from_row_major(256, 256, 256, b_transposed=True, dtype="f32")
+SLOW_S = 0.3
+UNEVEN = [BIG, *PROBLEMS[:10]]
+
+
+class SleepyTuner(GemmTuner):
+    """The CPU GEMM tuner, after sleeping ``delays[problem key]`` seconds (0 if absent)."""
+
+    def __init__(self, *, delays: dict[str, float], **kwargs: Any) -> None:
+        super().__init__(library=None, device="cpu", **kwargs)
+        self.delays = delays
+
+    def open(self, problem: GemmProblem, timer: Any, step: Any) -> Any:
+        time.sleep(self.delays.get(problem.key(), 0.0))
+        return super().open(problem, timer, step)
+
+
+def sleepy(delays: dict[GemmProblem, float]) -> Any:
+    return functools.partial(SleepyTuner, delays={p.key(): s for p, s in delays.items()})
 
 
 def logging_worker(job: Any, conn: Any) -> None:
-    """The library's worker, after noting which process and visible GPU got which share."""
+    """The library's worker, after noting its process, visible GPU and whether Ctrl-C reaches it."""
     log = Path(job.cache).with_name(f"worker{job.gpu}.json")
     log.write_text(json.dumps({"pid": os.getpid(), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                               "keys": [p.key() for p in job.problems]}))
+                               "sigint_blocked": signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])}))
     run_worker(job, conn)
 
 
-class _DieAfterFirstDone:
-    """A connection that kills its process (SIGKILL: no clean-up) after the first result."""
+class _DieOn:
+    """A connection that kills its process (SIGKILL: no clean-up) when handed ``key``."""
 
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
+    def __init__(self, conn: Any, key: str) -> None:
+        self.conn, self.key = conn, key
 
     def send(self, message: Any) -> None:
         self.conn.send(message)
-        if message[0] == "done":
+
+    def recv(self) -> Any:
+        problem = self.conn.recv()
+        if problem is not None and problem.key() == self.key:
             os.kill(os.getpid(), signal.SIGKILL)
+        return problem
 
     def close(self) -> None:
         self.conn.close()
 
 
 def dying_worker(job: Any, conn: Any) -> None:
-    """GPU 1's worker is killed after its first problem; GPU 0's finishes."""
-    run_worker(job, _DieAfterFirstDone(conn) if job.gpu == 1 else conn)
+    """Every worker is killed when it is handed PROBLEMS[5]."""
+    run_worker(job, _DieOn(conn, PROBLEMS[5].key()))
 
 
 class Recorder(core.Progress):
@@ -81,57 +111,123 @@ class Recorder(core.Progress):
         self.results.append(result)
 
 
-def _tune(cache: Path, worker: Any, progress: core.Progress | None = None) -> core.TuneRun:
-    return tune_on_gpus([*PROBLEMS, PROBLEMS[0]], cache=cache, make_tuner=CPU_TUNER, gpus=2,
-                        budget_s=0.01, progress=progress, worker=worker)
+def ctrl_c_everyone() -> None:
+    """What Ctrl-C in a terminal does: SIGINT to this process and to its workers."""
+    for pid in [*(p.pid for p in multiprocessing.active_children()), os.getpid()]:
+        os.kill(pid, signal.SIGINT)
 
 
-def test_split_balances_flops_not_counts() -> None:
-    shares = split_by_cost(PROBLEMS, 2)
-    assert sorted(p.key() for s in shares for p in s) == sorted(p.key() for p in PROBLEMS)
-    for share in shares:  # input order kept inside a share
-        assert [PROBLEMS.index(p) for p in share] == sorted(PROBLEMS.index(p) for p in share)
-    loads = [sum(flops_of(p) for p in s) for s in shares]
-    assert max(loads) / min(loads) < 1.05, loads
-    halves = [PROBLEMS[:8], PROBLEMS[8:]]  # what splitting by count in order would give
-    by_count = [sum(flops_of(p) for p in s) for s in halves]
-    assert max(by_count) / min(by_count) > 1.5
-    # one costly problem and many cheap ones: the costly one is alone
-    cost = {"big": 100, **{f"s{i}": 1 for i in range(10)}}
-    shares = split_by_cost(list(cost), 3, cost=cost.__getitem__)
-    assert ["big"] in shares and sorted(len(s) for s in shares) == [1, 5, 5]
-    assert split_by_cost(["a"], 3, cost=lambda _p: 1) == [["a"], [], []]
+class CtrlCAt(Recorder):
+    """Presses Ctrl-C as the ``index``-th problem (0-based) is handed out; ``twice``: again
+    when the run says it is stopping."""
+
+    def __init__(self, index: int, twice: bool = False) -> None:
+        super().__init__()
+        self.index, self.twice = index, twice
+
+    def problem(self, problem: Any, index: int) -> None:
+        super().problem(problem, index)
+        if index == self.index:
+            ctrl_c_everyone()
+
+    def step(self, label: str) -> None:
+        super().step(label)
+        if self.twice and label.startswith("stopping"):
+            ctrl_c_everyone()
 
 
-def test_two_workers_fill_one_cache(tmp_path: Path) -> None:
-    cache = tmp_path / "cache.json"
+def _tune(problems: list[GemmProblem], cache: Path, *, make_tuner: Any = CPU_TUNER, worker: Any = run_worker,
+          progress: core.Progress | None = None, gpus: int = 2) -> MultiGpuRun:
+    return tune_on_gpus(problems, cache=cache, make_tuner=make_tuner, gpus=gpus, budget_s=0.01,
+                        progress=progress, worker=worker)
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory: pytest.TempPathFactory) -> tuple[MultiGpuRun, Recorder, Path]:
+    """Two workers tune UNEVEN (and a repeat) through the logging worker and the sleepy tuner."""
+    folder = tmp_path_factory.mktemp("uneven")
     progress = Recorder()
-    run = _tune(cache, logging_worker, progress)
+    tuner = sleepy({p: SLOW_S for p in UNEVEN if p is not BIG})
+    run = _tune([*UNEVEN, UNEVEN[1]], folder / "cache.json", make_tuner=tuner, worker=logging_worker,
+                progress=progress)
+    return run, progress, folder
+
+
+def test_two_workers_fill_one_cache(uneven: tuple[MultiGpuRun, Recorder, Path]) -> None:
+    run, progress, folder = uneven
     assert not run.interrupted and not run.failures and not run.remaining
-    assert [r.problem for r in run.results] == PROBLEMS  # deduped, in input order
-    entries = TuningCache(cache).entries("gemm")
-    assert sorted(e.problem_key for e in entries) == sorted(p.key() for p in PROBLEMS)
-    assert progress.total == 16 and progress.started == 16 and len(progress.results) == 16
+    assert [r.problem for r in run.results] == UNEVEN  # deduped, in input order
+    entries = TuningCache(folder / "cache.json").entries("gemm")
+    assert sorted(e.problem_key for e in entries) == sorted(p.key() for p in UNEVEN)
+    assert progress.total == progress.started == len(progress.results) == 11
     assert {label.split(":")[0] for label in progress.steps} == {"gpu 0", "gpu 1"}
-    logs = [json.loads((tmp_path / f"worker{g}.json").read_text()) for g in (0, 1)]
+    logs = [json.loads((folder / f"worker{g}.json").read_text()) for g in (0, 1)]
     assert [w["visible"] for w in logs] == ["0", "1"]  # one GPU each
     assert len({w["pid"] for w in logs} | {os.getpid()}) == 3  # two processes besides this one
-    assert [w["keys"] for w in logs] == [[p.key() for p in s] for s in split_by_cost(PROBLEMS, 2)]
+    assert [w["sigint_blocked"] for w in logs] == [True, True]  # Ctrl-C is the parent's
+    assert run.workers[0].summary().startswith("gpu 0: start-up ")
 
 
-def test_killed_worker_is_reported_and_the_same_call_resumes(tmp_path: Path) -> None:
+def test_pulling_balances_problems_whose_time_is_not_their_flops(uneven: tuple[MultiGpuRun, Recorder, Path]) -> None:
+    run, _progress, _folder = uneven
+    assert flops_of(BIG) > sum(flops_of(p) for p in UNEVEN[1:])
+    a, b = run.workers
+    assert [a.gpu, b.gpu] == [0, 1] and a.problems + b.problems == 11
+    assert a.startup_s is not None and b.startup_s is not None
+    assert all(0 < w.launch_s <= w.startup_s for w in run.workers), run.workers
+    # a worker goes idle only when nothing is left to hand out: they stop working within
+    # one problem (and some noise) of each other; a split by FLOPs: 3 s and more apart
+    finished = [w.startup_s + w.busy_s for w in run.workers]
+    longest = max(r.tuning_s for r in run.results)
+    assert abs(finished[0] - finished[1]) < longest + 0.5, (run.workers, longest)
+    assert min(a.busy_s, b.busy_s) > 2 * SLOW_S and min(a.problems, b.problems) >= 3, run.workers
+
+
+def test_killed_worker_problem_is_retried_once_and_reported(tmp_path: Path) -> None:
     cache = tmp_path / "cache.json"
-    first = _tune(cache, dying_worker)
-    assert len(first.failures) == 1 and first.failures[0].startswith("gpu 1: worker exited with code -9")
-    share1 = split_by_cost(PROBLEMS, 2)[1]
-    assert len(first.remaining) == len(share1) - 1
-    assert {p.key() for p in first.remaining} < {p.key() for p in share1}
+    run = _tune(PROBLEMS, cache, worker=dying_worker)
+    deadly = PROBLEMS[5]
+    assert [p.key() for p in run.remaining] == [deadly.key()]  # all the others were done
+    assert [r.problem for r in run.results] == [p for p in PROBLEMS if p is not deadly]
+    assert len(run.failures) == 2 and all(f" exited with code -9 while tuning {deadly};" in f for f in run.failures)
+    assert run.failures[0].endswith("handed to another GPU") and run.failures[1].endswith("not retried")
+    assert {f.split(":")[0] for f in run.failures} == {"gpu 0", "gpu 1"}
+    assert sorted(e.problem_key for e in TuningCache(cache).entries()) == sorted(r.problem.key() for r in run.results)
+    assert not run.interrupted
+
+
+def test_ctrl_c_lets_each_worker_finish_its_problem_and_the_same_call_resumes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cache = tmp_path / "cache.json"
+    progress = CtrlCAt(3)
+    first = _tune(PROBLEMS, cache, make_tuner=sleepy(dict.fromkeys(PROBLEMS, 0.15)), progress=progress)
+    assert first.interrupted and not first.failures
+    # none was handed out after Ctrl-C, and every one handed out was finished and kept
+    assert progress.started == len(first.results) == 4 and len(first.remaining) == 12
+    assert any(label.startswith("stopping") for label in progress.steps)
     stored = {e.problem_key for e in TuningCache(cache).entries()}
-    assert stored == {r.problem.key() for r in first.results} and len(stored) == 16 - len(first.remaining)
-    second = _tune(cache, logging_worker)
-    assert not second.failures and not second.remaining
-    assert second.cached == len(stored) and second.tuned == len(first.remaining)
+    assert stored == {r.problem.key() for r in first.results}
+    capsys.readouterr()
+    second = run_tuning(PROBLEMS, CPU_TUNER, str(cache), budget_s=0.01, gpus=2)  # the CLI's call
+    assert not second.interrupted and not second.failures and not second.remaining
+    assert second.cached == 4 and second.tuned == 12
+    out = capsys.readouterr().out
+    assert "12 tuned, 4 already in the cache" in out
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("gpu ")] == ["gpu 0", "gpu 1"]
     assert sorted(e.problem_key for e in TuningCache(cache).entries()) == sorted(p.key() for p in PROBLEMS)
+
+
+def test_ctrl_c_twice_stops_the_workers_at_once(tmp_path: Path) -> None:
+    cache = tmp_path / "cache.json"
+    first = max(PROBLEMS, key=flops_of)  # handed out first; the next takes 30 s
+    progress = CtrlCAt(1, twice=True)
+    start = time.monotonic()
+    run = _tune(PROBLEMS, cache, make_tuner=sleepy({p: 30.0 for p in PROBLEMS if p is not first}),
+                progress=progress, gpus=1)
+    assert time.monotonic() - start < 25
+    assert run.interrupted and not run.failures and progress.started == 2
+    assert [r.problem for r in run.results] == [first] and len(run.remaining) == 15
+    assert [e.problem_key for e in TuningCache(cache).entries()] == [first.key()]
 
 
 def test_resolve_gpus() -> None:
@@ -160,6 +256,7 @@ def test_two_gpus_tune_bf16_gemms_into_one_cache(tmp_path: Path) -> None:
     cache = tmp_path / "cache.json"
     run = tune_on_gpus(problems, cache=cache, make_tuner=GemmTuner, gpus=2, budget_s=1.0, worker=logging_worker)
     assert not run.failures and len(run.results) == 4
+    assert all(w.startup_s is not None and w.problems >= 1 for w in run.workers), run.workers
     entries = TuningCache(cache).entries("gemm")
     assert len(entries) == 4 and {e.device["name"] for e in entries} == {torch.cuda.get_device_name(0)}
     assert [json.loads((tmp_path / f"worker{g}.json").read_text())["visible"] for g in (0, 1)] == ["0", "1"]

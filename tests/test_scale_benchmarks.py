@@ -27,6 +27,11 @@ def test_multi_gpu_tuning_smoke(tmp_path: Path) -> None:
     assert data["problems"] == 16 and data["gpus"] == 2 and not data["failures"]
     assert data["choices"]["problems"] == 16 and data["speedup"] > 0
     assert {r["one_gpu"] for r in data["choices"]["rows"]} <= {"torch", "mm_out"}
+    assert [w["problems"] for w in data["one_gpu_workers"]] == [16]
+    assert [w["gpu"] for w in data["multi_gpu_workers"]] == [0, 1]
+    assert sum(w["problems"] for w in data["multi_gpu_workers"]) == 16
+    ready = [w["startup_s"] for w in data["multi_gpu_workers"] if w["startup_s"] is not None]
+    assert data["multi_gpu_startup_s"] == max(ready) > 0
 
 
 @pytest.mark.slow

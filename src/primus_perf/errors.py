@@ -62,24 +62,33 @@ def one_line(exc: BaseException) -> str:
 
 
 @contextmanager
-def interrupts_held() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM while a block runs that must not stop halfway (a library's
-    state change such as the profiler's step, or writing what was captured), then raise
-    the KeyboardInterrupt at its end. Outside the main thread signals cannot be handled:
-    the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def interrupts_caught() -> Iterator[list[int]]:
+    """Catch Ctrl-C and SIGTERM while a block runs: each signal is appended to the list the
+    block gets, and nothing is raised (the block decides when to stop, and how). Outside the
+    main thread signals cannot be handled: the list stays empty."""
     caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
 
     def hold(signum: int, frame: object) -> None:
         caught.append(signum)
 
     previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield caught
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while a block runs that must not stop halfway (a library's
+    state change such as the profiler's step, or writing what was captured), then raise
+    the KeyboardInterrupt at its end. Outside the main thread signals cannot be handled:
+    the block runs as it is."""
+    with interrupts_caught() as caught:
+        yield
     if caught:
         raise KeyboardInterrupt(f"signal {caught[0]}")

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from primus_perf.cli.common import console
 from primus_perf.tuner import core
-from primus_perf.tuner.multi_gpu import flops_of, tune_on_gpus
+from primus_perf.tuner.multi_gpu import MultiGpuRun, flops_of, tune_on_gpus
 
 EXIT_INTERRUPTED = 130
 EXIT_WORKER_FAILED = 1
@@ -75,8 +75,9 @@ def run_tuning(
     on_done: Callable[[core.TuneResult], None] = lambda _r: None,
 ) -> core.TuneRun:
     """Tune (on ``gpus`` GPUs, one worker each, when more than one) with progress bars,
-    print the table and the summary; on Ctrl-C print the table so far and the resume hint,
-    and exit 130; when a GPU's worker failed, say which and exit 1."""
+    print the table, each GPU's start-up and share (several GPUs) and the summary; on
+    Ctrl-C print the table so far and the resume hint, and exit 130; when a GPU's worker
+    failed, say which and exit 1."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console) as bar:
         progress = RichProgress(bar, on_done)
@@ -87,6 +88,9 @@ def run_tuning(
             run = core.tune(problems, cache=cache, tuners=[make_tuner()], budget_s=budget_s,
                             progress=progress)
     console.print(results_table(run.results))
+    if isinstance(run, MultiGpuRun):
+        for worker in run.workers:
+            console.print(worker.summary(), highlight=False, soft_wrap=True)
     for failure in run.failures:
         console.print(f"[red]failed:[/] {failure}", highlight=False, soft_wrap=True)
     if run.failures:

@@ -20,9 +20,9 @@ plans, a search where the kind has one), and the core runs:
 5. a :class:`~primus_perf.cache.store.CacheEntry` (times in ms there, as the file keeps them).
 
 :func:`tune` is the loop over problems: dedupe by key, skip problems already cached for
-this device and library versions (resume), write the cache after each problem, report
-progress, and on Ctrl-C stop keeping every finished entry: the :class:`TuneRun` says which
-problems are done and which remain.
+this device and library versions (resume), write the cache after each problem (one
+problem is :meth:`Runner.handle`), report progress, and on Ctrl-C stop keeping every
+finished entry: the :class:`TuneRun` says which problems are done and which remain.
 
 A new kind is one plugin module with a class of the :class:`Tuner` shape and one line in
 ``tuner/kinds.py``.
@@ -178,8 +178,8 @@ class TuneResult:
 @dataclass
 class TuneRun:
     """What :func:`tune` did: the results in order, and on Ctrl-C the problems left.
-    ``failures``: workers that did not finish (multi-GPU tuning), one line each; their
-    problems are in ``remaining``."""
+    ``failures``: workers that died or failed (multi-GPU tuning), one line each; what was
+    left undone is in ``remaining``."""
 
     results: list[TuneResult]
     remaining: list[Any]
@@ -326,6 +326,40 @@ def _tuner_for(problem: Any, tuners: Sequence[Tuner]) -> Tuner:
     raise ValueError(f"no tuner for {type(problem).__name__} problems among {[t.kind for t in tuners]}")
 
 
+class Runner:
+    """What a run keeps across its problems: the cache, the device identity, and each
+    kind's library versions and timer (one per kind for the run). :meth:`handle` is one
+    problem: the cache's entry when it holds one for this device and these versions
+    (resume), else the problem tuned and its entry written. :func:`tune` loops over a list
+    with one; a multi-GPU worker builds one at start-up and handles what it is handed."""
+
+    def __init__(
+        self,
+        cache: str | os.PathLike,
+        tuners: Sequence[Tuner],
+        *,
+        timer: Timer | None = None,
+        budget_s: float = 5.0,
+        device: DeviceIdentity | None = None,
+    ) -> None:
+        self.store = TuningCache(cache)
+        self.tuners = list(tuners)
+        self.versions = {t.kind: t.versions() for t in self.tuners}
+        self.device = device or current_device()
+        self.timers = {t.kind: timer or timer_for(t) for t in self.tuners}
+        self.budget_s = budget_s
+
+    def handle(self, problem: Any, step: Step | None = None) -> TuneResult:
+        t = _tuner_for(problem, self.tuners)
+        existing = self.store.get(t.kind, problem.key(), self.device, self.versions[t.kind])
+        if existing is not None:
+            return TuneResult.from_entry(existing, problem)
+        result = tune_problem(t, problem, timer=self.timers[t.kind], budget_s=self.budget_s, step=step,
+                              device=self.device, versions=self.versions[t.kind])
+        self.store.put(result.entry)
+        return result
+
+
 def tune(
     problems: Sequence[Any],
     *,
@@ -346,26 +380,17 @@ def tune(
     for p, t in todo.values():
         t.check(p)
     kinds = {t.kind: t for _, t in todo.values()}
-    versions = {kind: t.versions() for kind, t in kinds.items()}
-    store = TuningCache(cache)
+    runner = Runner(cache, list(kinds.values()), timer=timer, budget_s=budget_s, device=device)
     progress = progress or Progress()
-    device = device or current_device()
-    timers = {kind: timer or timer_for(t) for kind, t in kinds.items()}  # one per kind for the run
     results: list[TuneResult] = []
-    items = list(todo.values())
+    items = [p for p, _ in todo.values()]
     progress.start(len(items))
-    for i, (p, t) in enumerate(items):
+    for i, p in enumerate(items):
         try:
             progress.problem(p, i)
-            existing = store.get(t.kind, p.key(), device, versions[t.kind])
-            if existing is not None:
-                result = TuneResult.from_entry(existing, p)
-            else:
-                result = tune_problem(t, p, timer=timers[t.kind], budget_s=budget_s, step=progress.step,
-                                      device=device, versions=versions[t.kind])
-                store.put(result.entry)
+            result = runner.handle(p, progress.step)
         except KeyboardInterrupt:
-            return TuneRun(results, [q for q, _ in items[i:]], True, str(cache))
+            return TuneRun(results, items[i:], True, str(cache))
         results.append(result)
         progress.done(result)
     return TuneRun(results, [], False, str(cache))
