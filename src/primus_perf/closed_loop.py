@@ -68,8 +68,8 @@ def _host_step(analysis: Any) -> float | None:
 
 
 def _problems(analysis: Any) -> list[Any]:
-    """The trace's GEMM and attention problems, most expensive first."""
-    rows = [*analysis.gemm_problems.itertuples(), *analysis.attention_problems.itertuples()]
+    """The trace's GEMM, grouped GEMM and attention problems, most expensive first."""
+    rows = [r for df in analysis.problem_tables().values() for r in df.itertuples()]
     rows.sort(key=lambda r: -float(r.time_s))
     return list({r.problem.key(): r.problem for r in rows}.values())
 
