@@ -53,7 +53,7 @@ def run_gpu(args: argparse.Namespace) -> None:
         trainer.train_step()
     capture(trainer, out / "base", args.profile_steps, {**manifest, "tuning_cache": None})
     t0 = time.perf_counter()
-    gemm, _ = problems_from_traces([out / "base"])
+    gemm = problems_from_traces([out / "base"])["gemm"]
     cache = out / "tuning_cache.json"
     tuned = []
 

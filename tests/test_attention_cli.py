@@ -78,7 +78,9 @@ def test_problems_from_trace(tmp_path) -> None:
     ]
     path = tmp_path / "trace.json"
     _trace(path, events)
-    gemm, attn = problems_from_traces([path])
+    found = problems_from_traces([path])
+    gemm, attn = found["gemm"], found["attention"]
+    assert found["grouped_gemm"] == []
     assert dict(attn) == {
         AttentionProblem(2, 32, 8, 1024, 1024, 128, "bf16", True, "bshd"): 2,
         AttentionProblem(1, 4, 4, 77, 77, 64, "bf16", False, "bshd"): 1,

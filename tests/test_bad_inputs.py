@@ -76,6 +76,8 @@ FILE_SLOTS = {  # slot -> argv with {X}; kinds it does not treat as bad (a valid
     "gemm-trace": (("tune", "gemm", "--from-trace", "{X}", "--dry-run"), ()),
     "attention-problems": (("tune", "attention", "--problems", "{X}"), ()),
     "attention-trace": (("tune", "attention", "--from-trace", "{X}"), ()),
+    "grouped-gemm-problems": (("tune", "grouped-gemm", "--problems", "{X}", "--dry-run"), ()),
+    "grouped-gemm-trace": (("tune", "grouped-gemm", "--trace", "{X}", "--dry-run"), ()),
     "train-config": (("train", "--config", "{X}"), ()),
     "train-cache": (("train", "tuning.cache={X}"), ()),
     "train-data": (("train", "data.path={X}"), ("binary", "text", "huge")),  # any bytes are data

@@ -15,7 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from primus_perf.problems import AttentionProblem, GemmProblem, problem_from_item
+from primus_perf.problems import (
+    AttentionProblem,
+    GemmProblem,
+    GroupedGemmProblem,
+    problem_from_item,
+)
 from primus_perf.tracelens import report as rp
 from primus_perf.tracelens.analyses.tune_next import tune_command, tune_next
 from primus_perf.tracelens.analyze import Analysis, analyze
@@ -157,14 +162,16 @@ def test_tune_next_ranks_by_time_times_distance_to_the_roof() -> None:
                    (d, "fwd", 1, 0.020, 1.20)])  # above the roof (clipped): nothing to gain
     att = AttentionProblem(2, 32, 8, 4096, 4096, 128, "bf16", True, "bshd")
     attn = _table([(att, "fwd", 4, 0.003, 0.50), (att, "bwd", 4, 0.005, 0.60)])  # 1.5 + 2 = 3.5 ms, one row
-    t = tune_next(gemm, attn)
-    assert list(t["key"]) == [att.key(), b.key(), c.key(), a.key(), d.key()]
-    assert t["score"].tolist() == pytest.approx([0.0035, 0.003, 0.002, 0.001, 0.0])
-    assert t["kind"].tolist() == ["attention", "gemm", "gemm", "gemm", "gemm"]
+    up = GroupedGemmProblem(groups=8, k=4096, n=2048, tokens=8192, skew=2)
+    grouped = _table([(up, "fwd", 2, 0.005, 0.50), (up.with_phase("wgrad"), "wgrad", 2, 0.004, 0.875)])  # 2.5, 0.5 ms
+    t = tune_next({"gemm": gemm, "grouped_gemm": grouped, "attention": attn})
+    assert list(t["key"]) == [att.key(), b.key(), up.key(), c.key(), a.key(), up.with_phase("wgrad").key(), d.key()]
+    assert t["score"].tolist() == pytest.approx([0.0035, 0.003, 0.0025, 0.002, 0.001, 0.0005, 0.0])
+    assert t["kind"].tolist() == ["attention", "gemm", "grouped_gemm", "gemm", "gemm", "grouped_gemm", "gemm"]
     assert t.loc[0, "time_s"] == pytest.approx(0.008) and t.loc[0, "pct_roofline"] == pytest.approx(1 - 0.0035 / 0.008)
-    assert np.isnan(t.loc[2, "pct_roofline"])
-    assert list(tune_next(gemm, attn, top=2)["key"]) == [att.key(), b.key()]
-    assert tune_next(gemm.iloc[:0], attn.iloc[:0]).empty
+    assert np.isnan(t.loc[3, "pct_roofline"])
+    assert list(tune_next({"gemm": gemm, "attention": attn}, top=2)["key"]) == [att.key(), b.key()]
+    assert tune_next({"gemm": gemm.iloc[:0], "attention": attn.iloc[:0]}).empty
 
 
 def test_tune_commands_name_exactly_the_problem() -> None:
@@ -179,9 +186,12 @@ def test_tune_commands_name_exactly_the_problem() -> None:
     packed = _gemm(1024)
     view = GemmProblem(**{**packed.to_dict(), "lda": packed.lda * 2})
     cross = AttentionProblem(1, 16, 16, 128, 4096, 64, "bf16", False, "bshd")
-    for kind, p in (("gemm", packed), ("gemm", view), ("attention", cross)):
+    grouped = GroupedGemmProblem(groups=32, k=7168, n=4096, tokens=8192, skew=1.5, trans_w=True, phase="dgrad")
+    for kind, command, p in (("gemm", "gemm", packed), ("gemm", "gemm", view), ("attention", "attention", cross),
+                             ("grouped_gemm", "grouped-gemm", grouped)):
         cmd = tune_command(kind, p)
-        doc, name, name2 = re.fullmatch(rf"echo '(.*)' > (\S+\.json) && primus-tune {kind} --problems (\S+)", cmd).groups()
+        doc, name, name2 = re.fullmatch(rf"echo '(.*)' > (\S+\.json) && primus-tune {command} --problems (\S+)",
+                                        cmd).groups()
         assert name == name2
         items = json.loads(doc)
         assert len(items) == 1 and problem_from_item(items[0]).key() == p.key()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from primus_perf.devices import lookup_peaks
+from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.analyze import analyze
 from primus_perf.tracelens.perf_models import model_op
@@ -155,7 +156,8 @@ def test_convolution_models() -> None:
 
 def test_grouped_gemm_and_bytes_models() -> None:
     g = model_op("aten::_grouped_mm", _args([[4096, 2048], [8, 2048, 768], [8]], ["c10::BFloat16"] * 2 + ["int"]))
-    assert g is not None and g.kind == "gemm" and g.problem is None and g.flops == 2 * 4096 * 2048 * 768
+    assert g is not None and g.kind == "grouped_gemm" and g.flops == 2 * 4096 * 2048 * 768
+    assert g.problem == GroupedGemmProblem(groups=8, k=2048, n=768, tokens=4096, dtype="bf16") and g.assumed
     from primus_perf.tracelens.perf_models import model_bytes
 
     m = model_bytes(_args([[1024, 4096], [4096], []], ["c10::BFloat16", "c10::BFloat16", "Scalar"]))

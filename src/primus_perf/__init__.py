@@ -6,7 +6,7 @@ The loop in a few calls::
 
     pp.capture_trainer("llama3-8b", ["model.n_layers=4"], "runs/base", pp.Schedule(active=3))
     a = pp.analyze("runs/base")                       # Analysis of pandas DataFrames
-    problems = [*a.gemm_problems["problem"], *a.attention_problems["problem"]]
+    problems = [p for df in a.problem_tables().values() for p in df["problem"]]  # GEMM, grouped GEMM, attention
     run = pp.tune(problems, cache="tuning_cache.json")   # GPU: cuBLASLt/hipBLASLt, Triton, SDPA
     act = pp.activate("tuning_cache.json")            # routers for this device and libraries
 

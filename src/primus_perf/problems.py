@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -600,6 +601,11 @@ def skew_bucket(counts: list[int] | tuple[int, ...]) -> float:
     raise AssertionError("unreachable: skew_buckets reaches the skew")  # pragma: no cover
 
 
+_GROUPED_KEY = re.compile(
+    r"ggemm:(\w+)\|g(\d+)\|k(\d+)\|n(\d+)\|t(\d+)\|s(\d+(?:\.\d+)?)\|(\w+)\|w([NT])"
+)
+
+
 @dataclass(frozen=True)
 class GroupedGemmProblem:
     """One grouped GEMM of an MoE expert layer: ``groups`` experts, each with weight
@@ -703,6 +709,16 @@ class GroupedGemmProblem:
             f"|s{self.skew:g}|{self.dtype}|w{w}"
         )
 
+    @classmethod
+    def from_key(cls, key: str) -> GroupedGemmProblem:
+        """The problem whose :meth:`key` is ``key``; ValueError for any other string."""
+        m = _GROUPED_KEY.fullmatch(key)
+        if m is None:
+            raise ValueError(f"not a grouped GEMM problem key: {key!r}")
+        phase, groups, k, n, tokens, skew, dtype, w = m.groups()
+        return cls(groups=int(groups), k=int(k), n=int(n), tokens=int(tokens), skew=float(skew),
+                   dtype=dtype, trans_w=w == "T", phase=phase)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -714,15 +730,24 @@ class GroupedGemmProblem:
 
     @property
     def flops(self) -> int:
-        """``2 * tokens * k * n`` for each of the three passes (multiply-add = 2 FLOPs)."""
-        return 2 * self.tokens * self.k * self.n
+        """``2 * tokens * k * n`` for each of the three passes (multiply-add = 2 FLOPs), at the
+        bucket's ``tokens`` (:meth:`flops_of` for a call's exact total)."""
+        return self.flops_of(self.tokens)
+
+    def flops_of(self, tokens: int) -> int:
+        """FLOPs of one call of this problem with ``tokens`` tokens in all."""
+        return 2 * tokens * self.k * self.n
 
     @property
     def bytes_moved(self) -> int:
         """Fewest bytes: the two token-sized operands and the weights once each (the same
         sum in every pass: fwd reads x and W, writes y; dgrad reads dy and W, writes dx;
-        wgrad reads x and dy, writes dW)."""
-        elems = self.tokens * (self.k + self.n) + self.groups * self.k * self.n
+        wgrad reads x and dy, writes dW), at the bucket's ``tokens``."""
+        return self.bytes_of(self.tokens)
+
+    def bytes_of(self, tokens: int) -> int:
+        """Fewest bytes of one call with ``tokens`` tokens in all (see :attr:`bytes_moved`)."""
+        elems = tokens * (self.k + self.n) + self.groups * self.k * self.n
         return int(elems * DTYPE_BYTES[self.dtype])
 
     @property
@@ -735,3 +760,29 @@ class GroupedGemmProblem:
             f"{self.phase} {self.groups}x[{self.k}x{self.n}] t{self.tokens} skew{self.skew:g}"
             f" {self.dtype}{w}"
         )
+
+
+# ---- grouped GEMM calls in profiler traces --------------------------------------------
+
+GROUPED_TRACE_OP = "primus_perf::grouped_gemm"
+
+
+def grouped_trace_name(problem: GroupedGemmProblem, tokens: int) -> str:
+    """The name a grouped GEMM call has in a profiler trace (``kernels.grouped_gemm.run``
+    records it around the call): ``primus_perf::grouped_gemm <problem key> tokens=<T>``,
+    e.g. ``primus_perf::grouped_gemm ggemm:fwd|g8|k128|n256|t2048|s1.5|bf16|wN tokens=1843``:
+    the problem exactly and the call's exact total tokens (its exact FLOPs and bytes)."""
+    return f"{GROUPED_TRACE_OP} {problem.key()} tokens={int(tokens)}"
+
+
+def parse_grouped_trace_name(name: str) -> tuple[GroupedGemmProblem, int] | None:
+    """``(problem, tokens)`` of a :func:`grouped_trace_name`, or None for any other name."""
+    if not name.startswith(GROUPED_TRACE_OP + " "):
+        return None
+    key, sep, tokens = name[len(GROUPED_TRACE_OP) + 1:].rpartition(" tokens=")
+    if not sep or not tokens.isdigit():
+        return None
+    try:
+        return GroupedGemmProblem.from_key(key), int(tokens)
+    except ValueError:
+        return None

@@ -49,8 +49,8 @@ def _busy(a: Analysis) -> str:
     """GPU busy time; for a trace without GPU events, the CPU time of its modeled ops."""
     if len(a.kernels):
         return f"GPU busy {_ms(a.totals['gpu_busy_s_per_step'])} ms/step"
-    cpu = sum(float(df["time_s"].sum()) for df in (a.gemm_problems, a.attention_problems) if len(df))
-    return f"no GPU events: CPU time of GEMM and attention ops {_ms(cpu)} ms/step"
+    cpu = sum(float(df["time_s"].sum()) for df in a.problem_tables().values() if len(df))
+    return f"no GPU events: CPU time of GEMM, grouped GEMM and attention ops {_ms(cpu)} ms/step"
 
 
 def render(a: Analysis, top: int) -> None:
@@ -59,7 +59,8 @@ def render(a: Analysis, top: int) -> None:
     console.print(
         f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {len(a.steps) or 1} step(s) · "
         f"step {_ms(t['step_time_s'])} ms · {_busy(a)} · GEMM {_tflop(t['gemm_flops_per_step'])} · "
-        f"attention {_tflop(t['attention_flops_per_step'])}"
+        + (f"grouped GEMM {_tflop(t['grouped_gemm_flops_per_step'])} · " if len(a.grouped_gemm_problems) else "")
+        + f"attention {_tflop(t['attention_flops_per_step'])}"
     )
     cat = a.category_seconds()
     total = float(cat.sum()) or 1.0
@@ -86,7 +87,8 @@ def render(a: Analysis, top: int) -> None:
         th.add_row(r["category"], r["op"], r["shape"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
                    _pct(r["share"]), _num(r["tflops"]), _pct(r["pct_roofline"]))
     console.print(th)
-    for title, df in (("GEMM problems", a.gemm_problems), ("attention problems", a.attention_problems)):
+    for title, df in (("GEMM problems", a.gemm_problems), ("grouped GEMM problems", a.grouped_gemm_problems),
+                      ("attention problems", a.attention_problems)):
         if df.empty:
             continue
         tp = Table(title=f"{title} (per step)")
@@ -166,7 +168,7 @@ def register(app: typer.Typer) -> None:
                                         help="Processes for the traces of many ranks (default: one per trace, "
                                              "at most one per CPU)."),
     ) -> None:
-        """Breakdown, hotspots and GEMM/attention problems of one or more traces."""
+        """Breakdown, hotspots and GEMM, grouped GEMM and attention problems of one or more traces."""
         a = _run(traces, jobs)
         if json_out is not None:
             write_output(json_out, json.dumps(a.to_json(top=max(top, 50)), indent=1))
@@ -181,10 +183,11 @@ def register(app: typer.Typer) -> None:
         traces: list[Path] = typer.Argument(..., help="Trace files or run directories."),
         output: Path = typer.Option(Path("problems.json"), "-o", "--output", help="Problems file to write."),
     ) -> None:
-        """Write the unique GEMM and attention problems of traces for the tuners."""
+        """Write the unique GEMM, grouped GEMM and attention problems of traces for the tuners."""
         a = _run(traces)
         path = write_problems(a, output)
-        console.print(f"wrote {path}: {len(a.gemm_problems)} GEMM and "
+        grouped = f"{len(a.grouped_gemm_problems)} grouped GEMM, " if len(a.grouped_gemm_problems) else ""
+        console.print(f"wrote {path}: {len(a.gemm_problems)} GEMM, {grouped}"
                       f"{a.attention_problems['key'].nunique() if len(a.attention_problems) else 0} attention problems "
                       f"from {len(a.traces)} trace(s)")
         for note in a.notes:

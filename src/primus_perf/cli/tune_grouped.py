@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
-from primus_perf.cli.common import console
+from primus_perf.cli.common import check_trace_args, console
+
+DEVICES = ("cuda", "cpu")
 
 
 def register(app: typer.Typer) -> None:
@@ -20,6 +22,10 @@ def register(app: typer.Typer) -> None:
         problems_file: Optional[list[Path]] = typer.Option(  # noqa: UP045
             None, "--problems", help="Problems file(s) with grouped_gemm items (repeatable)"
         ),
+        from_trace: Optional[list[Path]] = typer.Option(  # noqa: UP045
+            None, "--trace", "--from-trace",
+            help="Profiler trace(s) or run directories: tune their grouped GEMM problems (repeatable)",
+        ),
         config: Optional[str] = typer.Option(  # noqa: UP045
             None, "--config", "-c", help="Preset or YAML: run a few steps, tune the grouped GEMMs they ran"
         ),
@@ -27,6 +33,9 @@ def register(app: typer.Typer) -> None:
         triton: bool = typer.Option(True, "--triton/--no-triton", help="Also search the Triton grouped GEMM"),
         max_configs: int = typer.Option(16, "--max-configs", min=0, help="Triton configs raced per problem"),
         budget_s: float = typer.Option(5.0, "--budget-s", min=0.001, help="Time budget per problem for the final race"),
+        device: str = typer.Option(
+            "cuda", "--device", help="cuda: tune on the GPU (CUDA or ROCm); cpu: for runs on the CPU (Triton interpreted)"
+        ),
         cache: str = typer.Option("tuning_cache.json", "--cache", help="Cache file to write"),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the problems, tune nothing"),
         json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON"),  # noqa: UP045
@@ -34,10 +43,14 @@ def register(app: typer.Typer) -> None:
         """Tune MoE grouped GEMMs: the per-expert loop (default), torch._grouped_mm, padded
         bmm and the Triton grouped GEMM's configs, each pass (fwd, dgrad, wgrad) its own
         problem, timed with the launches a step pays; the fastest per problem goes to the
-        cache (written after each problem; a rerun resumes). Problems come from problems
-        files (items {"kind": "grouped_gemm", "problem": {...}}) or from a short run of a
-        config (--config PRESET [overrides]: --steps steps are trained and the grouped GEMMs
-        they ran are tuned). primus-train and primus_perf.enable() route them from the cache."""
+        cache (written after each problem; a rerun resumes). Problems come from profiler
+        traces (--trace: the grouped GEMMs a run profiled, `primus-profile run`), problems
+        files (items {"kind": "grouped_gemm", "problem": {...}}, `primus-profile shapes`) or
+        a short run of a config (--config PRESET [overrides]: --steps steps are trained and
+        the grouped GEMMs they ran are tuned). primus-train and primus_perf.enable() route
+        them from the cache."""
+        from functools import partial
+
         from primus_perf.cli.tune_run import run_tuning
         from primus_perf.errors import UserError
         from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
@@ -45,11 +58,15 @@ def register(app: typer.Typer) -> None:
 
         if overrides and config is None:
             raise UserError("config overrides need --config")
-        if not problems_file and config is None:
-            raise UserError("nothing to tune: give --problems FILE or --config PRESET")
+        if not (problems_file or from_trace) and config is None:
+            raise UserError("nothing to tune: give --trace TRACE, --problems FILE or --config PRESET")
+        if device not in DEVICES:
+            raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+        check_trace_args(from_trace or ())
         problems = []
-        if problems_file:
-            problems += gather_problems("grouped_gemm", files=problems_file)
+        if problems_file or from_trace:
+            with console.status("reading the problems"):
+                problems += gather_problems("grouped_gemm", traces=from_trace or (), files=problems_file or ())
         if config is not None:
             problems += recorded(config, list(overrides or []), steps)
         problems = list({p.key(): p for p in problems}.values())
@@ -58,10 +75,10 @@ def register(app: typer.Typer) -> None:
                 console.print(p.key(), highlight=False)
             console.print(f"{len(problems)} unique grouped GEMM problems")
             return
-        tuner = GroupedGemmTuner(triton=triton, max_configs=max_configs)
+        make_tuner = partial(GroupedGemmTuner, triton=triton, max_configs=max_configs, device=device)
         results = []
         try:
-            run_tuning(problems, tuner, cache, budget_s=budget_s, on_done=results.append)
+            run_tuning(problems, make_tuner, cache, budget_s=budget_s, on_done=results.append)
         finally:
             if json_out is not None:
                 from primus_perf.files import write_json

@@ -23,7 +23,6 @@ ones) and the slot of the kernel in that router's own table.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import weakref
 from collections.abc import Callable, Mapping
@@ -31,6 +30,7 @@ from typing import Any, Protocol
 
 from primus_perf.kernels.blaslt.binding import BlasLt, Plan, load
 from primus_perf.kernels.routing import CachedChoice, Router
+from primus_perf.kernels.tracing import profiler_on
 from primus_perf.problems import GemmProblem, dtype_name, operand_layout
 
 WORKSPACE_BYTES = 32 * 2**20
@@ -178,18 +178,6 @@ def traced_gemm_op() -> Any:
     return _traced_op
 
 
-def _profiler_on() -> bool:
-    return bool(_autograd_profiler()._is_profiler_enabled)
-
-
-@functools.cache
-def _autograd_profiler() -> Any:
-    """``torch.autograd.profiler``, imported once (this module imports torch lazily)."""
-    import torch.autograd.profiler
-
-    return torch.autograd.profiler
-
-
 class GemmRouter(Router):
     """Callable ``(a, b) -> Tensor | None`` over the cached GEMM entries of this device;
     ``kernels``: the kernel table (source -> factory)."""
@@ -246,7 +234,7 @@ class GemmRouter(Router):
         if slot is None:
             self._fall_back(key)
             return None
-        if _profiler_on():
+        if profiler_on():
             out = self._run(key, lambda: traced_gemm_op()(a, b, self.id, slot))
         else:
             out = self._run(key, lambda: self.launch(slot, a, b))

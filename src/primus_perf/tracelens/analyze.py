@@ -16,7 +16,9 @@ analysis.
   (:mod:`.analyses.breakdown`).
 - ``hotspots``: per (category, op, shape): calls, kernels, time, share, FLOPs, TFLOP/s,
   TB/s, fraction of the roofline (:mod:`.analyses.hotspots`).
-- ``gemm_problems`` / ``attention_problems``: the unique problems (:mod:`.analyses.problems`).
+- ``gemm_problems`` / ``grouped_gemm_problems`` / ``attention_problems``: the unique
+  problems (:mod:`.analyses.problems`); :meth:`Analysis.problem_tables` names them by the
+  tuner's kinds.
 - ``op_times``: per op name, self and inclusive GPU time (:mod:`.analyses.op_times`).
 - ``rank_summary`` and ``collectives``: per-rank medians and collective start skew
   (:mod:`.analyses.collectives`).
@@ -70,7 +72,7 @@ from primus_perf.tracelens.analyses.collectives import (
 from primus_perf.tracelens.analyses.expert_load import expert_load
 from primus_perf.tracelens.analyses.hotspots import hotspots, in_steps
 from primus_perf.tracelens.analyses.op_times import op_times, trace_op_times
-from primus_perf.tracelens.analyses.problems import problem_table
+from primus_perf.tracelens.analyses.problems import KIND_COLUMNS, problem_table
 from primus_perf.tracelens.analyses.step_times import host_steps
 from primus_perf.tracelens.categories import (
     ATTENTION_BWD,
@@ -114,6 +116,8 @@ class Analysis:
     wall_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     world_size: int = 1
     expert_load: pd.DataFrame = field(default_factory=pd.DataFrame)
+    grouped_gemm_problems: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=KIND_COLUMNS["grouped_gemm"]))
 
     @property
     def n_steps(self) -> int:
@@ -130,6 +134,11 @@ class Analysis:
         """Library versions of the run (from the manifest of ``primus-profile run``)."""
         v = self.manifest.get("versions")
         return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
+
+    def problem_tables(self) -> dict[str, pd.DataFrame]:
+        """The problem tables by the tuner's kind names ("gemm", "grouped_gemm", "attention")."""
+        return {"gemm": self.gemm_problems, "grouped_gemm": self.grouped_gemm_problems,
+                "attention": self.attention_problems}
 
     def category_seconds(self) -> pd.Series:
         """GPU event seconds per step by category, largest first."""
@@ -149,8 +158,7 @@ class Analysis:
             "steps": self.steps,
             "breakdown": {k: float(v) for k, v in self.category_seconds().items()},
             "temporal": records(self.temporal),
-            "gemm_problems": records(self.gemm_problems),
-            "attention_problems": records(self.attention_problems),
+            **{f"{kind}_problems": records(df) for kind, df in self.problem_tables().items()},
             "hotspots": records(self.hotspots.head(top)),
             "op_times": records(self.op_times.head(top)),
             "ranks_summary": records(self.rank_summary),
@@ -228,6 +236,7 @@ def _totals(kernels: pd.DataFrame, calls: pd.DataFrame, temporal: pd.DataFrame, 
     busy = float(temporal["busy_s"].sum()) if len(temporal) else float(k["dur_us"].sum()) / 1e6
     return {
         "gemm_flops_per_step": flops("gemm", (GEMM,)),
+        "grouped_gemm_flops_per_step": flops("grouped_gemm", ()),
         "attention_flops_per_step": flops("attention", (ATTENTION_FWD, ATTENTION_BWD)),
         "convolution_flops_per_step": flops("convolution", (CONVOLUTION,)),
         "gpu_busy_s_per_step": busy / per_step,
@@ -364,6 +373,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         kernels=kernels,
         hotspots=hotspots(kernels, calls, peaks, per_step),
         gemm_problems=problem_table(calls, "gemm", peaks, per_step, kernels),
+        grouped_gemm_problems=problem_table(calls, "grouped_gemm", peaks, per_step),
         attention_problems=problem_table(calls, "attention", peaks, per_step),
         breakdown=B.categories(kernels),
         temporal=temporal,

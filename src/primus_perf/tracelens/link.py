@@ -5,7 +5,10 @@
   with a stack; each op inherits from its parent the attributes the analyses need: the
   nearest op with a perf model (``aten::mm`` under ``aten::linear``), whether it runs
   inside an optimizer step, and the backward node (``autograd::engine::evaluate_function``)
-  it runs under.
+  it runs under. An annotation that names its problem (a grouped GEMM call,
+  ``perf_models.annotation_model``) owns everything inside it: the ops under it (the
+  per-expert ``aten::mm`` of the loop backend, ``aten::_grouped_mm``) are parts of its
+  call, not calls of their own, and their kernels are its kernels.
 - Launches: each runtime call (``cudaLaunchKernel``, ``cuLaunchKernelEx``,
   ``cudaGraphLaunch``, ``hipLaunchKernel``, ...) gets the innermost op around it. Traces
   without runtime events use the host end of the launch flows (``ac2g``) instead.
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from primus_perf.tracelens import load as L
-from primus_perf.tracelens.perf_models import MODELS
+from primus_perf.tracelens.perf_models import MODELS, annotation_model
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
@@ -51,6 +54,7 @@ class Linked:
     op_parent: np.ndarray  # per row of the trace: parent op row (ops only), -1 for roots/others
     op_model: np.ndarray  # per row: nearest modeled op (ops only), -1
     shadowed: np.ndarray  # per row: a modeled op with a modeled op inside it (e.g. linear -> mm)
+    op_backward: np.ndarray  # per row: an op inside a backward node
     op_step: np.ndarray  # per row: step of host events by start time, -1
     steps: list[int]  # step numbers present
     step_windows: np.ndarray  # (n, 2) host [start, end) per step, in ``steps`` order
@@ -103,6 +107,7 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     del host
     names = rt.names
     modeled_name = np.array([nm in MODELS for nm in names] + [False], dtype=bool)
+    owner_name = np.array([annotation_model(nm) is not None for nm in names] + [False], dtype=bool)
     is_opt_name = np.array([nm.startswith(OPTIMIZER_PREFIX) for nm in names] + [False], dtype=bool)
     is_bwd_name = np.array([nm.startswith(BACKWARD_PREFIX) for nm in names] + [False], dtype=bool)
 
@@ -112,12 +117,14 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     bwd_root = np.full(n, -1, dtype=np.int32)
     shadowed = np.zeros(n, dtype=bool)
     shadow_rows: list[int] = []
-    stack: list[tuple[float, int, int, bool, int]] = []  # (end, row, model, optimizer, backward root)
+    # (end, row, model, optimizer, backward root, inside an op that owns its inside)
+    stack: list[tuple[float, int, int, bool, int, bool]] = []
     cur = -1
     for b0 in range(0, len(order), OP_TREE_BLOCK):
         blk = order[b0:b0 + OP_TREE_BLOCK]
         name_of = rt.name[blk]
         modeled = (modeled_name[name_of] & (rt.shape[blk] >= 0)).tolist()
+        owner = owner_name[name_of].tolist()
         opt_flag = is_opt_name[name_of].tolist()
         bwd_flag = is_bwd_name[name_of].tolist()
         op_like = ((kind[blk] == L.KIND_CPU_OP) | (kind[blk] == L.KIND_ANNOTATION)).tolist()
@@ -135,15 +142,16 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             while stack and stack[-1][0] <= t:
                 stack.pop()
             if stack:
-                _, p, pm, po, pb = stack[-1]
+                _, p, pm, po, pb, owned = stack[-1]
             else:
-                p, pm, po, pb = -1, -1, False, -1
+                p, pm, po, pb, owned = -1, -1, False, -1, False
             b_up[j] = p
             if not op_like[j]:
                 continue
             r = rows[j]
-            if modeled[j]:
+            if not owned and (modeled[j] or owner[j]):
                 mr = r
+                owned = owner[j]
                 if pm >= 0:
                     shadow_rows.append(pm)
             else:
@@ -151,7 +159,7 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             o = opt_flag[j] or po
             br = r if bwd_flag[j] else pb
             b_model[j], b_opt[j], b_bwd[j] = mr, o, br
-            stack.append((ends[j], r, mr, o, br))
+            stack.append((ends[j], r, mr, o, br, owned))
         up[blk] = b_up
         model[blk] = b_model
         optim[blk] = b_opt
@@ -216,6 +224,6 @@ def link(rt: L.RawTrace) -> Linked:
         gpu=gpu, launch=launch, leaf_op=leaf, model_op=model_op, fwd_op=fwd_op,
         in_optimizer=in_opt.astype(bool), step=step,
         op_rows=np.flatnonzero((kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)),
-        op_parent=parent, op_model=model, shadowed=shadowed, op_step=op_step,
+        op_parent=parent, op_model=model, shadowed=shadowed, op_backward=bwd_root >= 0, op_step=op_step,
         steps=steps, step_windows=win,
     )

@@ -11,6 +11,14 @@ same way the trainer's dispatch reads it, so a trace of the trainer yields exact
 problems ``trainer.flops.model_gemms`` lists. Attention ops give an
 :class:`~primus_perf.problems.AttentionProblem` (forward) with a direction; backward FLOPs
 are 2.5x the forward (five matmuls instead of two).
+
+Grouped GEMMs (MoE experts) give a :class:`~primus_perf.problems.GroupedGemmProblem` (kind
+``grouped_gemm``). A call of ``kernels.grouped_gemm.run`` is an annotation whose name is
+the problem and the call's exact tokens (:func:`annotation_model`): exact problem, FLOPs
+and bytes, whatever ran inside it. Another program's ``aten::_grouped_mm`` records only
+its operands' shapes: groups, K, N and the tokens come from them, the split of the tokens
+over the groups does not, so the problem takes them as balanced (skew 1) and says so
+(``OpModel.assumed``).
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ from primus_perf.problems import (
     DTYPE_BYTES,
     AttentionProblem,
     GemmProblem,
+    GroupedGemmProblem,
     Operand,
     dtype_name,
     operand_layout,
+    parse_grouped_trace_name,
+    tokens_bucket,
 )
 from primus_perf.tracelens.load import ShapeArgs
 
@@ -34,16 +45,18 @@ from primus_perf.tracelens.load import ShapeArgs
 @dataclass(frozen=True)
 class OpModel:
     """What one call of a modeled op computes. ``problem`` is None for the ops no problem
-    type describes (convolutions, grouped GEMMs, memory-bound ops); ``flops`` is None where
-    the recorded inputs do not determine it (never a guessed 0)."""
+    type describes (convolutions, memory-bound ops); ``flops`` is None where the recorded
+    inputs do not determine it (never a guessed 0); ``assumed`` says what the problem takes
+    for granted that the trace does not record ("" when nothing)."""
 
-    kind: str  # "gemm", "attention", "convolution" or "memory" (norms, elementwise: bytes only)
-    problem: GemmProblem | AttentionProblem | None
-    direction: str  # "fwd", or "bwd" for attention and convolution backward
+    kind: str  # "gemm", "grouped_gemm", "attention", "convolution" or "memory" (bytes only)
+    problem: GemmProblem | GroupedGemmProblem | AttentionProblem | None
+    direction: str  # "fwd"; "bwd" for attention and convolution backward; a grouped GEMM's pass
     flops: int | None
     bytes: int | None
     input_dtype: str = ""
     label: str = ""
+    assumed: str = ""
 
     @property
     def dtype(self) -> str:
@@ -196,30 +209,74 @@ def _numel(d: list[int]) -> int:
     return math.prod(d)
 
 
+SKEW_UNKNOWN = "skew unknown: balanced assumed"
+
+
+def _grouped_model(problem: GroupedGemmProblem, tokens: int, assumed: str = "") -> OpModel:
+    return OpModel("grouped_gemm", problem, problem.phase, problem.flops_of(tokens), problem.bytes_of(tokens),
+                   assumed=assumed)
+
+
+def annotation_model(name: str) -> OpModel | None:
+    """The grouped GEMM call an annotation of ``kernels.grouped_gemm.run`` names
+    (``problems.grouped_trace_name``): its problem, exact FLOPs and bytes; None for any
+    other name."""
+    parsed = parse_grouped_trace_name(name)
+    return None if parsed is None else _grouped_model(*parsed)
+
+
+def _weight_transposed(strides: Any, dim: int) -> bool:
+    """Whether a recorded 3-D operand is used transposed: its ``dim`` stride is not 1
+    (False when strides were not recorded: torch packs the operand)."""
+    if not (isinstance(strides, list) and len(strides) == 3 and all(isinstance(x, int) for x in strides)):
+        return False
+    return strides[dim] != 1
+
+
 def model_grouped_mm(s: ShapeArgs) -> OpModel | None:
-    """``aten::_grouped_mm(a, b, offs, ...)`` and ``_scaled_grouped_mm``: MoE expert GEMMs.
-    2-D ``a[T, K]`` with 3-D ``b[G, K, N]`` (tokens split over G groups by ``offs``): 2*T*K*N
-    FLOPs whatever the split; 3-D with 3-D: a batch of G equal GEMMs."""
+    """``aten::_grouped_mm(a, b, offs, ...)`` and ``_scaled_grouped_mm``: MoE expert GEMMs
+    (2*T*K*N FLOPs whatever the split), read as forward passes (:func:`model_op` makes the
+    input gradient of one that runs in a backward pass):
+
+    - 2-D ``a[T, K]`` with 3-D ``b[G, K, N]`` (T tokens split over G groups by ``offs``):
+      the split is not recorded, so the problem takes it as balanced (``assumed``);
+    - 2-D ``a[K, T]`` with 2-D ``b[T, N]`` (``offs`` over T, ``[G]``): a weight gradient
+      ``dW[G, K, N]``, balanced assumed likewise;
+    - 3-D with 3-D: G equal groups (balanced, known)."""
     if len(s.dims) < 2 or not (_int_list(s.dims[0]) and _int_list(s.dims[1])):
         return None
     a, b = s.dims[0], s.dims[1]
     dtype = _dtype(s.types, 0)
     if dtype is None:
         return None
+    b_strides = s.strides[1] if len(s.strides) > 1 else None
+    offs = s.dims[2] if len(s.dims) > 2 and _int_list(s.dims[2]) and len(s.dims[2]) == 1 else None
+    assumed = SKEW_UNKNOWN
     if len(a) == 2 and len(b) == 3 and a[1] == b[1]:
-        flops = 2 * a[0] * a[1] * b[2]
-        out = a[0] * b[2]
+        groups, tokens, k, n, phase = b[0], a[0], b[1], b[2], "fwd"
     elif len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
-        flops = 2 * a[0] * a[1] * a[2] * b[2]
-        out = a[0] * a[1] * b[2]
-    elif len(a) == 2 and len(b) == 2 and a[1] == b[0]:  # 2-D x 2-D: K split into groups
-        flops = 2 * a[0] * a[1] * b[1]
-        out = a[0] * b[1]
+        groups, tokens, k, n, phase, assumed = a[0], a[0] * a[1], a[2], b[2], "fwd", ""
+    elif len(a) == 2 and len(b) == 2 and a[1] == b[0] and offs is not None:
+        groups, tokens, k, n, phase = offs[0], a[1], a[0], b[1], "wgrad"
     else:
         return None
-    elem = DTYPE_BYTES[dtype]
-    nbytes = int((_numel(a) + _numel(b)) * elem + out * 2)
-    return OpModel("gemm", None, "fwd", flops, nbytes, dtype, f"grouped {_dims_label([a, b])} {dtype}")
+    trans_w = phase == "fwd" and _weight_transposed(b_strides, 2)
+    try:
+        prob = GroupedGemmProblem(groups=groups, k=k, n=n, tokens=max(1, tokens_bucket(tokens)), dtype=dtype,
+                                  trans_w=trans_w, phase=phase)
+    except ValueError:
+        return None
+    return _grouped_model(prob, tokens, assumed)
+
+
+def input_gradient(m: OpModel) -> OpModel:
+    """The forward reading of a grouped GEMM with a 3-D ``b`` that runs in a backward pass
+    as what it is there: ``dy @ W^T`` (``b`` is the forward weight transposed, so the
+    forward's K and N swap and its layout flips); FLOPs and bytes are the same."""
+    p = m.problem
+    assert isinstance(p, GroupedGemmProblem)
+    prob = GroupedGemmProblem(**{**p.to_dict(), "k": p.n, "n": p.k, "trans_w": not p.trans_w, "phase": "dgrad"})
+    return OpModel(m.kind, prob, "dgrad", m.flops, m.bytes, m.input_dtype, m.label, m.assumed)
 
 
 def model_linear_like(s: ShapeArgs, first: int = 0) -> OpModel | None:
@@ -430,12 +487,19 @@ MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
 }
 
 
-def model_op(name: str, args: ShapeArgs | None) -> OpModel | None:
-    """The model of one op call, or None (not a modeled op, or inputs not recorded)."""
+def model_op(name: str, args: ShapeArgs | None, in_backward: bool = False) -> OpModel | None:
+    """The model of one op call (``in_backward``: it runs in a backward pass), or None
+    (not a modeled op, or inputs not recorded). An annotation that names its problem
+    (:func:`annotation_model`) needs no inputs."""
     fn = MODELS.get(name)
-    if fn is None or args is None:
+    if fn is None:
+        return annotation_model(name)
+    if args is None:
         return None
     try:
-        return fn(args)
+        m = fn(args)
     except (TypeError, ValueError, IndexError):
         return None  # malformed recorded inputs: FLOPs unknown
+    if in_backward and m is not None and m.kind == "grouped_gemm" and m.direction == "fwd":
+        return input_gradient(m)
+    return m

@@ -166,7 +166,7 @@ def tune_next_rows(a: Analysis, marks: Mapping[str, float | None] | None) -> lis
     return [{"kind": r.kind, "key": r.key, "shape": r.label, "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3,
              "pct_roofline": _num(r.pct_roofline), "saving_ms": float(r.score) * 1e3, "command": r.command,
              "tuned": None if marks is None else r.key in marks}
-            for r in tune_next(a.gemm_problems, a.attention_problems, TUNE_NEXT).itertuples(index=False)]
+            for r in tune_next(a.problem_tables(), TUNE_NEXT).itertuples(index=False)]
 
 
 def problems(df: pd.DataFrame, kind: str, kernel_s_per_step: float,
@@ -293,7 +293,7 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
     cats, rows = breakdown(a)
     kernel_s = float(a.totals["gpu_kernel_s_per_step"])
     if cpu_only:  # a CPU run: the problems' times are their ops' CPU times
-        kernel_s = float(a.gemm_problems["time_s"].sum() + a.attention_problems["time_s"].sum())
+        kernel_s = float(sum(df["time_s"].sum() for df in a.problem_tables().values()))
     gemm = problems(a.gemm_problems, "gemm", kernel_s, marks)
     attn = problems(a.attention_problems, "attention", kernel_s, marks)
     peaks = lookup_peaks(device)
@@ -341,6 +341,7 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "roofline": roof,
         "gemm": gemm,
         "attention": attn,
+        "grouped_gemm": problems(a.grouped_gemm_problems, "grouped_gemm", kernel_s, marks),
         "cache": cache_info,
         "timeline": None if cpu_only else timeline(k, cats),
         "notes": a.notes,

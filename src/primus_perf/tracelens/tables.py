@@ -6,12 +6,14 @@
   name), shape (that op's input shapes), leaf_op, fwd_op (backward events), and ``call``:
   the trace row of the op call it is attributed to (-1: none), which makes "calls" op
   calls everywhere.
-- ``calls``: every call of a modeled op (:mod:`.perf_models`: GEMM, convolution,
-  attention) that has no modeled op inside it, in a step (or all calls when the trace has
-  no step markers), and every call of an op that launched normalization or elementwise
-  kernels (kind "memory", bytes only): rank, step, row, kind, key, problem (None for ops
-  without a problem type), direction, flops (None: unknown), bytes, dtype, time_us (GPU
-  time of its kernels, or its CPU time in a trace without GPU events).
+- ``calls``: every call of a modeled op (:mod:`.perf_models`: GEMM, grouped GEMM,
+  convolution, attention) that has no modeled op inside it (a grouped GEMM call owns the
+  ops inside it: :mod:`.link`), in a step (or all calls when the trace has no step
+  markers), and every call of an op that launched normalization or elementwise kernels
+  (kind "memory", bytes only): rank, step, row, kind, key, problem (None for ops without a
+  problem type), direction, flops (None: unknown), bytes, dtype, time_us (GPU time of its
+  kernels, or its CPU time in a trace without GPU events), assumed (what the problem takes
+  for granted that the trace does not record, "" when nothing).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from primus_perf.problems import GROUPED_TRACE_OP
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.categories import ELEMENTWISE, NORMALIZATION, classify
 from primus_perf.tracelens.link import Linked
@@ -33,11 +36,14 @@ _DTYPE_SHORT = {"c10::BFloat16": "bf16", "c10::Half": "f16", "float": "f32", "do
                 "long int": "i64", "int": "i32", "bool": "bool", "signed char": "i8", "unsigned char": "u8",
                 "short": "i16", "c10::Float8_e4m3fn": "f8e4m3", "c10::Float8_e5m2": "f8e5m2"}
 CALL_COLUMNS = ["rank", "step", "row", "kind", "key", "problem", "direction", "flops", "bytes", "dtype",
-                "time_us"]
+                "time_us", "assumed"]
 
 
 def op_label(name: str) -> str:
-    """An op name as the tables show it: ``ProfilerStep#7`` becomes ``ProfilerStep``."""
+    """An op name as the tables show it: ``ProfilerStep#7`` becomes ``ProfilerStep``, a
+    grouped GEMM call's annotation (its problem and tokens) ``primus_perf::grouped_gemm``."""
+    if name.startswith(GROUPED_TRACE_OP + " "):
+        return GROUPED_TRACE_OP
     return _STEP_NAME.sub("ProfilerStep", name)
 
 
@@ -136,18 +142,18 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
         modeled = modeled[lk.op_step[modeled] >= 0]
     gpu_time = kernels[kernels["call"] >= 0].groupby("call")["dur_us"].sum()
     cpu_only = len(kernels) == 0
-    models: dict[tuple[int, int], OpModel | None] = {}
+    models: dict[tuple[int, int, bool], OpModel | None] = {}
     rows = []
     for r in modeled.tolist():
-        key = (int(rt.name[r]), int(rt.shape[r]))
+        key = (int(rt.name[r]), int(rt.shape[r]), bool(lk.op_backward[r]))
         if key not in models:
-            models[key] = model_op(rt.names[key[0]], rt.shape_args(key[1]))
+            models[key] = model_op(rt.names[key[0]], rt.shape_args(key[1]), key[2])
         m = models[key]
         if m is None:
             continue
         t = float(rt.dur[r]) if cpu_only else float(gpu_time.get(r, 0.0))
         rows.append((rank, int(lk.op_step[r]), r, m.kind, m.key(), m.problem, m.direction,
-                     m.flops, m.bytes, m.dtype, t))
+                     m.flops, m.bytes, m.dtype, t, m.assumed))
     calls = pd.DataFrame(rows, columns=CALL_COLUMNS)
     memory = _memory_calls(rt, lk, kernels, rank, gpu_time)
     return pd.concat([calls, memory], ignore_index=True) if len(memory) else calls
@@ -181,7 +187,7 @@ def _memory_calls(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int, 
         "rank": np.full(n, rank, dtype=np.int64), "step": lk.op_step[rows].astype(np.int64), "row": rows,
         "kind": "memory", "key": keys[inverse], "problem": None, "direction": "fwd",
         "flops": np.full(n, np.nan), "bytes": nbytes[inverse], "dtype": dtypes[inverse],
-        "time_us": gpu_time.reindex(rows, fill_value=0.0).to_numpy(dtype=np.float64),
+        "time_us": gpu_time.reindex(rows, fill_value=0.0).to_numpy(dtype=np.float64), "assumed": "",
     })
 
 

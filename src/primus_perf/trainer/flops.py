@@ -159,7 +159,7 @@ class GroupedGemmCall:
 
     @property
     def flops(self) -> int:
-        return 2 * sum(self.counts) * self.problem.k * self.problem.n
+        return self.problem.flops_of(sum(self.counts))
 
 
 def model_grouped_gemms(

@@ -41,17 +41,15 @@ def gather_problems(
     specs: Sequence[str] = (),
     dtype: str = "bf16",
 ) -> list[Problem]:
-    """The unique problems of one kind ("gemm", "attention" or "grouped_gemm"; traces give
-    GEMM and attention problems only): those of the traces
-    (most expensive first), then of the problems files, then the attention specs
+    """The unique problems of one kind ("gemm", "attention" or "grouped_gemm"): those of the
+    traces (most expensive first), then of the problems files, then the attention specs
     (``parse_attention_spec``, in ``dtype``). UserError when there is none."""
     wanted = KINDS[kind].problem_type
     found: list[Problem] = []
     if traces:
         from primus_perf.tracelens.shapes import problems_from_traces
 
-        gemm, attention = problems_from_traces(list(traces))
-        found += [p for p, _ in (gemm if kind == "gemm" else attention)]
+        found += [p for p, _ in problems_from_traces(list(traces))[kind]]
     for path in files:
         found += load_problems(path)
     found += [parse_attention_spec(s, dtype) for s in specs]

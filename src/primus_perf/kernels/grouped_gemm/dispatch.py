@@ -13,6 +13,12 @@ Router: ``fn(phase, a, b, counts) -> Tensor | None`` with the operands of the pa
 :class:`~primus_perf.problems.GroupedGemmProblem`. Under autocast the Function casts its
 inputs to the autocast dtype once and runs its GEMMs with autocast off, so the router sees
 the dtype the GEMM really runs in.
+
+While torch.profiler records, :func:`run` wraps each call in an annotation named by
+:func:`~primus_perf.problems.grouped_trace_name` (the problem's key and the call's exact
+total tokens), so a trace shows one grouped GEMM call, with its problem and exact FLOPs,
+around the per-expert GEMMs or the kernel that ran it. Outside the profiler it costs one
+flag read (:func:`~primus_perf.kernels.tracing.profiler_on`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import torch
 
 from primus_perf.kernels.autocast import cast_operands
 from primus_perf.kernels.grouped_gemm.backends import BACKENDS, Backend
-from primus_perf.problems import GroupedGemmProblem, dtype_name
+from primus_perf.kernels.tracing import profiler_on
+from primus_perf.problems import GroupedGemmProblem, dtype_name, grouped_trace_name
 
 DEFAULT_BACKEND = "loop"
 
@@ -50,7 +57,17 @@ def run(
     backend: str = DEFAULT_BACKEND,
 ) -> torch.Tensor:
     """One grouped GEMM of ``phase``: the router's answer when it gives one, else
-    ``backend``'s."""
+    ``backend``'s (inside an annotation naming the problem while the profiler records)."""
+    if profiler_on():
+        name = grouped_trace_name(problem_of(phase, a, b, counts), sum(counts))
+        with torch.autograd.profiler.record_function(name):
+            return _route(phase, a, b, counts, backend)
+    return _route(phase, a, b, counts, backend)
+
+
+def _route(
+    phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int], backend: str
+) -> torch.Tensor:
     router = _router
     if router is not None:
         out = router(phase, a, b, counts)

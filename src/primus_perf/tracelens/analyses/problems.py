@@ -1,8 +1,14 @@
-"""The unique GEMM and attention problems of the modeled op calls, against the roofline.
+"""The unique GEMM, grouped GEMM and attention problems of the modeled op calls, against
+the roofline.
 
 One row per (problem key, direction): ``calls`` (per step), ``time_s`` (per step), FLOPs
-and bytes of one call, arithmetic intensity, achieved TFLOP/s and TB/s, the fraction of
-the roofline, the share of the kind's time, the dtype and the problem object.
+and bytes of one call (the mean over its calls: a grouped GEMM's calls of one problem
+carry different exact token totals), arithmetic intensity, achieved TFLOP/s and TB/s, the
+fraction of the roofline, the share of the kind's time, the dtype and the problem object.
+GEMM rows add m, n, k; grouped GEMM rows (direction: the pass) add groups, k, n, the
+tokens and skew buckets and ``skew_known``: False for calls whose split of the tokens over
+the groups the trace does not record (another program's ``aten::_grouped_mm``: taken as
+balanced, and the label says so).
 
 GEMM directions: a call whose kernels run in the backward pass (the kernels table links
 them to a forward op) is a weight gradient (``wgrad``) when it reduces over a token count
@@ -21,6 +27,8 @@ from primus_perf.tracelens.roofline import roofline
 COLUMNS = ["key", "label", "direction", "calls", "time_s", "flops", "bytes", "intensity", "tflops", "tb_s",
            "pct_roofline", "share_of_kind", "dtype", "problem"]
 GEMM_COLUMNS = [*COLUMNS[:2], "m", "n", "k", *COLUMNS[2:]]
+GROUPED_COLUMNS = [*COLUMNS[:2], "groups", "k", "n", "tokens", "skew", "skew_known", *COLUMNS[2:]]
+KIND_COLUMNS = {"gemm": GEMM_COLUMNS, "grouped_gemm": GROUPED_COLUMNS, "attention": COLUMNS}
 
 
 def gemm_directions(gemm_calls: pd.DataFrame, kernels: pd.DataFrame) -> pd.Series:
@@ -61,23 +69,26 @@ def _labels(problems: list, keys: list[str]) -> list[str]:
 
 def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int,
                   kernels: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``kind`` is "gemm" or "attention"; with ``kernels``, GEMM rows say their pass."""
-    cols = GEMM_COLUMNS if kind == "gemm" else COLUMNS
-    sub = calls[(calls["kind"] == kind) & calls["problem"].notna()]  # grouped GEMMs have no problem type
+    """``kind`` is "gemm", "grouped_gemm" or "attention"; with ``kernels``, GEMM rows say
+    their pass."""
+    cols = KIND_COLUMNS[kind]
+    sub = calls[(calls["kind"] == kind) & calls["problem"].notna()]
     if sub.empty:
         return pd.DataFrame(columns=cols)
     if kind == "gemm" and kernels is not None and len(kernels):
         sub = sub.assign(direction=gemm_directions(sub, kernels))
     g = sub.groupby(["key", "direction"], sort=False).agg(
         problem=("problem", "first"), n=("row", "size"), time_us=("time_us", "sum"),
-        flops=("flops", "first"), bytes=("bytes", "first"), dtype=("dtype", "first")).reset_index()
+        flops=("flops", "sum"), bytes=("bytes", "sum"), dtype=("dtype", "first"),
+        assumed=("assumed", "max")).reset_index()
     time_s = g.pop("time_us").to_numpy(dtype=np.float64) / 1e6
     n = g.pop("n").to_numpy(dtype=np.float64)
-    total_bytes = g["bytes"].to_numpy(dtype=np.float64) * n
-    g["tflops"], g["pct_roofline"] = roofline(g["flops"].to_numpy(dtype=np.float64) * n, total_bytes, time_s,
-                                              list(g["dtype"]), peaks)
+    total_flops = g["flops"].to_numpy(dtype=np.float64)
+    total_bytes = g["bytes"].to_numpy(dtype=np.float64)
+    g["tflops"], g["pct_roofline"] = roofline(total_flops, total_bytes, time_s, list(g["dtype"]), peaks)
     with np.errstate(divide="ignore", invalid="ignore"):
         g["tb_s"] = np.where(time_s > 0, total_bytes / time_s / 1e12, np.nan)
+    g["flops"], g["bytes"] = total_flops / n, total_bytes / n
     g["intensity"] = g["flops"] / g["bytes"].where(g["bytes"] > 0)
     g["calls"] = n / per_step
     g["time_s"] = time_s / per_step
@@ -86,6 +97,12 @@ def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per
     g["label"] = _labels(list(g["problem"]), list(g["key"]))
     if kind == "gemm":
         g["m"] = [p.m for p in g["problem"]]
+    if kind in ("gemm", "grouped_gemm"):
         g["n"] = [p.n for p in g["problem"]]
         g["k"] = [p.k for p in g["problem"]]
+    if kind == "grouped_gemm":
+        for field in ("groups", "tokens", "skew"):
+            g[field] = [getattr(p, field) for p in g["problem"]]
+        g["skew_known"] = g["assumed"] == ""
+        g["label"] = [f"{label} ({assumed})" if assumed else label for label, assumed in zip(g["label"], g["assumed"])]
     return g.sort_values("time_s", ascending=False, ignore_index=True)[cols]

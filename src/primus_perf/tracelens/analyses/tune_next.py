@@ -1,27 +1,33 @@
-"""What to tune next: GEMM and attention problems ranked by the time they could save.
+"""What to tune next: GEMM, grouped GEMM and attention problems ranked by the time they
+could save.
 
 A problem's score is its GPU time per step times its distance to the roofline,
 ``time_s * (1 - pct_roofline)``: the time it would save at the roof. Where the roof is
 unknown (a device or dtype without a peak entry) the distance counts as 1, so those rank
 by time. An attention problem's forward and backward are one row (the tuner tunes the
-pair). Each row carries the command that tunes it (:func:`tune_command`).
+pair); each pass of a grouped GEMM is a problem of its own. Each row carries the command
+that tunes it (:func:`tune_command`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from primus_perf.problems import AttentionProblem, GemmProblem
+from primus_perf.problems import AttentionProblem, GemmProblem, GroupedGemmProblem
 
 COLUMNS = ["kind", "key", "label", "calls", "time_s", "pct_roofline", "score", "command"]
 
 
-def _problem_item(problem: GemmProblem | AttentionProblem) -> dict[str, Any]:
+TunedProblem = GemmProblem | GroupedGemmProblem | AttentionProblem
+
+
+def _problem_item(kind: str, problem: TunedProblem) -> dict[str, Any]:
     """The shortest problems-file item that reads back as exactly this problem: a GEMM's
     row-major spelling when it gives the same key (packed operands), else every field."""
     if isinstance(problem, GemmProblem):
@@ -39,20 +45,19 @@ def _problem_item(problem: GemmProblem | AttentionProblem) -> dict[str, Any]:
                 return short
         except (TypeError, ValueError):
             pass
-        return {"kind": "gemm", "problem": problem.to_dict()}
-    return {"kind": "attention", "problem": problem.to_dict()}
+    return {"kind": kind, "problem": problem.to_dict()}
 
 
-def tune_command(kind: str, problem: GemmProblem | AttentionProblem) -> str:
+def tune_command(kind: str, problem: TunedProblem) -> str:
     """The shell command that tunes one problem (the tuners' command-line spelling lives here)."""
     if isinstance(problem, AttentionProblem) and problem.seq_q == problem.seq_kv and problem.layout == "bshd":
         p = problem
         mask = "causal" if p.causal else "full"
         return (f"primus-tune attention --problem {p.batch},{p.heads_q},{p.heads_kv},{p.seq_q},{p.head_dim},{mask}"
                 f" --dtype {p.dtype}")
-    doc = json.dumps([_problem_item(problem)], separators=(",", ":"))
+    doc = json.dumps([_problem_item(kind, problem)], separators=(",", ":"))
     name = f"tune_{kind}_{re.sub(r'[^A-Za-z0-9]+', '_', str(problem)).strip('_')}.json"
-    return f"echo '{doc}' > {name} && primus-tune {kind} --problems {name}"
+    return f"echo '{doc}' > {name} && primus-tune {kind.replace('_', '-')} --problems {name}"
 
 
 def _rows(df: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -72,9 +77,10 @@ def _rows(df: pd.DataFrame, kind: str) -> pd.DataFrame:
     return g[COLUMNS]
 
 
-def tune_next(gemm_problems: pd.DataFrame, attention_problems: pd.DataFrame, top: int = 20) -> pd.DataFrame:
-    """The ``top`` problems by score, highest first (tables of :mod:`.problems`)."""
-    parts = [p for p in (_rows(gemm_problems, "gemm"), _rows(attention_problems, "attention")) if len(p)]
+def tune_next(problems: Mapping[str, pd.DataFrame], top: int = 20) -> pd.DataFrame:
+    """The ``top`` problems by score, highest first, from the problem tables of
+    :mod:`.problems` by kind (``Analysis.problem_tables()``)."""
+    parts = [p for p in (_rows(df, kind) for kind, df in problems.items()) if len(p)]
     if not parts:
         return pd.DataFrame(columns=COLUMNS)
     out = pd.concat(parts, ignore_index=True)

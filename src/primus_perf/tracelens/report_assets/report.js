@@ -236,7 +236,9 @@
   };
 
   function problemColumns(kind) {
-    const cols = [{ key: "shape", label: kind === "gemm" ? "problem (m×n×k, transposes, dtype)" : "problem (b, hq/hkv, sq/skv, d)", wrap: true }];
+    const shapes = { gemm: "problem (m×n×k, transposes, dtype)", attention: "problem (b, hq/hkv, sq/skv, d)",
+      grouped_gemm: "problem (pass, groups×[k×n], tokens, skew, dtype)" };
+    const cols = [{ key: "shape", label: shapes[kind], wrap: true }];
     if (kind === "attention") cols.push({ key: "direction", label: "pass" });
     cols.push(
       { key: "calls", label: "calls/step", num: true, fmt: F.count },
@@ -346,6 +348,11 @@
     table(s4, problemColumns("gemm"), DATA.gemm, { sortCol: 2, name: "gemm" });
     const s5 = section("Attention problems", cpuNote);
     table(s5, problemColumns("attention"), DATA.attention, { sortCol: 3, name: "attention" });
+    if ((DATA.grouped_gemm || []).length) {
+      const sg = section("Grouped GEMM problems", cpuNote + "MoE expert GEMMs, one row per pass; tokens and skew are the buckets " +
+        "the tuner keys on, FLOP/s are from each call's exact tokens.");
+      table(sg, problemColumns("grouped_gemm"), DATA.grouped_gemm, { sortCol: 2, name: "grouped-gemm" });
+    }
 
     if (DATA.timeline && DATA.timeline.streams.length) {
       const tl = DATA.timeline;

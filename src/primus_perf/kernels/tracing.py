@@ -1,0 +1,25 @@
+"""Whether torch.profiler is recording, checked per call at the cost of one attribute read.
+
+The kernels call their work differently while the profiler records, so that a trace names
+it: the GEMM router through the ``primus_perf::gemm`` operator (:mod:`.gemm`), the
+grouped-GEMM seam inside an annotation that names its problem
+(:mod:`.grouped_gemm.dispatch`). Outside the profiler they pay only this check.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+
+def profiler_on() -> bool:
+    """True while torch.profiler records (torch keeps the flag in a Python global)."""
+    return bool(_autograd_profiler()._is_profiler_enabled)
+
+
+@functools.cache
+def _autograd_profiler() -> Any:
+    """``torch.autograd.profiler``, imported once (callers may import torch lazily)."""
+    import torch.autograd.profiler
+
+    return torch.autograd.profiler
