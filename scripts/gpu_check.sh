@@ -10,7 +10,7 @@
 # same with train.compile=true), online-moe (online grouped-GEMM tuning on an MoE preset, 100
 # steps), moe (the grouped-GEMM backends and the tuned choice), moe-e2e (three MoE presets,
 # tuned vs loop vs always-_grouped_mm), fsdp2 (llama3-8b full depth on 2 GPUs), multi-gpu
-# (tuning on every GPU against one).
+# (tuning on every GPU against one), loop-moe (primus-tune loop on an MoE preset).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -46,6 +46,10 @@ open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
       python benchmarks/enable_overhead.py --cache /tmp/enable_offline.json --result "$OUT/enable_overhead.json" 2>&1 | tail -8 ;;
     online)
       python benchmarks/online_tuning.py --out "$OUT/online_tuning.json" 2>&1 | tail -8 ;;
+    loop-moe)
+      primus-tune loop --config "${MOE_PRESET:-qwen3-30b-a3b}" --out /tmp/loop_moe \
+        ${MOE_OVERRIDES:-model.n_layers=2 model.vocab_size=32000 train.seq_len=4096 train.micro_batch=1} 2>&1 \
+        | tee "$OUT/loop_moe.log" | tail -30 ;;
     online-compile)
       python benchmarks/online_tuning.py --out "$OUT/online_tuning_compile.json" model.n_layers=4 \
         train.seq_len=4096 train.micro_batch=1 train.compile=true 2>&1 | tail -8 ;;
