@@ -1,4 +1,4 @@
-"""primus_perf.enable on the CPU: an unmodified model (written here, not the trainer) routes
+"""primus_perf.enable on the CPU: an unmodified model (``enable_fakes.Block``, not the trainer) routes
 its forward, input-gradient and weight-gradient GEMMs and its SDPA calls to the cache's
 choices (a fake kernel table stands in for cuBLASLt), leaves everything else to torch
 bit for bit, reports stale entries, and compiles without graph breaks."""
@@ -12,52 +12,24 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import primus_perf
-from enable_fakes import FAKE_KINDS, H100, gemm_entry, launched
-from primus_perf.cache.store import CacheEntry, TuningCache
+from enable_fakes import (
+    BLOCK_ATTENTION,
+    FAKE_KINDS,
+    H100,
+    Block,
+    attention_entry,
+    gemm_entry,
+    launched,
+    run,
+)
+from primus_perf.cache.store import TuningCache
 from primus_perf.devices import current_device
 from primus_perf.errors import CacheError, UserError
 from primus_perf.kernels.attention.router import library_versions as attention_versions
 from primus_perf.kernels.gemm import problem_of
-from primus_perf.problems import AttentionProblem
-
-
-class Block(nn.Module):
-    """Grouped-query attention and an MLP with plain nn.Linear and F.scaled_dot_product_attention."""
-
-    def __init__(self, dim: int = 32, heads: int = 4, kv_heads: int = 2) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
-        self.qkv = nn.Linear(dim, dim + 2 * kv_heads * self.head_dim, bias=False)
-        self.proj = nn.Linear(dim, dim, bias=True)
-        self.up = nn.Linear(dim, 2 * dim, bias=False)
-        self.down = nn.Linear(2 * dim, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(x).split([d, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
-        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + self.proj(o.transpose(1, 2).reshape(b, s, d))
-        return x + self.down(F.silu(self.up(x)))
-
-
-def run(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    y = model(x)
-    y.square().mean().backward()
-    return y.detach(), [p.grad.clone() for p in model.parameters()]
-
-
-def attention_entry(device, versions) -> CacheEntry:
-    p = AttentionProblem(2, 4, 2, 8, 8, 8, "f32", True, "bshd")
-    return CacheEntry(kind="attention", problem_key=p.key(), problem=p.to_dict(), device=device.to_dict(),
-                      versions=versions, solution={"config": {"backend": "sdpa:math"}, "blob": b""})
 
 
 @pytest.fixture
@@ -71,7 +43,7 @@ def test_stale_entries_leave_the_run_bit_identical(tmp_path: Path, model_and_inp
     x2 = x.reshape(-1, 32)
     cache = tmp_path / "cache.json"
     fwd = problem_of(x2, model.qkv.weight.t())
-    TuningCache(cache).put_many([gemm_entry(fwd, H100), attention_entry(H100, attention_versions())])
+    TuningCache(cache).put_many([gemm_entry(fwd, H100), attention_entry(BLOCK_ATTENTION, H100, attention_versions())])
     ref_y, ref_g = run(model, x)
     with primus_perf.enable(cache, device_type="cpu", router_kinds=FAKE_KINDS, log=None) as tuned:
         y, g = run(model, x)
@@ -210,7 +182,7 @@ def test_launcher_runs_a_script_with_enable(tmp_path: Path) -> None:
         "torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)\n"
     )
     cache = tmp_path / "cache.json"
-    TuningCache(cache).put(attention_entry(current_device(), attention_versions()))
+    TuningCache(cache).put(attention_entry(BLOCK_ATTENTION, current_device()))
     out = subprocess.run([sys.executable, "-m", "primus_perf.enable", "--cache", str(cache), "--",
                           str(script), "--flag", "x"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -252,7 +224,7 @@ def test_environment_variable_hook_enables_through_the_pth_file(tmp_path: Path) 
 
     src = Path(__file__).resolve().parents[1] / "src"
     cache = tmp_path / "cache.json"
-    TuningCache(cache).put(attention_entry(current_device(), attention_versions()))
+    TuningCache(cache).put(attention_entry(BLOCK_ATTENTION, current_device()))
     code = (f"import site; site.addsitedir({str(src)!r})\n"
             "import torch, primus_perf.runtime as rt\n"
             "print('active', rt.active() is not None)\n"

@@ -64,11 +64,11 @@ def test_online_tuning_locks_and_restart_does_no_tuning(tmp_path) -> None:
     assert s2["tuning"] == {} and s2["routed"] == 3
 
 
-def test_cached_triton_attention_is_routed_from_plain_sdpa(tmp_path) -> None:
+def _triton_attention_setup(tmp_path):
+    """A cache whose one entry runs the Triton kernel (default tile config) for a bf16 GQA
+    causal problem, and leaf q, k, v for it in torch's layout."""
     import torch
-    import torch.nn.functional as F
 
-    import primus_perf
     from primus_perf.cache.store import CacheEntry, TuningCache
     from primus_perf.devices import current_device
     from primus_perf.kernels.attention.configs import AttnConfig
@@ -81,9 +81,17 @@ def test_cached_triton_attention_is_routed_from_plain_sdpa(tmp_path) -> None:
                        solution={"config": AttentionChoice("triton", AttnConfig()).to_solution(), "blob": b""})
     cache = tmp_path / "cache.json"
     TuningCache(cache).put(entry)
-    q = torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(2, 2, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(2, 2, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch.manual_seed(0)
+    qkv = [torch.randn(2, h, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for h in (8, 2, 2)]
+    return cache, qkv
+
+
+def test_cached_triton_attention_is_routed_from_plain_sdpa(tmp_path) -> None:
+    import torch.nn.functional as F
+
+    import primus_perf
+
+    cache, (q, k, v) = _triton_attention_setup(tmp_path)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     with primus_perf.enable(cache, kinds=("attention",), log=None) as tuned:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -92,3 +100,45 @@ def test_cached_triton_attention_is_routed_from_plain_sdpa(tmp_path) -> None:
     assert s["routed"] == 1 and s["fallback"] == 0
     assert (out.float() - ref.float()).abs().max().item() < 2e-2
     assert q.grad is not None and k.grad.shape == k.shape
+
+
+def test_compiled_sdpa_runs_the_cached_triton_attention_forward_and_backward(tmp_path) -> None:
+    """Under torch.compile (Inductor) the SDPA call of a compiled function is routed to the
+    cached Triton kernel (one graph; the router counts the call, none failed) and its
+    backward runs the Triton backward: output and gradients match eager SDPA within the
+    tuner's bf16 tolerance."""
+    import torch
+    import torch.nn.functional as F
+
+    import primus_perf
+    from primus_perf.kernels.attention.reference import TOLERANCE
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def rel(got, want):
+        return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+    cache, qkv = _triton_attention_setup(tmp_path)
+    do = torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.bfloat16)
+    ref = attend(*qkv)
+    ref_grads = torch.autograd.grad(ref, qkv, do)
+    graphs = []
+
+    def inductor(gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    torch._dynamo.reset()
+    with primus_perf.enable(cache, kinds=("attention",), log=None) as tuned:
+        out = torch.compile(attend, backend=inductor, fullgraph=True)(*qkv)
+        grads = torch.autograd.grad(out, qkv, do)
+        torch.cuda.synchronize()
+        s = tuned.summary()["attention"]
+    torch._dynamo.reset()
+    assert len(graphs) == 1
+    assert s["routed"] == 1 and s["fallback"] == 0 and not s["failed"]
+    assert rel(out, ref) <= TOLERANCE[torch.bfloat16]
+    assert all(rel(g, r) <= TOLERANCE[torch.bfloat16] for g, r in zip(grads, ref_grads))

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import primus_perf
-from enable_fakes import FAKE_KINDS, FAKE_SOURCE, launched
+from enable_fakes import FAKE_KINDS, FAKE_SOURCE, FakeClock, launched
 from primus_perf.cache.store import TuningCache
 from primus_perf.devices import current_device
 from primus_perf.kernels.gemm import problem_of, torch_mm
@@ -21,25 +21,6 @@ from primus_perf.tuner.online import OnlinePolicy, OnlineRouter, Pooled, Problem
 from primus_perf.tuner.online_kinds import GemmOnline
 
 SPEED = {"torch": 1.0, "fast": 0.7, "close": 0.995, "slow": 3.0}  # ms per call
-
-
-class FakeClock:
-    """Time advances only when a fake candidate runs; a mark completes ``lag`` marks later
-    (events read later, never waited for)."""
-
-    def __init__(self, lag: int = 2) -> None:
-        self.now = 0.0
-        self.count = 0
-        self.lag = lag
-
-    def mark(self) -> tuple[int, float]:
-        self.count += 1
-        return (self.count, self.now)
-
-    def elapsed(self, start, end) -> float | None:
-        if self.count - end[0] < self.lag:
-            return None
-        return end[1] - start[1]
 
 
 class FakeGemmOnline(GemmOnline):

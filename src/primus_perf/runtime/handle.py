@@ -9,7 +9,8 @@
 
 :func:`enable` reads the cache once (``cache.runtime.activate``: entries for this device
 and library versions), installs one router per kind (``routes``) and the dispatcher
-overrides that send the program's GEMMs and SDPA calls to them (``intercept``). With
+overrides that send the program's GEMMs and SDPA calls to them (``intercept``; under
+``torch.compile``, Inductor passes that put custom ops in their place: ``compiled``). With
 ``online=True`` the routers of ``tuner.online`` tune every problem the cache does not
 hold inside the real steps and write what they lock to the cache (the tuner is imported
 only then). Every rank of a ``torchrun`` job calls it with the same cache; each reads the

@@ -6,7 +6,9 @@ cache by ``cache.runtime.activate``, or the online tuner's); :func:`gemm` and
 ``intercept.py`` call them, and so does the reference trainer's dispatch directly (its
 fast path: no trip through the dispatcher). A router answers with the tuned kernel's
 tensor or None; None runs torch's own kernel, reached past the overrides (``torch_mm``,
-and SDPA with the overrides bypassed), so a call is never routed twice.
+and SDPA with the overrides bypassed), so a call is never routed twice. Which SDPA calls
+have a route is one predicate, :func:`routable_sdpa`: the eager override asks it of the
+call's tensors, the compiled path (``compiled.py``) of the traced call's fake tensors.
 
 Grouped GEMMs have no aten operator to override: their one dispatch point is
 ``kernels.grouped_gemm.run`` (every pass of ``kernels.grouped_gemm.grouped_mm``, which the
@@ -16,9 +18,12 @@ that seam's router to :func:`grouped_gemm`; None there runs the caller's backend
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping
 from typing import Any
+
+import torch.nn.functional as F
 
 from primus_perf.kernels import grouped_gemm as grouped
 from primus_perf.kernels.attention.backends import sdpa_bshd
@@ -74,17 +79,70 @@ def bypassed() -> bool:
     return getattr(_local, "bypass", 0) > 0
 
 
+class _Bypass:
+    """While entered, this thread's SDPA calls are torch's (:func:`bypassed`)."""
+
+    def __enter__(self) -> None:
+        _local.bypass = getattr(_local, "bypass", 0) + 1
+
+    def __exit__(self, *exc: object) -> None:
+        _local.bypass -= 1
+
+
+_bypass = _Bypass()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` for sizes; a symbolic size (a compiled graph's) counts only when the
+    equality is known without adding a guard."""
+    if type(a) is int and type(b) is int:
+        return a == b
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(a == b)
+
+
+def routable_sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: Any = 0.0, is_causal: Any = False,
+                  scale: Any = None, enable_gqa: Any = False) -> bool:
+    """Whether an SDPA call (torch's layout: batch, heads, seq, head_dim) is one an attention
+    router takes: no mask, no dropout, 4-D, the default scale, one head dim for q, k and v,
+    kv heads equal to q's or dividing them under ``enable_gqa``. The tensors may be fake
+    (a traced call): heads and head dim must then be concrete, batch and sequence may be
+    symbolic, and an argument that is not a constant (a traced value) is not routable."""
+    if attn_mask is not None or type(is_causal) is not bool or type(enable_gqa) is not bool:
+        return False
+    if type(dropout_p) not in (int, float) or dropout_p != 0.0:
+        return False
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return False
+    heads_q, heads_kv, dim = q.shape[1], k.shape[1], q.shape[3]
+    fixed = (heads_q, heads_kv, dim, v.shape[1], k.shape[3], v.shape[3])
+    if any(type(n) is not int for n in fixed) or fixed[3:] != (heads_kv, dim, dim):
+        return False
+    if heads_q != heads_kv and not (enable_gqa and heads_q % heads_kv == 0):
+        return False
+    if not (_same(q.shape[0], k.shape[0]) and _same(k.shape[0], v.shape[0]) and _same(k.shape[2], v.shape[2])):
+        return False
+    return scale is None or (type(scale) in (int, float) and math.isclose(scale, 1.0 / math.sqrt(dim)))
+
+
 def routed_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
     """The attention router's answer for (batch, seq, heads, head_dim) tensors, or None
     (no router, or "not mine"): the caller runs torch's SDPA as it would have."""
     router = _routers.get("attention")
     if router is None:
         return None
-    _local.bypass = getattr(_local, "bypass", 0) + 1
-    try:
+    with _bypass:
         return router(q, k, v, causal)
-    finally:
-        _local.bypass -= 1
+
+
+def torch_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """torch's SDPA on (batch, seq, heads, head_dim) tensors as a program calls it (fewer kv
+    heads through ``enable_gqa``), past the overrides."""
+    with _bypass:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
 
 
 def attention(q: Any, k: Any, v: Any, causal: bool, backend: str | None = None) -> Any:
@@ -93,8 +151,5 @@ def attention(q: Any, k: Any, v: Any, causal: bool, backend: str | None = None) 
     out = routed_attention(q, k, v, causal)
     if out is not None:
         return out
-    _local.bypass = getattr(_local, "bypass", 0) + 1
-    try:
+    with _bypass:
         return sdpa_bshd(q, k, v, causal, backend)
-    finally:
-        _local.bypass -= 1

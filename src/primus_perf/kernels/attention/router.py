@@ -126,7 +126,12 @@ class AttentionRouter(Router):
         if choice.backend == DEFAULT:  # torch's own choice measured fastest
             self.routed[key] += 1
             return None
+        impl = self.implementation(choice)
+        return self._run(key, lambda: impl(q, k, v, causal))
+
+    def implementation(self, choice: AttentionChoice):
+        """``fn(q, k, v, causal)`` running a cached choice (made once per choice)."""
         impl = self._impls.get(choice)
         if impl is None:
             impl = self._impls[choice] = choice.implementation()
-        return self._run(key, lambda: impl(q, k, v, causal))
+        return impl
