@@ -84,6 +84,17 @@ def test_numerics_check_rejects_a_wrong_kernel() -> None:
     assert not report.ok and report.out > 0.05
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_numerics_check_runs_inside_an_evaluation_step(mode: str) -> None:
+    """Online tuning validates a new problem's candidates when its first call comes, which
+    may be inside a program's no_grad or inference_mode evaluation step."""
+    make = lambda: random_qkv(1, 2, 2, 32, 32, 16, torch.float32, "cpu", seed=6)  # noqa: E731
+    fn = lambda q, k, v, causal: reference_attention(q, k, v, causal=causal)  # noqa: E731
+    with torch.no_grad() if mode == "no_grad" else torch.inference_mode():
+        report = check_numerics(fn, *make(), causal=True)
+    assert report.ok and max(report.dq, report.dk, report.dv) < 1e-5
+
+
 def test_relative_error_and_tolerance() -> None:
     """The one measure every attention check uses (the search's forward check included):
     max error over the reference's max, never NaN (a NaN result is infinitely wrong)."""

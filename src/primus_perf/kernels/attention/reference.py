@@ -64,13 +64,20 @@ def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def check_numerics(fn, q, k, v, *, causal: bool, seed: int = 0) -> NumericsReport:
-    """Run ``fn(q, k, v, causal)`` forward and backward against the fp32 reference."""
+    """Run ``fn(q, k, v, causal)`` forward and backward against the fp32 reference, on
+    copies of the inputs: also when the caller runs under ``no_grad`` or inference mode (a
+    program's evaluation step meeting a new problem while it tunes online)."""
+    with torch.inference_mode(False), torch.enable_grad():
+        return _check_numerics(fn, q, k, v, causal=causal, seed=seed)
+
+
+def _check_numerics(fn, q, k, v, *, causal: bool, seed: int) -> NumericsReport:
     gen = torch.Generator(device=q.device).manual_seed(seed)
     do = torch.randn(q.shape, generator=gen, device=q.device, dtype=q.dtype)
     qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     out = fn(qq, kk, vv, causal)
     out.backward(do)
-    qr, kr, vr = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    qr, kr, vr = (t.detach().to(torch.float32, copy=True).requires_grad_(True) for t in (q, k, v))
     ref = reference_attention(qr, kr, vr, causal=causal)
     ref.backward(do.float())
     return NumericsReport(
