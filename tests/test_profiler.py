@@ -140,6 +140,27 @@ def test_ctrl_c_inside_the_profilers_step_waits_for_the_step_and_keeps_the_trace
     assert window.trace is not None and {"ProfilerStep#1", "ProfilerStep#2"} <= set(_profiler_steps(window.trace))
 
 
+def test_ctrl_c_while_the_profiler_starts_stops_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held while the profiler starts, the interrupt is raised once it has started: the
+    window must still stop it, or the next profile in the process cannot start."""
+    start = torch.profiler.profile.__enter__
+
+    def start_hit_by_ctrl_c(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        return start(self)
+
+    monkeypatch.setattr(torch.profiler.profile, "__enter__", start_hit_by_ctrl_c)
+    body_ran = []
+    with pytest.raises(KeyboardInterrupt), profile_window(tmp_path / "a.json.gz", active=1, warmup=0):
+        body_ran.append(1)
+    assert not body_ran and not torch.autograd.profiler._is_profiler_enabled
+    monkeypatch.undo()
+    with profile_window(tmp_path / "b.json.gz", active=1, warmup=0) as window:
+        float(torch.randn(8, 8).sum())
+        window.step()
+    assert window.trace is not None
+
+
 def test_torchrun_two_ranks_trace_every_rank_or_the_chosen(tmp_path: Path) -> None:
     out = tmp_path / "all"
     r = _cli(["run", "--config", "tiny", "--out", str(out), "--steps", "1", "--wait", "0", "--baseline", "1",

@@ -201,14 +201,17 @@ def profile_window(trace: str | Path, *, active: int, warmup: int = 1, wait: int
         )
         # Ctrl-C is held while the profiler starts and stops: interrupted halfway it can
         # neither export nor stop cleanly. The step loop itself stays interruptible.
-        with interrupts_held():
-            prof.__enter__()
+        started = False
         try:
+            with interrupts_held():  # a Ctrl-C held here is raised once the profiler has started
+                prof.__enter__()
+                started = True
             window._prof = prof
             yield window
         finally:
             with interrupts_held():
-                prof.__exit__(*sys.exc_info())
+                if started:
+                    prof.__exit__(*sys.exc_info())
                 if raw.is_file():  # the active steps recorded, also on Ctrl-C
                     _write_gz(raw, out)
                     window.trace = out
