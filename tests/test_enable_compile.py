@@ -29,9 +29,12 @@ from enable_fakes import (
 )
 from primus_perf.cache.store import TuningCache
 from primus_perf.devices import current_device
-from primus_perf.kernels.attention.router import AttentionChoice
+from primus_perf.kernels.attention.backends import DEFAULT
+from primus_perf.kernels.attention.configs import AttnConfig, BwdConfig, FwdConfig
+from primus_perf.kernels.attention.router import AttentionChoice, AttentionRouter
 from primus_perf.problems import AttentionProblem
 from primus_perf.runtime import compiled as compiled_routes
+from primus_perf.runtime import routes
 from primus_perf.runtime.compiled import rewrite_attention
 from primus_perf.tuner.online import Pooled
 from primus_perf.tuner.online_kinds import AttentionOnline
@@ -162,7 +165,6 @@ def test_a_cached_triton_choice_runs_its_kernels_forward_and_backward(tmp_path: 
     dot): the compiled call runs the Triton forward and its backward the Triton backward,
     within the kernel's error of eager SDPA."""
     pytest.importorskip("triton")
-    from primus_perf.kernels.attention.configs import AttnConfig, BwdConfig, FwdConfig
 
     p = AttentionProblem(1, 4, 2, 48, 48, 32, "f16", True, "bshd")
     choice = AttentionChoice("triton", AttnConfig(FwdConfig(16, 16, 4, 1), BwdConfig(16, 16, 16, 16, 4, 1)))
@@ -319,13 +321,23 @@ def test_rewrite_takes_only_the_calls_a_router_takes() -> None:
     def routable(q, k):
         return F.scaled_dot_product_attention(q, k, k, scale=8 ** -0.5, is_causal=True, enable_gqa=True)
 
-    gm = _dynamo_graph(routable, q, k)
-    rewrite_attention(gm.graph)
-    gm.recompile()
-    targets = _targets(gm)
-    assert "primus_perf.routed_attention_forward.default" in targets
-    assert not any("scaled_dot_product_attention" in t for t in targets)
-    torch.testing.assert_close(gm(q, k)[0], routable(q, k))  # no router installed: torch's SDPA
+    problem = AttentionProblem(batch=2, heads_q=4, heads_kv=2, seq_q=8, seq_kv=8, head_dim=8, dtype="f32",
+                               causal=True, layout="bshd")
+    tuned = AttentionChoice("triton", AttnConfig(FwdConfig(16, 16, 4, 1), BwdConfig(16, 16, 16, 16, 4, 1)))
+    for choices, rewritten in (({}, False), ({problem.key(): AttentionChoice(DEFAULT)}, False),
+                               ({problem.key(): tuned}, True)):
+        # untuned, or torch's default measured fastest: Inductor keeps its own attention
+        routes.install({"attention": AttentionRouter(choices)})
+        try:
+            gm = _dynamo_graph(routable, q, k)
+            rewrite_attention(gm.graph)
+        finally:
+            routes.remove()
+        gm.recompile()
+        targets = _targets(gm)
+        assert ("primus_perf.routed_attention_forward.default" in targets) is rewritten, choices
+        assert any("scaled_dot_product_attention" in t for t in targets) is not rewritten
+    torch.testing.assert_close(gm(q, k)[0], routable(q, k))  # no router installed now: torch's SDPA
 
 
 def test_pass_is_installed_with_the_attention_router_only(cache: Path) -> None:
@@ -358,3 +370,11 @@ def test_another_pre_grad_pass_is_left_in_place_with_a_warning(cache: Path) -> N
             "an Inductor pre_grad_custom_pass is already set; compiled attention calls are not routed"]
     finally:
         config.pre_grad_custom_pass = None
+
+
+def test_routed_attention_ops_stay_out_of_cuda_graphs() -> None:
+    """A CUDA graph's replay would skip the Python that keeps each call's autograd graph."""
+    compiled_routes.define_ops()
+    for name in ("routed_attention", "routed_attention_forward", "routed_attention_backward"):
+        tags = getattr(torch.ops.primus_perf, name).default.tags
+        assert torch._C.Tag.cudagraph_unsafe in tags and torch._C.Tag.flexible_layout in tags, name

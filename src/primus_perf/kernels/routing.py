@@ -39,6 +39,12 @@ class Router:
     def _fall_back(self, key: str) -> None:
         self.fallback[key] += 1
 
+    def may_route(self, *call: Any) -> bool:
+        """Whether a call with these operands (fake tensors when a compiler traces it) may
+        run something other than torch's default. A compiler keeps torch's own kernel, and
+        its fusions, where this says no; a router that cannot tell (online tuning) says yes."""
+        return True
+
     def _run(self, key: str, launch: Callable[[], Any]) -> Any:
         """``launch()`` for a problem with a cached choice; a tuned kernel that raises is
         reported once and its problem goes to torch from then on."""

@@ -90,7 +90,11 @@ def define_ops() -> None:
     global _defined
     if _defined:
         return
-    flexible = (torch._C.Tag.flexible_layout,)
+    # flexible_layout: Inductor passes the tensors as they are (no copy the kept graph would
+    # not see); cudagraph_unsafe: kept out of CUDA graphs, whose replay would skip the Python
+    # that keeps and finds each call's autograd graph (a tag this torch lacks is left out)
+    flexible = tuple(getattr(torch._C.Tag, name) for name in ("flexible_layout", "cudagraph_unsafe")
+                     if hasattr(torch._C.Tag, name))
 
     @torch.library.custom_op("primus_perf::routed_gemm", mutates_args=())
     def routed_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -268,6 +272,10 @@ def rewrite_attention(graph: torch.fx.Graph) -> None:
         values = tuple(_value(a) for a in args)
         out = _value(node)
         if not all(type(t) is FakeTensor for t in (*values[:3], out)) or not routes.routable_sdpa(*values):
+            continue
+        # the router is asked about the call it would see: the routers' layout, in the dtype
+        # SDPA computes in; without a tuned choice the call stays Inductor's, fusions included
+        if not routes.attention_may_route(*(t.to(out.dtype).transpose(1, 2) for t in values[:3]), values[5]):
             continue
         with graph.inserting_before(node):
             qkv = []

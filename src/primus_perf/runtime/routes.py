@@ -136,6 +136,13 @@ def routed_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
         return router(q, k, v, causal)
 
 
+def attention_may_route(q: Any, k: Any, v: Any, causal: bool) -> bool:
+    """Whether the attention router may answer a call of these (batch, seq, heads,
+    head_dim) tensors, fake ones of a traced call included (``Router.may_route``)."""
+    router = _routers.get("attention")
+    return router is not None and router.may_route(q, k, v, causal)
+
+
 def torch_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
     """torch's SDPA on (batch, seq, heads, head_dim) tensors as a program calls it (fewer kv
     heads through ``enable_gqa``), past the overrides."""

@@ -129,6 +129,14 @@ class AttentionRouter(Router):
         impl = self.implementation(choice)
         return self._run(key, lambda: impl(q, k, v, causal))
 
+    def may_route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
+        """Yes when the cache holds a choice other than torch's default for these shapes, or
+        when the shapes are symbolic (a dynamic-shape compile: decided per call)."""
+        if not all(type(n) is int for n in (*q.shape, *k.shape)):
+            return True
+        _key, choice = self._lookup(q, k, causal)
+        return choice is not None and choice.backend != DEFAULT
+
     def implementation(self, choice: AttentionChoice):
         """``fn(q, k, v, causal)`` running a cached choice (made once per choice)."""
         impl = self._impls.get(choice)
