@@ -21,11 +21,12 @@ result)`` and, when it fails, ``("error", one line)``; the parent answers ``read
 ``workers`` say, per GPU, the start-up (spawn to ready), the problems finished and the
 time spent on them (:class:`WorkerStats`).
 
-Ctrl-C (or SIGTERM to the parent): the workers start with SIGINT blocked, so only the
-parent sees it (a worker interrupted inside a message would leave a torn one in its pipe);
+Ctrl-C (or SIGTERM, to the parent or its whole process group as a batch system sends it):
+the workers start with SIGINT and SIGTERM blocked, so only the parent sees them (a worker
+interrupted inside a message would leave a torn one in its pipe);
 the parent hands out nothing more, stops the workers still starting, and lets each busy
 worker finish its current problem (its entry is kept). Ctrl-C again, or
-:data:`STOP_GRACE_S` later, stops them where they are. The run is ``interrupted``,
+:data:`STOP_GRACE_S` later, stops them where they are (SIGKILL: they block SIGTERM). The run is ``interrupted``,
 ``remaining`` holds what was not done, and the same call resumes.
 
 A worker that dies (killed, crashed) is reported in ``failures``. The problem it held may
@@ -62,6 +63,8 @@ from primus_perf.tuner.timing import Timer
 # the variable that restricts a process to some GPUs, per vendor ("cpu": tests, no effect)
 VISIBLE_DEVICES_ENV = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES", "cpu": "CUDA_VISIBLE_DEVICES"}
 STOP_GRACE_S = 60.0  # after Ctrl-C, how long workers get to finish their problem
+JOIN_S = 10.0  # how long an exited or killed worker is waited for
+WORKER_BLOCKED = {signal.SIGINT, signal.SIGTERM}  # the parent's to act on (see the module docstring)
 POLL_S = 0.2  # how often the parent looks for Ctrl-C while it waits for the workers
 
 
@@ -180,13 +183,13 @@ class _Worker:
 
 def _start(job: WorkerJob, worker: Callable[[WorkerJob, Connection], None], env_name: str, ctx: Any) -> _Worker:
     """Start one worker process that sees only GPU ``job.gpu`` (of the parent's visible ones)
-    and never sees Ctrl-C (SIGINT blocked from its first instruction: the mask outlives exec)."""
+    and never sees Ctrl-C or SIGTERM (blocked from its first instruction: the mask outlives exec)."""
     mine, theirs = ctx.Pipe()
     resource_tracker.ensure_running()  # its first start unblocks SIGINT, a worker's start would run it
     parent_list = os.environ.get(env_name)
     ids = [s for s in parent_list.split(",") if s.strip()] if parent_list else None
     os.environ[env_name] = ids[job.gpu] if ids else str(job.gpu)
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_BLOCKED)
     try:  # a spawned process takes the environment and the signal mask at its start
         job.spawned_at = time.time()
         proc = ctx.Process(target=worker, args=(job, theirs), name=f"primus-tune-gpu{job.gpu}", daemon=True)
@@ -281,10 +284,10 @@ class _Dispatcher:
 
     def terminate(self, w: _Worker) -> None:
         w.stopped = True
-        w.proc.terminate()
+        w.proc.kill()  # workers block SIGTERM
 
     def exited(self, w: _Worker) -> None:
-        w.proc.join()
+        w.proc.join(JOIN_S)
         del self.live[w.conn]
         w.conn.close()
         if w in self.idle:
@@ -340,8 +343,8 @@ def tune_on_gpus(
         finally:
             for w in workers:
                 if w.proc.is_alive():
-                    w.proc.terminate()
-                w.proc.join()
+                    w.proc.kill()  # workers block SIGTERM
+                w.proc.join(JOIN_S)  # a process stuck in the driver is not waited for
     done = dispatcher.done
     return MultiGpuRun(
         results=[done[_key(p)] for p in unique if _key(p) in done],
