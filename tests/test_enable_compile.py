@@ -378,3 +378,12 @@ def test_routed_attention_ops_stay_out_of_cuda_graphs() -> None:
     for name in ("routed_attention", "routed_attention_forward", "routed_attention_backward"):
         tags = getattr(torch.ops.primus_perf, name).default.tags
         assert torch._C.Tag.cudagraph_unsafe in tags and torch._C.Tag.flexible_layout in tags, name
+
+
+def test_a_torch_without_inductors_pass_api_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch._inductor.custom_graph_pass", None)
+    with pytest.warns(UserWarning, match="custom passes are not available.*compiled attention calls are not routed"):
+        assert compiled_routes.InductorPass.install("pre_grad_custom_pass", lambda graph: None, "t",
+                                                    "attention calls") is None

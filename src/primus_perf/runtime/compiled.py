@@ -179,7 +179,9 @@ class InductorPass:
         try:
             from torch._inductor import config
             from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
-        except ImportError:  # torch without Inductor
+        except ImportError as exc:  # torch without Inductor, or without its custom-pass API
+            warnings.warn(f"Inductor's custom passes are not available ({exc}); compiled {what} are not routed",
+                          stacklevel=5)
             return None
         if getattr(config, slot) is not None:  # somebody else's pass: leave Inductor as it is
             warnings.warn(f"an Inductor {slot} is already set; compiled {what} are not routed", stacklevel=5)
