@@ -93,20 +93,11 @@ def run_tuning(
             console.print(worker.summary(), highlight=False, soft_wrap=True)
     for failure in run.failures:
         console.print(f"[red]failed:[/] {failure}", highlight=False, soft_wrap=True)
-    if run.failures:
-        console.print(
-            f"{run.tuned} tuned and {run.cached} already cached are in {cache};"
-            f" {len(run.remaining)} left. Resume with the same command.",
-            highlight=False, soft_wrap=True,
-        )
-        raise typer.Exit(EXIT_WORKER_FAILED)
-    if run.interrupted:
-        console.print(
-            f"interrupted: {run.tuned} tuned and {run.cached} already cached are in {cache};"
-            f" {len(run.remaining)} left. Resume with the same command.",
-            highlight=False, soft_wrap=True,
-        )
-        raise typer.Exit(EXIT_INTERRUPTED)
+    if run.failures or run.interrupted:
+        kept = (f"{run.tuned} tuned and {run.cached} already cached are in {cache};"
+                f" {len(run.remaining)} left. Resume with the same command.")
+        console.print(kept if run.failures else f"interrupted: {kept}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_WORKER_FAILED if run.failures else EXIT_INTERRUPTED)
     console.print(f"{run.tuned} tuned, {run.cached} already in the cache; written to {cache}",
                   highlight=False, soft_wrap=True)
     return run
