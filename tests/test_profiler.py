@@ -219,6 +219,18 @@ def test_run_on_the_gpu_records_kernels_and_exact_gemm_flops(tmp_path: Path) -> 
     assert len(a.gemm_problems) > 0
 
 
+def test_another_ranks_write_probe_does_not_make_the_folder_taken(tmp_path: Path) -> None:
+    """Under torchrun every rank probes --out while rank 0 checks that it is empty: a
+    probe seen mid-way is no earlier run (it refused a fresh folder in CI)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".write-test.abc123").write_text("")
+    prepare_out_dir(out, overwrite=False)
+    (out / "notes.txt").write_text("x")
+    with pytest.raises(UserError, match="not empty"):
+        prepare_out_dir(out, overwrite=False)
+
+
 def test_out_folder_with_a_run_is_refused_unless_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "run"
     out.mkdir()

@@ -118,6 +118,9 @@ def _write_gz(src: Path, dst: Path) -> None:
         shutil.copyfileobj(f, g, 1 << 20)
 
 
+_PROBE_PREFIX = ".write-test."  # each process's short-lived check that --out is writable
+
+
 def prepare_out_dir(out_dir: str | Path, *, overwrite: bool | None = None) -> Path:
     """Create the output directory, or one clear error. ``overwrite=False``: a directory
     with files in it is refused (runs would mix); ``True``: the previous run's traces and
@@ -129,7 +132,7 @@ def prepare_out_dir(out_dir: str | Path, *, overwrite: bool | None = None) -> Pa
         out.mkdir(parents=True, exist_ok=True)
         # A probe of its own per process: every rank of a torchrun job checks the same
         # directory at once, and a shared probe name raced (one rank removed the other's).
-        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-test.")
+        fd, probe = tempfile.mkstemp(dir=out, prefix=_PROBE_PREFIX)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
@@ -141,7 +144,9 @@ def _check_empty(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file, not a directory")
     try:
-        present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+        # Another rank's writability probe may be there for a moment: it is not a run.
+        present = sorted(p.name for p in out.iterdir()
+                         if not p.name.startswith(_PROBE_PREFIX)) if out.is_dir() else []
     except OSError as exc:
         raise UserError(f"cannot read --out {out}: {exc.strerror}") from None
     if not present:
