@@ -195,6 +195,10 @@ def test_tune_grouped_gemm_from_the_trace_on_the_cpu(moe: Analysis, moe_run, tmp
     assert {e.problem_key for e in entries} == wanted and {e.kind for e in entries} == {"grouped_gemm"}
     bad = CliRunner().invoke(tune_app, ["grouped-gemm", "--trace", run_dir, "--device", "tpu"])
     assert isinstance(bad.exception, UserError) and "--device must be one of cuda, cpu" in str(bad.exception)
+    for gpus_args, text in ((["--device", "cpu", "--gpus", "2"], "--device cpu tunes in this process"),
+                            (["--gpus", "2"], "only 0 GPU(s) visible")):
+        bad = CliRunner().invoke(tune_app, ["grouped-gemm", "--trace", run_dir, *gpus_args])
+        assert isinstance(bad.exception, UserError) and text in str(bad.exception), bad.output
 
 
 # ---- synthetic traces: GPU kernels, another program's _grouped_mm -------------------------

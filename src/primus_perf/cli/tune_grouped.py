@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
             "cuda", "--device", help="cuda: tune on the GPU (CUDA or ROCm); cpu: for runs on the CPU (Triton interpreted)"
         ),
         cache: str = typer.Option("tuning_cache.json", "--cache", help="Cache file to write"),
+        gpus: str = typer.Option("1", "--gpus", help="GPUs to tune on: a number or 'all' (one worker process each)"),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the problems, tune nothing"),
         json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON"),  # noqa: UP045
     ) -> None:
@@ -54,6 +55,7 @@ def register(app: typer.Typer) -> None:
         from primus_perf.cli.tune_run import run_tuning
         from primus_perf.errors import UserError
         from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
+        from primus_perf.tuner.multi_gpu import resolve_gpus
         from primus_perf.tuner.problems_input import gather_problems
 
         if overrides and config is None:
@@ -62,6 +64,9 @@ def register(app: typer.Typer) -> None:
             raise UserError("nothing to tune: give --trace TRACE, --problems FILE or --config PRESET")
         if device not in DEVICES:
             raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+        if device == "cpu" and gpus.strip() != "1":
+            raise UserError(f"--gpus {gpus} tunes on GPUs; --device cpu tunes in this process")
+        n_gpus = resolve_gpus(gpus)
         check_trace_args(from_trace or ())
         problems = []
         if problems_file or from_trace:
@@ -78,7 +83,7 @@ def register(app: typer.Typer) -> None:
         make_tuner = partial(GroupedGemmTuner, triton=triton, max_configs=max_configs, device=device)
         results = []
         try:
-            run_tuning(problems, make_tuner, cache, budget_s=budget_s, on_done=results.append)
+            run_tuning(problems, make_tuner, cache, budget_s=budget_s, gpus=n_gpus, on_done=results.append)
         finally:
             if json_out is not None:
                 from primus_perf.files import write_json
