@@ -120,6 +120,37 @@ def test_two_ranks_under_torchrun_measure_collectives_and_links(tmp_path: Path) 
     assert [c["group"] for c in data["checks"]].count("host") == 3  # one node: host checked once
 
 
+PUBLISH_LATE = """
+import sys, time
+from pathlib import Path
+from primus_perf.profiler.preflight import run
+from test_preflight import _links
+
+run.measure_links = lambda job, sizes: _links({(0, 1): 380.0, (1, 0): 100.0}) if job.rank == 0 else []
+
+def publish(report):
+    time.sleep(3)  # a long report: the other rank must not have exited (torchrun would stop this one)
+    Path(sys.argv[1]).write_text(str(report.exit_code))
+
+report = run.preflight(disk_path=sys.argv[2], publish=publish)
+sys.exit(report.exit_code)
+"""
+
+
+def test_every_rank_waits_for_rank_0_to_publish_a_failed_verdict(tmp_path: Path) -> None:
+    """A failed check exits 1 on every rank, and torchrun stops the others at the first
+    such exit: rank 0's report must be written before any rank returns."""
+    script, written = tmp_path / "late.py", tmp_path / "published"
+    script.write_text(PUBLISH_LATE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+           f"--master-port={_free_port()}", str(script), str(written), str(tmp_path)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(Path(__file__).parent),
+                                                                           os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert written.read_text() == "1"
+
+
 @pytest.mark.gpu
 def test_preflight_on_this_gpu(tmp_path: Path) -> None:
     """Real figures of one GPU: GEMM and HBM above zero and judged against the datasheet

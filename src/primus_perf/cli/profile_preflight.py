@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -29,8 +28,7 @@ def register(app: typer.Typer) -> None:
 
         if not 0 < threshold <= 1:
             raise UserError(f"--threshold must be in (0, 1], got {threshold}")
-        report = preflight(threshold=threshold, disk_path=disk)
-        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 speaks for the job
+        def publish(report) -> None:  # rank 0 speaks for the job; the others wait for it
             console.print(preflight_table(report))
             for note in report.skipped:
                 console.print(f"note: {note}", highlight=False, soft_wrap=True)
@@ -41,4 +39,6 @@ def register(app: typer.Typer) -> None:
             failed = len(report.failed)
             console.print("preflight passed" if not failed else f"[red]preflight failed:[/] {failed} check(s) flagged",
                           highlight=False)
+
+        report = preflight(threshold=threshold, disk_path=disk, publish=publish)
         raise typer.Exit(report.exit_code)

@@ -1,12 +1,15 @@
 """Run the preflight on this process, or on every rank of a ``torchrun`` job (any number of
 nodes): each rank measures its GPU, the first rank of each node its host, all ranks the
 collectives and links; rank 0 gathers the figures, judges them (``checks.evaluate``) and
-every rank gets the same report, so every rank exits with the same code."""
+every rank gets the same report, so every rank exits with the same code. Rank 0 publishes
+the report (prints and writes it) before any rank returns: torchrun stops a job's other
+processes as soon as one exits with an error, and a failed check is such an exit."""
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from primus_perf.devices import current_device, gpu_vendor, library_versions, lookup_peaks
@@ -81,8 +84,10 @@ def preflight(
     gemm_sizes: tuple[int, ...] = gpu.GEMM_SIZES,
     collective_sizes: tuple[int, ...] | None = None,
     disk_path: str | os.PathLike = ".",
+    publish: Callable[[PreflightReport], None] = lambda _report: None,
 ) -> PreflightReport:
-    """Measure, gather and judge (see the module docstring)."""
+    """Measure, gather and judge; ``publish`` the report on rank 0 while the other ranks
+    wait (see the module docstring)."""
     import torch.distributed as dist
 
     owns = _init_distributed()
@@ -108,6 +113,12 @@ def preflight(
                    "per_rank": [f for _, f in everything]},
             skipped=skipped,
         )
+        try:
+            if job.rank == 0:
+                publish(report)
+        finally:
+            if dist.is_initialized():
+                dist.barrier()
         return report
     finally:
         if owns and dist.is_initialized():
