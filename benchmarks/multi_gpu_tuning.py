@@ -4,7 +4,7 @@
     python benchmarks/multi_gpu_tuning.py --smoke --out /tmp/multi_gpu_smoke.json   # CPU workers
 
 Tunes the Llama-3 8B linear GEMMs of ``benchmarks/gemm_tuning.py`` (fwd, dgrad, wgrad at
-4k and 16k tokens: 24 problems) into a fresh cache on one GPU, then into another fresh
+4k and 16k tokens: 24 problems; ``--all-problems``: its 52, for 8 GPUs) into a fresh cache on one GPU, then into another fresh
 cache on ``--gpus`` GPUs (one worker each, ``tuner.multi_gpu``). A problem whose choice
 differs counts as "same within noise" when the one-GPU run measured the other choice
 within ``--noise`` of its own. Each run's ``workers`` say, per GPU, the start-up (spawn to
@@ -12,7 +12,7 @@ its first request), of it the launch (interpreter and imports, torch's included;
 is the GPU and library set-up), the problems it tuned and the seconds it spent on them;
 ``*_startup_s`` is the longest start-up of a run, which every run pays before its first
 problem. ``--smoke``: 16 small f32 problems tuned on the CPU by
-two worker processes (torch's default against a planted ``torch.mm`` candidate), to test
+``--gpus`` worker processes (torch's default against a planted ``torch.mm`` candidate), to test
 the script.
 """
 
@@ -35,10 +35,10 @@ from primus_perf.tuner.gemm.plugin import GemmTuner, python_candidate
 from primus_perf.tuner.multi_gpu import MultiGpuRun, tune_on_gpus
 
 
-def gpu_problems() -> list[GemmProblem]:
+def gpu_problems(every: bool) -> list[GemmProblem]:
     from gemm_tuning import problems
 
-    return [p for tag, p in problems() if tag.startswith("llama3-8b-tp1/")]
+    return [p for tag, p in problems() if every or tag.startswith("llama3-8b-tp1/")]
 
 
 def mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
@@ -83,7 +83,9 @@ def compare(one: TuneRun, many: TuneRun, noise: float) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU workers on small problems: tests the script")
-    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--gpus", type=int, default=2, help="GPUs (--smoke: CPU workers)")
+    ap.add_argument("--all-problems", action="store_true",
+                    help="every problem of benchmarks/gemm_tuning.py (52; Llama-3 70B's too), for many GPUs")
     ap.add_argument("--budget-s", type=float, default=5.0)
     ap.add_argument("--noise", type=float, default=0.02, help="choices this close count as the same")
     ap.add_argument("--out", type=Path, required=True)
@@ -91,12 +93,12 @@ def main() -> int:
     if a.smoke:
         problems, make_tuner, device = smoke_problems(), functools.partial(
             GemmTuner, library=None, device="cpu", extra=[python_candidate("mm_out", mm_out)]), "cpu"
-        budget, gpus = 0.05, 2
+        budget, gpus = 0.05, a.gpus
     else:
         if torch.cuda.device_count() < a.gpus:
             print(f"error: needs {a.gpus} GPUs (or --smoke)", file=sys.stderr)
             return 2
-        problems, make_tuner, device = gpu_problems(), GemmTuner, torch.cuda.get_device_name(0)
+        problems, make_tuner, device = gpu_problems(a.all_problems), GemmTuner, torch.cuda.get_device_name(0)
         budget, gpus = a.budget_s, a.gpus
     with tempfile.TemporaryDirectory() as tmp:
         one, one_s = timed(problems, Path(tmp) / "one.json", 1, make_tuner, budget)

@@ -10,7 +10,10 @@
 # same with train.compile=true), online-moe (online grouped-GEMM tuning on an MoE preset, 100
 # steps), moe (the grouped-GEMM backends and the tuned choice), moe-e2e (three MoE presets,
 # tuned vs loop vs always-_grouped_mm), fsdp2 (llama3-8b full depth on 2 GPUs), multi-gpu
-# (tuning on every GPU against one), loop-moe (primus-tune loop on an MoE preset).
+# (tuning on every GPU against one), loop-moe (primus-tune loop on an MoE preset); on 8 GPUs
+# (benchmarks/eight_gpus.py, one call each: 10 minutes a call) eight-fsdp, eight-tp, eight-ep
+# (llama3-70b FSDP2 / TP=8, deepseek-v3 EP=8: traces, report, losses, tuned vs default) and
+# eight-checks (preflight and tuning with 8 workers).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -65,6 +68,11 @@ open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
       python benchmarks/fsdp2_llama3_8b.py --gpus 2 --out "$OUT/fsdp2_llama3_8b.json" 2>&1 | tail -25 ;;
     multi-gpu)
       python benchmarks/multi_gpu_tuning.py --gpus 2 --budget-s 2 --out "$OUT/multi_gpu_tuning.json" 2>&1 | tail -15 ;;
+    eight-fsdp|eight-tp|eight-ep)
+      python benchmarks/eight_gpus.py --layouts "${step#eight-}" --skip preflight multi-gpu \
+        --out "$OUT/eight_gpus" 2>&1 | tail -12 ;;
+    eight-checks)
+      python benchmarks/eight_gpus.py --layouts --out "$OUT/eight_gpus" 2>&1 | tail -12 ;;
     *) echo "unknown step $step" ;;
   esac
 done
