@@ -316,3 +316,27 @@ def test_another_programs_grouped_mm_gives_balanced_assumed_problems(tmp_path: P
     inside = [_op(grouped_trace_name(ann, T), 0, 20, cat="user_annotation"), {**events[0], "ts": 1}]
     b = analyze([_write(tmp_path / "inside.json", inside)])
     assert list(b.grouped_gemm_problems["key"]) == [ann.key()] and bool(b.grouped_gemm_problems["skew_known"][0])
+
+
+def test_equal_groups_3d_grouped_mm_backward_is_dgrad_and_wgrad(tmp_path: Path) -> None:
+    """Equal groups as 3-D batches: forward ``x[G, T/G, K] @ W[G, K, N]``; in the backward
+    pass ``dy @ W^T`` (the input gradient) and ``x^T[G, K, T/G] @ dy`` (the weight
+    gradient: its first operand is the activations' transposed view)."""
+    G, Tg, K, N = 8, 512, 1024, 256
+    bf = ["c10::BFloat16", "c10::BFloat16"]
+    bwd = "autograd::engine::evaluate_function: GroupedMmBackward0"
+    events = [
+        _op("aten::_grouped_mm", 0, 10, **{"Input Dims": [[G, Tg, K], [G, K, N]], "Input type": bf,
+                                          "Input Strides": [[Tg * K, K, 1], [K * N, N, 1]]}),
+        _op(bwd, 100, 50, tid=2),
+        _op("aten::_grouped_mm", 101, 10, tid=2, **{"Input Dims": [[G, Tg, N], [G, N, K]], "Input type": bf,
+                                                   "Input Strides": [[Tg * N, N, 1], [K * N, 1, N]]}),
+        _op("aten::_grouped_mm", 120, 10, tid=2, **{"Input Dims": [[G, K, Tg], [G, Tg, N]], "Input type": bf,
+                                                   "Input Strides": [[Tg * K, 1, K], [Tg * N, N, 1]]}),
+    ]
+    g = analyze([_write(tmp_path / "batched.json", events)]).grouped_gemm_problems.set_index("direction")
+    fwd = GroupedGemmProblem(groups=G, k=K, n=N, tokens=G * Tg, skew=1.0, dtype="bf16")
+    assert g.loc["fwd", "problem"] == fwd
+    assert g.loc["dgrad", "problem"] == fwd.with_phase("dgrad")
+    assert g.loc["wgrad", "problem"] == fwd.with_phase("wgrad")
+    assert g["skew_known"].all() and (g["flops"] == 2 * G * Tg * K * N).all()

@@ -236,7 +236,7 @@ def _weight_transposed(strides: Any, dim: int) -> bool:
 def model_grouped_mm(s: ShapeArgs) -> OpModel | None:
     """``aten::_grouped_mm(a, b, offs, ...)`` and ``_scaled_grouped_mm``: MoE expert GEMMs
     (2*T*K*N FLOPs whatever the split), read as forward passes (:func:`model_op` makes the
-    input gradient of one that runs in a backward pass):
+    input or weight gradient of one that runs in a backward pass):
 
     - 2-D ``a[T, K]`` with 3-D ``b[G, K, N]`` (T tokens split over G groups by ``offs``):
       the split is not recorded, so the problem takes it as balanced (``assumed``);
@@ -267,6 +267,26 @@ def model_grouped_mm(s: ShapeArgs) -> OpModel | None:
     except ValueError:
         return None
     return _grouped_model(prob, tokens, assumed)
+
+
+def batched_weight_gradient(s: ShapeArgs) -> OpModel | None:
+    """A 3-D x 3-D grouped GEMM of a backward pass whose ``a`` is used transposed,
+    ``x^T[G, K, T/G] @ dy[G, T/G, N]``: the weight gradient ``dW[G, K, N]`` of G equal
+    groups. None for any other (``dy @ W^T``, the input gradient, or strides not recorded)."""
+    a, b = s.dims[0], s.dims[1]
+    a_strides = s.strides[0] if s.strides else None
+    if not (len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1] and _weight_transposed(a_strides, 2)):
+        return None
+    dtype = _dtype(s.types, 0)
+    tokens = a[0] * a[2]
+    if dtype is None:
+        return None
+    try:
+        prob = GroupedGemmProblem(groups=a[0], k=a[1], n=b[2], tokens=max(1, tokens_bucket(tokens)), dtype=dtype,
+                                  phase="wgrad")
+    except ValueError:
+        return None
+    return _grouped_model(prob, tokens)
 
 
 def input_gradient(m: OpModel) -> OpModel:
@@ -501,5 +521,5 @@ def model_op(name: str, args: ShapeArgs | None, in_backward: bool = False) -> Op
     except (TypeError, ValueError, IndexError):
         return None  # malformed recorded inputs: FLOPs unknown
     if in_backward and m is not None and m.kind == "grouped_gemm" and m.direction == "fwd":
-        return input_gradient(m)
+        return batched_weight_gradient(args) or input_gradient(m)
     return m
