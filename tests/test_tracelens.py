@@ -63,9 +63,14 @@ def test_cpu_trace_gemm_flops_and_problems_are_the_models(cpu_trace: Path) -> No
     assert a.totals["gemm_flops_per_step"] == gemm_flops_per_step(cfg.model, mb, seq)
     expected = {c.problem.key() for c in model_gemms(cfg.model, mb, seq, dtype="f32")}
     assert _problem_set(a.gemm_problems) == expected
-    # every GEMM of the model runs once per step
-    calls = len(model_gemms(cfg.model, mb, seq))
-    assert a.gemm_problems["calls"].sum() == calls
+    # every GEMM of the model runs once per step, in its pass: a CPU trace has no kernels to
+    # link, the backward nodes of autograd say which calls run in the backward pass
+    calls = model_gemms(cfg.model, mb, seq, dtype="f32")
+    assert a.gemm_problems["calls"].sum() == len(calls)
+    passes = {c.problem.key(): c.kind for c in calls}  # here a token count (128) is also a feature size:
+    found = dict(zip(a.gemm_problems["key"], a.gemm_problems["direction"]))  # "bwd" where shapes cannot tell
+    assert all(d == passes[k] or (d == "bwd" and passes[k] != "fwd") for k, d in found.items()), found
+    assert {"fwd", "dgrad", "wgrad"} <= set(found.values())
     # attention: the trainer expands kv heads before SDPA, so the trace has heads_kv == heads_q
     assert a.totals["attention_flops_per_step"] == attention_flops_per_step(cfg.model, mb, seq)
     p = attention_problem(cfg.model, mb, seq, dtype="f32")

@@ -372,7 +372,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         steps=steps,
         kernels=kernels,
         hotspots=hotspots(kernels, calls, peaks, per_step),
-        gemm_problems=problem_table(calls, "gemm", peaks, per_step, kernels),
+        gemm_problems=problem_table(calls, "gemm", peaks, per_step),
         grouped_gemm_problems=problem_table(calls, "grouped_gemm", peaks, per_step),
         attention_problems=problem_table(calls, "attention", peaks, per_step),
         breakdown=B.categories(kernels),

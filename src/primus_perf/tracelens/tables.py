@@ -11,7 +11,7 @@
   ops inside it: :mod:`.link`), in a step (or all calls when the trace has no step
   markers), and every call of an op that launched normalization or elementwise kernels
   (kind "memory", bytes only): rank, step, row, kind, key, problem (None for ops without a
-  problem type), direction, flops (None: unknown), bytes, dtype, time_us (GPU time of its
+  problem type), direction (a GEMM: ``bwd`` inside a backward node, else ``fwd``), flops (None: unknown), bytes, dtype, time_us (GPU time of its
   kernels, or its CPU time in a trace without GPU events), assumed (what the problem takes
   for granted that the trace does not record, "" when nothing).
 """
@@ -152,7 +152,8 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
         if m is None:
             continue
         t = float(rt.dur[r]) if cpu_only else float(gpu_time.get(r, 0.0))
-        rows.append((rank, int(lk.op_step[r]), r, m.kind, m.key(), m.problem, m.direction,
+        direction = "bwd" if m.kind == "gemm" and key[2] else m.direction  # a GEMM's pass: see problems
+        rows.append((rank, int(lk.op_step[r]), r, m.kind, m.key(), m.problem, direction,
                      m.flops, m.bytes, m.dtype, t, m.assumed))
     calls = pd.DataFrame(rows, columns=CALL_COLUMNS)
     memory = _memory_calls(rt, lk, kernels, rank, gpu_time)

@@ -10,8 +10,8 @@ tokens and skew buckets and ``skew_known``: False for calls whose split of the t
 the groups the trace does not record (another program's ``aten::_grouped_mm``: taken as
 balanced, and the label says so).
 
-GEMM directions: a call whose kernels run in the backward pass (the kernels table links
-them to a forward op) is a weight gradient (``wgrad``) when it reduces over a token count
+GEMM directions: a call inside a backward node of autograd (the call table says ``bwd``;
+CPU-only traces too) is a weight gradient (``wgrad``) when it reduces over a token count
 of the forward GEMMs (dW = dY^T X sums over tokens), else an input gradient (``dgrad``,
 dX = dY W); ``bwd`` when the shapes cannot tell (a token count equal to a feature size).
 """
@@ -31,11 +31,9 @@ GROUPED_COLUMNS = [*COLUMNS[:2], "groups", "k", "n", "tokens", "skew", "skew_kno
 KIND_COLUMNS = {"gemm": GEMM_COLUMNS, "grouped_gemm": GROUPED_COLUMNS, "attention": COLUMNS}
 
 
-def gemm_directions(gemm_calls: pd.DataFrame, kernels: pd.DataFrame) -> pd.Series:
+def gemm_directions(gemm_calls: pd.DataFrame) -> pd.Series:
     """``fwd``, ``dgrad``, ``wgrad`` or ``bwd`` for each GEMM call (see the module docstring)."""
-    backward = kernels.loc[kernels["fwd_op"].astype(str) != "", ["rank", "call"]]
-    in_bwd = pd.MultiIndex.from_frame(gemm_calls[["rank", "row"]]).isin(
-        pd.MultiIndex.from_frame(backward.rename(columns={"call": "row"})))
+    in_bwd = (gemm_calls["direction"] == "bwd").to_numpy()
     shapes = [p.row_major_shapes() for p in gemm_calls["problem"]]
     tokens = {s[0] for s, b in zip(shapes, in_bwd) if not b}  # row-major M of the forward GEMMs
     out = []
@@ -67,16 +65,14 @@ def _labels(problems: list, keys: list[str]) -> list[str]:
     return out
 
 
-def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int,
-                  kernels: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``kind`` is "gemm", "grouped_gemm" or "attention"; with ``kernels``, GEMM rows say
-    their pass."""
+def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int) -> pd.DataFrame:
+    """``kind`` is "gemm", "grouped_gemm" or "attention"; GEMM rows say their pass."""
     cols = KIND_COLUMNS[kind]
     sub = calls[(calls["kind"] == kind) & calls["problem"].notna()]
     if sub.empty:
         return pd.DataFrame(columns=cols)
-    if kind == "gemm" and kernels is not None and len(kernels):
-        sub = sub.assign(direction=gemm_directions(sub, kernels))
+    if kind == "gemm":
+        sub = sub.assign(direction=gemm_directions(sub))
     g = sub.groupby(["key", "direction"], sort=False).agg(
         problem=("problem", "first"), n=("row", "size"), time_us=("time_us", "sum"),
         flops=("flops", "sum"), bytes=("bytes", "sum"), dtype=("dtype", "first"),
