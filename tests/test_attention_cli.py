@@ -50,6 +50,16 @@ def test_cli_errors_are_one_line_with_exit_code_2() -> None:
     assert r.returncode == 2 and "trace not found" in r.stderr
 
 
+def test_dry_run_lists_the_problems_and_tunes_nothing(tmp_path) -> None:
+    cache = tmp_path / "cache.json"
+    r = _cli("--problem", "1,4,2,64,64,causal", "--problem", "1,4,2,64,64,causal", "--problem", "2,8,8,128,64,full",
+             "--dry-run", "--cache", str(cache))
+    assert r.returncode == 0, r.stderr
+    p = parse_attention_spec("1,4,2,64,64,causal")
+    assert f"{p}  {p.key()}" in r.stdout and "2 unique attention problems" in r.stdout
+    assert not cache.exists()
+
+
 def _trace(path, events) -> None:
     path.write_text(json.dumps({"traceEvents": events}))
 

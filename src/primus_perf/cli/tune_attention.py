@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
             None, "--problem", "-p", help="b,hq,hkv,s,d,causal|full (repeatable)"
         ),
         from_trace: Optional[list[Path]] = typer.Option(  # noqa: UP045
-            None, "--from-trace", help="Kineto trace(s): tune their SDPA problems (repeatable)"
+            None, "--from-trace", "--trace", help="Profiler trace(s) or run directories: tune their SDPA problems (repeatable)"
         ),
         problems_file: Optional[list[Path]] = typer.Option(  # noqa: UP045
             None, "--problems", help="Problems file(s) (`primus-profile shapes`): their attention problems"
@@ -31,13 +31,14 @@ def register(app: typer.Typer) -> None:
             None, "--study-db", help="SQLite file for tpe studies (resume an interrupted search)"
         ),
         json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON"),  # noqa: UP045
+        dry_run: bool = typer.Option(False, "--dry-run", help="List the problems, tune nothing"),
         gpus: str = typer.Option("1", "--gpus", help="GPUs to tune on: a number or 'all' (one worker process each)"),
     ) -> None:
         """Tune attention: Triton tile configs (forward + backward) against every torch SDPA
         backend; the fastest per problem goes to the cache, written after each problem."""
         from functools import partial
 
-        from primus_perf.cli.tune_run import run_tuning
+        from primus_perf.cli.tune_run import list_problems, run_tuning
         from primus_perf.errors import UserError
         from primus_perf.problems import canonical_dtype
         from primus_perf.tuner.attention.plugin import AttentionTuner
@@ -53,6 +54,9 @@ def register(app: typer.Typer) -> None:
         make_tuner = partial(AttentionTuner, strategy=strategy, trials=trials, storage=study_db)
         problems = gather_problems("attention", traces=from_trace or (), files=problems_file or (),
                                    specs=problem or (), dtype=dtype)
+        if dry_run:
+            list_problems(problems, "attention")
+            return
         results = []
 
         def done(res) -> None:

@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
     @app.command("gemm")
     def gemm_cmd(
         problems: Optional[list[str]] = typer.Option(None, "--problems", help="JSON/YAML problems file(s)"),  # noqa: UP045
-        from_trace: Optional[list[str]] = typer.Option(None, "--from-trace", help="Profiler trace(s)"),  # noqa: UP045
+        from_trace: Optional[list[str]] = typer.Option(None, "--from-trace", "--trace", help="Profiler trace(s) or run directories"),  # noqa: UP045
         budget_s: float = typer.Option(5.0, "--budget-s", min=0.001, help="Time budget per problem"),
         widen: bool = typer.Option(False, "--widen", help="Also try split-K variants of the top heuristics"),
         cache: str = typer.Option("tuning_cache.json", "--cache", help="Cache file to write"),
@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         python -m primus_perf.enable --cache PATH --online -- script.py in any program."""
         from functools import partial
 
-        from primus_perf.cli.tune_run import run_tuning
+        from primus_perf.cli.tune_run import list_problems, run_tuning
         from primus_perf.tuner.gemm.plugin import GemmTuner
         from primus_perf.tuner.multi_gpu import resolve_gpus
         from primus_perf.tuner.problems_input import gather_problems
@@ -39,8 +39,6 @@ def register(app: typer.Typer) -> None:
         with console.status("reading the problems"):
             probs = gather_problems("gemm", traces=from_trace or (), files=problems or ())
         if dry_run:
-            for p in probs:
-                console.print(str(p), highlight=False)
-            console.print(f"{len(probs)} unique GEMM problems")
+            list_problems(probs, "GEMM")
             return
         run_tuning(probs, partial(GemmTuner, widen=widen), cache, budget_s=budget_s, gpus=n_gpus)

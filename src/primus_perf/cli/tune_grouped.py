@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
         them from the cache."""
         from functools import partial
 
-        from primus_perf.cli.tune_run import run_tuning
+        from primus_perf.cli.tune_run import list_problems, run_tuning
         from primus_perf.errors import UserError
         from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
         from primus_perf.tuner.multi_gpu import resolve_gpus
@@ -76,9 +76,7 @@ def register(app: typer.Typer) -> None:
             problems += recorded(config, list(overrides or []), steps)
         problems = list({p.key(): p for p in problems}.values())
         if dry_run:
-            for p in problems:
-                console.print(p.key(), highlight=False)
-            console.print(f"{len(problems)} unique grouped GEMM problems")
+            list_problems(problems, "grouped GEMM")
             return
         make_tuner = partial(GroupedGemmTuner, triton=triton, max_configs=max_configs, device=device)
         results = []

@@ -65,6 +65,13 @@ def results_table(results: Sequence[core.TuneResult]) -> Table:
     return table
 
 
+def list_problems(problems: Sequence[Any], noun: str) -> None:
+    """``--dry-run``: each problem (its label, two spaces, its cache key), then how many."""
+    for p in problems:
+        console.print(f"{p}  {p.key()}", highlight=False, soft_wrap=True)
+    console.print(f"{len(problems)} unique {noun} problems")
+
+
 def run_tuning(
     problems: Sequence[Any],
     make_tuner: Callable[[], core.Tuner],
