@@ -176,3 +176,18 @@ def test_peak_table_names(name: str, key: str | None) -> None:
     assert (p.key if p else None) == key
     if p is not None:
         assert p.hbm_tb_s > 0 and p.peak_tflops("f16") and p.peak_tflops("f32")
+
+
+def test_a_kernel_launched_directly_in_a_step_goes_by_its_kernel_name(tmp_path: Path) -> None:
+    """A step marker is no op: a kernel launched inside it but outside every op (a custom
+    extension's launcher, a graph replay) is labeled and categorized by its kernel name."""
+    events = [_step(3, 0, 100), *_launch(1, 10), _kernel(1, 20, 30, name="spin_kernel(long)"),
+              *_launch(2, 40), _kernel(2, 60, 10, name="triton_red_fused_sum_0"),
+              *_launch(3, 80, "aten::add"), _kernel(3, 90, 5)]
+    a = analyze([_write(tmp_path / "bare.json.gz", events)])
+    ops = dict(zip(a.kernels["name"].astype(str), a.kernels["op"].astype(str), strict=True))
+    assert ops == {"spin_kernel(long)": "spin_kernel(long)", "triton_red_fused_sum_0": "triton_red_fused_sum_0",
+                   "vectorized_elementwise_kernel": "aten::add"}
+    assert "ProfilerStep" not in set(a.hotspots["op"])
+    assert dict(a.category_seconds() * 1e6) == pytest.approx({"other": 30.0, "reduction": 10.0, "elementwise": 5.0})
+    assert a.steps == [3] and (a.kernels["step"] == 3).all()
