@@ -191,3 +191,26 @@ def test_a_kernel_launched_directly_in_a_step_goes_by_its_kernel_name(tmp_path: 
     assert "ProfilerStep" not in set(a.hotspots["op"])
     assert dict(a.category_seconds() * 1e6) == pytest.approx({"other": 30.0, "reduction": 10.0, "elementwise": 5.0})
     assert a.steps == [3] and (a.kernels["step"] == 3).all()
+
+
+def _negatives(x: Any, path: str = "") -> list[str]:
+    if isinstance(x, dict):
+        return [p for k, v in x.items() for p in _negatives(v, f"{path}.{k}")]
+    if isinstance(x, list):
+        return [p for i, v in enumerate(x) for p in _negatives(v, f"{path}[{i}]")]
+    return [path] if isinstance(x, (int, float)) and not isinstance(x, bool) and x < 0 else []
+
+
+def test_collective_sizes_a_trace_does_not_record_are_null_in_json(tmp_path: Path) -> None:
+    """An NCCL all-reduce without recorded shapes or group: its bytes and group size are
+    unknown, written as null, never as the tables' -1."""
+    events = [_step(1, 0, 100), *_launch(1, 10, "nccl:all_reduce"),
+              _kernel(1, 20, 30, name="ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)")]
+    a = analyze([_write(tmp_path / "comm.json.gz", events)])
+    assert (a.collective_bandwidth["bytes"] == -1).all()  # the table's convention, as the report reads it
+    js = json.loads(json.dumps(a.to_json()))
+    (bw,) = js["collective_bandwidth"]
+    assert bw["bytes"] is None and bw["group_size"] is None and bw["calls"] == 1.0
+    (rk,) = js["collective_ranks"]
+    assert rk["bytes"] is None and rk["group_size"] is None
+    assert _negatives(js) == []

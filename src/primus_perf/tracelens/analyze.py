@@ -163,8 +163,8 @@ class Analysis:
             "op_times": records(self.op_times.head(top)),
             "ranks_summary": records(self.rank_summary),
             "collectives": records(self.collectives),
-            "collective_bandwidth": records(self.collective_bandwidth),
-            "collective_ranks": records(self.collective_ranks),
+            "collective_bandwidth": records(unknown_as_null(self.collective_bandwidth, COLLECTIVE_SIZES)),
+            "collective_ranks": records(unknown_as_null(self.collective_ranks, COLLECTIVE_SIZES)),
             "expert_load": records(self.expert_load),
             "totals": self.totals,
             "notes": self.notes,
@@ -182,6 +182,16 @@ def _plain(v: Any) -> Any:
     if hasattr(v, "to_dict"):  # a problem
         return v.to_dict()
     return v
+
+
+# sizes the collective tables write as -1 when the trace does not record them
+COLLECTIVE_SIZES = ("bytes", "group_size", "in_bytes", "out_bytes")
+
+
+def unknown_as_null(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``df`` with the negative values (-1: unknown) of ``columns`` as None (null in JSON)."""
+    cols = [c for c in columns if c in df.columns and len(df) and (df[c] < 0).any()]
+    return df.assign(**{c: df[c].astype(object).where(df[c] >= 0, None) for c in cols}) if cols else df
 
 
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
