@@ -214,3 +214,23 @@ def test_collective_sizes_a_trace_does_not_record_are_null_in_json(tmp_path: Pat
     (rk,) = js["collective_ranks"]
     assert rk["bytes"] is None and rk["group_size"] is None
     assert _negatives(js) == []
+
+
+def test_device_events_of_unknown_categories_are_named_in_a_note(tmp_path: Path) -> None:
+    """Another accelerator's device events (or CUPTI range profiler records) are not read:
+    a note names their category and count instead of a silent 'no GPU events'; Python
+    frames, profiler spans and sync waits are skipped without a note."""
+    events = [_step(1, 0, 100), *_launch(1, 10, "aten::add"), _kernel(1, 20, 30),
+              *({"ph": "X", "cat": "mtia_ccp_events", "name": "pe_exe", "pid": 17, "tid": 3, "ts": 30 + i, "dur": 1,
+                 "args": {"stream": 1}} for i in range(3)),
+              {"ph": "X", "cat": "python_function", "name": "train.py(10): step", "pid": 1, "tid": 1, "ts": 1,
+               "dur": 90},
+              {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7, "ts": 60, "dur": 2},
+              {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "x", "ts": 0,
+               "dur": 100}]
+    rt = L.load(_write(tmp_path / "t.json.gz", events))
+    assert dict(rt.unread) == {"mtia_ccp_events": 3}
+    a = analyze([tmp_path / "t.json.gz"])
+    unread = [n for n in a.notes if n.startswith("not read")]
+    assert len(unread) == 1 and unread[0].startswith("not read: 3 `mtia_ccp_events` duration event(s)")
+    assert float(a.kernels["dur_us"].sum()) == 30.0

@@ -267,6 +267,7 @@ class _TraceResult:
     op_totals: pd.DataFrame
     rank: int | None
     fixes: Counter
+    unread: Counter  # category -> duration events the loader did not read
     events: int
     collectives: pd.DataFrame  # one row per communication GPU event (``trace_collectives``)
     walls: pd.DataFrame  # host time per ProfilerStep (``host_steps``)
@@ -281,7 +282,7 @@ def _analyze_trace(path: Path, rank: int) -> _TraceResult:
     tables = trace_tables(rt, lk, rank)
     comm = trace_collectives(rt, lk, tables.kernels)
     pool_variable_sizes(tables.kernels, comm)
-    return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, len(rt), comm, host_steps(lk, rank),
+    return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, rt.unread, len(rt), comm, host_steps(lk, rank),
                         dict(rt.distributed))
 
 
@@ -343,6 +344,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     op_totals: list[pd.DataFrame] = []
     ranks: list[int] = []
     fixes: Counter = Counter()
+    unread: Counter = Counter()
     for i, (path, res) in enumerate(zip(inputs.traces, results, strict=True)):
         rank = _rank_of(res.rank, path, i, set(ranks))
         ranks.append(rank)
@@ -354,6 +356,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         tables.append(res.tables)
         op_totals.append(res.op_totals)
         fixes.update(res.fixes)
+        unread.update(res.unread)
     if not any(t.has_cpu_ops or len(t.kernels) for t in tables):
         raise TraceError(f"nothing to analyze: no operators or GPU events in {', '.join(map(str, inputs.traces))}")
     kernels = pd.concat([t.kernels for t in tables], ignore_index=True)
@@ -363,7 +366,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     steps = sorted({s for t in tables for s in t.steps})
     outside_s, outside_notes = _outside_note(kernels, bool(steps))
     load, load_notes = expert_load(inputs.manifest)
-    notes = [*inputs.notes, *L.fix_notes(fixes), *outside_notes, *_notes(tables, kernels, steps), *load_notes]
+    notes = [*inputs.notes, *L.fix_notes(fixes), *L.unread_notes(unread), *outside_notes, *_notes(tables, kernels, steps), *load_notes]
     comm_events = pd.concat([r.collectives for r in results], ignore_index=True)
     if not steps:
         kernels["step"] = 0
