@@ -234,3 +234,20 @@ def test_device_events_of_unknown_categories_are_named_in_a_note(tmp_path: Path)
     unread = [n for n in a.notes if n.startswith("not read")]
     assert len(unread) == 1 and unread[0].startswith("not read: 3 `mtia_ccp_events` duration event(s)")
     assert float(a.kernels["dur_us"].sum()) == 30.0
+
+
+def _rocm_props(major: int, minor: int, units: int, gib: int) -> list[dict[str, Any]]:
+    return [{"id": 0, "name": "", "totalGlobalMem": gib << 30, "computeMajor": major, "computeMinor": minor,
+             "numSms": units, "warpSize": 64}]
+
+
+@pytest.mark.parametrize(("props", "device", "peaks"), [
+    (_rocm_props(9, 4, 304, 192), "AMD Instinct MI300X (unnamed in the trace: gfx94x, 304 CUs, 192 GiB)", "mi300x"),
+    (_rocm_props(9, 4, 304, 256), "AMD Instinct MI325X (unnamed in the trace: gfx94x, 304 CUs, 256 GiB)", "mi325x"),
+    (_rocm_props(9, 5, 256, 288), "unknown", None),  # MI350X or MI355X: different peaks, so unknown
+    ([{"id": 0, "name": ""}], "unknown", None)])
+def test_an_unnamed_rocm_device_is_known_by_its_properties_when_only_one_fits(
+        tmp_path: Path, props: list[dict[str, Any]], device: str, peaks: str | None) -> None:
+    events = [_step(1, 0, 100), *_launch(1, 10, "aten::add"), _kernel(1, 20, 30)]
+    a = analyze([_write(tmp_path / "t.json.gz", events, deviceProperties=props, roctracer_version=4)])
+    assert a.device["name"] == device and a.device["peaks"] == peaks
