@@ -176,3 +176,78 @@ def test_peak_table_names(name: str, key: str | None) -> None:
     assert (p.key if p else None) == key
     if p is not None:
         assert p.hbm_tb_s > 0 and p.peak_tflops("f16") and p.peak_tflops("f32")
+
+
+def test_a_kernel_launched_directly_in_a_step_goes_by_its_kernel_name(tmp_path: Path) -> None:
+    """A step marker is no op: a kernel launched inside it but outside every op (a custom
+    extension's launcher, a graph replay) is labeled and categorized by its kernel name."""
+    events = [_step(3, 0, 100), *_launch(1, 10), _kernel(1, 20, 30, name="spin_kernel(long)"),
+              *_launch(2, 40), _kernel(2, 60, 10, name="triton_red_fused_sum_0"),
+              *_launch(3, 80, "aten::add"), _kernel(3, 90, 5)]
+    a = analyze([_write(tmp_path / "bare.json.gz", events)])
+    ops = dict(zip(a.kernels["name"].astype(str), a.kernels["op"].astype(str), strict=True))
+    assert ops == {"spin_kernel(long)": "spin_kernel(long)", "triton_red_fused_sum_0": "triton_red_fused_sum_0",
+                   "vectorized_elementwise_kernel": "aten::add"}
+    assert "ProfilerStep" not in set(a.hotspots["op"])
+    assert dict(a.category_seconds() * 1e6) == pytest.approx({"other": 30.0, "reduction": 10.0, "elementwise": 5.0})
+    assert a.steps == [3] and (a.kernels["step"] == 3).all()
+
+
+def _negatives(x: Any, path: str = "") -> list[str]:
+    if isinstance(x, dict):
+        return [p for k, v in x.items() for p in _negatives(v, f"{path}.{k}")]
+    if isinstance(x, list):
+        return [p for i, v in enumerate(x) for p in _negatives(v, f"{path}[{i}]")]
+    return [path] if isinstance(x, (int, float)) and not isinstance(x, bool) and x < 0 else []
+
+
+def test_collective_sizes_a_trace_does_not_record_are_null_in_json(tmp_path: Path) -> None:
+    """An NCCL all-reduce without recorded shapes or group: its bytes and group size are
+    unknown, written as null, never as the tables' -1."""
+    events = [_step(1, 0, 100), *_launch(1, 10, "nccl:all_reduce"),
+              _kernel(1, 20, 30, name="ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)")]
+    a = analyze([_write(tmp_path / "comm.json.gz", events)])
+    assert (a.collective_bandwidth["bytes"] == -1).all()  # the table's convention, as the report reads it
+    js = json.loads(json.dumps(a.to_json()))
+    (bw,) = js["collective_bandwidth"]
+    assert bw["bytes"] is None and bw["group_size"] is None and bw["calls"] == 1.0
+    (rk,) = js["collective_ranks"]
+    assert rk["bytes"] is None and rk["group_size"] is None
+    assert _negatives(js) == []
+
+
+def test_device_events_of_unknown_categories_are_named_in_a_note(tmp_path: Path) -> None:
+    """Another accelerator's device events (or CUPTI range profiler records) are not read:
+    a note names their category and count instead of a silent 'no GPU events'; Python
+    frames, profiler spans and sync waits are skipped without a note."""
+    events = [_step(1, 0, 100), *_launch(1, 10, "aten::add"), _kernel(1, 20, 30),
+              *({"ph": "X", "cat": "mtia_ccp_events", "name": "pe_exe", "pid": 17, "tid": 3, "ts": 30 + i, "dur": 1,
+                 "args": {"stream": 1}} for i in range(3)),
+              {"ph": "X", "cat": "python_function", "name": "train.py(10): step", "pid": 1, "tid": 1, "ts": 1,
+               "dur": 90},
+              {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7, "ts": 60, "dur": 2},
+              {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "x", "ts": 0,
+               "dur": 100}]
+    rt = L.load(_write(tmp_path / "t.json.gz", events))
+    assert dict(rt.unread) == {"mtia_ccp_events": 3}
+    a = analyze([tmp_path / "t.json.gz"])
+    unread = [n for n in a.notes if n.startswith("not read")]
+    assert len(unread) == 1 and unread[0].startswith("not read: 3 `mtia_ccp_events` duration event(s)")
+    assert float(a.kernels["dur_us"].sum()) == 30.0
+
+
+def _rocm_props(major: int, minor: int, units: int, gib: int) -> list[dict[str, Any]]:
+    return [{"id": 0, "name": "", "totalGlobalMem": gib << 30, "computeMajor": major, "computeMinor": minor,
+             "numSms": units, "warpSize": 64}]
+
+
+@pytest.mark.parametrize(("props", "device", "peaks"), [
+    (_rocm_props(9, 4, 304, 192), "AMD Instinct MI300X (unnamed in the trace: gfx94x, 304 CUs, 192 GiB)", "mi300x"),
+    (_rocm_props(9, 4, 304, 256), "AMD Instinct MI325X (unnamed in the trace: gfx94x, 304 CUs, 256 GiB)", "mi325x"),
+    (_rocm_props(9, 5, 256, 288), "unknown", None),  # MI350X or MI355X: different peaks, so unknown
+    ([{"id": 0, "name": ""}], "unknown", None)])
+def test_an_unnamed_rocm_device_is_known_by_its_properties_when_only_one_fits(
+        tmp_path: Path, props: list[dict[str, Any]], device: str, peaks: str | None) -> None:
+    events = [_step(1, 0, 100), *_launch(1, 10, "aten::add"), _kernel(1, 20, 30)]
+    a = analyze([_write(tmp_path / "t.json.gz", events, deviceProperties=props, roctracer_version=4)])
+    assert a.device["name"] == device and a.device["peaks"] == peaks

@@ -112,6 +112,31 @@ def lookup_peaks(device_name: str) -> DevicePeaks | None:
     return None
 
 
+# Devices a trace names with an empty string (ROCm 7 writes ``"name": ""`` in
+# ``deviceProperties``), told apart by what the properties do record: (computeMajor,
+# computeMinor) = the gfx version, compute units, and memory in GiB. Only combinations that
+# one product alone has (MI300X and MI325X differ in memory only; an MI210 and one die of
+# an MI250 look alike, as do MI350X and MI355X, so those stay unknown).
+UNNAMED_DEVICES: tuple[tuple[int, int, int, int, str], ...] = (
+    (9, 4, 304, 192, "AMD Instinct MI300X"),
+    (9, 4, 304, 256, "AMD Instinct MI325X"),
+)
+
+
+def name_from_properties(props: dict) -> str | None:
+    """The device of an unnamed ``deviceProperties`` entry, from its gfx version, compute
+    units and memory (:data:`UNNAMED_DEVICES`), saying so in the name; None when unknown."""
+    try:
+        major, minor, units = int(props["computeMajor"]), int(props["computeMinor"]), int(props["numSms"])
+        gib = int(props["totalGlobalMem"]) / (1 << 30)
+    except (KeyError, TypeError, ValueError):
+        return None
+    for ma, mi, cu, mem, name in UNNAMED_DEVICES:
+        if (ma, mi, cu) == (major, minor, units) and abs(gib - mem) <= 4:
+            return f"{name} (unnamed in the trace: gfx{major}{minor}x, {units} CUs, {gib:.0f} GiB)"
+    return None
+
+
 @dataclass(frozen=True)
 class DeviceIdentity:
     """What makes a tuning result valid: the same GPU model, arch and SM/CU count."""

@@ -163,8 +163,8 @@ class Analysis:
             "op_times": records(self.op_times.head(top)),
             "ranks_summary": records(self.rank_summary),
             "collectives": records(self.collectives),
-            "collective_bandwidth": records(self.collective_bandwidth),
-            "collective_ranks": records(self.collective_ranks),
+            "collective_bandwidth": records(unknown_as_null(self.collective_bandwidth, COLLECTIVE_SIZES)),
+            "collective_ranks": records(unknown_as_null(self.collective_ranks, COLLECTIVE_SIZES)),
             "expert_load": records(self.expert_load),
             "totals": self.totals,
             "notes": self.notes,
@@ -182,6 +182,16 @@ def _plain(v: Any) -> Any:
     if hasattr(v, "to_dict"):  # a problem
         return v.to_dict()
     return v
+
+
+# sizes the collective tables write as -1 when the trace does not record them
+COLLECTIVE_SIZES = ("bytes", "group_size", "in_bytes", "out_bytes")
+
+
+def unknown_as_null(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``df`` with the negative values (-1: unknown) of ``columns`` as None (null in JSON)."""
+    cols = [c for c in columns if c in df.columns and len(df) and (df[c] < 0).any()]
+    return df.assign(**{c: df[c].astype(object).where(df[c] >= 0, None) for c in cols}) if cols else df
 
 
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -257,6 +267,7 @@ class _TraceResult:
     op_totals: pd.DataFrame
     rank: int | None
     fixes: Counter
+    unread: Counter  # category -> duration events the loader did not read
     events: int
     collectives: pd.DataFrame  # one row per communication GPU event (``trace_collectives``)
     walls: pd.DataFrame  # host time per ProfilerStep (``host_steps``)
@@ -271,7 +282,7 @@ def _analyze_trace(path: Path, rank: int) -> _TraceResult:
     tables = trace_tables(rt, lk, rank)
     comm = trace_collectives(rt, lk, tables.kernels)
     pool_variable_sizes(tables.kernels, comm)
-    return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, len(rt), comm, host_steps(lk, rank),
+    return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, rt.unread, len(rt), comm, host_steps(lk, rank),
                         dict(rt.distributed))
 
 
@@ -333,6 +344,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     op_totals: list[pd.DataFrame] = []
     ranks: list[int] = []
     fixes: Counter = Counter()
+    unread: Counter = Counter()
     for i, (path, res) in enumerate(zip(inputs.traces, results, strict=True)):
         rank = _rank_of(res.rank, path, i, set(ranks))
         ranks.append(rank)
@@ -344,6 +356,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         tables.append(res.tables)
         op_totals.append(res.op_totals)
         fixes.update(res.fixes)
+        unread.update(res.unread)
     if not any(t.has_cpu_ops or len(t.kernels) for t in tables):
         raise TraceError(f"nothing to analyze: no operators or GPU events in {', '.join(map(str, inputs.traces))}")
     kernels = pd.concat([t.kernels for t in tables], ignore_index=True)
@@ -353,7 +366,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     steps = sorted({s for t in tables for s in t.steps})
     outside_s, outside_notes = _outside_note(kernels, bool(steps))
     load, load_notes = expert_load(inputs.manifest)
-    notes = [*inputs.notes, *L.fix_notes(fixes), *outside_notes, *_notes(tables, kernels, steps), *load_notes]
+    notes = [*inputs.notes, *L.fix_notes(fixes), *L.unread_notes(unread), *outside_notes, *_notes(tables, kernels, steps), *load_notes]
     comm_events = pd.concat([r.collectives for r in results], ignore_index=True)
     if not steps:
         kernels["step"] = 0

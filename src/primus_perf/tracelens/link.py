@@ -11,7 +11,10 @@
   call, not calls of their own, and their kernels are its kernels.
 - Launches: each runtime call (``cudaLaunchKernel``, ``cuLaunchKernelEx``,
   ``cudaGraphLaunch``, ``hipLaunchKernel``, ...) gets the innermost op around it. Traces
-  without runtime events use the host end of the launch flows (``ac2g``) instead.
+  without runtime events use the host end of the launch flows (``ac2g``) instead. A step
+  marker (``ProfilerStep#N``) is never that op: it times the step, it does not launch
+  anything, so a kernel launched directly inside it (a custom extension's or Triton's
+  launcher, a graph replay outside any op) has no op and goes by its kernel name.
 - GPU events (kernels, memcpy, memset) link to their launch by correlation id; all kernels
   of a CUDA/HIP graph replay carry the graph launch's correlation id.
 - Backward ops link to their forward op through the autograd ``Sequence number``.
@@ -205,6 +208,9 @@ def link(rt: L.RawTrace) -> Linked:
         launch[missing] = _lookup(rt.correlation[flows], flows, rt.correlation[gpu][missing])
     has = launch >= 0
     leaf = np.where(has, launch_op[np.clip(launch, 0, None)], -1)
+    step_names = [c for c, nm in enumerate(rt.names) if _STEP.match(nm)]
+    if step_names:
+        leaf[np.isin(rt.name[np.clip(leaf, 0, None)], step_names) & (leaf >= 0)] = -1
     has_leaf = leaf >= 0
     model_op = np.where(has_leaf, model[np.clip(leaf, 0, None)], -1)
     in_opt = np.where(has_leaf, optim[np.clip(leaf, 0, None)], False)

@@ -58,6 +58,12 @@ CAT_KIND: dict[str, int] = {
     "Memset": KIND_MEMSET,
     "gpu_user_annotation": KIND_GPU_ANNOTATION,
 }
+# duration events the analyses need nothing from: Python frames (with_stack), the profiler's
+# own spans and overhead, CPU instants, synchronization waits drawn on the GPU streams.
+# Any other category not in CAT_KIND (another accelerator's device events, CUPTI range
+# profiler records, ...) is counted and named in a note: its time is in no figure.
+IGNORED_CATS = frozenset({"python_function", "Trace", "overhead", "cpu_instant_event", "cuda_sync",
+                          "external_correlation", "Python"})
 # host launch -> GPU op flows: CUDA and ROCm ("ac2g"), older names; only their starts are kept
 FLOW_CATS = frozenset({"ac2g", "async_gpu", "async", "async_cpu_to_gpu"})
 GPU_KINDS = (KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET)
@@ -169,6 +175,7 @@ class RawTrace:
     distributed: dict[str, Any] = field(default_factory=dict)
     platform: str = "cuda"  # "cuda" or "rocm"
     fixes: Counter = field(default_factory=Counter)  # (field, "converted ..."/"dropped ...") -> count
+    unread: Counter = field(default_factory=Counter)  # category -> duration events not read (not ignorable)
 
     @property
     def has_shapes(self) -> bool:
@@ -203,6 +210,15 @@ def fix_notes(fixes: Counter) -> list[str]:
         verb, _, kind = what.partition(" ")
         out.append(f"{verb} {n:,} {kind} `{field_name}` value(s) for their events")
     return out
+
+
+def unread_notes(unread: Counter) -> list[str]:
+    """One line naming the categories of duration events the analyzer does not read, if any."""
+    if not unread:
+        return []
+    what = ", ".join(f"{n:,} `{cat}`" for cat, n in unread.most_common())
+    return [f"not read: {what} duration event(s), of categories unknown to the analyzer (another accelerator's "
+            "device events, range profiler records, ...): their time is in no figure"]
 
 
 def _json_or_empty(b: bytes) -> Any:
@@ -550,6 +566,7 @@ class _ColumnBuilder:
         self.threads = _Interner()
         self.flow_ids = _Interner()
         self.fixes: Counter = Counter()
+        self.unread: Counter = Counter()
         self.parts: dict[str, list[np.ndarray]] = {f: [] for f in self.FIELDS}
 
     def add(self, events: list[_Event]) -> None:
@@ -562,6 +579,8 @@ class _ColumnBuilder:
             if ph == "X":
                 k = kinds.get(ev.cat, KIND_OTHER)
                 if k == KIND_OTHER:
+                    if ev.cat not in IGNORED_CATS:
+                        self.unread[ev.cat] += 1
                     continue
                 append(ev)
                 kappend(k)
@@ -626,7 +645,7 @@ class _ColumnBuilder:
             device_properties=[d for d in header.deviceProperties or [] if isinstance(d, dict)],
             distributed=dict(header.distributedInfo or {}),
             platform="rocm" if header.roctracer_version is not None else "cuda",
-            fixes=self.fixes,
+            fixes=self.fixes, unread=self.unread,
         )
         runtime = {names[c] for c in np.unique(rt.name[rt.kind == KIND_RUNTIME])}
         if any(r.startswith("hip") for r in runtime):

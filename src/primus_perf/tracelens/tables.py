@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from primus_perf.devices import name_from_properties
 from primus_perf.problems import GROUPED_TRACE_OP
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.categories import ELEMENTWISE, NORMALIZATION, classify
@@ -72,10 +73,9 @@ def _device_name(rt: L.RawTrace, devices: np.ndarray) -> str | None:
     if not props:
         return None
     used = int(np.bincount(devices[devices >= 0]).argmax()) if (devices >= 0).any() else 0
-    for p in props:
-        if p.get("id") == used:
-            return str(p.get("name"))
-    return str(props[0].get("name"))
+    p = next((p for p in props if p.get("id") == used), props[0])
+    name = str(p.get("name") or "").strip()
+    return name or name_from_properties(p)
 
 
 def _categories(rt: L.RawTrace, lk: Linked) -> np.ndarray:
