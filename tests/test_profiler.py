@@ -171,11 +171,15 @@ def test_torchrun_two_ranks_trace_every_rank_or_the_chosen(tmp_path: Path) -> No
     assert m["world_size"] == 2 and m["traced_ranks"] == [0, 1]
     a = analyze([out])
     assert a.ranks == [0, 1]
+    # rank 0, untraced and with no step after the window, waits for rank 1's trace before
+    # its manifest and its "wrote 1 trace(s)" (it once wrote them while rank 1 was exporting)
     out1 = tmp_path / "one"
     r = _cli(["run", "--config", "tiny", "--out", str(out1), "--steps", "1", "--wait", "0", "--baseline", "1",
-              "--after", "1", "--ranks", "1", *SMALL, "parallel.tp=2"], nproc=2)
+              "--after", "0", "--ranks", "1", *SMALL, "parallel.tp=2"], nproc=2)
     assert r.returncode == 0, r.stderr
     assert [p.name for p in out1.glob("*.gz")] == ["rank1.pt.trace.json.gz"]
+    trace_written = (out1 / trace_name(1)).stat().st_mtime_ns
+    assert (out1 / "manifest.json").stat().st_mtime_ns >= trace_written
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:

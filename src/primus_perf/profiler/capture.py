@@ -412,6 +412,11 @@ def capture_trainer(config: str, overrides: Sequence[str], out_dir: str | Path, 
                                                          "overrides": list(overrides), "interrupted": True}))
             raise Interrupted(f"after {len(part.steps)} steps; wrote {part.trace} with {recorded} recorded"
                               f" step(s) and {out / MANIFEST}") from None
+        if world > 1:  # every rank's trace is on disk before rank 0's manifest names it: rank 0
+            # may finish first (untraced, or no step after the window) while another exports
+            import torch.distributed as dist
+
+            dist.barrier()
         if trainer.is_main:
             plain = [s for s in res.steps if s["phase"] in ("baseline", "after")][1:]
             tok = _median([s["tokens_per_s"] for s in plain])
