@@ -32,6 +32,27 @@ def test_a_run_folder_reads_the_traces_its_manifest_lists(tmp_path: Path) -> Non
         discover([run])
 
 
+def test_an_interrupted_run_reads_the_traces_its_ranks_wrote(tmp_path: Path) -> None:
+    """Ctrl-C under torchrun: rank 0 writes the manifest, another rank may stop before
+    writing its trace; the ranks that wrote theirs are analyzed, the others named."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(TRACES / "h200_tp2" / "trace_rank0.json.gz", run / "rank0.pt.trace.json.gz")
+    manifest = {"schema": "primus-perf-run/1", "world_size": 2, "traced_ranks": [0, 1], "interrupted": True,
+                "traces": {"0": "rank0.pt.trace.json.gz", "1": "rank1.pt.trace.json.gz"}}
+    (run / MANIFEST).write_text(json.dumps(manifest))
+    got = discover([run])
+    assert got.traces == [run / "rank0.pt.trace.json.gz"]
+    assert got.notes == [f"{run}: an interrupted run; trace(s) not written before the stop: rank1.pt.trace.json.gz"]
+    (run / MANIFEST).write_text(json.dumps({**manifest, "interrupted": False}))
+    with pytest.raises(TraceError, match="missing: rank1.pt.trace.json.gz"):  # a finished run: an error
+        discover([run])
+    (run / "rank0.pt.trace.json.gz").unlink()
+    (run / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(TraceError, match="missing: rank0.pt.trace.json.gz, rank1.pt.trace.json.gz"):
+        discover([run])
+
+
 def test_a_folder_without_manifest_gives_its_json_files(tmp_path: Path) -> None:
     for name in ("rank1.json", "rank0.json.gz", "notes.txt"):
         (tmp_path / name).write_text("{}")

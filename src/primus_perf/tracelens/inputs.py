@@ -2,7 +2,8 @@
 
 A run folder written by ``primus-profile run`` holds ``manifest.json`` whose ``traces``
 field maps each traced rank to its trace file; those files are read, and nothing else in
-the folder. A folder without a manifest (or whose manifest lists no traces) gives its
+the folder (a listed file that is missing is an error, except in a run stopped by Ctrl-C,
+whose ranks may stop before writing theirs: a note). A folder without a manifest (or whose manifest lists no traces) gives its
 ``*.json`` and ``*.json.gz`` files. Files named on the command line are read as given,
 except primus-perf's own documents (a manifest, a report's or an analysis's JSON, a
 samples or problems file: JSON that starts with a ``"schema": "primus-perf-...`` key), which
@@ -81,7 +82,12 @@ def _folder(folder: Path, notes: list[str]) -> tuple[list[Path], dict[str, Any]]
     if listed:
         files = [folder / name for name in listed]
         missing = [f.name for f in files if not f.is_file()]
-        if missing:
+        if missing and manifest.get("interrupted") and len(missing) < len(files):
+            # stopped by Ctrl-C under torchrun: some ranks stopped before writing theirs
+            notes.append(f"{folder}: an interrupted run; trace(s) not written before the stop:"
+                         f" {', '.join(missing)}")
+            files = [f for f in files if f.is_file()]
+        elif missing:
             raise TraceError(f"{folder / MANIFEST} lists trace(s) that are missing: {', '.join(missing)}")
         others = [f for f in folder.iterdir() if f.name.endswith(TRACE_SUFFIXES) and f not in files
                   and f.name != MANIFEST]
