@@ -524,8 +524,9 @@ def test_a_full_disk_is_one_line_and_the_old_file_survives_byte_for_byte(
 def _spawn(module: str, *args: str) -> subprocess.Popen[str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    # -X faulthandler: a command that does not stop is sent SIGABRT, and its stacks are shown
+    return subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", module, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _wait_for_lines(proc: subprocess.Popen[str], pattern: str, count: int, timeout: float = 120) -> list[str]:
@@ -549,8 +550,13 @@ def _stop(proc: subprocess.Popen[str], sig: int) -> tuple[int, str]:
     try:
         _, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError("the command did not stop within 60 s of the signal") from None
+        proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to stderr
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        raise AssertionError(f"the command did not stop within 60 s of the signal; stderr: {err[-6000:]}") from None
     return proc.returncode, err
 
 
