@@ -4,12 +4,18 @@ Triton reads ``TRITON_INTERPRET`` when it is first imported, and any test module
 first to import it (through the package), so the choice is made here, before any test
 module is collected: the interpreter on a machine without a GPU; on a GPU machine the
 caller decides (``TRITON_INTERPRET=0 pytest -m gpu``).
+
+A shell starts a background job (``pytest ... &``) with SIGINT ignored, its children inherit
+that, and Python then installs no Ctrl-C handler in them: the tests that send Ctrl-C to a
+command would see it ignored. So the suite handles SIGINT as Python does by default, and
+every command it starts begins with the default disposition.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 
 
 def _has_gpu() -> bool:
@@ -18,3 +24,6 @@ def _has_gpu() -> bool:
 
 if not _has_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
