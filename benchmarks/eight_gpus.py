@@ -104,11 +104,11 @@ def profiled(name: str, preset: str, overrides: list[str], nproc: int, out: Path
     if code != 0:
         return {"returncode": code, "log_tail": tail(out / f"{name}_run.log")}
     a = analyze([run_dir])
-    write_json(run_dir / "analysis.json", a.to_json(), default=float)
+    doc = a.to_json()
+    write_json(run_dir / "analysis.json", doc, default=float)
     report = command([sys.executable, "-m", "primus_perf.cli.profile", "report", str(run_dir),
                       "-o", str(run_dir / "report.html")], out / f"{name}_report.log")
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    doc = a.to_json()
     return {
         "returncode": 0, "report_returncode": report, "ranks": a.ranks,
         "tokens_per_s": manifest.get("tokens_per_s"), "mfu": manifest.get("mfu"),

@@ -3,8 +3,8 @@
 A run folder written by ``primus-profile run`` holds ``manifest.json`` whose ``traces``
 field maps each traced rank to its trace file; those files are read, and nothing else in
 the folder (a listed file that is missing is an error, except in a run stopped by Ctrl-C,
-whose ranks may stop before writing theirs: a note). A folder without a manifest (or whose manifest lists no traces) gives its
-``*.json`` and ``*.json.gz`` files. Files named on the command line are read as given,
+whose ranks may stop before writing theirs: a note). A folder without a manifest (or
+whose manifest lists no traces) gives its ``*.json`` and ``*.json.gz`` files. Files named on the command line are read as given,
 except primus-perf's own documents (a manifest, a report's or an analysis's JSON, a
 samples or problems file: JSON that starts with a ``"schema": "primus-perf-...`` key), which
 are skipped with a note, so that ``report runs/base/*.json`` works.

@@ -242,18 +242,23 @@ def model_grouped_mm(s: ShapeArgs) -> OpModel | None:
       the split is not recorded, so the problem takes it as balanced (``assumed``);
     - 2-D ``a[K, T]`` with 2-D ``b[T, N]`` (``offs`` over T, ``[G]``): a weight gradient
       ``dW[G, K, N]``, balanced assumed likewise;
-    - 3-D with 3-D: G equal groups (balanced, known)."""
+    - 3-D with 3-D: G equal groups (balanced, known); with ``a`` used transposed
+      (``x^T[G, K, T/G] @ dy[G, T/G, N]``, recorded strides) the weight gradient
+      ``dW[G, K, N]``."""
     if len(s.dims) < 2 or not (_int_list(s.dims[0]) and _int_list(s.dims[1])):
         return None
     a, b = s.dims[0], s.dims[1]
     dtype = _dtype(s.types, 0)
     if dtype is None:
         return None
+    a_strides = s.strides[0] if s.strides else None
     b_strides = s.strides[1] if len(s.strides) > 1 else None
     offs = s.dims[2] if len(s.dims) > 2 and _int_list(s.dims[2]) and len(s.dims[2]) == 1 else None
     assumed = SKEW_UNKNOWN
     if len(a) == 2 and len(b) == 3 and a[1] == b[1]:
         groups, tokens, k, n, phase = b[0], a[0], b[1], b[2], "fwd"
+    elif len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1] and _weight_transposed(a_strides, 2):
+        groups, tokens, k, n, phase, assumed = a[0], a[0] * a[2], a[1], b[2], "wgrad", ""
     elif len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
         groups, tokens, k, n, phase, assumed = a[0], a[0] * a[1], a[2], b[2], "fwd", ""
     elif len(a) == 2 and len(b) == 2 and a[1] == b[0] and offs is not None:
@@ -267,26 +272,6 @@ def model_grouped_mm(s: ShapeArgs) -> OpModel | None:
     except ValueError:
         return None
     return _grouped_model(prob, tokens, assumed)
-
-
-def batched_weight_gradient(s: ShapeArgs) -> OpModel | None:
-    """A 3-D x 3-D grouped GEMM of a backward pass whose ``a`` is used transposed,
-    ``x^T[G, K, T/G] @ dy[G, T/G, N]``: the weight gradient ``dW[G, K, N]`` of G equal
-    groups. None for any other (``dy @ W^T``, the input gradient, or strides not recorded)."""
-    a, b = s.dims[0], s.dims[1]
-    a_strides = s.strides[0] if s.strides else None
-    if not (len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1] and _weight_transposed(a_strides, 2)):
-        return None
-    dtype = _dtype(s.types, 0)
-    tokens = a[0] * a[2]
-    if dtype is None:
-        return None
-    try:
-        prob = GroupedGemmProblem(groups=a[0], k=a[1], n=b[2], tokens=max(1, tokens_bucket(tokens)), dtype=dtype,
-                                  phase="wgrad")
-    except ValueError:
-        return None
-    return _grouped_model(prob, tokens)
 
 
 def input_gradient(m: OpModel) -> OpModel:
@@ -521,5 +506,5 @@ def model_op(name: str, args: ShapeArgs | None, in_backward: bool = False) -> Op
     except (TypeError, ValueError, IndexError):
         return None  # malformed recorded inputs: FLOPs unknown
     if in_backward and m is not None and m.kind == "grouped_gemm" and m.direction == "fwd":
-        return batched_weight_gradient(args) or input_gradient(m)
+        return input_gradient(m)
     return m
