@@ -114,7 +114,7 @@ def render(a: Analysis, top: int) -> None:
         err_console.print(f"[yellow]note:[/] {note}")
 
 
-ALL_TO_ALLS = ("all_to_all", "all_to_allv")
+ALL_TO_ALLS = ("all_to_all", "all_to_allv", "dispatch", "combine")
 MAX_RANK_ROWS = 64  # all-to-all rows per rank printed (the JSON and the report hold them all)
 GBS = "{:.3g}"  # bandwidths: a small all-to-all moves well under 1 GB/s
 

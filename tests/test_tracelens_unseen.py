@@ -1,0 +1,164 @@
+"""Traces of shapes the analyzer had not seen, one class each: expert-parallel communication
+kernels outside NCCL/RCCL, the JSON Array Format and old device-property keys, traces
+without GPU events, bytes models that cannot exceed the roofline, and the peak table."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from primus_perf.tracelens import load as L
+from primus_perf.tracelens.analyze import analyze
+from primus_perf.tracelens.categories import COMMUNICATION, classify, communication_rule, expert_parallel_kind
+
+
+def _write(path: Path, events: list[dict[str, Any]], **head: Any) -> Path:
+    path.write_bytes(gzip.compress(json.dumps({"schemaVersion": 1, **head, "traceEvents": events}).encode()))
+    return path
+
+
+def _op(name: str, ts: float, dur: float, tid: int = 1, **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _launch(corr: int, ts: float) -> dict[str, Any]:
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts, "dur": 2,
+            "args": {"correlation": corr}}
+
+
+def _kernel(corr: int, ts: float, dur: float, name: str, stream: int = 7) -> dict[str, Any]:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, "stream": stream, "device": 0}}
+
+
+def _step(n: int, ts: float, dur: float) -> dict[str, Any]:
+    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": ts,
+            "dur": dur}
+
+
+# ---------------------------------------------------------------- 1. expert-parallel communication
+
+# kernel names as the profiler writes them (demangled), one or more per library
+EP_KERNELS = {
+    "void deep_ep::internode::dispatch<true, 8, 4, 7168>(int4*, float*, int*, SourceMeta*)": "dispatch",
+    "void deep_ep::internode::combine<__nv_bfloat16, 8, 4>(int4*, float*, bool const*)": "combine",
+    "void deep_ep::intranode::notify_dispatch<8>(int const*, int*, int const*, int*, int, int)": "dispatch",
+    "void deep_ep::intranode::cached_notify_combine<8>(void**, int*, int, int, int, int**, int)": "combine",
+    "void deep_ep::internode_ll::dispatch<true, false, 7168>(void*, float*, int*, long*)": "dispatch",
+    "void deep_ep::internode_ll::combine<false, 7168, 9>(void*, void*, int*, void const*)": "combine",
+    "void deep_ep::internode::cached_notify(int, int, int, int, int, int*, int)": "all_to_all",
+    "void pplx::(anonymous namespace)::dispatchKernel<8, true>(int, unsigned long, float const*)": "dispatch",
+    "void pplx::(anonymous namespace)::combineKernel<__nv_bfloat16, float>(unsigned long)": "combine",
+    "void mori::moe::EpDispatchIntraNodeKernel<__hip_bfloat16>(mori::moe::EpDispatchCombineArgs<__hip_bfloat16>)":
+        "dispatch",
+    "void mori::moe::EpCombineInterNodeKernel<float>(mori::moe::EpDispatchCombineArgs<float>)": "combine",
+    "void mscclpp::ep::internode_ll::dispatch<true>(void*)": "dispatch",
+    "void uccl::internode_ll::combine<7168>(void*)": "combine",
+}
+
+
+@pytest.mark.parametrize("name", sorted(EP_KERNELS))
+def test_expert_parallel_kernels_are_communication_with_their_kind(name: str) -> None:
+    assert classify("kernel", name, None, None, False) == COMMUNICATION
+    assert expert_parallel_kind(name) == EP_KERNELS[name]
+    assert communication_rule(name).reason  # every rule says why
+
+
+@pytest.mark.parametrize("name", [
+    "void deep_ep::layout::get_dispatch_layout<256, 32, 8>(long const*, int*, int*, int*, bool*)",
+    "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<dispatch_policy>>(Params)",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, Fn)",
+    "void moe_align_block_size_kernel<int>(int const*, int*)",
+])
+def test_local_kernels_are_not_communication(name: str) -> None:
+    assert classify("kernel", name, None, None, False) != COMMUNICATION
+    assert expert_parallel_kind(name) is None
+
+
+def test_nvshmem_and_rccl_kernels_are_communication() -> None:
+    for name in ("nvshmemi_proxy_kernel", "void nvshmemx_barrier_all_on_stream_kernel()",
+                 "void rocshmem::internal::put_kernel()", "mscclpp::allreduce_kernel<float>"):
+        assert classify("kernel", name, None, "aten::copy_", False) == COMMUNICATION, name
+
+
+def _ep_trace(path: Path) -> Path:
+    """A DeepSeek-style step: a GEMM, then a DeepEP dispatch and combine (launched under no
+    aten op) on a second stream while the compute stream waits: exposed communication."""
+    ev: list[dict[str, Any]] = [_step(1, 0, 1000)]
+    ev += [_op("aten::mm", 10, 20), _launch(1, 12), _kernel(1, 100, 200, "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT")]
+    ev += [_launch(2, 40), _kernel(2, 300, 150, "void deep_ep::internode::dispatch<true, 8, 4, 7168>(int4*)", 9)]
+    ev += [_launch(3, 50), _kernel(3, 450, 100, "void deep_ep::internode::combine<__nv_bfloat16, 8, 4>(int4*)", 9)]
+    ev += [_launch(4, 60), _kernel(4, 560, 10, "void deep_ep::intranode::notify_dispatch<8>(int const*)", 9)]
+    return _write(path, ev, deviceProperties=[{"id": 0, "name": "NVIDIA H800"}])
+
+
+def test_deep_ep_step_counts_communication_exposed_and_collectives(tmp_path: Path) -> None:
+    a = analyze([_ep_trace(tmp_path / "ep.json.gz")])
+    by = a.category_seconds()
+    assert by[COMMUNICATION] == pytest.approx(260e-6)
+    assert "other" not in by
+    t = a.temporal.iloc[0]
+    assert t["exposed_comm_s"] == pytest.approx(260e-6)  # nothing else runs while they do
+    kinds = sorted(a.collective_events["collective"])
+    assert kinds == ["combine", "dispatch", "dispatch"]
+    assert (a.collective_events["bytes"] == -1).all()  # sizes not recorded
+    rows = a.to_json()["collective_bandwidth"]
+    assert {r["collective"] for r in rows} == {"dispatch", "combine"}
+    assert all(r["bytes"] is None for r in rows)
+    assert a.device["peaks"] == "h800"
+
+
+# ---------------------------------------------------------------- 2. JSON Array Format, old keys
+
+
+def _array_events() -> list[dict[str, Any]]:
+    ev: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}},
+        _step(1, 0, 500), _op("aten::add", 10, 20), _launch(1, 12),
+        _kernel(1, 50, 40, "void at::native::vectorized_elementwise_kernel<4, AddFunctor>()"),
+    ]
+    return ev
+
+
+@pytest.mark.parametrize("closing", ["]", "]\n", "", ",\n"])
+def test_a_trace_that_is_one_array_of_events_loads(tmp_path: Path, closing: str) -> None:
+    text = "[\n" + ",\n".join(json.dumps(e) for e in _array_events()) + closing
+    path = tmp_path / "old.json"
+    path.write_text(text)
+    rt = L.load(path)
+    assert (rt.kind == L.KIND_KERNEL).sum() == 1
+    a = analyze([path])
+    assert a.category_seconds()["elementwise"] == pytest.approx(40e-6)
+
+
+def test_an_array_trace_read_in_small_pieces_is_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = [_step(1, 0, 10_000)]
+    for i in range(300):
+        events += [_op("aten::mul", 10 + 30 * i, 5), _launch(i, 11 + 30 * i),
+                   _kernel(i, 20 + 30 * i, 3, "elementwise_kernel")]
+    path = tmp_path / "arr.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(events).encode()))
+    whole = L.load(path)
+    monkeypatch.setattr(L, "READ_BYTES", 100)
+    small = L.load(path, chunk_bytes=512)
+    assert len(whole) == len(small) == 1 + 300 * 3 and whole.names == small.names
+
+
+def test_an_array_trace_cut_inside_an_event_is_one_error(tmp_path: Path) -> None:
+    from primus_perf.errors import TraceError
+
+    path = tmp_path / "cut.json"
+    path.write_text("[" + json.dumps(_step(1, 0, 5))[:-7])
+    with pytest.raises(TraceError, match="truncated"):
+        L.load(path)
+
+
+def test_old_compute_properties_key_names_the_device(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.json.gz", _array_events(),
+                  computeProperties=[{"id": 0, "name": "Tesla V100-SXM2-16GB", "computeMajor": 7}])
+    a = analyze([path])
+    assert a.device["name"] == "Tesla V100-SXM2-16GB" and a.device["peaks"] == "v100-sxm2"
