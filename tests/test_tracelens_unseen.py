@@ -162,3 +162,22 @@ def test_old_compute_properties_key_names_the_device(tmp_path: Path) -> None:
                   computeProperties=[{"id": 0, "name": "Tesla V100-SXM2-16GB", "computeMajor": 7}])
     a = analyze([path])
     assert a.device["name"] == "Tesla V100-SXM2-16GB" and a.device["peaks"] == "v100-sxm2"
+
+
+# ---------------------------------------------------------------- 3. no GPU events: no roofline
+
+
+def test_a_trace_without_gpu_events_shows_no_roofline_figures(tmp_path: Path) -> None:
+    """An fp32 A100 trace recorded without CUDA activity: the mm's CPU duration would give
+    thousands of TFLOP/s; the problem is listed with its FLOPs and CPU time, nothing more."""
+    mm = _op("aten::mm", 10, 1.0, **{"Input Dims": [[4096, 4096], [4096, 4096]], "Input type": ["float", "float"],
+                                      "Input Strides": [[4096, 1], [4096, 1]]})
+    path = _write(tmp_path / "cpu.json.gz", [_step(1, 0, 100), mm],
+                  deviceProperties=[{"id": 0, "name": "NVIDIA A100-SXM4-40GB"}])
+    a = analyze([path])
+    g = a.gemm_problems
+    assert len(g) == 1 and g["flops"].iloc[0] == 2 * 4096**3
+    assert g[["tflops", "tb_s", "pct_roofline"]].isna().all().all()
+    assert any("not shown (they need the device's kernel time)" in n for n in a.notes)
+    rec = a.to_json()["gemm_problems"][0]
+    assert rec["tflops"] is None and rec["pct_roofline"] is None

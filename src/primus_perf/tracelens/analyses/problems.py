@@ -65,8 +65,12 @@ def _labels(problems: list, keys: list[str]) -> list[str]:
     return out
 
 
-def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int) -> pd.DataFrame:
-    """``kind`` is "gemm", "grouped_gemm" or "attention"; GEMM rows say their pass."""
+def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int,
+                  device_time: bool = True) -> pd.DataFrame:
+    """``kind`` is "gemm", "grouped_gemm" or "attention"; GEMM rows say their pass.
+    ``device_time``: the calls' times are their kernels' GPU time; False (a trace without
+    GPU events: the ops' CPU times) leaves TFLOP/s, TB/s and % of roofline unknown (NaN),
+    since a CPU op's duration says nothing about what the device reached."""
     cols = KIND_COLUMNS[kind]
     sub = calls[(calls["kind"] == kind) & calls["problem"].notna()]
     if sub.empty:
@@ -84,6 +88,8 @@ def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per
     g["tflops"], g["pct_roofline"] = roofline(total_flops, total_bytes, time_s, list(g["dtype"]), peaks)
     with np.errstate(divide="ignore", invalid="ignore"):
         g["tb_s"] = np.where(time_s > 0, total_bytes / time_s / 1e12, np.nan)
+    if not device_time:
+        g["tflops"] = g["pct_roofline"] = g["tb_s"] = np.nan
     g["flops"], g["bytes"] = total_flops / n, total_bytes / n
     g["intensity"] = g["flops"] / g["bytes"].where(g["bytes"] > 0)
     g["calls"] = n / per_step
