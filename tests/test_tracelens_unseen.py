@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from primus_perf.tracelens import load as L
@@ -181,3 +182,93 @@ def test_a_trace_without_gpu_events_shows_no_roofline_figures(tmp_path: Path) ->
     assert any("not shown (they need the device's kernel time)" in n for n in a.notes)
     rec = a.to_json()["gemm_problems"][0]
     assert rec["tflops"] is None and rec["pct_roofline"] is None
+
+
+# ---------------------------------------------------------------- 4. bytes models within the roofline
+
+from primus_perf.devices import PEAK_TABLE, lookup_peaks  # noqa: E402
+from primus_perf.tracelens.perf_models import model_bytes  # noqa: E402
+from primus_perf.tracelens.roofline import OVER_NOTES, explain_over, roofline  # noqa: E402
+
+
+def _args(dims: list, types: list, concrete: list | None = None) -> L.ShapeArgs:
+    return L.ShapeArgs(dims, types, [], concrete or [""] * len(dims))
+
+
+N = 32 * 256 * 56 * 56
+
+
+def test_an_out_form_counts_its_output_once() -> None:
+    """clamp_min(self, min, *, out): read self, write out; the functional form the same."""
+    out_form = model_bytes(_args([[32, 256, 56, 56], [], [32, 256, 56, 56]], ["float", "Scalar", "float"]),
+                           "aten::clamp_min")
+    functional = model_bytes(_args([[32, 256, 56, 56], []], ["float", "Scalar"]), "aten::clamp_min")
+    assert out_form.bytes == functional.bytes == 2 * N * 4
+
+
+def test_a_converting_copy_reads_its_source_and_writes_self_in_their_dtypes() -> None:
+    m = model_bytes(_args([[16, 559, 1024], [16, 559, 1024], []], ["c10::BFloat16", "float", "Scalar"]),
+                    "aten::copy_")
+    n = 16 * 559 * 1024
+    assert m.bytes == n * 4 + n * 2  # read f32, write bf16
+    fill = model_bytes(_args([[1024, 4096], []], ["float", "Scalar"]), "aten::fill_")
+    assert fill.bytes == 1024 * 4096 * 4  # written only
+    add_ = model_bytes(_args([[1024, 4096], [1024, 4096], []], ["float", "float", "Scalar"]), "aten::add_")
+    assert add_.bytes == 3 * 1024 * 4096 * 4  # in place: self read and written, other read
+
+
+def test_an_indexing_op_reads_the_rows_it_selects() -> None:
+    m = model_bytes(_args([[151936, 1024], [], [8944]], ["c10::BFloat16", "Scalar", "long int"], ["", "0", ""]),
+                    "aten::index_select")
+    assert m.bytes == 2 * 8944 * 1024 * 2 + 8944 * 8
+
+
+def test_rows_above_the_roofline_are_flagged_with_their_reason() -> None:
+    peaks = lookup_peaks("NVIDIA A100-SXM4-80GB")
+    flops = np.array([2 * 4096**3, 1e12, 0, 0])
+    nbytes = np.array([3 * 4096**2 * 4, 1e9, 2e6, 4e9])
+    time_s = np.array([2 * 4096**3 / 60e12, 1e12 / 200e12, 2e6 / 3e12, 4e9 / 3e12])
+    dtypes, kinds = ["f32", "f32", "f32", "f32"], ["gemm", "convolution", "memory", "memory"]
+    _, pct = roofline(flops, nbytes, time_s, dtypes, peaks)
+    assert (pct > 1).all()
+    fixed, notes = explain_over(pct, flops, nbytes, time_s, dtypes, kinds, np.ones(4), peaks)
+    assert notes == [OVER_NOTES["tf32"], OVER_NOTES["winograd"], OVER_NOTES["cache"], OVER_NOTES["model"]]
+    assert fixed[0] == pytest.approx(60 / 156)  # against the TF32 roof
+    assert fixed[1] == pytest.approx(200 / 156)  # above even the TF32 peak: shown, with its caveat
+    _, under = explain_over(np.array([0.5]), flops[:1], nbytes[:1], time_s[:1], ["f32"], ["gemm"], np.ones(1), peaks)
+    assert under == [""]
+
+
+def test_a_convolution_dtype_is_read_past_its_int_list_arguments(tmp_path: Path) -> None:
+    from primus_perf.tracelens.tables import shape_label
+
+    args = _args([[], [32, 256, 14, 14], [256, 256, 3, 3]], ["GenericList", "float", "float"])
+    assert shape_label(args) == "32x256x14x14, 256x256x3x3 f32"
+
+
+# ---------------------------------------------------------------- 5. the peak table
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    ("NVIDIA H800", "h800"), ("NVIDIA GH200 480GB", "gh200"), ("Tesla T4", "t4"),
+    ("AMD Instinct MI350X", "mi350x"), ("NVIDIA L40S", "l40s"), ("NVIDIA A10G", "a10g"), ("NVIDIA A10", "a10"),
+    ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada"), ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
+    ("NVIDIA A800-SXM4-80GB", "a800-sxm"), ("NVIDIA H200 NVL", "h200-nvl"), ("NVIDIA B300 SXM6 AC", "b300"),
+    ("AMD Instinct MI100", "mi100"), ("AMD Instinct MI250X/MI250", "mi250"), ("NVIDIA L40", "l40"),
+    ("NVIDIA A30", "a30"), ("NVIDIA A40", "a40"), ("NVIDIA RTX A6000", "rtx-a6000"),
+])
+def test_devices_of_three_generations_have_peaks(name: str, key: str) -> None:
+    assert lookup_peaks(name).key == key
+
+
+def test_every_peak_row_is_sourced_dense_and_ordered() -> None:
+    keys = [r.key for r in PEAK_TABLE]
+    assert len(keys) == len(set(keys))
+    for r in PEAK_TABLE:
+        assert r.source and r.hbm_tb_s > 0 and r.tflops["f32"] > 0, r.key
+        assert lookup_peaks(r.key.replace("-", " ").upper()) is not None or r.key  # patterns compile
+        # dense tensor peaks: fp8 twice bf16, tf32 half of bf16, where the device has them
+        if "f8e4m3" in r.tflops:
+            assert r.tflops["f8e4m3"] == pytest.approx(2 * r.tflops["bf16"], rel=0.02), r.key
+        if "tf32" in r.tflops and r.key not in ("l40",):
+            assert r.tflops["tf32"] == pytest.approx(r.tflops["bf16"] / 2, rel=0.02), r.key
