@@ -272,3 +272,44 @@ def test_every_peak_row_is_sourced_dense_and_ordered() -> None:
             assert r.tflops["f8e4m3"] == pytest.approx(2 * r.tflops["bf16"], rel=0.02), r.key
         if "tf32" in r.tflops and r.key not in ("l40",):
             assert r.tflops["tf32"] == pytest.approx(r.tflops["bf16"] / 2, rel=0.02), r.key
+
+
+# ---------------------------------------------------------------- 9. CSV and Excel export
+
+
+def test_every_table_exports_as_csv_and_as_one_sheet_each(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from primus_perf.tracelens.export import analysis_tables, write_csv, write_xlsx
+
+    a = analyze([_ep_trace(tmp_path / "ep.json.gz")])
+    tables = analysis_tables(a)
+    assert {"kernels", "hotspots", "breakdown", "temporal", "collective_events", "collective_bandwidth",
+            "gemm_problems", "totals", "device"} <= set(tables)
+    paths = write_csv(a, tmp_path / "csv")
+    assert {p.stem for p in paths} == set(tables)
+    k = pd.read_csv(tmp_path / "csv" / "kernels.csv")
+    assert len(k) == len(a.kernels) and set(k["category"]) == {"gemm", COMMUNICATION}
+    book = write_xlsx(a, tmp_path / "a.xlsx")
+    sheets = pd.read_excel(book, sheet_name=None)
+    assert set(sheets) == set(tables)
+    assert len(sheets["kernels"]) == len(a.kernels)
+    assert sheets["collective_events"]["collective"].tolist() == a.collective_events["collective"].tolist()
+
+
+def test_the_analyze_command_writes_csv_and_xlsx(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from primus_perf.cli.profile import app
+
+    trace = _ep_trace(tmp_path / "ep.json.gz")
+    r = CliRunner().invoke(app, ["analyze", str(trace), "--csv", str(tmp_path / "out"), "--xlsx",
+                                 str(tmp_path / "out.xlsx")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "out" / "hotspots.csv").is_file() and (tmp_path / "out.xlsx").is_file()
+
+    from primus_perf.cli.common import run_app
+
+    with pytest.raises(SystemExit) as exc:
+        run_app(app, ["analyze", str(trace), "--xlsx", str(tmp_path / "no" / "dir" / "x.xlsx")])
+    assert exc.value.code == 2

@@ -14,6 +14,7 @@ from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console
 from primus_perf.files import write_output
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyze import Analysis, analyze
+from primus_perf.tracelens.export import write_csv, write_xlsx
 from primus_perf.tracelens.shapes import write_problems
 
 
@@ -167,9 +168,17 @@ def register(app: typer.Typer) -> None:
         jobs: int | None = typer.Option(None, "-j", "--jobs", min=1,
                                         help="Processes for the traces of many ranks (default: one per trace, "
                                              "at most one per CPU)."),
+        csv_dir: Path | None = typer.Option(None, "--csv", help="Also write every table as DIR/NAME.csv."),
+        xlsx: Path | None = typer.Option(None, "--xlsx", help="Also write every table to one Excel workbook "
+                                         "(a sheet per table; needs openpyxl)."),
     ) -> None:
         """Breakdown, hotspots and GEMM, grouped GEMM and attention problems of one or more traces."""
         a = _run(traces, jobs)
+        exported = []
+        if csv_dir is not None:
+            exported.append(f"{len(write_csv(a, csv_dir))} tables as CSV in {csv_dir}")
+        if xlsx is not None:
+            exported.append(str(write_xlsx(a, xlsx)))
         if json_out is not None:
             write_output(json_out, json.dumps(a.to_json(top=max(top, 50)), indent=1))
             if json_out == "-":
@@ -177,6 +186,8 @@ def register(app: typer.Typer) -> None:
         render(a, top)
         if json_out is not None:
             console.print(f"wrote {json_out}")
+        for path in exported:
+            console.print(f"wrote {path}")
 
     @app.command("shapes")
     def shapes_cmd(
