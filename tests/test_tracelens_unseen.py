@@ -12,9 +12,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from primus_perf.devices import PEAK_TABLE, lookup_peaks
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.analyze import analyze
-from primus_perf.tracelens.categories import COMMUNICATION, classify, communication_rule, expert_parallel_kind
+from primus_perf.tracelens.categories import (
+    COMMUNICATION,
+    classify,
+    communication_rule,
+    expert_parallel_kind,
+)
+from primus_perf.tracelens.perf_models import model_bytes
+from primus_perf.tracelens.roofline import OVER_NOTES, explain_over, roofline
 
 
 def _write(path: Path, events: list[dict[str, Any]], **head: Any) -> Path:
@@ -186,9 +194,6 @@ def test_a_trace_without_gpu_events_shows_no_roofline_figures(tmp_path: Path) ->
 
 # ---------------------------------------------------------------- 4. bytes models within the roofline
 
-from primus_perf.devices import PEAK_TABLE, lookup_peaks  # noqa: E402
-from primus_perf.tracelens.perf_models import model_bytes  # noqa: E402
-from primus_perf.tracelens.roofline import OVER_NOTES, explain_over, roofline  # noqa: E402
 
 
 def _args(dims: list, types: list, concrete: list | None = None) -> L.ShapeArgs:
@@ -251,14 +256,15 @@ def test_a_convolution_dtype_is_read_past_its_int_list_arguments(tmp_path: Path)
 
 @pytest.mark.parametrize(("name", "key"), [
     ("NVIDIA H800", "h800"), ("NVIDIA GH200 480GB", "gh200"), ("Tesla T4", "t4"),
-    ("AMD Instinct MI350X", "mi350x"), ("NVIDIA L40S", "l40s"), ("NVIDIA A10G", "a10g"), ("NVIDIA A10", "a10"),
+    ("AMD Instinct MI350X", "mi350x"), ("NVIDIA L40S", "l40s"), ("NVIDIA A10G", None), ("NVIDIA A10", "a10"),
     ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada"), ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
     ("NVIDIA A800-SXM4-80GB", "a800-sxm"), ("NVIDIA H200 NVL", "h200-nvl"), ("NVIDIA B300 SXM6 AC", "b300"),
     ("AMD Instinct MI100", "mi100"), ("AMD Instinct MI250X/MI250", "mi250"), ("NVIDIA L40", "l40"),
     ("NVIDIA A30", "a30"), ("NVIDIA A40", "a40"), ("NVIDIA RTX A6000", "rtx-a6000"),
 ])
-def test_devices_of_three_generations_have_peaks(name: str, key: str) -> None:
-    assert lookup_peaks(name).key == key
+def test_devices_of_three_generations_have_peaks(name: str, key: str | None) -> None:
+    p = lookup_peaks(name)
+    assert (p.key if p else None) == key  # A10G: no vendor datasheet, no row (never a guessed roof)
 
 
 def test_every_peak_row_is_sourced_dense_and_ordered() -> None:

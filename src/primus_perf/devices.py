@@ -76,10 +76,11 @@ _AMD = "https://www.amd.com/en/products/accelerators/instinct/"
 # write ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PG509-200",
 # "NVIDIA H800", "NVIDIA GH200 480GB", "Tesla T4", "Tesla V100-SXM2-16GB", "NVIDIA B200",
 # "AMD Instinct MI300X VF", "AMD Instinct MI210", "AMD Instinct MI350X"); a device no row
-# matches has no roof ("n/a"), never a wrong one. Not listed, having no published dense
-# figures: AMD Instinct MI308X. An MI250/MI250X shows torch one device per graphics compute
-# die (GCD), so its rows are per GCD: half the package's datasheet figures ("MI250X/MI250", the name
-# ROCm gives both, takes the MI250's lower figures).
+# matches has no roof ("n/a"), never a wrong one. Not listed, having no vendor datasheet
+# with dense figures: NVIDIA A10G (AWS's variant of the A10) and AMD Instinct MI308X. An
+# MI250/MI250X shows torch one device per graphics compute die (GCD), so its rows are per
+# GCD: half the package's datasheet figures ("MI250X/MI250", the name ROCm gives both,
+# takes the MI250's lower figures).
 PEAK_TABLE: tuple[DevicePeaks, ...] = (
     # ---- NVIDIA Blackwell
     DevicePeaks("gb300", r"\bGB300\b", "nvidia", _nv(2500.0, 1250.0, 80.0, 5000.0), 8.0, 126 * MiB, 160,
@@ -142,9 +143,6 @@ PEAK_TABLE: tuple[DevicePeaks, ...] = (
                 _NV + "a40/ (A40 datasheet)"),
     DevicePeaks("a30", r"\bA30\b", "nvidia", _nv(165.0, 82.0, 10.3, None, i8=330.0), 0.933, 24 * MiB, 56,
                 "https://www.nvidia.com/en-us/data-center/products/a30-gpu/ (A30 datasheet)"),
-    DevicePeaks("a10g", r"\bA10G\b", "nvidia", _nv(70.0, 35.0, 35.0, None), 0.6, 6 * MiB, 80,
-                "AWS EC2 G5 instance specifications (A10G; NVIDIA publishes no A10G datasheet), as tabulated in "
-                "https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/"),
     DevicePeaks("a10", r"\bA10\b", "nvidia", _nv(125.0, 62.5, 31.2, None, i8=250.0), 0.6, 6 * MiB, 72,
                 "https://www.nvidia.com/en-us/data-center/products/a10-gpu/ (A10 datasheet)"),
     DevicePeaks("rtx-a6000", r"RTX A6000", "nvidia", _nv(154.8, 77.4, 38.7, None), 0.768, 6 * MiB, 84,

@@ -54,6 +54,18 @@ def _busy(a: Analysis) -> str:
     return f"no GPU events: CPU time of GEMM, grouped GEMM and attention ops {_ms(cpu)} ms/step"
 
 
+def _flagged(pct: Any, note: Any) -> str:
+    """A fraction of the roofline, marked ``*`` where it carries a caveat (``roofline_note``)."""
+    return _pct(pct) + ("*" if isinstance(note, str) and note else "")
+
+
+def _print_flags(df: Any) -> None:
+    """The caveats of the rows marked ``*`` in a table, once each."""
+    notes = [n for n in dict.fromkeys(df["roofline_note"]) if isinstance(n, str) and n] if len(df) else []
+    for note in notes:
+        console.print(f"* {note}", highlight=False, soft_wrap=True)
+
+
 def render(a: Analysis, top: int) -> None:
     """Rich tables of an analysis: header, breakdowns, hotspots, problems, ranks."""
     t = a.totals
@@ -86,8 +98,9 @@ def render(a: Analysis, top: int) -> None:
                       overflow="fold")
     for _, r in a.hotspots.head(top).iterrows():
         th.add_row(r["category"], r["op"], r["shape"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
-                   _pct(r["share"]), _num(r["tflops"]), _pct(r["pct_roofline"]))
+                   _pct(r["share"]), _num(r["tflops"]), _flagged(r["pct_roofline"], r["roofline_note"]))
     console.print(th)
+    _print_flags(a.hotspots.head(top))
     for title, df in (("GEMM problems", a.gemm_problems), ("grouped GEMM problems", a.grouped_gemm_problems),
                       ("attention problems", a.attention_problems)):
         if df.empty:
@@ -97,8 +110,9 @@ def render(a: Analysis, top: int) -> None:
             tp.add_column(col, justify="left" if col in ("problem", "dir") else "right")
         for _, r in df.head(top).iterrows():
             tp.add_row(r["label"], r["direction"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
-                       _num(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _pct(r["pct_roofline"]))
+                       _num(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _flagged(r["pct_roofline"], r["roofline_note"]))
         console.print(tp)
+        _print_flags(df.head(top))
     if len(a.collectives):
         tc = Table(title="collectives across ranks")
         for col in ("kernel", "calls", "mean skew us", "max skew us", "mean dur us", "last to start"):

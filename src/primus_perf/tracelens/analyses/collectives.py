@@ -4,7 +4,10 @@ Per communication GPU event (:func:`trace_collectives`, one trace at a time):
 
 - the collective (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, reduce,
   send/recv), from the ops around its launch (``nccl:all_reduce``, ``c10d::alltoall_base_``,
-  ``symm_mem::multimem_all_reduce_``, ``vllm::all_gather``) and else its kernel name;
+  ``symm_mem::multimem_all_reduce_``, ``vllm::all_gather``) and else its kernel name; a
+  kernel of an expert-parallel library (DeepEP, pplx, MORI, ...:
+  ``categories.expert_parallel_kind``) is its token ``dispatch`` or ``combine`` (else
+  ``all_to_all``), whatever op launched it, with sizes unknown unless an op records them;
 - the message size ``bytes`` in NCCL's convention (the larger of the collective's input and
   output: an all-gather's output, a reduce-scatter's input), from the recorded input shapes
   and dtypes of those ops; unknown (-1) when the trace has no shapes; and the rank's own
