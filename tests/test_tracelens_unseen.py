@@ -244,6 +244,20 @@ def test_rows_above_the_roofline_are_flagged_with_their_reason() -> None:
     assert under == [""]
 
 
+def test_regions_get_no_bytes_model_while_their_aten_ops_do(tmp_path: Path) -> None:
+    """A compiled region's recorded inputs are its graph's: its own kernels (the rest run under
+    the aten ops inside it) are not measured against them."""
+    big = {"Input Dims": [[4, 4096, 2798], [4, 4096, 2798]], "Input type": ["float", "float"]}
+    ev: list[dict[str, Any]] = [_step(1, 0, 1000), _op("CompiledFunctionBackward", 10, 100, **big),
+                                _launch(1, 12), _kernel(1, 200, 5, "triton_poi_fused_mul_0"),
+                                _op("aten::mul", 40, 10, **big), _launch(2, 42),
+                                _kernel(2, 300, 400, "void at::native::vectorized_elementwise_kernel<4>()")]
+    a = analyze([_write(tmp_path / "c.json.gz", ev, deviceProperties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}])])
+    h = a.hotspots.set_index("op")
+    assert np.isnan(h.loc["CompiledFunctionBackward", "pct_roofline"])
+    assert 0 < h.loc["aten::mul", "pct_roofline"] < 1  # 3 x 183 MB in 400 us of a 2 TB/s roof
+
+
 def test_a_convolution_dtype_is_read_past_its_int_list_arguments(tmp_path: Path) -> None:
     from primus_perf.tracelens.tables import shape_label
 

@@ -164,15 +164,24 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
     return pd.concat([calls, memory], ignore_index=True) if len(memory) else calls
 
 
+# ops whose recorded inputs do not say what their kernels read and write, so no bytes model:
+# regions (autograd nodes, compiled graphs: their kernels run partly under ops of their own)
+# and names without a namespace (an Inductor kernel's launch lists its outputs among its inputs)
+_REGION = re.compile(r"^torch::autograd::|^Compiled\w*Function|^[^:]*$")
+
+
 def _memory_calls(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int, gpu_time: pd.Series
                   ) -> pd.DataFrame:
     """One row per call of an op (with recorded shapes) whose kernels are normalization or
-    elementwise: vectorized over calls, modeled once per (op name, shapes)."""
+    elementwise, except the regions of :data:`_REGION`: vectorized over calls, modeled once
+    per (op name, shapes)."""
     k = kernels[kernels["category"].isin((NORMALIZATION, ELEMENTWISE)) & (kernels["call"] >= 0)]
     if lk.steps:
         k = k[k["step"] >= 0]
     rows = np.unique(k["call"].to_numpy(dtype=np.int64))
     rows = rows[(rt.shape[rows] >= 0) & (lk.op_model[rows] != rows)]
+    region = np.array([bool(_REGION.search(nm)) for nm in rt.names] + [False], dtype=bool)
+    rows = rows[~region[rt.name[rows]]]
     if not len(rows):
         return pd.DataFrame(columns=CALL_COLUMNS)
     combo = np.stack([rt.name[rows].astype(np.int64), rt.shape[rows].astype(np.int64)])
