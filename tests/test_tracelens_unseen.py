@@ -67,6 +67,9 @@ EP_KERNELS = {
     "void mori::moe::EpCombineInterNodeKernel<float>(mori::moe::EpDispatchCombineArgs<float>)": "combine",
     "void mscclpp::ep::internode_ll::dispatch<true>(void*)": "dispatch",
     "void uccl::internode_ll::combine<7168>(void*)": "combine",
+    "void ep::internode::dispatch<true, 8>(int4*, float*)": "dispatch",  # another library's EP namespace
+    "void ep::intranode::cached_notify_combine<8>(void**, int*)": "combine",
+    "notify_dispatch<8>(int const*, int*)": "dispatch",
 }
 
 

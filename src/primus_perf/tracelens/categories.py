@@ -79,7 +79,7 @@ COMMUNICATION_RULES: tuple[CommRule, ...] = (
     _rule(r"\bnccl_ep::", "NCCL EP: expert-parallel dispatch/combine", ep=True),
     _rule(r"\bnvshmem|\brocshmem|\bishmem", "NVSHMEM/rocSHMEM kernels (puts, gets, barriers, collectives)"),
     _rule(r"\b(intra|inter)node(_ll)?::\w*(dispatch|combine|notify)|low_latency_(dispatch|combine)"
-          r"|\bep::\w*(dispatch|combine)",
+          r"|\bep::\w*(dispatch|combine)|\b(cached_)?notify_(dispatch|combine)\b",
           "an expert-parallel library's intranode/internode/low-latency dispatch or combine kernel", ep=True),
     _rule(r"cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv|multimem",
           "vLLM/SGLang/AITER custom all-reduce, symmetric-memory and all-to-all kernels"),
