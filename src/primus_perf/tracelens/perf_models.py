@@ -35,9 +35,9 @@ from primus_perf.problems import (
     GroupedGemmProblem,
     Operand,
     dtype_name,
+    grouped_mm_call,
     operand_layout,
     parse_grouped_trace_name,
-    tokens_bucket,
 )
 from primus_perf.tracelens.load import ShapeArgs
 
@@ -225,21 +225,14 @@ def annotation_model(name: str) -> OpModel | None:
     return None if parsed is None else _grouped_model(*parsed)
 
 
-def _weight_transposed(strides: Any, dim: int) -> bool:
-    """Whether a recorded 3-D operand is used transposed: its ``dim`` stride is not 1
-    (False when strides were not recorded: torch packs the operand)."""
-    if not (isinstance(strides, list) and len(strides) == 3 and all(isinstance(x, int) for x in strides)):
-        return False
-    return strides[dim] != 1
-
-
-def model_grouped_mm(s: ShapeArgs) -> OpModel | None:
+def model_grouped_mm(s: ShapeArgs, backward: bool = False) -> OpModel | None:
     """``aten::_grouped_mm(a, b, offs, ...)`` and ``_scaled_grouped_mm``: MoE expert GEMMs
-    (2*T*K*N FLOPs whatever the split), read as forward passes (:func:`model_op` makes the
-    input or weight gradient of one that runs in a backward pass):
+    (2*T*K*N FLOPs whatever the split), read by ``problems.grouped_mm_call`` as the seam
+    and the dispatcher override read them (``backward``: it runs in a backward pass):
 
-    - 2-D ``a[T, K]`` with 3-D ``b[G, K, N]`` (T tokens split over G groups by ``offs``):
-      the split is not recorded, so the problem takes it as balanced (``assumed``);
+    - 2-D ``a[T, K]`` with 3-D ``b[G, K, N]`` (T tokens split over G groups by ``offs``): a
+      forward, or in a backward pass the input gradient; the split is not recorded, so the
+      problem takes it as balanced (``assumed``);
     - 2-D ``a[K, T]`` with 2-D ``b[T, N]`` (``offs`` over T, ``[G]``): a weight gradient
       ``dW[G, K, N]``, balanced assumed likewise;
     - 3-D with 3-D: G equal groups (balanced, known); with ``a`` used transposed
@@ -247,41 +240,20 @@ def model_grouped_mm(s: ShapeArgs) -> OpModel | None:
       ``dW[G, K, N]``."""
     if len(s.dims) < 2 or not (_int_list(s.dims[0]) and _int_list(s.dims[1])):
         return None
-    a, b = s.dims[0], s.dims[1]
     dtype = _dtype(s.types, 0)
     if dtype is None:
         return None
     a_strides = s.strides[0] if s.strides else None
     b_strides = s.strides[1] if len(s.strides) > 1 else None
     offs = s.dims[2] if len(s.dims) > 2 and _int_list(s.dims[2]) and len(s.dims[2]) == 1 else None
-    assumed = SKEW_UNKNOWN
-    if len(a) == 2 and len(b) == 3 and a[1] == b[1]:
-        groups, tokens, k, n, phase = b[0], a[0], b[1], b[2], "fwd"
-    elif len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1] and _weight_transposed(a_strides, 2):
-        groups, tokens, k, n, phase, assumed = a[0], a[0] * a[2], a[1], b[2], "wgrad", ""
-    elif len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
-        groups, tokens, k, n, phase, assumed = a[0], a[0] * a[1], a[2], b[2], "fwd", ""
-    elif len(a) == 2 and len(b) == 2 and a[1] == b[0] and offs is not None:
-        groups, tokens, k, n, phase = offs[0], a[1], a[0], b[1], "wgrad"
-    else:
+    call = grouped_mm_call(s.dims[0], a_strides, s.dims[1], b_strides, offs[0] if offs else None, backward)
+    if call is None:
         return None
-    trans_w = phase == "fwd" and _weight_transposed(b_strides, 2)
     try:
-        prob = GroupedGemmProblem(groups=groups, k=k, n=n, tokens=max(1, tokens_bucket(tokens)), dtype=dtype,
-                                  trans_w=trans_w, phase=phase)
+        prob = call.problem(dtype)
     except ValueError:
         return None
-    return _grouped_model(prob, tokens, assumed)
-
-
-def input_gradient(m: OpModel) -> OpModel:
-    """The forward reading of a grouped GEMM with a 3-D ``b`` that runs in a backward pass
-    as what it is there: ``dy @ W^T`` (``b`` is the forward weight transposed, so the
-    forward's K and N swap and its layout flips); FLOPs and bytes are the same."""
-    p = m.problem
-    assert isinstance(p, GroupedGemmProblem)
-    prob = GroupedGemmProblem(**{**p.to_dict(), "k": p.n, "n": p.k, "trans_w": not p.trans_w, "phase": "dgrad"})
-    return OpModel(m.kind, prob, "dgrad", m.flops, m.bytes, m.input_dtype, m.label, m.assumed)
+    return _grouped_model(prob, call.tokens, SKEW_UNKNOWN if offs else "")
 
 
 def model_linear_like(s: ShapeArgs, first: int = 0) -> OpModel | None:
@@ -573,5 +545,5 @@ def model_op(name: str, args: ShapeArgs | None, in_backward: bool = False) -> Op
     except (TypeError, ValueError, IndexError):
         return None  # malformed recorded inputs: FLOPs unknown
     if in_backward and m is not None and m.kind == "grouped_gemm" and m.direction == "fwd":
-        return input_gradient(m)
+        return model_grouped_mm(args, backward=True)  # the input gradient: dy @ W^T
     return m

@@ -30,7 +30,13 @@ import torch
 from primus_perf.kernels.autocast import cast_operands
 from primus_perf.kernels.grouped_gemm.backends import BACKENDS, Backend
 from primus_perf.kernels.tracing import profiler_on
-from primus_perf.problems import GroupedGemmProblem, dtype_name, grouped_trace_name
+from primus_perf.problems import (
+    GROUPED_PASSES,
+    GroupedGemmProblem,
+    dtype_name,
+    grouped_mm_call,
+    grouped_trace_name,
+)
 
 DEFAULT_BACKEND = "loop"
 
@@ -86,21 +92,20 @@ def run_backend(
 def problem_of(
     phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]
 ) -> GroupedGemmProblem:
-    """The problem of a :func:`run` call. ``k``, ``n`` and ``trans_w`` describe the forward
-    weight (``trans_w``: stored ``[G, N, K]`` and used transposed); a wgrad problem has
+    """The problem of a :func:`run` call, read as the ``aten::_grouped_mm`` call of that pass
+    would be (``problems.grouped_mm_call``: the seam, the dispatcher override and the trace
+    analyzer share one reading). ``k``, ``n`` and ``trans_w`` describe the forward weight
+    (``trans_w``: stored ``[G, N, K]`` and used transposed); a wgrad problem has
     ``trans_w=False``: it produces ``dW[G, K, N]`` whatever the weight's storage."""
-    dtype = dtype_name(a.dtype)
-    if phase == "fwd":
-        k, n, trans_w = b.shape[1], b.shape[2], b.stride(2) != 1
-    elif phase == "dgrad":
-        k, n, trans_w = b.shape[2], b.shape[1], b.stride(1) != 1
-    elif phase == "wgrad":
-        k, n, trans_w = a.shape[1], b.shape[1], False
-    else:
+    if phase not in GROUPED_PASSES:
         raise ValueError(f"unknown grouped GEMM pass {phase!r}")
-    return GroupedGemmProblem.from_counts(
-        list(counts), k, n, dtype=dtype, trans_w=trans_w, phase=phase
-    )
+    a_shape, a_strides = tuple(a.shape), a.stride()
+    if phase == "wgrad":  # the aten call's a is x^T
+        a_shape, a_strides = a_shape[::-1], a_strides[::-1]
+    call = grouped_mm_call(a_shape, a_strides, b.shape, b.stride(), len(counts), phase == "dgrad")
+    if call is None or call.phase != phase:
+        raise ValueError(f"grouped GEMM {phase}: operands {tuple(a.shape)} and {tuple(b.shape)} do not fit")
+    return call.problem(dtype_name(a.dtype), list(counts))
 
 
 class _GroupedMM(torch.autograd.Function):
