@@ -1,7 +1,8 @@
 """Routing an unmodified PyTorch program: overrides of the aten GEMM and SDPA operators.
 
 While enabled, the backend kernels of ``aten::mm``, ``aten::addmm`` and ``aten::bmm`` (the
-``CUDA`` key; ``CPU`` for tests) are Python functions that run :func:`routes.gemm`, and
+``CUDA`` key; ``CPU`` for tests) are Python functions that run :func:`routes.gemm`,
+``aten::_grouped_mm``'s runs :func:`routes.grouped_gemm` (``grouped_intercept.py``), and
 ``aten::scaled_dot_product_attention`` has one at the autograd and backend keys that runs
 :func:`routes.routed_attention`. Torch's default goes through the ``out=`` overloads (the same
 kernels) and the SDPA composite itself (``OpOverload.decompose``): a call left to torch
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from primus_perf.runtime import routes
+from primus_perf.runtime import grouped_intercept, routes
 from primus_perf.runtime.compiled import attention_pass, gemm_pass
 
 BACKEND_KEYS = {"cuda": "CUDA", "cpu": "CPU"}  # device type -> dispatch key of its kernels
@@ -93,7 +94,10 @@ class Interception:
             if "attention" in kinds:
                 self.lib.impl("scaled_dot_product_attention", _sdpa, "Autograd" + key)
                 self.lib.impl("scaled_dot_product_attention", _sdpa, key)
-        passes = (gemm_pass() if "gemm" in kinds else None, attention_pass() if "attention" in kinds else None)
+            if "grouped_gemm" in kinds:  # aten::_grouped_mm (grouped_intercept.py)
+                grouped_intercept.override(self.lib, key)
+        passes = (gemm_pass() if "gemm" in kinds else None, attention_pass() if "attention" in kinds else None,
+                  grouped_intercept.grouped_pass() if "grouped_gemm" in kinds else None)
         self.compile_passes = [p for p in passes if p is not None]  # Inductor's (compiled.py)
 
     def close(self) -> None:

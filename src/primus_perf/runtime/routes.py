@@ -10,10 +10,11 @@ and SDPA with the overrides bypassed), so a call is never routed twice. Which SD
 have a route is one predicate, :func:`routable_sdpa`: the eager override asks it of the
 call's tensors, the compiled path (``compiled.py``) of the traced call's fake tensors.
 
-Grouped GEMMs have no aten operator to override: their one dispatch point is
-``kernels.grouped_gemm.run`` (every pass of ``kernels.grouped_gemm.grouped_mm``, which the
-trainer's MoE layer and any program may call). Installing a ``grouped_gemm`` router sets
-that seam's router to :func:`grouped_gemm`; None there runs the caller's backend.
+Grouped GEMMs reach :func:`grouped_gemm` from two points: ``kernels.grouped_gemm.run``
+(every pass of ``kernels.grouped_gemm.grouped_mm``, the trainer's MoE layer; installing a
+``grouped_gemm`` router sets that seam's router to :func:`grouped_gemm`, None there runs
+the caller's backend) and the override of ``aten::_grouped_mm`` (``grouped_intercept``:
+other programs' ``torch._grouped_mm`` / ``F.grouped_mm``; None there runs torch's kernel).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from primus_perf.kernels.gemm import torch_mm
 KINDS = ("gemm", "attention", "grouped_gemm")  # the kinds a router can be installed for
 
 _routers: dict[str, Any] = {}
-_local = threading.local()  # .bypass: > 0 while a routed attention runs (its SDPA is torch's)
+_local = threading.local()  # .bypass: > 0 while a routed attention runs (its SDPA is torch's);
+# .grouped: > 0 while a routed grouped GEMM runs (its GEMMs are torch's)
 
 
 def install(routers: Mapping[str, Any]) -> None:
@@ -60,7 +62,7 @@ def gemm(a: Any, b: Any, bias: Any = None) -> Any:
     """``a @ b`` (``torch.bmm`` for 3-D operands; ``+ bias`` when given): the router's
     answer when it gives one, else torch's own kernel."""
     router = _routers.get("gemm")
-    if router is not None:
+    if router is not None and not in_grouped():
         out = router(a, b, bias)
         if out is not None:
             return out
@@ -69,9 +71,23 @@ def gemm(a: Any, b: Any, bias: Any = None) -> Any:
 
 def grouped_gemm(phase: str, a: Any, b: Any, counts: Any) -> Any:
     """The grouped-GEMM router's answer for one pass of the seam, or None (the caller's
-    backend runs)."""
+    backend runs). While the router runs, the GEMMs of the backend it runs are torch's
+    (:func:`in_grouped`): its choice was tuned and timed on them, and they are no problem
+    the dense router was tuned for (padded or per-expert pieces)."""
     router = _routers.get("grouped_gemm")
-    return None if router is None else router(phase, a, b, counts)
+    if router is None:
+        return None
+    _local.grouped = getattr(_local, "grouped", 0) + 1
+    try:
+        return router(phase, a, b, counts)
+    finally:
+        _local.grouped -= 1
+
+
+def in_grouped() -> bool:
+    """True while a routed grouped GEMM runs (its own GEMMs, ``_grouped_mm`` included, are
+    torch's)."""
+    return getattr(_local, "grouped", 0) > 0
 
 
 def bypassed() -> bool:
