@@ -22,7 +22,7 @@ enabled, its backend kernel (``CUDA``; ``CPU`` for tests) is :func:`_grouped_mm`
   router); its answer is the call's result. None, a layout or argument no problem
   describes (``bias``, another ``out_dtype``, 3-D ``a`` with 2-D ``b``), a tracing or
   CUDA-graph-capturing call, and the GEMMs of a routed call's own backend
-  (``routes.in_grouped``) run torch's kernel, taken with ``torch.library.get_kernel``
+  (``kernels.grouped_gemm.in_grouped``) run torch's kernel, taken with ``torch.library.get_kernel``
   before the override: bit-identical to a call without it.
 
 While torch.profiler records, each call is wrapped in the seam's annotation
@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from primus_perf.kernels import grouped_gemm as grouped
 from primus_perf.kernels.tracing import profiler_on
 from primus_perf.problems import GroupedMmCall, dtype_name, grouped_mm_call, grouped_trace_name
 from primus_perf.runtime import routes
@@ -74,7 +75,7 @@ def in_backward() -> bool:
 
 
 def _routable(a: Any, b: Any, offs: Any, bias: Any, out_dtype: Any) -> bool:
-    if routes.in_grouped() or bias is not None or routes.installed("grouped_gemm") is None:
+    if grouped.in_grouped() or bias is not None or routes.installed("grouped_gemm") is None:
         return False
     if type(a) not in PLAIN or type(b) not in PLAIN or (offs is not None and type(offs) not in PLAIN):
         return False
@@ -118,31 +119,31 @@ def _answer(a: torch.Tensor, b: torch.Tensor, call: GroupedMmCall, out: torch.Te
     return out
 
 
-def _route(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor | None:
-    found = _seam_call(a, b, offs)
-    if found is None:
-        return None
+def _run(found: tuple[GroupedMmCall, torch.Tensor, torch.Tensor, list[int]], torch_call: Any,
+         a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The router's answer, else torch's kernel (``torch_call()``)."""
     call, x, w, counts = found
-    if profiler_on():
-        try:
-            name = grouped_trace_name(call.problem(dtype_name(a.dtype), counts), sum(counts))
-        except ValueError:  # a dtype no problem describes: the router says so
-            name = None
-        if name is not None:
-            with torch.autograd.profiler.record_function(name):
-                out = routes.grouped_gemm(call.phase, x, w, counts)
-            return None if out is None else _answer(a, b, call, out)
-    out = routes.grouped_gemm(call.phase, x, w, counts)
-    return None if out is None else _answer(a, b, call, out)
+    with grouped.inside:
+        out = routes.grouped_gemm(call.phase, x, w, counts)
+        return torch_call() if out is None else _answer(a, b, call, out)
 
 
 def _grouped_mm(torch_kernel: Any, keyset: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    if _routable(a, b, offs, bias, out_dtype):
-        out = _route(a, b, offs)
-        if out is not None:
-            return out
-    return torch_kernel.call_boxed(keyset, a, b, offs, bias, out_dtype)
+    def torch_call() -> torch.Tensor:
+        return torch_kernel.call_boxed(keyset, a, b, offs, bias, out_dtype)
+
+    found = _seam_call(a, b, offs) if _routable(a, b, offs, bias, out_dtype) else None
+    if found is None:
+        return torch_call()
+    if profiler_on():  # the call under an annotation naming its problem, whoever runs it
+        try:
+            name = grouped_trace_name(found[0].problem(dtype_name(a.dtype), found[3]), sum(found[3]))
+        except ValueError:  # a dtype no problem describes
+            return _run(found, torch_call, a, b)
+        with torch.autograd.profiler.record_function(name):
+            return _run(found, torch_call, a, b)
+    return _run(found, torch_call, a, b)
 
 
 def override(lib: torch.library.Library, key: str) -> None:

@@ -33,8 +33,7 @@ from primus_perf.kernels.gemm import torch_mm
 KINDS = ("gemm", "attention", "grouped_gemm")  # the kinds a router can be installed for
 
 _routers: dict[str, Any] = {}
-_local = threading.local()  # .bypass: > 0 while a routed attention runs (its SDPA is torch's);
-# .grouped: > 0 while a routed grouped GEMM runs (its GEMMs are torch's)
+_local = threading.local()  # .bypass: > 0 while a routed attention runs (its SDPA is torch's)
 
 
 def install(routers: Mapping[str, Any]) -> None:
@@ -62,7 +61,7 @@ def gemm(a: Any, b: Any, bias: Any = None) -> Any:
     """``a @ b`` (``torch.bmm`` for 3-D operands; ``+ bias`` when given): the router's
     answer when it gives one, else torch's own kernel."""
     router = _routers.get("gemm")
-    if router is not None and not in_grouped():
+    if router is not None and not grouped.in_grouped():  # a grouped GEMM's own GEMMs are torch's
         out = router(a, b, bias)
         if out is not None:
             return out
@@ -71,23 +70,9 @@ def gemm(a: Any, b: Any, bias: Any = None) -> Any:
 
 def grouped_gemm(phase: str, a: Any, b: Any, counts: Any) -> Any:
     """The grouped-GEMM router's answer for one pass of the seam, or None (the caller's
-    backend runs). While the router runs, the GEMMs of the backend it runs are torch's
-    (:func:`in_grouped`): its choice was tuned and timed on them, and they are no problem
-    the dense router was tuned for (padded or per-expert pieces)."""
+    backend runs)."""
     router = _routers.get("grouped_gemm")
-    if router is None:
-        return None
-    _local.grouped = getattr(_local, "grouped", 0) + 1
-    try:
-        return router(phase, a, b, counts)
-    finally:
-        _local.grouped -= 1
-
-
-def in_grouped() -> bool:
-    """True while a routed grouped GEMM runs (its own GEMMs, ``_grouped_mm`` included, are
-    torch's)."""
-    return getattr(_local, "grouped", 0) > 0
+    return None if router is None else router(phase, a, b, counts)
 
 
 def bypassed() -> bool:

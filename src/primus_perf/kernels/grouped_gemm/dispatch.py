@@ -23,6 +23,7 @@ flag read (:func:`~primus_perf.kernels.tracing.profiler_on`).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -43,6 +44,30 @@ DEFAULT_BACKEND = "loop"
 Router = Callable[[str, torch.Tensor, torch.Tensor, Sequence[int]], "torch.Tensor | None"]
 
 _router: Router | None = None
+_local = threading.local()  # .depth: > 0 while a grouped GEMM runs on this thread
+
+
+class _Inside:
+    """While entered, this thread runs a grouped GEMM (:func:`in_grouped`)."""
+
+    def __enter__(self) -> None:
+        _local.depth = getattr(_local, "depth", 0) + 1
+
+    def __exit__(self, *exc: object) -> None:
+        _local.depth -= 1
+
+
+inside = _Inside()
+
+
+def in_grouped() -> bool:
+    """True while a grouped GEMM runs (:func:`run`, or an ``aten::_grouped_mm`` call routed
+    by ``enable()``): the GEMMs its router or backend calls, ``torch.mm``, ``torch.bmm`` and
+    ``torch._grouped_mm`` alike, are torch's and are not routed again. The grouped problem
+    is what was tuned, timed with those GEMMs as torch runs them; its pieces (per-expert
+    slices, a zero-padded batch) change shape with every step's token split and are no
+    problem the GEMM router was tuned for."""
+    return getattr(_local, "depth", 0) > 0
 
 
 def set_router(fn: Router | None) -> None:
@@ -75,11 +100,12 @@ def _route(
     phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int], backend: str
 ) -> torch.Tensor:
     router = _router
-    if router is not None:
-        out = router(phase, a, b, counts)
-        if out is not None:
-            return out
-    return run_backend(BACKENDS[backend], phase, a, b, counts)
+    with inside:
+        if router is not None:
+            out = router(phase, a, b, counts)
+            if out is not None:
+                return out
+        return run_backend(BACKENDS[backend], phase, a, b, counts)
 
 
 def run_backend(
