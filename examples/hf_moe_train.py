@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         _sync(device)
         ms = (time.perf_counter() - t0) * 1e3
         step_ms.append(round(ms, 3))
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         print(f"step {i}/{args.steps}: {ms:9.2f} ms  loss {losses[-1]:.4f}", flush=True)
         if prof is not None:
             prof.step()

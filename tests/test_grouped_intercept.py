@@ -26,7 +26,8 @@ from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.cli.tune import app as tune_app
 from primus_perf.devices import current_device
 from primus_perf.kernels.grouped_gemm import grouped_mm, problem_of
-from primus_perf.kernels.grouped_gemm.router import library_versions
+from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped_gemm.router import GroupedChoice, library_versions
 from primus_perf.problems import GroupedGemmProblem, grouped_mm_call
 from primus_perf.tracelens.analyze import analyze
 
@@ -35,9 +36,11 @@ CALLS_PER_STEP = 9  # three grouped GEMMs, each forward, input gradient and weig
 
 
 def entry(problem: GroupedGemmProblem, backend: str = "padded_bmm") -> CacheEntry:
+    """A cache entry choosing ``backend`` (``triton``: its default tiles)."""
+    config = GroupedChoice(backend, GroupedGemmConfig() if backend == "triton" else None).to_solution()
     return CacheEntry(kind="grouped_gemm", problem_key=problem.key(), problem=problem.to_dict(),
                       device=current_device().to_dict(), versions=library_versions(),
-                      solution={"config": {"name": backend, "backend": backend}, "blob": b""},
+                      solution={"config": {"name": backend, **config}, "blob": b""},
                       times={"tuned_ms": 1.0, "default_ms": 2.0}, error=0.0, tuner_version="test")
 
 
@@ -334,7 +337,7 @@ def _hf_step(net: torch.nn.Module, ids: torch.Tensor) -> tuple[float, list[torch
     net.zero_grad(set_to_none=True)
     loss = net(input_ids=ids, labels=ids).loss
     loss.backward()
-    return float(loss), [p.grad.clone() for p in net.parameters() if p.grad is not None]
+    return float(loss.detach()), [p.grad.clone() for p in net.parameters() if p.grad is not None]
 
 
 @pytest.mark.parametrize("name", ["qwen3-moe", "mixtral", "deepseek-v3"])
@@ -379,3 +382,100 @@ def test_hf_example_runs_under_the_launcher(tmp_path: Path) -> None:
     g = analyze([tmp_path / "prof" / "hf_moe_trace.json"]).grouped_gemm_problems
     assert set(g["direction"]) == {"fwd", "dgrad", "wgrad"} and g["skew_known"].all()
     assert int(g["calls"].sum()) == 12  # per step: 2 layers x 2 GEMMs x 3 passes
+
+
+def test_hf_moe_e2e_benchmark_smoke(tmp_path: Path) -> None:
+    """benchmarks/hf_moe_e2e.py --smoke: profiled under enable, tuned from the trace, the
+    losses compared and the sides timed; every grouped call of the tuned side counted."""
+    import subprocess
+    import sys
+
+    _example()
+    out = tmp_path / "e2e.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "hf_moe_e2e.py"
+    res = subprocess.run([sys.executable, str(script), "--smoke", "--cases", "qwen3-moe-128e", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["case"] == "qwen3-moe-128e" and set(row["baselines"]) == {"grouped_mm", "enable_no_choice"}
+    assert row["tuned_ms"] > 0 and row["loss_max_rel_diff"] < 1e-3 and len(row["losses"]["tuned"]) == 2
+    assert row["problems"] > 0 and set(row["chosen"]) and row["tuned_calls"]["routed"] > 0
+    # one block of 1 + 1 steps a side after the warm-up step: 12 grouped calls a step
+    assert row["tuned_calls"]["routed"] + row["tuned_calls"]["fallback"] == 12 * 3
+
+
+# ---- CUDA ---------------------------------------------------------------------------------------
+
+
+def _cuda_layouts() -> dict:
+    """Each layout torch allows, on CUDA in bf16: forward, its input gradient, the 2-D
+    weight gradient, 3-D x 3-D (forward and weight gradient)."""
+    torch.manual_seed(0)
+    dev, bf = "cuda", torch.bfloat16
+    counts = [200, 0, 56, 312, 8]
+    offs = torch.tensor(counts, dtype=torch.int32, device=dev).cumsum(0, dtype=torch.int32)
+    T, K, N, G = sum(counts), 256, 512, len(counts)
+    x = torch.randn(T, K, dtype=bf, device=dev)
+    w = torch.randn(G, N, K, dtype=bf, device=dev)
+    dy = torch.randn(T, N, dtype=bf, device=dev)
+    a3 = torch.randn(G, 64, K, dtype=bf, device=dev)
+    b3 = torch.randn(G, K, N, dtype=bf, device=dev)
+    x3 = torch.randn(G, 64, K, dtype=bf, device=dev)
+    return {
+        "fwd": (x, w.transpose(-2, -1), offs),
+        "wgrad_2d": (dy.t(), x, offs),
+        "fwd_3d": (a3, b3, None),
+        "wgrad_3d": (x3.transpose(-2, -1), torch.randn(G, 64, N, dtype=bf, device=dev), None),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["fwd", "wgrad_2d", "fwd_3d", "wgrad_3d"])
+@pytest.mark.parametrize("backend", ["loop", "grouped_mm", "padded_bmm", "triton"])
+def test_cuda_layouts_route_and_fall_back(layout: str, backend: str, tmp_path: Path) -> None:
+    a, b, offs = _cuda_layouts()[layout]
+    ref = torch._grouped_mm(a, b, offs=offs)
+    cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
+        same = torch._grouped_mm(a, b, offs=offs)
+        row = tuned.summary()["grouped_gemm"]
+    assert torch.equal(same, ref) and (row["routed"], row["fallback"]) == (0, 1)
+    (key,) = row["problems"]["fallback"]
+    cache = write_cache(tmp_path / "tuned.json", [GroupedGemmProblem.from_key(key)], backend)
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
+        out = torch._grouped_mm(a, b, offs=offs)
+        row = tuned.summary()["grouped_gemm"]
+    assert (row["routed"], row["fallback"], row["failed"]) == (1, 0, [])
+    close_bf16(out, ref)
+
+
+@pytest.mark.gpu
+def test_cuda_moe_forward_and_backward_routed_and_bit_identical_without_choice(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MoE(dim=256, hidden=512, experts=8).to("cuda", torch.bfloat16)
+    x = torch.randn(4, 128, 256, dtype=torch.bfloat16, device="cuda")
+
+    def cuda_step():
+        xx = x.detach().requires_grad_(True)
+        model.zero_grad(set_to_none=True)
+        y = model(xx)
+        y.backward(torch.ones_like(y) * 1e-2)
+        return y.detach(), [xx.grad, *(p.grad for p in model.parameters())]
+
+    ref = cuda_step()
+    cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
+        same = cuda_step()
+        row = tuned.summary()["grouped_gemm"]
+    assert torch.equal(same[0], ref[0]) and all(torch.equal(a, b) for a, b in zip(same[1], ref[1]))
+    assert row["fallback"] == CALLS_PER_STEP
+    problems = [GroupedGemmProblem.from_key(k) for k in row["problems"]["fallback"]]
+    for backend in ("padded_bmm", "grouped_mm", "loop"):
+        cache = write_cache(tmp_path / f"{backend}.json", problems, backend)
+        with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
+            out = cuda_step()
+            row = tuned.summary()["grouped_gemm"]
+        assert (row["routed"], row["fallback"]) == (CALLS_PER_STEP, 0)
+        close_bf16(out[0], ref[0])
+        for got, want in zip(out[1], ref[1]):
+            close_bf16(got, want)
