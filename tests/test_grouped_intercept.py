@@ -19,7 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 import primus_perf
-from enable_fakes import FAKE_KINDS
+from enable_fakes import FAKE_KINDS, StepClock
 from foreign_moe import BatchedExperts, MoE, step
 from primus_perf.cache.runtime import KINDS
 from primus_perf.cache.store import CacheEntry, TuningCache
@@ -193,17 +193,6 @@ def test_a_routed_grouped_calls_own_gemms_are_not_routed_again(tmp_path: Path) -
 
 def test_online_tuning_takes_foreign_calls(tmp_path: Path) -> None:
     from primus_perf.tuner.online import OnlinePolicy
-
-    class StepClock:
-        def __init__(self) -> None:
-            self.t = 0
-
-        def mark(self) -> int:
-            self.t += 1
-            return self.t
-
-        def elapsed(self, start: int, end: int) -> float:
-            return (end - start) * 1e-6
 
     model, x = moe()
     ref = step(model, x)
