@@ -38,7 +38,6 @@ CUDA graphs; without the pass Inductor's max-autotune templates would replace th
 from __future__ import annotations
 
 import functools
-import threading
 import weakref
 from typing import Any
 
@@ -51,14 +50,14 @@ from primus_perf.runtime import routes
 
 _OP = torch.ops.aten._grouped_mm.default
 PLAIN = (torch.Tensor, torch.nn.Parameter)
-_local = threading.local()  # .counts: id(offs) -> (weakref, version, host counts)
+# id(offs) -> (weakref, version, host counts): shared by the forward and the backward
+# (autograd's device thread) so that a layer's calls read their offs once
+_counts: dict[int, tuple[Any, int, list[int]]] = {}
 
 
 def _host_counts(offs: torch.Tensor) -> list[int]:
     """Tokens per group from ``offs`` (group end offsets), read once per tensor version."""
-    seen = getattr(_local, "counts", None)
-    if seen is None:
-        seen = _local.counts = {}
+    seen = _counts
     key = id(offs)
     hit = seen.get(key)
     if hit is not None and hit[0]() is offs and hit[1] == offs._version:
@@ -179,6 +178,8 @@ def define_op() -> None:
 
 def rewrite_grouped_mms(graph: torch.fx.Graph) -> None:
     """``aten._grouped_mm`` nodes -> ``primus_perf::routed_grouped_mm``."""
+    from primus_perf.runtime.compiled import replace_node
+
     target = torch.ops.primus_perf.routed_grouped_mm.default
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not _OP:
@@ -187,11 +188,7 @@ def rewrite_grouped_mms(graph: torch.fx.Graph) -> None:
             args = _grouped_args(*node.args, **node.kwargs)
         except TypeError:
             continue
-        with graph.inserting_before(node):
-            new = graph.call_function(target, args)
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace_node(graph, node, target, args)
 
 
 def _grouped_args(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> tuple[Any, ...]:
