@@ -21,9 +21,10 @@ enabled, its backend kernel (``CUDA``; ``CPU`` for tests) is :func:`_grouped_mm`
 - the seam's operands of that pass go to ``routes.grouped_gemm`` (the cached or online
   router); its answer is the call's result. None, a layout or argument no problem
   describes (``bias``, another ``out_dtype``, 3-D ``a`` with 2-D ``b``), a tracing or
-  CUDA-graph-capturing call, and the GEMMs of a routed call's own backend
-  (``kernels.grouped_gemm.in_grouped``) run torch's kernel, taken with ``torch.library.get_kernel``
-  before the override: bit-identical to a call without it.
+  CUDA-graph-capturing call, and the ``_grouped_mm`` a grouped GEMM runs inside itself (the
+  seam's or a routed call's ``grouped_mm`` backend: ``kernels.grouped_gemm.in_grouped``)
+  run torch's kernel, taken with ``torch.library.get_kernel`` before the override:
+  bit-identical to a call without it.
 
 While torch.profiler records, each call is wrapped in the seam's annotation
 (``problems.grouped_trace_name``), so a trace taken under ``enable()`` names each call's
