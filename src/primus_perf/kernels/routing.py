@@ -9,11 +9,20 @@ calls by problem key the same way, so that ``summary()`` has one structure for e
 ``routed``: calls that used the cached choice (also when that choice is torch's default);
 ``fallback``: calls left to torch (no usable entry, or a tuned kernel that failed);
 ``failed``: problems whose tuned kernel raised once and are left to torch from then on.
+
+:func:`inside_grouped` is the re-entrancy guard of the grouped-GEMM backends: while a
+grouped backend runs (``kernels.grouped_gemm.backends``), the GEMM calls it makes itself
+(the loop's ``torch.mm``, padded-bmm's ``torch.bmm``) are torch's, not the dense GEMM
+router's. A grouped backend is a tuned choice as a whole: the grouped tuner timed it with
+torch's kernels inside, so routing its pieces would run something nobody measured, and
+the pieces' problems (e.g. padded-bmm's batched GEMM, whose shape follows the largest
+group of each step) are not the program's own problems.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -45,14 +54,14 @@ class Router:
         its fusions, where this says no; a router that cannot tell (online tuning) says yes."""
         return True
 
-    def _run(self, key: str, launch: Callable[[], Any]) -> Any:
-        """``launch()`` for a problem with a cached choice; a tuned kernel that raises is
+    def _run(self, key: str, launch: Callable[..., Any], *args: Any) -> Any:
+        """``launch(*args)`` for a problem with a cached choice; a tuned kernel that raises is
         reported once and its problem goes to torch from then on."""
         if key in self.failed:
             self._fall_back(key)
             return None
         try:
-            out = launch()
+            out = launch(*args)
         except Exception as exc:
             self.failed.add(key)
             print(f"tuning cache: tuned kernel for {key} failed ({exc}); using torch for it", file=sys.stderr)
@@ -83,3 +92,28 @@ def solution_backend(data: Any, what: str) -> str:
         return str(data["backend"])
     except (KeyError, TypeError):
         raise ValueError(f"not {what} solution: {data!r}") from None
+
+
+class _GroupedDepth(threading.local):
+    depth = 0  # grouped backends running on this thread
+
+
+_grouped = _GroupedDepth()
+
+
+def inside_grouped() -> bool:
+    """True while a grouped-GEMM backend runs on this thread (module docstring)."""
+    return _grouped.depth > 0
+
+
+class _InsideGrouped:
+    """While entered, this thread is inside a grouped backend (:func:`inside_grouped`)."""
+
+    def __enter__(self) -> None:
+        _grouped.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        _grouped.depth -= 1
+
+
+grouped_backend_running = _InsideGrouped()

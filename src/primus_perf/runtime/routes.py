@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from primus_perf.kernels import grouped_gemm as grouped
 from primus_perf.kernels.attention.backends import sdpa_bshd
 from primus_perf.kernels.gemm import torch_mm
+from primus_perf.kernels.routing import inside_grouped
 
 KINDS = ("gemm", "attention", "grouped_gemm")  # the kinds a router can be installed for
 
@@ -58,9 +59,10 @@ def installed(kind: str) -> Any:
 
 def gemm(a: Any, b: Any, bias: Any = None) -> Any:
     """``a @ b`` (``torch.bmm`` for 3-D operands; ``+ bias`` when given): the router's
-    answer when it gives one, else torch's own kernel."""
+    answer when it gives one, else torch's own kernel (always inside a grouped-GEMM
+    backend: ``kernels.routing.inside_grouped``)."""
     router = _routers.get("gemm")
-    if router is not None:
+    if router is not None and not inside_grouped():
         out = router(a, b, bias)
         if out is not None:
             return out

@@ -28,6 +28,10 @@ Backends:
 
 ``unsupported(device, dtype, k, n)`` says why a backend cannot run such a call (None when it
 can); :func:`available` lists the backends that can.
+
+Every backend's functions run inside ``kernels.routing.grouped_backend_running``: the GEMMs a
+backend makes itself are torch's, never re-routed by an installed dense GEMM router (a
+grouped backend is a tuned choice as a whole; ``kernels.routing`` says why).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
+from primus_perf.kernels.routing import grouped_backend_running
 
 MmFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
 WhyNot = Callable[[torch.device, torch.dtype, int, int], "str | None"]
@@ -50,6 +55,22 @@ class Backend:
     mm: MmFn
     wgrad: MmFn
     unsupported: WhyNot
+
+
+def _own_gemms(fn: MmFn) -> MmFn:
+    """``fn`` run with this thread marked inside a grouped backend (its GEMMs are torch's)."""
+
+    def run(a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+        with grouped_backend_running:
+            return fn(a, b, counts)
+
+    run.__name__ = run.__qualname__ = fn.__name__
+    return run
+
+
+def backend(name: str, mm: MmFn, wgrad: MmFn, unsupported: WhyNot) -> Backend:
+    """A :class:`Backend` whose functions run inside ``grouped_backend_running``."""
+    return Backend(name, _own_gemms(mm), _own_gemms(wgrad), unsupported)
 
 
 def _starts(counts: Sequence[int]) -> list[int]:
@@ -217,13 +238,13 @@ def triton_backend(cfg: GroupedGemmConfig | None = None) -> Backend:
 
         return grouped_mm_wgrad(x, dy, counts, cfg)
 
-    return Backend("triton", mm, wgrad, _triton_unsupported)
+    return backend("triton", mm, wgrad, _triton_unsupported)
 
 
 BACKENDS: dict[str, Backend] = {
-    "loop": Backend("loop", _loop_mm, _loop_wgrad, _torch_ok),
-    "grouped_mm": Backend("grouped_mm", _grouped_mm_mm, _grouped_mm_wgrad, _grouped_mm_unsupported),
-    "padded_bmm": Backend("padded_bmm", _bmm_mm, _bmm_wgrad, _torch_ok),
+    "loop": backend("loop", _loop_mm, _loop_wgrad, _torch_ok),
+    "grouped_mm": backend("grouped_mm", _grouped_mm_mm, _grouped_mm_wgrad, _grouped_mm_unsupported),
+    "padded_bmm": backend("padded_bmm", _bmm_mm, _bmm_wgrad, _torch_ok),
     "triton": triton_backend(),
 }
 
