@@ -3,7 +3,15 @@ dispatch point (:func:`grouped_mm`, routed through :func:`run`)."""
 
 from __future__ import annotations
 
-from primus_perf.kernels.grouped_gemm.backends import BACKENDS, Backend, available, triton_backend
+from primus_perf.kernels.grouped_gemm.backends import (
+    AUTO,
+    BACKENDS,
+    DEFAULT_RULE,
+    Backend,
+    available,
+    default_backend,
+    triton_backend,
+)
 from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped_gemm.dispatch import (
     DEFAULT_BACKEND,
@@ -15,11 +23,14 @@ from primus_perf.kernels.grouped_gemm.dispatch import (
 )
 
 __all__ = [
+    "AUTO",
     "BACKENDS",
+    "DEFAULT_RULE",
     "DEFAULT_BACKEND",
     "Backend",
     "GroupedGemmConfig",
     "available",
+    "default_backend",
     "get_router",
     "grouped_mm",
     "problem_of",
