@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from primus_perf.kernels.blaslt.binding import BlasLt, Plan, load
-from primus_perf.kernels.blaslt.layout import aligned, refusal
+from primus_perf.kernels.blaslt.layout import refusal
 from primus_perf.kernels.routing import CachedChoice, Router
 from primus_perf.kernels.tracing import profiler_on
 from primus_perf.problems import GemmProblem, dtype_name, operand_layout
@@ -124,21 +124,22 @@ class BlasLtKernel:
         self.algo = algo
         self.unaligned = 0
         self._launch = plan.launcher(algo, WORKSPACE_BYTES)
-        self._alignment = plan.lt.t.pointer_alignment
-        self._empty = torch.empty
+        self._misaligned = plan.lt.t.pointer_alignment - 1  # a pointer with any of these bits set
         self._stream = torch._C._cuda_getCurrentRawStream  # (device index) -> the raw stream
         self._ws: dict[int, int] = {}  # device index -> workspace pointer
+        p = plan.problem  # the output's shape, by operand rank (torch's [M, N] is BLAS D^T)
+        self._out_shape = {2: (p.n, p.m), 3: (p.batch, p.n, p.m)}
 
     def __call__(self, a: Any, b: Any) -> Any:
         a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
-        if not aligned(self._alignment, a_ptr, b_ptr):
+        if (a_ptr | b_ptr) & self._misaligned:  # blaslt.layout.aligned, inline
             self.unaligned += 1
             return torch_mm(a, b)
         index = a.get_device()
         ws = self._ws.get(index)
         if ws is None:
             ws = self._ws[index] = _workspace(a.device)
-        out = self._empty((*a.shape[:-1], b.shape[-1]), dtype=a.dtype, device=a.device)
+        out = a.new_empty(self._out_shape[a.dim()])
         self._launch(b_ptr, a_ptr, out.data_ptr(), ws, self._stream(index))
         return out
 
@@ -161,16 +162,18 @@ KERNELS: dict[str, KernelFactory] = {
 
 def torch_mm(a: Any, b: Any, bias: Any = None) -> Any:
     """Torch's own GEMM for ``a @ b`` (``torch.bmm`` for 3-D operands; ``+ bias`` when given),
-    called through the ``out=`` overloads: the same kernels as ``torch.mm``/``addmm``/``bmm``
-    (one implementation behind both overloads), reached past any override of those."""
+    called through the ``out=`` overloads (``aten::mm.out`` etc.): the same kernels as
+    ``torch.mm``/``addmm``/``bmm`` (one implementation behind both overloads), reached past
+    any override of those (the Python bindings parse the call in C++: cheaper than
+    ``torch.ops.aten.mm.out``)."""
     import torch
 
     out = a.new_empty((*a.shape[:-1], b.shape[-1]))
     if bias is not None:
-        return torch.ops.aten.addmm.out(bias, a, b, out=out)
+        return torch.addmm(bias, a, b, out=out)
     if a.dim() == 3:
-        return torch.ops.aten.bmm.out(a, b, out=out)
-    return torch.ops.aten.mm.out(a, b, out=out)
+        return torch.bmm(a, b, out=out)
+    return torch.mm(a, b, out=out)
 
 
 def torch_kernel(problem: GemmProblem, solution: Mapping[str, Any], device: Any) -> GemmKernel:
