@@ -37,15 +37,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import primus_perf  # noqa: E402
-from enable_overhead import SMOKE, load_example, spread  # noqa: E402
-from primus_perf.cache.runtime import RouterKind  # noqa: E402
-from primus_perf.cache.store import CacheEntry, TuningCache  # noqa: E402
-from primus_perf.devices import current_device, library_versions  # noqa: E402
-from primus_perf.files import write_json  # noqa: E402
-from primus_perf.kernels import gemm  # noqa: E402
-from primus_perf.runtime import routes  # noqa: E402
-from primus_perf.runtime.intercept import Interception  # noqa: E402
+import primus_perf
+from enable_overhead import SMOKE, load_example, spread
+from primus_perf.cache.runtime import RouterKind
+from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.devices import current_device, library_versions
+from primus_perf.files import write_json
+from primus_perf.kernels import gemm
+from primus_perf.runtime import routes
+from primus_perf.runtime.intercept import Interception
 
 SMOKE_SOURCE = "smoke"  # the CPU kernel-table row: torch's GEMM where the library would run
 SMOKE_VERSIONS = {"smoke": "1"}

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from primus_perf.kernels.blaslt.guarded import GuardError, GuardedMatrix
+from primus_perf.kernels.blaslt.guarded import GuardedMatrix, GuardError
 from primus_perf.kernels.blaslt.layout import ALIGNMENT, aligned, layouts, refusal
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import GemmProblem

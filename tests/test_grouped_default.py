@@ -12,10 +12,16 @@ from enable_fakes import FAKE_KINDS, gemm_entry, launched
 from primus_perf.cache.store import TuningCache
 from primus_perf.devices import current_device
 from primus_perf.kernels.gemm import problem_of
-from primus_perf.kernels.grouped_gemm import AUTO, DEFAULT_RULE, backends, default_backend, grouped_mm
+from primus_perf.kernels.grouped_gemm import (
+    AUTO,
+    DEFAULT_RULE,
+    backends,
+    default_backend,
+    grouped_mm,
+)
 from primus_perf.kernels.routing import inside_grouped
-from primus_perf.trainer.loop import Trainer
 from primus_perf.trainer.config import load_config
+from primus_perf.trainer.loop import Trainer
 
 CPU = torch.device("cpu")
 

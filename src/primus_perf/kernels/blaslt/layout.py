@@ -96,7 +96,4 @@ def refusal(p: GemmProblem, alignment: int = ALIGNMENT) -> str | None:
 def aligned(alignment: int, *pointers: int) -> bool:
     """Whether every pointer is a multiple of ``alignment`` bytes (a power of two)."""
     mask = alignment - 1
-    for ptr in pointers:
-        if ptr & mask:
-            return False
-    return True
+    return all(not ptr & mask for ptr in pointers)

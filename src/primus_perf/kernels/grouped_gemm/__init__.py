@@ -25,8 +25,8 @@ from primus_perf.kernels.grouped_gemm.dispatch import (
 __all__ = [
     "AUTO",
     "BACKENDS",
-    "DEFAULT_RULE",
     "DEFAULT_BACKEND",
+    "DEFAULT_RULE",
     "Backend",
     "GroupedGemmConfig",
     "available",
