@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import primus_perf
-from enable_overhead import SMOKE, load_example, spread
+from enable_overhead import SMOKE, interleaved, load_example, spread
 from primus_perf.cache.runtime import RouterKind
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import current_device, library_versions
@@ -183,25 +183,15 @@ def all_default(args, cache_dir: Path) -> dict:
     kinds = SMOKE_KINDS if args.smoke else None
     for i in range(2):
         example.step(model, opt, margs, i)
-    times: dict[str, list[float]] = {"off": [], "on": []}
-    intercepted = None
-    i = 2
-    for block in range(2 * args.pairs):
-        side = "on" if block % 2 else "off"
-        handle = primus_perf.enable(cache, kinds=("gemm",), router_kinds=kinds, device_type=device_type,
-                                    log=None) if side == "on" else None
-        if handle is not None:
-            intercepted = handle.interception is not None
-        try:
-            example.step(model, opt, margs, i)
-            i += 1
-            for _ in range(args.block):
-                times[side].append(example.step(model, opt, margs, i))
-                i += 1
-        finally:
-            if handle is not None:
-                handle.disable()
-    return {"entries": len(problems), "gemm_override_installed": intercepted, "pairs": args.pairs,
+    intercepted = []
+
+    def enable():
+        handle = primus_perf.enable(cache, kinds=("gemm",), router_kinds=kinds, device_type=device_type, log=None)
+        intercepted.append(handle.interception is not None)
+        return handle
+
+    times = interleaved(lambda i: example.step(model, opt, margs, i), enable, args.pairs, args.block, start=2)
+    return {"entries": len(problems), "gemm_override_installed": any(intercepted), "pairs": args.pairs,
             "block": args.block, "off": spread(times["off"]), "on": spread(times["on"]),
             "ratio_on_off": statistics.median(times["on"]) / statistics.median(times["off"])}
 

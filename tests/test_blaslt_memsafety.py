@@ -108,7 +108,7 @@ def test_every_candidate_on_exact_buffers(name: str) -> None:
 def test_router_kernels_on_the_calls_own_tensors(name: str) -> None:
     from primus_perf.kernels.blaslt.binding import load
     from primus_perf.kernels.gemm import BlasLtKernel
-    from primus_perf.tuner.gemm.plugin import GemmTuner, library_pool
+    from primus_perf.tuner.gemm.plugin import library_pool
 
     a, b = (LAYOUTS | UNALIGNED)[name]()
     p = _problem(a, b)
@@ -127,7 +127,6 @@ def test_router_kernels_on_the_calls_own_tensors(name: str) -> None:
         err = ((out.float() - ref).norm() / ref.norm()).item()
         assert err <= 2e-2, f"{name} {c.name}: relative error {err}"
         assert kernel.unaligned == (1 if unaligned else 0)
-    assert GemmTuner  # the tuner module imports on the GPU machine
 
 
 def test_padded_bmm_wgrad_problem_of_the_online_crash() -> None:
