@@ -273,8 +273,15 @@ class GemmRouter(Router):
             return None
         if profiler_on():
             out = self._run(key, traced_gemm_op(), a, b, self.id, slot)
-        else:
-            out = self._run(key, self._slots[slot], a, b)
+        elif key in self.failed:
+            self._fall_back(key)
+            return None
+        else:  # Router._run, inline: the path every routed call takes
+            try:
+                out = self._slots[slot](a, b)
+            except Exception as exc:
+                return self._failure(key, exc)
+            self.routed[key] += 1
         return out if out is None or bias is None else out.add_(bias)
 
     @property

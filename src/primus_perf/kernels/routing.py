@@ -63,12 +63,15 @@ class Router:
         try:
             out = launch(*args)
         except Exception as exc:
-            self.failed.add(key)
-            print(f"tuning cache: tuned kernel for {key} failed ({exc}); using torch for it", file=sys.stderr)
-            self._fall_back(key)
-            return None
+            return self._failure(key, exc)
         self.routed[key] += 1
         return out
+
+    def _failure(self, key: str, exc: Exception) -> None:
+        """A tuned kernel raised: say so once; its problem goes to torch from then on."""
+        self.failed.add(key)
+        print(f"tuning cache: tuned kernel for {key} failed ({exc}); using torch for it", file=sys.stderr)
+        self._fall_back(key)
 
     def summary(self) -> dict[str, Any]:
         return {"routed": dict(self.routed), "fallback": dict(self.fallback), "failed": sorted(self.failed)}

@@ -87,8 +87,12 @@ class GuardedMatrix:
         if hits.numel() == 0:
             return None
         first = int(hits[0, 0])
-        where = "the guard after it" if first >= self.extent_bytes else "a gap between its elements"
-        what = "its input" if self._saved is not None else "outside its elements"
-        return (f"{self.layout.name.upper()} was written {what}: {hits.shape[0]} bytes, the first at byte {first}"
-                f" ({where if self._saved is None or first >= self.extent_bytes else 'an element'};"
-                f" extent {self.extent_bytes} bytes)")
+        name = self.layout.name.upper()
+        if first >= self.extent_bytes:
+            where = "the guard after it"
+        elif self._saved is not None:
+            where = "its elements"
+        else:
+            where = "a gap between its elements"
+        what = f"{name} (an input) was written" if self._saved is not None else f"{name} was written outside its elements"
+        return f"{what}: {hits.shape[0]} bytes, the first at byte {first} ({where}; extent {self.extent_bytes} bytes)"
