@@ -37,11 +37,16 @@ _local = threading.local()  # .bypass: > 0 while a routed attention runs (its SD
 
 
 def install(routers: Mapping[str, Any]) -> None:
-    """Install one router per kind (replacing any installed for that kind)."""
+    """Install one router per kind (replacing any installed for that kind); a router whose
+    every choice is torch's own (``routes_nothing``) is left out: its calls go straight to
+    torch."""
     unknown = set(routers) - set(KINDS)
     if unknown:
         raise ValueError(f"no routing point for router kind(s) {sorted(unknown)}")
-    _routers.update(routers)
+    for kind, router in routers.items():
+        _routers.pop(kind, None)
+        if not getattr(router, "routes_nothing", False):
+            _routers[kind] = router
     if "grouped_gemm" in routers:
         grouped.set_router(grouped_gemm)
 
