@@ -19,7 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 import primus_perf
-from enable_fakes import FAKE_KINDS, StepClock
+from enable_fakes import FAKE_KINDS, StepClock, gemm_entry
 from foreign_moe import BatchedExperts, MoE, step
 from primus_perf.cache.runtime import KINDS
 from primus_perf.cache.store import CacheEntry, TuningCache
@@ -28,7 +28,7 @@ from primus_perf.devices import current_device
 from primus_perf.kernels.grouped_gemm import grouped_mm, problem_of
 from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped_gemm.router import GroupedChoice, library_versions
-from primus_perf.problems import GroupedGemmProblem, grouped_mm_call
+from primus_perf.problems import GemmProblem, GroupedGemmProblem, grouped_mm_call
 from primus_perf.tracelens.analyze import analyze
 
 UNRELATED = GroupedGemmProblem(groups=3, k=8, n=8, tokens=8)
@@ -181,6 +181,8 @@ def test_a_routed_grouped_calls_own_gemms_are_not_routed_again(tmp_path: Path) -
     row, _ = seen_problems(model, x, tmp_path)
     problems = [GroupedGemmProblem.from_key(k) for k in row["problems"]["fallback"]]
     cache = write_cache(tmp_path / "tuned.json", problems, "padded_bmm")
+    # one dense entry that is not torch's, so that the dense router is installed and counts
+    TuningCache(cache).put(gemm_entry(GemmProblem(m=4096, n=4096, k=4096), current_device()))
     kinds = {**FAKE_KINDS, "grouped_gemm": KINDS["grouped_gemm"]}
     with primus_perf.enable(cache, kinds=("gemm", "grouped_gemm"), device_type="cpu", router_kinds=kinds,
                             log=None) as tuned:

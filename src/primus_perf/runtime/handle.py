@@ -193,7 +193,9 @@ def enable(
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     routes.install(routers)
     try:
-        interception = Interception(set(routers), device_type) if routers else None
+        # a router whose every entry is torch's own choice gets no override (its calls stay torch's)
+        intercepted = {k for k, r in routers.items() if not getattr(r, "routes_nothing", False)}
+        interception = Interception(intercepted, device_type) if intercepted else None
     except BaseException:
         routes.remove()
         raise

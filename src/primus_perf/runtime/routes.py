@@ -37,11 +37,16 @@ _local = threading.local()  # .bypass: > 0 while a routed attention runs (its SD
 
 
 def install(routers: Mapping[str, Any]) -> None:
-    """Install one router per kind (replacing any installed for that kind)."""
+    """Install one router per kind (replacing any installed for that kind); a router whose
+    every choice is torch's own (``routes_nothing``) is left out: its calls go straight to
+    torch."""
     unknown = set(routers) - set(KINDS)
     if unknown:
         raise ValueError(f"no routing point for router kind(s) {sorted(unknown)}")
-    _routers.update(routers)
+    for kind, router in routers.items():
+        _routers.pop(kind, None)
+        if not getattr(router, "routes_nothing", False):
+            _routers[kind] = router
     if "grouped_gemm" in routers:
         grouped.set_router(grouped_gemm)
 
@@ -59,7 +64,8 @@ def installed(kind: str) -> Any:
 
 def gemm(a: Any, b: Any, bias: Any = None) -> Any:
     """``a @ b`` (``torch.bmm`` for 3-D operands; ``+ bias`` when given): the router's
-    answer when it gives one, else torch's own kernel."""
+    answer when it gives one, else torch's own kernel (always inside a grouped GEMM:
+    ``kernels.grouped_gemm.in_grouped``)."""
     router = _routers.get("gemm")
     if router is not None and not grouped.in_grouped():  # a grouped GEMM's own GEMMs are torch's
         out = router(a, b, bias)

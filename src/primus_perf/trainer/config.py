@@ -28,6 +28,7 @@ import yaml
 
 from primus_perf.errors import ConfigError, UserError
 from primus_perf.files import check_input_file
+from primus_perf.kernels.grouped_gemm.backends import AUTO as GROUPED_GEMM_AUTO
 from primus_perf.kernels.grouped_gemm.backends import BACKENDS as GROUPED_GEMM_BACKENDS
 
 PRESETS = "primus_perf.trainer.presets"  # package holding the preset YAML files
@@ -44,7 +45,9 @@ class MoEConfig:
     sigmoid scores; ``balance``: the classic load-balancing loss (``aux_loss``, weighted by
     ``aux_loss_coef``), a per-expert selection bias moved by ``bias_update_rate`` after each
     step towards the mean load (``bias``, auxiliary-loss-free), or nothing. Expert GEMMs run
-    on ``grouped_gemm_backend`` unless a tuning cache routes them."""
+    on ``grouped_gemm_backend`` unless a tuning cache routes them: ``auto`` (the default) is
+    the fixed backend of ``kernels.grouped_gemm.backends.DEFAULT_RULE`` for the device, the
+    dtype and the layer's expert count; a backend's name runs that backend."""
 
     n_experts: int = 0
     top_k: int = 2
@@ -57,7 +60,7 @@ class MoEConfig:
     balance: str = "aux_loss"
     aux_loss_coef: float = 0.01
     bias_update_rate: float = 1e-3
-    grouped_gemm_backend: str = "loop"
+    grouped_gemm_backend: str = GROUPED_GEMM_AUTO
 
 
 @dataclass
@@ -387,7 +390,7 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
 MOE_CHOICES: dict[str, tuple[str, ...]] = {
     "router": ("softmax", "sigmoid"),
     "balance": ("aux_loss", "bias", "none"),
-    "grouped_gemm_backend": tuple(GROUPED_GEMM_BACKENDS),
+    "grouped_gemm_backend": (GROUPED_GEMM_AUTO, *GROUPED_GEMM_BACKENDS),
 }
 
 

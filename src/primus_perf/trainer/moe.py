@@ -44,7 +44,7 @@ from torch import nn
 
 from primus_perf.errors import ConfigError
 from primus_perf.kernels.autocast import gemm_dtype
-from primus_perf.kernels.grouped_gemm import BACKENDS, grouped_mm
+from primus_perf.kernels.grouped_gemm import AUTO, BACKENDS, default_backend, grouped_mm
 from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import ModelConfig
 from primus_perf.trainer.model import MLP, Transformer, swiglu
@@ -153,6 +153,8 @@ class MoE(nn.Module):
         """A one-line ConfigError when the configured backend cannot run here."""
         dtype = gemm_dtype(rows)
         dim, width = self.w13.shape[1], self.expert_dim
+        if self.backend == AUTO:  # the fixed backend of the default rule, for this device and layer
+            self.backend = default_backend(rows.device, dtype, self.w13.shape[0], [(dim, 2 * width), (width, dim)])
         why = BACKENDS[self.backend].unsupported(rows.device, dtype, dim, 2 * width)
         why = why or BACKENDS[self.backend].unsupported(rows.device, dtype, width, dim)
         if why:
