@@ -72,6 +72,7 @@ from primus_perf.devices import lookup_peaks
 from primus_perf.errors import TraceError
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.analyses import breakdown as B
+from primus_perf.tracelens.analyses import host as H
 from primus_perf.tracelens.analyses.collectives import (
     bandwidth,
     collective_skew,
@@ -81,13 +82,12 @@ from primus_perf.tracelens.analyses.collectives import (
     trace_collectives,
     world_size,
 )
-from primus_perf.tracelens.analyses import host as H
 from primus_perf.tracelens.analyses.expert_load import expert_load
 from primus_perf.tracelens.analyses.extras import read_extras
 from primus_perf.tracelens.analyses.fusion import chains as fusion_chains
+from primus_perf.tracelens.analyses.hotspots import hotspots, in_steps
 from primus_perf.tracelens.analyses.kernel_efficiency import kernel_efficiency
 from primus_perf.tracelens.analyses.memory import memory_view
-from primus_perf.tracelens.analyses.hotspots import hotspots, in_steps
 from primus_perf.tracelens.analyses.op_times import op_times, trace_op_times
 from primus_perf.tracelens.analyses.problems import KIND_COLUMNS, problem_table
 from primus_perf.tracelens.analyses.recommendations import COLUMNS as RECOMMENDATION_COLUMNS
