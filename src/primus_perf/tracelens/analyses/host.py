@@ -27,7 +27,7 @@ critical path.
   followed: a kernel held by another stream shows as ``wait``. The path's length is the
   step's start on the host to its last GPU event's end, and ``cpu + launch + gpu + wait``
   add up to it. A host-bound step has most of its path on the host (``cpu``, ``launch``);
-  a GPU-bound step in ``gpu``.
+  a GPU-bound step in ``gpu``. A trace without launches (GPU events only) has no path.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class _Walk:
 
 
 def _critical_path(rt: L.RawTrace, lk: Linked, rank: int) -> pd.DataFrame:
-    if not len(lk.gpu):
+    if not len(lk.gpu) or not (lk.launch >= 0).any():  # no GPU work, or no launches (a GPU-only trace)
         return pd.DataFrame(columns=PATH_COLUMNS)
     walk = _Walk(rt, lk)
     if lk.steps:

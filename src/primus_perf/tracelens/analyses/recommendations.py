@@ -150,6 +150,10 @@ def _optimizer(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
                  "the added reduce-scatter/all-gather replace an all-reduce of the same bytes)")]
 
 
+def _us(v: float) -> str:
+    return f"{v:.1f} us" if v < 1000 else f"{v / 1e3:.1f} ms"
+
+
 def _host(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
     cp = a.critical_path
     if cp.empty or a.temporal.empty:
@@ -163,12 +167,16 @@ def _host(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
     launches = float(lt["launches"].sum()) / a.rank_steps if len(lt) else 0.0
     detail = ""
     if len(lt):
-        detail = (f", {launches:.0f} launches per step (call median {lt['launch_p50_us'].median():.1f} us, "
-                  f"launch-to-start median {lt['delay_p50_us'].median():.1f} us, queue depth median "
+        detail = (f", {launches:.0f} launches per step (call median {_us(lt['launch_p50_us'].median())}, "
+                  f"launch-to-start median {_us(lt['delay_p50_us'].median())}, queue depth median "
                   f"{lt['queue_p50'].median():.0f})")
     evidence = (f"the GPU idles {m['idle_s'].mean() * 1e3:.1f} ms of a {m['span_s'].mean() * 1e3:.1f} ms step; "
                 f"{host_s.mean() * 1e3:.1f} ms of the critical path is on the host (CPU {m['cpu_s'].mean() * 1e3:.1f}, "
                 f"launch delay {m['launch_s'].mean() * 1e3:.1f} ms){detail}")
+    cpu_heavy = ""
+    if len(a.cpu_ops) and float(m["launch_s"].mean()) < 0.1 * host_s.mean():
+        cpu_heavy = ("; most of the host part is CPU work, not launching: look first at the ops with the most CPU "
+                     "self time (data loading, Python, synchronizing calls such as .item())")
     if cfg is not None:
         mb = cfg["train"].get("micro_batch")
         action = (f"raise train.micro_batch (now {mb}) so each launch carries more work, or set train.compile=true "
@@ -176,7 +184,7 @@ def _host(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
     else:
         action = ("capture the step in CUDA graphs (torch.cuda.graphs, torch.compile(mode='reduce-overhead')) or "
                   "run a larger micro-batch so each launch carries more work")
-    return [_row("host", evidence, action, saving * 1e3,
+    return [_row("host", evidence, action + cpu_heavy, saving * 1e3,
                  "per step, the host part of the critical path (CPU time and launch delay the GPU waited on), at "
                  "most the step's GPU idle time; mean over steps")]
 

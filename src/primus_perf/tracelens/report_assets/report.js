@@ -333,9 +333,6 @@
     }
     if ((DATA.collective_ranks || []).length && h.ranks.length > 1) collectiveRanks(DATA.collective_ranks);
     if (DATA.expert_load) expertLoad(DATA.expert_load);
-    if (DATA.host) hostSection(DATA.host);
-    if ((DATA.kernel_efficiency || []).length) efficiencySection(DATA.kernel_efficiency);
-    if (DATA.memory) memorySection(DATA.memory);
 
     const b = DATA.breakdown;
     if (b.rows.length) {
@@ -365,6 +362,10 @@
         `Per stream, in ${F.us(tl.resolution_us)} bins: each run of bins coloured by the category with most kernel time; time axis in ms.`);
       timeline(s6, tl);
     }
+    // the detail sections after the overview ones: host side, kernel resources, memory
+    if (DATA.host) hostSection(DATA.host);
+    if ((DATA.kernel_efficiency || []).length) efficiencySection(DATA.kernel_efficiency);
+    if (DATA.memory) memorySection(DATA.memory);
   }
 
   function recommendationsSection(rows) {
