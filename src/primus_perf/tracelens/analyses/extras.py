@@ -41,15 +41,10 @@ class _KArgs(msgspec.Struct, gc=False):
     device_id: Any = msgspec.field(name="Device Id", default=None)
 
 
-class _Ev(msgspec.Struct, gc=False):
-    ph: Any = ""
-    cat: Any = ""
-    name: Any = ""
-    pid: Any = 0
-    tid: Any = 0
-    ts: Any = 0.0
-    dur: Any = 0.0
-    args: _KArgs | None = None
+class _Ev(L._LooseEvent, gc=False):
+    """The loader's tolerant event, its args decoded into the fields above."""
+
+    args: _KArgs | None = None  # type: ignore[assignment]
 
 
 _DECODE = msgspec.json.Decoder(list[_Ev])
