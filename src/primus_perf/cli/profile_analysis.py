@@ -194,7 +194,7 @@ def render_host(a: Analysis, top: int) -> None:
             tl.add_column(col, justify="right")
         for r in a.launches.head(MAX_RANK_ROWS).to_dict(orient="records"):
             tl.add_row(str(int(r["rank"])), str(int(r["step"])), str(int(r["launches"])), _num(r["launch_p50_us"]),
-                       _ms(r["delay_p50_us"] / 1e6), _ms(r["delay_p90_us"] / 1e6), _ms(r["delay_max_us"] / 1e6),
+                       *(_num(r[c] / 1e3, "{:.2f}") for c in ("delay_p50_us", "delay_p90_us", "delay_max_us")),
                        _num(r["queue_p50"], "{:.0f}"), _num(r["queue_max"], "{:.0f}"))
         console.print(tl)
     if len(a.cpu_ops):
@@ -212,13 +212,14 @@ def render_kernel_efficiency(a: Analysis, top: int) -> None:
     eff = a.kernel_efficiency()
     if eff.empty:
         return
-    tk = Table(title=f"kernel efficiency (top {top} by time, per step; occupancy as Kineto estimates it)")
-    for col in ("kernel", "launches", "ms", "threads", "regs", "smem KiB", "blocks/SM", "occupancy", "flag"):
+    tk = Table(title=f"kernel efficiency (top {top} by time, per step; occupancy as Kineto estimates it; "
+                     "full names and grid/block in --json and the report)")
+    for col in ("kernel", "calls", "ms", "regs", "smem KiB", "blk/SM", "occ.", "flag"):
         tk.add_column(col, justify="left" if col in ("kernel", "flag") else "right",
                       overflow="ellipsis" if col == "kernel" else "fold", no_wrap=col == "kernel",
-                      max_width=28 if col == "kernel" else None)
+                      max_width=22 if col == "kernel" else None)
     for _, r in eff.head(top).iterrows():
-        tk.add_row(str(r["name"]), _num(r["launches"], "{:g}"), _ms(r["time_s"]), _num(r["threads"], "{:.0f}"),
+        tk.add_row(str(r["name"]), _num(r["launches"], "{:g}"), _num(r["time_s"] * 1e3, "{:.2f}"),
                    _num(r["registers"], "{:.0f}"), _num(r["shared_bytes"] / 1024, "{:.1f}"),
                    _num(r["blocks_per_sm"], "{:.2f}"), _num(r["occupancy_pct"], "{:.0f}%"), r["flag"])
     console.print(tk)
@@ -258,7 +259,7 @@ def register(app: typer.Typer) -> None:
         """Breakdown, hotspots and GEMM, grouped GEMM and attention problems of one or more traces."""
         a = _run(traces, jobs)
         if json_out is not None:
-            write_output(json_out, json.dumps(a.to_json(top=max(top, 50)), indent=1))
+            write_output(json_out, json.dumps(a.to_json(top=max(top, 50), details=True), indent=1))
             if json_out == "-":
                 return
         render(a, top)

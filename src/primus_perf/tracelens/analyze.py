@@ -203,9 +203,16 @@ class Analysis:
         by = self.breakdown.groupby("category")["seconds"].sum() / self.rank_steps
         return by.sort_values(ascending=False)
 
-    def to_json(self, top: int = 50) -> dict[str, Any]:
+    def to_json(self, top: int = 50, details: bool = False) -> dict[str, Any]:
         """A JSON-ready summary: device, steps, breakdown (category -> seconds per step),
-        the problems, totals, and the temporal, per-rank, hotspot and collective tables."""
+        the problems, totals, the recommendations, and the temporal, per-rank, hotspot,
+        collective and host-side tables; with ``details`` also the kernel-efficiency table
+        and the memory view (peaks, allocations per op), which read the traces again."""
+        extra: dict[str, Any] = {}
+        if details:
+            _curve, peaks, by_op = self.memory()
+            extra = {"kernel_efficiency": records(self.kernel_efficiency().head(top)),
+                     "memory_peaks": records(peaks), "memory_by_op": records(by_op.head(top))}
         return {
             "schema": ANALYSIS_SCHEMA,
             "traces": self.traces,
@@ -229,6 +236,7 @@ class Analysis:
             "launches": records(self.launches),
             "launch_delays": records(self.launch_delays),
             "critical_path": records(self.critical_path),
+            **extra,
             "totals": self.totals,
             "notes": self.notes,
         }
