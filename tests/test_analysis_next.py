@@ -268,7 +268,7 @@ def test_report_shows_the_new_sections_in_chromium(tmp_path: Path) -> None:
                         _kernel(1, 100, 250, "small_kernel", **_resources([4, 1, 1], [128, 1, 1], 32, 0, 0.03, 6)),
                         _memory(300, -(1 << 20), 2 << 20)])]), ("Memory",))):
         d = rp.report_from_analysis(a)
-        res = check_in_chromium(write_html(d, tmp_path / "r.html"))
+        res = check_in_chromium(write_html(d, tmp_path / "r.html"), height=12000)  # the detail sections come last
         assert res.console_errors == [] and res.selfcheck.startswith("ok"), (res.console_errors, res.selfcheck)
         titles = re.findall(r"<h2>([^<]*)</h2>", res.dom)
         for title in want:
