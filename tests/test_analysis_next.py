@@ -117,11 +117,14 @@ def test_the_top_recommendation_of_the_h100_run_is_its_measured_compile_saving()
     top = a.recommendations.iloc[0]
     assert top["category"] == "fusion" and "train.compile=true" in top["action"]
     assert top["estimated_saving_ms"] == pytest.approx(9.5, rel=0.3)
-    # the GEMM and attention tuning estimates stay small (tuning measured 1.000x-1.007x)
-    tuning = a.recommendations[a.recommendations["category"].str.startswith("tuning")]
-    assert set(tuning["category"]) == {"tuning: gemm", "tuning: attention"}
-    assert (tuning["estimated_saving_ms"] < 0.3 * top["estimated_saving_ms"]).all()
-    assert all(c.startswith(("primus-tune gemm --trace ", "primus-tune attention --trace ")) for c in tuning["command"])
+    # the GEMM and attention tuning estimates stay small (tuning this run's GEMMs measured
+    # 1.000x-1.007x: at most 1.2 ms a step)
+    tuning = a.recommendations[a.recommendations["category"].str.startswith("tuning")].set_index("category")
+    assert set(tuning.index) == {"tuning: gemm", "tuning: attention"}
+    assert (tuning["estimated_saving_ms"] < top["estimated_saving_ms"]).all()
+    assert tuning.loc["tuning: gemm", "estimated_saving_ms"] < 2.5
+    assert tuning.loc["tuning: gemm", "command"].startswith("primus-tune gemm --trace ")
+    assert tuning.loc["tuning: attention", "command"].startswith("primus-tune attention --trace ")
     # FP8 changes the numerics: after every change that keeps them, however large
     fp8 = a.recommendations.iloc[-1]
     assert fp8["category"] == "fp8" and fp8["changes_numerics"] and "primus-tune loop --fp8" in fp8["command"]
