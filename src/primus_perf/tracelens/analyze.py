@@ -145,7 +145,6 @@ class Analysis:
     launch_delays: pd.DataFrame = field(default_factory=lambda: H.delay_histogram([]))
     critical_path: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.PATH_COLUMNS))
     recommendations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RECOMMENDATION_COLUMNS))
-    _extras: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def n_steps(self) -> int:
@@ -169,16 +168,19 @@ class Analysis:
                 "attention": self.attention_problems}
 
     def _read_extras(self) -> dict[str, Any]:
-        if not self._extras:
+        """The second pass's tables, read once (kept outside the dataclass fields, which are
+        the analysis's own tables)."""
+        extras: dict[str, Any] = self.__dict__.setdefault("_extras_cache", {})
+        if not extras:
             res, mem, ops = [], [], []
             for path, rank in zip(self.traces, self.trace_ranks or self.ranks, strict=False):
                 x = read_extras(path)
                 res.append(x.kernels.assign(rank=np.int64(rank)))
                 mem.append(x.memory.assign(rank=np.int64(rank)))
                 ops.append(x.ops.assign(rank=np.int64(rank)))
-            self._extras.update(resources=pd.concat(res, ignore_index=True), memory=pd.concat(mem, ignore_index=True),
-                                ops=pd.concat(ops, ignore_index=True))
-        return self._extras
+            extras.update(resources=pd.concat(res, ignore_index=True), memory=pd.concat(mem, ignore_index=True),
+                          ops=pd.concat(ops, ignore_index=True))
+        return extras
 
     def kernel_efficiency(self) -> pd.DataFrame:
         """Per kernel name: launches and time per step, grid, block, registers, shared memory,
@@ -284,7 +286,8 @@ def _notes(tables: list[TraceTables], kernels: pd.DataFrame, steps: list[int]) -
     elif not any(t.has_shapes for t in tables):
         notes.append("the trace has no recorded shapes (record_shapes=False): FLOPs and problems unknown")
     if kernels.empty:
-        notes.append("no GPU events in the trace: problem times are the ops' CPU times")
+        notes.append("no GPU events in the trace: problem times are the ops' CPU times; TFLOP/s, TB/s and % of "
+                     "roofline are not shown (they need the device's kernel time)")
     if not steps:
         notes.append("no ProfilerStep markers: the whole trace is treated as one step")
     return notes
@@ -446,6 +449,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     device_name = _device_name(tables, inputs.manifest, kernels.empty)
     peaks = lookup_peaks(device_name)
     per_step = max(1, len(steps)) * max(1, len(ranks))
+    device_time = not kernels.empty  # roofline figures only from kernel time
     temporal = B.temporal(kernels)
     flops_known = any(t.has_cpu_ops and t.has_shapes for t in tables)
     totals = _totals(kernels, calls, temporal, per_step, flops_known)
@@ -458,9 +462,9 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         steps=steps,
         kernels=kernels,
         hotspots=hotspots(kernels, calls, peaks, per_step),
-        gemm_problems=problem_table(calls, "gemm", peaks, per_step),
-        grouped_gemm_problems=problem_table(calls, "grouped_gemm", peaks, per_step),
-        attention_problems=problem_table(calls, "attention", peaks, per_step),
+        gemm_problems=problem_table(calls, "gemm", peaks, per_step, device_time),
+        grouped_gemm_problems=problem_table(calls, "grouped_gemm", peaks, per_step, device_time),
+        attention_problems=problem_table(calls, "attention", peaks, per_step, device_time),
         breakdown=B.categories(kernels),
         temporal=temporal,
         op_times=ops,
