@@ -295,7 +295,7 @@
 
     if ((DATA.tune_next || []).length) {
       const tn = section("Tune next", "GEMM and attention problems ranked by the time they would save at the roofline (time × (1 − % roofline)); " +
-        "each with the command that tunes it.");
+        "each with the command that tunes it (What to do next counts only what the best available kernels reach).");
       const cols = [{ key: "kind", label: "kind" }, { key: "shape", label: "problem", wrap: true },
         { key: "saving_ms", label: "to gain / step", num: true, fmt: F.ms }, { key: "time_ms", label: "time/step", num: true, fmt: F.ms },
         { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }, { key: "calls", label: "calls/step", num: true, fmt: F.count }];
