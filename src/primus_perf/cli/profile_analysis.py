@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
@@ -125,6 +126,10 @@ def render(a: Analysis, top: int) -> None:
     load = summary_line(a.expert_load)
     if load:
         console.print(load, highlight=False, soft_wrap=True)
+    render_host(a, top)
+    render_kernel_efficiency(a, top)
+    render_memory(a, top)
+    render_recommendations(a)
     for note in a.notes:
         err_console.print(f"[yellow]note:[/] {note}")
 
@@ -173,6 +178,89 @@ def render_bandwidth(a: Analysis, top: int) -> None:
             console.print(f"{len(ranks) - MAX_RANK_ROWS} more all-to-all rows per rank in --json and the report")
 
 
+def render_recommendations(a: Analysis) -> None:
+    """What to do next, ranked: one block per recommendation (long lines wrap in a log)."""
+    if a.recommendations.empty:
+        return
+    console.print("[bold]what to do next[/] (ranked by estimated saving per step; FP8 last: it changes the numerics)")
+    for i, r in enumerate(a.recommendations.itertuples(index=False), 1):
+        console.print(f"{i}. [bold]{r.category}[/]: save ~{r.estimated_saving_ms:.2f} ms per step", highlight=False)
+        lines = [("evidence", r.evidence), ("do", r.action), ("run", r.command), ("estimate", r.method)]
+        for label, text in lines:
+            if text:
+                console.print(f"   {label}: {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def render_host(a: Analysis, top: int) -> None:
+    """Each step's critical path, launch statistics and CPU against GPU time per op."""
+    if len(a.critical_path):
+        tc = Table(title="critical path per step (ms: the step's host start to its last GPU event)")
+        for col in ("rank", "step", "path", "cpu", "launch delay", "gpu", "wait", "GPU events on path"):
+            tc.add_column(col, justify="right")
+        for r in a.critical_path.head(MAX_RANK_ROWS).to_dict(orient="records"):
+            tc.add_row(str(int(r["rank"])), str(int(r["step"])), _ms(r["path_s"]), _ms(r["cpu_s"]), _ms(r["launch_s"]),
+                       _ms(r["gpu_s"]), _ms(r["wait_s"]), str(int(r["events"])))
+        console.print(tc)
+    if len(a.launches):
+        tl = Table(title="kernel launches per step (delay: launch call start to GPU start, ms; queue: GPU work "
+                         "launched, not finished)")
+        for col in ("rank", "step", "launches", "call p50 us", "delay p50", "delay p90", "delay max", "queue p50",
+                    "queue max"):
+            tl.add_column(col, justify="right")
+        for r in a.launches.head(MAX_RANK_ROWS).to_dict(orient="records"):
+            tl.add_row(str(int(r["rank"])), str(int(r["step"])), str(int(r["launches"])), _num(r["launch_p50_us"]),
+                       *(_num(r[c] / 1e3, "{:.2f}") for c in ("delay_p50_us", "delay_p90_us", "delay_max_us")),
+                       _num(r["queue_p50"], "{:.0f}"), _num(r["queue_max"], "{:.0f}"))
+        console.print(tl)
+    if len(a.cpu_ops):
+        to = Table(title=f"CPU against GPU time per op (top {top} by CPU time, ms per step)")
+        for col in ("op", "calls", "CPU", "CPU self", "GPU self", "GPU incl."):
+            to.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
+        for _, r in a.cpu_ops.head(top).iterrows():
+            to.add_row(str(r["op"])[:60], _num(r["calls"], "{:g}"), _ms(r["cpu_s"]), _ms(r["cpu_self_s"]),
+                       _ms(r["gpu_self_s"]), _ms(r["gpu_s"]))
+        console.print(to)
+
+
+def render_kernel_efficiency(a: Analysis, top: int) -> None:
+    """Per kernel name: launch resources and occupancy, flagged where low and costly."""
+    eff = a.kernel_efficiency()
+    if eff.empty:
+        return
+    tk = Table(title=f"kernel efficiency (top {top} by time, per step; occupancy as Kineto estimates it; "
+                     "full names and grid/block in --json and the report)")
+    for col in ("kernel", "calls", "ms", "regs", "smem KiB", "blk/SM", "occ.", "flag"):
+        tk.add_column(col, justify="left" if col in ("kernel", "flag") else "right",
+                      overflow="ellipsis" if col == "kernel" else "fold", no_wrap=col == "kernel",
+                      max_width=22 if col == "kernel" else None)
+    for _, r in eff.head(top).iterrows():
+        tk.add_row(str(r["name"]), _num(r["launches"], "{:g}"), _num(r["time_s"] * 1e3, "{:.2f}"),
+                   _num(r["registers"], "{:.0f}"), _num(r["shared_bytes"] / 1024, "{:.1f}"),
+                   _num(r["blocks_per_sm"], "{:.2f}"), _num(r["occupancy_pct"], "{:.0f}%"), r["flag"])
+    console.print(tk)
+
+
+def render_memory(a: Analysis, top: int) -> None:
+    """Peak allocated memory per device and the ops that allocate most (profile_memory traces)."""
+    _curve, peaks, by_op = a.memory()
+    if peaks.empty:
+        return
+    tp = Table(title="memory (profile_memory): peak allocated per device")
+    for col in ("rank", "device", "peak", "allocations", "frees"):
+        tp.add_column(col, justify="left" if col == "device" else "right")
+    for _, r in peaks.iterrows():
+        rel = "" if r["recorded_total"] else " (relative)"
+        tp.add_row(str(int(r["rank"])), r["device"], _bytes(r["peak_bytes"]) + rel, str(int(r["allocations"])),
+                   str(int(r["frees"])))
+    console.print(tp)
+    tb = Table(title=f"allocations per op (top {top} by bytes, whole trace)")
+    for col in ("op", "allocations", "bytes", "largest"):
+        tb.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
+    for _, r in by_op.head(top).iterrows():
+        tb.add_row(str(r["op"])[:60], str(int(r["allocations"])), _bytes(r["bytes"]), _bytes(r["largest"]))
+    console.print(tb)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("analyze")
     def analyze_cmd(
@@ -194,7 +282,7 @@ def register(app: typer.Typer) -> None:
         if xlsx is not None:
             exported.append(str(write_xlsx(a, xlsx)))
         if json_out is not None:
-            write_output(json_out, json.dumps(a.to_json(top=max(top, 50)), indent=1))
+            write_output(json_out, json.dumps(a.to_json(top=max(top, 50), details=True), indent=1))
             if json_out == "-":
                 return
         render(a, top)
