@@ -218,10 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                   f" ({row['speedup_vs_grouped_mm']:.3f}x); {tuned['problems']} problems tuned in"
                   f" {tuned['tune_s']:.0f} s; routed {sp['tuned_calls']['routed']},"
                   f" fell back {sp['tuned_calls']['fallback']}; max loss diff {worst:.2e}", flush=True)
-    write_json(args.out, {"benchmark": "hf_moe_e2e", "device": current_device().to_dict(),
-                          "versions": library_versions(), "smoke": args.smoke, "blocks": args.blocks,
-                          "block_steps": args.block_steps, "budget_s": args.budget_s,
-                          "max_configs": args.max_configs, "rows": rows}, default=float)
+            # after every case: a run stopped at its time limit keeps the cases it finished
+            write_json(args.out, {"benchmark": "hf_moe_e2e", "device": current_device().to_dict(),
+                                  "versions": library_versions(), "smoke": args.smoke, "blocks": args.blocks,
+                                  "block_steps": args.block_steps, "budget_s": args.budget_s,
+                                  "max_configs": args.max_configs, "rows": rows}, default=float)
     print(f"wrote {args.out}")
     return 0
 
