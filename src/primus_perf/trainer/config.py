@@ -28,6 +28,7 @@ import yaml
 
 from primus_perf.errors import ConfigError, UserError
 from primus_perf.files import check_input_file
+from primus_perf.kernels.fp8.recipes import RECIPES as FP8_RECIPES
 from primus_perf.kernels.grouped_gemm.backends import BACKENDS as GROUPED_GEMM_BACKENDS
 
 PRESETS = "primus_perf.trainer.presets"  # package holding the preset YAML files
@@ -123,6 +124,9 @@ class TrainConfig:
     dtype: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU), "bf16", "fp32"
     recompute: bool = False  # activation recompute per transformer block
     compile: bool = False  # torch.compile the non-GEMM parts of each block
+    # FP8 linear layers (torchao float8): "off"; "auto": the tuning cache's measured plan;
+    # a recipe name: every block's linear layers (not the output head, not MoE routers)
+    fp8: str = "off"
     sdpa_backend: str = "auto"  # "auto" (torch picks), "cudnn", "flash", "efficient", "math"
     log_every: int = 1
 
@@ -162,6 +166,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.device": ("auto", "cpu", "cuda"),
     "train.dtype": ("auto", "bf16", "fp32"),
     "train.sdpa_backend": ("auto", "cudnn", "flash", "efficient", "math"),
+    "train.fp8": ("off", "auto", *FP8_RECIPES),
 }
 
 _POSITIVE = (
@@ -375,6 +380,8 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         raise ConfigError(
             f"config key 'model.vocab_size' ({m.vocab_size}) must be >= 256 for data.path (byte tokens)"
         )
+    if t.fp8 == "auto" and cfg.tuning.cache is None:
+        raise ConfigError("config key 'train.fp8' is auto but tuning.cache is not set (auto uses the cache's FP8 plan)")
     if cfg.tuning.online and cfg.tuning.cache is None:
         raise ConfigError("config key 'tuning.online' needs tuning.cache (the file it writes)")
     if cfg.data.path is not None:

@@ -40,6 +40,7 @@ from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import TrainConfig, TrainerConfig
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.flops import flops_per_token
+from primus_perf.trainer.fp8 import apply_plan, linear_layers, recipe_plan
 from primus_perf.trainer.fsdp import data_parallel_mesh, shard_model
 from primus_perf.trainer.moe import aux_loss, build_model, tokens_per_expert, update_router_biases
 from primus_perf.trainer.parallel import (
@@ -142,6 +143,10 @@ class Trainer:
             model.compile_pointwise()
         self.model = model
         self._forward: torch.nn.Module = model
+        self.fp8: dict[str, str] = {}  # layer name -> FP8 recipe or bf16 (train.fp8)
+        if t.fp8 != "off":
+            self.fp8 = apply_plan(model, self._fp8_layers(), self.device, compile=t.compile,
+                                  fsdp_float8_all_gather=dp_shard > 1)
         if dp_shard > 1:
             g = self.groups
             g.mesh = data_parallel_mesh(self.device.type, dp_replicate, dp_shard, tp)
@@ -223,6 +228,21 @@ class Trainer:
 
         row = lookup_peaks(self.device_name)
         return row.peak_tflops("bf16") if row is not None else None
+
+    def _fp8_layers(self) -> dict[str, str]:
+        """train.fp8's plan: the tuning cache's (auto) or one recipe for every block."""
+        t = self.cfg.train
+        if t.fp8 != "auto":
+            return recipe_plan(self.model, t.fp8)
+        from primus_perf.runtime.fp8 import find_plan
+
+        layers = [(n, o, i) for n, (_, _, o, i) in linear_layers(self.model).items()]
+        return find_plan(self.cfg.tuning.cache, layers, t.micro_batch * t.seq_len).layers
+
+    def set_fp8(self, layers: dict[str, str]) -> None:
+        """Switch the FP8 plan between steps (layer name -> recipe or bf16; the plan tuner
+        measures candidates this way)."""
+        self.fp8 = apply_plan(self.model, layers, self.device, compile=self.cfg.train.compile)
 
     # ---- training ----------------------------------------------------------------------
 
