@@ -169,6 +169,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.fp8": ("off", "auto", *FP8_RECIPES),
 }
 
+_OFF_KEYS = ("train.fp8",)  # string keys where "off" is a value
+
 _POSITIVE = (
     "model.vocab_size",
     "model.dim",
@@ -273,6 +275,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        if value is False and key in _OFF_KEYS:  # YAML 1.1 reads off/no/false as False
+            return "off"
     else:  # pragma: no cover - internal: an annotation this loader does not know
         raise TypeError(f"unsupported annotation {tp!r} for {key}")
     raise ConfigError(

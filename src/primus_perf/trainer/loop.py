@@ -239,10 +239,11 @@ class Trainer:
         layers = [(n, o, i) for n, (_, _, o, i) in linear_layers(self.model).items()]
         return find_plan(self.cfg.tuning.cache, layers, t.micro_batch * t.seq_len).layers
 
-    def set_fp8(self, layers: dict[str, str]) -> None:
+    def set_fp8(self, layers: dict[str, str], *, compile: bool | None = None) -> None:
         """Switch the FP8 plan between steps (layer name -> recipe or bf16; the plan tuner
-        measures candidates this way)."""
-        self.fp8 = apply_plan(self.model, layers, self.device, compile=self.cfg.train.compile)
+        measures candidates this way); ``compile`` defaults to train.compile."""
+        self.fp8 = apply_plan(self.model, layers, self.device,
+                              compile=self.cfg.train.compile if compile is None else compile)
 
     # ---- training ----------------------------------------------------------------------
 
