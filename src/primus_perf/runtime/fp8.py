@@ -15,7 +15,14 @@ from primus_perf.cache.store import TuningCache
 from primus_perf.devices import current_device
 from primus_perf.errors import UserError
 from primus_perf.kernels.fp8.linear import convert_linears
-from primus_perf.kernels.fp8.plan import KIND, Fp8Plan, Fp8PlanProblem, library_versions, matching, plan_from_entry
+from primus_perf.kernels.fp8.plan import (
+    KIND,
+    Fp8Plan,
+    Fp8PlanProblem,
+    library_versions,
+    matching,
+    plan_from_entry,
+)
 
 
 def find_plan(cache: str | os.PathLike | TuningCache, layers: Sequence[tuple[str, int, int]],

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from primus_perf.kernels.fp8.linear import Fp8Linear, tag_weights
+from primus_perf.kernels.fp8.linear import Fp8Linear, fp8_linear, tag_weights
 from primus_perf.kernels.fp8.plan import Fp8PlanProblem
 from primus_perf.kernels.fp8.recipes import BF16, gemm_shape_ok
 
@@ -74,8 +74,8 @@ def apply_plan(model: nn.Module, layers: dict[str, str], device: torch.device, *
         fn = None
         if recipe != BF16:
             if recipe not in fns:
-                fns[recipe] = Fp8Linear(recipe, device, compile=compile,
-                                        fsdp_float8_all_gather=fsdp_float8_all_gather)
+                fns[recipe] = fp8_linear(recipe, device, compile=compile,
+                                         fsdp_float8_all_gather=fsdp_float8_all_gather)
             fn = fns[recipe]
             if fsdp_float8_all_gather and fn.config.enable_fsdp_float8_all_gather:
                 _wrap_for_fsdp(module, attr, fn)

@@ -57,7 +57,8 @@ class Fp8Linear:
         self.mm_config = _mm_config(self.config)
         fn = _fp8_mm
         if compile:
-            code = _fp8_mm.__code__.replace(co_name=f"_fp8_mm_{name}")
+            suffix = "_fsdp" if fsdp_float8_all_gather else ""
+            code = _fp8_mm.__code__.replace(co_name=f"_fp8_mm_{name}{suffix}")
             fn = torch.compile(types.FunctionType(code, _fp8_mm.__globals__, code.co_name), dynamic=False)
         self._fn = fn
 
@@ -70,6 +71,19 @@ class Fp8Linear:
 
     def __repr__(self) -> str:
         return f"Fp8Linear({self.name!r})"
+
+
+_MADE: dict[tuple[str, str, bool, bool], Fp8Linear] = {}
+
+
+def fp8_linear(name: str, device: torch.device, *, compile: bool = False,
+               fsdp_float8_all_gather: bool = False) -> Fp8Linear:
+    """The one :class:`Fp8Linear` of a recipe on a device type: switching plans reuses its
+    configs and its compiled code (a new one would recompile)."""
+    key = (name, device.type, compile, fsdp_float8_all_gather)
+    if key not in _MADE:
+        _MADE[key] = Fp8Linear(name, device, compile=compile, fsdp_float8_all_gather=fsdp_float8_all_gather)
+    return _MADE[key]
 
 
 def _retag(module: nn.Module, _args: Any) -> None:

@@ -86,7 +86,12 @@ def running_formats(device: Any) -> tuple[Any, Any]:
 def torchao_config(name: str, device: Any, *, fsdp_float8_all_gather: bool = False) -> Any:
     """torchao's ``Float8LinearConfig`` of recipe ``name`` with the device's FP8 formats."""
     try:
-        from torchao.float8.config import CastConfig, Float8LinearConfig, ScalingGranularity, ScalingType
+        from torchao.float8.config import (
+            CastConfig,
+            Float8LinearConfig,
+            ScalingGranularity,
+            ScalingType,
+        )
     except ImportError:
         raise UserError("FP8 training needs torchao (pip install torchao)") from None
     r = recipe(name)
