@@ -384,3 +384,30 @@ def test_bench_smoke(tmp_path: Path) -> None:
     (row,) = doc["configs"]
     assert {"plan", "groups", "tokens_per_s", "loss", "speedup"} <= set(row)
     assert row["loss"]["steps"] == doc["settings"]["loss_steps"]
+
+
+def test_fp8_grouped_backend_says_why_not_on_cpu() -> None:
+    from primus_perf.kernels.grouped_gemm.fp8 import FP8_BACKENDS, _column_major
+
+    why = FP8_BACKENDS["fp8_rowwise"].unsupported(CPU, torch.bfloat16, 64, 64)
+    assert why is not None and "no CPU kernel for _scaled_grouped_mm" in why
+    w = torch.randn(3, 32, 48)
+    cm = _column_major(w)
+    assert cm.stride() == (32 * 48, 1, 32) and torch.equal(cm, w)
+    assert _column_major(w.transpose(1, 2)).data_ptr() == w.data_ptr()  # dgrad's operand: no copy
+
+
+def test_plan_slower_in_the_whole_step_falls_back_to_bf16(tmp_path: Path) -> None:
+    """Groups that each win alone but lose together (injected: any FP8 layer costs 20 ms
+    once per step) leave an all-bf16 plan, with no loss check."""
+
+    class Overhead(FakeSession):
+        def train_step(self) -> SimpleNamespace:
+            m = super().train_step()
+            if any(r != "bf16" for r in self.plan.values()):
+                m.step_time_s += 0.020 if sum(r != "bf16" for r in self.plan.values()) > 2 else 0.0
+            return m
+
+    res = tune_plan(lambda: Overhead(), lambda _s: PROBLEM, group_of, cache=tmp_path / "c.json", check_steps=5)
+    assert set(res.plan.layers.values()) == {"bf16"} and res.timing is None and res.loss is None
+    assert res.plan.groups["mlp.w13"]["choice"] == "rowwise"  # the group's own measurement stays on record

@@ -115,3 +115,28 @@ def test_analyzer_counts_fp8_gemms_and_report_names_layers(tmp_path: Path) -> No
     rep = report_from_analysis(a)
     assert rep["header"]["fp8_layers"]["layers.0.mlp.w13"] == "tensorwise"
     assert "output" not in rep["header"]["fp8_layers"]
+
+
+def test_fp8_grouped_backend_matches_fp32() -> None:
+    _fp8_gpu()
+    from primus_perf.kernels.grouped_gemm.fp8 import FP8_BACKENDS, TOLERANCE
+
+    backend = FP8_BACKENDS["fp8_rowwise"]
+    dev = torch.device("cuda")
+    counts = [0, 1, 300, 77, 0, 129, 8, 1]
+    k, n = 256, 512
+    why = backend.unsupported(dev, torch.bfloat16, k, n)
+    if why is not None:
+        pytest.skip(why)
+    torch.manual_seed(0)
+    x = torch.randn(sum(counts), k, device=dev, dtype=torch.bfloat16)
+    w = (torch.randn(len(counts), k, n, device=dev) * 0.05).to(torch.bfloat16)
+    dy = torch.randn(sum(counts), n, device=dev, dtype=torch.bfloat16)
+    starts = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+    y_ref = torch.cat([x[starts[g]:starts[g + 1]].float() @ w[g].float() for g in range(len(counts))])
+    dx_ref = torch.cat([dy[starts[g]:starts[g + 1]].float() @ w[g].float().t() for g in range(len(counts))])
+    for got, want in ((backend.mm(x, w, counts), y_ref), (backend.mm(dy, w.transpose(1, 2), counts), dx_ref)):
+        assert got.dtype == torch.bfloat16
+        assert float((got.float() - want).norm() / want.norm()) < TOLERANCE

@@ -9,7 +9,8 @@ A *session* is anything that trains step by step with a switchable plan: ``set_f
    ``block_steps`` timed steps, bf16 and the candidate in turn (``settle`` untimed steps
    after each switch: compilation, allocation), the rest of the model in bf16
    (:mod:`.select` chooses);
-2. the plan against all-bf16, interleaved the same way: the stored speedup;
+2. the plan against all-bf16, interleaved the same way: the stored speedup (a plan no faster
+   than bf16 in the whole step becomes all-bf16);
 3. the numerics guard (:func:`loss_check`): two fresh sessions from the same seed, bf16
    and the plan, ``check_steps`` steps each; a plan whose loss differs by more than
    ``threshold`` (relative, on the mean of the last tenth of the steps) is refused with one
@@ -203,6 +204,11 @@ def tune_plan(make_session: Callable[[], Session], problem_of: Callable[[Any], F
             b, f = interleaved(session, bf16, layers, blocks=plan_blocks, block_steps=block_steps, settle=settle)
             timing = PlanTiming(b, f)
             say(f"plan vs bf16: {timing.speedup:.3f}x")
+            if timing.speedup <= 1.0:  # the groups' savings did not add up in the whole step
+                say("the plan is not faster than bf16 in the whole step: every layer stays bf16")
+                layers = {n: BF16 for n in layers}
+                plan = Fp8Plan(problem, layers, summary)
+                timing = None
     finally:
         _release(session)
         del session
