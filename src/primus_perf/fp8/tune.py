@@ -143,6 +143,21 @@ def measure_groups(session: Session, problem: Fp8PlanProblem, groups: Mapping[st
     return out
 
 
+def _release(session: Session) -> None:
+    """Close a session and free its memory before the next one is built (a model of 8B
+    dimensions fits once on a GPU); Dynamo's caches go too, so no compiled code keeps the
+    old model's modules alive."""
+    import gc
+
+    import torch
+
+    session.close()
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def loss_check(make_session: Callable[[], Session], layers: dict[str, str], *, steps: int = CHECK_STEPS,
                threshold: float = LOSS_THRESHOLD) -> tuple[LossCheck, dict[str, list[float]]]:
     """bf16 and the plan from the same seed, ``steps`` steps each (fresh sessions)."""
@@ -153,7 +168,8 @@ def loss_check(make_session: Callable[[], Session], layers: dict[str, str], *, s
             session.set_fp8(plan)
             losses[side] = [float(session.train_step().loss) for _ in range(steps)]
         finally:
-            session.close()
+            _release(session)
+            del session
     window = max(1, steps // 10)
     check = LossCheck(steps, window, statistics.fmean(losses["bf16"][-window:]),
                       statistics.fmean(losses["fp8"][-window:]), threshold)
@@ -166,17 +182,6 @@ def plan_entry(plan: Fp8Plan, timing: PlanTiming | None, loss: LossCheck | None)
                       versions=library_versions(), solution=plan_solution(plan, loss),
                       times=timing.times() if timing else {}, error=loss.rel_diff if loss else None,
                       tuner_version=TUNER_VERSION)
-
-
-def _release(session: Session) -> None:
-    session.close()
-    import gc
-
-    gc.collect()
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def tune_plan(make_session: Callable[[], Session], problem_of: Callable[[Any], Fp8PlanProblem],
