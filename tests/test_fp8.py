@@ -411,3 +411,28 @@ def test_plan_slower_in_the_whole_step_falls_back_to_bf16(tmp_path: Path) -> Non
     res = tune_plan(lambda: Overhead(), lambda _s: PROBLEM, group_of, cache=tmp_path / "c.json", check_steps=5)
     assert set(res.plan.layers.values()) == {"bf16"} and res.timing is None and res.loss is None
     assert res.plan.groups["mlp.w13"]["choice"] == "rowwise"  # the group's own measurement stays on record
+
+
+def test_apply_from_the_cache_to_an_hf_model(tmp_path: Path) -> None:
+    """A transformers Llama: a plan for its nn.Linear layers, written as a cache entry, is
+    found by its layer set and applied; its MLP projections then run torch._scaled_mm."""
+    transformers = pytest.importorskip("transformers")
+    from primus_perf.fp8.tune import plan_entry
+    from primus_perf.runtime.fp8 import linear_layers
+
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=128)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    layers = linear_layers(model)
+    assert len(layers) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer and the head
+    plan = Fp8Plan(Fp8PlanProblem(tuple(layers), 64),
+                   {n: "tensorwise" if ".mlp." in n else "bf16" for n, _, _ in layers})
+    TuningCache(tmp_path / "c.json").put(plan_entry(plan, None, None))
+    got = apply(model, tmp_path / "c.json")
+    assert got.fp8_layers == plan.fp8_layers
+    ids = torch.randint(0, 128, (2, 32))
+    with Ops() as ops:
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+    assert ops.count("_scaled_mm") == 2 * 3 * 3  # 2 layers x 3 MLP projections x 3 GEMMs
