@@ -436,3 +436,24 @@ def test_apply_from_the_cache_to_an_hf_model(tmp_path: Path) -> None:
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
     assert ops.count("_scaled_mm") == 2 * 3 * 3  # 2 layers x 3 MLP projections x 3 GEMMs
+
+
+def test_fp8_gemm_counts_against_the_fp8_peak() -> None:
+    """A profiled torch._scaled_mm is an f8e4m3 GEMM (perf_models) and the roofline takes
+    the FP8 peak of devices.py for it: the same time reaches half the fraction of a bf16 one."""
+    import numpy as np
+
+    from primus_perf.devices import lookup_peaks
+    from primus_perf.tracelens.perf_models import ShapeArgs, model_op
+    from primus_perf.tracelens.roofline import roofline
+
+    n = 8192
+    s = ShapeArgs(dims=[[n, n], [n, n], [], []], types=["c10::Float8_e4m3fn"] * 2 + ["float", "float"],
+                  strides=[[n, 1], [1, n], [], []], concrete=[])
+    m = model_op("aten::_scaled_mm", s)
+    assert m.dtype == "f8e4m3"
+    peaks = lookup_peaks("NVIDIA H100 80GB HBM3")
+    assert peaks.peak_tflops("f8e4m3") == pytest.approx(2 * peaks.peak_tflops("bf16"), rel=0.01)
+    t = m.flops / (peaks.peak_tflops("bf16") * 1e12)  # bf16 peak speed
+    _, pct = roofline(np.array([m.flops] * 2), np.array([m.bytes] * 2), np.array([t, t]), ["f8e4m3", "bf16"], peaks)
+    assert pct[1] == pytest.approx(1.0, rel=0.01) and pct[0] == pytest.approx(0.5, rel=0.01)
