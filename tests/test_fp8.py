@@ -457,3 +457,19 @@ def test_fp8_gemm_counts_against_the_fp8_peak() -> None:
     t = m.flops / (peaks.peak_tflops("bf16") * 1e12)  # bf16 peak speed
     _, pct = roofline(np.array([m.flops] * 2), np.array([m.bytes] * 2), np.array([t, t]), ["f8e4m3", "bf16"], peaks)
     assert pct[1] == pytest.approx(1.0, rel=0.01) and pct[0] == pytest.approx(0.5, rel=0.01)
+
+
+@pytest.mark.parametrize(("extra", "nproc", "tol"), [
+    (["train.recompute=true"], 1, 1e-6),  # recomputation quantizes the same tensors again
+    (["parallel.tp=2"], 2, 1e-2),  # each rank scales its own shard: close, not equal
+], ids=["recompute", "tp2"])
+def test_train_fp8_composes_with_recompute_and_tp(tmp_path: Path, extra: list[str], nproc: int, tol: float) -> None:
+    base, other = tmp_path / "base.jsonl", tmp_path / "other.jsonl"
+    common = ["--config", "tiny", "--steps", "3", "train.fp8=tensorwise"]
+    r1 = _train([*common, "--json-log", str(base)])
+    r2 = _train([*common, *extra, "--json-log", str(other)], nproc=nproc)
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
+    assert "FP8: 8 of 9 linear layers (tensorwise)" in r2.stdout
+    a = [json.loads(x)["loss"] for x in base.read_text().splitlines()]
+    b = [json.loads(x)["loss"] for x in other.read_text().splitlines()]
+    assert len(a) == len(b) == 3 and all(abs(x - y) <= tol * x for x, y in zip(a, b)), (a, b)
