@@ -20,9 +20,11 @@ from torch import nn
 from primus_perf.kernels.fp8.linear import Fp8Linear, fp8_linear, tag_weights
 from primus_perf.kernels.fp8.plan import Fp8PlanProblem
 from primus_perf.kernels.fp8.recipes import BF16, gemm_shape_ok
+from primus_perf.trainer.model import Embedding
+from primus_perf.trainer.moe import TokenRouter
 
 HEAD = "output"  # the output head's parameter name
-_EXCLUDED_MODULES = ("Embedding", "Router")  # class names whose weights are not linear layers
+_EXCLUDED_MODULES = (Embedding, TokenRouter)  # their weights are not linear layers
 
 
 def linear_layers(model: nn.Module) -> dict[str, tuple[nn.Module, str, int, int]]:
@@ -30,7 +32,7 @@ def linear_layers(model: nn.Module) -> dict[str, tuple[nn.Module, str, int, int]
     (tensor-parallel) shapes."""
     out: dict[str, tuple[nn.Module, str, int, int]] = {}
     for mod_name, module in model.named_modules():
-        if type(module).__name__ in _EXCLUDED_MODULES:
+        if isinstance(module, _EXCLUDED_MODULES):
             continue
         for attr, p in module.named_parameters(recurse=False):
             if p.dim() == 2:
