@@ -21,6 +21,8 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(3, "--steps", help="Profiled steps"),
         budget_s: float = typer.Option(2.0, "--budget-s", help="Tuning time budget per problem (GPU)"),
         blocks: int = typer.Option(4, "--blocks", help="Blocks of steps per side when measuring the speedup (GPU)"),
+        fp8: bool = typer.Option(False, "--fp8", help="Then tune the FP8 plan (per layer group, measured in the step;"
+                                 " the loss checked against bf16) into the cache (GPU)"),
     ) -> None:
         """Train under the profiler, analyze the trace and write the HTML report; on a GPU
         also tune the trace's GEMM and attention problems and train again with the cache,
@@ -43,7 +45,7 @@ def register(app: typer.Typer) -> None:
                       TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
                       transient=True) as bar:
             res = run_loop(config, list(overrides or []), out, steps=steps, budget_s=budget_s, blocks=blocks,
-                           say=say, tune_progress=RichProgress(bar, lambda _r: None))
+                           say=say, tune_progress=RichProgress(bar, lambda _r: None), fp8=fp8)
         step = f"{res.step_time_s * 1e3:.2f} ms/step" if res.step_time_s else "step time n/a"
         console.print(f"{res.device}: {step}; {res.gemm_problems} GEMM and {res.attention_problems} "
                       f"attention problems; report: {res.report}", highlight=False, soft_wrap=True)
@@ -70,3 +72,8 @@ def register(app: typer.Typer) -> None:
         )
         if not m.losses_match:
             err_console.print("[red]warning:[/] the losses with and without the cache differ by more than 5%")
+        if res.fp8 is not None:
+            for line in res.fp8.lines():
+                console.print(line, highlight=False, soft_wrap=True)
+            if res.fp8.refused:
+                err_console.print(res.fp8.refused, highlight=False, soft_wrap=True)

@@ -429,6 +429,7 @@ def capture_trainer(config: str, overrides: Sequence[str], out_dir: str | Path, 
                 "tokens_per_s": tok,
                 "mfu": _median(mfu_vals),
                 "device_name": trainer.device_name,
+                "fp8_layers": trainer.fp8,  # layer -> FP8 recipe or bf16 ({} with train.fp8=off)
             })
             write_manifest(out, res.manifest)
         return res

@@ -380,6 +380,8 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "world_size": a.world_size,
         "tokens_per_s": _num(m.get("tokens_per_s")),
         "mfu": _num(m.get("mfu")),
+        # the trainer's FP8 layers (layer -> recipe), from the run's manifest; {} without FP8
+        "fp8_layers": {k: v for k, v in (m.get("fp8_layers") or {}).items() if v != "bf16"},
     }
     hot, kernel_names = hotspots(a)
     return {

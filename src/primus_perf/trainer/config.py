@@ -28,6 +28,7 @@ import yaml
 
 from primus_perf.errors import ConfigError, UserError
 from primus_perf.files import check_input_file
+from primus_perf.kernels.fp8.recipes import RECIPES as FP8_RECIPES
 from primus_perf.kernels.grouped_gemm.backends import AUTO as GROUPED_GEMM_AUTO
 from primus_perf.kernels.grouped_gemm.backends import BACKENDS as GROUPED_GEMM_BACKENDS
 
@@ -126,6 +127,9 @@ class TrainConfig:
     dtype: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU), "bf16", "fp32"
     recompute: bool = False  # activation recompute per transformer block
     compile: bool = False  # torch.compile the non-GEMM parts of each block
+    # FP8 linear layers (torchao float8): "off"; "auto": the tuning cache's measured plan;
+    # a recipe name: every block's linear layers (not the output head, not MoE routers)
+    fp8: str = "off"
     sdpa_backend: str = "auto"  # "auto" (torch picks), "cudnn", "flash", "efficient", "math"
     log_every: int = 1
 
@@ -165,7 +169,10 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.device": ("auto", "cpu", "cuda"),
     "train.dtype": ("auto", "bf16", "fp32"),
     "train.sdpa_backend": ("auto", "cudnn", "flash", "efficient", "math"),
+    "train.fp8": ("off", "auto", *FP8_RECIPES),
 }
+
+_OFF_KEYS = ("train.fp8",)  # string keys where "off" is a value
 
 _POSITIVE = (
     "model.vocab_size",
@@ -271,6 +278,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        if value is False and key in _OFF_KEYS:  # YAML 1.1 reads off/no/false as False
+            return "off"
     else:  # pragma: no cover - internal: an annotation this loader does not know
         raise TypeError(f"unsupported annotation {tp!r} for {key}")
     raise ConfigError(
@@ -378,6 +387,8 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         raise ConfigError(
             f"config key 'model.vocab_size' ({m.vocab_size}) must be >= 256 for data.path (byte tokens)"
         )
+    if t.fp8 == "auto" and cfg.tuning.cache is None:
+        raise ConfigError("config key 'train.fp8' is auto but tuning.cache is not set (auto uses the cache's FP8 plan)")
     if cfg.tuning.online and cfg.tuning.cache is None:
         raise ConfigError("config key 'tuning.online' needs tuning.cache (the file it writes)")
     if cfg.data.path is not None:

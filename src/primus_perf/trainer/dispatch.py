@@ -81,7 +81,11 @@ class _Linear(torch.autograd.Function):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` (weight is ``[out, in]``) with all three GEMMs through :func:`matmul`."""
+    """``x @ weight.T`` (weight is ``[out, in]``) with all three GEMMs through :func:`matmul`;
+    a weight tagged for FP8 (``kernels.fp8.linear.tag_weights``) runs its FP8 recipe instead."""
+    fp8 = getattr(weight, "fp8_linear", None)
+    if fp8 is not None:
+        return fp8(x, weight)
     return _Linear.apply(x, weight)
 
 

@@ -41,6 +41,7 @@ from primus_perf.trainer import dispatch
 from primus_perf.trainer.config import TrainConfig, TrainerConfig
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.flops import flops_per_token
+from primus_perf.trainer.fp8 import apply_plan, linear_layers, recipe_plan
 from primus_perf.trainer.moe import aux_loss, build_model, tokens_per_expert, update_router_biases
 from primus_perf.trainer.parallel import clip_grad_norm_, make_groups, reduce_expert_grads
 from primus_perf.trainer.parallelize import parallelize
@@ -135,8 +136,15 @@ class Trainer:
         if t.compile:
             model.compile_pointwise()
         self.model = model
+        self.fp8: dict[str, str] = {}  # layer name -> FP8 recipe or bf16 (train.fp8)
+
+        def apply_fp8(m: torch.nn.Module) -> None:  # after TP and EP (local shapes), before FSDP2/DDP
+            if t.fp8 != "off":
+                self.fp8 = apply_plan(m, self._fp8_layers(), self.device, compile=t.compile,
+                                      fsdp_float8_all_gather=dp_shard > 1)
+
         self._forward: torch.nn.Module = parallelize(
-            model, self.groups, cfg.parallel, device=self.device, bf16=self.autocast
+            model, self.groups, cfg.parallel, device=self.device, bf16=self.autocast, before_data_parallel=apply_fp8
         )
         params = [p for p in model.parameters() if p.requires_grad]
         self.params = params
@@ -199,6 +207,22 @@ class Trainer:
 
         row = lookup_peaks(self.device_name)
         return row.peak_tflops("bf16") if row is not None else None
+
+    def _fp8_layers(self) -> dict[str, str]:
+        """train.fp8's plan: the tuning cache's (auto) or one recipe for every block."""
+        t = self.cfg.train
+        if t.fp8 != "auto":
+            return recipe_plan(self.model, t.fp8)
+        from primus_perf.runtime.fp8 import find_plan
+
+        layers = [(n, o, i) for n, (_, _, o, i) in linear_layers(self.model).items()]
+        return find_plan(self.cfg.tuning.cache, layers, t.micro_batch * t.seq_len).layers
+
+    def set_fp8(self, layers: dict[str, str], *, compile: bool | None = None) -> None:
+        """Switch the FP8 plan between steps (layer name -> recipe or bf16; the plan tuner
+        measures candidates this way); ``compile`` defaults to train.compile."""
+        self.fp8 = apply_plan(self.model, layers, self.device,
+                              compile=self.cfg.train.compile if compile is None else compile)
 
     # ---- training ----------------------------------------------------------------------
 

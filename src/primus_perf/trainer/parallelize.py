@@ -14,6 +14,8 @@ depend on the parallel sizes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -32,13 +34,18 @@ def parallelize(
     *,
     device: torch.device,
     bf16: bool,
+    before_data_parallel: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
     """Apply TP, EP and FSDP2 or DDP to ``model`` (in place) over ``groups`` (from
     ``parallel.make_groups``); ``bf16``: FSDP2 gathers parameters in bf16. Returns the
-    module to call for the forward pass: ``model`` itself, or its DDP wrapper."""
+    module to call for the forward pass: ``model`` itself, or its DDP wrapper.
+    ``before_data_parallel(model)`` runs between expert and data parallelism (the weights
+    are this rank's TP shards and not yet FSDP2's: FP8 is applied there)."""
     if groups.tp > 1:
         apply_tensor_parallel(model, groups)
     apply_expert_parallel(model, groups)
+    if before_data_parallel is not None:
+        before_data_parallel(model)
     if groups.dp_shard > 1:
         shard_model(
             model,

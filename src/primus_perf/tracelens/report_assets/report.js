@@ -273,7 +273,8 @@
       ["steps", h.steps], ["GPU step time", h.step_time_ms !== null ? F.ms(h.step_time_ms) : null],
       ["wall-clock step", h.host_step_time_ms !== null && h.host_step_time_ms !== undefined ? F.ms(h.host_step_time_ms) : null],
       ["GPU kernel time / step", F.ms(h.gpu_kernel_ms)],
-      ["tokens/s", h.tokens_per_s ? fmt(h.tokens_per_s) : null], ["MFU", h.mfu ? pct(h.mfu) : null]]);
+      ["tokens/s", h.tokens_per_s ? fmt(h.tokens_per_s) : null], ["MFU", h.mfu ? pct(h.mfu) : null],
+      ["FP8 layers", Object.keys(h.fp8_layers || {}).length ? Object.entries(h.fp8_layers).map(([k, v]) => `${k} ${v}`).join(", ") : null]]);
     const vers = Object.entries(h.versions || {}).map(([k, v]) => `${k} ${v}`).join(" · ");
     document.querySelector(".sub").textContent = (vers ? vers + " · " : "") + (h.traces || []).join(", ");
     (DATA.notes || []).forEach((n) => document.querySelector("header").appendChild(el("div", { cls: "muted", text: "note: " + n })));
