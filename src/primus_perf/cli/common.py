@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 try:  # typer >= 0.20 vendors click
@@ -18,11 +17,12 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import ClickException, NoArgsIsHelpError
 
+from primus_perf.cli.render import CONSOLE, ERR_CONSOLE, plain_help_off_tty
 from primus_perf.errors import Interrupted, UserError
 from primus_perf.files import check_input_file
 
-console = Console()
-err_console = Console(stderr=True)
+console = CONSOLE
+err_console = ERR_CONSOLE
 
 EXIT_INTERRUPTED = 130
 # Options that print rows: at least one (a typer min, so that `--top -5` is a usage error).
@@ -49,6 +49,7 @@ def run_app(app: typer.Typer | Callable[..., object], args: Sequence[str] | None
     kept (exit 130). ``--help`` and a command without arguments print the help."""
     with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
         signal.signal(signal.SIGTERM, _terminate)
+    plain_help_off_tty(sys.stdout)
     try:
         if isinstance(app, typer.Typer):
             code = app(None if args is None else list(args), standalone_mode=False)

@@ -13,6 +13,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from primus_perf.cli.common import JSON_HELP, console, err_console
+from primus_perf.cli.render import print_table
 from primus_perf.errors import Interrupted
 from primus_perf.files import check_writable, write_output
 from primus_perf.gate.gate import DEFAULT_ALPHA, DEFAULT_PROFILE_STEPS, gate, parse_fraction
@@ -101,7 +102,7 @@ def register(app: typer.Typer) -> None:
                           f"{v.candidate_median:.6g}", _fmt_pct(v.change),
                           f"[{_fmt_pct(v.ci_low)}, {_fmt_pct(v.ci_high)}]", f"{v.p_value:.3g}",
                           f"{v.cv_baseline:.1%}/{v.cv_candidate:.1%}", verdict)
-        console.print(table)
+        print_table(table)
         for note in result.notes:
             console.print(f"[yellow]note:[/] {note}")
         console.print("[bold green]PASS[/]" if result.passed else "[bold red]FAIL: REGRESSION[/]")

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from primus_perf.cli.common import check_trace_args, console
+from primus_perf.cli.common import check_trace_args
+from primus_perf.cli.render import print_table
 
 
 def register(app: typer.Typer) -> None:
@@ -98,4 +99,4 @@ def render(res) -> None:
             tflops(p.forward_flops, fwd), tflops(p.backward_flops, bwd),
             f"{c.total_s * 1e3:.3f}", f"{res.default_s / c.total_s:.2f}x",
         )
-    console.print(table)
+    print_table(table)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from primus_perf.cli.common import console, err_console
+from primus_perf.cli.render import print_table
 
 
 def open_cache(path: str):
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
             table.add_row(e.kind, e.problem_key, str(e.device.get("name", "?")),
                           ",".join(f"{k}={v}" for k, v in e.versions.items()),
                           str(cfg.get("name", cfg.get("backend", ""))), f"{speedup:.3f}x" if speedup else "-")
-        console.print(table)
+        print_table(table)
         console.print(f"{len(entries)} entries", highlight=False)
 
     @app.command("merge")

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from primus_perf.cli.common import console
+from primus_perf.cli.render import print_table
 from primus_perf.tuner import core
 from primus_perf.tuner.multi_gpu import MultiGpuRun, flops_of, tune_on_gpus
 
@@ -94,7 +95,7 @@ def run_tuning(
         else:
             run = core.tune(problems, cache=cache, tuners=[make_tuner()], budget_s=budget_s,
                             progress=progress)
-    console.print(results_table(run.results))
+    print_table(results_table(run.results))
     if isinstance(run, MultiGpuRun):
         for worker in run.workers:
             console.print(worker.summary(), highlight=False, soft_wrap=True)

@@ -1,0 +1,98 @@
+"""How every command prints: the consoles, tables and help text, readable in a terminal
+and in a log file.
+
+In a terminal, rich fits text and tables to the window (a cell that does not fit folds
+onto the next line; nothing is replaced by an ellipsis). When the stream is a file or a
+pipe (a Slurm log, a CI job), a table is printed at the width its content needs, whatever
+that is: no number or name is cut or wrapped. Prose wraps at ``COLUMNS`` when it is set
+and is not wrapped otherwise; the help is click's plain layout. ``FORCE_COLOR``, ``CI``
+and ``GITHUB_ACTIONS`` change colours only, never these widths: what decides is whether
+the stream is a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Any
+
+from rich.console import Console, ConsoleDimensions
+from rich.measure import Measurement
+from rich.table import Table
+
+UNWRAPPED = 100_000  # the width of a file or pipe without COLUMNS: lines are never wrapped
+
+
+def is_tty(stream: IO[str] | None) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (ValueError, OSError):  # a closed stream
+        return False
+
+
+def columns() -> int | None:
+    value = os.environ.get("COLUMNS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+class LogConsole(Console):
+    """A rich console whose width, for a stream that is not a terminal, is ``COLUMNS`` when
+    set and otherwise unlimited (rich would use 80 columns and wrap or cut)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        dims = Console.size.fget(self)  # type: ignore[attr-defined]
+        if self._width is None and not is_tty(self.file):
+            return ConsoleDimensions(columns() or UNWRAPPED, dims.height)
+        return dims
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+def new_table(*headers: str, title: str | None = None, left: tuple[str, ...] | None = None) -> Table:
+    """A table whose cells fold rather than end in an ellipsis: the columns in ``left``
+    (by default the first) left-aligned, the others (numbers) right-aligned."""
+    left = headers[:1] if left is None else left
+    table = Table(title=title)
+    for header in headers:
+        table.add_column(header, justify="left" if header in left else "right", overflow="fold")
+    return table
+
+
+def print_table(table: Table, console: Console | None = None) -> None:
+    """Print a table. To a file or a pipe, at the width its content needs when that is
+    wider than the console: every cell whole, one line per row."""
+    console = console or CONSOLE
+    for column in table.columns:
+        if column.overflow == "ellipsis":
+            column.overflow = "fold"
+    if is_tty(console.file):
+        console.print(table)
+        return
+    needed = Measurement.get(console, console.options.update(width=UNWRAPPED), table).maximum
+    if needed <= console.width:
+        console.print(table)
+        return
+    console.width = needed
+    try:
+        console.print(table)
+    finally:
+        console._width = None  # back to the stream's own width
+
+
+def plain_help_off_tty(stream: IO[str] | None) -> None:
+    """Help printed to a file or a pipe uses click's plain layout (long option names on
+    their own line, prose wrapped at word boundaries) instead of rich's 80-column boxes."""
+    if not is_tty(stream):
+        import typer.core
+
+        typer.core.HAS_RICH = False
+
+
+def console_for(stderr: bool = False, **kwargs: Any) -> LogConsole:
+    return LogConsole(stderr=stderr, **kwargs)
+
+
+CONSOLE = console_for()
+ERR_CONSOLE = console_for(stderr=True)
