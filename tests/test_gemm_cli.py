@@ -23,9 +23,10 @@ def test_problems_file_forms_and_dry_run(tmp_path) -> None:
     res = CliRunner().invoke(app, ["gemm", "--problems", str(f), "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "2 unique GEMM problems" in res.output  # the attention problem is not a GEMM
-    assert "128x4096x14336 f16 TN" in res.output  # the row-major spelling
-    res = CliRunner().invoke(app, ["gemm", "--offline", "--problems", str(f), "--dry-run"])
-    assert res.exit_code == 2 and "No such option" in res.output  # the flag that did nothing is gone
+    # the label says m, n and k as the key does (BLAS terms), then the torch product it is
+    assert "m4096 n128 k14336 f16 TN (torch [128x14336] @ [14336x4096])  gemm:TN|m4096|n128|k14336|" in res.output
+    offline = CliRunner().invoke(app, ["gemm", "--offline", "--problems", str(f), "--dry-run"])
+    assert offline.exit_code == 0 and offline.output == res.output  # --offline spells the default
 
 
 def test_from_trace_dry_run_lists_the_traces_problems() -> None:
@@ -40,8 +41,14 @@ def test_from_trace_dry_run_lists_the_traces_problems() -> None:
     cfg = load_config("llama3-8b", ["model.n_layers=2", "train.seq_len=1024", "train.micro_batch=1"])
     expected = {str(c.problem) for c in model_gemms(cfg.model, 1, 1024)}
     assert f"{len(expected)} unique GEMM problems" in res.output
-    listed = {line.split("  ")[0] for line in res.output.splitlines() if " bf16 " in line}
+    lines = [line for line in res.output.splitlines() if " bf16 " in line]
+    listed = {str(GemmProblem.from_dict({**_fields(key), "dtype_a": "bf16"})) for key in
+              (line.split("  ")[1] for line in lines)}
     assert listed == expected
+    for line in lines:  # the label's m, n, k are the key's
+        label, key = line.split("  ")
+        m, n, k = (int(x[1:]) for x in label.split()[:3])
+        assert f"|m{m}|n{n}|k{k}|" in key, line
 
 
 def test_problem_errors_are_one_line() -> None:
@@ -89,9 +96,10 @@ def test_tunableop_export_format(tmp_path) -> None:
     lines = out.read_text().splitlines()
     assert lines[0] == "Validator,PT_VERSION,2.14.0"
     assert "Validator,HIPBLASLT_VERSION,0.12.0" in lines
-    assert "GemmTunableOp_BFloat16_TN,tn_6144_4096_4096,Gemm_Hipblaslt_1234,0.500000" in lines
-    assert "GemmTunableOp_Half_NN,nn_4096_128_14336,Default,0.500000" in lines
+    assert "GemmTunableOp_BFloat16_TN,tn_6144_4096_4096_ld_4096_4096_6144,Gemm_Hipblaslt_1234,0.500000" in lines
+    assert "GemmTunableOp_Half_NN,nn_4096_128_14336_ld_4096_14336_4096,Default,0.500000" in lines
     assert len([x for x in lines if not x.startswith("Validator")]) == 2  # a cuBLASLt entry without its algo config
+    assert "skipped, chose cuBLASLt algorithm heur0, stored as an opaque algo" in res.output  # and why
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "hipblaslt", "--out", str(tmp_path / "h.txt")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "h.txt").read_text().splitlines() == [
@@ -120,8 +128,49 @@ def test_tunableop_export_spells_cublaslt_algorithms(tmp_path) -> None:
     assert out.read_text().splitlines() == [
         "Validator,PT_VERSION,2.14.0.dev20260101",
         "Validator,CUBLASLT_VERSION,13.1.0",
-        "GemmTunableOp_BFloat16_TN,tn_4096_8192_4096,"
+        "GemmTunableOp_BFloat16_TN,tn_4096_8192_4096_ld_4096_4096_4096,"
         "Gemm_Cublaslt_id_66_tile_18_stages_35_splitk_1_red_0_swizzle_1_custom_0_inner_1_cluster_2,1.250000",
-        "GemmTunableOp_Half_NN,nn_1024_1024_1024,Gemm_Cublaslt_id_66_tile_18_stages_35_splitk_1_red_0_swizzle_1_custom_0,"
-        "1.250000",
     ]
+    # cuBLASLt 12+ builds of TunableOp parse only names with the inner and cluster shapes
+    assert "gemm:NN|m1024|n1024|k1024|" in res.output and "INNER_SHAPE_ID, CLUSTER_SHAPE_ID); re-tune" in res.output
+    # torch 2.13 on CUDA: Default only, and only the PT_VERSION validator (another makes TunableOp drop the file)
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
+                                   "--torch-version", "2.13.0"])
+    assert isinstance(res.exception, UserError) and "nothing to export to tunableop" in str(res.exception)
+    assert "offers only Default" in str(res.exception)
+    # a hipBLASLt file of a cache tuned with cuBLASLt: refused, nothing written
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "hipblaslt", "--out", str(tmp_path / "h")])
+    assert isinstance(res.exception, UserError) and "tuned with cublasLt" in str(res.exception)
+    assert not (tmp_path / "h").exists()
+
+
+def test_tunableop_export_skips_what_it_cannot_spell_and_says_why(tmp_path) -> None:
+    dev = {"name": "NVIDIA H100 80GB HBM3", "vendor": "nvidia", "arch": "sm_90", "compute_units": 132}
+    plain = GemmProblem.from_row_major(64, 128, 32, b_transposed=True)
+    bias = GemmProblem.from_row_major(64, 128, 32, b_transposed=True, epilogue="bias")
+    gelu = GemmProblem.from_row_major(64, 128, 32, b_transposed=True, epilogue="gelu_bias")
+    mixed = GemmProblem.from_row_major(64, 128, 32, out_dtype="f32")
+    mk = lambda prob: CacheEntry(kind="gemm", problem_key=prob.key(), problem=prob.to_dict(), device=dev,  # noqa: E731
+                                 versions={"cublasLt": "13.1.0"}, solution={"config": {"source": "torch"}, "blob": b""},
+                                 times={"tuned_ms": 0.01, "default_ms": 0.01})
+    cache = tmp_path / "c.json"
+    TuningCache(cache).put_many([mk(plain), mk(bias), mk(gelu), mk(mixed)])
+    out = tmp_path / "t.csv"
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
+                                   "--torch-version", "2.13.0"])
+    assert res.exit_code == 0, res.output
+    assert out.read_text().splitlines() == [
+        "Validator,PT_VERSION,2.13.0",
+        "GemmTunableOp_BFloat16_TN,tn_128_64_32_ld_32_32_128,Default,0.010000",
+        "GemmAndBiasTunableOp_BFloat16_TN,tn_128_64_32_ld_32_32_128,Default,0.010000",
+    ]
+    assert f"{gelu.key()}: skipped, epilogue gelu_bias" in res.output
+    assert f"{mixed.key()}: skipped, bf16 inputs with a f32 output" in res.output
+    assert "2 rows; 2 GEMM entries skipped" in res.output
+
+
+def _fields(key: str) -> dict:
+    """The row-major fields of a GEMM key (a test helper: m, n, k and the transposes)."""
+    parts = key.split("|")
+    t, m, n, k = parts[0][-2:], int(parts[1][1:]), int(parts[2][1:]), int(parts[3][1:])
+    return {"m": m, "n": n, "k": k, "trans_a": t[0] == "T", "trans_b": t[1] == "T"}

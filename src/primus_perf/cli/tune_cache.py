@@ -67,7 +67,12 @@ def register(app: typer.Typer) -> None:
         """Export the entries that map to TunableOp's results CSV or a hipBLASLt override file."""
 
         from primus_perf.cache.export import export
+        from primus_perf.files import check_writable
 
         entries = open_cache(path).entries()
-        n, skipped = export(entries, fmt, out, torch_version)
-        console.print(f"{out}: {n} rows ({skipped} GEMM entries have no {fmt} spelling)", highlight=False)
+        check_writable(out)
+        result = export(entries, fmt, out, torch_version)
+        for key, why in result.skipped:
+            note(f"{key}: skipped, {why}")
+        console.print(f"{out}: {result.rows} rows" + (f"; {len(result.skipped)} GEMM entries skipped (notes above)"
+                                                      if result.skipped else ""), highlight=False, soft_wrap=True)
