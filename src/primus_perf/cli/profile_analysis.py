@@ -26,6 +26,13 @@ def _num(v: Any, fmt: str = "{:.1f}") -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
 
+def _rate(v: Any) -> str:
+    """TFLOP/s: one decimal, three significant digits below 1 (a CPU run's rates)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:.1f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"
+
+
 def _pct(v: Any) -> str:
     return _num(v * 100 if v is not None else None, "{:.1f}%")
 
@@ -65,12 +72,16 @@ def render(a: Analysis, top: int) -> None:
     )
     cat = a.category_seconds()
     total = float(cat.sum()) or 1.0
+    if not len(cat) and a.hotspots.empty:
+        console.print("no GPU events: the GPU time and hotspot tables are left out; the problem tables below hold"
+                      " the ops' CPU times", highlight=False, soft_wrap=True)
     tb = Table(title="GPU time by category (ms per step)")
     for col in ("category", "ms", "share"):
         tb.add_column(col, justify="left" if col == "category" else "right")
     for name, sec in cat.items():
         tb.add_row(str(name), _ms(sec), _pct(sec / total))
-    print_table(tb)
+    if len(cat):
+        print_table(tb)
     if len(a.temporal):
         tt = Table(title="step time (median ms over steps)")
         for col in ("rank", "step", "compute", "exposed comm", "exposed memcpy", "idle"):
@@ -86,8 +97,9 @@ def render(a: Analysis, top: int) -> None:
                       overflow="fold")
     for _, r in a.hotspots.head(top).iterrows():
         th.add_row(r["category"], r["op"], r["shape"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
-                   _pct(r["share"]), _num(r["tflops"]), _pct(r["pct_roofline"]))
-    print_table(th)
+                   _pct(r["share"]), _rate(r["tflops"]), _pct(r["pct_roofline"]))
+    if not a.hotspots.empty:
+        print_table(th)
     for title, df in (("GEMM problems", a.gemm_problems), ("grouped GEMM problems", a.grouped_gemm_problems),
                       ("attention problems", a.attention_problems)):
         if df.empty:
@@ -97,7 +109,7 @@ def render(a: Analysis, top: int) -> None:
             tp.add_column(col, justify="left" if col in ("problem", "dir") else "right")
         for _, r in df.head(top).iterrows():
             tp.add_row(r["label"], r["direction"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
-                       _num(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _pct(r["pct_roofline"]))
+                       _rate(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _pct(r["pct_roofline"]))
         print_table(tp)
     if len(a.collectives):
         tc = Table(title="collectives across ranks")

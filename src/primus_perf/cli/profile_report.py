@@ -81,5 +81,8 @@ def register(app: typer.Typer) -> None:
             ops.add_row(r["family"], r["shape"], " → ".join(names), f"{r['base_ms']:.3f}",
                         f"{r['candidate_ms']:.3f}", f"{r['delta_ms']:+.3f}", r["side"])
         print_table(ops)
+        for note in data["warnings"]:
+            if note not in data["verdict"]:
+                err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
         if output is not None:
             console.print(f"wrote {output}")

@@ -15,9 +15,11 @@ from __future__ import annotations
 import os
 from typing import IO, Any
 
+from rich.cells import cell_len
 from rich.console import Console, ConsoleDimensions
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 UNWRAPPED = 100_000  # the width of a file or pipe without COLUMNS: lines are never wrapped
 
@@ -67,6 +69,8 @@ def print_table(table: Table, console: Console | None = None) -> None:
     for column in table.columns:
         if column.overflow == "ellipsis":
             column.overflow = "fold"
+    if isinstance(table.title, str) and not table.min_width:  # a title on one line, not wrapped
+        table.min_width = cell_len(Text.from_markup(table.title).plain)
     if is_tty(console.file):
         console.print(table)
         return
