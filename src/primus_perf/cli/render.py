@@ -13,11 +13,15 @@ the stream is a terminal.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import IO, Any
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleDimensions
 from rich.measure import Measurement
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -83,6 +87,30 @@ def print_table(table: Table, console: Console | None = None) -> None:
         console.print(table)
     finally:
         console._width = None  # back to the stream's own width
+
+
+@contextmanager
+def step_progress(label: str, console: Console | None = None) -> Iterator[Callable[[int, int], None]]:
+    """Progress of a loop of steps; yields ``advance(done, total)``. In a terminal a bar
+    (gone when done); to a file or a pipe a line at each tenth of the way and at the end
+    (``bench: step 7 of 28, 12 s``), so a batch job's log shows it is moving."""
+    console = console or ERR_CONSOLE
+    if is_tty(console.file):
+        with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task(label, total=None)
+            yield lambda done, total: bar.update(task, completed=done, total=total)
+        return
+    start, shown = time.monotonic(), [-1]
+
+    def advance(done: int, total: int) -> None:
+        tenth = done * 10 // max(total, 1)
+        if tenth > shown[0] or done == total:
+            shown[0] = tenth
+            console.print(f"{label}: step {done} of {total}, {time.monotonic() - start:.0f} s",
+                          highlight=False, soft_wrap=True)
+
+    yield advance
 
 
 def plain_help_off_tty(stream: IO[str] | None) -> None:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from primus_perf.cli.common import console
 from primus_perf.cli.render import print_table
+from primus_perf.devices import require_gpu
 from primus_perf.tuner import core
 from primus_perf.tuner.multi_gpu import MultiGpuRun, flops_of, tune_on_gpus
 
@@ -101,6 +102,9 @@ def run_tuning(
     print the table, each GPU's start-up and share (several GPUs) and the summary; on
     Ctrl-C print the table so far and the resume hint, and exit 130; when a GPU's worker
     failed, say which and exit 1."""
+    tuner = make_tuner()
+    if gpus == 1 and getattr(tuner, "device", "cuda") != "cpu":
+        require_gpu()  # said before a progress bar is drawn
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console) as bar:
         progress = RichProgress(bar, on_done)
@@ -108,7 +112,7 @@ def run_tuning(
             run = tune_on_gpus(problems, cache=cache, make_tuner=make_tuner, gpus=gpus,
                                budget_s=budget_s, progress=progress)
         else:
-            run = core.tune(problems, cache=cache, tuners=[make_tuner()], budget_s=budget_s,
+            run = core.tune(problems, cache=cache, tuners=[tuner], budget_s=budget_s,
                             progress=progress)
     print_table(results_table(run.results))
     if isinstance(run, MultiGpuRun):
