@@ -22,7 +22,11 @@ EXIT_WORKER_FAILED = 1
 
 
 def tflops(flops: int, seconds: float | None) -> str:
-    return f"{flops / seconds / 1e12:.0f}" if seconds else "-"
+    """TFLOP/s: whole numbers, three significant digits below 10 (small or CPU problems)."""
+    if not seconds:
+        return "-"
+    rate = flops / seconds / 1e12
+    return f"{rate:.0f}" if rate >= 10 else f"{rate:.3g}"
 
 
 class RichProgress(core.Progress):
