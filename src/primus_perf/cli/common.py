@@ -75,9 +75,12 @@ def run_app(app: typer.Typer | Callable[..., object], args: Sequence[str] | None
 
 
 def check_trace_args(paths: Sequence[str | Path]) -> None:
-    """Each trace argument is a run directory or a trace file that can be one (a regular,
-    non-empty file starting like JSON or gzip): one clear error before the analyzer runs."""
+    """Each trace argument is a run directory, a primus-perf file (skipped with a note, as
+    in a glob of a run folder) or a trace file that can be one (a regular, non-empty file
+    starting like JSON or gzip): one clear error before the analyzer runs."""
+    from primus_perf.tracelens.inputs import is_own_document
+
     for path in paths:
-        if Path(path).is_dir():
-            continue
+        if Path(path).is_dir() or (Path(path).is_file() and is_own_document(Path(path))):
+            continue  # a run folder, or a primus-perf file the analyzer skips with a note
         check_input_file(path, what="trace", starts_with=(b"{", b"[", b"\x1f\x8b"), expected="JSON or gzip")
