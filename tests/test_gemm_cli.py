@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from primus_perf.cache.store import CacheEntry, TuningCache
@@ -174,3 +175,45 @@ def _fields(key: str) -> dict:
     parts = key.split("|")
     t, m, n, k = parts[0][-2:], int(parts[1][1:]), int(parts[2][1:]), int(parts[3][1:])
     return {"m": m, "n": n, "k": k, "trans_a": t[0] == "T", "trans_b": t[1] == "T"}
+
+
+ONLINE_CASES = [
+    (["gemm", "--online", "--config", "tiny"], "online tuning needs a GPU"),
+    (["attention", "--online", "--", "train.py", "--steps", "2"], "online tuning needs a GPU"),
+    (["grouped-gemm", "--online", "--config", "tiny-moe", "model.n_layers=1"], "online tuning needs a GPU"),
+    (["gemm", "--online"], "--online needs a run to tune during"),
+    (["gemm", "--config", "tiny"], "--config names a run to tune during: add --online"),
+    (["attention", "--problem", "1,2,2,64,16,causal", "extra"], "a program to run is for --online"),
+]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU refusals")
+@pytest.mark.parametrize("argv,said", ONLINE_CASES)
+def test_online_tuning_on_a_cpu_is_one_line_and_exit_2(argv: list[str], said: str, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "primus_perf.cli.tune", *argv, "--cache", str(tmp_path / "c.json")]
+                         if "--" not in argv else
+                         [sys.executable, "-m", "primus_perf.cli.tune", *argv[:argv.index("--")], "--cache",
+                          str(tmp_path / "c.json"), *argv[argv.index("--"):]],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0] and lines[0].startswith("error:"), res.stderr
+    assert not (tmp_path / "c.json").exists()  # nothing ran
+
+
+@pytest.mark.gpu
+def test_online_tuning_of_a_config_run_writes_gemm_entries(tmp_path) -> None:
+    """``primus-tune gemm --online --config tiny``: the trainer runs under enable(online=True)
+    with the GEMM kind only, and the problems it locked are in the cache."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "online.json"
+    res = subprocess.run([sys.executable, "-m", "primus_perf.cli.tune", "gemm", "--online", "--config", "tiny",
+                          "--steps", "40", "--cache", str(cache)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    kinds = {e.kind for e in TuningCache(cache).entries()}
+    assert kinds == {"gemm"}, (kinds, res.stdout[-2000:], res.stderr[-2000:])

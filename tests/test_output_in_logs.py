@@ -253,7 +253,7 @@ def test_help_of_every_command_is_whole(logs: Path) -> None:
                     assert re.search(rf"(^|[\s,/]){re.escape(opt)}([\s,/=]|$)", text, re.M), (name, opt)
 
 
-def test_columns_wraps_prose_but_never_a_table(tmp_path: Path) -> None:
+def test_columns_never_cuts_a_table_or_a_line(tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "60", "PYTHONPATH": str(ROOT / "src")}
     res = subprocess.run([sys.executable, "-m", "primus_perf.cli.tune", "cache", "show", str(CACHE)],
                          capture_output=True, text=True, env=env, timeout=120)
@@ -261,3 +261,4 @@ def test_columns_wraps_prose_but_never_a_table(tmp_path: Path) -> None:
     check_whole(res.stdout)
     widths = {len(line) for line in res.stdout.splitlines() if line.startswith(("┃", "│"))}
     assert min(widths) > 60  # the table is as wide as its content, not cut to COLUMNS
+    assert any(len(line) > 60 and not line.startswith(("┃", "│")) for line in res.stdout.splitlines())

@@ -4,8 +4,9 @@ and in a log file.
 In a terminal, rich fits text and tables to the window (a cell that does not fit folds
 onto the next line; nothing is replaced by an ellipsis). When the stream is a file or a
 pipe (a Slurm log, a CI job), a table is printed at the width its content needs, whatever
-that is: no number or name is cut or wrapped. Prose wraps at ``COLUMNS`` when it is set
-and is not wrapped otherwise; the help is click's plain layout. ``FORCE_COLOR``, ``CI``
+that is: no number or name is cut or wrapped (``COLUMNS``, when set, is the narrowest a
+table is drawn); lines of text (notes, errors, summaries) are not wrapped; the help is
+click's plain layout, wrapped at ``COLUMNS`` (80 when unset). ``FORCE_COLOR``, ``CI``
 and ``GITHUB_ACTIONS`` change colours only, never these widths: what decides is whether
 the stream is a terminal.
 """
@@ -54,6 +55,13 @@ class LogConsole(Console):
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:
         Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+    def print(self, *objects: Any, soft_wrap: bool | None = None, **kwargs: Any) -> None:
+        """Text to a file or a pipe is never wrapped (a note's path stays on its line, for
+        grep); tables go through :func:`print_table`."""
+        if soft_wrap is None and not is_tty(self.file) and all(isinstance(o, str) for o in objects):
+            soft_wrap = True
+        super().print(*objects, soft_wrap=soft_wrap, **kwargs)
 
 
 def new_table(*headers: str, title: str | None = None, left: tuple[str, ...] | None = None) -> Table:

@@ -231,7 +231,8 @@ def compare_cpu_analyses(base: Analysis, candidate: Analysis, *, base_label: str
     """Two runs without GPU events (CPU runs): what they have, the CPU time per step of
     their modeled ops (GEMM, grouped GEMM, attention) per problem and per kind, in the shape
     :func:`compare_analyses` gives (no per-step times: ``steps`` is empty)."""
-    joined = _cpu_ops(base).join(_cpu_ops(candidate), how="outer", lsuffix="_b", rsuffix="_c")
+    joined = _cpu_ops(base).merge(_cpu_ops(candidate), how="outer", left_index=True, right_index=True,
+                                  suffixes=("_b", "_c"))
     ops, kinds = [], {}
     for (family, _key, _direction), r in joined.iterrows():
         in_b, in_c = not np.isnan(r["ms_b"]), not np.isnan(r["ms_c"])
