@@ -109,6 +109,16 @@ def test_tunableop_export_format(tmp_path) -> None:
     assert isinstance(res.exception, UserError) and "unknown export format 'xml'" in str(res.exception)
 
 
+def _export(tmp_path, entries: list, torch_version: str):
+    """A cache of ``entries`` exported to TunableOp's file: the CLI result (asserted exit 0) and the file."""
+    cache, out = tmp_path / "c.json", tmp_path / "t.csv"
+    TuningCache(cache).put_many(entries)
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
+                                   "--torch-version", torch_version])
+    assert res.exit_code == 0, res.output
+    return res, out
+
+
 def test_tunableop_export_spells_cublaslt_algorithms(tmp_path) -> None:
     dev = {"name": "NVIDIA H100 80GB HBM3", "vendor": "nvidia", "arch": "sm_90", "compute_units": 132}
     p = GemmProblem.from_row_major(8192, 4096, 4096, b_transposed=True)
@@ -120,12 +130,8 @@ def test_tunableop_export_spells_cublaslt_algorithms(tmp_path) -> None:
                                       versions={"cublasLt": "13.1.0"},
                                       solution={"config": {"name": "heur2", "source": "cublaslt", **cfg},
                                                 "blob": b"\x01" * 64}, times={"tuned_ms": 1.25, "default_ms": 1.3})
+    res, out = _export(tmp_path, [mk(p, algo), mk(q, old)], "2.14.0.dev20260101")
     cache = tmp_path / "c.json"
-    TuningCache(cache).put_many([mk(p, algo), mk(q, old)])
-    out = tmp_path / "t.csv"
-    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
-                                   "--torch-version", "2.14.0.dev20260101"])
-    assert res.exit_code == 0, res.output
     assert out.read_text().splitlines() == [
         "Validator,PT_VERSION,2.14.0.dev20260101",
         "Validator,CUBLASLT_VERSION,13.1.0",
@@ -154,12 +160,7 @@ def test_tunableop_export_skips_what_it_cannot_spell_and_says_why(tmp_path) -> N
     mk = lambda prob: CacheEntry(kind="gemm", problem_key=prob.key(), problem=prob.to_dict(), device=dev,  # noqa: E731
                                  versions={"cublasLt": "13.1.0"}, solution={"config": {"source": "torch"}, "blob": b""},
                                  times={"tuned_ms": 0.01, "default_ms": 0.01})
-    cache = tmp_path / "c.json"
-    TuningCache(cache).put_many([mk(plain), mk(bias), mk(gelu), mk(mixed)])
-    out = tmp_path / "t.csv"
-    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
-                                   "--torch-version", "2.13.0"])
-    assert res.exit_code == 0, res.output
+    res, out = _export(tmp_path, [mk(plain), mk(bias), mk(gelu), mk(mixed)], "2.13.0")
     assert out.read_text().splitlines() == [
         "Validator,PT_VERSION,2.13.0",
         "GemmTunableOp_BFloat16_TN,tn_128_64_32_ld_32_32_128,Default,0.010000",

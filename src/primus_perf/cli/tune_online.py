@@ -30,20 +30,20 @@ NO_GPU = "online tuning needs a GPU: it times kernels with CUDA/ROCm events and 
 TRAIN_MODULE = "primus_perf.cli.train"
 
 
-def online_target(config: str | None, steps: int, args: Sequence[str]) -> list[str]:
+def online_target(kind: str, config: str | None, steps: int, args: Sequence[str]) -> list[str]:
     """The program an online run runs: the trainer for a config, else the program named."""
     if config is not None:
         return ["-m", TRAIN_MODULE, "--config", config, "--steps", str(steps), *args]
     if not args:
         raise UserError("--online needs a run to tune during: --config PRESET [overrides], or a program"
-                        " after --, e.g. primus-tune gemm --online --cache c.json -- train.py")
+                        f" after --, e.g. primus-tune {kind.replace('_', '-')} --online --cache c.json -- train.py")
     return list(args)
 
 
 def run_online(kind: str, cache: str, config: str | None, steps: int, args: Sequence[str]) -> None:
     """Run the config or program with online tuning of ``kind`` into ``cache`` (exit code
     of the program); one line and exit 2 on a machine without a GPU."""
-    target = online_target(config, steps, args)
+    target = online_target(kind, config, steps, args)
     import torch
 
     if not torch.cuda.is_available():

@@ -54,15 +54,19 @@ def _rel(base: float, cand: float) -> float | None:
     return (cand - base) / base if base > 0 else None
 
 
+def change_head(change: float | None, *, subject: str = "candidate", base: str = "base",
+                where: str = " per step", nothing: str = "no comparable steps") -> str:
+    """``candidate 6.1% faster per step``, ``candidate as fast as base per step``."""
+    if change is None:
+        return nothing
+    if abs(change) < 0.0005:
+        return f"{subject} as fast as {base}{where}"
+    return f"{subject} {abs(change) * 100:.1f}% {'faster' if change < 0 else 'slower'}{where}"
+
+
 def verdict_line(step_change: float | None, breakdown: list[dict[str, Any]], top: int = 3) -> str:
     """E.g. ``candidate 6.1% faster per step; gemm -9.8%, attention +0.4%``."""
-    if step_change is None:
-        head = "no comparable steps"
-    elif abs(step_change) < 0.0005:
-        head = "candidate as fast as base per step"
-    else:
-        word = "faster" if step_change < 0 else "slower"
-        head = f"candidate {abs(step_change) * 100:.1f}% {word} per step"
+    head = change_head(step_change)
     # the tuners' targets (GEMM, attention: forward and backward together) always, then
     # the other categories by the size of their change
     groups: dict[str, list[float]] = {}
@@ -251,13 +255,8 @@ def compare_cpu_analyses(base: Analysis, candidate: Analysis, *, base_label: str
     total_b, total_c = sum(b for b, _ in kinds.values()), sum(c for _, c in kinds.values())
     change = _rel(total_b, total_c)
     warnings = mismatch_warnings(base, candidate)
-    if change is None:
-        head = "no modeled ops to compare"
-    elif abs(change) < 0.0005:
-        head = "candidate's modeled ops as fast as base's on the CPU"
-    else:
-        word = "faster" if change < 0 else "slower"
-        head = f"candidate's modeled ops {abs(change) * 100:.1f}% {word} on the CPU"
+    head = change_head(change, subject="candidate's modeled ops", base="base's", where=" on the CPU",
+                       nothing="no modeled ops to compare")
     bdev, cdev = base.device["name"], candidate.device["name"]
     return {
         "schema": COMPARE_SCHEMA, "kind": "diff", "colors": category_colors(list(kinds)),
