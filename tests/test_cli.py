@@ -84,3 +84,16 @@ def test_own_html_pages_in_a_glob_are_skipped_with_a_note(tmp_path) -> None:
     res = subprocess.run([sys.executable, "-m", "primus_perf.cli.profile", "analyze", str(trace), str(other)],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "not JSON or gzip" in res.stderr  # another HTML file is still an error
+
+
+def test_enable_without_a_cache_names_the_flag_and_the_variable(tmp_path) -> None:
+    import os
+
+    script = tmp_path / "s.py"
+    script.write_text("print('ran')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PRIMUS_PERF_CACHE"}
+    res = subprocess.run([sys.executable, "-m", "primus_perf.enable", "--", str(script)], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert res.returncode == 2 and "ran" not in res.stdout
+    assert res.stderr.strip().splitlines() == [
+        "error: no tuning cache: pass --cache PATH or set PRIMUS_PERF_CACHE (enable(cache=PATH) in Python)"]

@@ -6,8 +6,9 @@ instead: ``--config PRESET [overrides]`` trains the reference trainer for ``--st
 steps, or ``-- script.py args`` (``-- -m module args``) runs a program; either runs under
 ``primus_perf.enable(cache, online=True, kinds=[this kind])``, so each new problem's
 candidates are timed on the real calls of the first steps and the choices are written to
-``--cache``. Online tuning times kernels with CUDA/ROCm events: without a GPU it is
-refused before anything runs.
+``--cache``. The run is the enable launcher's (``python -m primus_perf.enable``, a child
+process: its exit code is the command's, Ctrl-C reaches both). Online tuning times kernels
+with CUDA/ROCm events: without a GPU it is refused before anything runs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ CONFIG_HELP = "With --online: preset name or YAML path of the trainer run to tun
 NO_GPU = "online tuning needs a GPU: it times kernels with CUDA/ROCm events and torch sees none here" \
          " (tune offline, the default, from --from-trace or --problems)"
 TRAIN_MODULE = "primus_perf.cli.train"
+STOP_GRACE_S = 30  # after Ctrl-C, how long the online run has to stop on its own
 
 
 def online_target(kind: str, config: str | None, steps: int, args: Sequence[str]) -> list[str]:
@@ -48,9 +50,19 @@ def run_online(kind: str, cache: str, config: str | None, steps: int, args: Sequ
 
     if not torch.cuda.is_available():
         raise DeviceError(NO_GPU)
-    from primus_perf.enable import main as launch  # the launcher of python -m primus_perf.enable
+    import subprocess
+    import sys
 
-    code = launch(["--cache", cache, "--online", "--kinds", kind, "--", *target])
+    launcher = [sys.executable, "-m", "primus_perf.enable"]  # the launcher, as `python -m` runs it
+    proc = subprocess.Popen([*launcher, "--cache", cache, "--online", "--kinds", kind, "--", *target])
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the child too: it stops and keeps what it locked
+        try:
+            code = proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:  # SIGTERM to this process alone: pass it on
+            proc.terminate()
+            code = proc.wait()
     raise typer.Exit(code)
 
 
