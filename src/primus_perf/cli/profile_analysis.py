@@ -15,6 +15,7 @@ from primus_perf.cli.render import print_table
 from primus_perf.files import write_output
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyze import Analysis, analyze
+from primus_perf.tracelens.export import write_csv, write_xlsx
 from primus_perf.tracelens.shapes import write_problems
 
 
@@ -61,6 +62,18 @@ def _busy(a: Analysis) -> str:
     return f"no GPU events: CPU time of GEMM, grouped GEMM and attention ops {_ms(cpu)} ms/step"
 
 
+def _flagged(pct: Any, note: Any) -> str:
+    """A fraction of the roofline, marked ``*`` where it carries a caveat (``roofline_note``)."""
+    return _pct(pct) + ("*" if isinstance(note, str) and note else "")
+
+
+def _print_flags(df: Any) -> None:
+    """The caveats of the rows marked ``*`` in a table, once each."""
+    notes = [n for n in dict.fromkeys(df["roofline_note"]) if isinstance(n, str) and n] if len(df) else []
+    for note in notes:
+        console.print(f"* {note}", highlight=False, soft_wrap=True)
+
+
 def render(a: Analysis, top: int) -> None:
     """Rich tables of an analysis: header, breakdowns, hotspots, problems, ranks."""
     t = a.totals
@@ -97,9 +110,10 @@ def render(a: Analysis, top: int) -> None:
                       overflow="fold")
     for _, r in a.hotspots.head(top).iterrows():
         th.add_row(r["category"], r["op"], r["shape"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
-                   _pct(r["share"]), _rate(r["tflops"]), _pct(r["pct_roofline"]))
+                   _pct(r["share"]), _rate(r["tflops"]), _flagged(r["pct_roofline"], r["roofline_note"]))
     if not a.hotspots.empty:
         print_table(th)
+        _print_flags(a.hotspots.head(top))
     for title, df in (("GEMM problems", a.gemm_problems), ("grouped GEMM problems", a.grouped_gemm_problems),
                       ("attention problems", a.attention_problems)):
         if df.empty:
@@ -109,8 +123,9 @@ def render(a: Analysis, top: int) -> None:
             tp.add_column(col, justify="left" if col in ("problem", "dir") else "right")
         for _, r in df.head(top).iterrows():
             tp.add_row(r["label"], r["direction"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
-                       _rate(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _pct(r["pct_roofline"]))
+                       _rate(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _flagged(r["pct_roofline"], r["roofline_note"]))
         print_table(tp)
+        _print_flags(df.head(top))
     if len(a.collectives):
         tc = Table(title="collectives across ranks")
         for col in ("kernel", "calls", "mean skew us", "max skew us", "mean dur us", "last to start"):
@@ -127,7 +142,7 @@ def render(a: Analysis, top: int) -> None:
         err_console.print(f"[yellow]note:[/] {note}")
 
 
-ALL_TO_ALLS = ("all_to_all", "all_to_allv")
+ALL_TO_ALLS = ("all_to_all", "all_to_allv", "dispatch", "combine")
 MAX_RANK_ROWS = 64  # all-to-all rows per rank printed (the JSON and the report hold them all)
 GBS = "{:.3g}"  # bandwidths: a small all-to-all moves well under 1 GB/s
 
@@ -180,9 +195,17 @@ def register(app: typer.Typer) -> None:
         jobs: int | None = typer.Option(None, "-j", "--jobs", min=1,
                                         help="Processes for the traces of many ranks (default: one per trace, "
                                              "at most one per CPU)."),
+        csv_dir: Path | None = typer.Option(None, "--csv", help="Also write every table as DIR/NAME.csv."),
+        xlsx: Path | None = typer.Option(None, "--xlsx", help="Also write every table to one Excel workbook "
+                                         "(a sheet per table; needs openpyxl)."),
     ) -> None:
         """Breakdown, hotspots and GEMM, grouped GEMM and attention problems of one or more traces."""
         a = _run(traces, jobs)
+        exported = []
+        if csv_dir is not None:
+            exported.append(f"{len(write_csv(a, csv_dir))} tables as CSV in {csv_dir}")
+        if xlsx is not None:
+            exported.append(str(write_xlsx(a, xlsx)))
         if json_out is not None:
             write_output(json_out, json.dumps(a.to_json(top=max(top, 50)), indent=1))
             if json_out == "-":
@@ -190,6 +213,8 @@ def register(app: typer.Typer) -> None:
         render(a, top)
         if json_out is not None:
             console.print(f"wrote {json_out}")
+        for path in exported:
+            console.print(f"wrote {path}")
 
     @app.command("shapes")
     def shapes_cmd(

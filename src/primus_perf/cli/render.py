@@ -64,16 +64,6 @@ class LogConsole(Console):
         super().print(*objects, soft_wrap=soft_wrap, **kwargs)
 
 
-def new_table(*headers: str, title: str | None = None, left: tuple[str, ...] | None = None) -> Table:
-    """A table whose cells fold rather than end in an ellipsis: the columns in ``left``
-    (by default the first) left-aligned, the others (numbers) right-aligned."""
-    left = headers[:1] if left is None else left
-    table = Table(title=title)
-    for header in headers:
-        table.add_column(header, justify="left" if header in left else "right", overflow="fold")
-    return table
-
-
 def print_table(table: Table, console: Console | None = None) -> None:
     """Print a table. To a file or a pipe, at the width its content needs when that is
     wider than the console: every cell whole, one line per row."""

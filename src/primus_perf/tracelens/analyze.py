@@ -213,7 +213,8 @@ def _notes(tables: list[TraceTables], kernels: pd.DataFrame, steps: list[int]) -
     elif not any(t.has_shapes for t in tables):
         notes.append("the trace has no recorded shapes (record_shapes=False): FLOPs and problems unknown")
     if kernels.empty:
-        notes.append("no GPU events in the trace: problem times are the ops' CPU times")
+        notes.append("no GPU events in the trace: problem times are the ops' CPU times; TFLOP/s, TB/s and % of "
+                     "roofline are not shown (they need the device's kernel time)")
     if not steps:
         notes.append("no ProfilerStep markers: the whole trace is treated as one step")
     return notes
@@ -374,6 +375,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     device_name = _device_name(tables, inputs.manifest, kernels.empty)
     peaks = lookup_peaks(device_name)
     per_step = max(1, len(steps)) * max(1, len(ranks))
+    device_time = not kernels.empty  # roofline figures only from kernel time
     temporal = B.temporal(kernels)
     flops_known = any(t.has_cpu_ops and t.has_shapes for t in tables)
     totals = _totals(kernels, calls, temporal, per_step, flops_known)
@@ -385,9 +387,9 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         steps=steps,
         kernels=kernels,
         hotspots=hotspots(kernels, calls, peaks, per_step),
-        gemm_problems=problem_table(calls, "gemm", peaks, per_step),
-        grouped_gemm_problems=problem_table(calls, "grouped_gemm", peaks, per_step),
-        attention_problems=problem_table(calls, "attention", peaks, per_step),
+        gemm_problems=problem_table(calls, "gemm", peaks, per_step, device_time),
+        grouped_gemm_problems=problem_table(calls, "grouped_gemm", peaks, per_step, device_time),
+        attention_problems=problem_table(calls, "attention", peaks, per_step, device_time),
         breakdown=B.categories(kernels),
         temporal=temporal,
         op_times=op_times(op_totals, per_step),

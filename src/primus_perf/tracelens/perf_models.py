@@ -381,18 +381,85 @@ def model_conv_backward(s: ShapeArgs, grad_at: int, input_at: int | None, weight
     return _conv_model(inp, w, go, dtype, "bwd", passes)
 
 
-def model_bytes(s: ShapeArgs) -> OpModel | None:
-    """A memory-bound op (norms, elementwise): bytes read (every tensor input) and written
-    (one output the size of the largest input, in its dtype); FLOPs not counted."""
-    tensors = [(d, _dtype(s.types, i)) for i, d in enumerate(s.dims) if _int_list(d) or d == []]
-    tensors = [(d, t) for d, t in tensors if t is not None and (d or len(tensors) == 1)]
+# ops that overwrite their first argument without reading it (a dtype-converting copy_ reads
+# its source in the source's dtype and writes ``self`` in its own)
+OVERWRITES_SELF = frozenset({"aten::copy_", "aten::fill_", "aten::zero_", "aten::normal_", "aten::uniform_",
+                             "aten::random_", "aten::bernoulli_", "aten::exponential_", "aten::masked_fill_"})
+# ops that read only the rows their index selects from the source: op -> (source, index) argument positions
+INDEXING = {"aten::index_select": (0, 2), "aten::embedding": (0, 1), "aten::gather": (0, 2)}
+
+
+def _schema_writes(op_name: str, n_args: int) -> frozenset[int] | None:
+    """Positions of the arguments an aten op writes (``Tensor(a!)``: ``self`` of an in-place
+    op, ``out`` of an out= form), from torch's schema of the overload with ``n_args``
+    arguments (the profiler records every argument, keyword-only ``out`` last); None when
+    torch is absent or the overloads with that many disagree). Looked up once per op."""
+    key = (op_name, n_args)
+    if key in _WRITES:
+        return _WRITES[key]
+    try:
+        import torch
+
+        schemas = torch._C._jit_get_schemas_for_operator(op_name)
+    except (ImportError, RuntimeError, AttributeError):
+        schemas = []
+    found = {frozenset(i for i, a in enumerate(sch.arguments) if a.alias_info is not None and a.alias_info.is_write)
+             for sch in schemas if len(sch.arguments) == n_args}
+    _WRITES[key] = found.pop() if len(found) == 1 else None
+    return _WRITES[key]
+
+
+_WRITES: dict[tuple[str, int], frozenset[int] | None] = {}
+
+
+def _indexed_bytes(name: str, s: ShapeArgs) -> int | None:
+    """Bytes of an indexing op: the index read, the selected rows read, the output written."""
+    src_at, idx_at = INDEXING[name]
+    if len(s.dims) <= max(src_at, idx_at) or not (_int_list(s.dims[src_at]) and isinstance(s.dims[idx_at], list)):
+        return None
+    src, idx = s.dims[src_at], s.dims[idx_at]
+    st, it = _dtype(s.types, src_at), s.types[idx_at] if idx_at < len(s.types) else ""
+    if st is None:
+        return None
+    n_idx = _numel(idx) if idx else 1
+    if name == "aten::index_select":
+        dim = _ints_arg(s.concrete, 1, 1)
+        d = dim[0] % len(src) if dim else 0
+        out = n_idx * (_numel(src) // max(1, src[d]))
+    elif name == "aten::embedding":
+        out = n_idx * src[-1]
+    else:
+        out = n_idx
+    return int(2 * out * DTYPE_BYTES[st] + n_idx * (8 if it in ("long", "long int") else 4))
+
+
+def model_bytes(s: ShapeArgs, name: str = "") -> OpModel | None:
+    """A memory-bound op (norms, elementwise): bytes read and written; FLOPs not counted.
+
+    Read: every tensor input except the ones the op only writes (an ``out=`` argument, the
+    ``self`` of :data:`OVERWRITES_SELF`); an indexing op (:data:`INDEXING`) only the rows it
+    selects. Written: the arguments the op writes (its schema's ``Tensor(a!)``, each in its
+    own dtype), else one output the size of the largest input, in its dtype."""
+    tensors = [(i, d, _dtype(s.types, i)) for i, d in enumerate(s.dims) if _int_list(d) or d == []]
+    tensors = [(i, d, t) for i, d, t in tensors if t is not None and (d or len(tensors) == 1)]
     if not tensors:
         return None
-    read = sum(_numel(d) * DTYPE_BYTES[t] for d, t in tensors)
-    big, bt = max(tensors, key=lambda dt: _numel(dt[0]))
-    written = _numel(big) * DTYPE_BYTES[bt]
-    return OpModel("memory", None, "fwd", None, int(read + written), tensors[0][1],
-                   f"{_dims_label([d for d, _ in tensors])} {tensors[0][1]}")
+    label = f"{_dims_label([d for _, d, _ in tensors])} {tensors[0][2]}"
+    if name in INDEXING:
+        nbytes = _indexed_bytes(name, s)
+        if nbytes is not None:
+            return OpModel("memory", None, "fwd", None, nbytes, tensors[0][2], label)
+    writes = _schema_writes(name, len(s.dims)) if name.startswith("aten::") else None
+    written_args = [(i, d, t) for i, d, t in tensors if writes and i in writes]
+    if written_args:
+        in_place = name.endswith("_") and name not in OVERWRITES_SELF  # self read, then written
+        read = sum(_numel(d) * DTYPE_BYTES[t] for i, d, t in tensors if i not in writes or (in_place and i == 0))
+        written = sum(_numel(d) * DTYPE_BYTES[t] for _, d, t in written_args)
+    else:
+        read = sum(_numel(d) * DTYPE_BYTES[t] for _, d, t in tensors)
+        _, big, bt = max(tensors, key=lambda dt: _numel(dt[1]))
+        written = _numel(big) * DTYPE_BYTES[bt]
+    return OpModel("memory", None, "fwd", None, int(read + written), tensors[0][2], label)
 
 
 # ---------------------------------------------------------------------------- attention

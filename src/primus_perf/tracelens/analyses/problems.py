@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 
 from primus_perf.devices import DevicePeaks
-from primus_perf.tracelens.roofline import roofline
+from primus_perf.tracelens.roofline import explain_over, roofline
 
 COLUMNS = ["key", "label", "direction", "calls", "time_s", "flops", "bytes", "intensity", "tflops", "tb_s",
-           "pct_roofline", "share_of_kind", "dtype", "problem"]
+           "pct_roofline", "roofline_note", "share_of_kind", "dtype", "problem"]
 GEMM_COLUMNS = [*COLUMNS[:2], "m", "n", "k", *COLUMNS[2:]]
 GROUPED_COLUMNS = [*COLUMNS[:2], "groups", "k", "n", "tokens", "skew", "skew_known", *COLUMNS[2:]]
 KIND_COLUMNS = {"gemm": GEMM_COLUMNS, "grouped_gemm": GROUPED_COLUMNS, "attention": COLUMNS}
@@ -69,8 +69,12 @@ def _with_layout(label: str, p: object, _key: str) -> str:
     return f"{label} ld {d['lda']}/{d['ldb']}/{d['ldd']} -> {d['dtype_d']}"
 
 
-def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int) -> pd.DataFrame:
-    """``kind`` is "gemm", "grouped_gemm" or "attention"; GEMM rows say their pass."""
+def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int,
+                  device_time: bool = True) -> pd.DataFrame:
+    """``kind`` is "gemm", "grouped_gemm" or "attention"; GEMM rows say their pass.
+    ``device_time``: the calls' times are their kernels' GPU time; False (a trace without
+    GPU events: the ops' CPU times) leaves TFLOP/s, TB/s and % of roofline unknown (NaN),
+    since a CPU op's duration says nothing about what the device reached."""
     cols = KIND_COLUMNS[kind]
     sub = calls[(calls["kind"] == kind) & calls["problem"].notna()]
     if sub.empty:
@@ -85,9 +89,14 @@ def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per
     n = g.pop("n").to_numpy(dtype=np.float64)
     total_flops = g["flops"].to_numpy(dtype=np.float64)
     total_bytes = g["bytes"].to_numpy(dtype=np.float64)
-    g["tflops"], g["pct_roofline"] = roofline(total_flops, total_bytes, time_s, list(g["dtype"]), peaks)
+    g["tflops"], pct = roofline(total_flops, total_bytes, time_s, list(g["dtype"]), peaks)
+    g["pct_roofline"], g["roofline_note"] = explain_over(pct, total_flops, total_bytes, time_s, list(g["dtype"]),
+                                                         [kind] * len(g), n, peaks)
     with np.errstate(divide="ignore", invalid="ignore"):
         g["tb_s"] = np.where(time_s > 0, total_bytes / time_s / 1e12, np.nan)
+    if not device_time:
+        g["tflops"] = g["pct_roofline"] = g["tb_s"] = np.nan
+        g["roofline_note"] = ""
     g["flops"], g["bytes"] = total_flops / n, total_bytes / n
     g["intensity"] = g["flops"] / g["bytes"].where(g["bytes"] > 0)
     g["calls"] = n / per_step
