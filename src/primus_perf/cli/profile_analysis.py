@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
+from primus_perf.cli.render import print_table
 from primus_perf.files import write_output
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyze import Analysis, analyze
@@ -25,6 +26,13 @@ def _ms(v: Any) -> str:
 
 def _num(v: Any, fmt: str = "{:.1f}") -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def _rate(v: Any) -> str:
+    """TFLOP/s: one decimal, three significant digits below 1 (a CPU run's rates)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:.1f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"
 
 
 def _pct(v: Any) -> str:
@@ -78,12 +86,16 @@ def render(a: Analysis, top: int) -> None:
     )
     cat = a.category_seconds()
     total = float(cat.sum()) or 1.0
+    if not len(cat) and a.hotspots.empty:
+        console.print("no GPU events: the GPU time and hotspot tables are left out; the problem tables below hold"
+                      " the ops' CPU times", highlight=False, soft_wrap=True)
     tb = Table(title="GPU time by category (ms per step)")
     for col in ("category", "ms", "share"):
         tb.add_column(col, justify="left" if col == "category" else "right")
     for name, sec in cat.items():
         tb.add_row(str(name), _ms(sec), _pct(sec / total))
-    console.print(tb)
+    if len(cat):
+        print_table(tb)
     if len(a.temporal):
         tt = Table(title="step time (median ms over steps)")
         for col in ("rank", "step", "compute", "exposed comm", "exposed memcpy", "idle"):
@@ -92,16 +104,17 @@ def render(a: Analysis, top: int) -> None:
             tt.add_row(str(r["rank"]) + (" (slowest)" if r["slowest"] and len(a.ranks) > 1 else ""),
                        _ms(r["step_time_s"]), _ms(r["compute_s"]), _ms(r["exposed_comm_s"]),
                        _ms(r["exposed_memcpy_s"]), _ms(r["idle_s"]))
-        console.print(tt)
+        print_table(tt)
     th = Table(title=f"hotspots (top {top}, per step)")
     for col in ("category", "op", "shape", "calls", "ms", "share", "TFLOP/s", "% roofline"):
         th.add_column(col, justify="right" if col in ("calls", "ms", "share", "TFLOP/s", "% roofline") else "left",
                       overflow="fold")
     for _, r in a.hotspots.head(top).iterrows():
         th.add_row(r["category"], r["op"], r["shape"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
-                   _pct(r["share"]), _num(r["tflops"]), _flagged(r["pct_roofline"], r["roofline_note"]))
-    console.print(th)
-    _print_flags(a.hotspots.head(top))
+                   _pct(r["share"]), _rate(r["tflops"]), _flagged(r["pct_roofline"], r["roofline_note"]))
+    if not a.hotspots.empty:
+        print_table(th)
+        _print_flags(a.hotspots.head(top))
     for title, df in (("GEMM problems", a.gemm_problems), ("grouped GEMM problems", a.grouped_gemm_problems),
                       ("attention problems", a.attention_problems)):
         if df.empty:
@@ -111,17 +124,17 @@ def render(a: Analysis, top: int) -> None:
             tp.add_column(col, justify="left" if col in ("problem", "dir") else "right")
         for _, r in df.head(top).iterrows():
             tp.add_row(r["label"], r["direction"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
-                       _num(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _flagged(r["pct_roofline"], r["roofline_note"]))
-        console.print(tp)
+                       _rate(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _flagged(r["pct_roofline"], r["roofline_note"]))
+        print_table(tp)
         _print_flags(df.head(top))
     if len(a.collectives):
         tc = Table(title="collectives across ranks")
         for col in ("kernel", "calls", "mean skew us", "max skew us", "mean dur us", "last to start"):
             tc.add_column(col, justify="left" if col == "kernel" else "right", overflow="fold")
         for _, r in a.collectives.head(top).iterrows():
-            tc.add_row(r["name"][:80], str(r["calls"]), _num(r["mean_skew_us"]), _num(r["max_skew_us"]),
+            tc.add_row(r["name"], str(r["calls"]), _num(r["mean_skew_us"]), _num(r["max_skew_us"]),
                        _num(r["mean_dur_us"]), f"rank {r['last_rank']}")
-        console.print(tc)
+        print_table(tc)
     render_bandwidth(a, top)
     load = summary_line(a.expert_load)
     if load:
@@ -163,7 +176,7 @@ def render_bandwidth(a: Analysis, top: int) -> None:
             tb.add_row(r["collective"], _bytes(r["bytes"]), _num(r["group_size"], "{:d}") if r["group_size"] > 0
                        else "–", _num(r["calls"], "{:g}"), _ms(r["time_s"]), _num(r["algbw_gbs"], GBS),
                        _num(r["busbw_gbs"], GBS), spread)
-        console.print(tb)
+        print_table(tb)
     ranks = a.collective_ranks[a.collective_ranks["collective"].isin(ALL_TO_ALLS)] if len(a.collective_ranks) else []
     if len(ranks):
         tr = Table(title="all-to-all per rank (per step)")
@@ -173,7 +186,7 @@ def render_bandwidth(a: Analysis, top: int) -> None:
             tr.add_row(r["collective"], str(r["rank"]), _num(r["calls"], "{:g}"), _ms(r["time_s"]), _bytes(r["bytes"]),
                        _bytes(r["in_bytes"]), _bytes(r["out_bytes"]), _num(r["algbw_gbs"], GBS),
                        _num(r["busbw_gbs"], GBS))
-        console.print(tr)
+        print_table(tr)
         if len(ranks) > MAX_RANK_ROWS:
             console.print(f"{len(ranks) - MAX_RANK_ROWS} more all-to-all rows per rank in --json and the report")
 

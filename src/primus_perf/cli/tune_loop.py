@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from primus_perf.cli.common import console, err_console
+from primus_perf.cli.render import print_table
 
 
 def register(app: typer.Typer) -> None:
@@ -55,7 +56,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"no tuning: {res.tuning_skipped}", highlight=False, soft_wrap=True)
             return
         run = res.tune_run
-        console.print(results_table(run.results))
+        print_table(results_table(run.results))
         if run.interrupted:
             console.print(f"interrupted: {run.tuned} tuned and {run.cached} already cached are in {res.cache};"
                           f" {len(run.remaining)} left. Resume with the same command.", highlight=False)

@@ -175,7 +175,7 @@ def enable(
     if _active is not None:
         raise UserError("primus_perf.enable is already active in this process; disable() it first")
     if cache is None:
-        raise UserError("enable() needs a tuning cache path (online tuning writes its choices there)")
+        raise UserError("no tuning cache: pass --cache PATH or set PRIMUS_PERF_CACHE (enable(cache=PATH) in Python)")
     path = Path(cache)
     if not online and not path.is_file():
         raise CacheError(f"tuning cache not found: {path}")

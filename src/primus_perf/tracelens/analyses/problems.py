@@ -50,19 +50,23 @@ def gemm_directions(gemm_calls: pd.DataFrame) -> pd.Series:
 
 
 def _labels(problems: list, keys: list[str]) -> list[str]:
-    """``str(problem)``, with the leading dimensions and output dtype added where two
-    different problems would otherwise share a label."""
+    """``str(problem)``, unique per key: where different problems would share a label, the
+    leading dimensions and output dtype are added, and where they still would, the key."""
     labels = [str(p) for p in problems]
-    seen: dict[str, set[str]] = {}
-    for label, key in zip(labels, keys, strict=True):
-        seen.setdefault(label, set()).add(key)
-    out = []
-    for label, p in zip(labels, problems, strict=True):
-        if len(seen[label]) > 1 and hasattr(p, "lda"):
-            d = p.to_dict()
-            label = f"{label} ld {d['lda']}/{d['ldb']}/{d['ldd']} -> {p.dtype_d}"
-        out.append(label)
-    return out
+    for widen in (_with_layout, lambda label, _p, key: f"{label} [{key}]"):
+        seen: dict[str, set[str]] = {}
+        for label, key in zip(labels, keys, strict=True):
+            seen.setdefault(label, set()).add(key)
+        labels = [widen(label, p, key) if len(seen[label]) > 1 else label
+                  for label, p, key in zip(labels, problems, keys, strict=True)]
+    return labels
+
+
+def _with_layout(label: str, p: object, _key: str) -> str:
+    if not hasattr(p, "lda"):
+        return label
+    d = p.to_dict()  # type: ignore[attr-defined]
+    return f"{label} ld {d['lda']}/{d['ldb']}/{d['ldd']} -> {d['dtype_d']}"
 
 
 def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int,
