@@ -92,7 +92,7 @@ def run_config(name: str, preset: str, overrides: list[str], args: argparse.Name
     cache.unlink(missing_ok=True)
     comp = [f"train.compile={'true' if args.compile else 'false'}"]
     say(f"{name}: tuning the FP8 plan")
-    res = tune_plan(trainer_sessions(preset, [*overrides, *comp], args.loss_steps), trainer_problem, group_of,
+    res = tune_plan(trainer_sessions(preset, [*overrides, *comp]), trainer_problem, group_of,
                     cache=cache, blocks=args.tune_blocks, block_steps=args.block_steps, settle=1,
                     plan_blocks=args.tune_blocks, check_steps=args.loss_steps, say=lambda m: say(f"  {m}"))
     for line in res.lines():

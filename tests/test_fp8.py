@@ -359,7 +359,7 @@ def test_tuned_plan_runs_with_train_fp8_auto(tmp_path: Path) -> None:
     from primus_perf.fp8.tune import trainer_problem, trainer_sessions
 
     cache = tmp_path / "c.json"
-    make = trainer_sessions("tiny", SMALL, 3)
+    make = trainer_sessions("tiny", SMALL)
     res = tune_plan(lambda: TimedTrainer(make()), trainer_problem, group_of, cache=cache, blocks=1,
                     block_steps=1, settle=0, plan_blocks=1, check_steps=3, candidates=["rowwise"])
     assert res.written == cache and res.loss is not None and res.loss.passed
