@@ -353,6 +353,14 @@ def test_critical_path_parts_add_up_on_real_traces() -> None:
         assert len(cp) and (cp[["cpu_s", "launch_s", "gpu_s", "wait_s"]] >= 0).all().all(), path
         parts = cp["cpu_s"] + cp["launch_s"] + cp["gpu_s"] + cp["wait_s"]
         assert parts.to_numpy() == pytest.approx(cp["path_s"].to_numpy()), path
+        # the replay as recorded reproduces each step's span (scaled to a shorter unprofiled
+        # step where the manifest measured one); without syncs or launch time it is no longer
+        rp = a.host_replay
+        assert len(rp), path
+        same = rp["host_scale"] == 1.0
+        assert rp.loc[same, "replay_s"].to_numpy() == pytest.approx(rp.loc[same, "span_s"].to_numpy(), rel=1e-6)
+        assert (rp["replay_s"] <= rp["span_s"] * (1 + 1e-9)).all(), path
+        assert (rp[["no_sync_s", "no_host_s"]].to_numpy() <= rp[["replay_s"]].to_numpy() * (1 + 1e-9)).all(), path
 
 
 # --------------------------------------------------------------------------- the report

@@ -28,13 +28,14 @@ the queue filled.
     twice as large (GPU time linear in the tokens, the host's work per step the same).
 
   When the run's manifest records the unprofiled step time (``overhead``), the host's
-  time is first scaled so the recorded replay lasts that long: the profiler slows the
+  time is first scaled so the recorded replay lasts that long (or as near as a faster host
+  gets it: a GPU-bound step's host may shrink to nothing): the profiler slows the
   host, not the GPU, so an unscaled replay would credit the host with time the profiler
   took.
 
 Dependencies between streams (``cudaStreamWaitEvent``) are not replayed: a stream's event
-waits only for its launch and its stream; a stream sync waits for all GPU work launched
-before it.
+waits only for its launch and its stream; a sync waits for the GPU event it waited for in
+the trace (the last to end before it returned), at that event's replayed end.
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ class _Step:
     gap: np.ndarray  # host time before each item (not in any earlier item)
     adv: np.ndarray  # each item's own host time (the part not overlapping earlier items)
     sync: np.ndarray  # bool: the item synchronized
-    wait_end: np.ndarray  # for a sync: the recorded end of the GPU work it waited for, or -inf
+    waited: np.ndarray  # for a sync that waited: the GPU event (index into lk.gpu) it waited for, else -1
+    wait_end: np.ndarray  # its recorded end, or -inf
     ret: np.ndarray  # for a sync that waited: its return latency after that end
     events: list[np.ndarray]  # GPU events (indices into lk.gpu) each item launched
     lat: np.ndarray  # per GPU event (indexed like lk.gpu): its launch-to-start delay, when its launch released it
@@ -196,19 +198,19 @@ def _prepare(rt: L.RawTrace, lk: Linked, events: np.ndarray, syncs: np.ndarray, 
     by_launch = l_ts >= p_end  # its launch released it, not its stream
     lat = np.where(by_launch, np.maximum(g_start - l_ts, 0.0), 0.0)
     after = np.where(by_launch, 0.0, np.maximum(g_start - p_end, 0.0))
-    # what each sync waited for: the GPU work launched before it returned (all streams)
-    launched_end = np.full(len(items), -np.inf)
-    for k, evs in enumerate(per_item):
-        if evs:
-            launched_end[k] = float(g_end[evs].max())
-    done = np.maximum.accumulate(launched_end)
-    wait_end = np.where(is_sync & (done > ts), done, -np.inf)
-    ret = np.where(np.isfinite(wait_end), np.maximum(end - wait_end, 0.0), 0.0)
+    # what each sync waited for: the GPU event that ended last before it returned, if that
+    # ended during the call (else the call did not wait)
+    by_end = np.argsort(g_end, kind="stable")
+    j = np.searchsorted(g_end[by_end], end, side="right") - 1
+    waited = np.where(j >= 0, by_end[np.clip(j, 0, None)], -1)
+    waited = np.where(is_sync & (waited >= 0) & (g_end[np.clip(waited, 0, None)] > ts), waited, -1)
+    wait_end = np.where(waited >= 0, g_end[np.clip(waited, 0, None)], -np.inf)
+    ret = np.where(waited >= 0, np.maximum(end - wait_end, 0.0), 0.0)
     first: dict[int, int] = {}
     for e in sorted(events.tolist(), key=lambda x: g_start[x]):
         first.setdefault(int(rt.stream[lk.gpu[e]]), e)
     prior = {s: float(p_end[e]) for s, e in first.items()}
-    return _Step(gap, adv, is_sync, wait_end, ret, [np.asarray(v, dtype=np.int64) for v in per_item], lat, after,
+    return _Step(gap, adv, is_sync, waited, wait_end, ret, [np.asarray(v, dtype=np.int64) for v in per_item], lat, after,
                  rt.dur[lk.gpu], rt.stream[lk.gpu].astype(np.int64), prior, t0)
 
 
@@ -218,7 +220,7 @@ def _replay(s: _Step, host: float = 1.0, syncs: bool = True, launches: bool = Tr
     wait; ``launches``: whether the host's time between and in launches counts."""
     clock = s.t0
     stream_end = dict(s.prior_end)
-    gpu_done = -np.inf
+    ended: dict[int, float] = {}  # replayed ends of the step's GPU events
     last = s.t0
     synced = False  # the previous item was a sync that waited: the host works on what it read
     for k in range(len(s.gap)):
@@ -232,11 +234,12 @@ def _replay(s: _Step, host: float = 1.0, syncs: bool = True, launches: bool = Tr
             st = int(s.stream[e])
             begin = max(at + s.lat[e], stream_end.get(st, -np.inf) + s.after[e])
             stream_end[st] = begin + s.dur[e] * gpu
-            gpu_done = max(gpu_done, stream_end[st])
+            ended[e] = stream_end[st]
             last = max(last, stream_end[st])
         synced = is_sync and syncs and bool(np.isfinite(s.wait_end[k]))
         if synced:
-            clock = max(clock + (s.adv[k] * host if launches else 0.0), gpu_done + s.ret[k])
+            w = int(s.waited[k])
+            clock = max(clock + (s.adv[k] * host if launches else 0.0), ended.get(w, s.wait_end[k]) + s.ret[k])
         elif launches:
             clock += (s.ret[k] if is_sync and np.isfinite(s.wait_end[k]) else s.adv[k]) * host
     return last
