@@ -344,6 +344,10 @@ def test_a_sync_bound_step_names_its_syncs_and_what_they_cost(tmp_path: Path) ->
     assert "keep the values on the device" in sync["action"]
     # launching faster does not help while each sync drains the queue
     assert r.loc["host: launches", "estimated_saving_ms"] < sync["estimated_saving_ms"] / 2
+    # the report's host section lists the call sites
+    site = rp.sync_sites(a)[0]
+    assert (site["site"], site["calls"], site["idle_after_ms"]) == (
+        "aten::item in aten::bincount (DtoH)", 3, pytest.approx(0.42))
 
 
 def test_critical_path_parts_add_up_on_real_traces() -> None:
