@@ -56,6 +56,7 @@ _SYNC_NAME = re.compile(r"Synchronize")
 _MEMCPY_NAME = re.compile(r"Memcpy")
 # host ops that only carry a copy or a scalar to the host: the site is the outermost of them
 _COPY_WINDOW_US = 200.0
+_SCALE_STEPS = 12  # bisection steps of the host scale: 1/4096 of it
 _NO_OP = ""
 _COPY_KIND = re.compile(r"\b(HtoD|DtoH|DtoD|HtoH|PtoP)\b")
 _COPY_OPS = frozenset({"aten::copy_", "aten::_to_copy", "aten::to", "aten::_local_scalar_dense", "aten::item",
@@ -251,7 +252,7 @@ def _scale(s: _Step, target: float) -> float:
     if _replay(s) - s.t0 <= target:
         return 1.0
     lo, hi = 0.0, 1.0
-    for _ in range(20):
+    for _ in range(_SCALE_STEPS):
         mid = (lo + hi) / 2
         if _replay(s, host=mid) - s.t0 > target:
             hi = mid
