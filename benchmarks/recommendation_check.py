@@ -9,11 +9,19 @@
 2. ``primus-train`` runs the base config and the config with that key, alternately
    (``--pairs`` times each, so both sides see the same clocks and thermals); each run's
    median step time after ``--skip`` warm-up steps.
-3. Measured saving = median base step - median applied step; the estimate is within the
-   bar when ``|estimate - measured| <= 30% of measured``.
+3. Measured saving, in ms per step of the base run's tokens (what every estimate is in):
+
+   - a key that keeps the tokens per step (``train.compile=true``, a backend, ...): median
+     base step - median applied step, at equal tokens;
+   - ``train.micro_batch=N`` (the base run's M): the applied step carries N/M times the
+     tokens, so its time per token is expressed per base step: median base step - median
+     applied step x M/N (a larger micro-batch that does not fit in memory fails the check).
+
+   The estimate is within the bar when ``|estimate - measured| <= 30% of measured``.
 
 Writes ``OUT/recommendation_check.json`` (the recommendation, both sides' step times, the
-ratio) and prints one line per run. Every command it runs is printed first.
+token ratio, the measured saving and the speedup per token) and prints one line per run.
+Every command it runs is printed first.
 """
 
 from __future__ import annotations
@@ -42,6 +50,18 @@ def _median_step(log: Path, skip: int) -> float:
     if not times:
         sys.exit(f"{log}: no steps after the first {skip}")
     return statistics.median(times)
+
+
+def _token_ratio(key: str, manifest: dict) -> float:
+    """Tokens per step of the applied run over the base run's: N/M for ``train.micro_batch=N``
+    (M from the profiled run's config), 1 for every other key."""
+    name, _, value = key.partition("=")
+    if name != "train.micro_batch":
+        return 1.0
+    base = ((manifest.get("config") or {}).get("train") or {}).get("micro_batch")
+    if not isinstance(base, int) or base <= 0:
+        sys.exit("train.micro_batch: the profiled run's manifest does not record its micro-batch")
+    return int(value) / base
 
 
 def main() -> None:
@@ -75,19 +95,27 @@ def main() -> None:
     for i in range(args.pairs):
         for side, extra in (("base", []), ("applied", [key])):
             log = out / f"{side}_{i}.jsonl"
-            _run(["primus-train", *base, "--steps", str(args.steps), "--json-log", str(log), *args.overrides, *extra])
+            try:
+                _run(["primus-train", *base, "--steps", str(args.steps), "--json-log", str(log), *args.overrides,
+                      *extra])
+            except subprocess.CalledProcessError as e:  # e.g. a larger micro-batch out of memory
+                sys.exit(f"the {side} run failed (exit {e.returncode}): nothing measured")
             times[side].append(_median_step(log, args.skip))
             print(f"{side} run {i}: median step {times[side][-1] * 1e3:.2f} ms", flush=True)
     base_s, applied_s = statistics.median(times["base"]), statistics.median(times["applied"])
+    tokens = _token_ratio(key, a.manifest)  # applied tokens per step / base tokens per step
+    applied_s /= tokens  # per step of the base run's tokens
     measured_ms = (base_s - applied_s) * 1e3
     estimate_ms = float(r["estimated_saving_ms"])
     within = measured_ms > 0 and abs(estimate_ms - measured_ms) <= BAR * measured_ms
     result = {"device": a.device, "versions": a.versions, "config": args.config, "layers": args.layers,
               "overrides": args.overrides, "recommendation": r, "applied": key, "top": r is recs[0],
-              "base_step_s": times["base"], "applied_step_s": times["applied"], "measured_saving_ms": measured_ms,
+              "base_step_s": times["base"], "applied_step_s": times["applied"], "token_ratio": tokens,
+              "measured_saving_ms": measured_ms,
               "estimated_saving_ms": estimate_ms, "speedup": base_s / applied_s, "within_bar": within, "bar": BAR}
     (out / "recommendation_check.json").write_text(json.dumps(result, indent=1, default=str))
-    print(f"{r['category']} ({key}): estimated {estimate_ms:.2f} ms, measured {measured_ms:.2f} ms per step "
+    per = " (per base step's tokens)" if tokens != 1 else ""
+    print(f"{r['category']} ({key}): estimated {estimate_ms:.2f} ms, measured {measured_ms:.2f} ms per step{per} "
           f"({base_s / applied_s:.3f}x); within {BAR:.0%}: {within}")
 
 

@@ -243,11 +243,111 @@ def test_critical_path_launch_statistics_and_cpu_against_gpu(tmp_path: Path) -> 
     ops = a.cpu_ops.set_index("op")
     assert ops.loc["aten::item", "cpu_s"] == pytest.approx(63e-6) and ops.loc["aten::item", "gpu_s"] == 0
     assert ops.loc["aten::a", "cpu_s"] == pytest.approx(5e-6) and ops.loc["aten::a", "gpu_s"] == pytest.approx(30e-6)
-    # the host part of the path (40 us) is more than the GPU's idle time in the step (20 us:
-    # 20-110 with 70 busy): what the host can give back is that idle time
-    host = a.recommendations.set_index("category").loc["host"]
+    # the sync drained the queue (B ended at 80) and the GPU idled until C started (100):
+    # replayed without the wait, C is launched during B and starts as B ends (80): 20 us,
+    # the step's GPU idle time (20-110 with 70 busy)
+    host = a.recommendations.set_index("category").loc["host: syncs"]
     assert host["estimated_saving_ms"] == pytest.approx(0.02)
-    assert "CUDA graphs" in host["action"]
+    assert "aten::item: 1 per step, 0.02 ms idle after" in host["evidence"]
+    sy = a.syncs.iloc[0]
+    assert (sy["site"], sy["calls"], sy["idle_after_s"] * 1e6) == ("aten::item", 1, pytest.approx(20))
+
+
+def _burst(first: int, launch_at: float, gpu_at: float, n: int, kernel_us: float, gap_us: float = 5) -> list:
+    """``n`` launches from ``launch_at``, ``gap_us`` apart, of kernels of ``kernel_us`` that
+    run back to back from ``gpu_at`` (or each at its launch + 5 when the GPU waits)."""
+    out, t = [], gpu_at
+    for i in range(n):
+        lt = launch_at + i * gap_us
+        t = max(t, lt + 5)
+        out += [_op("aten::mul", lt - 1, 3), _launch(first + i, lt), _kernel(first + i, t, kernel_us, "k_mul")]
+        t += kernel_us
+    return out
+
+
+def _copy(corr: int, ts: float, dur: float, gpu_at: float, direction: str = "DtoH") -> list:
+    kind = "Device -> Pinned" if direction == "DtoH" else "Pageable -> Device"
+    return [_x("cuda_runtime", "cudaMemcpyAsync", ts, dur, correlation=corr),
+            _x("gpu_memcpy", f"Memcpy {direction} ({kind})", gpu_at, 2, pid=0, tid=7, correlation=corr, stream=7,
+               device=0)]
+
+
+def test_a_gpu_bound_step_has_its_critical_path_on_the_gpu(tmp_path: Path) -> None:
+    """The host launches 40 kernels of 100 us in 200 us (a deep queue), then reads the loss
+    (``.item()``: a DtoH copy into pageable memory whose call returns only after the copy,
+    4 ms later), then launches one more kernel."""
+    ev = [_step(0, 4200), *_burst(1, 10, 20, 40, 100),
+          _op("aten::item", 300, 3740), *_copy(100, 305, 3730, 4020),
+          _op("aten::add", 4038, 4), _launch(101, 4040), _kernel(101, 4050, 10, "k_add")]
+    a = analyze([_write(tmp_path / "gpu_bound.json.gz", ev)])
+    cp = a.critical_path.iloc[0]
+    lt = a.launches.iloc[0]
+    assert lt["queue_p50"] >= 15 and lt["delay_p50_us"] > 1000  # the host runs far ahead
+    # the path: the first kernel's launch (10 us of host, 10 of delay), 40 kernels and the
+    # copy on the GPU back to back (4002 us), the copy call's return (8 us), the host to the
+    # last launch (10), its delay (10) and the last kernel (10)
+    assert cp["path_s"] * 1e6 == pytest.approx(4060)
+    assert cp["gpu_s"] / cp["path_s"] > 0.98
+    assert (cp["cpu_s"] * 1e6, cp["launch_s"] * 1e6) == pytest.approx((28, 20))
+    # whatever the host does, it gives back almost nothing
+    host = a.recommendations[a.recommendations["category"].str.startswith("host")]
+    assert (host["estimated_saving_ms"] < 0.05).all()
+
+
+def test_a_launch_bound_step_has_its_critical_path_on_the_host(tmp_path: Path) -> None:
+    """30 kernels of 10 us, launched 50 us apart: the GPU waits for every launch."""
+    a = analyze([_write(tmp_path / "host_bound.json.gz", [_step(0, 1600), *_burst(1, 10, 0, 30, 10, gap_us=50)])])
+    cp = a.critical_path.iloc[0]
+    assert (cp["cpu_s"] + cp["launch_s"]) / cp["path_s"] > 0.75 and cp["gpu_s"] * 1e6 == pytest.approx(10)
+    lt = a.launches.iloc[0]
+    assert lt["queue_p50"] == 0 and lt["delay_p50_us"] == pytest.approx(5)
+    r = a.recommendations.set_index("category")
+    assert "host: syncs" not in r.index
+    # without the host's launch time the 30 kernels are queued at once and run back to back
+    # after the first one's 5 us delay: 305 us instead of 1475, at most the GPU idle time
+    # (1460 from the first kernel's start, 300 busy)
+    launch = r.loc["host: launches"]
+    assert launch["estimated_saving_ms"] == pytest.approx(1.16)
+    assert "CUDA graphs" in launch["action"] and "30 launches per step" in launch["evidence"]
+
+
+def _sync_bound_trace(tmp_path: Path) -> Path:
+    """Three rounds of: 10 kernels of 100 us launched in 50 us (the queue fills), the token
+    counts read on the host (``aten::item`` inside ``aten::bincount``: a DtoH copy and a
+    cudaStreamSynchronize that waits until the queue drained), then 200 us of host work
+    before the next round's launches."""
+    ev: list = [_step(0, 5000)]
+    t, gpu, corr = 10.0, 20.0, 1
+    for _ in range(3):
+        ev += _burst(corr, t, gpu, 10, 100)
+        corr += 10
+        drained = gpu + 1000
+        ev += [_op("aten::bincount", t + 60, drained - t - 50 + 10), _op("aten::item", t + 62, drained - t - 52 + 5),
+               *_copy(corr, t + 63, 5, drained), _x("cuda_runtime", "cudaStreamSynchronize", t + 70, drained - t - 65)]
+        corr += 1
+        t = drained + 7 + 200  # the sync returns 5 us after the copy; 200 us of host work
+        gpu = t + 5
+    return _write(tmp_path / "sync_bound.json.gz", ev)
+
+
+def test_a_sync_bound_step_names_its_syncs_and_what_they_cost(tmp_path: Path) -> None:
+    a = analyze([_sync_bound_trace(tmp_path)])
+    r = a.recommendations.set_index("category")
+    sync = r.loc["host: syncs"]
+    assert "aten::item in aten::bincount (DtoH): 3 per step" in sync["evidence"]
+    # the GPU idles after each of the first two syncs from the drain (the copy's end) to the
+    # next round's first kernel (210 us); without waiting, the host launches the next round
+    # while the GPU still runs the last: the two gaps go
+    assert a.syncs["idle_after_s"].sum() * 1e6 == pytest.approx(2 * 210)
+    assert sync["estimated_saving_ms"] == pytest.approx(0.420, rel=0.02)
+    assert "per-expert token counts on the host" in sync["evidence"]
+    assert "keep the values on the device" in sync["action"]
+    # launching faster does not help while each sync drains the queue
+    assert r.loc["host: launches", "estimated_saving_ms"] < sync["estimated_saving_ms"] / 2
+    # the report's host section lists the call sites
+    site = rp.sync_sites(a)[0]
+    assert (site["site"], site["calls"], site["idle_after_ms"]) == (
+        "aten::item in aten::bincount (DtoH)", 3, pytest.approx(0.42))
 
 
 def test_critical_path_parts_add_up_on_real_traces() -> None:
@@ -257,6 +357,14 @@ def test_critical_path_parts_add_up_on_real_traces() -> None:
         assert len(cp) and (cp[["cpu_s", "launch_s", "gpu_s", "wait_s"]] >= 0).all().all(), path
         parts = cp["cpu_s"] + cp["launch_s"] + cp["gpu_s"] + cp["wait_s"]
         assert parts.to_numpy() == pytest.approx(cp["path_s"].to_numpy()), path
+        # the replay as recorded reproduces each step's span (scaled to a shorter unprofiled
+        # step where the manifest measured one); without syncs or launch time it is no longer
+        rp = a.host_replay
+        assert len(rp), path
+        same = rp["host_scale"] == 1.0
+        assert rp.loc[same, "replay_s"].to_numpy() == pytest.approx(rp.loc[same, "span_s"].to_numpy(), rel=1e-6)
+        assert (rp["replay_s"] <= rp["span_s"] * (1 + 1e-9)).all(), path
+        assert (rp[["no_sync_s", "no_host_s"]].to_numpy() <= rp[["replay_s"]].to_numpy() * (1 + 1e-9)).all(), path
 
 
 # --------------------------------------------------------------------------- the report

@@ -17,6 +17,7 @@ from primus_perf.files import write_output
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.export import write_csv, write_xlsx
+from primus_perf.tracelens.report import sync_sites
 from primus_perf.tracelens.shapes import write_problems
 
 
@@ -225,6 +226,15 @@ def render_host(a: Analysis, top: int) -> None:
                        *(_num(r[c] / 1e3, "{:.2f}") for c in ("delay_p50_us", "delay_p90_us", "delay_max_us")),
                        _num(r["queue_p50"], "{:.0f}"), _num(r["queue_max"], "{:.0f}"))
         console.print(tl)
+    sites = sync_sites(a)
+    if sites:
+        ts = Table(title="synchronizing calls per step (the host waits for the GPU; ms: its wait, the GPU idle after)")
+        for col in ("call site", "runtime call", "calls", "host wait", "GPU idle after"):
+            ts.add_column(col, justify="left" if col in ("call site", "runtime call") else "right", overflow="fold")
+        for r in sites[:top]:
+            ts.add_row(escape(r["site"]), r["call"], _num(r["calls"], "{:.3g}"), _num(r["wait_ms"], "{:.2f}"),
+                       _num(r["idle_after_ms"], "{:.2f}"))
+        console.print(ts)
     if len(a.cpu_ops):
         to = Table(title=f"CPU against GPU time per op (top {top} by CPU time, ms per step)")
         for col in ("op", "calls", "CPU", "CPU self", "GPU self", "GPU incl."):

@@ -36,7 +36,9 @@ analysis.
 - ``cpu_ops`` (CPU against GPU time per op), ``launches`` (launch calls, launch-to-start
   delays and queue depth per step), ``launch_delays`` (a histogram of those delays) and
   ``critical_path`` (each step's critical path: its length and its CPU, launch, GPU and
-  wait parts) (:mod:`.analyses.host`).
+  wait parts), ``syncs`` (per step and call site: the calls that made the host wait for the
+  GPU and the GPU idle after them) and ``host_replay`` (each step replayed without those
+  waits, and without the host's launch time) (:mod:`.analyses.host`, :mod:`.analyses.host_idle`).
 - ``recommendations``: what to do next, ranked by the time it could save per step
   (:mod:`.analyses.recommendations`).
 - :meth:`Analysis.kernel_efficiency` and :meth:`Analysis.memory`: per kernel name, the launch
@@ -144,6 +146,8 @@ class Analysis:
     launches: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.LAUNCH_COLUMNS))
     launch_delays: pd.DataFrame = field(default_factory=lambda: H.delay_histogram([]))
     critical_path: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.PATH_COLUMNS))
+    syncs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.SYNC_COLUMNS))
+    host_replay: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.REPLAY_COLUMNS))
     recommendations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RECOMMENDATION_COLUMNS))
 
     @property
@@ -238,6 +242,8 @@ class Analysis:
             "launches": records(self.launches),
             "launch_delays": records(self.launch_delays),
             "critical_path": records(self.critical_path),
+            "syncs": records(self.syncs),
+            "host_replay": records(self.host_replay),
             **extra,
             "totals": self.totals,
             "notes": self.notes,
@@ -349,16 +355,28 @@ class _TraceResult:
     distributed: dict[str, Any]  # the trace's distributedInfo
 
 
-def _analyze_trace(path: Path, rank: int) -> _TraceResult:
+def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None) -> _TraceResult:
     """Load, link and tabulate one trace (``rank`` is provisional: :func:`analyze` assigns
-    the final ranks once all traces are read)."""
+    the final ranks once all traces are read; ``unprofiled_s``: the run's step time without
+    the profiler, for the host replays)."""
     rt = L.load(path)
     lk = link(rt)
     tables = trace_tables(rt, lk, rank)
     comm = trace_collectives(rt, lk, tables.kernels)
     pool_variable_sizes(tables.kernels, comm)
     return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, rt.unread, len(rt), comm, host_steps(lk, rank),
-                        H.trace_host(rt, lk, rank), dict(rt.distributed))
+                        H.trace_host(rt, lk, rank, unprofiled_s), dict(rt.distributed))
+
+
+def _unprofiled_step(manifest: dict[str, Any]) -> float | None:
+    """The run's median step time without the profiler, when its manifest measured it."""
+    v = (manifest.get("overhead") or {}).get("unprofiled_median_s") if isinstance(manifest, dict) else None
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
 
 def _provisional_rank(path: Path, index: int) -> int:
@@ -366,7 +384,8 @@ def _provisional_rank(path: Path, index: int) -> int:
     return int(m.group(1)) if m else index
 
 
-def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None) -> list[_TraceResult]:
+def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None,
+            unprofiled_s: float | None = None) -> list[_TraceResult]:
     """Each trace's result, in the order of ``paths``: in this process (``jobs`` 1) or in
     ``jobs`` worker processes (the same results: each trace is analyzed alone)."""
     say = progress or (lambda _msg: None)
@@ -374,12 +393,13 @@ def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None
         out = []
         for i, p in enumerate(paths):
             say(f"analyzing {p}")
-            out.append(_analyze_trace(p, _provisional_rank(p, i)))
+            out.append(_analyze_trace(p, _provisional_rank(p, i), unprofiled_s))
         return out
     gc.freeze()  # forked workers then leave this process's objects (pages) shared instead of copying them
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = [pool.submit(_analyze_trace, p, _provisional_rank(p, i)) for i, p in enumerate(paths)]
+            futures = [pool.submit(_analyze_trace, p, _provisional_rank(p, i), unprofiled_s)
+                       for i, p in enumerate(paths)]
             out = []
             for p, f in zip(paths, futures, strict=True):
                 out.append(f.result())
@@ -414,7 +434,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     most one per CPU); the result does not depend on ``jobs``."""
     inputs = discover(paths)
     n_jobs = default_jobs(len(inputs.traces)) if jobs is None else max(1, int(jobs))
-    results = _traces(inputs.traces, n_jobs, progress)
+    results = _traces(inputs.traces, n_jobs, progress, _unprofiled_step(inputs.manifest))
     tables: list[TraceTables] = []
     op_totals: list[pd.DataFrame] = []
     ranks: list[int] = []
@@ -425,7 +445,8 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         ranks.append(rank)
         res.tables.kernels["rank"] = np.int64(rank)
         res.tables.calls["rank"] = np.int64(rank)
-        for frame in (res.collectives, res.walls, res.host.launches, res.host.critical_path):
+        for frame in (res.collectives, res.walls, res.host.launches, res.host.critical_path, res.host.syncs,
+                      res.host.replay):
             if "rank" in frame:
                 frame["rank"] = np.int64(rank)
         tables.append(res.tables)
@@ -485,6 +506,8 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         launches=pd.concat([r.host.launches for r in results], ignore_index=True),
         launch_delays=H.delay_histogram([r.host.delay_counts for r in results]),
         critical_path=pd.concat([r.host.critical_path for r in results], ignore_index=True),
+        syncs=_concat([r.host.syncs for r in results], H.SYNC_COLUMNS),
+        host_replay=_concat([r.host.replay for r in results], H.REPLAY_COLUMNS),
     )
     a.recommendations = recommend(a)
     return a

@@ -256,8 +256,9 @@ def recommendations(a: Analysis) -> list[dict[str, Any]]:
 
 
 def host_side(a: Analysis) -> dict[str, Any] | None:
-    """Each step's critical path, launch statistics, the launch-delay histogram and CPU
-    against GPU time per op (the largest ``MAX_HOST_OPS`` by CPU time); ms per step."""
+    """Each step's critical path, launch statistics, the launch-delay histogram, CPU against
+    GPU time per op (the largest ``MAX_HOST_OPS`` by CPU time) and the synchronizing calls;
+    ms per step."""
     if a.critical_path.empty and a.launches.empty and a.cpu_ops.empty:
         return None
     path = [{"label": f"rank {int(r.rank)} step {int(r.step)}", "path_ms": r.path_s * 1e3,
@@ -273,7 +274,19 @@ def host_side(a: Analysis) -> dict[str, Any] | None:
     ops = [{"op": r.op, "calls": float(r.calls), "cpu_ms": r.cpu_s * 1e3, "cpu_self_ms": r.cpu_self_s * 1e3,
             "gpu_self_ms": r.gpu_self_s * 1e3, "gpu_ms": r.gpu_s * 1e3}
            for r in a.cpu_ops.head(MAX_HOST_OPS).itertuples(index=False)]
-    return {"critical_path": path, "launches": launches, "delays": delays, "ops": ops}
+    return {"critical_path": path, "launches": launches, "delays": delays, "ops": ops, "syncs": sync_sites(a)}
+
+
+def sync_sites(a: Analysis) -> list[dict[str, Any]]:
+    """Per call site, per step: the synchronizing calls, the host's wait in them and the GPU
+    idle after them (ms), most idle first."""
+    if a.syncs.empty:
+        return []
+    g = a.syncs.groupby(["site", "call"], as_index=False)[["calls", "wait_s", "idle_after_s"]].sum()
+    g = g.sort_values(["idle_after_s", "calls"], ascending=False).head(MAX_HOST_OPS)
+    per = a.rank_steps
+    return [{"site": r.site, "call": r.call, "calls": r.calls / per, "wait_ms": r.wait_s * 1e3 / per,
+             "idle_after_ms": r.idle_after_s * 1e3 / per} for r in g.itertuples(index=False)]
 
 
 def kernel_efficiency(a: Analysis) -> list[dict[str, Any]]:

@@ -20,26 +20,36 @@ critical path.
   back to back, and the gap between them is ``wait``) or its launch (the event waited for
   the host: the time from the launch call to its start is ``launch``, and the walk
   continues on the launching thread). On the host, the path runs back to the step's start
-  (``cpu``) unless a synchronizing call (``...Synchronize``, a blocking ``cudaMemcpy``)
-  returned in between: then the host waited for the GPU event that ended last before that
-  call returned, and the walk continues from that event (the sync's return latency is
-  ``cpu``). Dependencies between streams through events (``cudaStreamWaitEvent``) are not
+  (``cpu``) unless a synchronizing call (:func:`.host_idle.sync_calls`: a ``...Synchronize``
+  call, or a memcpy that returned only after its copy ended, such as ``cudaMemcpyAsync``
+  into pageable memory under ``.item()`` or ``.cpu()``) returned in between: then the host
+  waited for the GPU event that ended last before that call returned, and the walk
+  continues from that event (the sync's return latency is ``cpu``). A step whose host runs
+  far ahead of its GPU (a deep queue) thus has its path on the GPU: the host's time counts
+  only where a launch, not the stream, released a GPU event. Dependencies between streams through events (``cudaStreamWaitEvent``) are not
   followed: a kernel held by another stream shows as ``wait``. The path's length is the
   step's start on the host to its last GPU event's end, and ``cpu + launch + gpu + wait``
   add up to it. A host-bound step has most of its path on the host (``cpu``, ``launch``);
   a GPU-bound step in ``gpu``. A trace without launches (GPU events only) has no path.
+- ``syncs`` and ``replay``: the synchronizing calls and the step replayed without them or
+  without the host's launch time (:mod:`.host_idle`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from primus_perf.tracelens import load as L
+from primus_perf.tracelens.analyses.host_idle import (
+    REPLAY_COLUMNS,
+    SYNC_COLUMNS,
+    sync_calls,
+    trace_idle,
+)
 from primus_perf.tracelens.link import Linked
 from primus_perf.tracelens.tables import op_label
 
@@ -48,7 +58,6 @@ LAUNCH_COLUMNS = ["rank", "step", "launches", "launch_s", "launch_p50_us", "dela
                   "delay_max_us", "queue_p50", "queue_max"]
 PATH_COLUMNS = ["rank", "step", "path_s", "cpu_s", "launch_s", "gpu_s", "wait_s", "events"]
 DELAY_BINS_US = (0.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1e3, 2e3, 5e3, 1e4, 1e5, np.inf)
-_SYNC = re.compile(r"(Synchronize|^cudaMemcpy$|^hipMemcpy$|^cuMemcpy$)")
 
 
 @dataclass
@@ -59,6 +68,8 @@ class HostTables:
     launches: pd.DataFrame  # LAUNCH_COLUMNS
     delay_counts: np.ndarray  # launches per DELAY_BINS_US bin
     critical_path: pd.DataFrame  # PATH_COLUMNS
+    syncs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SYNC_COLUMNS))
+    replay: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=REPLAY_COLUMNS))
 
 
 def _cpu_ops(rt: L.RawTrace, lk: Linked) -> pd.DataFrame:
@@ -128,8 +139,7 @@ class _Walk:
         self.prev = prev
         self.by_end = np.argsort(self.end, kind="stable")
         self.sorted_end = self.end[self.by_end]
-        syncs = np.flatnonzero((rt.kind == L.KIND_RUNTIME) & np.isin(
-            rt.name, [c for c, n in enumerate(rt.names) if _SYNC.search(n)]))
+        syncs = sync_calls(rt, lk)
         self.syncs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for th in np.unique(rt.thread[syncs]).tolist():
             s = syncs[rt.thread[syncs] == th]
@@ -188,10 +198,9 @@ class _Walk:
                     return cpu, launch, gpu, wait, n
 
 
-def _critical_path(rt: L.RawTrace, lk: Linked, rank: int) -> pd.DataFrame:
-    if not len(lk.gpu) or not (lk.launch >= 0).any():  # no GPU work, or no launches (a GPU-only trace)
+def _critical_path(rt: L.RawTrace, lk: Linked, rank: int, walk: _Walk | None) -> pd.DataFrame:
+    if walk is None:  # no GPU work, or no launches (a GPU-only trace)
         return pd.DataFrame(columns=PATH_COLUMNS)
-    walk = _Walk(rt, lk)
     if lk.steps:
         windows = dict(zip(lk.steps, lk.step_windows[:, 0].tolist(), strict=True))
         steps = lk.step
@@ -210,10 +219,15 @@ def _critical_path(rt: L.RawTrace, lk: Linked, rank: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=PATH_COLUMNS)
 
 
-def trace_host(rt: L.RawTrace, lk: Linked, rank: int) -> HostTables:
-    """One trace's host tables (``rank`` is provisional until :func:`combine` sets it)."""
+def trace_host(rt: L.RawTrace, lk: Linked, rank: int, unprofiled_s: float | None = None) -> HostTables:
+    """One trace's host tables (``rank`` is provisional until :func:`combine` sets it);
+    ``unprofiled_s``: the run's step time without the profiler, when its manifest has it
+    (the replays are scaled to it)."""
     launches, counts = _launches(rt, lk, rank)
-    return HostTables(_cpu_ops(rt, lk), launches, counts, _critical_path(rt, lk, rank))
+    walk = _Walk(rt, lk) if len(lk.gpu) and (lk.launch >= 0).any() else None
+    prev = walk.prev if walk is not None else np.full(len(lk.gpu), -1, dtype=np.int64)
+    syncs, replay = trace_idle(rt, lk, rank, prev, unprofiled_s)
+    return HostTables(_cpu_ops(rt, lk), launches, counts, _critical_path(rt, lk, rank, walk), syncs, replay)
 
 
 def cpu_vs_gpu(per_trace: Sequence[pd.DataFrame], op_times: pd.DataFrame, per_step: int) -> pd.DataFrame:

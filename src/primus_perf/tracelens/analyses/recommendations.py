@@ -16,8 +16,13 @@ when they touch the same kernels):
 - ``optimizer``: a per-parameter or foreach optimizer step -> a fused one: a third of its
   time (a rule of thumb: fused Adam(W) is commonly 1.5x the foreach one); a fused step on
   many data-parallel ranks -> sharding (each rank updates 1/N of the parameters).
-- ``host``: the host-side part of each step's critical path (:mod:`.host`: ``cpu`` +
-  ``launch``), at most the step's GPU idle time: what the GPU waited for the host.
+- ``host: syncs``: the calls that made the host wait for the GPU (:mod:`.host_idle`): the
+  step replayed without those waits against the recorded replay.
+- ``host: launches``: a host too slow to keep the queue filled: for the trainer, a
+  micro-batch twice as large (the replay with GPU events twice as long, halved: per step
+  of the original tokens); otherwise the replay without the host's launch time (CUDA
+  graphs' bound). Both replays keep the host time the profiler did not add when the
+  manifest measured the unprofiled step.
 - ``communication``: the exposed communication (:mod:`.breakdown`), all of it: the upper
   bound of overlapping it with compute.
 - ``tuning`` (GEMM, grouped GEMM, attention; the rows and commands of :mod:`.tune_next`):
@@ -156,39 +161,97 @@ def _us(v: float) -> str:
     return f"{v:.1f} us" if v < 1000 else f"{v / 1e3:.1f} ms"
 
 
-def _host(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
-    cp = a.critical_path
-    if cp.empty or a.temporal.empty:
+_GROUPED_SITE = ("primus_perf::grouped_gemm", "aten::_grouped_mm", "aten::bincount")
+
+
+def _replay_note(rp: pd.DataFrame) -> str:
+    scale = float(rp["host_scale"].mean())
+    if scale >= 0.999:
+        return "the host's recorded time"
+    return (f"the host's time scaled by {scale:.2f} so the recorded replay lasts the unprofiled step time of the "
+            "run's manifest (the profiler slows the host, not the GPU)")
+
+
+def _replayed(a: Analysis) -> pd.DataFrame:
+    """The host replays with each step's GPU idle time (``idle_s``): what no host-side change
+    can exceed."""
+    if a.host_replay.empty or a.temporal.empty:
+        return pd.DataFrame()
+    m = a.host_replay.merge(a.temporal[["rank", "step", "idle_s"]], on=["rank", "step"], how="left")
+    m["idle_s"] = m["idle_s"].fillna(0.0)
+    return m
+
+
+def _capped(m: pd.DataFrame, saving: pd.Series) -> float:
+    return float(np.minimum(saving.clip(lower=0.0), m["idle_s"]).mean())
+
+
+def _host_syncs(a: Analysis) -> list[dict[str, Any]]:
+    rp, sy = _replayed(a), a.syncs
+    if rp.empty or sy.empty:
         return []
-    m = cp.merge(a.temporal[["rank", "step", "idle_s", "span_s"]], on=["rank", "step"], how="left")
-    host_s = (m["cpu_s"] + m["launch_s"]).to_numpy(dtype=np.float64)
-    saving = float(np.minimum(host_s, m["idle_s"].fillna(0.0).to_numpy()).mean())
+    saving = _capped(rp, rp["replay_s"] - rp["no_sync_s"])
     if saving * 1e3 < MIN_SAVING_MS:
         return []
-    lt = a.launches
+    per = a.rank_steps
+    by = sy.groupby("site")[["calls", "wait_s", "idle_after_s"]].sum() / per
+    by = by.sort_values(["idle_after_s", "calls"], ascending=False)
+    top = "; ".join(f"{site}: {r.calls:.0f} per step, {r.idle_after_s * 1e3:.2f} ms idle after"
+                    for site, r in by.head(3).iterrows())
+    evidence = (f"{by['calls'].sum():.0f} synchronizing calls per step (host waits {by['wait_s'].sum() * 1e3:.1f} ms); "
+                f"the GPU idles {by['idle_after_s'].sum() * 1e3:.1f} ms per step after them (the queue drains while "
+                f"the host waits, then refills): {top}")
+    action = ("avoid the synchronizing calls: keep the values on the device (no .item(), .tolist(), .cpu() or "
+              "tensors built from host lists inside the step; log the loss every N steps), or move them off the "
+              "critical path (non_blocking copies into pinned memory, waited on later through an event)")
+    if any(g in str(site) for site in by.index for g in _GROUPED_SITE):
+        evidence += ("; the grouped GEMM takes its per-expert token counts on the host: the counts are read back "
+                     "and the group offsets copied in, a sync each, in every MoE layer, forward and backward")
+        action += ("; for the grouped GEMM: pass the group offsets as a device tensor (the cumulative sum of "
+                   "the device counts: torch._grouped_mm takes them so), so no count reaches the host")
+    return [_row("host: syncs", evidence, action, saving * 1e3,
+                 "per step, the step replayed from the trace (the host's launches and syncs in order, each GPU event at "
+                 "the later of its launch and its stream's previous event) with the syncs not waiting, against the "
+                 f"same replay with them, at most the step's GPU idle time; {_replay_note(rp)}; mean over steps")]
+
+
+def _host_launch(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
+    rp = _replayed(a)
+    if rp.empty:
+        return []
+    bound = _capped(rp, rp["replay_s"] - rp["no_host_s"])
+    doubled = _capped(rp, rp["replay_s"] - rp["double_gpu_s"] / 2)
+    mb = cfg["train"].get("micro_batch") if cfg is not None else None
+    use_mb = isinstance(mb, int) and mb > 0
+    saving = doubled if use_mb else bound
+    if saving * 1e3 < MIN_SAVING_MS:
+        return []
+    lt, cp = a.launches, a.critical_path
     launches = float(lt["launches"].sum()) / a.rank_steps if len(lt) else 0.0
-    detail = ""
-    if len(lt):
-        detail = (f", {launches:.0f} launches per step (call median {_us(lt['launch_p50_us'].median())}, "
-                  f"launch-to-start median {_us(lt['delay_p50_us'].median())}, queue depth median "
-                  f"{lt['queue_p50'].median():.0f})")
-    evidence = (f"the GPU idles {m['idle_s'].mean() * 1e3:.1f} ms of a {m['span_s'].mean() * 1e3:.1f} ms step; "
-                f"{host_s.mean() * 1e3:.1f} ms of the critical path is on the host (CPU {m['cpu_s'].mean() * 1e3:.1f}, "
-                f"launch delay {m['launch_s'].mean() * 1e3:.1f} ms){detail}")
-    cpu_heavy = ""
-    if len(a.cpu_ops) and float(m["launch_s"].mean()) < 0.1 * host_s.mean():
-        cpu_heavy = ("; most of the host part is CPU work, not launching: look first at the ops with the most CPU "
-                     "self time (data loading, Python, synchronizing calls such as .item())")
-    if cfg is not None:
-        mb = cfg["train"].get("micro_batch")
-        action = (f"raise train.micro_batch (now {mb}) so each launch carries more work, or set train.compile=true "
-                  "(fewer kernels to launch)")
+    k = in_steps(a.kernels)
+    small = float(k["dur_us"].median()) if len(k) else 0.0
+    evidence = (f"{launches:.0f} launches per step, median GPU event {_us(small)}"
+                + (f", launch-to-start median {_us(lt['delay_p50_us'].median())}, queue depth median "
+                   f"{lt['queue_p50'].median():.0f}" if len(lt) else "")
+                + (f"; {(cp['cpu_s'] + cp['launch_s']).mean() * 1e3:.1f} ms of the {cp['path_s'].mean() * 1e3:.1f} ms "
+                   "critical path is on the host" if len(cp) else "")
+                + f"; with the host's launch time gone (syncs kept) the step would be {bound * 1e3:.1f} ms shorter")
+    method = ("per step, the step replayed from the trace (the host's launches and syncs in order, each GPU event at "
+              "the later of its launch and its stream's previous event) ")
+    if use_mb:
+        action = (f"set train.micro_batch={2 * mb} (now {mb}): the host's work per step stays, each launch carries "
+                  "twice the work (if it fits in memory); CUDA graphs (torch.compile mode='reduce-overhead') need the "
+                  "syncs gone first")
+        method += ("with every GPU event twice as long and the host unchanged, halved (per step of the original "
+                   f"tokens), against the recorded replay, at most the step's GPU idle time; {_replay_note(rp)}; mean over "
+                   "steps")
     else:
-        action = ("capture the step in CUDA graphs (torch.cuda.graphs, torch.compile(mode='reduce-overhead')) or "
-                  "run a larger micro-batch so each launch carries more work")
-    return [_row("host", evidence, action + cpu_heavy, saving * 1e3,
-                 "per step, the host part of the critical path (CPU time and launch delay the GPU waited on), at "
-                 "most the step's GPU idle time; mean over steps")]
+        action = ("capture the step in CUDA graphs (torch.cuda.graphs, torch.compile(mode='reduce-overhead'); a "
+                  "sync in the step breaks the capture) or run a larger micro-batch so each launch carries more work")
+        method += (f"with the host's time between and in launches removed, the syncs kept, against the recorded "
+                   f"replay, at most the step's GPU idle time: the bound for launching faster; {_replay_note(rp)}; mean "
+                   "over steps")
+    return [_row("host: launches", evidence, action, saving * 1e3, method)]
 
 
 def _communication(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -280,7 +343,8 @@ def recommend(a: Analysis) -> pd.DataFrame:
     """The recommendations of an analysis, ranked (see the module docstring)."""
     peaks = lookup_peaks(str(a.device.get("name", "")))
     cfg = trainer_config(a.manifest)
-    rows = [*_fusion(a, peaks, cfg), *_optimizer(a, cfg), *_host(a, cfg), *_communication(a, cfg), *_tuning(a),
+    rows = [*_fusion(a, peaks, cfg), *_optimizer(a, cfg), *_host_syncs(a), *_host_launch(a, cfg),
+            *_communication(a, cfg), *_tuning(a),
             *_fp8(a, peaks)]
     if not rows:
         return pd.DataFrame(columns=COLUMNS)

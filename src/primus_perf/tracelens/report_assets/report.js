@@ -413,6 +413,12 @@
         d.delays.map((r) => ({ bin: `${F.us(r.lo_us)} – ${r.hi_us === null ? "∞" : F.us(r.hi_us)}`, launches: r.launches, share: r.launches / total })),
         { name: "launch-delays" });
     }
+    if (d.syncs && d.syncs.length) {
+      s.appendChild(el("h3", { text: "Synchronizing calls (per step): the host waits for the GPU, the queue drains, the GPU idles until the host refills it" }));
+      table(s, [{ key: "site", label: "call site", wrap: true }, { key: "call", label: "runtime call" },
+        { key: "calls", label: "calls/step", num: true, fmt: F.count }, { key: "wait_ms", label: "host wait", num: true, fmt: F.ms },
+        { key: "idle_after_ms", label: "GPU idle after", num: true, fmt: F.ms }], d.syncs, { name: "syncs" });
+    }
     if (d.ops.length) {
       s.appendChild(el("h3", { text: "CPU against GPU time per op (per step)" }));
       table(s, [{ key: "op", label: "op", wrap: true }, { key: "calls", label: "calls/step", num: true, fmt: F.count },

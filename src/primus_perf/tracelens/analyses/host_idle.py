@@ -1,0 +1,286 @@
+"""Why the GPU idles on the host's account: synchronizing calls, and a host too slow to keep
+the queue filled.
+
+- ``sync_calls``: the runtime calls that made the host wait for the GPU: every
+  ``...Synchronize`` call (stream, device, event), and a memcpy call that returned only
+  after its own copy ended (``cudaMemcpy``, or ``cudaMemcpyAsync`` into pageable memory,
+  which is what ``.item()``, ``.tolist()`` and ``.cpu()`` come down to).
+- ``syncs`` (per rank, step and call site): the synchronizing calls, the host's time
+  blocked in them, and the GPU idle that follows them: a call during which the queue
+  drained leaves the GPU idle from the later of the drain and the call's start until the
+  next GPU event starts (one gap counts once, for the call that began it). The call site is
+  the host op that synchronized (``aten::item``, ``aten::to``, ... : the outermost of the
+  copy/scalar ops around the call) and the op or annotation that called it.
+- ``replay`` (per rank and step): the step replayed from the trace, the host's items
+  (launches, synchronizing calls) in their order with the host time between them, each GPU
+  event starting at the later of its launch and the end of its stream's previous event, plus
+  the delay it showed after whichever of the two released it (its launch-to-start latency,
+  or its gap behind the previous event); four ways:
+
+  - ``replay_s``: as recorded (the check: it reproduces the step's span);
+  - ``no_sync_s``: without waiting in the synchronizing calls (the counts or values kept
+    on the device): what avoiding the syncs could give;
+  - ``no_host_s``: with the host's time between and in launches removed, the syncs kept:
+    the bound of what launching faster could give (CUDA graphs, fewer and larger kernels);
+    syncs still drain the queue, and the host's latency after each and its time from there
+    to its next launch (the work on what it read) stay;
+  - ``double_gpu_s``: with every GPU event twice as long, the host unchanged: a micro-batch
+    twice as large (GPU time linear in the tokens, the host's work per step the same).
+
+  When the run's manifest records the unprofiled step time (``overhead``), the host's
+  time is first scaled so the recorded replay lasts that long (or as near as a faster host
+  gets it: a GPU-bound step's host may shrink to nothing): the profiler slows the
+  host, not the GPU, so an unscaled replay would credit the host with time the profiler
+  took.
+
+Dependencies between streams (``cudaStreamWaitEvent``) are not replayed: a stream's event
+waits only for its launch and its stream; a sync waits for the GPU event it waited for in
+the trace (the last to end before it returned), at that event's replayed end.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from primus_perf.tracelens import load as L
+from primus_perf.tracelens.link import Linked
+from primus_perf.tracelens.tables import op_label
+
+SYNC_COLUMNS = ["rank", "step", "site", "call", "calls", "wait_s", "idle_after_s"]
+REPLAY_COLUMNS = ["rank", "step", "span_s", "replay_s", "no_sync_s", "no_host_s", "double_gpu_s", "host_scale"]
+_SYNC_NAME = re.compile(r"Synchronize")
+_MEMCPY_NAME = re.compile(r"Memcpy")
+# host ops that only carry a copy or a scalar to the host: the site is the outermost of them
+_COPY_WINDOW_US = 200.0
+_SCALE_STEPS = 12  # bisection steps of the host scale: 1/4096 of it
+_NO_OP = ""
+_COPY_KIND = re.compile(r"\b(HtoD|DtoH|DtoD|HtoH|PtoP)\b")
+_COPY_OPS = frozenset({"aten::copy_", "aten::_to_copy", "aten::to", "aten::_local_scalar_dense", "aten::item",
+                       "aten::cpu", "aten::tolist", "aten::contiguous", "aten::clone"})
+
+
+def sync_calls(rt: L.RawTrace, lk: Linked) -> np.ndarray:
+    """Rows of the runtime calls that synchronized with the GPU (see the module docstring)."""
+    runtime = rt.kind == L.KIND_RUNTIME
+    sync = runtime & np.isin(rt.name, [c for c, n in enumerate(rt.names) if _SYNC_NAME.search(n)])
+    copy = runtime & np.isin(rt.name, [c for c, n in enumerate(rt.names) if _MEMCPY_NAME.search(n)])
+    ok = lk.launch >= 0
+    ends = np.full(len(rt), -np.inf)
+    np.maximum.at(ends, lk.launch[ok], rt.ts[lk.gpu[ok]] + rt.dur[lk.gpu[ok]])
+    blocking = copy & np.isfinite(ends) & (ends <= rt.ts + rt.dur)
+    return np.flatnonzero(sync | blocking)
+
+
+def _site(rt: L.RawTrace, lk: Linked, row: int, by_thread: dict[int, tuple[np.ndarray, np.ndarray]]) -> str:
+    """``op`` or ``op in caller`` for the host op around a runtime call ("" outside any op)."""
+    th = int(rt.thread[row])
+    if th not in by_thread:
+        return _NO_OP
+    ts, rows = by_thread[th]
+    a, b = float(rt.ts[row]), float(rt.ts[row] + rt.dur[row])
+    i = int(np.searchsorted(ts, a, side="right")) - 1
+    op = int(rows[i]) if i >= 0 else -1
+    while op >= 0 and rt.ts[op] + rt.dur[op] < b:  # not around the call: up to one that is
+        op = int(lk.op_parent[op])
+    chain = []
+    while op >= 0:
+        name = op_label(rt.names[rt.name[op]])
+        if name != "ProfilerStep":
+            chain.append(name)
+        op = int(lk.op_parent[op])
+    if not chain:
+        return _NO_OP
+    j = 0
+    while j + 1 < len(chain) and chain[j] in _COPY_OPS and chain[j + 1] in _COPY_OPS:
+        j += 1
+    return chain[j] + (f" in {chain[j + 1]}" if j + 1 < len(chain) else "")
+
+
+def _direction(rt: L.RawTrace, row: int, copies: tuple[np.ndarray, np.ndarray, np.ndarray]) -> str:
+    """" (DtoH)" or " (HtoD)": the copy the call made, or the one its thread launched just
+    before it (within ``_COPY_WINDOW_US``: the copy a following sync waits for)."""
+    ts, thread, label = copies
+    i = int(np.searchsorted(ts, rt.ts[row], side="right")) - 1
+    while i >= 0 and rt.ts[row] - ts[i] <= _COPY_WINDOW_US:
+        if thread[i] == rt.thread[row]:
+            return f" ({label[i]})"
+        i -= 1
+    return ""
+
+
+def _syncs(rt: L.RawTrace, lk: Linked, rank: int, rows: np.ndarray) -> pd.DataFrame:
+    if not len(rows) or not len(lk.gpu):
+        return pd.DataFrame(columns=SYNC_COLUMNS)
+    steps = lk.op_step[rows] if lk.steps else np.zeros(len(rows), dtype=np.int32)
+    ops = lk.op_rows
+    by_thread = {}
+    for th in np.unique(rt.thread[rows]).tolist():
+        o = ops[rt.thread[ops] == th]
+        o = o[np.lexsort((-rt.dur[o], rt.ts[o]))]
+        by_thread[th] = (rt.ts[o], o)
+    mem = np.flatnonzero((rt.kind[lk.gpu] == L.KIND_MEMCPY) & (lk.launch >= 0))
+    m_rows = lk.launch[mem]
+    m_kind = [(_COPY_KIND.search(rt.names[rt.name[g]]) or [""])[0] for g in lk.gpu[mem].tolist()]
+    o = np.argsort(rt.ts[m_rows], kind="stable")
+    copies = (rt.ts[m_rows][o], rt.thread[m_rows][o], np.asarray(m_kind, dtype=object)[o])
+    start = rt.ts[lk.gpu]
+    order = np.argsort(start, kind="stable")
+    s_sorted = start[order]
+    busy = np.maximum.accumulate((start + rt.dur[lk.gpu])[order])
+    out = []
+    gaps: dict[int, tuple[float, int]] = {}  # next event -> (idle, index into out)
+    for r, st in zip(rows.tolist(), steps.tolist(), strict=True):
+        if lk.steps and st < 0:
+            continue
+        a, b = float(rt.ts[r]), float(rt.ts[r] + rt.dur[r])
+        i = int(np.searchsorted(s_sorted, b, side="right"))
+        drained = float(busy[i - 1]) if i > 0 else -np.inf
+        wait = max(min(drained, b) - a, 0.0) if i > 0 else 0.0
+        idle = 0.0
+        if drained <= b and i < len(s_sorted):
+            idle = float(s_sorted[i]) - max(drained, a)
+        site = _site(rt, lk, r, by_thread)
+        site = f"{rt.names[rt.name[r]]} (no op)" if site == _NO_OP else site + _direction(rt, r, copies)
+        out.append([rank, st, site, rt.names[rt.name[r]], 1, wait, 0.0])
+        if idle > 0 and (i not in gaps or gaps[i][0] < idle):
+            gaps[i] = (idle, len(out) - 1)
+    for idle, k in gaps.values():
+        out[k][6] = idle
+    df = pd.DataFrame(out, columns=SYNC_COLUMNS)
+    g = df.groupby(["rank", "step", "site", "call"], as_index=False)[["calls", "wait_s", "idle_after_s"]].sum()
+    g[["wait_s", "idle_after_s"]] /= 1e6
+    return g[SYNC_COLUMNS]
+
+
+@dataclass
+class _Step:
+    """One step's host items and GPU events, ready to replay."""
+
+    gap: np.ndarray  # host time before each item (not in any earlier item)
+    adv: np.ndarray  # each item's own host time (the part not overlapping earlier items)
+    sync: np.ndarray  # bool: the item synchronized
+    waited: np.ndarray  # for a sync that waited: the GPU event (index into lk.gpu) it waited for, else -1
+    wait_end: np.ndarray  # its recorded end, or -inf
+    ret: np.ndarray  # for a sync that waited: its return latency after that end
+    events: list[np.ndarray]  # GPU events (indices into lk.gpu) each item launched
+    lat: np.ndarray  # per GPU event (indexed like lk.gpu): its launch-to-start delay, when its launch released it
+    after: np.ndarray  # per GPU event: its delay after its stream's previous event, when that released it
+    dur: np.ndarray  # per GPU event
+    stream: np.ndarray  # per GPU event
+    prior_end: dict[int, float]  # per stream: end of the last event before the step's first
+    t0: float
+
+
+def _prepare(rt: L.RawTrace, lk: Linked, events: np.ndarray, syncs: np.ndarray, t0: float,
+             prev: np.ndarray) -> _Step | None:
+    launch = lk.launch[events]
+    items = np.union1d(np.unique(launch[launch >= 0]), syncs)
+    if not len(items):
+        return None
+    items = items[np.argsort(rt.ts[items], kind="stable")]
+    ts, end = rt.ts[items], rt.ts[items] + rt.dur[items]
+    host_end = np.maximum.accumulate(np.r_[t0, end[:-1]])
+    gap = np.maximum(ts - host_end, 0.0)
+    adv = np.maximum(end - np.maximum(ts, host_end), 0.0)
+    is_sync = np.isin(items, syncs)
+    pos = {int(r): k for k, r in enumerate(items.tolist())}
+    per_item: list[list[int]] = [[] for _ in items]
+    for e, lr in zip(events.tolist(), launch.tolist(), strict=True):
+        if lr >= 0:
+            per_item[pos[lr]].append(e)
+    g_start = rt.ts[lk.gpu]
+    g_end = g_start + rt.dur[lk.gpu]
+    l_ts = np.where(lk.launch >= 0, rt.ts[np.clip(lk.launch, 0, None)], -np.inf)
+    p_end = np.where(prev >= 0, g_end[np.clip(prev, 0, None)], -np.inf)
+    by_launch = l_ts >= p_end  # its launch released it, not its stream
+    lat = np.where(by_launch, np.maximum(g_start - l_ts, 0.0), 0.0)
+    after = np.where(by_launch, 0.0, np.maximum(g_start - p_end, 0.0))
+    # what each sync waited for: the GPU event that ended last before it returned, if that
+    # ended during the call (else the call did not wait)
+    by_end = np.argsort(g_end, kind="stable")
+    j = np.searchsorted(g_end[by_end], end, side="right") - 1
+    waited = np.where(j >= 0, by_end[np.clip(j, 0, None)], -1)
+    waited = np.where(is_sync & (waited >= 0) & (g_end[np.clip(waited, 0, None)] > ts), waited, -1)
+    wait_end = np.where(waited >= 0, g_end[np.clip(waited, 0, None)], -np.inf)
+    ret = np.where(waited >= 0, np.maximum(end - wait_end, 0.0), 0.0)
+    first: dict[int, int] = {}
+    for e in sorted(events.tolist(), key=lambda x: g_start[x]):
+        first.setdefault(int(rt.stream[lk.gpu[e]]), e)
+    prior = {s: float(p_end[e]) for s, e in first.items()}
+    return _Step(gap, adv, is_sync, waited, wait_end, ret, [np.asarray(v, dtype=np.int64) for v in per_item], lat, after,
+                 rt.dur[lk.gpu], rt.stream[lk.gpu].astype(np.int64), prior, t0)
+
+
+def _replay(s: _Step, host: float = 1.0, syncs: bool = True, launches: bool = True, gpu: float = 1.0) -> float:
+    """The end of the step's last GPU event when replayed: host time scaled by
+    ``host``, GPU events' durations by ``gpu``; ``syncs``: whether the synchronizing calls
+    wait; ``launches``: whether the host's time between and in launches counts."""
+    clock = s.t0
+    stream_end = dict(s.prior_end)
+    ended: dict[int, float] = {}  # replayed ends of the step's GPU events
+    last = s.t0
+    synced = False  # the previous item was a sync that waited: the host works on what it read
+    for k in range(len(s.gap)):
+        if launches or synced:
+            clock += s.gap[k] * host
+        is_sync = bool(s.sync[k])
+        if is_sync and not syncs and not len(s.events[k]):
+            continue  # a pure synchronize call, removed
+        at = clock
+        for e in s.events[k].tolist():
+            st = int(s.stream[e])
+            begin = max(at + s.lat[e], stream_end.get(st, -np.inf) + s.after[e])
+            stream_end[st] = begin + s.dur[e] * gpu
+            ended[e] = stream_end[st]
+            last = max(last, stream_end[st])
+        synced = is_sync and syncs and bool(np.isfinite(s.wait_end[k]))
+        if synced:
+            w = int(s.waited[k])
+            clock = max(clock + (s.adv[k] * host if launches else 0.0), ended.get(w, s.wait_end[k]) + s.ret[k])
+        elif launches:
+            clock += (s.ret[k] if is_sync and np.isfinite(s.wait_end[k]) else s.adv[k]) * host
+    return last
+
+
+def _scale(s: _Step, target: float) -> float:
+    """The host scale at which the recorded replay lasts ``target`` (1 when it cannot be
+    reached by slowing the host down less)."""
+    if _replay(s) - s.t0 <= target:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(_SCALE_STEPS):
+        mid = (lo + hi) / 2
+        if _replay(s, host=mid) - s.t0 > target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def trace_idle(rt: L.RawTrace, lk: Linked, rank: int, prev: np.ndarray,
+               unprofiled_s: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One trace's ``syncs`` and ``replay`` tables (see the module docstring); ``prev``: the
+    previous GPU event of each one's stream (-1 for the first)."""
+    rows = sync_calls(rt, lk)
+    syncs = _syncs(rt, lk, rank, rows)
+    if not len(lk.gpu) or not (lk.launch >= 0).any() or not lk.steps:
+        return syncs, pd.DataFrame(columns=REPLAY_COLUMNS)
+    out = []
+    g_end = rt.ts[lk.gpu] + rt.dur[lk.gpu]
+    for step, t0 in zip(lk.steps, lk.step_windows[:, 0].tolist(), strict=True):
+        events = np.flatnonzero(lk.step == step)
+        if not len(events):
+            continue
+        s = _prepare(rt, lk, events, rows[lk.op_step[rows] == step], t0, prev)
+        if s is None:
+            continue
+        span = float(g_end[events].max()) - t0
+        scale = _scale(s, unprofiled_s * 1e6) if unprofiled_s else 1.0
+        out.append((rank, step, span / 1e6, (_replay(s, scale) - t0) / 1e6,
+                    (_replay(s, scale, syncs=False) - t0) / 1e6, (_replay(s, scale, launches=False) - t0) / 1e6,
+                    (_replay(s, scale, gpu=2.0) - t0) / 1e6, scale))
+    return syncs, pd.DataFrame(out, columns=REPLAY_COLUMNS)
