@@ -86,7 +86,7 @@ def problem_of(a: Any, b: Any) -> GemmProblem:
         raise ValueError(f"batched operands {tuple(a.shape)} and {tuple(b.shape)} do not pair up")
     if batch == 1:
         return p
-    # BLAS A is torch's b (module docstring of problems.py); the output is packed
+    # BLAS A is torch's b (docstring of problems/gemm.py); the output is packed
     return dataclasses.replace(p, batch=batch, stride_a=b.stride(0), stride_b=a.stride(0),
                                stride_c=p.ldc * p.n, stride_d=p.ldd * p.n)
 

@@ -6,7 +6,7 @@ and returns a :class:`OpModel`, or None when the inputs do not describe a proble
 module can count (then the op's FLOPs are unknown, never guessed).
 
 GEMM ops give a :class:`~primus_perf.problems.GemmProblem` in the column-major convention
-of ``problems.py``; torch's transposition of each operand is read from its strides, the
+of ``problems/gemm.py``; torch's transposition of each operand is read from its strides, the
 same way the trainer's dispatch reads it, so a trace of the trainer yields exactly the
 problems ``trainer.flops.model_gemms`` lists. Attention ops give an
 :class:`~primus_perf.problems.AttentionProblem` (forward) with a direction; backward FLOPs
