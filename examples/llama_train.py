@@ -10,7 +10,7 @@ choices. ``--check`` prints the routed-call counts next to what the model issues
     python examples/llama_train.py --steps 20                           # torch's default
 
 The same script runs without the ``--cache`` line under
-``python -m primus_perf.enable --cache tuning_cache.json -- examples/llama_train.py``.
+``python -m primus_perf.launch --cache tuning_cache.json -- examples/llama_train.py``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from primus_perf.cache.store import TuningCache
 from primus_perf.cli.profile import app as profile_app
 from primus_perf.cli.tune import app as tune_app
 from primus_perf.errors import UserError
-from primus_perf.kernels.grouped_gemm import grouped_mm
 from primus_perf.problems import (
     GroupedGemmProblem,
     grouped_trace_name,
@@ -28,6 +27,7 @@ from primus_perf.problems import (
     parse_grouped_trace_name,
 )
 from primus_perf.profiler.capture import Schedule, profile_steps
+from primus_perf.runtime.seams import grouped_mm
 from primus_perf.tracelens import report as rp
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.shapes import problems_document, write_problems

@@ -11,20 +11,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from primus_perf import enable
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import current_device
 from primus_perf.errors import ConfigError, UserError
-from primus_perf.kernels.grouped_gemm import BACKENDS, Backend, get_router, grouped_mm
-from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
-from primus_perf.kernels.grouped_gemm.router import (
+from primus_perf.kernels.grouped import BACKENDS, Backend
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.router import (
     GroupedChoice,
     GroupedGemmRouter,
     library_versions,
 )
+from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem, load_problems
-from primus_perf.runtime import enable, routes
+from primus_perf.runtime import routes
+from primus_perf.runtime.seams import grouped_mm
 from primus_perf.tuner import core, timing
-from primus_perf.tuner.grouped_gemm.plugin import (
+from primus_perf.tuner.grouped.plugin import (
     GroupedGemmTuner,
     choice_candidate,
     validation_counts,
@@ -236,7 +239,7 @@ def test_router_routes_exactly_the_cached_problems(monkeypatch) -> None:
         assert sum(router.summary()["fallback"].values()) == 1
     finally:
         routes.remove()
-    assert get_router() is None
+    assert routes.installed(GROUPED.name) is None
     ref = [x.detach()[sum(COUNTS[:g]):sum(COUNTS[:g + 1])] @ w.detach()[g] for g in range(len(COUNTS))]
     torch.testing.assert_close(y.detach(), torch.cat(ref))
 
@@ -271,7 +274,7 @@ def test_enable_routes_and_counts_grouped_calls(tmp_path: Path) -> None:
         row = handle.summary()["grouped_gemm"]
     assert row["available"] is True
     assert (row["routed"], row["fallback"], row["entries"], row["stale"]) == (3, 1, 3, 0)
-    assert get_router() is None
+    assert routes.installed(GROUPED.name) is None
 
 
 def test_enable_online_tunes_a_grouped_problem_and_writes_the_cache(tmp_path: Path) -> None:

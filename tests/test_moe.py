@@ -12,7 +12,8 @@ import torch
 
 from primus_perf.errors import ConfigError
 from primus_perf.kernels.gemm import problem_of as gemm_problem_of
-from primus_perf.kernels.grouped_gemm import problem_of, set_router
+from primus_perf.kernels.grouped import problem_of
+from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.runtime import routes
 from primus_perf.trainer.config import load_config
@@ -152,12 +153,12 @@ def test_every_expert_gemm_goes_through_the_seams() -> None:
 
     trainer = Trainer(cfg)
     routes.install({"gemm": gemm_router})
-    set_router(grouped_router)
+    routes.install({GROUPED.name: grouped_router})
     try:
         metrics = trainer.train_step()
     finally:
         routes.remove()
-        set_router(None)
+        routes.remove()
         trainer.close()
     t = cfg.train
     expected_dense = model_gemms(cfg.model, t.micro_batch, t.seq_len, dtype="f32")

@@ -10,11 +10,14 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from primus_perf import kinds
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
 from primus_perf.files import write_output
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.shapes import write_problems
+
+GROUPED = kinds.GROUPED
 
 
 def _ms(v: Any) -> str:
@@ -59,7 +62,7 @@ def render(a: Analysis, top: int) -> None:
     console.print(
         f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {len(a.steps) or 1} step(s) · "
         f"step {_ms(t['step_time_s'])} ms · {_busy(a)} · GEMM {_tflop(t['gemm_flops_per_step'])} · "
-        + (f"grouped GEMM {_tflop(t['grouped_gemm_flops_per_step'])} · " if len(a.grouped_gemm_problems) else "")
+        + (f"grouped GEMM {_tflop(t[GROUPED.name + '_flops_per_step'])} · " if len(a.problems_by_kind[GROUPED.name]) else "")
         + f"attention {_tflop(t['attention_flops_per_step'])}"
     )
     cat = a.category_seconds()
@@ -87,8 +90,7 @@ def render(a: Analysis, top: int) -> None:
         th.add_row(r["category"], r["op"], r["shape"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
                    _pct(r["share"]), _num(r["tflops"]), _pct(r["pct_roofline"]))
     console.print(th)
-    for title, df in (("GEMM problems", a.gemm_problems), ("grouped GEMM problems", a.grouped_gemm_problems),
-                      ("attention problems", a.attention_problems)):
+    for title, df in ((f"{kind.title} problems", a.problems_by_kind[kind.name]) for kind in kinds.all_kinds()):
         if df.empty:
             continue
         tp = Table(title=f"{title} (per step)")
@@ -186,7 +188,8 @@ def register(app: typer.Typer) -> None:
         """Write the unique GEMM, grouped GEMM and attention problems of traces for the tuners."""
         a = _run(traces)
         path = write_problems(a, output)
-        grouped = f"{len(a.grouped_gemm_problems)} grouped GEMM, " if len(a.grouped_gemm_problems) else ""
+        n_grouped = len(a.problems_by_kind[GROUPED.name])
+        grouped = f"{n_grouped} grouped GEMM, " if n_grouped else ""
         console.print(f"wrote {path}: {len(a.gemm_problems)} GEMM, {grouped}"
                       f"{a.attention_problems['key'].nunique() if len(a.attention_problems) else 0} attention problems "
                       f"from {len(a.traces)} trace(s)")

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         This is offline tuning, before a run. To tune inside the run instead (the first
         steps time each new problem's candidates, then write the cache), use
         tuning.online=true in primus-train, or primus_perf.enable(cache, online=True) /
-        python -m primus_perf.enable --cache PATH --online -- script.py in any program."""
+        python -m primus_perf.launch --cache PATH --online -- script.py in any program."""
         from functools import partial
 
         from primus_perf.cli.tune_run import list_problems, run_tuning

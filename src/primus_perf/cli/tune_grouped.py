@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
 
         from primus_perf.cli.tune_run import list_problems, run_tuning
         from primus_perf.errors import UserError
-        from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
+        from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
         from primus_perf.tuner.multi_gpu import resolve_gpus
         from primus_perf.tuner.problems_input import gather_problems
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from primus_perf import kinds
 from primus_perf.runtime import routes
 from primus_perf.runtime.compiled import attention_pass, gemm_pass
 
@@ -75,26 +76,40 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None
     return _SDPA.decompose(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-class Interception:
-    """The overrides for the ``kinds`` given, on one device type; :meth:`close` restores
-    torch's kernels."""
+def _gemm_overrides(lib: torch.library.Library, key: str) -> list[Any]:
+    lib.impl("mm", _mm, key)
+    lib.impl("bmm", _bmm, key)
+    lib.impl("addmm", _addmm, key)
+    return [gemm_pass()]
 
-    def __init__(self, kinds: set[str], device_type: str = "cuda") -> None:
+
+def _attention_overrides(lib: torch.library.Library, key: str) -> list[Any]:
+    lib.impl("scaled_dot_product_attention", _sdpa, "Autograd" + key)
+    lib.impl("scaled_dot_product_attention", _sdpa, key)
+    return [attention_pass()]
+
+
+# each kind's intercept part: ``(lib, dispatch key) -> Inductor passes installed``; a module
+# that overrides another aten operator for a kind attaches its own the same way
+kinds.attach(kinds.GEMM.name, intercept=_gemm_overrides)
+kinds.attach(kinds.ATTENTION.name, intercept=_attention_overrides)
+
+
+class Interception:
+    """The overrides of the ``kinds`` given (each kind's ``intercept`` part of
+    ``primus_perf.kinds``; a kind without one has none), on one device type; :meth:`close`
+    restores torch's kernels."""
+
+    def __init__(self, kinds_given: set[str], device_type: str = "cuda") -> None:
         if device_type not in BACKEND_KEYS:
             raise ValueError(f"device type {device_type!r}: one of {sorted(BACKEND_KEYS)}")
         key = BACKEND_KEYS[device_type]
         self.lib = torch.library.Library("aten", "IMPL")
+        self.compile_passes: list[Any] = []  # Inductor's (compiled.py)
         with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
             warnings.simplefilter("ignore", UserWarning)
-            if "gemm" in kinds:
-                self.lib.impl("mm", _mm, key)
-                self.lib.impl("bmm", _bmm, key)
-                self.lib.impl("addmm", _addmm, key)
-            if "attention" in kinds:
-                self.lib.impl("scaled_dot_product_attention", _sdpa, "Autograd" + key)
-                self.lib.impl("scaled_dot_product_attention", _sdpa, key)
-        passes = (gemm_pass() if "gemm" in kinds else None, attention_pass() if "attention" in kinds else None)
-        self.compile_passes = [p for p in passes if p is not None]  # Inductor's (compiled.py)
+            for override in kinds.with_part("intercept", among=kinds_given).values():
+                self.compile_passes += [p for p in override(self.lib, key) if p is not None]
 
     def close(self) -> None:
         self.lib._destroy()

@@ -28,7 +28,7 @@ import yaml
 
 from primus_perf.errors import ConfigError, UserError
 from primus_perf.files import check_input_file
-from primus_perf.kernels.grouped_gemm.backends import BACKENDS as GROUPED_GEMM_BACKENDS
+from primus_perf.kernels.grouped.backends import BACKENDS as GROUPED_GEMM_BACKENDS
 
 PRESETS = "primus_perf.trainer.presets"  # package holding the preset YAML files
 

@@ -3,7 +3,7 @@
 Token embedding, RMSNorm, rotary embeddings (rotate-half form), grouped-query attention
 with a fused Q/K/V projection (optional Q/K/V bias, as in Qwen2.5), SwiGLU MLP with a fused
 gate/up projection, untied output head. Every linear GEMM goes through
-:func:`dispatch.linear` and attention through :func:`dispatch.attention`.
+:func:`seams.linear` and attention through :func:`seams.attention`.
 
 The model knows nothing about parallelism except three hooks that are no-ops while
 ``tp_group`` is None: :func:`parallel.parallelize` shards the weights from outside and sets
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from primus_perf.trainer import dispatch
+from primus_perf.runtime import seams
 from primus_perf.trainer.config import ModelConfig
 from primus_perf.trainer.parallel import copy_to_tp, gather_from_tp, reduce_from_tp
 
@@ -76,15 +76,15 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         hq, hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
         x = copy_to_tp(x, self.tp_group)
-        qkv = dispatch.linear(x, self.wqkv)
+        qkv = seams.linear(x, self.wqkv)
         if self.bqkv is not None:
             qkv = qkv + self.bqkv.to(qkv.dtype)
         q, k, v = qkv.split((hq * hd, hkv * hd, hkv * hd), dim=-1)
         q = self.rope(q.view(b, s, hq, hd), cos, sin)
         k = self.rope(k.view(b, s, hkv, hd), cos, sin)
         v = v.view(b, s, hkv, hd)
-        o = dispatch.attention(q, k, v, causal=True)
-        out = dispatch.linear(o.reshape(b, s, hq * hd), self.wo)
+        o = seams.attention(q, k, v, causal=True)
+        out = seams.linear(o.reshape(b, s, hq * hd), self.wo)
         return reduce_from_tp(out, self.tp_group)
 
 
@@ -98,8 +98,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to_tp(x, self.tp_group)
-        h = self.act(dispatch.linear(x, self.w13))
-        return reduce_from_tp(dispatch.linear(h, self.w2), self.tp_group)
+        h = self.act(seams.linear(x, self.w13))
+        return reduce_from_tp(seams.linear(h, self.w2), self.tp_group)
 
     @torch.no_grad()
     def reset_parameters(self, std: float, out_std: float) -> None:
@@ -217,11 +217,11 @@ class Transformer(nn.Module):
         for block in self.layers:
             x = block(x, cos, sin)
         h = copy_to_tp(self.norm(x), self.tp_group)
-        logits = dispatch.linear(h, self.output)
+        logits = seams.linear(h, self.output)
         return gather_from_tp(logits, self.tp_group)
 
     def compile_pointwise(self) -> None:
-        """torch.compile the non-GEMM parts (RoPE, SwiGLU, RMSNorm); GEMMs stay dispatched."""
+        """torch.compile the non-GEMM parts (RoPE, SwiGLU, RMSNorm); GEMMs stay routed."""
         rope = torch.compile(apply_rope, dynamic=False)
         act = torch.compile(swiglu, dynamic=False)
         for module in self.modules():

@@ -11,7 +11,7 @@ One MoE layer (:class:`MoE`), for the ``n`` tokens of a micro-batch:
    by expert (stable), the token rows gathered in that order, and ``counts[e]`` (tokens per
    expert) read to the host once.
 3. Experts: SwiGLU through two grouped GEMMs (``x @ W13_e``, ``[gate | up]``, then
-   ``@ W2_e``) through :func:`primus_perf.kernels.grouped_gemm.grouped_mm`. Under expert
+   ``@ W2_e``) through :func:`primus_perf.runtime.seams.grouped_mm`. Under expert
    parallelism (``ep_group`` set by :func:`parallel.parallelize`) the rows go to the rank
    that holds their expert with an all-to-all(v), are regrouped by local expert, and come
    back the same way.
@@ -26,7 +26,7 @@ the whole batch. ``bias``: after each optimizer step, ``bias_e += rate * sign(me
 load_e)`` on the global counts (:func:`update_router_biases`), identical on every rank.
 
 Every dense GEMM (attention, router, shared experts, output head) goes through
-:func:`dispatch.linear` as in the dense model.
+:func:`seams.linear` as in the dense model.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from torch import nn
 
 from primus_perf.errors import ConfigError
 from primus_perf.kernels.autocast import gemm_dtype
-from primus_perf.kernels.grouped_gemm import BACKENDS, grouped_mm
-from primus_perf.trainer import dispatch
+from primus_perf.kernels.grouped import BACKENDS
+from primus_perf.runtime import seams
+from primus_perf.runtime.seams import grouped_mm
 from primus_perf.trainer.config import ModelConfig
 from primus_perf.trainer.model import MLP, Transformer, swiglu
 from primus_perf.trainer.parallel import all_to_all
@@ -82,7 +83,7 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x[n, dim]`` -> (weights[n, k] fp32, experts[n, k], normalized scores[n, E])."""
-        logits = dispatch.linear(x, self.weight).float()
+        logits = seams.linear(x, self.weight).float()
         if self.kind == "softmax":
             scores = logits.softmax(dim=-1)
             probs = scores

@@ -414,18 +414,13 @@ def online_routers(
     activation: Any,
     cache: str | Path,
     *,
-    adapters: Mapping[str, KindAdapter] | None = None,
+    adapters: Mapping[str, KindAdapter],
     policy: OnlinePolicy | None = None,
     clock: Clock | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The cache's routers (``cache.runtime.Activation``), each of a kind online tuning
-    knows wrapped in an :class:`OnlineRouter`; ``adapters``: kind -> adapter (default:
-    :func:`default_adapters`)."""
-    if adapters is None:
-        from primus_perf.tuner.online_kinds import default_adapters
-
-        adapters = default_adapters(routers)
+    """The cache's routers (``runtime.activate.Activation``), each of a kind ``adapters``
+    (kind -> adapter) has wrapped in an :class:`OnlineRouter`."""
     out = dict(routers)
     for kind, router in routers.items():
         adapter = adapters.get(kind)

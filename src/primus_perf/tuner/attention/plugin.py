@@ -45,7 +45,7 @@ class AttentionTuner:
     torch's SDPA backends (``backends``: rows of ``kernels.attention.backends``) and any
     ``extra`` candidates; ``device``: where the inputs live ("cpu": the Triton interpreter)."""
 
-    kind = "attention"
+    kind = AttentionProblem.kind
     version = TUNER_VERSION
     problem_type = AttentionProblem
     reps = Reps(rough=5, final_min=20, final_max=50)

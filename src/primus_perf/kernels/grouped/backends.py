@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 
 MmFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
 WhyNot = Callable[[torch.device, torch.dtype, int, int], "str | None"]
@@ -208,12 +208,12 @@ def triton_backend(cfg: GroupedGemmConfig | None = None) -> Backend:
     cfg = cfg or GroupedGemmConfig()
 
     def mm(x: torch.Tensor, w: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
-        from primus_perf.kernels.grouped_gemm.triton_kernels import grouped_mm
+        from primus_perf.kernels.grouped.triton_kernels import grouped_mm
 
         return grouped_mm(x, w, counts, cfg)
 
     def wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
-        from primus_perf.kernels.grouped_gemm.triton_kernels import grouped_mm_wgrad
+        from primus_perf.kernels.grouped.triton_kernels import grouped_mm_wgrad
 
         return grouped_mm_wgrad(x, dy, counts, cfg)
 

@@ -1,7 +1,7 @@
 """The grouped-GEMM kind of the tuner core: the per-expert loop (the default), the other
-backends of ``kernels.grouped_gemm`` that can run the problem here (``torch._grouped_mm``,
+backends of ``kernels.grouped`` that can run the problem here (``torch._grouped_mm``,
 padded ``bmm``) and the Triton grouped GEMM with every config of its search space that the
-validity rules keep (``kernels.grouped_gemm.configs``: a grid, at most ``max_configs``
+validity rules keep (``kernels.grouped.configs``: a grid, at most ``max_configs``
 of them; the core's rough pass drops the slow ones). Each pass (fwd, dgrad, wgrad) is its
 own problem.
 
@@ -29,15 +29,15 @@ import torch
 
 from primus_perf.devices import require_gpu
 from primus_perf.errors import UserError
-from primus_perf.kernels.grouped_gemm.backends import BACKENDS
-from primus_perf.kernels.grouped_gemm.configs import (
+from primus_perf.kernels.grouped.backends import BACKENDS
+from primus_perf.kernels.grouped.configs import (
     GroupedGemmConfig,
     SearchSpace,
     config_invalid,
     default_space,
 )
-from primus_perf.kernels.grouped_gemm.dispatch import run_backend
-from primus_perf.kernels.grouped_gemm.router import TRITON, GroupedChoice, library_versions
+from primus_perf.kernels.grouped.passes import run_backend
+from primus_perf.kernels.grouped.router import TRITON, GroupedChoice, library_versions
 from primus_perf.problems import DTYPE_BYTES, GroupedGemmProblem, torch_dtype
 from primus_perf.tuner import timing
 from primus_perf.tuner.core import Candidate, Reps, Step
@@ -70,12 +70,12 @@ def validation_counts(counts: Sequence[int]) -> list[int]:
 
 
 class GroupedGemmTuner:
-    """Backends (``backends``: rows of ``kernels.grouped_gemm.BACKENDS`` raced beside the
+    """Backends (``backends``: rows of ``kernels.grouped.BACKENDS`` raced beside the
     loop) and Triton configs (``configs`` if given, else ``space`` or the vendor's default
     space; ``triton=False``: none) raced against the per-expert loop, plus any ``extra``
     candidates; ``device``: where the operands live ("cpu": the Triton interpreter)."""
 
-    kind = "grouped_gemm"
+    kind = GroupedGemmProblem.kind
     version = TUNER_VERSION
     problem_type = GroupedGemmProblem
     reps = Reps(rough=5, final_min=10, final_max=40)
@@ -197,7 +197,7 @@ class GroupedGemmSession:
 
     def calls(self, c: Candidate) -> dict[str, Any]:
         phase, sets, counts, backend = self.problem.phase, self.sets, self.counts, c.run
-        return {"grouped_gemm": lambda i: run_backend(backend, phase, sets[i][0], sets[i][1], counts)}
+        return {self.problem.kind: lambda i: run_backend(backend, phase, sets[i][0], sets[i][1], counts)}
 
     def close(self) -> None:
         self.sets.clear()

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from primus_perf.errors import CacheError
-from primus_perf.kernels.grouped_gemm.backends import BACKENDS, Backend, triton_backend
-from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
-from primus_perf.kernels.grouped_gemm.dispatch import problem_of, run_backend
+from primus_perf.kernels.grouped.backends import BACKENDS, Backend, triton_backend
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.passes import problem_of, run_backend
 from primus_perf.kernels.routing import CachedChoice, Router, choice_solution, solution_backend
 
 VERSIONED_LIBRARIES = ("torch", "cuda", "hip", "triton")
