@@ -22,7 +22,7 @@ MoE layers (``model.moe.n_experts > 0``, layers ``first_k_dense`` and on) count 
 listed by :func:`linear_layers`), and ``top_k`` routed SwiGLU experts of ``3 * dim *
 expert_dim`` each (:func:`routed_active_params`): a token takes only those, so MFU is
 measured against the work the step really does. The routed experts' grouped GEMMs are
-listed by :func:`model_grouped_gemms` for given tokens per expert.
+listed by :func:`model_expert_gemms` for given tokens per expert.
 
 :func:`model_gemms` lists every GEMM one micro-batch runs on one tensor-parallel rank, in
 the row-major ``M, N, K`` torch sees and as a :class:`~primus_perf.problems.GemmProblem`
@@ -162,7 +162,7 @@ class GroupedGemmCall:
         return self.problem.flops_of(sum(self.counts))
 
 
-def model_grouped_gemms(
+def model_expert_gemms(
     cfg: ModelConfig, tokens_per_expert: list[list[int]], dtype: str = "bf16"
 ) -> list[GroupedGemmCall]:
     """The routed experts' grouped GEMMs of one step, given the tokens per (local) expert

@@ -44,7 +44,7 @@ class GroupedGemmConfig:
 
     The default is the Hopper-sized tile (128 x 128 x 64, 8 warps, 3 stages: 96 KiB of
     shared memory, 64 accumulator registers per thread): the earlier 64 x 64 x 32 with 4
-    warps measured 63-116 TFLOP/s on the H100 cases of ``benchmarks/moe_grouped_gemm.py``,
+    warps measured 63-116 TFLOP/s on the H100 cases of the MoE grouped-GEMM benchmark,
     its tiles too small to feed the tensor cores (each token tile re-read N/64 times)."""
 
     block_m: int = 128

@@ -23,6 +23,7 @@ from primus_perf.kernels.grouped.backends import BACKENDS, Backend, triton_backe
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.passes import problem_of, run_backend
 from primus_perf.kernels.routing import CachedChoice, Router, choice_solution, solution_backend
+from primus_perf.problems import GroupedGemmProblem
 
 VERSIONED_LIBRARIES = ("torch", "cuda", "hip", "triton")
 TRITON = "triton"
@@ -81,7 +82,7 @@ class GroupedGemmRouter(Router):
             try:
                 choices[entry.problem_key] = GroupedChoice.from_solution(entry.solution["config"])
             except (KeyError, TypeError, ValueError) as exc:
-                raise CacheError(f"grouped_gemm cache entry {entry.problem_key}: {exc}") from None
+                raise CacheError(f"{GroupedGemmProblem.kind} cache entry {entry.problem_key}: {exc}") from None
         return cls(choices) if choices else None
 
     def __call__(self, phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]):
