@@ -43,6 +43,7 @@ class Activation:
     stale_count: dict[str, int] = field(default_factory=dict)  # kind -> entries not for this device/versions
     versions: dict[str, dict[str, str]] = field(default_factory=dict)  # kind -> running library versions
     unavailable: dict[str, str] = field(default_factory=dict)  # kind -> why no router here
+    keys: dict[str, set[str]] = field(default_factory=dict)  # kind -> problem keys of its usable entries
     routers: dict[str, Any] = field(default_factory=dict)
 
     def start_lines(self) -> list[str]:
@@ -99,6 +100,7 @@ def activate(
         act.versions[kind] = versions
         usable = cache.select(entries, device, versions)
         act.usable[kind] = len(usable)
+        act.keys[kind] = {e.problem_key for e in usable.values()}
         act.stale_count[kind] = len(entries) - len(usable)
         router = spec.factory(list(usable.values())) if usable else None
         if router is None and kind in always:

@@ -21,7 +21,7 @@ from primus_perf.kernels.grouped.passes import problem_of as grouped_problem_of
 from primus_perf.kernels.grouped.passes import run_backend
 from primus_perf.tuner.attention.plugin import TUNER_VERSION as ATTENTION_VERSION
 from primus_perf.tuner.attention.plugin import AttentionTuner, triton_candidate
-from primus_perf.tuner.core import Candidate
+from primus_perf.tuner.core import solution_of, validate
 from primus_perf.tuner.gemm.plugin import TUNER_VERSION as GEMM_VERSION
 from primus_perf.tuner.gemm.plugin import GemmTuner
 from primus_perf.tuner.grouped.plugin import TUNER_VERSION as GROUPED_VERSION
@@ -31,27 +31,11 @@ from primus_perf.tuner.online import Clock, OnlinePolicy, Pooled, Sample, online
 ONLINE_SUFFIX = "+online"
 
 
-def validated(session: Any, limit: int) -> list[tuple[Candidate, float]]:
-    """The session's candidates that pass its reference check, the default first, at most
-    ``limit``; RuntimeError when the default fails (nothing to tune against)."""
-    pool = session.candidates()
-    out: list[tuple[Candidate, float]] = []
-    for i, c in enumerate(pool):
-        if len(out) >= limit:
-            break
-        try:
-            err = session.error(c)
-        except Exception:  # the candidate cannot run this problem
-            err = float("nan")
-        if err <= session.tolerance:
-            out.append((c, err))
-        elif i == 0:
-            raise RuntimeError(f"the default ({c.name}) fails the reference check")
-    return out
-
-
-def _solution(c: Candidate) -> dict[str, Any]:
-    return {"config": {"name": c.name, **c.config}, "blob": c.blob}
+def validated(session: Any, limit: int) -> list[Pooled]:
+    """The session's candidates that pass the core's validation (``core.validate``: the
+    default first, at most ``limit``), pooled with their cache solutions as offline tuning
+    writes them (``core.solution_of``); TuneError when the default fails."""
+    return [Pooled(c.name, solution_of(c), err, c.run) for c, err in validate(session, session.candidates(), limit=limit)]
 
 
 def bracketed(adapter: Any, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
@@ -93,13 +77,12 @@ class GemmOnline:
         finally:
             session.close()
         out = []
-        for c, err in found:
-            sol = _solution(c)
-            source = gemm.solution_source(sol)
+        for c in found:  # the program's calls run the router's kernels of the same solutions
+            source = gemm.solution_source(c.solution)
             factory = gemm.torch_kernel if source == gemm.TORCH_SOURCE else self.kernels.get(source)
-            kernel = factory(plain, sol, a.device) if factory is not None else None
+            kernel = factory(plain, c.solution, a.device) if factory is not None else None
             if kernel is not None:
-                out.append(Pooled(c.name, sol, err, kernel))
+                out.append(Pooled(c.name, c.solution, c.error, kernel))
         return out
 
     def run(self, cand: Pooled, a: Any, b: Any, bias: Any = None) -> Any:
@@ -165,10 +148,9 @@ class AttentionOnline:
         tuner = AttentionTuner(strategy=None, extra=extra, device=q.device.type)
         session = tuner.open(problem, None, lambda _label: None)
         try:
-            found = validated(session, self.limit)
+            return validated(session, self.limit)
         finally:
             session.close()
-        return [Pooled(c.name, {"config": c.config, "blob": b""}, err, c.run) for c, err in found]
 
     def run(self, cand: Pooled, q: Any, k: Any, v: Any, causal: bool) -> Any:
         return cand.run(q, k, v, causal)
@@ -212,10 +194,9 @@ class GroupedGemmOnline:
         tuner = GroupedGemmTuner(configs=self.triton_configs, device=a.device.type, sets=1)
         session = tuner.open(problem, None, lambda _label: None)
         try:
-            found = validated(session, self.limit)
+            return validated(session, self.limit)
         finally:
             session.close()
-        return [Pooled(c.name, _solution(c), err, c.run) for c, err in found]
 
     def run(self, cand: Pooled, phase: str, a: Any, b: Any, counts: Any) -> Any:
         return run_backend(cand.run, phase, a, b, counts)
