@@ -43,10 +43,10 @@ import torch
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
 from primus_perf.kernels.grouped import BACKENDS, Backend, triton_backend
-from primus_perf.kernels.grouped.configs import default_space
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tuner import core
 from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
+from primus_perf.tuner.grouped.space import default_space
 from primus_perf.tuner.timing import summarize, time_cpu, time_isolated, time_launch_bound
 
 

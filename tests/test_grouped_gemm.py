@@ -9,16 +9,12 @@ import torch
 
 from primus_perf.kernels.grouped import BACKENDS, problem_of
 from primus_perf.kernels.grouped.backends import triton_backend
-from primus_perf.kernels.grouped.configs import (
-    GroupedGemmConfig,
-    config_invalid,
-    default_space,
-    tiny_space,
-)
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig, config_invalid
 from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem, skew_bucket, tokens_bucket
 from primus_perf.runtime import routes
 from primus_perf.runtime.seams import grouped_mm
+from primus_perf.tuner.grouped.space import default_space, tiny_space
 
 COUNTS = [5, 0, 1, 19, 0, 8, 1]  # empty groups, one-token groups, unaligned starts
 

@@ -96,6 +96,25 @@ def test_triton_configs_are_pruned_validated_and_can_win() -> None:
     assert choice == GroupedChoice("triton", TRITON_CFG)
 
 
+def test_configs_over_max_configs_are_cut_and_reported() -> None:
+    """The space's valid configs beyond ``max_configs`` are not raced, and the result and a
+    progress line say how many were cut."""
+    from primus_perf.tuner.grouped.space import tiny_space
+
+    valid = tiny_space().configs(PROBLEM, "cpu")
+    assert len(valid) > 2
+    steps: list[str] = []
+    tuner = GroupedGemmTuner(device="cpu", backends=(), space=tiny_space(), max_configs=2)
+    session = tuner.open(PROBLEM, None, steps.append)
+    try:
+        names = [c.name for c in session.candidates()]
+    finally:
+        session.close()
+    assert names == ["loop", *(f"triton {cfg.label()}" for cfg in valid[:2])]
+    assert session.details["triton_configs"] == 2 and session.details["triton_configs_cut"] == len(valid) - 2
+    assert steps == [f"{len(valid)} valid Triton configs: racing the first 2 (max_configs)"]
+
+
 def test_validation_counts_have_an_empty_and_a_one_token_group() -> None:
     counts = GroupedGemmProblem(groups=8, k=8, n=8, tokens=256, skew=2.0).example_counts()
     v = validation_counts(counts)
