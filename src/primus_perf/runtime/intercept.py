@@ -32,6 +32,8 @@ problem to torch (``kernels.routing``).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -76,40 +78,49 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None
     return _SDPA.decompose(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def _gemm_overrides(lib: torch.library.Library, key: str) -> list[Any]:
+@dataclass(frozen=True)
+class Intercept:
+    """A kind's intercept part (``primus_perf.kinds``): ``overrides(lib, dispatch key)``
+    registers the aten overrides that send its calls to the routes; ``compile_pass()``
+    installs the Inductor pass that does so under ``torch.compile`` (None: not installed,
+    with a warning saying why)."""
+
+    overrides: Callable[[torch.library.Library, str], None]
+    compile_pass: Callable[[], Any]
+
+
+def _gemm_overrides(lib: torch.library.Library, key: str) -> None:
     lib.impl("mm", _mm, key)
     lib.impl("bmm", _bmm, key)
     lib.impl("addmm", _addmm, key)
-    return [gemm_pass()]
 
 
-def _attention_overrides(lib: torch.library.Library, key: str) -> list[Any]:
+def _attention_overrides(lib: torch.library.Library, key: str) -> None:
     lib.impl("scaled_dot_product_attention", _sdpa, "Autograd" + key)
     lib.impl("scaled_dot_product_attention", _sdpa, key)
-    return [attention_pass()]
 
 
-# each kind's intercept part: ``(lib, dispatch key) -> Inductor passes installed``; a module
-# that overrides another aten operator for a kind attaches its own the same way
-kinds.attach(kinds.GEMM.name, intercept=_gemm_overrides)
-kinds.attach(kinds.ATTENTION.name, intercept=_attention_overrides)
+# a module that overrides another aten operator for a kind attaches its Intercept the same way
+kinds.attach(kinds.GEMM.name, intercept=Intercept(_gemm_overrides, gemm_pass))
+kinds.attach(kinds.ATTENTION.name, intercept=Intercept(_attention_overrides, attention_pass))
 
 
 class Interception:
-    """The overrides of the ``kinds`` given (each kind's ``intercept`` part of
-    ``primus_perf.kinds``; a kind without one has none), on one device type; :meth:`close`
-    restores torch's kernels."""
+    """The overrides of the ``kinds_given`` (each kind's :class:`Intercept` part; a kind
+    without one has none), on one device type; :meth:`close` restores torch's kernels."""
 
     def __init__(self, kinds_given: set[str], device_type: str = "cuda") -> None:
         if device_type not in BACKEND_KEYS:
             raise ValueError(f"device type {device_type!r}: one of {sorted(BACKEND_KEYS)}")
         key = BACKEND_KEYS[device_type]
+        parts = list(kinds.with_part("intercept", among=kinds_given).values())
         self.lib = torch.library.Library("aten", "IMPL")
-        self.compile_passes: list[Any] = []  # Inductor's (compiled.py)
         with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
             warnings.simplefilter("ignore", UserWarning)
-            for override in kinds.with_part("intercept", among=kinds_given).values():
-                self.compile_passes += [p for p in override(self.lib, key) if p is not None]
+            for part in parts:
+                part.overrides(self.lib, key)
+        passes = [part.compile_pass() for part in parts]
+        self.compile_passes = [p for p in passes if p is not None]  # Inductor's (compiled.py)
 
     def close(self) -> None:
         self.lib._destroy()

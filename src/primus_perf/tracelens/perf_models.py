@@ -7,7 +7,7 @@ module can count (then the op's FLOPs are unknown, never guessed).
 
 GEMM ops give a :class:`~primus_perf.problems.GemmProblem` in the column-major convention
 of ``problems/gemm.py``; torch's transposition of each operand is read from its strides, the
-same way the trainer's dispatch reads it, so a trace of the trainer yields exactly the
+same way the trainer's routing points read it, so a trace of the trainer yields exactly the
 problems ``trainer.flops.model_gemms`` lists. Attention ops give an
 :class:`~primus_perf.problems.AttentionProblem` (forward) with a direction; backward FLOPs
 are 2.5x the forward (five matmuls instead of two).

@@ -26,7 +26,7 @@ listed by :func:`model_expert_gemms` for given tokens per expert.
 
 :func:`model_gemms` lists every GEMM one micro-batch runs on one tensor-parallel rank, in
 the row-major ``M, N, K`` torch sees and as a :class:`~primus_perf.problems.GemmProblem`
-exactly as :func:`dispatch.problem_of` builds it in the trainer: forward ``x @ W.T``
+exactly as :func:`primus_perf.kernels.gemm.problem_of` builds it in the trainer: forward ``x @ W.T``
 (``M = tokens``), input gradient ``dy @ W`` and weight gradient ``dy.T @ x`` (``K = tokens``).
 The sum of their FLOPs is ``6 * N_matmul / tp * tokens``.
 """

@@ -170,7 +170,7 @@ class AttentionOnline:
 
 
 class GroupedGemmOnline:
-    """Grouped-GEMM calls of the dispatch seam ``(phase, a, b, counts)``: the problem with
+    """Grouped-GEMM passes of the routing point ``(phase, a, b, counts)``: the problem with
     ``kernels.grouped.problem_of`` (the token-distribution bucket, so per-step counts
     that move a little keep one problem); the pool of the grouped plugin without its Triton
     search (the loop, the other torch backends) plus the cache's Triton configs, validated

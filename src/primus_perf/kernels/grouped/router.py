@@ -2,8 +2,8 @@
 
 A cached choice is ``GroupedChoice(backend, config)``: ``backend`` is a row of
 ``backends.BACKENDS`` (``loop``, ``grouped_mm``, ``padded_bmm``, ``triton``), ``config``
-the Triton tiles when it is ``triton``. The router answers a call of the dispatch seam
-(``dispatch.run``: ``(phase, a, b, counts)``) whose problem (``dispatch.problem_of``: the
+the Triton tiles when it is ``triton``. The router answers a pass of the routing point
+(``runtime.seams.grouped_pass``: ``(phase, a, b, counts)``) whose problem (``passes.problem_of``: the
 pass, shapes, dtype and token-distribution bucket) has a choice by running that backend,
 also when it is the per-expert loop (the caller may have named another backend); for any
 other problem it answers None and the caller's backend runs. ``summary()``:

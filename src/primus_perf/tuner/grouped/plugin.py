@@ -119,7 +119,7 @@ class GroupedGemmTuner:
 
 
 def _pass_operands(p: GroupedGemmProblem, dtype: torch.dtype, device: str, g: torch.Generator):
-    """``(a, b)`` of one call of the pass (the dispatch seam's operands)."""
+    """``(a, b)`` of one call of the pass (the routing point's operands)."""
     T, K, N, G = p.tokens, p.k, p.n, p.groups
 
     def randn(*shape: int) -> torch.Tensor:
