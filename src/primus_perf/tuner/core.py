@@ -7,10 +7,13 @@ plans, a search where the kind has one), and the core runs:
    torch's own choice);
 2. validation: ``error(candidate)`` is its relative error against the fp32 reference; a
    candidate above the session's tolerance (or NaN, or one that cannot run) is rejected
-   and never chosen; if the default itself fails, the problem fails (:class:`TuneError`);
+   and never chosen; if the default itself fails, the problem fails (:class:`TuneError`).
+   A candidate a search found carries the error the search measured (``Candidate.error``)
+   and is not run against the reference again;
 3. measurement through the injected timer (``tuner.timing``; seconds; without one, the
    plugin's own ``default_timer()`` where it has one, else ``timing.default_timer()``): a rough pass of
-   ``reps.rough`` calls drops candidates slower than :data:`DROP_RATIO` x the best, then
+   ``reps.rough`` calls (a searched candidate: the search's own timed calls,
+   ``Candidate.samples``) drops candidates slower than :data:`DROP_RATIO` x the best, then
    the finalists get ``reps.final_min`` to ``reps.final_max`` calls each, as many as the
    problem's time budget allows. A candidate may have several parts (attention: forward
    and backward); its time is the sum of its parts' medians;
@@ -80,12 +83,19 @@ class Reps:
 @dataclass
 class Candidate:
     """One way to run a problem. ``config`` (readable) and ``blob`` (opaque) go into the
-    cache entry when it is chosen; ``run`` is what the plugin needs to run it."""
+    cache entry when it is chosen; ``run`` is what the plugin needs to run it.
+
+    A candidate a session's search found comes with what the search measured on this
+    problem: ``error`` (its check against the fp32 reference, so :func:`validate` does not
+    run it again) and ``samples`` (part -> timed calls in seconds, through the run's timer,
+    which stand for its rough pass)."""
 
     name: str
     config: dict[str, Any] = field(default_factory=dict)
     blob: bytes = b""
     run: Any = None
+    error: float | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
 
 
 class Session(Protocol):
@@ -245,9 +255,10 @@ def validate(session: Session, pool: Sequence[Candidate], *, limit: int | None =
     for i, c in enumerate(pool):
         if limit is not None and len(out) >= limit:
             break
-        err: float | None = None
+        err: float | None = c.error
         try:
-            err = session.error(c)
+            if err is None:
+                err = session.error(c)
             reason = "" if err <= session.tolerance else f"relative error {err:.3g} > {session.tolerance}"  # NaN fails
         except Exception as exc:  # the candidate cannot run this problem
             reason = one_line(exc)
@@ -334,7 +345,9 @@ def tune_problem(
             raise TuneError(f"{problem}: the default ({default}) fails the reference check: {stats[default].reason}")
         reps = tuner.reps
         step("timing (rough)")
-        rough = timer(calls, session.n_sets, reps.rough)
+        searched = {k for k in calls if k[1] in valid[k[0]].samples}  # timed by the search already
+        rough = timer({k: fn for k, fn in calls.items() if k not in searched}, session.n_sets, reps.rough)
+        rough.update({k: list(valid[k[0]].samples[k[1]]) for k in searched})
         med = _medians(rough, list(valid), parts)
         best = min(med.values())
         finalists = [n for n in valid if med[n] <= DROP_RATIO * best or n == default]
