@@ -49,6 +49,29 @@ def spread(xs: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(xs) * 1e3, "q1_ms": q[0] * 1e3, "q3_ms": q[2] * 1e3, "n": len(xs)}
 
 
+def interleaved(step, enable, pairs: int, block: int, start: int = 0, before_disable=None) -> dict[str, list[float]]:
+    """Step times of ``2 * pairs`` alternating blocks, off (no enable) then on (``enable()``'s
+    handle): one settling step after each switch, then ``block`` timed steps (``step(i)``
+    returns its seconds); ``before_disable(handle)`` sees each on-block's handle."""
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    i = start
+    for b in range(2 * pairs):
+        side = "on" if b % 2 else "off"
+        handle = enable() if side == "on" else None
+        try:
+            step(i)  # settle after the switch
+            i += 1
+            for _ in range(block):
+                times[side].append(step(i))
+                i += 1
+        finally:
+            if handle is not None:
+                if before_disable is not None:
+                    before_disable(handle)
+                handle.disable()
+    return times
+
+
 def dispatch_cost_us(cache: str, n: int = 2000) -> dict[str, float]:
     """Host time per small GEMM with and without the overrides (best of 5 rounds)."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -91,25 +114,16 @@ def main() -> None:
     model, opt = example.build(margs)
     for i in range(2):  # warm-up: allocator, kernels, autotuners
         example.step(model, opt, margs, i)
-    times: dict[str, list[float]] = {"off": [], "on": []}
     counts: dict[str, int] = {}
-    i = 2
-    for block in range(2 * args.pairs):
-        side = "on" if block % 2 else "off"
-        handle = primus_perf.enable(cache, log=None) if side == "on" else None
-        try:
-            example.step(model, opt, margs, i)  # settle after the switch
-            i += 1
-            for _ in range(args.block):
-                times[side].append(example.step(model, opt, margs, i))
-                i += 1
-        finally:
-            if handle is not None:
-                for kind, row in handle.summary().items():
-                    if row.get("available"):
-                        counts[kind] = counts.get(kind, 0) + row["routed"] + row["fallback"]
-                        counts[f"{kind}_routed"] = counts.get(f"{kind}_routed", 0) + row["routed"]
-                handle.disable()
+
+    def count(handle) -> None:
+        for kind, row in handle.summary().items():
+            if row.get("available"):
+                counts[kind] = counts.get(kind, 0) + row["routed"] + row["fallback"]
+                counts[f"{kind}_routed"] = counts.get(f"{kind}_routed", 0) + row["routed"]
+
+    times = interleaved(lambda i: example.step(model, opt, margs, i), lambda: primus_perf.enable(cache, log=None),
+                        args.pairs, args.block, start=2, before_disable=count)
     on_steps = args.pairs * (args.block + 1)
     per_step = model.calls_per_step()
     result = {

@@ -29,10 +29,10 @@ def torch_and_tuned(ops, plan, algo: bytes, ws, ws_bytes: int) -> dict:
     import torch
 
     stream = torch.cuda.current_stream().cuda_stream
+    launch = plan.launcher(algo, ws_bytes)
     return {
         "torch": lambda i: torch.mm(ops.a[i], ops.b[i], out=ops.d[i]),
-        "tuned": lambda i: plan.run(algo, ops.b[i].data_ptr(), ops.a[i].data_ptr(), ops.d[i].data_ptr(),
-                                    ws.data_ptr(), ws_bytes, stream),
+        "tuned": lambda i: launch(*ops.pointers(i), ws.data_ptr(), stream),
     }
 
 

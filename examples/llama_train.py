@@ -6,10 +6,14 @@ choices. ``--check`` prints the routed-call counts next to what the model issues
 (3 GEMMs per linear layer, 1 attention call per layer) and exits 1 on a mismatch.
 
     python examples/llama_train.py --cache tuning_cache.json --steps 20 --check
-    python examples/llama_train.py --cache new_cache.json --online      # tune in the run
+    python examples/llama_train.py --cache new_cache.json --online      # tune in the run (GPU)
     python examples/llama_train.py --steps 20                           # torch's default
 
-The same script runs without the ``--cache`` line under
+The size follows the machine: on a GPU, 4 layers of Llama-3 8B (dim 4096, 32/8 heads,
+hidden 14336, seq 4096); on a CPU, a small model of the same shape (dim 256, seq 128, a
+few steps in seconds). ``--size 8b`` or ``--size small`` chooses either on
+any machine, and ``--layers``, ``--dim``, ... change one dimension. The same script runs
+without the ``--cache`` line under
 ``python -m primus_perf.launch --cache tuning_cache.json -- examples/llama_train.py``.
 """
 
@@ -102,23 +106,31 @@ class Llama(nn.Module):
         return {"gemm": 3 * linears, "attention": len(self.blocks)}
 
 
+# 4 layers of Llama-3 8B, and a small model of the same shape for a CPU
+SIZES = {
+    "8b": {"layers": 4, "dim": 4096, "heads": 32, "kv_heads": 8, "hidden": 14336, "vocab": 32000, "seq": 4096},
+    "small": {"layers": 2, "dim": 256, "heads": 4, "kv_heads": 2, "hidden": 512, "vocab": 1024, "seq": 128},
+}
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", help="tuning cache for primus_perf.enable (none: torch's default)")
     ap.add_argument("--online", action="store_true", help="tune new problems in the first steps")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--dim", type=int, default=4096)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=14336)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--size", choices=sorted(SIZES), default="8b" if torch.cuda.is_available() else "small",
+                    help="model size (default: 8b on a GPU, small on a CPU)")
+    for name in SIZES["8b"]:
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help=f"override the size's {name}")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--check", action="store_true", help="compare routed-call counts with the model's calls")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for name, value in SIZES[args.size].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
 def build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -13,7 +13,8 @@
 # (tuning on every GPU against one), loop-moe (primus-tune loop on an MoE preset); on 8 GPUs
 # (benchmarks/eight_gpus.py, one call each: 10 minutes a call) eight-fsdp, eight-tp, eight-ep
 # (llama3-70b FSDP2 / TP=8, deepseek-v3 EP=8: traces, report, losses, tuned vs default) and
-# eight-checks (preflight and tuning with 8 workers).
+# eight-checks (preflight and tuning with 8 workers); fp8-tests (the FP8 GPU tests), fp8
+# (benchmarks/fp8_loop.py: llama3-8b and qwen2.5-7b), fp8-moe (its MoE FP8 grouped GEMMs).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -73,6 +74,13 @@ open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
         --out "$OUT/eight_gpus" 2>&1 | tail -12 ;;
     eight-checks)
       python benchmarks/eight_gpus.py --layouts --out "$OUT/eight_gpus" 2>&1 | tail -12 ;;
+    fp8-tests)
+      TRITON_INTERPRET=0 python -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8_gpu.py 2>&1 \
+        | tee "$OUT/fp8_gpu_tests.log" | tail -25 ;;
+    fp8)
+      python benchmarks/fp8_loop.py --out "$OUT/fp8_loop.json" 2>&1 | tee "$OUT/fp8_loop.log" | tail -40 ;;
+    fp8-moe)
+      python benchmarks/fp8_loop.py --configs --moe --out "$OUT/fp8_moe.json" 2>&1 | tee "$OUT/fp8_moe.log" | tail -20 ;;
     *) echo "unknown step $step" ;;
   esac
 done

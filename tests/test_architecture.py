@@ -31,7 +31,10 @@ ALLOWED: dict[str, set[str]] = {
     "tuned_kernels": {"runtime", "tuner"},
     "env_hook": {"tuned_kernels", "runtime"},
     # the whole loop: profile, analyze, report, tune, train with the cache
-    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "tuned_kernels"},
+    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "tuned_kernels",
+                    "fp8"},
+    # the FP8 plan tuner: trains (trainer) and writes fp8_plan entries; kinds: its record
+    "fp8": {"trainer", "runtime", "kernels", "cache", "kinds"},
 }
 # never, whatever ALLOWED says: the rules DESIGN.md spells out
 FORBIDDEN = [("trainer", "tuner"), ("runtime", "tuner"), ("kernels", "runtime"), ("cache", "runtime"),

@@ -272,7 +272,7 @@ CASES = _cases()
 def _entry(i: int) -> CacheEntry:
     p = GemmProblem.from_row_major(64 + i, 64, 64, b_transposed=True)
     return CacheEntry("gemm", p.key(), p.to_dict(), DeviceIdentity("NVIDIA H100", "nvidia", "sm_90", 132).to_dict(),
-                      {"cublasLt": "13.1.0"}, {"config": {"algo": i}, "blob": b"\x01"},
+                      {"cublasLt": "13.1.0"}, {"config": {"source": "torch", "algo": i}, "blob": b"\x01"},
                       times={"tuned_ms": 1.0, "default_ms": 1.2})
 
 

@@ -255,3 +255,28 @@ def test_compare_cli_prints_the_warnings_in_the_verdict() -> None:
     verdict = r.stdout.splitlines()[0]
     assert "(warning: different devices: NVIDIA H100 80GB HBM3 vs NVIDIA H200)" in verdict
     assert "(warning: different world sizes: 1 vs 2)" in verdict
+
+
+def test_two_cpu_runs_compare_their_modeled_ops(trace: dict[str, Any], tmp_path: Path) -> None:
+    """Runs without GPU events compare what they have: the CPU time of their GEMM and
+    attention ops per problem and per kind (and the HTML diff renders)."""
+    t = json.loads(json.dumps(trace))
+    t["traceEvents"] = [e for e in t["traceEvents"] if e.get("cat") not in GPU_CATS]
+    cpu = analyze([_write(tmp_path / "cpu.json", t)])
+    slower = json.loads(json.dumps(t))
+    for e in slower["traceEvents"]:  # the same run on a CPU half as fast: every time doubled
+        for field in ("ts", "dur"):
+            if isinstance(e.get(field), (int, float)):
+                e[field] *= 2
+    d = cmp.compare_analyses(cpu, analyze([_write(tmp_path / "slower.json", slower)]), base_label="cpu",
+                             candidate_label="slower")
+    assert d["steps"] == [] and d["header"]["step_change"] is None
+    assert cmp.CPU_NOTE in d["warnings"] and "slower on the CPU" in d["verdict"]
+    kinds = {r["category"]: r for r in d["breakdown"]}
+    assert set(kinds) <= {"gemm", "grouped_gemm", "attention"}
+    assert all(abs(r["rel"] - 1.0) < 0.01 for r in d["breakdown"]), d["breakdown"]
+    assert all(r["side"] == "both" for r in d["ops"]) and len(d["ops"]) == len(cpu.gemm_problems) + len(
+        cpu.attention_problems)
+    same = cmp.compare_analyses(cpu, cpu)
+    assert "as fast as" in same["verdict"] and all(r["delta_ms"] == 0 for r in same["ops"])
+    write_html(d, tmp_path / "diff.html")

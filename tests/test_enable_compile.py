@@ -25,6 +25,7 @@ from enable_fakes import (
     FakeClock,
     attention_entry,
     attention_launched,
+    gemm_entry,
     run,
 )
 from primus_perf.cache.store import TuningCache
@@ -32,6 +33,7 @@ from primus_perf.devices import current_device
 from primus_perf.kernels.attention.backends import DEFAULT
 from primus_perf.kernels.attention.configs import AttnConfig, BwdConfig, FwdConfig
 from primus_perf.kernels.attention.router import AttentionChoice, AttentionRouter
+from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import AttentionProblem
 from primus_perf.runtime import compiled as compiled_routes
 from primus_perf.runtime import routes
@@ -343,6 +345,8 @@ def test_rewrite_takes_only_the_calls_a_router_takes() -> None:
 def test_pass_is_installed_with_the_attention_router_only(cache: Path) -> None:
     from torch._inductor import config
 
+    # a GEMM entry that routes (a cache of torch's choices only installs no GEMM override or pass)
+    TuningCache(cache).put(gemm_entry(problem_of(torch.randn(3, 5), torch.randn(5, 7)), current_device()))
     with primus_perf.enable(cache, kinds=("gemm",), device_type="cpu", router_kinds=COUNTED_KINDS, log=None):
         assert config.pre_grad_custom_pass is None  # no attention router: compiled graphs keep their SDPA calls
         assert config.post_grad_custom_post_pass is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from primus_perf.cache.store import CacheEntry, TuningCache
@@ -23,9 +24,10 @@ def test_problems_file_forms_and_dry_run(tmp_path) -> None:
     res = CliRunner().invoke(app, ["gemm", "--problems", str(f), "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "2 unique GEMM problems" in res.output  # the attention problem is not a GEMM
-    assert "128x4096x14336 f16 TN" in res.output  # the row-major spelling
-    res = CliRunner().invoke(app, ["gemm", "--offline", "--problems", str(f), "--dry-run"])
-    assert res.exit_code == 2 and "No such option" in res.output  # the flag that did nothing is gone
+    # the label says m, n and k as the key does (BLAS terms), then the torch product it is
+    assert "m4096 n128 k14336 f16 TN (torch [128x14336] @ [14336x4096])  gemm:TN|m4096|n128|k14336|" in res.output
+    offline = CliRunner().invoke(app, ["gemm", "--offline", "--problems", str(f), "--dry-run"])
+    assert offline.exit_code == 0 and offline.output == res.output  # --offline spells the default
 
 
 def test_from_trace_dry_run_lists_the_traces_problems() -> None:
@@ -40,8 +42,14 @@ def test_from_trace_dry_run_lists_the_traces_problems() -> None:
     cfg = load_config("llama3-8b", ["model.n_layers=2", "train.seq_len=1024", "train.micro_batch=1"])
     expected = {str(c.problem) for c in model_gemms(cfg.model, 1, 1024)}
     assert f"{len(expected)} unique GEMM problems" in res.output
-    listed = {line.split("  ")[0] for line in res.output.splitlines() if " bf16 " in line}
+    lines = [line for line in res.output.splitlines() if " bf16 " in line]
+    listed = {str(GemmProblem.from_dict({**_fields(key), "dtype_a": "bf16"})) for key in
+              (line.split("  ")[1] for line in lines)}
     assert listed == expected
+    for line in lines:  # the label's m, n, k are the key's
+        label, key = line.split("  ")
+        m, n, k = (int(x[1:]) for x in label.split()[:3])
+        assert f"|m{m}|n{n}|k{k}|" in key, line
 
 
 def test_problem_errors_are_one_line() -> None:
@@ -89,15 +97,26 @@ def test_tunableop_export_format(tmp_path) -> None:
     lines = out.read_text().splitlines()
     assert lines[0] == "Validator,PT_VERSION,2.14.0"
     assert "Validator,HIPBLASLT_VERSION,0.12.0" in lines
-    assert "GemmTunableOp_BFloat16_TN,tn_6144_4096_4096,Gemm_Hipblaslt_1234,0.500000" in lines
-    assert "GemmTunableOp_Half_NN,nn_4096_128_14336,Default,0.500000" in lines
+    assert "GemmTunableOp_BFloat16_TN,tn_6144_4096_4096_ld_4096_4096_6144,Gemm_Hipblaslt_1234,0.500000" in lines
+    assert "GemmTunableOp_Half_NN,nn_4096_128_14336_ld_4096_14336_4096,Default,0.500000" in lines
     assert len([x for x in lines if not x.startswith("Validator")]) == 2  # a cuBLASLt entry without its algo config
+    assert "skipped, chose cuBLASLt algorithm heur0, stored as an opaque algo" in res.output  # and why
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "hipblaslt", "--out", str(tmp_path / "h.txt")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "h.txt").read_text().splitlines() == [
         "T,N,6144,4096,4096,1,4096,4096,6144,6144,bf16_r,bf16_r,bf16_r,bf16_r,c_f32_r,1234"]
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "xml", "--out", str(tmp_path / "x")])
     assert isinstance(res.exception, UserError) and "unknown export format 'xml'" in str(res.exception)
+
+
+def _export(tmp_path, entries: list, torch_version: str):
+    """A cache of ``entries`` exported to TunableOp's file: the CLI result (asserted exit 0) and the file."""
+    cache, out = tmp_path / "c.json", tmp_path / "t.csv"
+    TuningCache(cache).put_many(entries)
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
+                                   "--torch-version", torch_version])
+    assert res.exit_code == 0, res.output
+    return res, out
 
 
 def test_tunableop_export_spells_cublaslt_algorithms(tmp_path) -> None:
@@ -111,17 +130,91 @@ def test_tunableop_export_spells_cublaslt_algorithms(tmp_path) -> None:
                                       versions={"cublasLt": "13.1.0"},
                                       solution={"config": {"name": "heur2", "source": "cublaslt", **cfg},
                                                 "blob": b"\x01" * 64}, times={"tuned_ms": 1.25, "default_ms": 1.3})
+    res, out = _export(tmp_path, [mk(p, algo), mk(q, old)], "2.14.0.dev20260101")
     cache = tmp_path / "c.json"
-    TuningCache(cache).put_many([mk(p, algo), mk(q, old)])
-    out = tmp_path / "t.csv"
-    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
-                                   "--torch-version", "2.14.0.dev20260101"])
-    assert res.exit_code == 0, res.output
     assert out.read_text().splitlines() == [
         "Validator,PT_VERSION,2.14.0.dev20260101",
         "Validator,CUBLASLT_VERSION,13.1.0",
-        "GemmTunableOp_BFloat16_TN,tn_4096_8192_4096,"
+        "GemmTunableOp_BFloat16_TN,tn_4096_8192_4096_ld_4096_4096_4096,"
         "Gemm_Cublaslt_id_66_tile_18_stages_35_splitk_1_red_0_swizzle_1_custom_0_inner_1_cluster_2,1.250000",
-        "GemmTunableOp_Half_NN,nn_1024_1024_1024,Gemm_Cublaslt_id_66_tile_18_stages_35_splitk_1_red_0_swizzle_1_custom_0,"
-        "1.250000",
     ]
+    # cuBLASLt 12+ builds of TunableOp parse only names with the inner and cluster shapes
+    assert "gemm:NN|m1024|n1024|k1024|" in res.output and "INNER_SHAPE_ID, CLUSTER_SHAPE_ID); re-tune" in res.output
+    # torch 2.13 on CUDA: Default only, and only the PT_VERSION validator (another makes TunableOp drop the file)
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
+                                   "--torch-version", "2.13.0"])
+    assert isinstance(res.exception, UserError) and "nothing to export to tunableop" in str(res.exception)
+    assert "offers only Default" in str(res.exception)
+    # a hipBLASLt file of a cache tuned with cuBLASLt: refused, nothing written
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "hipblaslt", "--out", str(tmp_path / "h")])
+    assert isinstance(res.exception, UserError) and "tuned with cublasLt" in str(res.exception)
+    assert not (tmp_path / "h").exists()
+
+
+def test_tunableop_export_skips_what_it_cannot_spell_and_says_why(tmp_path) -> None:
+    dev = {"name": "NVIDIA H100 80GB HBM3", "vendor": "nvidia", "arch": "sm_90", "compute_units": 132}
+    plain = GemmProblem.from_row_major(64, 128, 32, b_transposed=True)
+    bias = GemmProblem.from_row_major(64, 128, 32, b_transposed=True, epilogue="bias")
+    gelu = GemmProblem.from_row_major(64, 128, 32, b_transposed=True, epilogue="gelu_bias")
+    mixed = GemmProblem.from_row_major(64, 128, 32, out_dtype="f32")
+    mk = lambda prob: CacheEntry(kind="gemm", problem_key=prob.key(), problem=prob.to_dict(), device=dev,  # noqa: E731
+                                 versions={"cublasLt": "13.1.0"}, solution={"config": {"source": "torch"}, "blob": b""},
+                                 times={"tuned_ms": 0.01, "default_ms": 0.01})
+    res, out = _export(tmp_path, [mk(plain), mk(bias), mk(gelu), mk(mixed)], "2.13.0")
+    assert out.read_text().splitlines() == [
+        "Validator,PT_VERSION,2.13.0",
+        "GemmTunableOp_BFloat16_TN,tn_128_64_32_ld_32_32_128,Default,0.010000",
+        "GemmAndBiasTunableOp_BFloat16_TN,tn_128_64_32_ld_32_32_128,Default,0.010000",
+    ]
+    assert f"{gelu.key()}: skipped, epilogue gelu_bias" in res.output
+    assert f"{mixed.key()}: skipped, bf16 inputs with a f32 output" in res.output
+    assert "2 rows; 2 GEMM entries skipped" in res.output
+
+
+def _fields(key: str) -> dict:
+    """The row-major fields of a GEMM key (a test helper: m, n, k and the transposes)."""
+    parts = key.split("|")
+    t, m, n, k = parts[0][-2:], int(parts[1][1:]), int(parts[2][1:]), int(parts[3][1:])
+    return {"m": m, "n": n, "k": k, "trans_a": t[0] == "T", "trans_b": t[1] == "T"}
+
+
+ONLINE_CASES = [
+    (["gemm", "--online", "--config", "tiny"], "online tuning needs a GPU"),
+    (["attention", "--online", "--", "train.py", "--steps", "2"], "online tuning needs a GPU"),
+    (["grouped-gemm", "--online", "--config", "tiny-moe", "model.n_layers=1"], "online tuning needs a GPU"),
+    (["gemm", "--online"], "--online needs a run to tune during"),
+    (["gemm", "--config", "tiny"], "--config names a run to tune during: add --online"),
+    (["attention", "--problem", "1,2,2,64,16,causal", "extra"], "a program to run is for --online"),
+]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU refusals")
+@pytest.mark.parametrize("argv,said", ONLINE_CASES)
+def test_online_tuning_on_a_cpu_is_one_line_and_exit_2(argv: list[str], said: str, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "primus_perf.cli.tune", *argv, "--cache", str(tmp_path / "c.json")]
+                         if "--" not in argv else
+                         [sys.executable, "-m", "primus_perf.cli.tune", *argv[:argv.index("--")], "--cache",
+                          str(tmp_path / "c.json"), *argv[argv.index("--"):]],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0] and lines[0].startswith("error:"), res.stderr
+    assert not (tmp_path / "c.json").exists()  # nothing ran
+
+
+@pytest.mark.gpu
+def test_online_tuning_of_a_config_run_writes_gemm_entries(tmp_path) -> None:
+    """``primus-tune gemm --online --config tiny``: the trainer runs under enable(online=True)
+    with the GEMM kind only, and the problems it locked are in the cache."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "online.json"
+    res = subprocess.run([sys.executable, "-m", "primus_perf.cli.tune", "gemm", "--online", "--config", "tiny",
+                          "--steps", "40", "--cache", str(cache)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    kinds = {e.kind for e in TuningCache(cache).entries()}
+    assert kinds == {"gemm"}, (kinds, res.stdout[-2000:], res.stderr[-2000:])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from enable_fakes import StepClock
 from primus_perf import enable
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import current_device
@@ -298,17 +299,6 @@ def test_enable_routes_and_counts_grouped_calls(tmp_path: Path) -> None:
 
 def test_enable_online_tunes_a_grouped_problem_and_writes_the_cache(tmp_path: Path) -> None:
     from primus_perf.tuner.online import OnlinePolicy
-
-    class StepClock:
-        def __init__(self) -> None:
-            self.t = 0
-
-        def mark(self) -> int:
-            self.t += 1
-            return self.t
-
-        def elapsed(self, start: int, end: int) -> float:
-            return (end - start) * 1e-6
 
     cache = tmp_path / "cache.json"
     x, w, _ = _operands()

@@ -39,3 +39,46 @@ def test_profiler_overhead_is_claimed_only_outside_the_spread() -> None:
     assert "recorded steps: not measurable, within the step-to-step spread" in noisy and "%" not in noisy
     few = overhead_line(_steps(baseline=[2.5], active=[0.5], after=[2.6]))
     assert few.count("not measured (fewer than 2 steps") == 2
+
+
+def _every_field_differs() -> list:
+    """GEMM problems whose keys differ in one field each from a base problem, every field."""
+    from dataclasses import replace
+
+    from primus_perf.problems import GemmProblem
+
+    base = GemmProblem.from_row_major(8944, 1024, 1024, b_transposed=True)
+    variants = [base, replace(base, epilogue="bias"), replace(base, epilogue="gelu_bias"),
+                replace(base, dtype_c="f32", dtype_d="f32"), replace(base, compute="tf32", dtype_a="f32", dtype_b="f32",
+                                                                   dtype_c="f32", dtype_d="f32"),
+                replace(base, lda=2048), replace(base, ldb=2048), replace(base, ldc=2048, ldd=2048),
+                replace(base, ldd=4096), replace(base, trans_a=False, lda=1024), replace(base, trans_b=True, ldb=8944),
+                replace(base, m=2048, lda=1024, ldc=2048, ldd=2048), replace(base, n=64), replace(base, k=512, lda=512),
+                replace(base, batch=2), replace(base, batch=2, stride_a=2 << 20)]
+    keys = [p.key() for p in variants]
+    assert len(set(keys)) == len(keys)
+    return variants
+
+
+def test_labels_are_unique_over_problems_whose_keys_differ_in_every_field() -> None:
+    from primus_perf.tracelens.analyses.problems import _labels
+
+    problems = _every_field_differs()
+    labels = _labels(problems, [p.key() for p in problems])
+    assert len(set(labels)) == len(labels), labels
+    # the two problems of the report that once shared a label: bias against none
+    assert labels[0] != labels[1] and "+bias" in labels[1]
+    # one problem under two directions keeps one label
+    assert _labels(problems[:1] * 2, [problems[0].key()] * 2) == [str(problems[0])] * 2
+
+
+def test_dry_run_labels_say_the_keys_m_n_k() -> None:
+    from primus_perf.cli.tune_run import dry_run_label
+
+    for p in _every_field_differs():
+        label = dry_run_label(p)
+        m, n, k = (int(x[1:]) for x in label.split()[:3])
+        assert (m, n, k) == (p.m, p.n, p.k) and f"|m{m}|n{n}|k{k}|" in p.key(), label
+        M, N, K, _, _ = p.row_major_shapes()
+        assert f"(torch [{M}x{K}] @ [{K}x{N}])" in label
+    assert len({dry_run_label(p) for p in _every_field_differs()}) >= 8

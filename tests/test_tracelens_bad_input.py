@@ -71,7 +71,8 @@ def test_unreadable_traces_are_one_line_and_exit_2(tmp_path: Path, raw: bytes) -
         ((tmp_path / "not_gzip.json.gz"), "JSON"),
         (_write(tmp_path / "empty.json", b""), "empty file"),
         (_write(tmp_path / "object.json", b"{}"), "no traceEvents"),
-        (_write(tmp_path / "array.json", b"[]"), "not a Kineto trace"),
+        (_write(tmp_path / "array.json", b"[]"), "nothing to analyze"),  # the JSON Array Format, empty
+        (_write(tmp_path / "string.json", b'"trace"'), "not a Kineto trace"),
         (_write(tmp_path / "events_object.json", b'{"traceEvents": {}}'), "not a list"),
         (_write(tmp_path / "no_events.json", b'{"traceEvents": []}'), "nothing to analyze"),
         (_write(tmp_path / "latin1.json", b'{"traceEvents": [{"ph": "X", "name": "caf\xe9"}]}'), "UTF-8"),

@@ -58,6 +58,7 @@ class LoopResult:
     tune_run: Any = None  # tuner.core.TuneRun
     cache: Path | None = None
     measurement: SpeedupMeasurement | None = None
+    fp8: Any = None  # fp8.tune.Fp8TuneResult (with fp8=True)
 
 
 def _host_step(analysis: Any) -> float | None:
@@ -138,8 +139,9 @@ def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, block
 
 def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str | Path = "runs/quickstart",
              *, steps: int = 3, budget_s: float = 2.0, blocks: int = 4, block_steps: int = 5,
-             say: Say = lambda _m: None, tune_progress: Any = None) -> LoopResult:
-    """Profile, analyze, report; on a GPU also tune and measure (see the module docstring)."""
+             say: Say = lambda _m: None, tune_progress: Any = None, fp8: bool = False) -> LoopResult:
+    """Profile, analyze, report; on a GPU also tune and measure (see the module docstring);
+    ``fp8``: then tune the FP8 plan (``fp8.tune_trainer``) into the same cache."""
     from primus_perf.profiler.capture import Schedule, capture_trainer
     from primus_perf.tracelens.analyze import analyze
     from primus_perf.tracelens.report import report_from_analysis
@@ -187,4 +189,9 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
         return result
     say("4/4 training with and without the cache, interleaved")
     result.measurement = measure_speedup(config, overrides, cache, blocks=blocks, block_steps=block_steps, say=say)
+    if fp8:
+        from primus_perf.fp8.tune import tune_trainer
+
+        say(f"FP8: tuning the plan (layer groups in the step, then the loss check) -> {cache}")
+        result.fp8 = tune_trainer(config, overrides, cache, say=say)
     return result

@@ -25,19 +25,20 @@ class DevicePeaks:
     key: str  # short stable name, e.g. "h100-sxm"
     pattern: str  # regex matched (case-insensitive) against the device name
     vendor: str  # "nvidia" or "amd"
-    tflops: dict[str, float] = field(default_factory=dict)  # dtype name -> dense TFLOP/s
+    tflops: dict[str, float] = field(default_factory=dict)  # dtype name -> dense TFLOP/s (int8: TOPS, "i8")
     hbm_tb_s: float = 0.0
     l2_bytes: int = 0
     compute_units: int = 0  # SMs (NVIDIA) or CUs (AMD)
+    source: str = ""  # the vendor document the figures are from
 
     def peak_tflops(self, dtype: str) -> float | None:
         """Dense peak for a dtype name from ``problems.DTYPES`` ("bf16", "f16", ...)."""
         return self.tflops.get(dtype)
 
 
-def _nv(bf16: float | None, tf32: float | None, f32: float, f8: float | None, f16: float | None = None
-        ) -> dict[str, float]:
-    """NVIDIA dense tensor-core peaks (f16 = bf16 unless given; None: not supported)."""
+def _nv(bf16: float | None, tf32: float | None, f32: float, f8: float | None, f16: float | None = None,
+        i8: float | None = None) -> dict[str, float]:
+    """NVIDIA dense tensor-core peaks (f16 = bf16 unless given; None: not supported or not published)."""
     table = {"f32": f32}
     if bf16 is not None:
         table["bf16"] = bf16
@@ -47,60 +48,137 @@ def _nv(bf16: float | None, tf32: float | None, f32: float, f8: float | None, f1
         table["tf32"] = tf32
     if f8 is not None:
         table["f8e4m3"] = table["f8e5m2"] = f8
+    if i8 is not None:
+        table["i8"] = i8
     return table
 
 
-def _amd(bf16: float, tf32: float | None, f32: float, f8: float | None) -> dict[str, float]:
-    table = {"bf16": bf16, "f16": bf16, "f32": f32}
+def _amd(bf16: float, tf32: float | None, f32: float, f8: float | None, f16: float | None = None,
+         i8: float | None = None) -> dict[str, float]:
+    """AMD dense matrix-core peaks (f16 = bf16 unless given; f32: the matrix fp32 peak)."""
+    table = {"bf16": bf16, "f16": f16 if f16 is not None else bf16, "f32": f32}
     if f8 is not None:
         table["f8e4m3"] = table["f8e5m2"] = f8
     if tf32 is not None:
         table["tf32"] = tf32
+    if i8 is not None:
+        table["i8"] = i8
     return table
 
 
 MiB = 1 << 20
+_NV = "https://www.nvidia.com/en-us/data-center/"
+_AMD = "https://www.amd.com/en/products/accelerators/instinct/"
 
-# Dense datasheet figures (TFLOP/s without structured sparsity; HBM TB/s; L2; SMs/CUs). The
-# name patterns were checked against ``deviceProperties`` names of real traces
-# ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PG509-200",
-# "Tesla V100-SXM2-16GB", "Tesla V100-DGXS-32GB", "NVIDIA B200", "AMD Instinct MI300X VF",
-# "AMD Instinct MI210"); a device no row matches has no roof ("n/a"), never a wrong one.
+# Dense datasheet figures (TFLOP/s without structured sparsity: a datasheet's "with
+# sparsity" figure halved; HBM/GDDR TB/s; L2; SMs/CUs), each row with its source. The name
+# patterns match what ``torch.cuda.get_device_name()`` and Kineto's ``deviceProperties``
+# write ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PG509-200",
+# "NVIDIA H800", "NVIDIA GH200 480GB", "Tesla T4", "Tesla V100-SXM2-16GB", "NVIDIA B200",
+# "AMD Instinct MI300X VF", "AMD Instinct MI210", "AMD Instinct MI350X"); a device no row
+# matches has no roof ("n/a"), never a wrong one. Not listed, having no vendor datasheet
+# with dense figures: NVIDIA A10G (AWS's variant of the A10) and AMD Instinct MI308X. An
+# MI250/MI250X shows torch one device per graphics compute die (GCD), so its rows are per
+# GCD: half the package's datasheet figures ("MI250X/MI250", the name ROCm gives both,
+# takes the MI250's lower figures).
 PEAK_TABLE: tuple[DevicePeaks, ...] = (
-    # NVIDIA GB200 NVL72 datasheet (per GPU: half of a GB200 superchip)
-    DevicePeaks("gb200", r"\bGB200\b", "nvidia", _nv(2500.0, 1250.0, 80.0, 5000.0), 8.0, 126 * MiB, 148),
-    # NVIDIA HGX B200 / DGX B200 datasheet (per GPU)
-    DevicePeaks("b200", r"\bB200\b", "nvidia", _nv(2250.0, 1100.0, 75.0, 4500.0), 8.0, 126 * MiB, 148),
-    # NVIDIA H200 Tensor Core GPU datasheet (SXM)
-    DevicePeaks("h200", r"\bH200\b", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9), 4.8, 60 * MiB, 132),
-    # NVIDIA H20 product brief
-    DevicePeaks("h20", r"\bH20\b", "nvidia", _nv(148.0, 74.0, 44.0, 296.0), 4.0, 60 * MiB, 78),
-    # NVIDIA H100 Tensor Core GPU datasheet (SXM5, PCIe, NVL)
-    DevicePeaks("h100-pcie", r"\bH100\b.*PCIe", "nvidia", _nv(756.5, 378.0, 51.2, 1513.0), 2.0, 50 * MiB, 114),
-    DevicePeaks("h100-nvl", r"\bH100\b.*NVL", "nvidia", _nv(835.5, 417.5, 60.0, 1670.5), 3.9, 50 * MiB, 132),
-    DevicePeaks("h100-sxm", r"\bH100\b", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9), 3.35, 50 * MiB, 132),
-    # NVIDIA A100 Tensor Core GPU datasheet
-    DevicePeaks("a100-sxm-40gb", r"\bA100\b.*SXM.*40GB", "nvidia", _nv(312.0, 156.0, 19.5, None), 1.555, 40 * MiB, 108),
-    DevicePeaks("a100-pcie", r"\bA100\b.*PCIE", "nvidia", _nv(312.0, 156.0, 19.5, None), 1.935, 40 * MiB, 108),
-    DevicePeaks("a100-sxm", r"\bA100\b", "nvidia", _nv(312.0, 156.0, 19.5, None), 2.039, 40 * MiB, 108),
-    # NVIDIA A10 Tensor Core GPU datasheet
-    DevicePeaks("a10", r"\bA10\b", "nvidia", _nv(125.0, 62.5, 31.2, None), 0.6, 6 * MiB, 72),
-    # NVIDIA L4 Tensor Core GPU datasheet
-    DevicePeaks("l4", r"\bL4\b", "nvidia", _nv(121.0, 60.0, 30.3, 242.5), 0.3, 48 * MiB, 58),
-    # NVIDIA L40S GPU datasheet
-    DevicePeaks("l40s", r"\bL40S\b", "nvidia", _nv(362.05, 183.0, 91.6, 733.0), 0.864, 96 * MiB, 142),
-    # NVIDIA Tesla V100 datasheet (no bf16, no tf32: fp16 tensor cores; SXM2 and DGX Station
-    # parts at the SXM2 clocks, PCIe at its own; V100S PCIe)
-    DevicePeaks("v100s-pcie", r"\bV100S\b", "nvidia", _nv(None, None, 16.4, None, f16=130.0), 1.134, 6 * MiB, 80),
-    DevicePeaks("v100-pcie", r"\bV100\b.*PCIE", "nvidia", _nv(None, None, 14.0, None, f16=112.0), 0.9, 6 * MiB, 80),
-    DevicePeaks("v100-sxm2", r"\bV100\b", "nvidia", _nv(None, None, 15.7, None, f16=125.0), 0.9, 6 * MiB, 80),
-    # AMD Instinct MI355X / MI325X / MI300X / MI300A / MI250X / MI210 datasheets (matrix peaks)
-    DevicePeaks("mi355x", r"\bMI355X?\b", "amd", _amd(2516.6, None, 157.3, 5033.2), 8.0, 0, 256),
-    DevicePeaks("mi325x", r"\bMI325X?\b", "amd", _amd(1307.4, 653.7, 163.4, 2614.9), 6.0, 0, 304),
-    DevicePeaks("mi300a", r"\bMI300A\b", "amd", _amd(980.6, 490.3, 122.6, 1961.2), 5.3, 0, 228),
-    DevicePeaks("mi300x", r"\bMI300X?\b", "amd", _amd(1307.4, 653.7, 163.4, 2614.9), 5.3, 0, 304),
-    DevicePeaks("mi250x", r"\bMI250X\b", "amd", _amd(383.0, None, 95.7, None), 3.2, 0, 220),
-    DevicePeaks("mi210", r"\bMI210\b", "amd", _amd(181.0, None, 45.3, None), 1.6, 0, 104),
+    # ---- NVIDIA Blackwell
+    DevicePeaks("gb300", r"\bGB300\b", "nvidia", _nv(2500.0, 1250.0, 80.0, 5000.0), 8.0, 126 * MiB, 160,
+                _NV + "gb300-nvl72/ (GB300 NVL72 datasheet, per GPU: the rack's dense figures / 72)"),
+    DevicePeaks("b300", r"\bB300\b", "nvidia", _nv(2250.0, 1125.0, 75.0, 4500.0), 8.0, 126 * MiB, 160,
+                _NV + "hgx/ (HGX B300 datasheet, per GPU: the 8-GPU sparse figures / 16)"),
+    DevicePeaks("gb200", r"\bGB200\b", "nvidia", _nv(2500.0, 1250.0, 80.0, 5000.0, i8=5000.0), 8.0, 126 * MiB, 148,
+                _NV + "gb200-nvl72/ (GB200 NVL72 datasheet, per GPU)"),
+    DevicePeaks("b200", r"\bB200\b", "nvidia", _nv(2250.0, 1125.0, 75.0, 4500.0, i8=4500.0), 8.0, 126 * MiB, 148,
+                _NV + "hgx/ (HGX B200 / DGX B200 datasheet, per GPU)"),
+    DevicePeaks("rtx-pro-6000", r"RTX PRO 6000", "nvidia", _nv(None, None, 125.0, None), 1.792, 128 * MiB, 188,
+                "https://www.nvidia.com/en-us/products/workstations/professional-desktop-gpus/rtx-pro-6000/ "
+                "(RTX PRO 6000 Blackwell datasheet: fp32 only; tensor peaks are published for FP4 with sparsity)"),
+    # ---- NVIDIA Hopper
+    DevicePeaks("gh200-hbm3e", r"\bGH200\b.*(144|624)", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9, i8=1978.9), 4.9,
+                50 * MiB, 132, _NV + "grace-hopper-superchip/ (GH200 datasheet, 144 GB HBM3e)"),
+    DevicePeaks("gh200", r"\bGH200\b", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9, i8=1978.9), 4.0, 50 * MiB, 132,
+                _NV + "grace-hopper-superchip/ (GH200 datasheet, 96 GB HBM3: \"GH200 480GB\")"),
+    DevicePeaks("h200-nvl", r"\bH200\b.*NVL", "nvidia", _nv(835.5, 417.5, 60.0, 1670.5, i8=1670.5), 4.8, 50 * MiB, 132,
+                _NV + "h200/ (H200 NVL datasheet)"),
+    DevicePeaks("h200", r"\bH200\b", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9, i8=1978.9), 4.8, 50 * MiB, 132,
+                _NV + "h200/ (H200 SXM datasheet)"),
+    DevicePeaks("h20", r"\bH20\b", "nvidia", _nv(148.0, 74.0, 44.0, 296.0, i8=296.0), 4.0, 60 * MiB, 78,
+                "NVIDIA H20 product brief"),
+    DevicePeaks("h800-pcie", r"\bH800\b.*PCIe", "nvidia", _nv(756.5, 378.0, 51.2, 1513.0, i8=1513.0), 2.0, 50 * MiB,
+                114, "NVIDIA H800 PCIe product brief (the H100 PCIe's tensor peaks; FP64 and NVLink reduced)"),
+    DevicePeaks("h800", r"\bH800\b", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9, i8=1978.9), 3.35, 50 * MiB, 132,
+                "NVIDIA H800 SXM5 product brief (the H100 SXM's tensor peaks; FP64 and NVLink reduced)"),
+    DevicePeaks("h100-pcie", r"\bH100\b.*PCIe", "nvidia", _nv(756.5, 378.0, 51.2, 1513.0, i8=1513.0), 2.0, 50 * MiB,
+                114, _NV + "h100/ (H100 datasheet, PCIe)"),
+    DevicePeaks("h100-nvl", r"\bH100\b.*NVL", "nvidia", _nv(835.5, 417.5, 60.0, 1670.5, i8=1670.5), 3.9, 50 * MiB, 132,
+                _NV + "h100/ (H100 datasheet, NVL)"),
+    DevicePeaks("h100-sxm", r"\bH100\b", "nvidia", _nv(989.4, 494.7, 66.9, 1978.9, i8=1978.9), 3.35, 50 * MiB, 132,
+                _NV + "h100/ (H100 datasheet, SXM5)"),
+    # ---- NVIDIA Ada Lovelace
+    DevicePeaks("l40s", r"\bL40S\b", "nvidia", _nv(362.05, 183.0, 91.6, 733.0, i8=733.0), 0.864, 96 * MiB, 142,
+                _NV + "l40s/ (L40S datasheet)"),
+    DevicePeaks("l40", r"\bL40\b", "nvidia", _nv(181.05, 90.5, 90.5, 362.0, i8=362.0), 0.864, 96 * MiB, 142,
+                _NV + "l40/ (L40 datasheet)"),
+    DevicePeaks("l4", r"\bL4\b", "nvidia", _nv(121.0, 60.0, 30.3, 242.5, i8=242.5), 0.3, 48 * MiB, 58,
+                _NV + "l4/ (L4 datasheet)"),
+    DevicePeaks("rtx-6000-ada", r"RTX 6000 Ada", "nvidia", _nv(364.2, 182.1, 91.1, 728.5, i8=728.5), 0.96, 96 * MiB, 142,
+                "https://www.nvidia.com/en-us/design-visualization/rtx-6000/ (RTX 6000 Ada datasheet)"),
+    # ---- NVIDIA Ampere
+    DevicePeaks("a100-pcie-40gb", r"\bA100\b.*PCIE.*40GB", "nvidia", _nv(312.0, 156.0, 19.5, None, i8=624.0), 1.555,
+                40 * MiB, 108, _NV + "a100/ (A100 datasheet, PCIe 40GB)"),
+    DevicePeaks("a100-sxm-40gb", r"\bA100\b.*SXM.*40GB", "nvidia", _nv(312.0, 156.0, 19.5, None, i8=624.0), 1.555,
+                40 * MiB, 108, _NV + "a100/ (A100 datasheet, SXM4 40GB)"),
+    DevicePeaks("a100-pcie", r"\bA100\b.*PCIE", "nvidia", _nv(312.0, 156.0, 19.5, None, i8=624.0), 1.935, 40 * MiB,
+                108, _NV + "a100/ (A100 datasheet, PCIe 80GB)"),
+    DevicePeaks("a100-sxm", r"\bA100\b", "nvidia", _nv(312.0, 156.0, 19.5, None, i8=624.0), 2.039, 40 * MiB, 108,
+                _NV + "a100/ (A100 datasheet, SXM4 80GB)"),
+    DevicePeaks("a800-pcie-40gb", r"\bA800\b.*PCIE.*40GB", "nvidia", _nv(312.0, 156.0, 19.5, None, i8=624.0), 1.555,
+                40 * MiB, 108, "NVIDIA A800 PCIe 40GB product brief (the A100's peaks)"),
+    DevicePeaks("a800-pcie", r"\bA800\b.*PCIE", "nvidia", _nv(312.0, 156.0, 19.5, None, i8=624.0), 1.935, 40 * MiB,
+                108, "NVIDIA A800 PCIe 80GB product brief (the A100's peaks)"),
+    DevicePeaks("a800-sxm", r"\bA800\b", "nvidia", _nv(312.0, 156.0, 19.5, None, i8=624.0), 2.039, 40 * MiB, 108,
+                "NVIDIA A800 SXM4 80GB product brief (the A100's peaks; NVLink reduced)"),
+    DevicePeaks("a40", r"\bA40\b", "nvidia", _nv(149.7, 74.8, 37.4, None, i8=299.3), 0.696, 6 * MiB, 84,
+                _NV + "a40/ (A40 datasheet)"),
+    DevicePeaks("a30", r"\bA30\b", "nvidia", _nv(165.0, 82.0, 10.3, None, i8=330.0), 0.933, 24 * MiB, 56,
+                "https://www.nvidia.com/en-us/data-center/products/a30-gpu/ (A30 datasheet)"),
+    DevicePeaks("a10", r"\bA10\b", "nvidia", _nv(125.0, 62.5, 31.2, None, i8=250.0), 0.6, 6 * MiB, 72,
+                "https://www.nvidia.com/en-us/data-center/products/a10-gpu/ (A10 datasheet)"),
+    DevicePeaks("rtx-a6000", r"RTX A6000", "nvidia", _nv(154.8, 77.4, 38.7, None), 0.768, 6 * MiB, 84,
+                "https://www.nvidia.com/en-us/design-visualization/rtx-a6000/ (RTX A6000 datasheet: 309.7 TFLOPS "
+                "tensor with sparsity)"),
+    # ---- NVIDIA Turing and Volta (no bf16, no tf32: fp16 tensor cores)
+    DevicePeaks("t4", r"\bT4\b", "nvidia", _nv(None, None, 8.1, None, f16=65.0, i8=130.0), 0.32, 4 * MiB, 40,
+                _NV + "tesla-t4/ (T4 datasheet)"),
+    # SXM2 and DGX Station parts at the SXM2 clocks, PCIe at its own; V100S PCIe
+    DevicePeaks("v100s-pcie", r"\bV100S\b", "nvidia", _nv(None, None, 16.4, None, f16=130.0), 1.134, 6 * MiB, 80,
+                _NV + "v100/ (V100S datasheet)"),
+    DevicePeaks("v100-pcie", r"\bV100\b.*PCIE", "nvidia", _nv(None, None, 14.0, None, f16=112.0), 0.9, 6 * MiB, 80,
+                _NV + "v100/ (Tesla V100 datasheet, PCIe)"),
+    DevicePeaks("v100-sxm2", r"\bV100\b", "nvidia", _nv(None, None, 15.7, None, f16=125.0), 0.9, 6 * MiB, 80,
+                _NV + "v100/ (Tesla V100 datasheet, SXM2)"),
+    # ---- AMD CDNA 4 (no TF32 hardware), CDNA 3, CDNA 2, CDNA 1 (matrix-core peaks)
+    DevicePeaks("mi355x", r"\bMI355X?\b", "amd", _amd(2516.6, None, 157.3, 5033.2, i8=5033.2), 8.0, 0, 256,
+                _AMD + "mi350.html (MI355X data sheet)"),
+    DevicePeaks("mi350x", r"\bMI350X?\b", "amd", _amd(2307.2, None, 144.2, 4614.4, i8=4614.4), 8.0, 0, 256,
+                _AMD + "mi350.html (MI350X data sheet)"),
+    DevicePeaks("mi325x", r"\bMI325X?\b", "amd", _amd(1307.4, 653.7, 163.4, 2614.9, i8=2614.9), 6.0, 0, 304,
+                _AMD + "mi300/mi325x.html (MI325X data sheet)"),
+    DevicePeaks("mi300a", r"\bMI300A\b", "amd", _amd(980.6, 490.3, 122.6, 1961.2, i8=1961.2), 5.3, 0, 228,
+                _AMD + "mi300/mi300a.html (MI300A data sheet)"),
+    DevicePeaks("mi300x", r"\bMI300X?\b", "amd", _amd(1307.4, 653.7, 163.4, 2614.9, i8=2614.9), 5.3, 0, 304,
+                _AMD + "mi300/mi300x.html (MI300X data sheet)"),
+    DevicePeaks("mi250x", r"\bMI250X\b(?!/)", "amd", _amd(191.5, None, 47.9, None, i8=191.5), 1.6, 0, 110,
+                _AMD + "mi200/mi250x.html (MI250X data sheet: 383 TFLOPS bf16, 95.7 fp32 matrix, 3.2 TB/s "
+                "per package of two GCDs)"),
+    DevicePeaks("mi250", r"\bMI250\b", "amd", _amd(181.0, None, 45.3, None, i8=181.0), 1.6, 0, 104,
+                _AMD + "mi200/mi250.html (MI250 data sheet: 362.1 TFLOPS bf16, 90.5 fp32 matrix, 3.2 TB/s "
+                "per package of two GCDs)"),
+    DevicePeaks("mi210", r"\bMI210\b", "amd", _amd(181.0, None, 45.3, None, i8=181.0), 1.6, 0, 104,
+                _AMD + "mi200/mi210.html (MI210 data sheet)"),
+    DevicePeaks("mi100", r"\bMI100\b", "amd", _amd(92.3, None, 46.1, None, f16=184.6, i8=184.6), 1.2288, 8 * MiB, 120,
+                _AMD + "mi100.html (MI100 data sheet)"),
 )
 
 

@@ -34,7 +34,7 @@ from primus_perf.problems import AttentionProblem, GemmProblem, GroupedGemmProbl
 # the analyzer's problem-table columns (``tracelens.analyses.problems``): every kind's rows
 # have these; a kind adds its own shape columns after ``label``
 TABLE_COLUMNS = ("key", "label", "direction", "calls", "time_s", "flops", "bytes", "intensity", "tflops", "tb_s",
-                 "pct_roofline", "share_of_kind", "dtype", "problem")
+                 "pct_roofline", "roofline_note", "share_of_kind", "dtype", "problem")
 
 
 @dataclass(frozen=True)

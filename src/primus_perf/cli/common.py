@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 try:  # typer >= 0.20 vendors click
@@ -18,11 +17,12 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import ClickException, NoArgsIsHelpError
 
+from primus_perf.cli.render import CONSOLE, ERR_CONSOLE, plain_help_off_tty
 from primus_perf.errors import Interrupted, UserError
 from primus_perf.files import check_input_file
 
-console = Console()
-err_console = Console(stderr=True)
+console = CONSOLE
+err_console = ERR_CONSOLE
 
 EXIT_INTERRUPTED = 130
 # Options that print rows: at least one (a typer min, so that `--top -5` is a usage error).
@@ -49,6 +49,7 @@ def run_app(app: typer.Typer | Callable[..., object], args: Sequence[str] | None
     kept (exit 130). ``--help`` and a command without arguments print the help."""
     with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
         signal.signal(signal.SIGTERM, _terminate)
+    plain_help_off_tty(sys.stdout)
     try:
         if isinstance(app, typer.Typer):
             code = app(None if args is None else list(args), standalone_mode=False)
@@ -74,9 +75,12 @@ def run_app(app: typer.Typer | Callable[..., object], args: Sequence[str] | None
 
 
 def check_trace_args(paths: Sequence[str | Path]) -> None:
-    """Each trace argument is a run directory or a trace file that can be one (a regular,
-    non-empty file starting like JSON or gzip): one clear error before the analyzer runs."""
+    """Each trace argument is a run directory, a primus-perf file (skipped with a note, as
+    in a glob of a run folder) or a trace file that can be one (a regular, non-empty file
+    starting like JSON or gzip): one clear error before the analyzer runs."""
+    from primus_perf.tracelens.inputs import is_own_document
+
     for path in paths:
-        if Path(path).is_dir():
-            continue
+        if Path(path).is_dir() or (Path(path).is_file() and is_own_document(Path(path))):
+            continue  # a run folder, or a primus-perf file the analyzer skips with a note
         check_input_file(path, what="trace", starts_with=(b"{", b"[", b"\x1f\x8b"), expected="JSON or gzip")

@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from primus_perf import kinds
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
+from primus_perf.cli.render import print_table
 from primus_perf.files import write_output
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyze import Analysis, analyze
+from primus_perf.tracelens.export import write_csv, write_xlsx
 from primus_perf.tracelens.shapes import write_problems
 
 GROUPED = kinds.GROUPED
@@ -26,6 +29,13 @@ def _ms(v: Any) -> str:
 
 def _num(v: Any, fmt: str = "{:.1f}") -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def _rate(v: Any) -> str:
+    """TFLOP/s: one decimal, three significant digits below 1 (a CPU run's rates)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:.1f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"
 
 
 def _pct(v: Any) -> str:
@@ -56,6 +66,18 @@ def _busy(a: Analysis) -> str:
     return f"no GPU events: CPU time of GEMM, grouped GEMM and attention ops {_ms(cpu)} ms/step"
 
 
+def _flagged(pct: Any, note: Any) -> str:
+    """A fraction of the roofline, marked ``*`` where it carries a caveat (``roofline_note``)."""
+    return _pct(pct) + ("*" if isinstance(note, str) and note else "")
+
+
+def _print_flags(df: Any) -> None:
+    """The caveats of the rows marked ``*`` in a table, once each."""
+    notes = [n for n in dict.fromkeys(df["roofline_note"]) if isinstance(n, str) and n] if len(df) else []
+    for note in notes:
+        console.print(f"* {note}", highlight=False, soft_wrap=True)
+
+
 def render(a: Analysis, top: int) -> None:
     """Rich tables of an analysis: header, breakdowns, hotspots, problems, ranks."""
     t = a.totals
@@ -67,12 +89,16 @@ def render(a: Analysis, top: int) -> None:
     )
     cat = a.category_seconds()
     total = float(cat.sum()) or 1.0
+    if not len(cat) and a.hotspots.empty:
+        console.print("no GPU events: the GPU time and hotspot tables are left out; the problem tables below hold"
+                      " the ops' CPU times", highlight=False, soft_wrap=True)
     tb = Table(title="GPU time by category (ms per step)")
     for col in ("category", "ms", "share"):
         tb.add_column(col, justify="left" if col == "category" else "right")
     for name, sec in cat.items():
         tb.add_row(str(name), _ms(sec), _pct(sec / total))
-    console.print(tb)
+    if len(cat):
+        print_table(tb)
     if len(a.temporal):
         tt = Table(title="step time (median ms over steps)")
         for col in ("rank", "step", "compute", "exposed comm", "exposed memcpy", "idle"):
@@ -81,15 +107,17 @@ def render(a: Analysis, top: int) -> None:
             tt.add_row(str(r["rank"]) + (" (slowest)" if r["slowest"] and len(a.ranks) > 1 else ""),
                        _ms(r["step_time_s"]), _ms(r["compute_s"]), _ms(r["exposed_comm_s"]),
                        _ms(r["exposed_memcpy_s"]), _ms(r["idle_s"]))
-        console.print(tt)
+        print_table(tt)
     th = Table(title=f"hotspots (top {top}, per step)")
     for col in ("category", "op", "shape", "calls", "ms", "share", "TFLOP/s", "% roofline"):
         th.add_column(col, justify="right" if col in ("calls", "ms", "share", "TFLOP/s", "% roofline") else "left",
                       overflow="fold")
     for _, r in a.hotspots.head(top).iterrows():
         th.add_row(r["category"], r["op"], r["shape"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
-                   _pct(r["share"]), _num(r["tflops"]), _pct(r["pct_roofline"]))
-    console.print(th)
+                   _pct(r["share"]), _rate(r["tflops"]), _flagged(r["pct_roofline"], r["roofline_note"]))
+    if not a.hotspots.empty:
+        print_table(th)
+        _print_flags(a.hotspots.head(top))
     for title, df in ((f"{kind.title} problems", a.problems_by_kind[kind.name]) for kind in kinds.all_kinds()):
         if df.empty:
             continue
@@ -98,25 +126,30 @@ def render(a: Analysis, top: int) -> None:
             tp.add_column(col, justify="left" if col in ("problem", "dir") else "right")
         for _, r in df.head(top).iterrows():
             tp.add_row(r["label"], r["direction"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
-                       _num(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _pct(r["pct_roofline"]))
-        console.print(tp)
+                       _rate(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _flagged(r["pct_roofline"], r["roofline_note"]))
+        print_table(tp)
+        _print_flags(df.head(top))
     if len(a.collectives):
         tc = Table(title="collectives across ranks")
         for col in ("kernel", "calls", "mean skew us", "max skew us", "mean dur us", "last to start"):
             tc.add_column(col, justify="left" if col == "kernel" else "right", overflow="fold")
         for _, r in a.collectives.head(top).iterrows():
-            tc.add_row(r["name"][:80], str(r["calls"]), _num(r["mean_skew_us"]), _num(r["max_skew_us"]),
+            tc.add_row(r["name"], str(r["calls"]), _num(r["mean_skew_us"]), _num(r["max_skew_us"]),
                        _num(r["mean_dur_us"]), f"rank {r['last_rank']}")
-        console.print(tc)
+        print_table(tc)
     render_bandwidth(a, top)
     load = summary_line(a.expert_load)
     if load:
         console.print(load, highlight=False, soft_wrap=True)
+    render_host(a, top)
+    render_kernel_efficiency(a, top)
+    render_memory(a, top)
+    render_recommendations(a)
     for note in a.notes:
         err_console.print(f"[yellow]note:[/] {note}")
 
 
-ALL_TO_ALLS = ("all_to_all", "all_to_allv")
+ALL_TO_ALLS = ("all_to_all", "all_to_allv", "dispatch", "combine")
 MAX_RANK_ROWS = 64  # all-to-all rows per rank printed (the JSON and the report hold them all)
 GBS = "{:.3g}"  # bandwidths: a small all-to-all moves well under 1 GB/s
 
@@ -145,7 +178,7 @@ def render_bandwidth(a: Analysis, top: int) -> None:
             tb.add_row(r["collective"], _bytes(r["bytes"]), _num(r["group_size"], "{:d}") if r["group_size"] > 0
                        else "–", _num(r["calls"], "{:g}"), _ms(r["time_s"]), _num(r["algbw_gbs"], GBS),
                        _num(r["busbw_gbs"], GBS), spread)
-        console.print(tb)
+        print_table(tb)
     ranks = a.collective_ranks[a.collective_ranks["collective"].isin(ALL_TO_ALLS)] if len(a.collective_ranks) else []
     if len(ranks):
         tr = Table(title="all-to-all per rank (per step)")
@@ -155,9 +188,92 @@ def render_bandwidth(a: Analysis, top: int) -> None:
             tr.add_row(r["collective"], str(r["rank"]), _num(r["calls"], "{:g}"), _ms(r["time_s"]), _bytes(r["bytes"]),
                        _bytes(r["in_bytes"]), _bytes(r["out_bytes"]), _num(r["algbw_gbs"], GBS),
                        _num(r["busbw_gbs"], GBS))
-        console.print(tr)
+        print_table(tr)
         if len(ranks) > MAX_RANK_ROWS:
             console.print(f"{len(ranks) - MAX_RANK_ROWS} more all-to-all rows per rank in --json and the report")
+
+
+def render_recommendations(a: Analysis) -> None:
+    """What to do next, ranked: one block per recommendation (long lines wrap in a log)."""
+    if a.recommendations.empty:
+        return
+    console.print("[bold]what to do next[/] (ranked by estimated saving per step; FP8 last: it changes the numerics)")
+    for i, r in enumerate(a.recommendations.itertuples(index=False), 1):
+        console.print(f"{i}. [bold]{r.category}[/]: save ~{r.estimated_saving_ms:.2f} ms per step", highlight=False)
+        lines = [("evidence", r.evidence), ("do", r.action), ("run", r.command), ("estimate", r.method)]
+        for label, text in lines:
+            if text:
+                console.print(f"   {label}: {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def render_host(a: Analysis, top: int) -> None:
+    """Each step's critical path, launch statistics and CPU against GPU time per op."""
+    if len(a.critical_path):
+        tc = Table(title="critical path per step (ms: the step's host start to its last GPU event)")
+        for col in ("rank", "step", "path", "cpu", "launch delay", "gpu", "wait", "GPU events on path"):
+            tc.add_column(col, justify="right")
+        for r in a.critical_path.head(MAX_RANK_ROWS).to_dict(orient="records"):
+            tc.add_row(str(int(r["rank"])), str(int(r["step"])), _ms(r["path_s"]), _ms(r["cpu_s"]), _ms(r["launch_s"]),
+                       _ms(r["gpu_s"]), _ms(r["wait_s"]), str(int(r["events"])))
+        console.print(tc)
+    if len(a.launches):
+        tl = Table(title="kernel launches per step (delay: launch call start to GPU start, ms; queue: GPU work "
+                         "launched, not finished)")
+        for col in ("rank", "step", "launches", "call p50 us", "delay p50", "delay p90", "delay max", "queue p50",
+                    "queue max"):
+            tl.add_column(col, justify="right")
+        for r in a.launches.head(MAX_RANK_ROWS).to_dict(orient="records"):
+            tl.add_row(str(int(r["rank"])), str(int(r["step"])), str(int(r["launches"])), _num(r["launch_p50_us"]),
+                       *(_num(r[c] / 1e3, "{:.2f}") for c in ("delay_p50_us", "delay_p90_us", "delay_max_us")),
+                       _num(r["queue_p50"], "{:.0f}"), _num(r["queue_max"], "{:.0f}"))
+        console.print(tl)
+    if len(a.cpu_ops):
+        to = Table(title=f"CPU against GPU time per op (top {top} by CPU time, ms per step)")
+        for col in ("op", "calls", "CPU", "CPU self", "GPU self", "GPU incl."):
+            to.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
+        for _, r in a.cpu_ops.head(top).iterrows():
+            to.add_row(str(r["op"])[:60], _num(r["calls"], "{:g}"), _ms(r["cpu_s"]), _ms(r["cpu_self_s"]),
+                       _ms(r["gpu_self_s"]), _ms(r["gpu_s"]))
+        console.print(to)
+
+
+def render_kernel_efficiency(a: Analysis, top: int) -> None:
+    """Per kernel name: launch resources and occupancy, flagged where low and costly."""
+    eff = a.kernel_efficiency()
+    if eff.empty:
+        return
+    tk = Table(title=f"kernel efficiency (top {top} by time, per step; occupancy as Kineto estimates it; "
+                     "full names and grid/block in --json and the report)")
+    for col in ("kernel", "calls", "ms", "regs", "smem KiB", "blk/SM", "occ.", "flag"):
+        tk.add_column(col, justify="left" if col in ("kernel", "flag") else "right",
+                      overflow="ellipsis" if col == "kernel" else "fold", no_wrap=col == "kernel",
+                      max_width=22 if col == "kernel" else None)
+    for _, r in eff.head(top).iterrows():
+        tk.add_row(str(r["name"]), _num(r["launches"], "{:g}"), _num(r["time_s"] * 1e3, "{:.2f}"),
+                   _num(r["registers"], "{:.0f}"), _num(r["shared_bytes"] / 1024, "{:.1f}"),
+                   _num(r["blocks_per_sm"], "{:.2f}"), _num(r["occupancy_pct"], "{:.0f}%"), r["flag"])
+    console.print(tk)
+
+
+def render_memory(a: Analysis, top: int) -> None:
+    """Peak allocated memory per device and the ops that allocate most (profile_memory traces)."""
+    _curve, peaks, by_op = a.memory()
+    if peaks.empty:
+        return
+    tp = Table(title="memory (profile_memory): peak allocated per device")
+    for col in ("rank", "device", "peak", "allocations", "frees"):
+        tp.add_column(col, justify="left" if col == "device" else "right")
+    for _, r in peaks.iterrows():
+        rel = "" if r["recorded_total"] else " (relative)"
+        tp.add_row(str(int(r["rank"])), r["device"], _bytes(r["peak_bytes"]) + rel, str(int(r["allocations"])),
+                   str(int(r["frees"])))
+    console.print(tp)
+    tb = Table(title=f"allocations per op (top {top} by bytes, whole trace)")
+    for col in ("op", "allocations", "bytes", "largest"):
+        tb.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
+    for _, r in by_op.head(top).iterrows():
+        tb.add_row(str(r["op"])[:60], str(int(r["allocations"])), _bytes(r["bytes"]), _bytes(r["largest"]))
+    console.print(tb)
 
 
 def register(app: typer.Typer) -> None:
@@ -169,16 +285,26 @@ def register(app: typer.Typer) -> None:
         jobs: int | None = typer.Option(None, "-j", "--jobs", min=1,
                                         help="Processes for the traces of many ranks (default: one per trace, "
                                              "at most one per CPU)."),
+        csv_dir: Path | None = typer.Option(None, "--csv", help="Also write every table as DIR/NAME.csv."),
+        xlsx: Path | None = typer.Option(None, "--xlsx", help="Also write every table to one Excel workbook "
+                                         "(a sheet per table; needs openpyxl)."),
     ) -> None:
         """Breakdown, hotspots and GEMM, grouped GEMM and attention problems of one or more traces."""
         a = _run(traces, jobs)
+        exported = []
+        if csv_dir is not None:
+            exported.append(f"{len(write_csv(a, csv_dir))} tables as CSV in {csv_dir}")
+        if xlsx is not None:
+            exported.append(str(write_xlsx(a, xlsx)))
         if json_out is not None:
-            write_output(json_out, json.dumps(a.to_json(top=max(top, 50)), indent=1))
+            write_output(json_out, json.dumps(a.to_json(top=max(top, 50), details=True), indent=1))
             if json_out == "-":
                 return
         render(a, top)
         if json_out is not None:
             console.print(f"wrote {json_out}")
+        for path in exported:
+            console.print(f"wrote {path}")
 
     @app.command("shapes")
     def shapes_cmd(

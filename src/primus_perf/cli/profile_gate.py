@@ -9,13 +9,19 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.progress import Progress
 from rich.table import Table
 
 from primus_perf.cli.common import JSON_HELP, console, err_console
+from primus_perf.cli.render import print_table, step_progress
 from primus_perf.errors import Interrupted
 from primus_perf.files import check_writable, write_output
-from primus_perf.gate.gate import DEFAULT_ALPHA, DEFAULT_PROFILE_STEPS, gate, parse_fraction
+from primus_perf.gate.gate import (
+    DEFAULT_ALPHA,
+    DEFAULT_PROFILE_STEPS,
+    gate,
+    metric_value,
+    parse_fraction,
+)
 
 
 def _fmt_pct(v: float) -> str:
@@ -45,12 +51,11 @@ def register(app: typer.Typer) -> None:
 
         check_writable(output)  # before minutes of measuring
         done = [0, repeat + warmup + profile_steps]
-        with Progress(console=err_console, transient=True) as bar:
-            task = bar.add_task("bench", total=None)
+        with step_progress("bench", err_console) as advance:
 
             def progress(n: int, total: int) -> None:
                 done[:] = [n, total]
-                bar.update(task, completed=n, total=total)
+                advance(n, total)
 
             try:
                 data = bench(config, overrides=list(overrides or []), repeat=repeat, warmup=warmup,
@@ -97,11 +102,11 @@ def register(app: typer.Typer) -> None:
         for v in result.verdicts:
             verdict = ("[red]REGRESSION[/]" if v.regression else
                        "[green]improved[/]" if v.improvement else "ok")
-            table.add_row(v.metric, f"{v.n_baseline}/{v.n_candidate}", f"{v.baseline_median:.6g}",
-                          f"{v.candidate_median:.6g}", _fmt_pct(v.change),
+            table.add_row(v.metric, f"{v.n_baseline}/{v.n_candidate}", metric_value(v.metric, v.baseline_median),
+                          metric_value(v.metric, v.candidate_median), _fmt_pct(v.change),
                           f"[{_fmt_pct(v.ci_low)}, {_fmt_pct(v.ci_high)}]", f"{v.p_value:.3g}",
                           f"{v.cv_baseline:.1%}/{v.cv_candidate:.1%}", verdict)
-        console.print(table)
+        print_table(table)
         for note in result.notes:
             console.print(f"[yellow]note:[/] {note}")
         console.print("[bold green]PASS[/]" if result.passed else "[bold red]FAIL: REGRESSION[/]")

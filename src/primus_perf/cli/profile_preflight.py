@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from primus_perf.cli.common import console
+from primus_perf.cli.render import print_table
 
 
 def register(app: typer.Typer) -> None:
@@ -29,7 +30,7 @@ def register(app: typer.Typer) -> None:
         if not 0 < threshold <= 1:
             raise UserError(f"--threshold must be in (0, 1], got {threshold}")
         def publish(report) -> None:  # rank 0 speaks for the job; the others wait for it
-            console.print(preflight_table(report))
+            print_table(preflight_table(report))
             for note in report.skipped:
                 console.print(f"note: {note}", highlight=False, soft_wrap=True)
             if json_out is not None:

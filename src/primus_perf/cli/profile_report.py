@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
+from primus_perf.cli.render import print_table
 from primus_perf.files import check_input_file, write_output
 from primus_perf.tracelens.compare import compare
 from primus_perf.tracelens.report import build_report
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
         for r in data["breakdown"]:
             table.add_row(r["category"], f"{r['base_ms']:.3f}", f"{r['candidate_ms']:.3f}",
                           f"{r['delta_ms']:+.3f}", "–" if r["rel"] is None else _fmt_pct(r["rel"]))
-        console.print(table)
+        print_table(table)
         ops = Table(title=f"largest op deltas (top {top}, ms per step)")
         for col in ("family", "shape", "ops", "base", "candidate", "delta", "present in"):
             ops.add_column(col, justify="right" if col in ("base", "candidate", "delta") else "left")
@@ -79,6 +80,9 @@ def register(app: typer.Typer) -> None:
             names = dict.fromkeys(n for n in (r["base_op"], r["candidate_op"]) if n)
             ops.add_row(r["family"], r["shape"], " → ".join(names), f"{r['base_ms']:.3f}",
                         f"{r['candidate_ms']:.3f}", f"{r['delta_ms']:+.3f}", r["side"])
-        console.print(ops)
+        print_table(ops)
+        for note in data["warnings"]:
+            if note not in data["verdict"]:
+                err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
         if output is not None:
             console.print(f"wrote {output}")

@@ -68,6 +68,10 @@ def train(
             highlight=False,
             soft_wrap=True,
         )
+    if trainer.is_main and trainer.fp8:
+        fp8 = sorted(n for n, r in trainer.fp8.items() if r != "bf16")
+        console.print(f"FP8: {len(fp8)} of {len(trainer.fp8)} linear layers"
+                      f" ({', '.join(sorted({trainer.fp8[n] for n in fp8})) or 'none'})", highlight=False, soft_wrap=True)
     if trainer.is_main and trainer.tuning is not None:
         for line in trainer.tuning.start_lines():
             console.print(line, highlight=False, soft_wrap=True)

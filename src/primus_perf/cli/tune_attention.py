@@ -7,12 +7,25 @@ from typing import Optional
 
 import typer
 
-from primus_perf.cli.common import check_trace_args, console
+from primus_perf.cli.common import check_trace_args
+from primus_perf.cli.render import print_table
+from primus_perf.cli.tune_online import (
+    CONFIG_HELP,
+    ONLINE,
+    STEPS_HELP,
+    refuse_offline_extras,
+    run_online,
+)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("attention")
     def attention_cmd(
+        args: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional)
+            None, help="With --online: config overrides key=value (with --config), or the program to run after --"),
+        online: bool = ONLINE,
+        config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),  # noqa: UP045
+        steps: int = typer.Option(3, "--steps", min=1, help=STEPS_HELP),
         problem: Optional[list[str]] = typer.Option(  # noqa: UP045 (typer needs Optional)
             None, "--problem", "-p", help="b,hq,hkv,s,d,causal|full (repeatable)"
         ),
@@ -35,7 +48,9 @@ def register(app: typer.Typer) -> None:
         gpus: str = typer.Option("1", "--gpus", help="GPUs to tune on: a number or 'all' (one worker process each)"),
     ) -> None:
         """Tune attention: Triton tile configs (forward + backward) against every torch SDPA
-        backend; the fastest per problem goes to the cache, written after each problem."""
+        backend; the fastest per problem goes to the cache, written after each problem.
+        --offline (the default) tunes the listed problems now; --online tunes during a run
+        (--config PRESET [overrides], or a program after --)."""
         from functools import partial
 
         from primus_perf.cli.tune_run import list_problems, run_tuning
@@ -45,6 +60,9 @@ def register(app: typer.Typer) -> None:
         from primus_perf.tuner.multi_gpu import resolve_gpus
         from primus_perf.tuner.problems_input import gather_problems
 
+        if online:
+            run_online("attention", cache, config, steps, args or ())
+        refuse_offline_extras(config, args or ())
         check_trace_args(from_trace or ())
         try:
             dtype = canonical_dtype(dtype)
@@ -98,4 +116,4 @@ def render(res) -> None:
             tflops(p.forward_flops, fwd), tflops(p.backward_flops, bwd),
             f"{c.total_s * 1e3:.3f}", f"{res.default_s / c.total_s:.2f}x",
         )
-    console.print(table)
+    print_table(table)

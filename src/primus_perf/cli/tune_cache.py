@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from primus_perf.cli.common import console, err_console
+from primus_perf.cli.render import print_table
 
 
 def open_cache(path: str):
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
             table.add_row(e.kind, e.problem_key, str(e.device.get("name", "?")),
                           ",".join(f"{k}={v}" for k, v in e.versions.items()),
                           str(cfg.get("name", cfg.get("backend", ""))), f"{speedup:.3f}x" if speedup else "-")
-        console.print(table)
+        print_table(table)
         console.print(f"{len(entries)} entries", highlight=False)
 
     @app.command("merge")
@@ -66,7 +67,12 @@ def register(app: typer.Typer) -> None:
         """Export the entries that map to TunableOp's results CSV or a hipBLASLt override file."""
 
         from primus_perf.cache.export import export
+        from primus_perf.files import check_writable
 
         entries = open_cache(path).entries()
-        n, skipped = export(entries, fmt, out, torch_version)
-        console.print(f"{out}: {n} rows ({skipped} GEMM entries have no {fmt} spelling)", highlight=False)
+        check_writable(out)
+        result = export(entries, fmt, out, torch_version)
+        for key, why in result.skipped:
+            note(f"{key}: skipped, {why}")
+        console.print(f"{out}: {result.rows} rows" + (f"; {len(result.skipped)} GEMM entries skipped (notes above)"
+                                                      if result.skipped else ""), highlight=False, soft_wrap=True)

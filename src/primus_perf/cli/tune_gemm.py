@@ -7,11 +7,23 @@ from typing import Optional
 import typer
 
 from primus_perf.cli.common import check_trace_args, console
+from primus_perf.cli.tune_online import (
+    CONFIG_HELP,
+    ONLINE,
+    STEPS_HELP,
+    refuse_offline_extras,
+    run_online,
+)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("gemm")
     def gemm_cmd(
+        args: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional)
+            None, help="With --online: config overrides key=value (with --config), or the program to run after --"),
+        online: bool = ONLINE,
+        config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),  # noqa: UP045
+        steps: int = typer.Option(3, "--steps", min=1, help=STEPS_HELP),
         problems: Optional[list[str]] = typer.Option(None, "--problems", help="JSON/YAML problems file(s)"),  # noqa: UP045
         from_trace: Optional[list[str]] = typer.Option(None, "--from-trace", "--trace", help="Profiler trace(s) or run directories"),  # noqa: UP045
         budget_s: float = typer.Option(5.0, "--budget-s", min=0.001, help="Time budget per problem"),
@@ -23,10 +35,10 @@ def register(app: typer.Typer) -> None:
         """Tune GEMM problems with cuBLASLt/hipBLASLt and write the cache after each problem
         (resumes: problems already in the cache for this GPU and library are skipped).
 
-        This is offline tuning, before a run. To tune inside the run instead (the first
-        steps time each new problem's candidates, then write the cache), use
-        tuning.online=true in primus-train, or primus_perf.enable(cache, online=True) /
-        python -m primus_perf.launch --cache PATH --online -- script.py in any program."""
+        This is offline tuning (--offline, the default), before a run. To tune inside a run
+        instead (the first steps time each new problem's candidates on the GPU, then write
+        the cache): --online --config PRESET [overrides] (the trainer, --steps steps) or
+        --online -- script.py args (any program, under primus_perf.enable)."""
         from functools import partial
 
         from primus_perf.cli.tune_run import list_problems, run_tuning
@@ -34,6 +46,9 @@ def register(app: typer.Typer) -> None:
         from primus_perf.tuner.multi_gpu import resolve_gpus
         from primus_perf.tuner.problems_input import gather_problems
 
+        if online:
+            run_online("gemm", cache, config, steps, args or ())
+        refuse_offline_extras(config, args or ())
         check_trace_args(from_trace or ())
         n_gpus = resolve_gpus(gpus)
         with console.status("reading the problems"):

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from primus_perf.cli.common import check_trace_args, console
+from primus_perf.cli.tune_online import ONLINE, STEPS_HELP, run_online
 from primus_perf.kinds import GROUPED
 
 DEVICES = ("cuda", "cpu")
@@ -19,16 +20,19 @@ HELP = f"""Tune MoE grouped GEMMs: the per-expert loop (default), torch._grouped
         traces (--trace: the grouped GEMMs a run profiled, `primus-profile run`), problems
         files (items {{"kind": "{GROUPED.name}", "problem": {{...}}}}, `primus-profile shapes`) or
         a short run of a config (--config PRESET [overrides]: --steps steps are trained and
-        the grouped GEMMs they ran are tuned). primus-train and primus_perf.enable() route
-        them from the cache."""
+        the grouped GEMMs they ran are tuned); that is --offline, the default. --online tunes
+        during the run instead (--config PRESET [overrides], or a program after --), on a
+        GPU. primus-train and primus_perf.enable() route them from the cache."""
 
 
 def register(app: typer.Typer) -> None:
     @app.command("grouped-gemm", help=HELP)
     def grouped_cmd(
         overrides: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional)
-            None, help="With --config: config overrides key=value, e.g. model.n_layers=2"
+            None, help="With --config: config overrides key=value, e.g. model.n_layers=2; with --online and no"
+                       " --config: the program to run after --"
         ),
+        online: bool = ONLINE,
         problems_file: Optional[list[Path]] = typer.Option(  # noqa: UP045
             None, "--problems", help=f"Problems file(s) with {GROUPED.name} items (repeatable)"
         ),
@@ -39,7 +43,7 @@ def register(app: typer.Typer) -> None:
         config: Optional[str] = typer.Option(  # noqa: UP045
             None, "--config", "-c", help="Preset or YAML: run a few steps, tune the grouped GEMMs they ran"
         ),
-        steps: int = typer.Option(3, "--steps", min=1, help="With --config: training steps to record"),
+        steps: int = typer.Option(3, "--steps", min=1, help=STEPS_HELP),
         triton: bool = typer.Option(True, "--triton/--no-triton", help="Also search the Triton grouped GEMM"),
         max_configs: int = typer.Option(16, "--max-configs", min=0, help="Triton configs raced per problem"),
         budget_s: float = typer.Option(5.0, "--budget-s", min=0.001, help="Time budget per problem for the final race"),
@@ -60,6 +64,8 @@ def register(app: typer.Typer) -> None:
         from primus_perf.tuner.multi_gpu import resolve_gpus
         from primus_perf.tuner.problems_input import gather_problems
 
+        if online:
+            run_online(GROUPED.name, cache, config, steps, overrides or ())
         if overrides and config is None:
             raise UserError("config overrides need --config")
         if not (problems_file or from_trace) and config is None:

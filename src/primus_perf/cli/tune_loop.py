@@ -9,6 +9,7 @@ import typer
 
 from primus_perf import kinds
 from primus_perf.cli.common import console, err_console
+from primus_perf.cli.render import print_table
 
 
 def register(app: typer.Typer) -> None:
@@ -22,6 +23,8 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(3, "--steps", help="Profiled steps"),
         budget_s: float = typer.Option(2.0, "--budget-s", help="Tuning time budget per problem (GPU)"),
         blocks: int = typer.Option(4, "--blocks", help="Blocks of steps per side when measuring the speedup (GPU)"),
+        fp8: bool = typer.Option(False, "--fp8", help="Then tune the FP8 plan (per layer group, measured in the step;"
+                                 " the loss checked against bf16) into the cache (GPU)"),
     ) -> None:
         """Train under the profiler, analyze the trace and write the HTML report; on a GPU
         also tune the trace's GEMM and attention problems and train again with the cache,
@@ -44,7 +47,7 @@ def register(app: typer.Typer) -> None:
                       TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
                       transient=True) as bar:
             res = run_loop(config, list(overrides or []), out, steps=steps, budget_s=budget_s, blocks=blocks,
-                           say=say, tune_progress=RichProgress(bar, lambda _r: None))
+                           say=say, tune_progress=RichProgress(bar, lambda _r: None), fp8=fp8)
         step = f"{res.step_time_s * 1e3:.2f} ms/step" if res.step_time_s else "step time n/a"
         counts = [f"{n} {kinds.get(kind).title}" for kind, n in res.problems.items() if n or kind != kinds.GROUPED.name]
         listed = " and ".join([", ".join(counts[:-1]), counts[-1]] if len(counts) > 1 else counts)
@@ -55,7 +58,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"no tuning: {res.tuning_skipped}", highlight=False, soft_wrap=True)
             return
         run = res.tune_run
-        console.print(results_table(run.results))
+        print_table(results_table(run.results))
         if run.interrupted:
             console.print(f"interrupted: {run.tuned} tuned and {run.cached} already cached are in {res.cache};"
                           f" {len(run.remaining)} left. Resume with the same command.", highlight=False)
@@ -72,3 +75,8 @@ def register(app: typer.Typer) -> None:
         )
         if not m.losses_match:
             err_console.print("[red]warning:[/] the losses with and without the cache differ by more than 5%")
+        if res.fp8 is not None:
+            for line in res.fp8.lines():
+                console.print(line, highlight=False, soft_wrap=True)
+            if res.fp8.refused:
+                err_console.print(res.fp8.refused, highlight=False, soft_wrap=True)

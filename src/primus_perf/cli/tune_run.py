@@ -12,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from primus_perf.cli.common import console
+from primus_perf.cli.render import print_table
+from primus_perf.devices import require_gpu
 from primus_perf.tuner import core
 from primus_perf.tuner.multi_gpu import MultiGpuRun, flops_of, tune_on_gpus
 
@@ -20,7 +22,11 @@ EXIT_WORKER_FAILED = 1
 
 
 def tflops(flops: int, seconds: float | None) -> str:
-    return f"{flops / seconds / 1e12:.0f}" if seconds else "-"
+    """TFLOP/s: whole numbers, three significant digits below 10 (small or CPU problems)."""
+    if not seconds:
+        return "-"
+    rate = flops / seconds / 1e12
+    return f"{rate:.0f}" if rate >= 10 else f"{rate:.3g}"
 
 
 class RichProgress(core.Progress):
@@ -65,10 +71,25 @@ def results_table(results: Sequence[core.TuneResult]) -> Table:
     return table
 
 
+def dry_run_label(problem: Any) -> str:
+    """A problem's label in the terms of its cache key. A GEMM's key is in BLAS
+    (column-major) terms, where m and n are the row-major torch product's N and M: the
+    label says m, n and k as the key does, then the torch shape it is."""
+    if not hasattr(problem, "row_major_shapes"):
+        return str(problem)
+    M, N, K, _, _ = problem.row_major_shapes()
+    t = ("T" if problem.trans_a else "N") + ("T" if problem.trans_b else "N")
+    batch = f" batch {problem.batch}" if problem.batch > 1 else ""
+    epilogue = "" if problem.epilogue == "none" else f" +{problem.epilogue}"
+    return (f"m{problem.m} n{problem.n} k{problem.k} {problem.dtype_a} {t}{batch}{epilogue}"
+            f" (torch [{M}x{K}] @ [{K}x{N}])")
+
+
 def list_problems(problems: Sequence[Any], noun: str) -> None:
-    """``--dry-run``: each problem (its label, two spaces, its cache key), then how many."""
+    """``--dry-run``: each problem (its label in the key's terms, two spaces, its cache
+    key), then how many."""
     for p in problems:
-        console.print(f"{p}  {p.key()}", highlight=False, soft_wrap=True)
+        console.print(f"{dry_run_label(p)}  {p.key()}", highlight=False, soft_wrap=True)
     console.print(f"{len(problems)} unique {noun} problems")
 
 
@@ -85,6 +106,9 @@ def run_tuning(
     print the table, each GPU's start-up and share (several GPUs) and the summary; on
     Ctrl-C print the table so far and the resume hint, and exit 130; when a GPU's worker
     failed, say which and exit 1."""
+    tuner = make_tuner()
+    if gpus == 1 and getattr(tuner, "device", "cuda") != "cpu":
+        require_gpu()  # said before a progress bar is drawn
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console) as bar:
         progress = RichProgress(bar, on_done)
@@ -92,9 +116,9 @@ def run_tuning(
             run = tune_on_gpus(problems, cache=cache, make_tuner=make_tuner, gpus=gpus,
                                budget_s=budget_s, progress=progress)
         else:
-            run = core.tune(problems, cache=cache, tuners=[make_tuner()], budget_s=budget_s,
+            run = core.tune(problems, cache=cache, tuners=[tuner], budget_s=budget_s,
                             progress=progress)
-    console.print(results_table(run.results))
+    print_table(results_table(run.results))
     if isinstance(run, MultiGpuRun):
         for worker in run.workers:
             console.print(worker.summary(), highlight=False, soft_wrap=True)

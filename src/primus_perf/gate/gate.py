@@ -217,6 +217,18 @@ def load_samples(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def metric_value(metric: str, value: float) -> str:
+    """A metric's value with its unit: times in ms (samples hold seconds), rates per second,
+    MFU in percent."""
+    if metric == "step_time" or metric.startswith("gpu_time."):
+        return f"{value * 1e3:.3f} ms"
+    if metric == "tokens_per_s":
+        return f"{value:,.0f} tok/s"
+    if metric == "mfu":
+        return f"{value * 100:.2f}%"
+    return f"{value:.6g}"
+
+
 def _device_label(device: dict[str, Any]) -> str:
     return str(device.get("name", "?"))
 
@@ -233,9 +245,9 @@ def mismatches(baseline: dict[str, Any], candidate: dict[str, Any]) -> list[str]
     if b != c:
         diff = ", ".join(f"{k}: {b[k]!r} vs {c[k]!r}" for k in DEVICE_KEYS if b[k] != c[k])
         found.append(f"ran on different devices ({diff})")
-    for key in ("config", "overrides"):
+    for key, plural in (("config", "configs"), ("overrides", "overrides")):
         if baseline.get(key) != candidate.get(key):
-            found.append(f"have different {key}s ({baseline.get(key)!r} vs {candidate.get(key)!r})")
+            found.append(f"have different {plural} ({baseline.get(key)!r} vs {candidate.get(key)!r})")
     return found
 
 

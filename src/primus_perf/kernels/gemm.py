@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from primus_perf.kernels.blaslt.binding import BlasLt, Plan, load
+from primus_perf.kernels.blaslt.layout import refusal
 from primus_perf.kernels.routing import CachedChoice, Router
 from primus_perf.kernels.tracing import profiler_on
 from primus_perf.problems import GemmProblem, dtype_name, operand_layout
@@ -72,41 +73,74 @@ def _layout(t: Any) -> Any:
 
 def problem_of(a: Any, b: Any) -> GemmProblem:
     """The GemmProblem of ``a @ b`` for 2-D operands, or of ``torch.bmm(a, b)`` for 3-D ones,
-    whose rows or columns are contiguous (``problems.operand_layout``; batched operands with
-    a positive batch stride); ValueError for any other operands."""
+    whose rows or columns are contiguous (``problems.operand_layout``) and whose layout a
+    BLAS-Lt kernel may be given (``blaslt.layout.refusal``: e.g. no expanded, overlapping or
+    interleaved batch); ValueError for any other operands (torch runs them). The output is
+    the packed tensor a routed call allocates. Pointer alignment is the kernel's check, per
+    call (views at an offset into a storage share a problem with aligned ones)."""
     if a.dim() != b.dim() or a.dim() not in (2, 3):
         raise ValueError(f"problem_of needs 2-D or 3-D operands, got {tuple(a.shape)} and {tuple(b.shape)}")
     if a.dtype != b.dtype:
         raise ValueError(f"operand dtypes differ: {a.dtype} and {b.dtype}")
     p = GemmProblem.from_operands(_layout(a), _layout(b), dtype_name(a.dtype))
-    if a.dim() == 2:
-        return p
-    batch = a.shape[0]
-    if batch != b.shape[0] or (batch > 1 and (a.stride(0) == 0 or b.stride(0) == 0)):
-        raise ValueError(f"batched operands {tuple(a.shape)} and {tuple(b.shape)} do not pair up")
-    if batch == 1:
-        return p
-    # BLAS A is torch's b (docstring of problems/gemm.py); the output is packed
-    return dataclasses.replace(p, batch=batch, stride_a=b.stride(0), stride_b=a.stride(0),
-                               stride_c=p.ldc * p.n, stride_d=p.ldd * p.n)
+    if a.dim() == 3:
+        batch = a.shape[0]
+        if batch != b.shape[0]:
+            raise ValueError(f"batched operands {tuple(a.shape)} and {tuple(b.shape)} do not pair up")
+        if batch > 1 and min(a.stride(0), b.stride(0)) <= 0:  # GemmProblem reads a 0 stride as "packed"
+            raise ValueError(f"batch strides {a.stride(0)} and {b.stride(0)}: an expanded batch has no BLAS-Lt layout")
+        if batch > 1:  # BLAS A is torch's b (docstring of problems/gemm.py)
+            p = dataclasses.replace(p, batch=batch, stride_a=b.stride(0), stride_b=a.stride(0),
+                                    stride_c=p.ldc * p.n, stride_d=p.ldd * p.n)
+    why = refusal(p)
+    if why is not None:
+        raise ValueError(f"no BLAS-Lt layout for {tuple(a.shape)}{tuple(a.stride())} @ "
+                         f"{tuple(b.shape)}{tuple(b.stride())}: {why}")
+    return p
+
+
+def _workspace(device: Any) -> int:
+    """The pointer of the BLAS-Lt workspace of ``device`` (made on first use)."""
+    import torch
+
+    ws = _workspaces.get(device)
+    if ws is None:
+        ws = _workspaces[device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return ws.data_ptr()
 
 
 class BlasLtKernel:
-    """A stored cuBLASLt/hipBLASLt algorithm for one problem, on torch's current stream."""
+    """A stored cuBLASLt/hipBLASLt algorithm for one problem, on torch's current stream.
+
+    The algorithm was chosen for pointers aligned to the vendor table's
+    ``pointer_alignment`` (``blaslt.layout``); a call whose operand pointers are less aligned
+    (a view at an offset into its storage) runs torch's GEMM instead, counted in
+    ``unaligned``. Everything but the pointers is built once (``Plan.launcher``)."""
 
     def __init__(self, plan: Plan, algo: bytes) -> None:
-        self.plan = plan
-        self.algo = algo
-
-    def __call__(self, a: Any, b: Any) -> Any:
         import torch
 
-        ws = _workspaces.get(a.device)
+        self.plan = plan
+        self.algo = algo
+        self.unaligned = 0
+        self._launch = plan.launcher(algo, WORKSPACE_BYTES)
+        self._misaligned = plan.lt.t.pointer_alignment - 1  # a pointer with any of these bits set
+        self._stream = torch._C._cuda_getCurrentRawStream  # (device index) -> the raw stream
+        self._ws: dict[int, int] = {}  # device index -> workspace pointer
+        p = plan.problem  # the output's shape, by operand rank (torch's [M, N] is BLAS D^T)
+        self._out_shape = {2: (p.n, p.m), 3: (p.batch, p.n, p.m)}
+
+    def __call__(self, a: Any, b: Any) -> Any:
+        a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+        if (a_ptr | b_ptr) & self._misaligned:  # blaslt.layout.aligned, inline
+            self.unaligned += 1
+            return torch_mm(a, b)
+        index = a.get_device()
+        ws = self._ws.get(index)
         if ws is None:
-            ws = _workspaces[a.device] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=a.device)
-        out = torch.empty((*a.shape[:-1], b.shape[-1]), dtype=a.dtype, device=a.device)
-        self.plan.run(self.algo, b.data_ptr(), a.data_ptr(), out.data_ptr(), ws.data_ptr(), WORKSPACE_BYTES,
-                      torch.cuda.current_stream(a.device).cuda_stream)
+            ws = self._ws[index] = _workspace(a.device)
+        out = a.new_empty(self._out_shape[a.dim()])
+        self._launch(b_ptr, a_ptr, out.data_ptr(), ws, self._stream(index))
         return out
 
     def close(self) -> None:
@@ -128,16 +162,18 @@ KERNELS: dict[str, KernelFactory] = {
 
 def torch_mm(a: Any, b: Any, bias: Any = None) -> Any:
     """Torch's own GEMM for ``a @ b`` (``torch.bmm`` for 3-D operands; ``+ bias`` when given),
-    called through the ``out=`` overloads: the same kernels as ``torch.mm``/``addmm``/``bmm``
-    (one implementation behind both overloads), reached past any override of those."""
+    called through the ``out=`` overloads (``aten::mm.out`` etc.): the same kernels as
+    ``torch.mm``/``addmm``/``bmm`` (one implementation behind both overloads), reached past
+    any override of those (the Python bindings parse the call in C++: cheaper than
+    ``torch.ops.aten.mm.out``)."""
     import torch
 
     out = a.new_empty((*a.shape[:-1], b.shape[-1]))
     if bias is not None:
-        return torch.ops.aten.addmm.out(bias, a, b, out=out)
+        return torch.addmm(bias, a, b, out=out)
     if a.dim() == 3:
-        return torch.ops.aten.bmm.out(a, b, out=out)
-    return torch.ops.aten.mm.out(a, b, out=out)
+        return torch.bmm(a, b, out=out)
+    return torch.mm(a, b, out=out)
 
 
 def torch_kernel(problem: GemmProblem, solution: Mapping[str, Any], device: Any) -> GemmKernel:
@@ -222,23 +258,37 @@ class GemmRouter(Router):
 
     def __call__(self, a, b, bias=None):
         """``a @ b`` (``+ bias``, a vector over the output's columns, when given: the problem
-        with the bias epilogue, run as the cached GEMM and one add) or None: torch runs it."""
+        with the bias epilogue, run as the cached GEMM and one add) or None: torch runs it.
+        A call signature seen before costs one tuple, one dict lookup and the launch."""
         sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, bias is not None)
         hit = self._memo.get(sig)
         if hit is None:
             hit = self._memo[sig] = self._resolve(a, b, bias is not None)
         key, slot = hit
-        if slot == TORCH_CHOICE:
-            self.routed[key] += 1
-            return None
         if slot is None:
             self._fall_back(key)
             return None
+        if slot == TORCH_CHOICE:
+            self.routed[key] += 1
+            return None
         if profiler_on():
-            out = self._run(key, lambda: traced_gemm_op()(a, b, self.id, slot))
-        else:
-            out = self._run(key, lambda: self.launch(slot, a, b))
+            out = self._run(key, traced_gemm_op(), a, b, self.id, slot)
+        elif key in self.failed:
+            self._fall_back(key)
+            return None
+        else:  # Router._run, inline: the path every routed call takes
+            try:
+                out = self._slots[slot](a, b)
+            except Exception as exc:
+                return self._failure(key, exc)
+            self.routed[key] += 1
         return out if out is None or bias is None else out.add_(bias)
+
+    @property
+    def routes_nothing(self) -> bool:
+        """True when no entry names a kernel other than torch's own: every call would be
+        torch's, so a program need not send its GEMMs here at all."""
+        return all(solution_source(e.solution) == TORCH_SOURCE for e in self.entries.values())
 
     def launch(self, slot: int, a, b):
         """``a @ b`` with the kernel of ``slot`` (no checks: the slot was resolved for them)."""

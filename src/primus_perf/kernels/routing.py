@@ -45,21 +45,24 @@ class Router:
         its fusions, where this says no; a router that cannot tell (online tuning) says yes."""
         return True
 
-    def _run(self, key: str, launch: Callable[[], Any]) -> Any:
-        """``launch()`` for a problem with a cached choice; a tuned kernel that raises is
+    def _run(self, key: str, launch: Callable[..., Any], *args: Any) -> Any:
+        """``launch(*args)`` for a problem with a cached choice; a tuned kernel that raises is
         reported once and its problem goes to torch from then on."""
         if key in self.failed:
             self._fall_back(key)
             return None
         try:
-            out = launch()
+            out = launch(*args)
         except Exception as exc:
-            self.failed.add(key)
-            print(f"tuning cache: tuned kernel for {key} failed ({exc}); using torch for it", file=sys.stderr)
-            self._fall_back(key)
-            return None
+            return self._failure(key, exc)
         self.routed[key] += 1
         return out
+
+    def _failure(self, key: str, exc: Exception) -> None:
+        """A tuned kernel raised: say so once; its problem goes to torch from then on."""
+        self.failed.add(key)
+        print(f"tuning cache: tuned kernel for {key} failed ({exc}); using torch for it", file=sys.stderr)
+        self._fall_back(key)
 
     def summary(self) -> dict[str, Any]:
         return {"routed": dict(self.routed), "fallback": dict(self.fallback), "failed": sorted(self.failed)}
@@ -83,3 +86,5 @@ def solution_backend(data: Any, what: str) -> str:
         return str(data["backend"])
     except (KeyError, TypeError):
         raise ValueError(f"not {what} solution: {data!r}") from None
+
+

@@ -37,6 +37,8 @@ from primus_perf.problems.gemm import GemmProblem, Operand, operand_layout
 from primus_perf.problems.grouped import (
     GROUPED_PASSES,
     GroupedGemmProblem,
+    GroupedMmCall,
+    grouped_mm_call,
     skew_bucket,
     skew_buckets,
     tokens_bucket,
@@ -49,8 +51,8 @@ from primus_perf.problems.trace_names import (
 
 __all__ = [
     "DTYPE_ALIASES", "DTYPE_BYTES", "GROUPED_PASSES", "GROUPED_TRACE_OP", "MAX_PROBLEMS_BYTES", "PROBLEMS_SCHEMA",
-    "AttentionProblem", "GemmProblem", "GroupedGemmProblem", "Operand", "Problem", "ProblemType",
-    "canonical_dtype", "dataclass_from_dict", "default_compute", "dtype_name", "grouped_trace_name",
+    "AttentionProblem", "GemmProblem", "GroupedGemmProblem", "GroupedMmCall", "Operand", "Problem", "ProblemType",
+    "canonical_dtype", "dataclass_from_dict", "default_compute", "dtype_name", "grouped_mm_call", "grouped_trace_name",
     "load_problems", "operand_layout", "parse_grouped_trace_name", "problem_from_item", "problem_type",
     "problem_types", "skew_bucket", "skew_buckets", "tokens_bucket", "torch_dtype",
 ]

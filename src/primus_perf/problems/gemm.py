@@ -270,4 +270,4 @@ class GemmProblem(ProblemType, kind="gemm"):
         M, N, K, _, _ = self.row_major_shapes()
         t = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
         batch = f"{self.batch}x " if self.batch > 1 else ""
-        return f"{batch}{M}x{N}x{K} {self.dtype_a} {t}"
+        return f"{batch}{M}x{N}x{K} {self.dtype_a} {t}" + ("" if self.epilogue == "none" else f" +{self.epilogue}")

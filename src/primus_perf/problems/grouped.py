@@ -221,3 +221,75 @@ class GroupedGemmProblem(ProblemType, kind="grouped_gemm"):
             f"{self.phase} {self.groups}x[{self.k}x{self.n}] t{self.tokens} skew{self.skew:g}"
             f" {self.dtype}{w}"
         )
+
+
+# ---- aten::_grouped_mm calls -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupedMmCall:
+    """What one ``aten::_grouped_mm(a, b, offs)`` call is, in :class:`GroupedGemmProblem`
+    terms: its pass, ``groups``, ``tokens`` (all rows of the jagged or batched dimension),
+    the forward layer's ``k`` and ``n`` and the forward weight's storage (``trans_w``)."""
+
+    phase: str
+    groups: int
+    tokens: int
+    k: int
+    n: int
+    trans_w: bool
+
+    def problem(self, dtype: str, counts: list[int] | tuple[int, ...] | None = None) -> GroupedGemmProblem:
+        """The problem with these tokens per group (None: ``tokens`` split evenly, as a trace
+        that does not record ``offs`` leaves it)."""
+        if counts is None:
+            return GroupedGemmProblem(groups=self.groups, k=self.k, n=self.n,
+                                      tokens=max(1, tokens_bucket(self.tokens)), dtype=dtype,
+                                      trans_w=self.trans_w, phase=self.phase)
+        return GroupedGemmProblem.from_counts(counts, self.k, self.n, dtype=dtype, trans_w=self.trans_w,
+                                              phase=self.phase)
+
+
+def _strides_or_packed(shape: Any, strides: Any) -> list[int]:
+    """``strides`` when given as ints of ``shape``'s rank, else those of a packed tensor."""
+    if isinstance(strides, (list, tuple)) and len(strides) == len(shape) and all(type(s) is int for s in strides):
+        return list(strides)
+    out, step = [], 1
+    for size in reversed(list(shape)):
+        out.append(step)
+        step *= max(1, int(size))
+    return out[::-1]
+
+
+def grouped_mm_call(a_shape: Any, a_strides: Any, b_shape: Any, b_strides: Any, offs_groups: int | None,
+                    backward: bool) -> GroupedMmCall | None:
+    """The :class:`GroupedMmCall` of ``aten::_grouped_mm(a, b, offs)`` from its operands'
+    shapes and strides (None: packed), the length of ``offs`` (None: no offs) and whether
+    it runs in a backward pass; None for a layout that is no grouped GEMM problem. The one
+    reading of such a call: the seam (``kernels.grouped.problem_of``), the dispatcher
+    override of ``aten::_grouped_mm`` and the trace analyzer all derive their problem here.
+
+    - ``a[T, K] @ b[G, K, N]`` with offs: forward (``trans_w``: ``b`` is a transposed view,
+      the ``nn.Linear`` storage ``[G, N, K]``); in a backward pass the input gradient
+      ``dy[T, N] @ W^T`` (``b`` is the forward weight transposed: K and N swap);
+    - ``a[K, T] @ b[T, N]`` with offs over T: the weight gradient ``dW[G, K, N]``
+      (``a`` is ``x^T``);
+    - ``a[G, M, K] @ b[G, K, N]``: G equal groups of M tokens; ``a`` used transposed (a
+      view of ``x[G, M', K]``, stride 1 not last) is the weight gradient
+      ``x^T @ dy``, else forward (input gradient in a backward pass).
+    """
+    a, b = [int(x) for x in a_shape], [int(x) for x in b_shape]
+    sa, sb = _strides_or_packed(a, a_strides), _strides_or_packed(b, b_strides)
+    if len(a) == 2 and len(b) == 3 and offs_groups == b[0] and a[1] == b[1]:
+        groups, tokens = b[0], a[0]
+    elif len(a) == 2 and len(b) == 2 and offs_groups and a[1] == b[0]:
+        return GroupedMmCall("wgrad", offs_groups, a[1], a[0], b[1], False)
+    elif len(a) == 3 and len(b) == 3 and offs_groups is None and a[0] == b[0] and a[2] == b[1] and a[0] > 0:
+        if sa[2] != 1 and a[2] > 1:  # x^T @ dy over each group's M tokens
+            return GroupedMmCall("wgrad", a[0], a[0] * a[2], a[1], b[2], False)
+        groups, tokens = a[0], a[0] * a[1]
+    else:
+        return None
+    if backward:  # b is the forward weight transposed: [G, N, K] of its [G, K, N]
+        return GroupedMmCall("dgrad", groups, tokens, b[2], b[1], sb[1] != 1 and b[1] > 1)
+    return GroupedMmCall("fwd", groups, tokens, b[1], b[2], sb[2] != 1 and b[2] > 1)

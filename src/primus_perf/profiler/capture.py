@@ -42,6 +42,7 @@ from typing import Any
 
 from primus_perf.errors import Interrupted, UserError, interrupts_held
 from primus_perf.files import atomic_open, write_json
+from primus_perf.profiler.kineto_marks import kineto_marks_dropped
 from primus_perf.tracelens.inputs import MANIFEST
 
 SCHEMA = "primus-perf-run/1"
@@ -176,7 +177,7 @@ class ProfiledWindow:
     def step(self) -> None:
         """Mark the end of one step of the caller's loop (Ctrl-C waits for the profiler's
         step to finish: halfway, it leaves the profiler unable to stop)."""
-        with interrupts_held():
+        with interrupts_held(), kineto_marks_dropped():
             self._prof.step()
 
 
@@ -208,7 +209,7 @@ def profile_window(trace: str | Path, *, active: int, warmup: int = 1, wait: int
         # neither export nor stop cleanly. The step loop itself stays interruptible.
         started = False
         try:
-            with interrupts_held():  # a Ctrl-C held here is raised once the profiler has started
+            with interrupts_held(), kineto_marks_dropped():  # a Ctrl-C held here is raised once started
                 prof.__enter__()
                 started = True
             window._prof = prof
@@ -216,7 +217,8 @@ def profile_window(trace: str | Path, *, active: int, warmup: int = 1, wait: int
         finally:
             with interrupts_held():
                 if started:
-                    prof.__exit__(*sys.exc_info())
+                    with kineto_marks_dropped():
+                        prof.__exit__(*sys.exc_info())
                 if raw.is_file():  # the active steps recorded, also on Ctrl-C
                     _write_gz(raw, out)
                     window.trace = out
@@ -430,6 +432,7 @@ def capture_trainer(config: str, overrides: Sequence[str], out_dir: str | Path, 
                 "tokens_per_s": tok,
                 "mfu": _median(mfu_vals),
                 "device_name": trainer.device_name,
+                "fp8_layers": trainer.fp8,  # layer -> FP8 recipe or bf16 ({} with train.fp8=off)
             })
             write_manifest(out, res.manifest)
         return res

@@ -234,11 +234,16 @@ def rewrite_gemms(graph: torch.fx.Graph) -> None:
             args = (a, b, bias)
         else:
             continue
-        with graph.inserting_before(node):
-            new = graph.call_function(target, args)
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        replace_node(graph, node, target, args)
+
+
+def replace_node(graph: torch.fx.Graph, node: torch.fx.Node, target: Any, args: tuple[Any, ...]) -> None:
+    """``node`` -> a call of ``target`` on ``args`` that takes its metadata and its uses."""
+    with graph.inserting_before(node):
+        new = graph.call_function(target, args)
+    new.meta = dict(node.meta)
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
 
 
 _SDPA = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)

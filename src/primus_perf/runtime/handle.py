@@ -183,7 +183,7 @@ def enable(
     if _active is not None:
         raise UserError("primus_perf.enable is already active in this process; disable() it first")
     if cache is None:
-        raise UserError("enable() needs a tuning cache path (online tuning writes its choices there)")
+        raise UserError("no tuning cache: pass --cache PATH or set PRIMUS_PERF_CACHE (enable(cache=PATH) in Python)")
     path = Path(cache)
     if online is None and not path.is_file():
         raise CacheError(f"tuning cache not found: {path}")
@@ -199,7 +199,9 @@ def enable(
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     routes.install(routers)
     try:
-        interception = Interception(set(routers), device_type) if routers else None
+        # a router whose every entry is torch's own choice gets no override (its calls stay torch's)
+        intercepted = {k for k, r in routers.items() if not getattr(r, "routes_nothing", False)}
+        interception = Interception(intercepted, device_type) if intercepted else None
     except BaseException:
         routes.remove()
         raise

@@ -1,7 +1,8 @@
 """Routing an unmodified PyTorch program: overrides of the aten GEMM and SDPA operators.
 
 While enabled, the backend kernels of ``aten::mm``, ``aten::addmm`` and ``aten::bmm`` (the
-``CUDA`` key; ``CPU`` for tests) are Python functions that run :func:`routes.gemm`, and
+``CUDA`` key; ``CPU`` for tests) are Python functions that run :func:`routes.gemm`,
+``aten::_grouped_mm``'s runs :func:`routes.grouped` (``grouped_intercept.py``), and
 ``aten::scaled_dot_product_attention`` has one at the autograd and backend keys that runs
 :func:`routes.routed_attention`. Torch's default goes through the ``out=`` overloads (the same
 kernels) and the SDPA composite itself (``OpOverload.decompose``): a call left to torch
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 
 from primus_perf import kinds
-from primus_perf.runtime import routes
+from primus_perf.runtime import grouped_intercept, routes
 from primus_perf.runtime.compiled import attention_pass, gemm_pass
 
 BACKEND_KEYS = {"cuda": "CUDA", "cpu": "CPU"}  # device type -> dispatch key of its kernels
@@ -103,6 +104,7 @@ def _attention_overrides(lib: torch.library.Library, key: str) -> None:
 # a module that overrides another aten operator for a kind attaches its Intercept the same way
 kinds.attach(kinds.GEMM.name, intercept=Intercept(_gemm_overrides, gemm_pass))
 kinds.attach(kinds.ATTENTION.name, intercept=Intercept(_attention_overrides, attention_pass))
+kinds.attach(kinds.GROUPED.name, intercept=Intercept(grouped_intercept.override, grouped_intercept.grouped_pass))
 
 
 class Interception:

@@ -10,8 +10,11 @@ and SDPA with the overrides bypassed), so a call is never routed twice. Which SD
 have a route is one predicate, :func:`routable_sdpa`: the eager override asks it of the
 call's tensors, the compiled path (``compiled.py``) of the traced call's fake tensors.
 
-Grouped GEMMs are reached through ``seams.grouped_mm`` (every pass of it asks
-:func:`grouped`; None there runs the caller's backend).
+Grouped GEMMs reach :func:`grouped` from two points: ``seams.grouped_mm`` (every pass of
+it, the trainer's MoE layer; None there runs the caller's backend) and the override of
+``aten::_grouped_mm`` (``grouped_intercept``: other programs' ``torch._grouped_mm`` /
+``F.grouped_mm``; None there runs torch's kernel). Both run inside the grouped re-entrancy
+guard (``kernels.grouped.in_grouped``): the GEMMs a grouped GEMM makes itself are torch's.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 from primus_perf import kinds
 from primus_perf.kernels.attention.backends import sdpa_bshd
 from primus_perf.kernels.gemm import torch_mm
+from primus_perf.kernels.grouped.passes import in_grouped
 
 KINDS = kinds.names()  # the kinds a router can be installed for
 GEMM, GROUPED, ATTENTION = kinds.GEMM.name, kinds.GROUPED.name, kinds.ATTENTION.name
@@ -35,11 +39,16 @@ _local = threading.local()  # .bypass: > 0 while a routed attention runs (its SD
 
 
 def install(routers: Mapping[str, Any]) -> None:
-    """Install one router per kind (replacing any installed for that kind)."""
+    """Install one router per kind (replacing any installed for that kind); a router whose
+    every choice is torch's own (``routes_nothing``) is left out: its calls go straight to
+    torch."""
     unknown = set(routers) - set(KINDS)
     if unknown:
         raise ValueError(f"no routing point for router kind(s) {sorted(unknown)}")
-    _routers.update(routers)
+    for kind, router in routers.items():
+        _routers.pop(kind, None)
+        if not getattr(router, "routes_nothing", False):
+            _routers[kind] = router
 
 
 def remove(kinds: Iterable[str] | None = None) -> None:
@@ -57,9 +66,10 @@ def installed(kind: str) -> Any:
 
 def gemm(a: Any, b: Any, bias: Any = None) -> Any:
     """``a @ b`` (``torch.bmm`` for 3-D operands; ``+ bias`` when given): the router's
-    answer when it gives one, else torch's own kernel."""
+    answer when it gives one, else torch's own kernel (always inside a grouped GEMM:
+    ``kernels.grouped.in_grouped``)."""
     router = _routers.get(GEMM)
-    if router is not None:
+    if router is not None and not in_grouped():  # a grouped GEMM's own GEMMs are torch's
         out = router(a, b, bias)
         if out is not None:
             return out

@@ -40,7 +40,7 @@ import torch
 from primus_perf.kernels.attention.backends import SDPA_BACKENDS, sdpa_bshd
 from primus_perf.kernels.autocast import cast_operands
 from primus_perf.kernels.grouped.backends import BACKENDS
-from primus_perf.kernels.grouped.passes import DEFAULT_BACKEND, problem_of, run_backend
+from primus_perf.kernels.grouped.passes import DEFAULT_BACKEND, inside, problem_of, run_backend
 from primus_perf.kernels.tracing import profiler_on
 from primus_perf.kinds import ATTENTION, GEMM
 from primus_perf.problems import grouped_trace_name
@@ -98,7 +98,11 @@ class _Linear(torch.autograd.Function):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` (weight is ``[out, in]``) with all three GEMMs through :func:`matmul`."""
+    """``x @ weight.T`` (weight is ``[out, in]``) with all three GEMMs through :func:`matmul`;
+    a weight tagged for FP8 (``kernels.fp8.linear.tag_weights``) runs its FP8 recipe instead."""
+    fp8 = getattr(weight, "fp8_linear", None)
+    if fp8 is not None:
+        return fp8(x, weight)
     return _Linear.apply(x, weight)
 
 
@@ -131,10 +135,11 @@ def grouped_pass(
 def _grouped_route(
     phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int], backend: str
 ) -> torch.Tensor:
-    out = routes.grouped(phase, a, b, counts)
-    if out is not None:
-        return out
-    return run_backend(BACKENDS[backend], phase, a, b, counts)
+    with inside:
+        out = routes.grouped(phase, a, b, counts)
+        if out is not None:
+            return out
+        return run_backend(BACKENDS[backend], phase, a, b, counts)
 
 
 class _GroupedMM(torch.autograd.Function):

@@ -31,6 +31,18 @@ analysis.
 - ``wall_steps``: the host (wall-clock) time of each ``ProfilerStep`` (:mod:`.analyses.step_times`).
 - ``totals``: per-step figures; ``step_time_s`` is the median step span;
   ``outside_steps_gpu_s``: GPU time outside the profiled steps (total, see :mod:`.link`).
+- ``chains``: runs of elementwise and normalization kernels a compiler could fuse, with the
+  bytes they move (:mod:`.analyses.fusion`).
+- ``cpu_ops`` (CPU against GPU time per op), ``launches`` (launch calls, launch-to-start
+  delays and queue depth per step), ``launch_delays`` (a histogram of those delays) and
+  ``critical_path`` (each step's critical path: its length and its CPU, launch, GPU and
+  wait parts) (:mod:`.analyses.host`).
+- ``recommendations``: what to do next, ranked by the time it could save per step
+  (:mod:`.analyses.recommendations`).
+- :meth:`Analysis.kernel_efficiency` and :meth:`Analysis.memory`: per kernel name, the launch
+  resources and occupancy Kineto records; and the memory view of a trace recorded with
+  ``profile_memory`` (:mod:`.analyses.kernel_efficiency`, :mod:`.analyses.memory`). Both
+  read the trace files a second time (:mod:`.analyses.extras`), on the first call.
 - ``notes``: what the reader should know once: values the loader converted or dropped,
   GPU work outside the steps, missing shapes or CPU ops.
 
@@ -61,6 +73,7 @@ from primus_perf.devices import lookup_peaks
 from primus_perf.errors import TraceError
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.analyses import breakdown as B
+from primus_perf.tracelens.analyses import host as H
 from primus_perf.tracelens.analyses.collectives import (
     bandwidth,
     collective_skew,
@@ -71,9 +84,15 @@ from primus_perf.tracelens.analyses.collectives import (
     world_size,
 )
 from primus_perf.tracelens.analyses.expert_load import expert_load
+from primus_perf.tracelens.analyses.extras import read_extras
+from primus_perf.tracelens.analyses.fusion import chains as fusion_chains
 from primus_perf.tracelens.analyses.hotspots import hotspots, in_steps
+from primus_perf.tracelens.analyses.kernel_efficiency import kernel_efficiency
+from primus_perf.tracelens.analyses.memory import memory_view
 from primus_perf.tracelens.analyses.op_times import op_times, trace_op_times
 from primus_perf.tracelens.analyses.problems import KIND_COLUMNS, problem_table
+from primus_perf.tracelens.analyses.recommendations import COLUMNS as RECOMMENDATION_COLUMNS
+from primus_perf.tracelens.analyses.recommendations import recommend
 from primus_perf.tracelens.analyses.step_times import host_steps
 from primus_perf.tracelens.categories import (
     ATTENTION_BWD,
@@ -115,6 +134,14 @@ class Analysis:
     wall_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     world_size: int = 1
     expert_load: pd.DataFrame = field(default_factory=pd.DataFrame)
+    trace_ranks: list[int] = field(default_factory=list)  # the rank of each of ``traces``, in order
+    chains: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cpu_ops: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=[*H.CPU_OP_COLUMNS, "gpu_self_s",
+                                                                                "gpu_s"]))
+    launches: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.LAUNCH_COLUMNS))
+    launch_delays: pd.DataFrame = field(default_factory=lambda: H.delay_histogram([]))
+    critical_path: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.PATH_COLUMNS))
+    recommendations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RECOMMENDATION_COLUMNS))
     # kind name -> its problem table (every kind of the registry)
     problems_by_kind: dict[str, pd.DataFrame] = field(
         default_factory=lambda: {name: pd.DataFrame(columns=cols) for name, cols in KIND_COLUMNS.items()})
@@ -147,14 +174,54 @@ class Analysis:
         """The problem tables by kind name (every kind of ``primus_perf.kinds``)."""
         return dict(self.problems_by_kind)
 
+    def _read_extras(self) -> dict[str, Any]:
+        """The second pass's tables, read once (kept outside the dataclass fields, which are
+        the analysis's own tables)."""
+        extras: dict[str, Any] = self.__dict__.setdefault("_extras_cache", {})
+        if not extras:
+            res, mem, ops = [], [], []
+            for path, rank in zip(self.traces, self.trace_ranks or self.ranks, strict=False):
+                x = read_extras(path)
+                res.append(x.kernels.assign(rank=np.int64(rank)))
+                mem.append(x.memory.assign(rank=np.int64(rank)))
+                ops.append(x.ops.assign(rank=np.int64(rank)))
+            extras.update(resources=pd.concat(res, ignore_index=True), memory=pd.concat(mem, ignore_index=True),
+                          ops=pd.concat(ops, ignore_index=True))
+        return extras
+
+    def kernel_efficiency(self) -> pd.DataFrame:
+        """Per kernel name: launches and time per step, grid, block, registers, shared memory,
+        blocks per SM, occupancy and a flag (:mod:`.analyses.kernel_efficiency`); empty when
+        the trace records no launch resources. Reads the traces again on the first call."""
+        x = self._read_extras()
+        if "efficiency" not in x:
+            x["efficiency"] = kernel_efficiency(x["resources"], self.kernels, self.rank_steps)
+        return x["efficiency"]
+
+    def memory(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        """``(curve, peaks, by_op)`` of a trace recorded with ``profile_memory``
+        (:mod:`.analyses.memory`); empty tables otherwise. Reads the traces again on the
+        first call."""
+        x = self._read_extras()
+        if "memory_view" not in x:
+            x["memory_view"] = memory_view(x["memory"], x["ops"])
+        return x["memory_view"]
+
     def category_seconds(self) -> pd.Series:
         """GPU event seconds per step by category, largest first."""
         by = self.breakdown.groupby("category")["seconds"].sum() / self.rank_steps
         return by.sort_values(ascending=False)
 
-    def to_json(self, top: int = 50) -> dict[str, Any]:
+    def to_json(self, top: int = 50, details: bool = False) -> dict[str, Any]:
         """A JSON-ready summary: device, steps, breakdown (category -> seconds per step),
-        the problems, totals, and the temporal, per-rank, hotspot and collective tables."""
+        the problems, totals, the recommendations, and the temporal, per-rank, hotspot,
+        collective and host-side tables; with ``details`` also the kernel-efficiency table
+        and the memory view (peaks, allocations per op), which read the traces again."""
+        extra: dict[str, Any] = {}
+        if details:
+            _curve, peaks, by_op = self.memory()
+            extra = {"kernel_efficiency": records(self.kernel_efficiency().head(top)),
+                     "memory_peaks": records(peaks), "memory_by_op": records(by_op.head(top))}
         return {
             "schema": ANALYSIS_SCHEMA,
             "traces": self.traces,
@@ -173,6 +240,12 @@ class Analysis:
             "collective_bandwidth": records(unknown_as_null(self.collective_bandwidth, COLLECTIVE_SIZES)),
             "collective_ranks": records(unknown_as_null(self.collective_ranks, COLLECTIVE_SIZES)),
             "expert_load": records(self.expert_load),
+            "recommendations": records(self.recommendations),
+            "cpu_ops": records(self.cpu_ops.head(top)),
+            "launches": records(self.launches),
+            "launch_delays": records(self.launch_delays),
+            "critical_path": records(self.critical_path),
+            **extra,
             "totals": self.totals,
             "notes": self.notes,
         }
@@ -220,7 +293,8 @@ def _notes(tables: list[TraceTables], kernels: pd.DataFrame, steps: list[int]) -
     elif not any(t.has_shapes for t in tables):
         notes.append("the trace has no recorded shapes (record_shapes=False): FLOPs and problems unknown")
     if kernels.empty:
-        notes.append("no GPU events in the trace: problem times are the ops' CPU times")
+        notes.append("no GPU events in the trace: problem times are the ops' CPU times; TFLOP/s, TB/s and % of "
+                     "roofline are not shown (they need the device's kernel time)")
     if not steps:
         notes.append("no ProfilerStep markers: the whole trace is treated as one step")
     return notes
@@ -278,6 +352,7 @@ class _TraceResult:
     events: int
     collectives: pd.DataFrame  # one row per communication GPU event (``trace_collectives``)
     walls: pd.DataFrame  # host time per ProfilerStep (``host_steps``)
+    host: H.HostTables  # CPU ops, launches, critical path (``trace_host``)
     distributed: dict[str, Any]  # the trace's distributedInfo
 
 
@@ -290,7 +365,7 @@ def _analyze_trace(path: Path, rank: int) -> _TraceResult:
     comm = trace_collectives(rt, lk, tables.kernels)
     pool_variable_sizes(tables.kernels, comm)
     return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, rt.unread, len(rt), comm, host_steps(lk, rank),
-                        dict(rt.distributed))
+                        H.trace_host(rt, lk, rank), dict(rt.distributed))
 
 
 def _provisional_rank(path: Path, index: int) -> int:
@@ -357,7 +432,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         ranks.append(rank)
         res.tables.kernels["rank"] = np.int64(rank)
         res.tables.calls["rank"] = np.int64(rank)
-        for frame in (res.collectives, res.walls):
+        for frame in (res.collectives, res.walls, res.host.launches, res.host.critical_path):
             if "rank" in frame:
                 frame["rank"] = np.int64(rank)
         tables.append(res.tables)
@@ -381,21 +456,23 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     device_name = _device_name(tables, inputs.manifest, kernels.empty)
     peaks = lookup_peaks(device_name)
     per_step = max(1, len(steps)) * max(1, len(ranks))
+    device_time = not kernels.empty  # roofline figures only from kernel time
     temporal = B.temporal(kernels)
     flops_known = any(t.has_cpu_ops and t.has_shapes for t in tables)
     totals = _totals(kernels, calls, temporal, per_step, flops_known)
     totals["outside_steps_gpu_s"] = outside_s
-    return Analysis(
+    ops = op_times(op_totals, per_step)
+    a = Analysis(
         traces=[str(f) for f in inputs.traces],
         device={"name": device_name, "peaks": peaks.key if peaks else None, "vendor": peaks.vendor if peaks else None},
         ranks=sorted(ranks),
         steps=steps,
         kernels=kernels,
         hotspots=hotspots(kernels, calls, peaks, per_step),
-        problems_by_kind={kind: problem_table(calls, kind, peaks, per_step) for kind in kinds.names()},
+        problems_by_kind={kind: problem_table(calls, kind, peaks, per_step, device_time) for kind in kinds.names()},
         breakdown=B.categories(kernels),
         temporal=temporal,
-        op_times=op_times(op_totals, per_step),
+        op_times=ops,
         rank_summary=rank_summary(temporal),
         collectives=collective_skew(kernels),
         totals=totals,
@@ -407,4 +484,12 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         wall_steps=pd.concat([r.walls for r in results], ignore_index=True),
         world_size=world_size([r.distributed for r in results], len(ranks)),
         expert_load=load,
+        trace_ranks=ranks,
+        chains=fusion_chains(kernels, calls),
+        cpu_ops=H.cpu_vs_gpu([r.host.cpu_ops for r in results], ops, per_step),
+        launches=pd.concat([r.host.launches for r in results], ignore_index=True),
+        launch_delays=H.delay_histogram([r.host.delay_counts for r in results]),
+        critical_path=pd.concat([r.host.critical_path for r in results], ignore_index=True),
     )
+    a.recommendations = recommend(a)
+    return a

@@ -4,7 +4,9 @@ The rules are data: each is a category and a regular expression, tried in order.
 event gets the first category that matches
 
 1. its kind (memcpy, memset),
-2. a communication kernel or op (NCCL/RCCL kernels, ``c10d::``/``nccl:`` ops),
+2. a communication kernel or op (NCCL/RCCL kernels, the kernels of the expert-parallel
+   and GPU-initiated communication libraries by namespace: :data:`COMMUNICATION_RULES`;
+   ``c10d::``/``nccl:`` ops),
 3. the op it is attributed to (a GEMM, convolution or attention op with a perf model) and
    then the op that launched it (the leaf op: ``aten::native_layer_norm``, ``aten::add``,
    ``vllm::unified_attention``, ``aiter::mha_fwd``, ...),
@@ -20,6 +22,7 @@ else "other".
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 GEMM = "gemm"
 CONVOLUTION = "convolution"
@@ -38,9 +41,70 @@ COMPUTE = frozenset({GEMM, CONVOLUTION, ATTENTION_FWD, ATTENTION_BWD, ELEMENTWIS
                      OPTIMIZER, OTHER})
 MODELED = frozenset({GEMM, CONVOLUTION, ATTENTION_FWD, ATTENTION_BWD})  # decided by the op when it has a model
 
-# NCCL/RCCL kernels, vLLM/SGLang custom and symmetric-memory all-reduce kernels
-COMMUNICATION_KERNEL = re.compile(r"nccl|rccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter"
-                                  r"|all_?to_?all|sendrecv|multimem", re.I)
+DISPATCH, COMBINE, ALL_TO_ALL = "dispatch", "combine", "all_to_all"  # expert-parallel token exchanges
+
+
+@dataclass(frozen=True)
+class CommRule:
+    """Kernels that move data between GPUs, recognized by a namespace or token pattern of
+    their (demangled) name. ``collective``: what an expert-parallel kernel of the rule does
+    (``dispatch``/``combine`` when its name says, else ``all_to_all``), None for the
+    collective libraries (their collective comes from the ops and names:
+    ``analyses.collectives``); ``reason``: why the pattern is communication."""
+
+    pattern: re.Pattern[str]
+    reason: str
+    expert_parallel: bool = False
+
+
+def _rule(rx: str, reason: str, ep: bool = False) -> CommRule:
+    return CommRule(re.compile(rx, re.I), reason, ep)
+
+
+# Communication kernels by rule (first match wins). Kernels of the expert-parallel (EP)
+# libraries are named by their C++ namespace, e.g. ``void deep_ep::internode::dispatch<...>(...)``,
+# ``deep_ep::intranode::notify_dispatch``, ``deep_ep::internode_ll::combine``,
+# ``pplx::(anonymous namespace)::dispatchKernel``, ``mori::moe::EpDispatchIntraNodeKernel``,
+# ``mscclpp::ep::internode_ll::dispatch``; whatever a library's namespace holds moves tokens
+# or synchronizes ranks, except DeepEP's ``layout`` kernels (local counting of tokens per rank).
+COMMUNICATION_RULES: tuple[CommRule, ...] = (
+    _rule(r"nccl|rccl|msccl(?!pp)", "NCCL and RCCL (and MSCCL) collective and point-to-point kernels"),
+    _rule(r"\bdeep_?ep::(?!layout::)", "DeepEP: expert-parallel dispatch/combine over NVLink and RDMA "
+          "(intranode, internode, internode_ll low-latency)", ep=True),
+    _rule(r"\buccl\w*::", "UCCL (collectives and UCCL-EP, DeepEP's interface on other NICs/GPUs)", ep=True),
+    _rule(r"\bpplx::", "pplx-kernels: MoE all-to-all dispatch/combine over NVSHMEM", ep=True),
+    _rule(r"\bmscclpp::", "MSCCL++: GPU-initiated collectives, channels and its EP kernels", ep=True),
+    _rule(r"\bmori::|\bEp(Dispatch|Combine)\w*Kernel", "MORI (AMD): EP dispatch/combine over shmem and RDMA",
+          ep=True),
+    _rule(r"\bnccl_ep::", "NCCL EP: expert-parallel dispatch/combine", ep=True),
+    _rule(r"\bnvshmem|\brocshmem|\bishmem", "NVSHMEM/rocSHMEM kernels (puts, gets, barriers, collectives)"),
+    _rule(r"\b(intra|inter)node(_ll)?::\w*(dispatch|combine|notify)|low_latency_(dispatch|combine)"
+          r"|\bep::\w*(dispatch|combine)|\b(cached_)?notify_(dispatch|combine)\b",
+          "an expert-parallel library's intranode/internode/low-latency dispatch or combine kernel", ep=True),
+    _rule(r"cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|sendrecv|multimem",
+          "vLLM/SGLang/AITER custom all-reduce, symmetric-memory and all-to-all kernels"),
+)
+COMMUNICATION_KERNEL = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in COMMUNICATION_RULES), re.I)
+_EP_KIND = re.compile(r"(?P<combine>combine)|(?P<dispatch>dispatch)", re.I)
+
+
+def communication_rule(kernel_name: str) -> CommRule | None:
+    """The communication rule a kernel name matches, or None."""
+    if not COMMUNICATION_KERNEL.search(kernel_name):
+        return None
+    return next(r for r in COMMUNICATION_RULES if r.pattern.search(kernel_name))
+
+
+def expert_parallel_kind(kernel_name: str) -> str | None:
+    """``dispatch``, ``combine`` or ``all_to_all`` for a kernel of an expert-parallel
+    library (the first of the words in the kernel's name before its parameter list, whose
+    types may name the other: ``EpDispatchIntraNodeKernel(EpDispatchCombineArgs)``;
+    ``all_to_all`` when it says neither), None for any other kernel."""
+    rule = communication_rule(kernel_name)
+    if rule is None or not rule.expert_parallel:
+        return None
+    m = _EP_KIND.search(kernel_name.replace("(anonymous namespace)", "").split("(")[0])
+    return m.lastgroup if m else ALL_TO_ALL
 COMMUNICATION_OP = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms|_c10d_functional::|c10d_functional::"
                               r"|symm_mem::|vllm::\w*all_reduce|_C_custom_ar::)")
 

@@ -54,15 +54,19 @@ def _rel(base: float, cand: float) -> float | None:
     return (cand - base) / base if base > 0 else None
 
 
+def change_head(change: float | None, *, subject: str = "candidate", base: str = "base",
+                where: str = " per step", nothing: str = "no comparable steps") -> str:
+    """``candidate 6.1% faster per step``, ``candidate as fast as base per step``."""
+    if change is None:
+        return nothing
+    if abs(change) < 0.0005:
+        return f"{subject} as fast as {base}{where}"
+    return f"{subject} {abs(change) * 100:.1f}% {'faster' if change < 0 else 'slower'}{where}"
+
+
 def verdict_line(step_change: float | None, breakdown: list[dict[str, Any]], top: int = 3) -> str:
     """E.g. ``candidate 6.1% faster per step; gemm -9.8%, attention +0.4%``."""
-    if step_change is None:
-        head = "no comparable steps"
-    elif abs(step_change) < 0.0005:
-        head = "candidate as fast as base per step"
-    else:
-        word = "faster" if step_change < 0 else "slower"
-        head = f"candidate {abs(step_change) * 100:.1f}% {word} per step"
+    head = change_head(step_change)
     # the tuners' targets (GEMM, attention: forward and backward together) always, then
     # the other categories by the size of their change
     groups: dict[str, list[float]] = {}
@@ -135,9 +139,13 @@ def compare_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "
                      candidate_label: str = "candidate") -> dict[str, Any]:
     """The comparison of two analyses as a JSON-ready dict; ``header.step_change`` is the
     relative change of the median step time (negative: the candidate is faster)."""
-    for label, a in ((base_label, base), (candidate_label, candidate)):
-        if a.temporal.empty:
-            raise UserError(f"{label}: the trace has no GPU kernels to compare")
+    without = [label for label, a in ((base_label, base), (candidate_label, candidate)) if a.temporal.empty]
+    if len(without) == 2:
+        return compare_cpu_analyses(base, candidate, base_label=base_label, candidate_label=candidate_label)
+    if without:
+        other = candidate_label if without[0] == base_label else base_label
+        raise UserError(f"{without[0]}: the trace has no GPU kernels and {other} has: a GPU run compares with"
+                        " a GPU run, a CPU run with a CPU run")
     sb = steps_in_order(base.temporal, base.breakdown)
     sc = steps_in_order(candidate.temporal, candidate.breakdown)
     steps = []
@@ -200,6 +208,73 @@ def compare_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "
         "steps": steps,
         "breakdown": breakdown,
         "ops": ops,
+        "only_in_base": [r for r in ops if r["side"] == "base only"],
+        "only_in_candidate": [r for r in ops if r["side"] == "candidate only"],
+    }
+
+
+CPU_NOTE = ("no GPU events in either run: compared are the CPU times of their GEMM, grouped GEMM and attention"
+            " ops (per step), not step or kernel times")
+
+
+def _cpu_ops(a: Analysis) -> pd.DataFrame:
+    """Per (kind, problem key, direction): label, ms and calls per step of a CPU-only run."""
+    frames = [df.assign(family=kind)[["family", "key", "direction", "label", "time_s", "calls"]]
+              for kind, df in a.problem_tables().items() if len(df)]
+    if not frames:
+        return pd.DataFrame(columns=["shape", "ms", "calls"],
+                            index=pd.MultiIndex.from_tuples([], names=["family", "key", "direction"]))
+    d = pd.concat(frames, ignore_index=True)
+    return pd.DataFrame({"shape": [f"{lb} ({dr})" for lb, dr in zip(d["label"], d["direction"], strict=True)],
+                         "ms": d["time_s"].to_numpy() * 1e3, "calls": d["calls"].to_numpy()},
+                        index=pd.MultiIndex.from_frame(d[["family", "key", "direction"]]))
+
+
+def compare_cpu_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "base",
+                         candidate_label: str = "candidate") -> dict[str, Any]:
+    """Two runs without GPU events (CPU runs): what they have, the CPU time per step of
+    their modeled ops (GEMM, grouped GEMM, attention) per problem and per kind, in the shape
+    :func:`compare_analyses` gives (no per-step times: ``steps`` is empty)."""
+    joined = _cpu_ops(base).merge(_cpu_ops(candidate), how="outer", left_index=True, right_index=True,
+                                  suffixes=("_b", "_c"))
+    ops, kinds = [], {}
+    for (family, _key, _direction), r in joined.iterrows():
+        in_b, in_c = not np.isnan(r["ms_b"]), not np.isnan(r["ms_c"])
+        b, c = (float(r["ms_b"]) if in_b else 0.0), (float(r["ms_c"]) if in_c else 0.0)
+        side = "both" if in_b and in_c else ("base only" if in_b else "candidate only")
+        ops.append({"category": family, "family": family, "shape": r["shape_b"] if in_b else r["shape_c"],
+                    "base_op": family if in_b else None, "candidate_op": family if in_c else None,
+                    "base_ms": b, "candidate_ms": c, "delta_ms": c - b, "rel": _rel(b, c) if side == "both" else None,
+                    "side": side, "base_calls": float(r["calls_b"]) if in_b else None,
+                    "candidate_calls": float(r["calls_c"]) if in_c else None})
+        kb, kc = kinds.get(family, (0.0, 0.0))
+        kinds[family] = (kb + b, kc + c)
+    ops.sort(key=lambda r: -abs(r["delta_ms"]))
+    breakdown = [{"category": k, "base_ms": b, "candidate_ms": c, "delta_ms": c - b, "rel": _rel(b, c)}
+                 for k, (b, c) in sorted(kinds.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))]
+    total_b, total_c = sum(b for b, _ in kinds.values()), sum(c for _, c in kinds.values())
+    change = _rel(total_b, total_c)
+    warnings = mismatch_warnings(base, candidate)
+    head = change_head(change, subject="candidate's modeled ops", base="base's", where=" on the CPU",
+                       nothing="no modeled ops to compare")
+    bdev, cdev = base.device["name"], candidate.device["name"]
+    return {
+        "schema": COMPARE_SCHEMA, "kind": "diff", "colors": category_colors(list(kinds)),
+        "title": f"primus-perf diff: {Path(candidate_label).name} vs {Path(base_label).name}",
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "verdict": head + "".join(f" (warning: {w})" for w in warnings),
+        "warnings": [CPU_NOTE, *warnings],
+        "header": {
+            "base": base_label, "candidate": candidate_label, "base_step_ms": None, "candidate_step_ms": None,
+            "step_change": None, "base_kernel_ms": None, "candidate_kernel_ms": None, "kernel_change": None,
+            "base_cpu_op_ms": total_b, "candidate_cpu_op_ms": total_c, "cpu_op_change": change,
+            "base_steps": len(base.steps), "candidate_steps": len(candidate.steps),
+            "device": bdev if bdev == cdev else f"{bdev} vs {cdev}", "same_device": bdev == cdev,
+            "world_size": base.world_size if base.world_size == candidate.world_size
+            else f"{base.world_size} vs {candidate.world_size}",
+            "base_versions": base.versions, "candidate_versions": candidate.versions,
+        },
+        "steps": [], "breakdown": breakdown, "ops": ops[:MAX_OPS],
         "only_in_base": [r for r in ops if r["side"] == "base only"],
         "only_in_candidate": [r for r in ops if r["side"] == "candidate only"],
     }

@@ -8,7 +8,9 @@
   it runs under. An annotation that names its problem (a grouped GEMM call,
   ``perf_models.annotation_model``) owns everything inside it: the ops under it (the
   per-expert ``aten::mm`` of the loop backend, ``aten::_grouped_mm``) are parts of its
-  call, not calls of their own, and their kernels are its kernels.
+  call, not calls of their own, and their kernels are its kernels. The GEMMs torch runs
+  inside an ``aten::_grouped_mm`` (its per-group fallback on the CPU) are likewise parts of
+  that call; an annotation inside it (the call routed by ``enable()``) names its problem.
 - Launches: each runtime call (``cudaLaunchKernel``, ``cuLaunchKernelEx``,
   ``cudaGraphLaunch``, ``hipLaunchKernel``, ...) gets the innermost op around it. Traces
   without runtime events use the host end of the launch flows (``ac2g``) instead. A step
@@ -97,6 +99,7 @@ def assign_steps(times: np.ndarray, steps: list[int], win: np.ndarray) -> np.nda
     return out
 
 
+GROUPED_OPS = ("aten::_grouped_mm", "aten::_scaled_grouped_mm")  # ops whose inner GEMMs are theirs
 OP_TREE_BLOCK = 1 << 20  # host events converted to Python values at a time (bounded memory)
 
 
@@ -111,6 +114,7 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     names = rt.names
     modeled_name = np.array([nm in MODELS for nm in names] + [False], dtype=bool)
     owner_name = np.array([annotation_model(nm) is not None for nm in names] + [False], dtype=bool)
+    grouped_name = np.array([nm in GROUPED_OPS for nm in names] + [False], dtype=bool)
     is_opt_name = np.array([nm.startswith(OPTIMIZER_PREFIX) for nm in names] + [False], dtype=bool)
     is_bwd_name = np.array([nm.startswith(BACKWARD_PREFIX) for nm in names] + [False], dtype=bool)
 
@@ -152,7 +156,8 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             if not op_like[j]:
                 continue
             r = rows[j]
-            if not owned and (modeled[j] or owner[j]):
+            # a GEMM inside a grouped GEMM op (torch's per-group fallback) is part of its call
+            if not owned and (owner[j] or (modeled[j] and not (pm >= 0 and grouped_name[rt.name[pm]]))):
                 mr = r
                 owned = owner[j]
                 if pm >= 0:

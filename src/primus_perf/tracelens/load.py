@@ -1,4 +1,8 @@
-"""Load a Kineto trace (``.json`` or ``.json.gz``, CUDA or ROCm, 2021 or newer) into columns.
+"""Load a Kineto trace (``.json`` or ``.json.gz``, CUDA or ROCm) into columns.
+
+Both layouts of the Chrome trace format are read: an object with a ``traceEvents`` list
+(and ``deviceProperties``, called ``computeProperties`` by Kineto before 2021), and a file
+that is one JSON array of events (what Kineto wrote in 2020; the closing ``]`` optional).
 
 The cost of reading big traces is Python objects per event, so the loader decodes with
 typed msgspec Structs that keep only the fields the analyses use (unknown keys are
@@ -126,6 +130,7 @@ class _Header(msgspec.Struct, gc=False):
 
     traceEvents: msgspec.Raw = msgspec.Raw(b"")
     deviceProperties: list[dict[str, Any]] | None = None
+    computeProperties: list[dict[str, Any]] | None = None  # what Kineto called them before 2021
     distributedInfo: dict[str, Any] | None = None
     roctracer_version: Any = None
 
@@ -338,6 +343,7 @@ class _Reader:
         self.prefix = b""
         self.tail = b""
         self.gap = b","
+        self.array = False  # the file is one JSON array of events (no header)
 
     def pieces(self) -> Iterator[bytes | memoryview]:
         """The events array as JSON arrays of whole events, about ``chunk_bytes`` each;
@@ -348,14 +354,22 @@ class _Reader:
         key = None
         for block in self.blocks:
             buf += block
+            if not buf.strip():
+                continue
+            if buf.lstrip()[:1] == b"[":  # the JSON Array Format: the events are the whole file
+                self.array = True
+                break
             key = _EVENTS_KEY.search(buf)
             if key is not None:
                 break
-        if key is None:
+        if self.array:
+            self.prefix = b""
+        elif key is None:
             _header(bytes(buf), self.path)  # raises what is wrong (empty, malformed, ...)
             raise TraceError(f"{self.path}: not a Kineto trace (no traceEvents)")
-        self.prefix = bytes(buf[:key.start()])
-        del buf[:key.end()]
+        else:
+            self.prefix = bytes(buf[:key.start()])
+            del buf[:key.end()]
         while not buf.strip():
             block = next(self.blocks, None)
             if block is None:
@@ -379,13 +393,29 @@ class _Reader:
             rest = bytearray(b"[")
             rest += memoryview(buf)[open_:]
             buf = rest
-        body, self.tail = _split_tail(bytes(buf[1:]), self.path)
+        if self.array:
+            body = _array_body(bytes(buf[1:]), self.path)
+        else:
+            body, self.tail = _split_tail(bytes(buf[1:]), self.path)
         del buf
         if body.strip():
             yield b"[" + body + b"]"
 
     def header(self) -> _Header:
+        if self.array:
+            return _Header()
         return _header(self.prefix + b'"traceEvents": []' + self.tail, self.path)
+
+
+def _array_body(rest: bytes, path: str) -> bytes:
+    """The events of a file in the JSON Array Format (after its ``[``): the closing ``]`` is
+    optional there (a profiler that stopped early leaves it out), a trailing comma too."""
+    body = rest.rstrip()
+    if body.endswith(b"]"):
+        body = body[:-1].rstrip()
+    elif not body.rstrip(b",").rstrip().endswith(b"}") and body.strip():
+        raise TraceError(f"{path}: truncated JSON (the event array ends inside an event)")
+    return body.rstrip(b",").rstrip()
 
 
 # ---------------------------------------------------------------------------- tolerant decode
@@ -642,7 +672,8 @@ class _ColumnBuilder:
             dur=cols["dur"].astype(np.float64), correlation=cols["correlation"], stream=cols["stream"],
             device=cols["device"], seq=cols["seq"], nbytes=cols["nbytes"], shape=cols["shape"].astype(np.int32),
             shape_values=self.shapes.values,
-            device_properties=[d for d in header.deviceProperties or [] if isinstance(d, dict)],
+            device_properties=[d for d in header.deviceProperties or header.computeProperties or []
+                               if isinstance(d, dict)],
             distributed=dict(header.distributedInfo or {}),
             platform="rocm" if header.roctracer_version is not None else "cuda",
             fixes=self.fixes, unread=self.unread,

@@ -35,9 +35,9 @@ from primus_perf.problems import (
     GroupedGemmProblem,
     Operand,
     dtype_name,
+    grouped_mm_call,
     operand_layout,
     parse_grouped_trace_name,
-    tokens_bucket,
 )
 from primus_perf.tracelens.load import ShapeArgs
 
@@ -225,21 +225,14 @@ def annotation_model(name: str) -> OpModel | None:
     return None if parsed is None else _grouped_model(*parsed)
 
 
-def _weight_transposed(strides: Any, dim: int) -> bool:
-    """Whether a recorded 3-D operand is used transposed: its ``dim`` stride is not 1
-    (False when strides were not recorded: torch packs the operand)."""
-    if not (isinstance(strides, list) and len(strides) == 3 and all(isinstance(x, int) for x in strides)):
-        return False
-    return strides[dim] != 1
-
-
-def model_grouped_mm(s: ShapeArgs) -> OpModel | None:
+def model_grouped_mm(s: ShapeArgs, backward: bool = False) -> OpModel | None:
     """``aten::_grouped_mm(a, b, offs, ...)`` and ``_scaled_grouped_mm``: MoE expert GEMMs
-    (2*T*K*N FLOPs whatever the split), read as forward passes (:func:`model_op` makes the
-    input or weight gradient of one that runs in a backward pass):
+    (2*T*K*N FLOPs whatever the split), read by ``problems.grouped_mm_call`` as the seam
+    and the dispatcher override read them (``backward``: it runs in a backward pass):
 
-    - 2-D ``a[T, K]`` with 3-D ``b[G, K, N]`` (T tokens split over G groups by ``offs``):
-      the split is not recorded, so the problem takes it as balanced (``assumed``);
+    - 2-D ``a[T, K]`` with 3-D ``b[G, K, N]`` (T tokens split over G groups by ``offs``): a
+      forward, or in a backward pass the input gradient; the split is not recorded, so the
+      problem takes it as balanced (``assumed``);
     - 2-D ``a[K, T]`` with 2-D ``b[T, N]`` (``offs`` over T, ``[G]``): a weight gradient
       ``dW[G, K, N]``, balanced assumed likewise;
     - 3-D with 3-D: G equal groups (balanced, known); with ``a`` used transposed
@@ -247,41 +240,20 @@ def model_grouped_mm(s: ShapeArgs) -> OpModel | None:
       ``dW[G, K, N]``."""
     if len(s.dims) < 2 or not (_int_list(s.dims[0]) and _int_list(s.dims[1])):
         return None
-    a, b = s.dims[0], s.dims[1]
     dtype = _dtype(s.types, 0)
     if dtype is None:
         return None
     a_strides = s.strides[0] if s.strides else None
     b_strides = s.strides[1] if len(s.strides) > 1 else None
     offs = s.dims[2] if len(s.dims) > 2 and _int_list(s.dims[2]) and len(s.dims[2]) == 1 else None
-    assumed = SKEW_UNKNOWN
-    if len(a) == 2 and len(b) == 3 and a[1] == b[1]:
-        groups, tokens, k, n, phase = b[0], a[0], b[1], b[2], "fwd"
-    elif len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1] and _weight_transposed(a_strides, 2):
-        groups, tokens, k, n, phase, assumed = a[0], a[0] * a[2], a[1], b[2], "wgrad", ""
-    elif len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
-        groups, tokens, k, n, phase, assumed = a[0], a[0] * a[1], a[2], b[2], "fwd", ""
-    elif len(a) == 2 and len(b) == 2 and a[1] == b[0] and offs is not None:
-        groups, tokens, k, n, phase = offs[0], a[1], a[0], b[1], "wgrad"
-    else:
+    call = grouped_mm_call(s.dims[0], a_strides, s.dims[1], b_strides, offs[0] if offs else None, backward)
+    if call is None:
         return None
-    trans_w = phase == "fwd" and _weight_transposed(b_strides, 2)
     try:
-        prob = GroupedGemmProblem(groups=groups, k=k, n=n, tokens=max(1, tokens_bucket(tokens)), dtype=dtype,
-                                  trans_w=trans_w, phase=phase)
+        prob = call.problem(dtype)
     except ValueError:
         return None
-    return _grouped_model(prob, tokens, assumed)
-
-
-def input_gradient(m: OpModel) -> OpModel:
-    """The forward reading of a grouped GEMM with a 3-D ``b`` that runs in a backward pass
-    as what it is there: ``dy @ W^T`` (``b`` is the forward weight transposed, so the
-    forward's K and N swap and its layout flips); FLOPs and bytes are the same."""
-    p = m.problem
-    assert isinstance(p, GroupedGemmProblem)
-    prob = GroupedGemmProblem(**{**p.to_dict(), "k": p.n, "n": p.k, "trans_w": not p.trans_w, "phase": "dgrad"})
-    return OpModel(m.kind, prob, "dgrad", m.flops, m.bytes, m.input_dtype, m.label, m.assumed)
+    return _grouped_model(prob, call.tokens, SKEW_UNKNOWN if offs else "")
 
 
 def model_linear_like(s: ShapeArgs, first: int = 0) -> OpModel | None:
@@ -381,18 +353,85 @@ def model_conv_backward(s: ShapeArgs, grad_at: int, input_at: int | None, weight
     return _conv_model(inp, w, go, dtype, "bwd", passes)
 
 
-def model_bytes(s: ShapeArgs) -> OpModel | None:
-    """A memory-bound op (norms, elementwise): bytes read (every tensor input) and written
-    (one output the size of the largest input, in its dtype); FLOPs not counted."""
-    tensors = [(d, _dtype(s.types, i)) for i, d in enumerate(s.dims) if _int_list(d) or d == []]
-    tensors = [(d, t) for d, t in tensors if t is not None and (d or len(tensors) == 1)]
+# ops that overwrite their first argument without reading it (a dtype-converting copy_ reads
+# its source in the source's dtype and writes ``self`` in its own)
+OVERWRITES_SELF = frozenset({"aten::copy_", "aten::fill_", "aten::zero_", "aten::normal_", "aten::uniform_",
+                             "aten::random_", "aten::bernoulli_", "aten::exponential_", "aten::masked_fill_"})
+# ops that read only the rows their index selects from the source: op -> (source, index) argument positions
+INDEXING = {"aten::index_select": (0, 2), "aten::embedding": (0, 1), "aten::gather": (0, 2)}
+
+
+def _schema_writes(op_name: str, n_args: int) -> frozenset[int] | None:
+    """Positions of the arguments an aten op writes (``Tensor(a!)``: ``self`` of an in-place
+    op, ``out`` of an out= form), from torch's schema of the overload with ``n_args``
+    arguments (the profiler records every argument, keyword-only ``out`` last); None when
+    torch is absent or the overloads with that many disagree). Looked up once per op."""
+    key = (op_name, n_args)
+    if key in _WRITES:
+        return _WRITES[key]
+    try:
+        import torch
+
+        schemas = torch._C._jit_get_schemas_for_operator(op_name)
+    except (ImportError, RuntimeError, AttributeError):
+        schemas = []
+    found = {frozenset(i for i, a in enumerate(sch.arguments) if a.alias_info is not None and a.alias_info.is_write)
+             for sch in schemas if len(sch.arguments) == n_args}
+    _WRITES[key] = found.pop() if len(found) == 1 else None
+    return _WRITES[key]
+
+
+_WRITES: dict[tuple[str, int], frozenset[int] | None] = {}
+
+
+def _indexed_bytes(name: str, s: ShapeArgs) -> int | None:
+    """Bytes of an indexing op: the index read, the selected rows read, the output written."""
+    src_at, idx_at = INDEXING[name]
+    if len(s.dims) <= max(src_at, idx_at) or not (_int_list(s.dims[src_at]) and isinstance(s.dims[idx_at], list)):
+        return None
+    src, idx = s.dims[src_at], s.dims[idx_at]
+    st, it = _dtype(s.types, src_at), s.types[idx_at] if idx_at < len(s.types) else ""
+    if st is None:
+        return None
+    n_idx = _numel(idx) if idx else 1
+    if name == "aten::index_select":
+        dim = _ints_arg(s.concrete, 1, 1)
+        d = dim[0] % len(src) if dim else 0
+        out = n_idx * (_numel(src) // max(1, src[d]))
+    elif name == "aten::embedding":
+        out = n_idx * src[-1]
+    else:
+        out = n_idx
+    return int(2 * out * DTYPE_BYTES[st] + n_idx * (8 if it in ("long", "long int") else 4))
+
+
+def model_bytes(s: ShapeArgs, name: str = "") -> OpModel | None:
+    """A memory-bound op (norms, elementwise): bytes read and written; FLOPs not counted.
+
+    Read: every tensor input except the ones the op only writes (an ``out=`` argument, the
+    ``self`` of :data:`OVERWRITES_SELF`); an indexing op (:data:`INDEXING`) only the rows it
+    selects. Written: the arguments the op writes (its schema's ``Tensor(a!)``, each in its
+    own dtype), else one output the size of the largest input, in its dtype."""
+    tensors = [(i, d, _dtype(s.types, i)) for i, d in enumerate(s.dims) if _int_list(d) or d == []]
+    tensors = [(i, d, t) for i, d, t in tensors if t is not None and (d or len(tensors) == 1)]
     if not tensors:
         return None
-    read = sum(_numel(d) * DTYPE_BYTES[t] for d, t in tensors)
-    big, bt = max(tensors, key=lambda dt: _numel(dt[0]))
-    written = _numel(big) * DTYPE_BYTES[bt]
-    return OpModel("memory", None, "fwd", None, int(read + written), tensors[0][1],
-                   f"{_dims_label([d for d, _ in tensors])} {tensors[0][1]}")
+    label = f"{_dims_label([d for _, d, _ in tensors])} {tensors[0][2]}"
+    if name in INDEXING:
+        nbytes = _indexed_bytes(name, s)
+        if nbytes is not None:
+            return OpModel("memory", None, "fwd", None, nbytes, tensors[0][2], label)
+    writes = _schema_writes(name, len(s.dims)) if name.startswith("aten::") else None
+    written_args = [(i, d, t) for i, d, t in tensors if writes and i in writes]
+    if written_args:
+        in_place = name.endswith("_") and name not in OVERWRITES_SELF  # self read, then written
+        read = sum(_numel(d) * DTYPE_BYTES[t] for i, d, t in tensors if i not in writes or (in_place and i == 0))
+        written = sum(_numel(d) * DTYPE_BYTES[t] for _, d, t in written_args)
+    else:
+        read = sum(_numel(d) * DTYPE_BYTES[t] for _, d, t in tensors)
+        _, big, bt = max(tensors, key=lambda dt: _numel(dt[1]))
+        written = _numel(big) * DTYPE_BYTES[bt]
+    return OpModel("memory", None, "fwd", None, int(read + written), tensors[0][2], label)
 
 
 # ---------------------------------------------------------------------------- attention
@@ -506,5 +545,5 @@ def model_op(name: str, args: ShapeArgs | None, in_backward: bool = False) -> Op
     except (TypeError, ValueError, IndexError):
         return None  # malformed recorded inputs: FLOPs unknown
     if in_backward and m is not None and m.kind == GroupedGemmProblem.kind and m.direction == "fwd":
-        return input_gradient(m)
+        return model_grouped_mm(args, backward=True)  # the input gradient: dy @ W^T
     return m

@@ -39,6 +39,11 @@ MAX_KERNEL_NAME = 200  # characters of a kernel name shown (templated names run 
 MAX_COLLECTIVES = 200
 MAX_COLLECTIVE_RANKS = 1024  # rows of the per-rank collectives table
 TUNE_NEXT = 20
+# the critical path's parts (analyses.host), drawn like the temporal breakdown's: host work
+# grey-blue, launch delay amber, GPU kernels the compute colour, stream waits idle grey
+PATH_COLORS = {"cpu": "#5b6f95", "launch": "#e0a030", "gpu": "#3a9d8f", "wait": "#b8bec9"}
+MAX_HOST_OPS = 50  # rows of the CPU-against-GPU table
+MAX_EFFICIENCY = 100  # rows of the kernel-efficiency table
 
 
 
@@ -246,6 +251,61 @@ def timeline(kernels: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) 
             "categories": cats, "streams": streams}
 
 
+def recommendations(a: Analysis) -> list[dict[str, Any]]:
+    """What to do next, ranked (:mod:`.analyses.recommendations`)."""
+    return [{k: (_num(v) if k == "estimated_saving_ms" else v) for k, v in r.items()}
+            for r in a.recommendations.to_dict(orient="records")]
+
+
+def host_side(a: Analysis) -> dict[str, Any] | None:
+    """Each step's critical path, launch statistics, the launch-delay histogram and CPU
+    against GPU time per op (the largest ``MAX_HOST_OPS`` by CPU time); ms per step."""
+    if a.critical_path.empty and a.launches.empty and a.cpu_ops.empty:
+        return None
+    path = [{"label": f"rank {int(r.rank)} step {int(r.step)}", "path_ms": r.path_s * 1e3,
+             "parts": {"cpu": r.cpu_s * 1e3, "launch": r.launch_s * 1e3, "gpu": r.gpu_s * 1e3, "wait": r.wait_s * 1e3},
+             "events": int(r.events)} for r in a.critical_path.head(MAX_BREAKDOWN_ROWS).itertuples(index=False)]
+    launches = [{"label": f"rank {int(r.rank)} step {int(r.step)}", "launches": int(r.launches),
+                 "launch_ms": r.launch_s * 1e3, "call_p50_us": _num(r.launch_p50_us), "delay_p50_us": _num(r.delay_p50_us),
+                 "delay_p90_us": _num(r.delay_p90_us), "delay_max_us": _num(r.delay_max_us),
+                 "queue_p50": _num(r.queue_p50), "queue_max": _num(r.queue_max)}
+                for r in a.launches.head(MAX_BREAKDOWN_ROWS).itertuples(index=False)]
+    delays = [{"lo_us": _num(r.lo_us), "hi_us": _num(r.hi_us), "launches": int(r.launches)}
+              for r in a.launch_delays.itertuples(index=False)]
+    ops = [{"op": r.op, "calls": float(r.calls), "cpu_ms": r.cpu_s * 1e3, "cpu_self_ms": r.cpu_self_s * 1e3,
+            "gpu_self_ms": r.gpu_self_s * 1e3, "gpu_ms": r.gpu_s * 1e3}
+           for r in a.cpu_ops.head(MAX_HOST_OPS).itertuples(index=False)]
+    return {"critical_path": path, "launches": launches, "delays": delays, "ops": ops}
+
+
+def kernel_efficiency(a: Analysis) -> list[dict[str, Any]]:
+    """Per kernel name, the largest ``MAX_EFFICIENCY`` by time: launch resources, occupancy, flag."""
+    return [{"name": _short(str(r.name)), "category": r.category, "launches": float(r.launches),
+             "time_ms": r.time_s * 1e3, "share": _num(r.share), "grid": r.grid, "block": r.block,
+             "registers": _num(r.registers), "shared_bytes": _num(r.shared_bytes), "blocks_per_sm": _num(r.blocks_per_sm),
+             "occupancy_pct": _num(r.occupancy_pct), "flag": r.flag}
+            for r in a.kernel_efficiency().head(MAX_EFFICIENCY).itertuples(index=False)]
+
+
+def memory(a: Analysis) -> dict[str, Any] | None:
+    """The memory view of a ``profile_memory`` trace: per device the allocation curve (ms
+    from its first event, bytes) and peak, and the ops that allocate most; None otherwise."""
+    curve, peaks, by_op = a.memory()
+    if peaks.empty:
+        return None
+    devices = []
+    for r in peaks.itertuples(index=False):
+        c = curve[(curve["rank"] == r.rank) & (curve["device"] == r.device)]
+        t0 = float(c["ts_us"].min())
+        devices.append({"label": f"rank {int(r.rank)} {r.device}", "peak_bytes": r.peak_bytes,
+                        "peak_ms": (r.peak_ts_us - t0) / 1e3, "allocations": int(r.allocations), "frees": int(r.frees),
+                        "relative": not bool(r.recorded_total),
+                        "points": [[round((t - t0) / 1e3, 4), float(v)] for t, v in
+                                   zip(c["ts_us"].tolist(), c["allocated"].tolist(), strict=True)]})
+    return {"devices": devices, "by_op": [{"op": r.op, "allocations": int(r.allocations), "bytes": float(r.bytes),
+                                           "largest": float(r.largest)} for r in by_op.itertuples(index=False)]}
+
+
 # --------------------------------------------------------------------------- cache marks
 
 
@@ -322,6 +382,8 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "world_size": a.world_size,
         "tokens_per_s": _num(m.get("tokens_per_s")),
         "mfu": _num(m.get("mfu")),
+        # the trainer's FP8 layers (layer -> recipe), from the run's manifest; {} without FP8
+        "fp8_layers": {k: v for k, v in (m.get("fp8_layers") or {}).items() if v != "bf16"},
     }
     hot, kernel_names = hotspots(a)
     return {
@@ -331,7 +393,7 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "header": header,
         "categories": cats,
-        "colors": category_colors([*TEMPORAL_PARTS, *cats]),
+        "colors": {**category_colors([*TEMPORAL_PARTS, *cats]), **PATH_COLORS},
         "breakdown": {"rows": rows, "per_rank_means": bool(rows) and rows[0]["step"] is None},
         "temporal": temporal(a),
         "tune_next": [] if cpu_only else tune_next_rows(a, marks),  # tuning measures GPU kernels
@@ -340,6 +402,10 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "collectives": collectives(a),
         "collective_ranks": collective_ranks(a),
         "expert_load": expert_load_rows(a),
+        "recommendations": recommendations(a),
+        "host": None if cpu_only else host_side(a),
+        "kernel_efficiency": [] if cpu_only else kernel_efficiency(a),
+        "memory": memory(a),
         "roofline": roof,
         "gemm": gemm,
         "attention": attn,

@@ -36,6 +36,9 @@ _STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 _DTYPE_SHORT = {"c10::BFloat16": "bf16", "c10::Half": "f16", "float": "f32", "double": "f64",
                 "long int": "i64", "int": "i32", "bool": "bool", "signed char": "i8", "unsigned char": "u8",
                 "short": "i16", "c10::Float8_e4m3fn": "f8e4m3", "c10::Float8_e5m2": "f8e5m2"}
+# ``Input type`` values of arguments that are not tensors (an int list written as ``GenericList``)
+_NOT_TENSOR_TYPES = frozenset({"Scalar", "GenericList", "ScalarList", "TensorList", "Device", "Layout",
+                               "ScalarType", "MemoryFormat", "String", "None"})
 CALL_COLUMNS = ["rank", "step", "row", "kind", "key", "problem", "direction", "flops", "bytes", "dtype",
                 "time_us", "assumed"]
 
@@ -64,7 +67,8 @@ def shape_label(args: L.ShapeArgs | None) -> str:
         return ""
     dims = [d for d in args.dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
     text = ", ".join("x".join(map(str, d)) for d in dims)
-    dtype = next((t for t in args.types if t and t != "Scalar"), "")
+    dtype = next((t for t, d in zip(args.types, args.dims, strict=False) if t and isinstance(d, list) and d
+                  and t not in _NOT_TENSOR_TYPES), "")
     return f"{text} {_DTYPE_SHORT.get(dtype, dtype)}".strip()
 
 
@@ -160,21 +164,30 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
     return pd.concat([calls, memory], ignore_index=True) if len(memory) else calls
 
 
+# ops whose recorded inputs do not say what their kernels read and write, so no bytes model:
+# regions (autograd nodes, compiled graphs: their kernels run partly under ops of their own)
+# and names without a namespace (an Inductor kernel's launch lists its outputs among its inputs)
+_REGION = re.compile(r"^torch::autograd::|^Compiled\w*Function|^[^:]*$")
+
+
 def _memory_calls(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int, gpu_time: pd.Series
                   ) -> pd.DataFrame:
     """One row per call of an op (with recorded shapes) whose kernels are normalization or
-    elementwise: vectorized over calls, modeled once per (op name, shapes)."""
+    elementwise, except the regions of :data:`_REGION`: vectorized over calls, modeled once
+    per (op name, shapes)."""
     k = kernels[kernels["category"].isin((NORMALIZATION, ELEMENTWISE)) & (kernels["call"] >= 0)]
     if lk.steps:
         k = k[k["step"] >= 0]
     rows = np.unique(k["call"].to_numpy(dtype=np.int64))
     rows = rows[(rt.shape[rows] >= 0) & (lk.op_model[rows] != rows)]
+    region = np.array([bool(_REGION.search(nm)) for nm in rt.names] + [False], dtype=bool)
+    rows = rows[~region[rt.name[rows]]]
     if not len(rows):
         return pd.DataFrame(columns=CALL_COLUMNS)
     combo = np.stack([rt.name[rows].astype(np.int64), rt.shape[rows].astype(np.int64)])
     uniq, inverse = np.unique(combo, axis=1, return_inverse=True)
     inverse = inverse.ravel()
-    ms = [model_bytes(rt.shape_args(int(c))) for c in uniq[1]]
+    ms = [model_bytes(rt.shape_args(int(c)), rt.names[int(n)]) for n, c in zip(uniq[0], uniq[1], strict=True)]
     ok = np.array([m is not None for m in ms], dtype=bool)[inverse]
     rows, inverse = rows[ok], inverse[ok]
     if not len(rows):

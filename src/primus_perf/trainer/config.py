@@ -28,6 +28,8 @@ import yaml
 
 from primus_perf.errors import ConfigError, UserError
 from primus_perf.files import check_input_file
+from primus_perf.kernels.fp8.recipes import RECIPES as FP8_RECIPES
+from primus_perf.kernels.grouped.backends import AUTO as GROUPED_GEMM_AUTO
 from primus_perf.kernels.grouped.backends import BACKENDS as GROUPED_GEMM_BACKENDS
 
 PRESETS = "primus_perf.trainer.presets"  # package holding the preset YAML files
@@ -44,7 +46,9 @@ class MoEConfig:
     sigmoid scores; ``balance``: the classic load-balancing loss (``aux_loss``, weighted by
     ``aux_loss_coef``), a per-expert selection bias moved by ``bias_update_rate`` after each
     step towards the mean load (``bias``, auxiliary-loss-free), or nothing. Expert GEMMs run
-    on ``grouped_gemm_backend`` unless a tuning cache routes them."""
+    on ``grouped_gemm_backend`` unless a tuning cache routes them: ``auto`` (the default) is
+    the fixed backend of ``kernels.grouped.backends.DEFAULT_RULE`` for the device, the
+    dtype and the layer's expert count; a backend's name runs that backend."""
 
     n_experts: int = 0
     top_k: int = 2
@@ -57,7 +61,7 @@ class MoEConfig:
     balance: str = "aux_loss"
     aux_loss_coef: float = 0.01
     bias_update_rate: float = 1e-3
-    grouped_gemm_backend: str = "loop"
+    grouped_gemm_backend: str = GROUPED_GEMM_AUTO
 
 
 @dataclass
@@ -123,6 +127,9 @@ class TrainConfig:
     dtype: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU), "bf16", "fp32"
     recompute: bool = False  # activation recompute per transformer block
     compile: bool = False  # torch.compile the non-GEMM parts of each block
+    # FP8 linear layers (torchao float8): "off"; "auto": the tuning cache's measured plan;
+    # a recipe name: every block's linear layers (not the output head, not MoE routers)
+    fp8: str = "off"
     sdpa_backend: str = "auto"  # "auto" (torch picks), "cudnn", "flash", "efficient", "math"
     log_every: int = 1
 
@@ -162,7 +169,10 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.device": ("auto", "cpu", "cuda"),
     "train.dtype": ("auto", "bf16", "fp32"),
     "train.sdpa_backend": ("auto", "cudnn", "flash", "efficient", "math"),
+    "train.fp8": ("off", "auto", *FP8_RECIPES),
 }
+
+_OFF_KEYS = ("train.fp8",)  # string keys where "off" is a value
 
 _POSITIVE = (
     "model.vocab_size",
@@ -268,6 +278,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        if value is False and key in _OFF_KEYS:  # YAML 1.1 reads off/no/false as False
+            return "off"
     else:  # pragma: no cover - internal: an annotation this loader does not know
         raise TypeError(f"unsupported annotation {tp!r} for {key}")
     raise ConfigError(
@@ -375,6 +387,8 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
         raise ConfigError(
             f"config key 'model.vocab_size' ({m.vocab_size}) must be >= 256 for data.path (byte tokens)"
         )
+    if t.fp8 == "auto" and cfg.tuning.cache is None:
+        raise ConfigError("config key 'train.fp8' is auto but tuning.cache is not set (auto uses the cache's FP8 plan)")
     if cfg.tuning.online and cfg.tuning.cache is None:
         raise ConfigError("config key 'tuning.online' needs tuning.cache (the file it writes)")
     if cfg.data.path is not None:
@@ -387,7 +401,7 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
 MOE_CHOICES: dict[str, tuple[str, ...]] = {
     "router": ("softmax", "sigmoid"),
     "balance": ("aux_loss", "bias", "none"),
-    "grouped_gemm_backend": tuple(GROUPED_GEMM_BACKENDS),
+    "grouped_gemm_backend": (GROUPED_GEMM_AUTO, *GROUPED_GEMM_BACKENDS),
 }
 
 

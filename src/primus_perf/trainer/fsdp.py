@@ -1,5 +1,5 @@
 """Fully sharded data parallel (FSDP2, ``torch.distributed.fsdp.fully_shard``), applied from
-outside the model after tensor and expert parallelism.
+outside the model by ``parallelize.py`` after tensor and expert parallelism.
 
 The data-parallel ranks (``dp = dp_replicate x dp_shard``) form a device mesh laid out like
 the process groups of ``parallel.py``: rank = (replicate x dp_shard + shard) x tp + tp_rank.
@@ -11,7 +11,7 @@ gradients reduce-scattered (averaged). With ``dp_replicate > 1`` as well the mes
 all-reduced between them.
 
 Tensor parallelism composes without DTensor: each rank's parameters are already its
-tensor-parallel slice (``parallel.parallelize``), and FSDP2 shards those slices over the
+tensor-parallel slice (``tensor_parallel.py``), and FSDP2 shards those slices over the
 ``dp_shard`` ranks holding the same tensor-parallel rank. Routed experts of an
 expert-parallel MoE model (``ep_sharded``) are left out of FSDP2 (``ignored_params``):
 their gradients are reduced by ``parallel.reduce_expert_grads`` as under DDP.
@@ -39,15 +39,6 @@ from torch import nn
 SHARDING_FLAGS = ("tp_sharded", "ep_sharded")  # parameter attributes gradient clipping reads
 
 
-def data_parallel_mesh(device_type: str, dp_replicate: int, dp_shard: int, tp: int) -> Any:
-    """The (dp_replicate, dp_shard, tp) device mesh over the initialised default group."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(
-        device_type, (dp_replicate, dp_shard, tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp")
-    )
-
-
 def shard_model(
     model: nn.Module,
     mesh: Any,
@@ -57,7 +48,7 @@ def shard_model(
     reshard_after_forward: bool = True,
 ) -> nn.Module:
     """Apply FSDP2 to a (tensor/expert-parallelized) Transformer in place; returns it.
-    ``mesh``: from :func:`data_parallel_mesh`."""
+    ``mesh``: the (dp_replicate, dp_shard, tp) mesh of ``parallel.make_groups``."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     # the root returns the logits as a view of the head's output; the trainer never

@@ -4,9 +4,10 @@ one optimizer step at a time, with per-step metrics.
 Launch: one process (``primus-train``), or ``torchrun`` (``WORLD_SIZE > 1``): NCCL on
 GPUs, gloo on CPU. Ranks are tensor-parallel-major (see ``parallel.py``); data parallel is
 DDP over the data-parallel group, or with ``parallel.dp_shard > 1`` FSDP2 (``fsdp.py``)
-over ``dp_shard`` ranks, hybrid with ``parallel.dp_replicate > 1`` replicas. Every rank builds the *full* model from the same seed,
-then :func:`parallel.parallelize` keeps its shard, so the initial weights do not depend on
-the tensor-parallel size.
+over ``dp_shard`` ranks, hybrid with ``parallel.dp_replicate > 1`` replicas. Every rank
+builds the *full* model from the same seed, then :func:`parallelize.parallelize` keeps its
+shard and applies TP, EP and FSDP2 or DDP from outside the model, so the initial weights
+do not depend on the parallel sizes.
 
 Precision: bf16 autocast on GPU with fp32 master weights, fp32 on CPU. AdamW (fused on
 GPU), linear warmup then cosine decay to ``min_lr``, global-norm gradient clipping,
@@ -39,14 +40,10 @@ from primus_perf.runtime import Handle, OnlineTuning, enable, seams
 from primus_perf.trainer.config import TrainConfig, TrainerConfig
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.flops import flops_per_token
-from primus_perf.trainer.fsdp import data_parallel_mesh, shard_model
+from primus_perf.trainer.fp8 import apply_plan, linear_layers, recipe_plan
 from primus_perf.trainer.moe import aux_loss, build_model, tokens_per_expert, update_router_biases
-from primus_perf.trainer.parallel import (
-    clip_grad_norm_,
-    make_groups,
-    parallelize,
-    reduce_expert_grads,
-)
+from primus_perf.trainer.parallel import clip_grad_norm_, make_groups, reduce_expert_grads
+from primus_perf.trainer.parallelize import parallelize
 from primus_perf.trainer.resources import check_fits
 
 
@@ -130,8 +127,7 @@ class Trainer:
                 f"config key 'parallel.ep' ({ep}) must divide the data-parallel size ({world // tp})"
             )
         dp_shard, dp_replicate = data_parallel_degrees(cfg, world // tp)
-        self.groups = make_groups(tp, ep)
-        self.groups.dp_shard, self.groups.dp_replicate = dp_shard, dp_replicate
+        self.groups = make_groups(tp, ep, dp_shard, dp_replicate, self.device.type)
         self.is_main = self.groups.rank == 0
         if t.dtype == "bf16" and self.device.type != "cuda":
             raise ConfigError("config key 'train.dtype': bf16 needs a GPU (the CPU path runs fp32)")
@@ -141,32 +137,20 @@ class Trainer:
         torch.manual_seed(t.seed)
         with torch.device(self.device):
             model = build_model(cfg.model)
-        parallelize(model, self.groups)
         model.recompute = t.recompute
         if t.compile:
             model.compile_pointwise()
         self.model = model
-        self._forward: torch.nn.Module = model
-        if dp_shard > 1:
-            g = self.groups
-            g.mesh = data_parallel_mesh(self.device.type, dp_replicate, dp_shard, tp)
-            g.shard_group = g.mesh["dp_shard"].get_group()
-            shard_model(
-                model,
-                g.mesh,
-                bf16=self.autocast,
-                prefetch=cfg.parallel.fsdp_prefetch,
-                reshard_after_forward=cfg.parallel.fsdp_reshard_after_forward,
-            )
-        elif self.groups.dp > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
+        self.fp8: dict[str, str] = {}  # layer name -> FP8 recipe or bf16 (train.fp8)
 
-            self._forward = DDP(
-                model,
-                process_group=self.groups.dp_group,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                broadcast_buffers=False,
-            )
+        def apply_fp8(m: torch.nn.Module) -> None:  # after TP and EP (local shapes), before FSDP2/DDP
+            if t.fp8 != "off":
+                self.fp8 = apply_plan(m, self._fp8_layers(), self.device, compile=t.compile,
+                                      fsdp_float8_all_gather=dp_shard > 1)
+
+        self._forward: torch.nn.Module = parallelize(
+            model, self.groups, cfg.parallel, device=self.device, bf16=self.autocast, before_data_parallel=apply_fp8
+        )
         params = [p for p in model.parameters() if p.requires_grad]
         self.params = params
         decay = [p for p in params if p.dim() >= 2]
@@ -228,6 +212,22 @@ class Trainer:
 
         row = lookup_peaks(self.device_name)
         return row.peak_tflops("bf16") if row is not None else None
+
+    def _fp8_layers(self) -> dict[str, str]:
+        """train.fp8's plan: the tuning cache's (auto) or one recipe for every block."""
+        t = self.cfg.train
+        if t.fp8 != "auto":
+            return recipe_plan(self.model, t.fp8)
+        from primus_perf.runtime.fp8 import find_plan
+
+        layers = [(n, o, i) for n, (_, _, o, i) in linear_layers(self.model).items()]
+        return find_plan(self.cfg.tuning.cache, layers, t.micro_batch * t.seq_len).layers
+
+    def set_fp8(self, layers: dict[str, str], *, compile: bool | None = None) -> None:
+        """Switch the FP8 plan between steps (layer name -> recipe or bf16; the plan tuner
+        measures candidates this way); ``compile`` defaults to train.compile."""
+        self.fp8 = apply_plan(self.model, layers, self.device,
+                              compile=self.cfg.train.compile if compile is None else compile)
 
     # ---- training ----------------------------------------------------------------------
 

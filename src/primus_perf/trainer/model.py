@@ -5,9 +5,11 @@ with a fused Q/K/V projection (optional Q/K/V bias, as in Qwen2.5), SwiGLU MLP w
 gate/up projection, untied output head. Every linear GEMM goes through
 :func:`seams.linear` and attention through :func:`seams.attention`.
 
-The model knows nothing about parallelism except three hooks that are no-ops while
-``tp_group`` is None: :func:`parallel.parallelize` shards the weights from outside and sets
-the groups (Megatron-style tensor parallel).
+The modules are plain: they call no collective and import nothing of parallelism.
+``parallelize.py`` applies tensor parallelism from outside: it shards the weights and swaps
+:class:`Attention`, :class:`MLP`, :class:`Embedding` and the root's :meth:`Transformer.head`
+for versions that add the collectives (``tensor_parallel.py``); it sets ``n_heads`` and
+``n_kv_heads`` to the local heads.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from torch import nn
 
 from primus_perf.runtime import seams
 from primus_perf.trainer.config import ModelConfig
-from primus_perf.trainer.parallel import copy_to_tp, gather_from_tp, reduce_from_tp
 
 
 def rope_tables(
@@ -69,13 +70,11 @@ class Attention(nn.Module):
         self.wqkv = nn.Parameter(torch.empty(qkv_out, cfg.dim))
         self.bqkv = nn.Parameter(torch.zeros(qkv_out)) if cfg.qkv_bias else None
         self.wo = nn.Parameter(torch.empty(cfg.dim, cfg.n_heads * cfg.head_dim))
-        self.tp_group = None
         self.rope = apply_rope
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         hq, hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
-        x = copy_to_tp(x, self.tp_group)
         qkv = seams.linear(x, self.wqkv)
         if self.bqkv is not None:
             qkv = qkv + self.bqkv.to(qkv.dtype)
@@ -84,8 +83,7 @@ class Attention(nn.Module):
         k = self.rope(k.view(b, s, hkv, hd), cos, sin)
         v = v.view(b, s, hkv, hd)
         o = seams.attention(q, k, v, causal=True)
-        out = seams.linear(o.reshape(b, s, hq * hd), self.wo)
-        return reduce_from_tp(out, self.tp_group)
+        return seams.linear(o.reshape(b, s, hq * hd), self.wo)
 
 
 class MLP(nn.Module):
@@ -93,13 +91,11 @@ class MLP(nn.Module):
         super().__init__()
         self.w13 = nn.Parameter(torch.empty(2 * cfg.ffn_dim, cfg.dim))  # [gate; up]
         self.w2 = nn.Parameter(torch.empty(cfg.dim, cfg.ffn_dim))
-        self.tp_group = None
         self.act = swiglu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tp(x, self.tp_group)
         h = self.act(seams.linear(x, self.w13))
-        return reduce_from_tp(seams.linear(h, self.w2), self.tp_group)
+        return seams.linear(h, self.w2)
 
     @torch.no_grad()
     def reset_parameters(self, std: float, out_std: float) -> None:
@@ -145,22 +141,14 @@ class Block(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding; vocab-parallel once ``tp_group`` is set (rows [start, end))."""
+    """Token embedding (its weight left uninitialized until ``reset_parameters``)."""
 
     def __init__(self, vocab: int, dim: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab, dim))
-        self.tp_group = None
-        self.vocab_start = 0
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.tp_group is None:
-            return F.embedding(ids, self.weight)
-        local = ids - self.vocab_start
-        outside = (local < 0) | (local >= self.weight.shape[0])
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
-        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from_tp(out, self.tp_group)
+        return F.embedding(ids, self.weight)
 
 
 class Transformer(nn.Module):
@@ -171,7 +159,6 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, self.make_mlp(i)) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Parameter(torch.empty(cfg.vocab_size, cfg.dim))
-        self.tp_group = None
         self._rope_cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         self.reset_parameters()
 
@@ -216,9 +203,11 @@ class Transformer(nn.Module):
         x = self.tok_embeddings(ids)
         for block in self.layers:
             x = block(x, cos, sin)
-        h = copy_to_tp(self.norm(x), self.tp_group)
-        logits = seams.linear(h, self.output)
-        return gather_from_tp(logits, self.tp_group)
+        return self.head(self.norm(x))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """The output head: normed hidden states -> logits (batch, seq, vocab)."""
+        return seams.linear(h, self.output)
 
     def compile_pointwise(self) -> None:
         """torch.compile the non-GEMM parts (RoPE, SwiGLU, RMSNorm); GEMMs stay routed."""

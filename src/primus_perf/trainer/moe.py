@@ -3,27 +3,33 @@ with mixture-of-experts layers in place of the dense MLP.
 
 One MoE layer (:class:`MoE`), for the ``n`` tokens of a micro-batch:
 
-1. Router: ``scores = softmax(x @ Wr^T)`` or ``sigmoid(x @ Wr^T)`` (fp32); the ``top_k``
-   experts of ``scores + bias`` are selected (``bias`` is zero unless ``balance=bias``: it
-   steers selection only); their weights are the unbiased scores, renormalized to sum to
-   1 (``norm_topk_prob``) and times ``routed_scale``.
+1. Token router (:class:`TokenRouter`): ``scores = softmax(x @ Wr^T)`` or
+   ``sigmoid(x @ Wr^T)`` (fp32); the ``top_k`` experts of ``scores + bias`` are selected
+   (``bias`` is zero unless ``balance=bias``: it steers selection only); their weights are
+   the unbiased scores, renormalized to sum to 1 (``norm_topk_prob``) and times
+   ``routed_scale``.
 2. Dropless dispatch (:func:`permute`): the ``n * top_k`` (token, expert) pairs are sorted
    by expert (stable), the token rows gathered in that order, and ``counts[e]`` (tokens per
    expert) read to the host once.
 3. Experts: SwiGLU through two grouped GEMMs (``x @ W13_e``, ``[gate | up]``, then
-   ``@ W2_e``) through :func:`primus_perf.runtime.seams.grouped_mm`. Under expert
-   parallelism (``ep_group`` set by :func:`parallel.parallelize`) the rows go to the rank
-   that holds their expert with an all-to-all(v), are regrouped by local expert, and come
-   back the same way.
+   ``@ W2_e``) through :func:`primus_perf.runtime.seams.grouped_mm`
+   (:meth:`MoE.experts`).
 4. Combine (:func:`unpermute`): each pair's output times its weight, summed into its token.
    Shared experts (a dense SwiGLU every token takes) are added.
 
 Balancing: ``aux_loss`` adds ``coef * E * sum_e f_e * P_e`` (``f_e``: fraction of the
 global batch's assignments to expert e, ``P_e``: mean normalized score of e over this
-rank's tokens). ``f`` is all-reduced over the data-parallel group and ``P`` is local, so
-the data-parallel average of the per-rank losses equals the loss of one process holding
-the whole batch. ``bias``: after each optimizer step, ``bias_e += rate * sign(mean load -
-load_e)`` on the global counts (:func:`update_router_biases`), identical on every rank.
+rank's tokens). ``f`` is over the global batch (:meth:`MoE.count_tokens`) and ``P`` is
+local, so the data-parallel average of the per-rank losses equals the loss of one process
+holding the whole batch. ``bias``: after each optimizer step, ``bias_e += rate *
+sign(mean load - load_e)`` on the global counts (:func:`update_router_biases`), identical
+on every rank.
+
+The layer is plain: on one process the global batch is the local one. Data and expert
+parallelism are applied from outside (``parallelize.py``): the layer is swapped for a
+version (``expert_parallel.py``) whose :meth:`MoE.count_tokens` sums the counts over the
+data-parallel group and whose :meth:`MoE.experts` sends the rows to the rank that holds
+their expert with an all-to-all(v) and back.
 
 Every dense GEMM (attention, router, shared experts, output head) goes through
 :func:`seams.linear` as in the dense model.
@@ -34,17 +40,15 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from primus_perf.errors import ConfigError
 from primus_perf.kernels.autocast import gemm_dtype
-from primus_perf.kernels.grouped import BACKENDS
+from primus_perf.kernels.grouped import AUTO, BACKENDS, default_backend
 from primus_perf.runtime import seams
 from primus_perf.runtime.seams import grouped_mm
 from primus_perf.trainer.config import ModelConfig
 from primus_perf.trainer.model import MLP, Transformer, swiglu
-from primus_perf.trainer.parallel import all_to_all
 
 
 def permute(
@@ -72,7 +76,9 @@ def unpermute(
     return out.index_add(0, order // k, scaled)
 
 
-class Router(nn.Module):
+class TokenRouter(nn.Module):
+    """Which experts each token goes to, and with what weight (top-k over the scores)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         moe = cfg.moe
@@ -111,15 +117,12 @@ class MoE(nn.Module):
         )
         self.backend = moe.grouped_gemm_backend
         self.backend_checked = False
-        self.router = Router(cfg)
+        self.router = TokenRouter(cfg)
         # local experts (all of them until parallelize keeps this rank's slice)
         self.w13 = nn.Parameter(torch.empty(moe.n_experts, cfg.dim, 2 * moe.expert_dim))
         self.w2 = nn.Parameter(torch.empty(moe.n_experts, moe.expert_dim, cfg.dim))
         shared = moe.n_shared_experts * moe.expert_dim
         self.shared = MLP(dataclasses.replace(cfg, ffn_dim=shared)) if shared else None
-        self.dp_group = None  # counts are summed over it (set by parallelize)
-        self.ep_group = None  # experts split over it (set by parallelize)
-        self.ep = 1
         self.aux_loss: torch.Tensor | None = None  # of the last forward
         self.tokens_per_expert: list[int] = []  # global, of the last forward
 
@@ -137,15 +140,12 @@ class MoE(nn.Module):
         x2 = x.reshape(-1, shape[-1])
         weights, experts, probs = self.router(x2)
         rows, order, counts = permute(x2, experts, self.n_experts)
-        global_counts = counts.clone()
-        if self.dp_group is not None:
-            dist.all_reduce(global_counts, group=self.dp_group)
-        local, total = torch.stack((counts, global_counts)).tolist()
+        local, total = self.count_tokens(counts)
         self.tokens_per_expert = total
         if self.balance == "aux_loss" and torch.is_grad_enabled():
             share = torch.tensor(total, dtype=probs.dtype, device=probs.device) / max(1, sum(total))
             self.aux_loss = self.aux_coef * self.n_experts * (share * probs.mean(dim=0)).sum()
-        out = unpermute(self._experts(rows, local), order, weights, x2.shape[0])
+        out = unpermute(self.experts(rows, local), order, weights, x2.shape[0])
         if self.shared is not None:
             out = out + self.shared(x2)
         return out.view(shape)
@@ -154,6 +154,8 @@ class MoE(nn.Module):
         """A one-line ConfigError when the configured backend cannot run here."""
         dtype = gemm_dtype(rows)
         dim, width = self.w13.shape[1], self.expert_dim
+        if self.backend == AUTO:  # the fixed backend of the default rule, for this device and layer
+            self.backend = default_backend(rows.device, dtype, self.w13.shape[0], [(dim, 2 * width), (width, dim)])
         why = BACKENDS[self.backend].unsupported(rows.device, dtype, dim, 2 * width)
         why = why or BACKENDS[self.backend].unsupported(rows.device, dtype, width, dim)
         if why:
@@ -162,33 +164,19 @@ class MoE(nn.Module):
             )
         self.backend_checked = True
 
-    def _expert_mlp(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def count_tokens(self, counts: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Tokens per expert (a device tensor) -> (this micro-batch's, the global batch's),
+        read to the host once. One process: the same."""
+        local = counts.tolist()
+        return local, list(local)
+
+    def experts(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Rows sorted by expert, ``counts[e]`` of expert e -> their SwiGLU expert outputs,
+        in the same order."""
         if not self.backend_checked:
             self._check_backend(rows)
         h = grouped_mm(rows, self.w13, counts, self.backend)
         return grouped_mm(swiglu(h), self.w2, counts, self.backend)
-
-    def _experts(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """Rows sorted by (global) expert -> their expert outputs, in the same order."""
-        if self.ep_group is None:
-            return self._expert_mlp(rows, counts)
-        ep, local_n = self.ep, self.n_experts // self.ep
-        send = [sum(counts[r * local_n : (r + 1) * local_n]) for r in range(ep)]
-        mine = torch.tensor(counts, device=rows.device)
-        theirs = torch.empty_like(mine)
-        dist.all_to_all_single(theirs, mine, group=self.ep_group)
-        grid = theirs.view(ep, local_n)  # grid[r, e]: rows rank r sends to my expert e
-        recv = grid.sum(dim=1).tolist()
-        received = all_to_all(rows, recv, send, self.ep_group)  # by (source rank, expert)
-        # regroup by (expert, source rank) for the grouped GEMM, and back afterwards
-        source = torch.repeat_interleave(
-            torch.arange(ep * local_n, device=rows.device), grid.reshape(-1)
-        )
-        expert_major = (source % local_n) * ep + source // local_n
-        by_expert = torch.argsort(expert_major, stable=True)
-        out = self._expert_mlp(received[by_expert], grid.sum(dim=0).tolist())
-        back = torch.empty_like(out).index_copy(0, by_expert, out)
-        return all_to_all(back, send, recv, self.ep_group)
 
 
 class MoETransformer(Transformer):

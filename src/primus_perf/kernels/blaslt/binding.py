@@ -14,11 +14,13 @@ import ctypes
 import glob
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from primus_perf.devices import gpu_vendor
 from primus_perf.errors import DeviceError
+from primus_perf.kernels.blaslt.layout import layouts
 from primus_perf.kernels.blaslt.tables import TABLES, VendorTable
 from primus_perf.problems import GemmProblem
 
@@ -130,26 +132,26 @@ class BlasLt:
         self._set("MatmulPreferenceSetAttribute", pref, pa["MAX_WORKSPACE_BYTES"], ctypes.c_uint64(workspace))
         if reduction_mask is not None and "REDUCTION_SCHEME_MASK" in pa:
             self._set("MatmulPreferenceSetAttribute", pref, pa["REDUCTION_SCHEME_MASK"], ctypes.c_uint32(reduction_mask))
+        for name in ("A", "B", "C", "D"):  # what the kernels check per call (blaslt.layout.aligned)
+            attr = pa.get(f"MIN_ALIGNMENT_{name}_BYTES")
+            if attr is not None:
+                self._set("MatmulPreferenceSetAttribute", pref, attr, ctypes.c_uint32(self.t.pointer_alignment))
         return pref
 
     def plan(self, p: GemmProblem) -> Plan:
         """Descriptors for one problem (kept alive by the returned plan; close it, or use it
         as a context manager). A descriptor that fails destroys the ones made before it."""
-        ra, ca = (p.k, p.m) if p.trans_a else (p.m, p.k)
-        rb, cb = (p.n, p.k) if p.trans_b else (p.k, p.n)
-        specs = ((p.dtype_a, ra, ca, p.lda, p.stride_a), (p.dtype_b, rb, cb, p.ldb, p.stride_b),
-                 (p.dtype_c, p.m, p.n, p.ldc, p.stride_c), (p.dtype_d, p.m, p.n, p.ldd, p.stride_d))
         desc = self.matmul_desc(p)
-        layouts: list[c_void_p] = []
+        made: list[c_void_p] = []
         try:
-            for dtype, rows, cols, ld, stride in specs:
-                layouts.append(self.layout(dtype, rows, cols, ld, p.batch, stride))
+            for m in layouts(p):  # the one description of the four matrices (blaslt.layout)
+                made.append(self.layout(m.dtype, m.rows, m.cols, m.ld, m.batch, m.stride))
         except BaseException:
-            for lay in layouts:
+            for lay in made:
                 self.call("MatrixLayoutDestroy", lay)
             self.call("MatmulDescDestroy", desc)
             raise
-        return Plan(self, p, desc, *layouts)
+        return Plan(self, p, desc, *made)
 
 
 @dataclass
@@ -231,19 +233,37 @@ class Plan:
         ws = struct.unpack_from("<Q", bytes(res), t.heuristic_offsets["workspace"])[0]
         return bytes(a), ws
 
+    def launcher(self, algo: bytes, workspace: int, alpha: float = 1.0) -> Callable[[int, int, int, int, int], None]:
+        """``launch(a_ptr, b_ptr, d_ptr, workspace_ptr, stream)``: D = alpha * op(A) op(B)
+        (beta = 0; C aliases D) with ``algo``, every argument but the five pointers built
+        once (a routed call pays one ctypes call of plain ints and the status check)."""
+        t = self.lt.t
+        name = t.prefix + "Matmul"
+        f = self.lt.lib[name]  # a function object of its own: its argtypes are this launcher's
+        f.restype = ctypes.c_int
+        f.argtypes = [c_void_p] * 14 + [ctypes.c_size_t, c_void_p]
+        scalar = ctypes.c_double if self.problem.compute == "f64" else ctypes.c_float
+        al, be = scalar(alpha), scalar(0.0)
+        a = (ctypes.c_uint8 * t.algo_size).from_buffer_copy(algo)
+        handle, desc = self.lt.handle.value, self.desc.value
+        la, lb, lc, ld = self.a.value, self.b.value, self.c.value, self.d.value
+        p_al, p_be, p_algo = ctypes.addressof(al), ctypes.addressof(be), ctypes.addressof(a)
+        success = t.success
+        plan = self
+
+        def launch(a_ptr: int, b_ptr: int, d_ptr: int, workspace_ptr: int, stream: int) -> None:
+            status = f(handle, desc, p_al, a_ptr, la, b_ptr, lb, p_be, d_ptr, lc, d_ptr, ld, p_algo,
+                       workspace_ptr or None, workspace, stream or None)
+            if status != success:
+                raise BlasLtError(name, status)
+
+        launch.keep = (al, be, a, plan)  # type: ignore[attr-defined]  # alive as long as the launcher
+        return launch
+
     def run(self, algo: bytes, a_ptr: int, b_ptr: int, d_ptr: int, workspace_ptr: int, workspace: int,
             stream: int, alpha: float = 1.0) -> None:
-        """D = alpha * op(A) op(B) (beta = 0; C aliases D)."""
-        t = self.lt.t
-        if self.problem.compute == "f64":
-            al, be = ctypes.c_double(alpha), ctypes.c_double(0.0)
-        else:
-            al, be = ctypes.c_float(alpha), ctypes.c_float(0.0)
-        a = (ctypes.c_uint8 * t.algo_size).from_buffer_copy(algo)
-        self.lt.call("Matmul", self.lt.handle, self.desc, ctypes.byref(al), c_void_p(a_ptr), self.a,
-                     c_void_p(b_ptr), self.b, ctypes.byref(be), c_void_p(d_ptr), self.c, c_void_p(d_ptr),
-                     self.d, ctypes.byref(a), c_void_p(workspace_ptr or None), ctypes.c_size_t(workspace),
-                     c_void_p(stream))
+        """D = alpha * op(A) op(B) (beta = 0; C aliases D), once (:meth:`launcher` for many calls)."""
+        self.launcher(algo, workspace, alpha)(a_ptr, b_ptr, d_ptr, workspace_ptr, stream)
 
     def close(self) -> None:
         """Destroy the descriptors (once; a closed plan cannot run)."""

@@ -46,6 +46,10 @@ class VendorTable:
     version_digits: tuple[int, int] | None = None
     # ctypes width of each algo config attribute (AlgoConfigSetAttribute takes exactly it)
     algo_config_ctype: dict[str, type] = field(default_factory=dict)
+    # the pointer alignment (bytes) the heuristic's algorithms may assume: the binding sets
+    # it as the MIN_ALIGNMENT_{A,B,C,D}_BYTES preferences where ``pref_attr`` has them, and a
+    # kernel runs torch's GEMM for a call whose pointers are less aligned (blaslt.layout)
+    pointer_alignment: int = 256
 
 
 CUBLASLT = VendorTable(
@@ -83,6 +87,7 @@ CUBLASLT = VendorTable(
     source="cublaslt",
     heuristic_count=16,
     version_digits=(10000, 100),  # cublasLtGetVersion(): major*10000 + minor*100 + patch
+    pointer_alignment=256,  # the MIN_ALIGNMENT_*_BYTES default (cublasLt.h), set explicitly
 )
 
 HIPBLASLT = VendorTable(
@@ -104,13 +109,16 @@ HIPBLASLT = VendorTable(
     # hipblasLtMatrixLayoutAttribute_t
     layout_attr={"BATCH_COUNT": 0, "STRIDED_BATCH_OFFSET": 1, "TYPE": 2, "ORDER": 3,
                  "ROWS": 4, "COLS": 5, "LD": 6},
-    # hipblasLtMatmulPreferenceAttributes_t
+    # hipblasLtMatmulPreferenceAttributes_t: no MIN_ALIGNMENT attributes (hipblaslt.h of
+    # ROCm 6.x ends at MAX = 2), so the alignment its solutions assume cannot be asked for:
+    # calls with pointers less aligned than ``pointer_alignment`` run torch's GEMM
     pref_attr={"SEARCH_MODE": 0, "MAX_WORKSPACE_BYTES": 1},
     algo_config_attr={},
     source="hipblaslt",
     heuristic_count=2048,  # "all solutions", as hipblaslt-bench's offline tuning asks for
     solution_index_offset=0,  # hipblaslt-ext's getIndexFromAlgo reads algo.data as an int32
     version_takes_handle=True,  # hipblasLtGetVersion(handle, int* version)
+    pointer_alignment=256,
 )
 
 TABLES = {"nvidia": CUBLASLT, "amd": HIPBLASLT}

@@ -4,7 +4,10 @@ Per communication GPU event (:func:`trace_collectives`, one trace at a time):
 
 - the collective (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, reduce,
   send/recv), from the ops around its launch (``nccl:all_reduce``, ``c10d::alltoall_base_``,
-  ``symm_mem::multimem_all_reduce_``, ``vllm::all_gather``) and else its kernel name;
+  ``symm_mem::multimem_all_reduce_``, ``vllm::all_gather``) and else its kernel name; a
+  kernel of an expert-parallel library (DeepEP, pplx, MORI, ...:
+  ``categories.expert_parallel_kind``) is its token ``dispatch`` or ``combine`` (else
+  ``all_to_all``), whatever op launched it, with sizes unknown unless an op records them;
 - the message size ``bytes`` in NCCL's convention (the larger of the collective's input and
   output: an all-gather's output, a reduce-scatter's input), from the recorded input shapes
   and dtypes of those ops; unknown (-1) when the trace has no shapes; and the rank's own
@@ -44,14 +47,15 @@ import pandas as pd
 
 from primus_perf.problems import DTYPE_BYTES, dtype_name
 from primus_perf.tracelens import load as L
-from primus_perf.tracelens.categories import COMMUNICATION
+from primus_perf.tracelens.categories import COMBINE, COMMUNICATION, DISPATCH, expert_parallel_kind
 from primus_perf.tracelens.link import Linked
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
 ALL_TO_ALLV = "all_to_allv"  # an all-to-all with split sizes: each rank sends and receives its own amounts
 BROADCAST, REDUCE, SEND_RECV = "broadcast", "reduce", "send_recv"
 # collectives whose message size changes from call to call: one bandwidth row per group size
-VARIABLE_SIZE = frozenset({ALL_TO_ALLV})
+# (an expert-parallel library's token dispatch and combine: ``categories.expert_parallel_kind``)
+VARIABLE_SIZE = frozenset({ALL_TO_ALLV, DISPATCH, COMBINE})
 
 # op or kernel name -> collective (first match wins: the specific names before "reduce")
 COLLECTIVE_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
@@ -73,6 +77,8 @@ BUS_FACTORS: dict[str, Callable[[int], float]] = {
     REDUCE_SCATTER: lambda n: (n - 1) / n,
     ALL_TO_ALL: lambda n: (n - 1) / n,
     ALL_TO_ALLV: lambda n: (n - 1) / n,
+    DISPATCH: lambda n: (n - 1) / n,
+    COMBINE: lambda n: (n - 1) / n,
     BROADCAST: lambda n: 1.0,
     REDUCE: lambda n: 1.0,
     SEND_RECV: lambda n: 1.0,
@@ -188,7 +194,7 @@ def _describe(rt: L.RawTrace, lk: Linked, leaf: int, kernel_name: str, default_g
                 elif sizes and in_bytes < 0:
                     in_bytes = sizes[0]
         r, depth = int(lk.op_parent[r]), depth + 1
-    kind = kind or collective_kind(kernel_name) or SEND_RECV
+    kind = expert_parallel_kind(kernel_name) or kind or collective_kind(kernel_name) or SEND_RECV
     if kind == ALL_TO_ALL and (splits or (pair is not None and pair[0] != pair[1])):
         kind = ALL_TO_ALLV
     if group < 0 and pair is not None and kind in (ALL_GATHER, REDUCE_SCATTER) and min(pair) > 0:

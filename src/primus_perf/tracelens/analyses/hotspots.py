@@ -8,7 +8,8 @@ copy the same call launched. A GEMM or attention row is
 one problem: ``problem_key`` and ``problem`` are its canonical key and label (the same
 whichever library, backend or op ran it; empty for other rows), so one op and input shape
 with two problems (other strides) gives two rows. ``top_kernels`` lists the row's largest
-kernels as (name, share of the row's time).
+kernels as (name, share of the row's time); ``roofline_note`` says why a row's
+``pct_roofline`` above 1 is not real (:func:`~primus_perf.tracelens.roofline.explain_over`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from primus_perf.tracelens.categories import (
     MEMCPY,
     MEMSET,
 )
-from primus_perf.tracelens.roofline import roofline
+from primus_perf.tracelens.roofline import explain_over, roofline
 
 COLUMNS = ["category", "op", "shape", "problem_key", "problem", "calls", "kernels", "time_s", "share", "flops",
-           "tflops", "tb_s", "pct_roofline", "top_kernels"]
+           "tflops", "tb_s", "pct_roofline", "roofline_note", "top_kernels"]
 KEYS = ["category", "op", "shape"]
 ROW_KEYS = [*KEYS, "problem_key"]
 MODELED = (GEMM, ATTENTION_FWD, ATTENTION_BWD)  # categories whose rows are one problem each
@@ -94,7 +95,10 @@ def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | No
     with np.errstate(divide="ignore", invalid="ignore"):
         tb_s = nbytes / g["time_s"].to_numpy() / 1e12
     g["tflops"] = np.where(has, tfl, np.nan)
-    g["pct_roofline"] = np.where(has | has_bytes, pct, np.nan)
+    pct, notes = explain_over(np.where(has | has_bytes, pct, np.nan), flops, nbytes, g["time_s"].to_numpy(),
+                              [d if isinstance(d, str) else "" for d in g["dtype"]], list(g["category"].astype(str)),
+                              g["calls"].to_numpy(dtype=np.float64), peaks)
+    g["pct_roofline"], g["roofline_note"] = pct, notes
     g["tb_s"] = np.where(has_bytes, tb_s, np.nan)
     g["flops"] = np.where(has, flops / per_step, np.nan)
     g["calls"] = g["calls"] / per_step

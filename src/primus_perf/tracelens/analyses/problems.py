@@ -23,7 +23,7 @@ import pandas as pd
 
 from primus_perf import kinds
 from primus_perf.devices import DevicePeaks
-from primus_perf.tracelens.roofline import roofline
+from primus_perf.tracelens.roofline import explain_over, roofline
 
 # the table's columns per kind (the registry's: key, label, the problem's shape, the rest)
 KIND_COLUMNS = {kind.name: kind.columns for kind in kinds.all_kinds()}
@@ -48,23 +48,31 @@ def gemm_directions(gemm_calls: pd.DataFrame) -> pd.Series:
 
 
 def _labels(problems: list, keys: list[str]) -> list[str]:
-    """``str(problem)``, with the leading dimensions and output dtype added where two
-    different problems would otherwise share a label."""
+    """``str(problem)``, unique per key: where different problems would share a label, the
+    leading dimensions and output dtype are added, and where they still would, the key."""
     labels = [str(p) for p in problems]
-    seen: dict[str, set[str]] = {}
-    for label, key in zip(labels, keys, strict=True):
-        seen.setdefault(label, set()).add(key)
-    out = []
-    for label, p in zip(labels, problems, strict=True):
-        if len(seen[label]) > 1 and hasattr(p, "lda"):
-            d = p.to_dict()
-            label = f"{label} ld {d['lda']}/{d['ldb']}/{d['ldd']} -> {p.dtype_d}"
-        out.append(label)
-    return out
+    for widen in (_with_layout, lambda label, _p, key: f"{label} [{key}]"):
+        seen: dict[str, set[str]] = {}
+        for label, key in zip(labels, keys, strict=True):
+            seen.setdefault(label, set()).add(key)
+        labels = [widen(label, p, key) if len(seen[label]) > 1 else label
+                  for label, p, key in zip(labels, problems, keys, strict=True)]
+    return labels
 
 
-def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int) -> pd.DataFrame:
-    """The table of one kind (a name of ``kinds``); GEMM rows say their pass."""
+def _with_layout(label: str, p: object, _key: str) -> str:
+    if not hasattr(p, "lda"):
+        return label
+    d = p.to_dict()  # type: ignore[attr-defined]
+    return f"{label} ld {d['lda']}/{d['ldb']}/{d['ldd']} -> {d['dtype_d']}"
+
+
+def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int,
+                  device_time: bool = True) -> pd.DataFrame:
+    """The table of one kind (a name of ``kinds``); GEMM rows say their pass.
+    ``device_time``: the calls' times are their kernels' GPU time; False (a trace without
+    GPU events: the ops' CPU times) leaves TFLOP/s, TB/s and % of roofline unknown (NaN),
+    since a CPU op's duration says nothing about what the device reached."""
     spec = kinds.get(kind)
     cols = spec.columns
     sub = calls[(calls["kind"] == kind) & calls["problem"].notna()]
@@ -80,9 +88,14 @@ def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per
     n = g.pop("n").to_numpy(dtype=np.float64)
     total_flops = g["flops"].to_numpy(dtype=np.float64)
     total_bytes = g["bytes"].to_numpy(dtype=np.float64)
-    g["tflops"], g["pct_roofline"] = roofline(total_flops, total_bytes, time_s, list(g["dtype"]), peaks)
+    g["tflops"], pct = roofline(total_flops, total_bytes, time_s, list(g["dtype"]), peaks)
+    g["pct_roofline"], g["roofline_note"] = explain_over(pct, total_flops, total_bytes, time_s, list(g["dtype"]),
+                                                         [kind] * len(g), n, peaks)
     with np.errstate(divide="ignore", invalid="ignore"):
         g["tb_s"] = np.where(time_s > 0, total_bytes / time_s / 1e12, np.nan)
+    if not device_time:
+        g["tflops"] = g["pct_roofline"] = g["tb_s"] = np.nan
+        g["roofline_note"] = ""
     g["flops"], g["bytes"] = total_flops / n, total_bytes / n
     g["intensity"] = g["flops"] / g["bytes"].where(g["bytes"] > 0)
     g["calls"] = n / per_step

@@ -273,7 +273,8 @@
       ["steps", h.steps], ["GPU step time", h.step_time_ms !== null ? F.ms(h.step_time_ms) : null],
       ["wall-clock step", h.host_step_time_ms !== null && h.host_step_time_ms !== undefined ? F.ms(h.host_step_time_ms) : null],
       ["GPU kernel time / step", F.ms(h.gpu_kernel_ms)],
-      ["tokens/s", h.tokens_per_s ? fmt(h.tokens_per_s) : null], ["MFU", h.mfu ? pct(h.mfu) : null]]);
+      ["tokens/s", h.tokens_per_s ? fmt(h.tokens_per_s) : null], ["MFU", h.mfu ? pct(h.mfu) : null],
+      ["FP8 layers", Object.keys(h.fp8_layers || {}).length ? Object.entries(h.fp8_layers).map(([k, v]) => `${k} ${v}`).join(", ") : null]]);
     const vers = Object.entries(h.versions || {}).map(([k, v]) => `${k} ${v}`).join(" · ");
     document.querySelector(".sub").textContent = (vers ? vers + " · " : "") + (h.traces || []).join(", ");
     (DATA.notes || []).forEach((n) => document.querySelector("header").appendChild(el("div", { cls: "muted", text: "note: " + n })));
@@ -291,9 +292,11 @@
         t.map((r) => Object.assign({ label: r.label, span_ms: r.span_ms, wall_ms: r.wall_ms }, r.parts)), { name: "temporal" });
     }
 
+    if ((DATA.recommendations || []).length) recommendationsSection(DATA.recommendations);
+
     if ((DATA.tune_next || []).length) {
       const tn = section("Tune next", "GEMM and attention problems ranked by the time they would save at the roofline (time × (1 − % roofline)); " +
-        "each with the command that tunes it.");
+        "each with the command that tunes it (What to do next counts only what the best available kernels reach).");
       const cols = [{ key: "kind", label: "kind" }, { key: "shape", label: "problem", wrap: true },
         { key: "saving_ms", label: "to gain / step", num: true, fmt: F.ms }, { key: "time_ms", label: "time/step", num: true, fmt: F.ms },
         { key: "pct_roofline", label: "% roofline", num: true, fmt: pct }, { key: "calls", label: "calls/step", num: true, fmt: F.count }];
@@ -359,6 +362,104 @@
       const s6 = section(`Kernel timeline: rank ${tl.rank}, step ${tl.step}`,
         `Per stream, in ${F.us(tl.resolution_us)} bins: each run of bins coloured by the category with most kernel time; time axis in ms.`);
       timeline(s6, tl);
+    }
+    // the detail sections after the overview ones: host side, kernel resources, memory
+    if (DATA.host) hostSection(DATA.host);
+    if ((DATA.kernel_efficiency || []).length) efficiencySection(DATA.kernel_efficiency);
+    if (DATA.memory) memorySection(DATA.memory);
+  }
+
+  function recommendationsSection(rows) {
+    const s = section("What to do next", "Ranked by the time each change could save per step (FP8 last: it changes the numerics). " +
+      "Each estimate says how it was made; they do not add up where two touch the same kernels.");
+    s.setAttribute("id", "recommendations");
+    const list = el("ol", { cls: "recs" });
+    rows.forEach((r) => {
+      const items = [el("div", {}, [el("b", { text: r.category }), " · save ~" + F.ms(r.estimated_saving_ms) + " per step" +
+        (r.changes_numerics ? " · changes the numerics" : "")]),
+        el("div", { text: "evidence: " + r.evidence }), el("div", {}, [el("b", { text: "do: " }), r.action])];
+      if (r.command) items.push(el("div", {}, ["run: ", commandCell(r.command)]));
+      items.push(el("div", { cls: "muted", text: "estimate: " + r.method }));
+      list.appendChild(el("li", {}, items));
+    });
+    s.appendChild(list);
+  }
+
+  const PATH_LABELS = { cpu: "host (CPU)", launch: "launch delay", gpu: "GPU kernels", wait: "stream wait" };
+  function hostSection(d) {
+    const s = section("Host side: critical path and launches", "Critical path of each step: from the step's start on the host to its " +
+      "last GPU event, walking back through whatever released each kernel (the previous kernel of its stream, or its launch; on the " +
+      "host, back to a synchronizing call and the GPU event it waited for). Host-bound steps have most of it on the host.");
+    s.setAttribute("id", "host");
+    if (d.critical_path.length) {
+      stackedBars(s, d.critical_path.map((r) => ({ label: r.label, values: r.parts, total: r.path_ms })), Object.keys(PATH_LABELS),
+        { name: "critical-path", labels: PATH_LABELS, axis: "critical path (ms)" });
+      table(s, [{ key: "label", label: "rank / step" }, { key: "path_ms", label: "path", num: true, fmt: F.ms },
+        ...Object.keys(PATH_LABELS).map((p) => ({ key: p, label: PATH_LABELS[p], num: true, fmt: (v, r) => `${F.ms(v)} (${pct(v / r.path_ms)})` })),
+        { key: "events", label: "GPU events on path", num: true, fmt: F.count }],
+        d.critical_path.map((r) => Object.assign({ label: r.label, path_ms: r.path_ms, events: r.events }, r.parts)), { name: "critical-path" });
+    }
+    if (d.launches.length) {
+      s.appendChild(el("h3", { text: "Kernel launches per step" }));
+      table(s, [{ key: "label", label: "rank / step" }, { key: "launches", label: "launches", num: true, fmt: F.count },
+        { key: "launch_ms", label: "launch calls", num: true, fmt: F.ms }, { key: "call_p50_us", label: "call p50", num: true, fmt: F.us },
+        { key: "delay_p50_us", label: "launch→start p50", num: true, fmt: F.us }, { key: "delay_p90_us", label: "p90", num: true, fmt: F.us },
+        { key: "delay_max_us", label: "max", num: true, fmt: F.us }, { key: "queue_p50", label: "queue p50", num: true, fmt: F.count },
+        { key: "queue_max", label: "queue max", num: true, fmt: F.count }], d.launches, { name: "launches" });
+      const total = d.delays.reduce((x, r) => x + r.launches, 0) || 1;
+      s.appendChild(el("h3", { text: "Launch-to-start delay distribution" }));
+      table(s, [{ key: "bin", label: "delay" }, { key: "launches", label: "launches", num: true, fmt: F.count },
+        { key: "share", label: "share", num: true, fmt: pct }],
+        d.delays.map((r) => ({ bin: `${F.us(r.lo_us)} – ${r.hi_us === null ? "∞" : F.us(r.hi_us)}`, launches: r.launches, share: r.launches / total })),
+        { name: "launch-delays" });
+    }
+    if (d.ops.length) {
+      s.appendChild(el("h3", { text: "CPU against GPU time per op (per step)" }));
+      table(s, [{ key: "op", label: "op", wrap: true }, { key: "calls", label: "calls/step", num: true, fmt: F.count },
+        { key: "cpu_ms", label: "CPU", num: true, fmt: F.ms }, { key: "cpu_self_ms", label: "CPU self", num: true, fmt: F.ms },
+        { key: "gpu_self_ms", label: "GPU self", num: true, fmt: F.ms }, { key: "gpu_ms", label: "GPU inclusive", num: true, fmt: F.ms }],
+        d.ops, { name: "cpu-ops" });
+    }
+  }
+
+  function efficiencySection(rows) {
+    const s = section("Kernel efficiency", "Launch resources Kineto records per kernel: grid, block, registers per thread, shared memory, " +
+      "blocks per SM and its estimated achieved occupancy (time-weighted). Flagged: kernels with ≥1% of the time at <25% occupancy or with " +
+      "fewer blocks than SMs (GEMM and attention kernels often run one large block per SM by design).");
+    s.setAttribute("id", "kernel-efficiency");
+    table(s, [{ key: "name", label: "kernel", wrap: true }, catCol("category"), { key: "launches", label: "launches/step", num: true, fmt: F.count },
+      { key: "time_ms", label: "time/step", num: true, fmt: F.ms }, { key: "share", label: "share", num: true, fmt: pct },
+      { key: "grid", label: "grid" }, { key: "block", label: "block" }, { key: "registers", label: "regs", num: true, fmt: F.count },
+      { key: "shared_bytes", label: "shared mem", num: true, fmt: F.bytes }, { key: "blocks_per_sm", label: "blocks/SM", num: true, fmt },
+      { key: "occupancy_pct", label: "occupancy", num: true, fmt: (v) => (v === null || v === undefined ? "–" : fmt(v) + "%") },
+      { key: "flag", label: "flag" }], rows, { name: "kernel-efficiency" });
+  }
+
+  function memorySection(d) {
+    const s = section("Memory", "Allocated bytes over the profiled window, from the trace's [memory] events (profile_memory=True); " +
+      "allocations per op are the ones made while it was the innermost op on the allocating thread.");
+    s.setAttribute("id", "memory");
+    d.devices.forEach((dev) => {
+      if (!dev.points.length) return;
+      s.appendChild(el("h3", { text: `${dev.label}: peak ${F.bytes(dev.peak_bytes)} at ${F.ms(dev.peak_ms)}` +
+        (dev.relative ? " (relative to the first event: the trace records no totals)" : "") }));
+      const W = 900, H = 180, P = 40;
+      const xs = dev.points.map((p) => p[0]), ys = dev.points.map((p) => p[1]);
+      const x1 = Math.max(...xs) || 1, y0 = Math.min(0, ...ys), y1 = Math.max(...ys) || 1;
+      const svg = sv("svg", { width: W, height: H, "data-chart": "memory", class: "chart" }, s);
+      const X = (x) => P + (W - 2 * P) * x / x1, Y = (y) => H - 20 - (H - 40) * (y - y0) / (y1 - y0 || 1);
+      const line = dev.points.map((p) => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ");
+      sv("polygon", { fill: "#4c78a8", "fill-opacity": 0.4, stroke: "none",
+        points: `${X(xs[0]).toFixed(1)},${Y(y0).toFixed(1)} ${line} ${X(xs[xs.length - 1]).toFixed(1)},${Y(y0).toFixed(1)}` }, svg);
+      sv("polyline", { fill: "none", stroke: "#4c78a8", "stroke-width": 1.5, "data-mark": "1", points: line }, svg);
+      sv("line", { x1: P, x2: W - P, y1: Y(y0), y2: Y(y0), stroke: "#888" }, svg);
+      sv("text", { x: 4, y: 14, text: F.bytes(y1), "font-size": 11 }, svg);
+      sv("text", { x: W - P, y: H - 4, text: F.ms(x1), "font-size": 11, "text-anchor": "end" }, svg);
+    });
+    if (d.by_op.length) {
+      table(s, [{ key: "op", label: "op", wrap: true }, { key: "allocations", label: "allocations", num: true, fmt: F.count },
+        { key: "bytes", label: "bytes allocated", num: true, fmt: F.bytes }, { key: "largest", label: "largest", num: true, fmt: F.bytes }],
+        d.by_op, { name: "memory-by-op" });
     }
   }
 

@@ -11,8 +11,10 @@ from typing import Any
 from primus_perf.devices import require_gpu
 from primus_perf.errors import UserError
 from primus_perf.kernels.blaslt.binding import BlasLt, Plan, load
+from primus_perf.kernels.blaslt.guarded import GUARD_BYTES, GuardedMatrix, GuardError
+from primus_perf.kernels.blaslt.layout import layouts, refusal
 from primus_perf.kernels.gemm import WORKSPACE_BYTES, library_versions
-from primus_perf.problems import GemmProblem, torch_dtype
+from primus_perf.problems import GemmProblem
 from primus_perf.tuner import timing
 from primus_perf.tuner.core import Candidate, Reps, Step
 from primus_perf.tuner.timing import Timer
@@ -23,23 +25,54 @@ DEFAULT = "torch"
 
 
 class Operands:
-    """Rotating sets of inputs and outputs for one problem, in the torch layout the trainer uses."""
+    """Rotating sets of A, B and D for one problem, each laid out exactly as the problem
+    says (transposes, leading dimensions, batch count and batch strides: the layout the
+    BLAS-Lt plan describes, ``kernels.blaslt.layout``) over its own buffer sized from that
+    layout's extent plus ``guard_bytes`` of guard (``kernels.blaslt.guarded``).
 
-    def __init__(self, p: GemmProblem, seed: int = 0, device: str = "cuda", sets: int | None = None) -> None:
+    ``a[i] @ b[i]`` (``torch.bmm`` when batched) is the problem's product in torch's terms,
+    written to ``d[i]``; ``mats[i]`` holds the guarded buffers (BLAS names: ``"a"``, ``"b"``,
+    ``"d"``; torch's ``a`` is BLAS B) for the pointer a library candidate is given and for the
+    checks after a validation call."""
+
+    def __init__(self, p: GemmProblem, seed: int = 0, device: str = "cuda", sets: int | None = None,
+                 guard_bytes: int = GUARD_BYTES) -> None:
         import torch
 
-        M, N, K, at, bt = p.row_major_shapes()
-        dt = torch_dtype(p.dtype_a)
+        la, lb, _, ld = layouts(p)
+        self.n = sets or timing.buffer_sets(la.extent_bytes() + lb.extent_bytes() + ld.extent_bytes())
         g = torch.Generator(device=device).manual_seed(seed)
-        per_set = (M * K + K * N + M * N) * torch.empty((), dtype=dt).element_size()
-        self.n = sets or timing.buffer_sets(per_set)
-        self.a, self.b, self.d = [], [], []
+        self.a, self.b, self.d, self.mats = [], [], [], []
         for _ in range(self.n):
-            a = torch.randn(*((K, M) if at else (M, K)), device=device, dtype=dt, generator=g)
-            b = torch.randn(*((N, K) if bt else (K, N)), device=device, dtype=dt, generator=g)
-            self.a.append(a.T if at else a)
-            self.b.append(b.T if bt else b)
-            self.d.append(torch.empty(M, N, device=device, dtype=torch_dtype(p.dtype_d)))
+            mats = {"a": GuardedMatrix(la, device, guard_bytes), "b": GuardedMatrix(lb, device, guard_bytes),
+                    "d": GuardedMatrix(ld, device, guard_bytes)}
+            mats["a"].fill_random(g)
+            mats["b"].fill_random(g)
+            mats["d"].reset(0.0)
+            self.mats.append(mats)
+            # torch's a[M, K] is BLAS op(B)^T, torch's b[K, N] is op(A)^T, torch's d is D^T
+            self.a.append(mats["b"].torch_view(p.trans_b))
+            self.b.append(mats["a"].torch_view(p.trans_a))
+            self.d.append(mats["d"].view)
+        for name in ("a", "b"):
+            self.mats[0][name].save()
+
+    def pointers(self, i: int) -> tuple[int, int, int]:
+        """BLAS A, B and D pointers of set ``i``."""
+        m = self.mats[i]
+        return m["a"].storage.data_ptr(), m["b"].storage.data_ptr(), m["d"].storage.data_ptr()
+
+    def touched(self, i: int = 0) -> list[str]:
+        """What the last call on set ``i`` wrote outside its output's elements (or into an
+        input); set 0 (the validation set) also checks its inputs."""
+        return [why for m in self.mats[i].values() if (why := m.touched()) is not None]
+
+
+def torch_product(a: Any, b: Any, out: Any) -> Any:
+    """torch's own GEMM of the operands as they are (``torch.bmm`` when batched), into ``out``."""
+    import torch
+
+    return (torch.bmm if a.dim() == 3 else torch.mm)(a, b, out=out)
 
 
 def solution_index(algo: bytes, offset: int) -> int:
@@ -117,6 +150,12 @@ class GemmTuner:
 
 
 class GemmSession:
+    """Candidates of one problem on :class:`Operands` of its exact layout. A problem whose
+    layout no BLAS-Lt kernel may be given (``blaslt.layout.refusal``) gets no library
+    candidates (``details["refused"]`` says why); a candidate that writes outside its output
+    in validation is rejected (:class:`~primus_perf.kernels.blaslt.guarded.GuardError`) and
+    named in ``details["guard"]``."""
+
     def __init__(self, tuner: GemmTuner, problem: GemmProblem) -> None:
         import torch
 
@@ -128,7 +167,11 @@ class GemmSession:
         self.n_sets = self.ops.n
         self.tolerance = TOLERANCE[problem.compute if problem.compute == "tf32" else problem.dtype_a]
         self.details: dict[str, Any] = {}
-        self.plan: Plan | None = tuner.library().plan(problem) if tuner.library is not None else None
+        refused = refusal(problem)
+        if refused:
+            self.details["refused"] = refused
+        library = tuner.library if not refused else None
+        self.plan: Plan | None = library().plan(problem) if library is not None else None
         self.ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=tuner.device) if self.plan else None
         self._ref: Any = None
         self._ref_norm = 1.0
@@ -146,24 +189,32 @@ class GemmSession:
         if c.run is not None:
             return lambda i: c.run(ops.a[i], ops.b[i], ops.d[i])
         if not c.blob:
-            return lambda i: torch.mm(ops.a[i], ops.b[i], out=ops.d[i])
+            return lambda i: torch_product(ops.a[i], ops.b[i], ops.d[i])
         plan, ws = self.plan, self.ws
         assert plan is not None and ws is not None  # library candidates come from the plan
+        launch = plan.launcher(c.blob, WORKSPACE_BYTES)
         stream = torch.cuda.current_stream().cuda_stream
-        return lambda i: plan.run(c.blob, ops.b[i].data_ptr(), ops.a[i].data_ptr(), ops.d[i].data_ptr(),
-                                  ws.data_ptr(), WORKSPACE_BYTES, stream)
+        ptrs = [ops.pointers(i) for i in range(ops.n)]
+        ws_ptr = ws.data_ptr()
+        return lambda i: launch(ptrs[i][0], ptrs[i][1], ptrs[i][2], ws_ptr, stream)
 
     def error(self, c: Candidate) -> float:
+        """Relative error of one call on set 0 against the fp32 product (per batch when
+        batched); GuardError when the call wrote outside its output or into an input."""
         import torch
 
         ops = self.ops
         if self._ref is None:
-            self._ref = ops.a[0].float() @ ops.b[0].float()
+            self._ref = torch.matmul(ops.a[0].float(), ops.b[0].float())
             self._ref_norm = self._ref.norm().item() or 1.0
-        ops.d[0].fill_(float("nan"))
+        ops.mats[0]["d"].reset(float("nan"))
         self._runner(c)(0)
         if ops.d[0].is_cuda:
             torch.cuda.synchronize()
+        touched = ops.touched(0)
+        if touched:
+            self.details.setdefault("guard", {})[c.name] = touched
+            raise GuardError(f"{c.name} on {self.problem.key()}: " + "; ".join(touched))
         return (ops.d[0].float() - self._ref).norm().item() / self._ref_norm
 
     def calls(self, c: Candidate) -> dict[str, Callable[[int], object]]:

@@ -1,0 +1,231 @@
+"""Hugging Face transformers MoE models end to end: plain ``experts_implementation=
+"grouped_mm"`` against the same program under ``primus_perf.enable`` with a grouped-GEMM
+cache tuned from the program's own trace.
+
+Per case (the GPU sizes of ``examples/hf_moe_train.py --preset h100``, bf16, AdamW):
+Qwen3-MoE (128 experts of 768), Mixtral (8 experts of 14336), DeepSeek-V3 (one shared
+expert and 48 routed experts of 2048):
+
+1. profile: two steps recorded with torch.profiler (``record_shapes``) under ``enable()``
+   with an empty cache, so each ``aten::_grouped_mm`` call names its problem and token
+   split in the trace (a plain trace records shapes only);
+2. tune: the trace's grouped problems (``tuner.problems_input.gather_problems``, what
+   ``primus-tune grouped-gemm --trace`` reads) with the grouped-GEMM tuner, ``--budget-s``
+   and ``--max-configs`` per problem, into a cache of the case;
+3. losses: two fresh models (same seed, same batches) for ``--loss-steps`` steps, plain and
+   under ``enable(cache)``; the largest relative difference;
+4. speed: one model, the sides interleaved in blocks of ``--block-steps`` steps (one
+   settling step after each switch, the order rotating): plain (``grouped_mm``), enabled
+   with an empty cache (``enable_no_choice``: the override's own cost) and enabled with
+   the tuned cache (``tuned``); medians of the step times, with quartiles and the routed
+   and fallback call counts.
+
+    python benchmarks/hf_moe_e2e.py --out benchmarks/results/hf_moe_e2e_h100.json
+
+``--smoke`` runs the CPU sizes for a few steps (one candidate backend, no Triton): it
+checks the script, not the hardware. Needs transformers (``pip install 'primus-perf[hf]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import primus_perf
+from primus_perf.devices import current_device, library_versions
+from primus_perf.files import write_json
+from primus_perf.tuner import core
+from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
+from primus_perf.tuner.problems_input import gather_problems
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_moe_train.py"
+CASES = {"qwen3-moe-128e": "qwen3-moe", "mixtral-8e": "mixtral", "deepseek-v3-48e": "deepseek-v3"}
+SIDES = ("grouped_mm", "enable_no_choice", "tuned")
+
+
+def _example() -> Any:
+    spec = importlib.util.spec_from_file_location("hf_moe_train", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Run:
+    """A model of one case with its optimizer and batches: ``step()`` trains one step."""
+
+    def __init__(self, ex: Any, model: str, preset: str, seq: int, steps: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        torch.manual_seed(0)
+        self.net = ex.build(model, preset, None, None, dtype, device)
+        self.opt = torch.optim.AdamW(self.net.parameters(), lr=1e-4)
+        gen = torch.Generator().manual_seed(1)
+        vocab = self.net.config.vocab_size
+        self.batches = [torch.randint(0, vocab, (1, seq), generator=gen).to(device) for _ in range(steps)]
+        self.device, self.i = device, 0
+
+    def step(self) -> tuple[float, float]:
+        """(milliseconds, loss) of the next step (the batches cycle)."""
+        ids = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        self._sync()
+        t0 = time.perf_counter()
+        loss = self.net(input_ids=ids, labels=ids).loss
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self._sync()
+        return (time.perf_counter() - t0) * 1e3, float(loss.detach())
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        del self.net, self.opt, self.batches
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def profile(run: Run, empty_cache: Path, out_dir: Path) -> Path:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if run.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with primus_perf.enable(empty_cache, kinds=("grouped_gemm",), log=None):
+        run.step()  # warm-up outside the trace
+        with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+            run.step()
+            run.step()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace = out_dir / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    return trace
+
+
+def tune(trace: Path, cache: Path, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    problems = gather_problems("grouped_gemm", traces=[trace])
+    smoke = {"backends": ("padded_bmm",), "sets": 1} if args.smoke else {}  # one candidate against the default
+    tuner = GroupedGemmTuner(device=device.type, triton=args.max_configs > 0, max_configs=args.max_configs, **smoke)
+    result = core.tune(problems, cache=cache, tuners=[tuner], budget_s=args.budget_s)
+    return {"problems": len(problems), "tune_s": round(time.perf_counter() - t0, 2),
+            "chosen": {r.problem.key(): r.chosen for r in result.results}}
+
+
+def losses(ex: Any, spec: dict[str, Any], cache: Path, steps: int) -> dict[str, list[float]]:
+    out = {}
+    for side in ("grouped_mm", "tuned"):
+        run = Run(ex, **spec)
+        try:
+            if side == "tuned":
+                with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None):
+                    out[side] = [run.step()[1] for _ in range(steps)]
+            else:
+                out[side] = [run.step()[1] for _ in range(steps)]
+        finally:
+            run.close()
+    return out
+
+
+def speed(ex: Any, spec: dict[str, Any], cache: Path, empty: Path, args: argparse.Namespace) -> dict[str, Any]:
+    run = Run(ex, **spec)
+    caches = {"enable_no_choice": empty, "tuned": cache}
+    ms: dict[str, list[float]] = {s: [] for s in SIDES}
+    counts: dict[str, int] = {"routed": 0, "fallback": 0}
+
+    def block(side: str, steps: int) -> list[float]:
+        if side == "grouped_mm":
+            return [run.step()[0] for _ in range(steps)]
+        with primus_perf.enable(caches[side], kinds=("grouped_gemm",), log=None) as handle:
+            times = [run.step()[0] for _ in range(steps)]
+            row = handle.summary()["grouped_gemm"]
+        if side == "tuned":
+            counts["routed"] += row.get("routed", 0)
+            counts["fallback"] += row.get("fallback", 0)
+        return times
+
+    try:
+        for side in SIDES:  # warm-up on every side
+            block(side, 1)
+        for b in range(args.blocks * len(SIDES)):
+            shift = b // len(SIDES) % len(SIDES)
+            side = (SIDES[shift:] + SIDES[:shift])[b % len(SIDES)]
+            ms[side] += block(side, 1 + args.block_steps)[1:]  # the first step settles
+    finally:
+        run.close()
+
+    def stats(v: list[float]) -> dict[str, float]:
+        q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
+        return {"median": round(statistics.median(v), 3), "p25": round(q[0], 3), "p75": round(q[2], 3),
+                "min": round(min(v), 3), "max": round(max(v), 3)}
+
+    return {"step_ms": {s: stats(v) for s, v in ms.items()}, "samples_ms": ms, "tuned_calls": counts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cases", nargs="*", choices=sorted(CASES), default=None, help="default: all")
+    ap.add_argument("--loss-steps", type=int, default=20)
+    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--block-steps", type=int, default=5)
+    ap.add_argument("--max-configs", type=int, default=4, help="Triton configs raced per problem")
+    ap.add_argument("--budget-s", type=float, default=0.3, help="time budget per problem for the final race")
+    ap.add_argument("--smoke", action="store_true", help="CPU sizes, few steps: checks the script")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.loss_steps, args.blocks, args.block_steps, args.max_configs, args.budget_s = 2, 1, 1, 0, 0.01
+        device, preset, dtype = torch.device("cpu"), "cpu", torch.float32
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("the GPU sizes need a GPU; use --smoke on the CPU")
+        device, preset, dtype = torch.device("cuda"), "h100", torch.bfloat16
+    ex = _example()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = Path(tmp) / "empty.json"
+        empty.write_text("")  # an empty cache: every call left to torch
+        for case in args.cases or CASES:
+            model = CASES[case]
+            seq = 16 if args.smoke else ex.MODELS[model]["seq"][preset]
+            steps = max(args.loss_steps, 3)
+            spec = dict(model=model, preset=preset, seq=seq, steps=steps, dtype=dtype, device=device)
+            run = Run(ex, **spec)
+            try:
+                trace = profile(run, empty, Path(tmp) / case)
+            finally:
+                run.close()
+            cache = Path(tmp) / f"{case}.json"
+            tuned = tune(trace, cache, args, device)
+            loss = losses(ex, spec, cache, args.loss_steps)
+            worst = max(abs(a - b) / abs(b) for a, b in zip(loss["tuned"], loss["grouped_mm"]))
+            sp = speed(ex, spec, cache, empty, args)
+            med = {s: v["median"] for s, v in sp["step_ms"].items()}
+            row = {"case": case, "tuned_ms": med["tuned"],
+                   "baselines": {"grouped_mm": med["grouped_mm"], "enable_no_choice": med["enable_no_choice"]},
+                   "speedup_vs_grouped_mm": round(med["grouped_mm"] / med["tuned"], 4),
+                   "loss_max_rel_diff": worst, "losses": loss, "seq": seq, **tuned, **sp}
+            rows.append(row)
+            print(f"{case}: step ms grouped_mm {med['grouped_mm']:.2f}, enabled (no choice)"
+                  f" {med['enable_no_choice']:.2f}, tuned {med['tuned']:.2f}"
+                  f" ({row['speedup_vs_grouped_mm']:.3f}x); {tuned['problems']} problems tuned in"
+                  f" {tuned['tune_s']:.0f} s; routed {sp['tuned_calls']['routed']},"
+                  f" fell back {sp['tuned_calls']['fallback']}; max loss diff {worst:.2e}", flush=True)
+            # after every case: a run stopped at its time limit keeps the cases it finished
+            write_json(args.out, {"benchmark": "hf_moe_e2e", "device": current_device().to_dict(),
+                                  "versions": library_versions(), "smoke": args.smoke, "blocks": args.blocks,
+                                  "block_steps": args.block_steps, "budget_s": args.budget_s,
+                                  "max_configs": args.max_configs, "rows": rows}, default=float)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

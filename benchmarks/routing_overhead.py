@@ -1,0 +1,225 @@
+"""What routing costs: (a) the per-call overhead of a routed GEMM, (b) enable() with a cache of
+all-default entries against no enable, on ``examples/llama_train.py`` steps.
+
+    python benchmarks/routing_overhead.py --result benchmarks/results/routing_overhead_h100.json
+    python benchmarks/routing_overhead.py --smoke          # CPU: checks the script (a test runs it)
+
+(a) One tiny GEMM (``--m/--n/--k``, bf16 on the GPU) whose cache entry is the cuBLASLt /
+hipBLASLt heuristic's first algorithm, called ``--calls`` times through ``torch.mm`` under
+``enable()`` (the aten override -> the router -> the BLAS-Lt kernel), against plain
+``torch.mm`` on the same operands, in interleaved rounds: host time per call (the
+program's thread, no synchronization inside the loop) and device time per call (CUDA
+events around the loop). The overhead per routed call is the difference of the host
+medians. ``--smoke`` runs the same path on the CPU with a kernel-table row that calls
+torch's GEMM in place of the library (the Python path alone).
+
+(b) Every GEMM problem of the example's step gets a cache entry that keeps torch's choice;
+blocks of ``--block`` steps alternate without enable / under enable (``--pairs`` each, a
+settling step after each switch): with every entry torch's, enable installs no GEMM
+override, so the ratio is the cost of having enabled it.
+
+The per-call figure is measured here, not by enable() itself: timing every routed call in
+the program would cost more than the routing does (two clock reads per call), so the
+handle's summary counts routed calls and this benchmark prices them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import primus_perf
+from enable_overhead import SMOKE, interleaved, load_example, spread
+from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.devices import current_device, library_versions
+from primus_perf.files import write_json
+from primus_perf.kernels import gemm
+from primus_perf.kinds import RouterPart
+from primus_perf.runtime import routes
+from primus_perf.runtime.intercept import Interception
+
+SMOKE_SOURCE = "smoke"  # the CPU kernel-table row: torch's GEMM where the library would run
+SMOKE_VERSIONS = {"smoke": "1"}
+
+
+class _TorchAsLibrary:
+    def __call__(self, a, b):
+        return gemm.torch_mm(a, b)
+
+    def close(self) -> None:
+        pass
+
+
+SMOKE_TABLE = {SMOKE_SOURCE: lambda problem, solution, device: _TorchAsLibrary()}
+SMOKE_KINDS = {"gemm": RouterPart(lambda es: gemm.GemmRouter.from_entries(list(es), SMOKE_TABLE),
+                                  lambda: dict(SMOKE_VERSIONS), lambda: gemm.GemmRouter([], SMOKE_TABLE))}
+
+
+def _entry(p, solution: dict, versions: dict) -> CacheEntry:
+    return CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=current_device().to_dict(),
+                      versions=versions, solution=solution, times={}, tuner_version="routing-overhead")
+
+
+def _tuned_solution(p, smoke: bool) -> tuple[dict, dict]:
+    """The cache solution of ``p`` and the versions it needs: the heuristic's first algo."""
+    if smoke:
+        return {"config": {"name": "smoke", "source": SMOKE_SOURCE}, "blob": b""}, dict(SMOKE_VERSIONS)
+    from primus_perf.kernels.blaslt.binding import load
+
+    lt = load()
+    with lt.plan(p) as plan:
+        h = plan.heuristics(1, gemm.WORKSPACE_BYTES)[0]
+    return {"config": {"name": "heur0", "source": lt.t.source}, "blob": h.algo}, gemm.library_versions(lt)
+
+
+def _timed(fn, calls: int, cuda: bool) -> tuple[float, float | None]:
+    """(host seconds per call, device seconds per call or None)."""
+    if cuda:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls
+    if not cuda:
+        return host, None
+    end.record()
+    torch.cuda.synchronize()
+    return host, start.elapsed_time(end) / 1e3 / calls
+
+
+def per_call(args, cache_dir: Path) -> dict:
+    cuda = not args.smoke
+    dev, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    a, b = torch.randn(args.m, args.k, device=dev, dtype=dtype), torch.randn(args.k, args.n, device=dev, dtype=dtype)
+    p = gemm.problem_of(a, b)
+    solution, versions = _tuned_solution(p, args.smoke)
+    cache = cache_dir / "one_tuned.json"
+    TuningCache(cache).put(_entry(p, solution, versions))
+    kinds = SMOKE_KINDS if args.smoke else None
+    samples: dict[str, list[float]] = {"plain_host": [], "routed_host": [], "plain_device": [], "routed_device": []}
+    routed_calls = 0
+    for _ in range(args.rounds):
+        for side in ("plain", "routed"):
+            handle = primus_perf.enable(cache, kinds=("gemm",), router_kinds=kinds,
+                                        device_type=dev, log=None) if side == "routed" else None
+            try:
+                torch.mm(a, b)  # settle
+                host, device = _timed(lambda: torch.mm(a, b), args.calls, cuda)
+            finally:
+                if handle is not None:
+                    routed_calls += handle.summary()["gemm"]["routed"]
+                    handle.disable()
+            samples[f"{side}_host"].append(host)
+            if device is not None:
+                samples[f"{side}_device"].append(device)
+    expected = args.rounds * (args.calls + 1)
+    assert routed_calls == expected, f"{routed_calls} of {expected} calls were routed"
+
+    def us(xs: list[float]) -> dict | None:
+        if not xs:
+            return None
+        q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 2 else [xs[0]] * 3
+        return {"median_us": statistics.median(xs) * 1e6, "q1_us": q[0] * 1e6, "q3_us": q[2] * 1e6, "n": len(xs)}
+
+    out = {"problem": p.key(), "calls_per_round": args.calls, **{k: us(v) for k, v in samples.items()}}
+    out["overhead_host_us"] = out["routed_host"]["median_us"] - out["plain_host"]["median_us"]
+    if cuda:
+        out["overhead_device_us"] = out["routed_device"]["median_us"] - out["plain_device"]["median_us"]
+    return out
+
+
+class _Recorder:
+    """A GEMM router that records every problem it sees and routes none."""
+
+    def __init__(self) -> None:
+        self.problems: dict[str, object] = {}
+
+    def __call__(self, a, b, bias=None):
+        try:
+            p = gemm.problem_of(a, b)
+        except ValueError:
+            return None
+        if bias is not None:
+            import dataclasses
+
+            p = dataclasses.replace(p, epilogue="bias")
+        self.problems[p.key()] = p
+        return None
+
+
+def step_problems(example, model, opt, margs, device_type: str) -> list:
+    rec = _Recorder()
+    routes.install({"gemm": rec})
+    interception = Interception({"gemm"}, device_type)
+    try:
+        example.step(model, opt, margs, 0)
+    finally:
+        interception.close()
+        routes.remove()
+    return list(rec.problems.values())
+
+
+def all_default(args, cache_dir: Path) -> dict:
+    example = load_example()
+    margs = example.parse([*args.model_args, *(SMOKE if args.smoke else [])])
+    model, opt = example.build(margs)
+    device_type = "cpu" if args.smoke else "cuda"
+    problems = step_problems(example, model, opt, margs, device_type)
+    versions = dict(SMOKE_VERSIONS) if args.smoke else gemm.library_versions()
+    cache = cache_dir / "all_default.json"
+    TuningCache(cache).put_many([_entry(p, {"config": {"name": "torch", "source": "torch"}, "blob": b""}, versions)
+                                 for p in problems])
+    kinds = SMOKE_KINDS if args.smoke else None
+    for i in range(2):
+        example.step(model, opt, margs, i)
+    intercepted = []
+
+    def enable():
+        handle = primus_perf.enable(cache, kinds=("gemm",), router_kinds=kinds, device_type=device_type, log=None)
+        intercepted.append(handle.interception is not None)
+        return handle
+
+    times = interleaved(lambda i: example.step(model, opt, margs, i), enable, args.pairs, args.block, start=2)
+    return {"entries": len(problems), "gemm_override_installed": any(intercepted), "pairs": args.pairs,
+            "block": args.block, "off": spread(times["off"]), "on": spread(times["on"]),
+            "ratio_on_off": statistics.median(times["on"]) / statistics.median(times["off"])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, default=16)
+    ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--block", type=int, default=10)
+    ap.add_argument("--result", type=Path)
+    ap.add_argument("--smoke", action="store_true", help="the CPU: the script and the Python path, no GPU")
+    ap.add_argument("model_args", nargs="*", help="examples/llama_train.py options after --")
+    args = ap.parse_args()
+    if args.smoke:
+        args.calls, args.rounds, args.pairs, args.block = min(args.calls, 300), min(args.rounds, 3), 1, 1
+    elif not torch.cuda.is_available():
+        ap.error("needs a GPU (or --smoke)")
+    cache_dir = Path(tempfile.mkdtemp())
+    result = {"device": current_device().to_dict(), "versions": library_versions(), "smoke": args.smoke,
+              "per_call": per_call(args, cache_dir), "all_default_cache": all_default(args, cache_dir)}
+    print(json.dumps(result, indent=1))
+    if args.result and not args.smoke:
+        write_json(args.result, result)
+
+
+if __name__ == "__main__":
+    main()

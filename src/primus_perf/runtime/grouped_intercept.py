@@ -1,0 +1,212 @@
+"""Routing another program's grouped GEMMs: an override of ``aten::_grouped_mm``.
+
+``torch._grouped_mm`` and ``F.grouped_mm`` (HF transformers' ``grouped_mm`` experts,
+torchtitan's MoE, Megatron's torch grouped-GEMM path) reach ``aten::_grouped_mm``, and
+autograd's formulas for it call it again for the input and weight gradients. While
+enabled, its backend kernel (``CUDA``; ``CPU`` for tests) is :func:`_grouped_mm` here:
+
+- the call is read as a grouped GEMM problem by ``problems.grouped_mm_call``, the reading
+  the routing point (``kernels.grouped.problem_of``) and the trace analyzer share, so a trace
+  of the program gives the problems ``primus-tune grouped-gemm --trace`` tunes and this
+  override routes. The layouts: ``a[T, K] @ b[G, K, N]`` with ``offs`` (forward, or its
+  input gradient in a backward pass), ``a[K, T] @ b[T, N]`` with ``offs`` (the weight
+  gradient ``[G, K, N]``) and ``a[G, M, K] @ b[G, K, N]`` (equal groups; ``a`` used
+  transposed: the weight gradient). A call "runs in a backward pass" when autograd's
+  engine runs it with grad mode off (``torch._C._current_graph_task_id``); a forward
+  recomputed for activation checkpointing runs with grad on and stays a forward.
+- the tokens per group come from ``offs`` on the host (one device sync per ``offs``
+  tensor and version: the forward, input- and weight-gradient calls of one layer share
+  it); rows past ``offs[-1]`` (an expert-parallel sentinel tail) are no group's: a routed
+  call's output has zeros there (torch's leaves them unwritten).
+- the seam's operands of that pass go to ``routes.grouped`` (the cached or online
+  router); its answer is the call's result. None, a layout or argument no problem
+  describes (``bias``, another ``out_dtype``, 3-D ``a`` with 2-D ``b``), a tracing or
+  CUDA-graph-capturing call, and the ``_grouped_mm`` a grouped GEMM runs inside itself (the
+  seam's or a routed call's ``grouped_mm`` backend: ``kernels.grouped.in_grouped``)
+  run torch's kernel, taken with ``torch.library.get_kernel`` before the override:
+  bit-identical to a call without it.
+
+While torch.profiler records, each call is wrapped in the seam's annotation
+(``problems.grouped_trace_name``), so a trace taken under ``enable()`` names each call's
+problem with its real token split (a plain trace records only shapes: balanced assumed).
+
+Under ``torch.compile`` with Inductor, ``post_grad_custom_pre_pass`` (:func:`grouped_pass`)
+turns the graphs' ``aten._grouped_mm`` nodes into ``primus_perf::routed_grouped_mm``, an
+opaque op that calls ``aten::_grouped_mm`` at run time (so this override), kept out of
+CUDA graphs; without the pass Inductor's max-autotune templates would replace the call.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import torch
+
+from primus_perf.kernels.grouped.passes import in_grouped, inside
+from primus_perf.kernels.tracing import profiler_on
+from primus_perf.problems import GroupedMmCall, dtype_name, grouped_mm_call, grouped_trace_name
+from primus_perf.runtime import routes
+
+_OP = torch.ops.aten._grouped_mm.default
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+# id(offs) -> (weakref, version, host counts): shared by the forward and the backward
+# (autograd's device thread) so that a layer's calls read their offs once
+_counts: dict[int, tuple[Any, int, list[int]]] = {}
+
+
+def _host_counts(offs: torch.Tensor) -> list[int]:
+    """Tokens per group from ``offs`` (group end offsets), read once per tensor version."""
+    seen = _counts
+    key = id(offs)
+    hit = seen.get(key)
+    if hit is not None and hit[0]() is offs and hit[1] == offs._version:
+        return hit[2]
+    ends = [int(e) for e in offs.tolist()]
+    counts = [e - s for s, e in zip([0, *ends[:-1]], ends)]
+    seen[key] = (weakref.ref(offs, lambda _r, k=key, d=seen: d.pop(k, None)), offs._version, counts)
+    return counts
+
+
+def in_backward() -> bool:
+    """Whether this call runs in autograd's backward pass (not a checkpointed recompute)."""
+    return torch._C._current_graph_task_id() != -1 and not torch.is_grad_enabled()
+
+
+def _routable(a: Any, b: Any, offs: Any, bias: Any, out_dtype: Any) -> bool:
+    if in_grouped() or bias is not None or routes.installed(routes.GROUPED) is None:
+        return False
+    if type(a) not in PLAIN or type(b) not in PLAIN or (offs is not None and type(offs) not in PLAIN):
+        return False
+    if a.dtype != b.dtype or out_dtype not in (None, a.dtype) or torch._C._len_torch_dispatch_stack():
+        return False
+    return not (a.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _seam_call(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None
+               ) -> tuple[GroupedMmCall, torch.Tensor, torch.Tensor, list[int]] | None:
+    """The call's reading and the seam's operands of its pass (``x`` rows sorted by group,
+    the weight or ``dy``) with the tokens per group; None when no problem describes it."""
+    if offs is not None and offs.dim() != 1:
+        return None
+    groups = None if offs is None else offs.shape[0]
+    call = grouped_mm_call(a.shape, a.stride(), b.shape, b.stride(), groups, in_backward())
+    if call is None:
+        return None
+    if a.dim() == 3:  # equal groups of a.shape[1] (x) or a.shape[2] (x^T) rows
+        if call.phase == "wgrad":
+            x, dy = a.transpose(1, 2), b
+            return call, x.reshape(-1, x.shape[2]), dy.reshape(-1, dy.shape[2]), [x.shape[1]] * x.shape[0]
+        return call, a.reshape(-1, a.shape[2]), b, [a.shape[1]] * a.shape[0]
+    counts = _host_counts(offs)
+    used = sum(counts)
+    if any(c < 0 for c in counts) or used > call.tokens:
+        return None
+    if call.phase == "wgrad":  # a is x^T [K, T], b is dy [T, N]
+        return call, a[:, :used].t(), b[:used], counts
+    return call, a[:used], b, counts
+
+
+def _answer(a: torch.Tensor, b: torch.Tensor, call: GroupedMmCall, out: torch.Tensor) -> torch.Tensor:
+    """The router's answer in the shape torch's kernel gives."""
+    if a.dim() == 3:
+        return out if call.phase == "wgrad" else out.reshape(a.shape[0], a.shape[1], out.shape[-1])
+    if call.phase != "wgrad" and out.shape[0] < a.shape[0]:  # rows past offs[-1]: no group's
+        full = out.new_zeros(a.shape[0], out.shape[1])
+        full[: out.shape[0]] = out
+        return full
+    return out
+
+
+def _run(found: tuple[GroupedMmCall, torch.Tensor, torch.Tensor, list[int]], torch_call: Any,
+         a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The router's answer, else torch's kernel (``torch_call()``)."""
+    call, x, w, counts = found
+    with inside:
+        out = routes.grouped(call.phase, x, w, counts)
+        return torch_call() if out is None else _answer(a, b, call, out)
+
+
+def _grouped_mm(torch_kernel: Any, keyset: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def torch_call() -> torch.Tensor:
+        return torch_kernel.call_boxed(keyset, a, b, offs, bias, out_dtype)
+
+    found = _seam_call(a, b, offs) if _routable(a, b, offs, bias, out_dtype) else None
+    if found is None:
+        return torch_call()
+    if profiler_on():  # the call under an annotation naming its problem, whoever runs it
+        try:
+            name = grouped_trace_name(found[0].problem(dtype_name(a.dtype), found[3]), sum(found[3]))
+        except ValueError:  # a dtype no problem describes
+            return _run(found, torch_call, a, b)
+        with torch.autograd.profiler.record_function(name):
+            return _run(found, torch_call, a, b)
+    return _run(found, torch_call, a, b)
+
+
+def override(lib: torch.library.Library, key: str) -> None:
+    """Put :func:`_grouped_mm` in ``lib`` at dispatch key ``key`` (``lib`` is an
+    ``aten`` IMPL library; destroying it restores torch's kernel)."""
+    torch_kernel = torch.library.get_kernel(_OP, key)
+    lib.impl("_grouped_mm", functools.partial(_grouped_mm, torch_kernel), key, with_keyset=True)
+
+
+# ---- torch.compile (Inductor) --------------------------------------------------------------
+
+_defined = False
+
+
+def define_op() -> None:
+    """Register ``primus_perf::routed_grouped_mm`` (once): ``aten::_grouped_mm`` at run time."""
+    global _defined
+    if _defined:
+        return
+    tags = tuple(getattr(torch._C.Tag, name) for name in ("cudagraph_unsafe",) if hasattr(torch._C.Tag, name))
+
+    @torch.library.custom_op("primus_perf::routed_grouped_mm", mutates_args=(), tags=tags)
+    def routed_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None,
+                          bias: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.Tensor:
+        return _OP(a, b, offs, bias, out_dtype).contiguous()  # one layout, whoever answered
+
+    @routed_grouped_mm.register_fake
+    def _(a, b, offs, bias, out_dtype):
+        return _OP(a, b, offs, bias, out_dtype).contiguous()
+
+    _defined = True
+
+
+def rewrite_grouped_mms(graph: torch.fx.Graph) -> None:
+    """``aten._grouped_mm`` nodes -> ``primus_perf::routed_grouped_mm``."""
+    from primus_perf.runtime.compiled import replace_node
+
+    target = torch.ops.primus_perf.routed_grouped_mm.default
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not _OP:
+            continue
+        try:
+            args = _grouped_args(*node.args, **node.kwargs)
+        except TypeError:
+            continue
+        replace_node(graph, node, target, args)
+
+
+def _grouped_args(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> tuple[Any, ...]:
+    return a, b, offs, bias, out_dtype
+
+
+def grouped_pass() -> Any:
+    """The Inductor pass (``compiled.InductorPass``), or None where Inductor has no slot."""
+    from primus_perf.runtime.compiled import InductorPass
+
+    define_op()
+    return InductorPass.install("post_grad_custom_pre_pass", rewrite_grouped_mms,
+                                f"primus_perf.routed_grouped_mm/{_source_hash()}", "grouped GEMMs")
+
+
+@functools.cache
+def _source_hash() -> str:
+    from torch._inductor.custom_graph_pass import get_hash_for_files
+
+    return get_hash_for_files((__file__,)).hex()

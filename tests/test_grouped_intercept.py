@@ -1,0 +1,473 @@
+"""Another program's grouped GEMMs (``torch._grouped_mm`` / ``F.grouped_mm``) under
+``primus_perf.enable``: a torchtitan-style MoE (``foreign_moe.py``) in every layout torch
+allows (forward, input gradient, 2-D weight gradient, 3-D x 3-D), eager and under Inductor;
+an empty cache leaves every result bit-identical, a cache with a choice for each problem
+routes every call (results within bf16 tolerance); one key for a foreign call and the
+seam's; a routed call's own GEMMs are torch's; online tuning takes foreign calls. The whole
+loop on the CPU: profiled (grouped problems per pass, exact splits when traced under
+enable), tuned from the trace (``primus-tune grouped-gemm --trace --device cpu``) and
+routed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import primus_perf
+from enable_fakes import FAKE_KINDS, StepClock, gemm_entry
+from foreign_moe import BatchedExperts, MoE, step
+from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.cli.tune import app as tune_app
+from primus_perf.devices import current_device
+from primus_perf.kernels.grouped import problem_of
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.router import GroupedChoice, library_versions
+from primus_perf.problems import GemmProblem, GroupedGemmProblem, grouped_mm_call
+from primus_perf.runtime.activate import KINDS
+from primus_perf.runtime.seams import grouped_mm
+from primus_perf.tracelens.analyze import analyze
+
+UNRELATED = GroupedGemmProblem(groups=3, k=8, n=8, tokens=8)
+CALLS_PER_STEP = 9  # three grouped GEMMs, each forward, input gradient and weight gradient
+
+
+def entry(problem: GroupedGemmProblem, backend: str = "padded_bmm") -> CacheEntry:
+    """A cache entry choosing ``backend`` (``triton``: its default tiles)."""
+    config = GroupedChoice(backend, GroupedGemmConfig() if backend == "triton" else None).to_solution()
+    return CacheEntry(kind="grouped_gemm", problem_key=problem.key(), problem=problem.to_dict(),
+                      device=current_device().to_dict(), versions=library_versions(),
+                      solution={"config": {"name": backend, **config}, "blob": b""},
+                      times={"tuned_ms": 1.0, "default_ms": 2.0}, error=0.0, tuner_version="test")
+
+
+def write_cache(path: Path, problems, backend: str = "padded_bmm") -> Path:
+    TuningCache(path).put_many([entry(p, backend) for p in problems])
+    return path
+
+
+def close_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * float(want.abs().max()) + 1e-6)
+
+
+def moe(transposed_down: bool = False) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return MoE(transposed_down=transposed_down).to(torch.bfloat16), torch.randn(2, 12, 32, dtype=torch.bfloat16)
+
+
+def batched() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return BatchedExperts().to(torch.bfloat16), torch.randn(4, 6, 32, dtype=torch.bfloat16)
+
+
+MODELS = {"moe": lambda: moe(), "moe_linear_layout": lambda: moe(True), "batched": batched}
+
+
+def seen_problems(model: torch.nn.Module, x: torch.Tensor, tmp_path: Path) -> tuple[dict, tuple]:
+    """The grouped summary of one step under an enable() whose cache has no choice for the
+    model, and the step's results."""
+    cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        out = step(model, x)
+        row = tuned.summary()["grouped_gemm"]
+    return row, out
+
+
+# ---- eager ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_no_choice_leaves_every_result_bit_identical(name: str, tmp_path: Path) -> None:
+    model, x = MODELS[name]()
+    ref = step(model, x)
+    row, out = seen_problems(model, x, tmp_path)
+    assert torch.equal(out[0], ref[0]) and all(torch.equal(a, b) for a, b in zip(out[1], ref[1]))
+    calls = 6 if name == "batched" else CALLS_PER_STEP
+    assert (row["routed"], row["fallback"]) == (0, calls)
+    phases = {GroupedGemmProblem.from_key(k).phase for k in row["problems"]["fallback"]}
+    assert phases == {"fwd", "dgrad", "wgrad"}
+    # disabled: torch's kernel again
+    again = step(model, x)
+    assert torch.equal(again[0], ref[0])
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("backend", ["padded_bmm", "grouped_mm"])
+def test_a_choice_for_every_problem_routes_every_call(name: str, backend: str, tmp_path: Path) -> None:
+    model, x = MODELS[name]()
+    ref = step(model, x)
+    row, _ = seen_problems(model, x, tmp_path)
+    keys = list(row["problems"]["fallback"])
+    cache = write_cache(tmp_path / "tuned.json", [GroupedGemmProblem.from_key(k) for k in keys], backend)
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        out = step(model, x)
+        routed = tuned.summary()["grouped_gemm"]
+    # each call routed once: the grouped_mm backend's own torch._grouped_mm is not routed again
+    assert (routed["routed"], routed["fallback"]) == (row["fallback"], 0)
+    assert routed["problems"]["routed"] == row["problems"]["fallback"]
+    close_bf16(out[0], ref[0])
+    for got, want in zip(out[1], ref[1]):
+        close_bf16(got, want)
+
+
+def test_foreign_calls_and_the_seam_derive_the_same_problem_keys(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    counts = [5, 0, 9, 2]
+    x = torch.randn(sum(counts), 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(4, 32, 48, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(sum(counts), 48, dtype=torch.bfloat16)
+    offs = torch.tensor(counts, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cache = write_cache(tmp_path / "c.json", [UNRELATED])
+    keys = {}
+    for name, run in (("seam", lambda: grouped_mm(x, w, counts, backend="grouped_mm")),
+                      ("foreign", lambda: torch._grouped_mm(x, w, offs=offs))):
+        with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+            run().backward(dy)
+            keys[name] = tuned.summary()["grouped_gemm"]["problems"]["fallback"]
+    assert keys["seam"] == keys["foreign"] and len(keys["seam"]) == 3
+    # the reading itself: the seam's operands of each pass as the aten call has them
+    xs, ws = x.detach(), w.detach()
+    assert problem_of("fwd", xs, ws, counts).key() in keys["seam"]
+    assert problem_of("dgrad", dy, ws.transpose(1, 2), counts).key() in keys["seam"]
+    assert problem_of("wgrad", xs, dy, counts).key() in keys["seam"]
+    call = grouped_mm_call((32, 16), None, (16, 48), None, 4, backward=False)
+    assert (call.phase, call.groups, call.k, call.n, call.tokens) == ("wgrad", 4, 32, 48, 16)
+
+
+def test_rows_past_the_last_offset_are_no_groups(tmp_path: Path) -> None:
+    """An expert-parallel sentinel tail: torch leaves those output rows unwritten, a routed
+    call zeroes them; the groups' rows match."""
+    torch.manual_seed(4)
+    x = torch.randn(20, 32, dtype=torch.bfloat16)
+    w = torch.randn(3, 32, 16, dtype=torch.bfloat16)
+    offs = torch.tensor([4, 10, 16], dtype=torch.int32)
+    ref = torch._grouped_mm(x, w, offs=offs)
+    key = GroupedGemmProblem.from_counts([4, 6, 6], 32, 16).key()
+    cache = write_cache(tmp_path / "c.json", [GroupedGemmProblem.from_key(key)])
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        out = torch._grouped_mm(x, w, offs=offs)
+        assert tuned.summary()["grouped_gemm"]["routed"] == 1
+    close_bf16(out[:16], ref[:16])
+    assert out.shape == ref.shape and not out[16:].any()
+
+
+def test_calls_no_problem_describes_stay_torchs(tmp_path: Path) -> None:
+    torch.manual_seed(5)
+    a3, b2 = torch.randn(4, 8, 32, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    offs = torch.tensor([16, 32, 48, 64], dtype=torch.int32)
+    ref = torch._grouped_mm(a3, b2, offs=offs)  # 3-D a with 2-D b: no pass of the seam
+    x = torch.randn(16, 32)
+    w = torch.randn(4, 32, 16)
+    offs_x = torch.tensor([4, 8, 12, 16], dtype=torch.int32)
+    ref_x = torch._grouped_mm(x, w, offs=offs_x, out_dtype=torch.float32)
+    key = GroupedGemmProblem.from_counts([4, 4, 4, 4], 32, 16, dtype="f32").key()
+    cache = write_cache(tmp_path / "c.json", [GroupedGemmProblem.from_key(key)], "loop")
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        out = torch._grouped_mm(a3, b2, offs=offs)
+        assert tuned.summary()["grouped_gemm"]["routed"] + tuned.summary()["grouped_gemm"]["fallback"] == 0
+        out_x = torch._grouped_mm(x, w, offs=offs_x, out_dtype=torch.float32)  # the input dtype: routed
+        assert tuned.summary()["grouped_gemm"]["routed"] == 1
+    assert torch.equal(out, ref)
+    torch.testing.assert_close(out_x, ref_x)
+
+
+def test_a_routed_grouped_calls_own_gemms_are_not_routed_again(tmp_path: Path) -> None:
+    """padded_bmm's torch.bmm (and the loop's torch.mm) are torch's: the grouped choice was
+    tuned on them, and a padded batch is no problem the dense router was tuned for."""
+    model, x = moe()
+    row, _ = seen_problems(model, x, tmp_path)
+    problems = [GroupedGemmProblem.from_key(k) for k in row["problems"]["fallback"]]
+    cache = write_cache(tmp_path / "tuned.json", problems, "padded_bmm")
+    # one dense entry that is not torch's, so that the dense router is installed and counts
+    TuningCache(cache).put(gemm_entry(GemmProblem(m=4096, n=4096, k=4096), current_device()))
+    kinds = {**FAKE_KINDS, "grouped_gemm": KINDS["grouped_gemm"]}
+    with primus_perf.enable(cache, kinds=("gemm", "grouped_gemm"), device_type="cpu", router_kinds=kinds,
+                            log=None) as tuned:
+        step(model, x)
+        s = tuned.summary()
+    assert s["grouped_gemm"]["routed"] == CALLS_PER_STEP
+    # the dense router saw the gate's GEMMs only: forward, input and weight gradient
+    assert s["gemm"]["routed"] + s["gemm"]["fallback"] == 3
+
+
+def test_online_tuning_takes_foreign_calls(tmp_path: Path) -> None:
+    from primus_perf.tuner.online import OnlinePolicy
+
+    model, x = moe()
+    ref = step(model, x)
+    seen, _ = seen_problems(model, x, tmp_path)
+    cache = tmp_path / "online.json"
+    policy = OnlinePolicy(min_samples=2, drop_after=1, max_calls=16)
+    with primus_perf.enable(cache, online=True, kinds=("grouped_gemm",), device_type="cpu", log=None,
+                            online_options={"policy": policy, "clock": StepClock()}) as tuned:
+        outs = [step(model, x) for _ in range(8)]
+        row = tuned.summary()["grouped_gemm"]
+    assert set(row["tuning"]) == set(row["online"]) == set(seen["problems"]["fallback"])
+    for out in outs:
+        close_bf16(out[0], ref[0])
+    assert {e.problem_key for e in TuningCache(cache).entries()} == set(row["tuning"])
+
+
+# ---- torch.compile (Inductor) -----------------------------------------------------------------
+
+
+def _inductor_or_skip() -> None:
+    if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        pytest.skip("no C++ compiler for Inductor's CPU code here")
+
+
+def _compiled_step(model: torch.nn.Module, x: torch.Tensor, graphs: list) -> tuple:
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    torch._dynamo.reset()
+    return step(torch.compile(model, backend=backend), x)
+
+
+def test_compiled_grouped_mms_are_routed_forward_and_backward(tmp_path: Path) -> None:
+    _inductor_or_skip()
+    from torch._inductor.utils import run_and_get_code
+
+    model, x = moe(transposed_down=True)
+    plain = _compiled_step(model, x, [])
+    row, _ = seen_problems(model, x, tmp_path)
+    cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        empty = _compiled_step(model, x, [])
+        s = tuned.summary()["grouped_gemm"]
+    assert (s["routed"], s["fallback"]) == (0, CALLS_PER_STEP)
+    assert torch.equal(empty[0], plain[0]) and all(torch.equal(a, b) for a, b in zip(empty[1], plain[1]))
+    problems = [GroupedGemmProblem.from_key(k) for k in row["problems"]["fallback"]]
+    cache = write_cache(tmp_path / "tuned.json", problems)
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        out, code = run_and_get_code(_compiled_step, model, x, [])
+        s = tuned.summary()["grouped_gemm"]
+    assert (s["routed"], s["fallback"]) == (CALLS_PER_STEP, 0)
+    # the forward graph's three calls and the backward graph's six are the routed op
+    assert sum(c.count("torch.ops.primus_perf.routed_grouped_mm.default(") for c in code) == CALLS_PER_STEP
+    close_bf16(out[0], plain[0])
+    for got, want in zip(out[1], plain[1]):
+        close_bf16(got, want)
+    from torch._inductor import config
+
+    assert config.post_grad_custom_pre_pass is None  # disable() took the pass out
+
+
+# ---- the whole loop: profile, analyze, tune, route ----------------------------------------------
+
+
+def _trace(model: torch.nn.Module, x: torch.Tensor, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        step(model, x)
+    path = out_dir / "trace.json"
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def test_a_foreign_moe_is_profiled_tuned_and_routed(tmp_path: Path) -> None:
+    model, x = moe(transposed_down=True)
+    ref = step(model, x)
+    row, _ = seen_problems(model, x, tmp_path)
+    runtime_keys = set(row["problems"]["fallback"])
+
+    # a plain trace: every grouped GEMM with its pass and FLOPs, the split assumed even
+    plain = analyze([_trace(model, x, tmp_path / "plain")]).grouped_gemm_problems
+    assert set(plain["direction"]) == {"fwd", "dgrad", "wgrad"} and int(plain["calls"].sum()) == CALLS_PER_STEP
+    assert not plain["skew_known"].any()
+    drop_skew = {k.split("|s")[0] + "|" + k.split("|", 6)[-1] for k in runtime_keys}
+    assert {k.split("|s")[0] + "|" + k.split("|", 6)[-1] for k in plain["key"]} == drop_skew
+
+    # traced under enable(): each call names its problem with the real split
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    with primus_perf.enable(empty, kinds=("grouped_gemm",), device_type="cpu", log=None):
+        trace = _trace(model, x, tmp_path / "run")
+    g = analyze([trace]).grouped_gemm_problems
+    assert set(g["key"]) == runtime_keys and g["skew_known"].all() and int(g["calls"].sum()) == CALLS_PER_STEP
+    for r in g.itertuples(index=False):
+        p = GroupedGemmProblem.from_key(r.key)
+        assert r.direction == p.phase and r.flops == 2 * 48 * p.k * p.n  # 24 tokens x top-2
+
+    cache = tmp_path / "tuned.json"
+    res = CliRunner().invoke(tune_app, ["grouped-gemm", "--trace", str(trace.parent), "--device", "cpu",
+                                        "--no-triton", "--budget-s", "0.01", "--cache", str(cache)])
+    assert res.exit_code == 0, res.output
+    assert {e.problem_key for e in TuningCache(cache).entries()} == runtime_keys
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        out = step(model, x)
+        s = tuned.summary()["grouped_gemm"]
+    assert (s["routed"], s["fallback"]) == (CALLS_PER_STEP, 0)
+    close_bf16(out[0], ref[0])
+    for got, want in zip(out[1], ref[1]):
+        close_bf16(got, want)
+
+
+# ---- Hugging Face transformers --------------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_moe_train.py"
+
+
+def _example():
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hf_moe_train", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _hf_step(net: torch.nn.Module, ids: torch.Tensor) -> tuple[float, list[torch.Tensor]]:
+    net.zero_grad(set_to_none=True)
+    loss = net(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return float(loss.detach()), [p.grad.clone() for p in net.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral", "deepseek-v3"])
+def test_hf_models_grouped_mms_are_routed(name: str, tmp_path: Path) -> None:
+    ex = _example()
+    torch.manual_seed(0)
+    net = ex.build(name, "cpu", None, None, torch.float32, torch.device("cpu"))
+    ids = torch.randint(0, net.config.vocab_size, (2, 16))
+    ref_loss, ref_grads = _hf_step(net, ids)
+    cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        loss, grads = _hf_step(net, ids)
+        row = tuned.summary()["grouped_gemm"]
+    assert loss == ref_loss and all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    layers = net.config.num_hidden_layers
+    assert (row["routed"], row["fallback"]) == (0, 6 * layers)  # gate_up and down: fwd, dgrad, wgrad
+    problems = [GroupedGemmProblem.from_key(k) for k in row["problems"]["fallback"]]
+    tuned_cache = write_cache(tmp_path / "tuned.json", problems)
+    with primus_perf.enable(tuned_cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        loss, grads = _hf_step(net, ids)
+        row = tuned.summary()["grouped_gemm"]
+    assert (row["routed"], row["fallback"]) == (6 * layers, 0)
+    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_hf_example_runs_under_the_launcher(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    _example()
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    res = subprocess.run([sys.executable, "-m", "primus_perf.launch", "--cache", str(empty), "--kinds", "grouped_gemm",
+                          "--", str(EXAMPLE), "--steps", "3", "--profile", str(tmp_path / "prof")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    last = json.loads(res.stdout.strip().splitlines()[-1])
+    assert last["model"] == "qwen3-moe" and len(last["step_ms"]) == len(last["losses"]) == 3
+    assert "0 calls used a cached choice, 36 fell back to torch" in res.stderr  # 2 layers x 6 x 3 steps
+    g = analyze([tmp_path / "prof" / "hf_moe_trace.json"]).grouped_gemm_problems
+    assert set(g["direction"]) == {"fwd", "dgrad", "wgrad"} and g["skew_known"].all()
+    assert int(g["calls"].sum()) == 12  # per step: 2 layers x 2 GEMMs x 3 passes
+
+
+def test_hf_moe_e2e_benchmark_smoke(tmp_path: Path) -> None:
+    """benchmarks/hf_moe_e2e.py --smoke: profiled under enable, tuned from the trace, the
+    losses compared and the sides timed; every grouped call of the tuned side counted."""
+    import subprocess
+    import sys
+
+    _example()
+    out = tmp_path / "e2e.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "hf_moe_e2e.py"
+    res = subprocess.run([sys.executable, str(script), "--smoke", "--cases", "qwen3-moe-128e", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["case"] == "qwen3-moe-128e" and set(row["baselines"]) == {"grouped_mm", "enable_no_choice"}
+    assert row["tuned_ms"] > 0 and row["loss_max_rel_diff"] < 1e-3 and len(row["losses"]["tuned"]) == 2
+    assert row["problems"] > 0 and set(row["chosen"]) and row["tuned_calls"]["routed"] > 0
+    # one block of 1 + 1 steps a side after the warm-up step: 12 grouped calls a step
+    assert row["tuned_calls"]["routed"] + row["tuned_calls"]["fallback"] == 12 * 3
+
+
+# ---- CUDA ---------------------------------------------------------------------------------------
+
+
+def _cuda_layouts() -> dict:
+    """Each layout torch allows, on CUDA in bf16: forward, its input gradient, the 2-D
+    weight gradient, 3-D x 3-D (forward and weight gradient)."""
+    torch.manual_seed(0)
+    dev, bf = "cuda", torch.bfloat16
+    counts = [200, 0, 56, 312, 8]
+    offs = torch.tensor(counts, dtype=torch.int32, device=dev).cumsum(0, dtype=torch.int32)
+    T, K, N, G = sum(counts), 256, 512, len(counts)
+    x = torch.randn(T, K, dtype=bf, device=dev)
+    w = torch.randn(G, N, K, dtype=bf, device=dev)
+    dy = torch.randn(T, N, dtype=bf, device=dev)
+    a3 = torch.randn(G, 64, K, dtype=bf, device=dev)
+    b3 = torch.randn(G, K, N, dtype=bf, device=dev)
+    x3 = torch.randn(G, 64, K, dtype=bf, device=dev)
+    return {
+        "fwd": (x, w.transpose(-2, -1), offs),
+        "wgrad_2d": (dy.t(), x, offs),
+        "fwd_3d": (a3, b3, None),
+        "wgrad_3d": (x3.transpose(-2, -1), torch.randn(G, 64, N, dtype=bf, device=dev), None),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["fwd", "wgrad_2d", "fwd_3d", "wgrad_3d"])
+@pytest.mark.parametrize("backend", ["loop", "grouped_mm", "padded_bmm", "triton"])
+def test_cuda_layouts_route_and_fall_back(layout: str, backend: str, tmp_path: Path) -> None:
+    a, b, offs = _cuda_layouts()[layout]
+    ref = torch._grouped_mm(a, b, offs=offs)
+    cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
+        same = torch._grouped_mm(a, b, offs=offs)
+        row = tuned.summary()["grouped_gemm"]
+    assert torch.equal(same, ref) and (row["routed"], row["fallback"]) == (0, 1)
+    (key,) = row["problems"]["fallback"]
+    cache = write_cache(tmp_path / "tuned.json", [GroupedGemmProblem.from_key(key)], backend)
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
+        out = torch._grouped_mm(a, b, offs=offs)
+        row = tuned.summary()["grouped_gemm"]
+    assert (row["routed"], row["fallback"], row["failed"]) == (1, 0, [])
+    close_bf16(out, ref)
+
+
+@pytest.mark.gpu
+def test_cuda_moe_forward_and_backward_routed_and_bit_identical_without_choice(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MoE(dim=256, hidden=512, experts=8).to("cuda", torch.bfloat16)
+    x = torch.randn(4, 128, 256, dtype=torch.bfloat16, device="cuda")
+
+    def cuda_step():
+        xx = x.detach().requires_grad_(True)
+        model.zero_grad(set_to_none=True)
+        y = model(xx)
+        y.backward(torch.ones_like(y) * 1e-2)
+        return y.detach(), [xx.grad, *(p.grad for p in model.parameters())]
+
+    ref = cuda_step()
+    cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
+        same = cuda_step()
+        row = tuned.summary()["grouped_gemm"]
+    assert torch.equal(same[0], ref[0]) and all(torch.equal(a, b) for a, b in zip(same[1], ref[1]))
+    assert row["fallback"] == CALLS_PER_STEP
+    problems = [GroupedGemmProblem.from_key(k) for k in row["problems"]["fallback"]]
+    for backend in ("padded_bmm", "grouped_mm", "loop"):
+        cache = write_cache(tmp_path / f"{backend}.json", problems, backend)
+        with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
+            out = cuda_step()
+            row = tuned.summary()["grouped_gemm"]
+        assert (row["routed"], row["fallback"]) == (CALLS_PER_STEP, 0)
+        close_bf16(out[0], ref[0])
+        for got, want in zip(out[1], ref[1]):
+            close_bf16(got, want)
