@@ -15,7 +15,7 @@ from primus_perf.problems import GroupedGemmProblem, problem_from_item, problem_
 
 
 def test_every_problem_type_is_one_kind_in_registration_order() -> None:
-    assert kinds.names() == ("gemm", "grouped_gemm", "attention")
+    assert kinds.names() == ("gemm", "grouped_gemm", "attention", "fp8_plan")
     assert {k.name: k.problem_type for k in kinds.all_kinds()} == problem_types()
     for kind in kinds.all_kinds():
         assert kinds.kind_of(kind.problem_type.__new__(kind.problem_type)) is kind
@@ -33,16 +33,21 @@ def test_parts_attach_to_slots_that_exist() -> None:
         kinds.GEMM.part("seam")
 
 
-def test_each_layer_attaches_its_part_to_every_kind() -> None:
+def test_each_layer_attaches_its_part_to_every_routed_kind() -> None:
     from primus_perf.runtime import activate, intercept, routes  # noqa: F401 (attach their parts)
+    from primus_perf.runtime.handle import ALL_KINDS
     from primus_perf.tuner import kinds as tuner_kinds
     from primus_perf.tuner import online_kinds  # noqa: F401
 
-    assert set(kinds.with_part("router")) == set(kinds.names()) == set(activate.KINDS) == set(routes.KINDS)
-    assert set(kinds.with_part("tuner")) == set(kinds.names()) == set(tuner_kinds.KINDS)
-    assert set(kinds.with_part("online")) == set(kinds.names())
+    routed = {kinds.GEMM.name, kinds.GROUPED.name, kinds.ATTENTION.name}
+    assert set(kinds.with_part("router")) == routed == set(activate.KINDS) == set(ALL_KINDS)
+    assert set(routes.KINDS) == set(kinds.names())
+    assert set(kinds.with_part("tuner")) == routed == set(tuner_kinds.KINDS)
+    assert set(kinds.with_part("online")) == routed
     # grouped GEMMs: their routing point (runtime.seams.grouped_mm) and aten::_grouped_mm's override
-    assert set(kinds.with_part("intercept")) == set(kinds.names())
+    assert set(kinds.with_part("intercept")) == routed
+    # an FP8 plan is tuned by primus_perf.fp8 and applied as a whole (fp8.apply, train.fp8): no part
+    assert kinds.FP8_PLAN.parts == {}
     for name, plugin in tuner_kinds.KINDS.items():
         assert plugin.kind == name and plugin.problem_type is kinds.get(name).problem_type
 

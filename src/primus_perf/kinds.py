@@ -1,6 +1,6 @@
 """The kinds of problem the toolkit tunes and routes, one :class:`Kind` record each.
 
-A kind (GEMM, grouped GEMM, attention) is one unit: its problem type
+A kind (GEMM, grouped GEMM, attention, FP8 plan) is one unit: its problem type
 (``problems/``), how a problem is labelled, the analyzer's problem table (its name on
 ``Analysis`` and its columns), and the parts the upper layers implement for it:
 
@@ -29,7 +29,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from primus_perf.problems import AttentionProblem, GemmProblem, GroupedGemmProblem, problem_types
+from primus_perf.problems import (
+    AttentionProblem,
+    Fp8PlanProblem,
+    GemmProblem,
+    GroupedGemmProblem,
+    problem_types,
+)
 
 # the analyzer's problem-table columns (``tracelens.analyses.problems``): every kind's rows
 # have these; a kind adds its own shape columns after ``label``
@@ -146,6 +152,8 @@ def kind_of(problem: Any) -> Kind:
 GEMM = register(Kind(GemmProblem, "GEMM", ("m", "n", "k")))
 GROUPED = register(Kind(GroupedGemmProblem, "grouped GEMM", ("groups", "k", "n", "tokens", "skew", "skew_known")))
 ATTENTION = register(Kind(AttentionProblem, "attention"))
+# a model's FP8 plan (``primus_perf.fp8``): tuned and applied as a whole, no router or intercept
+FP8_PLAN = register(Kind(Fp8PlanProblem, "FP8 plan", ("layers", "tokens"), label=Fp8PlanProblem.label))
 
 if set(problem_types()) != set(_KINDS):  # every problem type is a kind, and no kind lacks one
     raise ImportError(f"problem types {sorted(problem_types())} and kinds {sorted(_KINDS)} differ")

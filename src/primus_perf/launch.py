@@ -15,7 +15,6 @@ import os
 import runpy
 import sys
 
-from primus_perf import kinds
 from primus_perf.errors import UserError
 
 
@@ -27,7 +26,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--cache", default=os.environ.get("PRIMUS_PERF_CACHE"),
                         help="tuning cache (default: $PRIMUS_PERF_CACHE)")
     parser.add_argument("--online", action="store_true", help="tune new problems during the first steps")
-    parser.add_argument("--kinds", default=",".join(kinds.names()), help="comma-separated kinds")
+    parser.add_argument("--kinds", default=None, help="comma-separated kinds (default: every kind enable() routes)")
     opts = parser.parse_args(argv[:cut])
     target = argv[cut + 1:]
     if not target:
@@ -36,11 +35,12 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from primus_perf.runtime.handle import rank0_stderr
+    from primus_perf.runtime.handle import ALL_KINDS, rank0_stderr
     from primus_perf.tuned_kernels import enable
 
     opts, target = _parse(sys.argv[1:] if argv is None else argv)
-    handle = enable(opts.cache, online=opts.online, kinds=[k for k in opts.kinds.split(",") if k])
+    chosen = ALL_KINDS if opts.kinds is None else [k for k in opts.kinds.split(",") if k]
+    handle = enable(opts.cache, online=opts.online, kinds=chosen)
     for line in handle.start_lines():
         rank0_stderr(line)
     try:

@@ -215,7 +215,7 @@ def render_host(a: Analysis, top: int) -> None:
         for r in a.critical_path.head(MAX_RANK_ROWS).to_dict(orient="records"):
             tc.add_row(str(int(r["rank"])), str(int(r["step"])), _ms(r["path_s"]), _ms(r["cpu_s"]), _ms(r["launch_s"]),
                        _ms(r["gpu_s"]), _ms(r["wait_s"]), str(int(r["events"])))
-        console.print(tc)
+        print_table(tc)
     if len(a.launches):
         tl = Table(title="kernel launches per step (delay: launch call start to GPU start, ms; queue: GPU work "
                          "launched, not finished)")
@@ -226,7 +226,7 @@ def render_host(a: Analysis, top: int) -> None:
             tl.add_row(str(int(r["rank"])), str(int(r["step"])), str(int(r["launches"])), _num(r["launch_p50_us"]),
                        *(_num(r[c] / 1e3, "{:.2f}") for c in ("delay_p50_us", "delay_p90_us", "delay_max_us")),
                        _num(r["queue_p50"], "{:.0f}"), _num(r["queue_max"], "{:.0f}"))
-        console.print(tl)
+        print_table(tl)
     if len(a.cpu_ops):
         to = Table(title=f"CPU against GPU time per op (top {top} by CPU time, ms per step)")
         for col in ("op", "calls", "CPU", "CPU self", "GPU self", "GPU incl."):
@@ -234,7 +234,7 @@ def render_host(a: Analysis, top: int) -> None:
         for _, r in a.cpu_ops.head(top).iterrows():
             to.add_row(str(r["op"])[:60], _num(r["calls"], "{:g}"), _ms(r["cpu_s"]), _ms(r["cpu_self_s"]),
                        _ms(r["gpu_self_s"]), _ms(r["gpu_s"]))
-        console.print(to)
+        print_table(to)
 
 
 def render_kernel_efficiency(a: Analysis, top: int) -> None:
@@ -252,7 +252,7 @@ def render_kernel_efficiency(a: Analysis, top: int) -> None:
         tk.add_row(str(r["name"]), _num(r["launches"], "{:g}"), _num(r["time_s"] * 1e3, "{:.2f}"),
                    _num(r["registers"], "{:.0f}"), _num(r["shared_bytes"] / 1024, "{:.1f}"),
                    _num(r["blocks_per_sm"], "{:.2f}"), _num(r["occupancy_pct"], "{:.0f}%"), r["flag"])
-    console.print(tk)
+    print_table(tk)
 
 
 def render_memory(a: Analysis, top: int) -> None:
@@ -267,13 +267,13 @@ def render_memory(a: Analysis, top: int) -> None:
         rel = "" if r["recorded_total"] else " (relative)"
         tp.add_row(str(int(r["rank"])), r["device"], _bytes(r["peak_bytes"]) + rel, str(int(r["allocations"])),
                    str(int(r["frees"])))
-    console.print(tp)
+    print_table(tp)
     tb = Table(title=f"allocations per op (top {top} by bytes, whole trace)")
     for col in ("op", "allocations", "bytes", "largest"):
         tb.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
     for _, r in by_op.head(top).iterrows():
         tb.add_row(str(r["op"])[:60], str(int(r["allocations"])), _bytes(r["bytes"]), _bytes(r["largest"]))
-    console.print(tb)
+    print_table(tb)
 
 
 def register(app: typer.Typer) -> None:

@@ -49,7 +49,8 @@ def register(app: typer.Typer) -> None:
             res = run_loop(config, list(overrides or []), out, steps=steps, budget_s=budget_s, blocks=blocks,
                            say=say, tune_progress=RichProgress(bar, lambda _r: None), fp8=fp8)
         step = f"{res.step_time_s * 1e3:.2f} ms/step" if res.step_time_s else "step time n/a"
-        counts = [f"{n} {kinds.get(kind).title}" for kind, n in res.problems.items() if n or kind != kinds.GROUPED.name]
+        counts = [f"{n} {kinds.get(kind).title}" for kind, n in res.problems.items()
+                  if n or kind in (kinds.GEMM.name, kinds.ATTENTION.name)]
         listed = " and ".join([", ".join(counts[:-1]), counts[-1]] if len(counts) > 1 else counts)
         console.print(f"{res.device}: {step}; {listed} problems; report: {res.report}", highlight=False, soft_wrap=True)
         for note in res.notes:

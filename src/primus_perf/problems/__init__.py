@@ -5,6 +5,7 @@ problems files that carry them between commands.
 - ``gemm``: :class:`GemmProblem` (and the BLAS column-major convention, documented once).
 - ``grouped``: :class:`GroupedGemmProblem` (MoE expert layers; token-distribution buckets).
 - ``attention``: :class:`AttentionProblem`.
+- ``fp8``: :class:`Fp8PlanProblem` (which linear layers of a model run FP8: a plan's problem).
 - ``files``: problems files (``load_problems``, ``problem_from_item``).
 - ``trace_names``: the name a grouped GEMM call records in a profiler trace.
 
@@ -33,6 +34,7 @@ from primus_perf.problems.files import (
     load_problems,
     problem_from_item,
 )
+from primus_perf.problems.fp8 import Fp8PlanProblem
 from primus_perf.problems.gemm import GemmProblem, Operand, operand_layout
 from primus_perf.problems.grouped import (
     GROUPED_PASSES,
@@ -51,7 +53,7 @@ from primus_perf.problems.trace_names import (
 
 __all__ = [
     "DTYPE_ALIASES", "DTYPE_BYTES", "GROUPED_PASSES", "GROUPED_TRACE_OP", "MAX_PROBLEMS_BYTES", "PROBLEMS_SCHEMA",
-    "AttentionProblem", "GemmProblem", "GroupedGemmProblem", "GroupedMmCall", "Operand", "Problem", "ProblemType",
+    "AttentionProblem", "Fp8PlanProblem", "GemmProblem", "GroupedGemmProblem", "GroupedMmCall", "Operand", "Problem", "ProblemType",
     "canonical_dtype", "dataclass_from_dict", "default_compute", "dtype_name", "grouped_mm_call", "grouped_trace_name",
     "load_problems", "operand_layout", "parse_grouped_trace_name", "problem_from_item", "problem_type",
     "problem_types", "skew_bucket", "skew_buckets", "tokens_bucket", "torch_dtype",

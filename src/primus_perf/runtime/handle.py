@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from primus_perf import kinds as registry
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError, UserError
 from primus_perf.kinds import RouterPart
@@ -33,7 +32,7 @@ from primus_perf.runtime.activate import KINDS as ROUTER_KINDS
 from primus_perf.runtime.activate import NOT_INSTALLED, Activation, activate
 from primus_perf.runtime.intercept import Interception
 
-ALL_KINDS = registry.names()
+ALL_KINDS = tuple(ROUTER_KINDS)  # the kinds enable() routes: those with a router part (fp8.apply applies a plan)
 _active: Handle | None = None
 
 
