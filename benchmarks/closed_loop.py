@@ -34,9 +34,9 @@ def capture(trainer, out_dir: Path, steps: int, extra: dict) -> None:
 def run_gpu(args: argparse.Namespace) -> None:
     import torch
 
-    from primus_perf.cache.runtime import activate
     from primus_perf.devices import library_versions
     from primus_perf.runtime import routes
+    from primus_perf.runtime.activate import activate
     from primus_perf.tracelens.shapes import problems_from_traces
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer

@@ -19,7 +19,7 @@ layer, and ``groups``, every candidate's measured saving). JSON to ``--out``::
 
 ``--moe``: also qwen3-30b-a3b (2 layers, seq 4096, micro-batch 1): the MoE expert GEMMs on
 ``grouped_mm`` (bf16) and on the FP8 grouped backend ``fp8_rowwise``
-(``kernels.grouped_gemm.fp8``), switched in place per block in one trainer, the dense
+(``kernels.grouped.fp8``), switched in place per block in one trainer, the dense
 layers bf16; step times and the losses of both sides over the same steps.
 """
 
@@ -137,8 +137,8 @@ MOE = ("qwen3-30b-a3b", ["model.n_layers=2", "train.seq_len=4096", "train.micro_
 
 def moe_grouped(args: argparse.Namespace, say: Any) -> dict[str, Any]:
     """Step times with the MoE expert GEMMs on grouped_mm and on fp8_rowwise, interleaved."""
-    from primus_perf.kernels.grouped_gemm.backends import BACKENDS
-    from primus_perf.kernels.grouped_gemm.fp8 import FP8_BACKENDS
+    from primus_perf.kernels.grouped.backends import BACKENDS
+    from primus_perf.kernels.grouped.fp8 import FP8_BACKENDS
 
     BACKENDS.update(FP8_BACKENDS)  # this benchmark only: the trainer resolves backends by name
     preset, overrides = MOE

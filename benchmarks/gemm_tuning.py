@@ -18,8 +18,9 @@ import torch
 
 from primus_perf.cache.store import TuningCache
 from primus_perf.devices import current_device
+from primus_perf.gate.stats import geomean
 from primus_perf.kernels.gemm import GemmRouter, library_versions, problem_of
-from primus_perf.problems import GemmProblem, geomean
+from primus_perf.problems import GemmProblem
 from primus_perf.tuner import timing
 from primus_perf.tuner.core import TuneResult, tune_problem
 from primus_perf.tuner.gemm.plugin import GemmTuner, Operands

@@ -43,7 +43,7 @@ import primus_perf
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
 from primus_perf.tuner import core
-from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
+from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
 from primus_perf.tuner.problems_input import gather_problems
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_moe_train.py"

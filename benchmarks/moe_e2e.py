@@ -7,7 +7,7 @@ under 8-way expert parallelism):
 
 1. tuning (unless ``--cache`` is given): a recording router on the grouped-GEMM seam lists
    the problems (pass, shapes, token bucket) of ``--record-steps`` steps of the trainer,
-   and the grouped-GEMM tuner (``tuner/grouped_gemm``: backends + Triton configs, timed with
+   and the grouped-GEMM tuner (``tuner/grouped``: backends + Triton configs, timed with
    the launches a step pays) writes them to a cache;
 2. losses: three fresh trainers, same seed and data, ``--loss-steps`` steps each: the loop
    default (``model.moe.grouped_gemm_backend=loop``), always-``_grouped_mm``
@@ -34,16 +34,16 @@ from pathlib import Path
 
 import torch
 
-from primus_perf.cache.runtime import activate
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
-from primus_perf.kernels import grouped_gemm
+from primus_perf.kernels.grouped import problem_of
 from primus_perf.runtime import routes
+from primus_perf.runtime.activate import activate
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
 from primus_perf.trainer.moe import moe_layers
 from primus_perf.tuner import core
-from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
+from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
 
 PRESETS: dict[str, list[str]] = {
     # 32 local experts as on one rank of 8-way EP; 1 dense + 1 MoE layer; 16k routed rows
@@ -63,16 +63,16 @@ def record_problems(trainer: Trainer, steps: int) -> list:
     seen: dict[str, object] = {}
 
     def record(phase, a, b, counts):
-        p = grouped_gemm.problem_of(phase, a, b, counts)
+        p = problem_of(phase, a, b, counts)
         seen.setdefault(p.key(), p)
         return None
 
-    grouped_gemm.set_router(record)
+    routes.install({"grouped_gemm": record})
     try:
         for _ in range(steps):
             trainer.train_step()
     finally:
-        grouped_gemm.set_router(None)
+        routes.remove()
     return list(seen.values())
 
 

@@ -42,11 +42,11 @@ import torch
 
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
-from primus_perf.kernels.grouped_gemm import BACKENDS, Backend, triton_backend
-from primus_perf.kernels.grouped_gemm.configs import default_space
+from primus_perf.kernels.grouped import BACKENDS, Backend, triton_backend
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tuner import core
-from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
+from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
+from primus_perf.tuner.grouped.space import default_space
 from primus_perf.tuner.timing import summarize, time_cpu, time_isolated, time_launch_bound
 
 
@@ -176,7 +176,7 @@ def run_case(
 
 def tuner_backend(res: core.TuneResult) -> Backend:
     """The backend of a tuning result's choice."""
-    from primus_perf.kernels.grouped_gemm.router import GroupedChoice
+    from primus_perf.kernels.grouped.router import GroupedChoice
 
     return GroupedChoice.from_solution(res.config).implementation()
 

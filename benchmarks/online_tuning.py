@@ -26,8 +26,9 @@ from typing import Any
 def _run(config: str, overrides: list[str], steps: int) -> dict[str, Any]:
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
+    from primus_perf.tuned_kernels import online_tuning
 
-    trainer = Trainer(load_config(config, overrides))
+    trainer = Trainer(load_config(config, overrides), online=online_tuning())
     try:
         online = {kind: r for kind, r in trainer.tuning.routers.items() if hasattr(r, "tuning")}
         times, in_tuning = [], []

@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import primus_perf
 from enable_overhead import SMOKE, interleaved, load_example, spread
-from primus_perf.cache.runtime import RouterKind
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
 from primus_perf.kernels import gemm
+from primus_perf.kinds import RouterPart
 from primus_perf.runtime import routes
 from primus_perf.runtime.intercept import Interception
 
@@ -60,7 +60,7 @@ class _TorchAsLibrary:
 
 
 SMOKE_TABLE = {SMOKE_SOURCE: lambda problem, solution, device: _TorchAsLibrary()}
-SMOKE_KINDS = {"gemm": RouterKind(lambda es: gemm.GemmRouter.from_entries(list(es), SMOKE_TABLE),
+SMOKE_KINDS = {"gemm": RouterPart(lambda es: gemm.GemmRouter.from_entries(list(es), SMOKE_TABLE),
                                   lambda: dict(SMOKE_VERSIONS), lambda: gemm.GemmRouter([], SMOKE_TABLE))}
 
 

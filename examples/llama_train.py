@@ -14,7 +14,7 @@ hidden 14336, seq 4096); on a CPU, a small model of the same shape (dim 256, seq
 few steps in seconds). ``--size 8b`` or ``--size small`` chooses either on
 any machine, and ``--layers``, ``--dim``, ... change one dimension. The same script runs
 without the ``--cache`` line under
-``python -m primus_perf.enable --cache tuning_cache.json -- examples/llama_train.py``.
+``python -m primus_perf.launch --cache tuning_cache.json -- examples/llama_train.py``.
 """
 
 from __future__ import annotations

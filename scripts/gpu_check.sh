@@ -40,7 +40,7 @@ for step in "$@"; do
       primus-profile preflight --json "$OUT/preflight.json" -o "$OUT/preflight.html" 2>&1 | tail -40 ;;
     enable)
       # the example's problems: one online run writes them; then tuned offline like any problems file
-      python -m primus_perf.enable --cache /tmp/enable_online.json --online -- examples/llama_train.py --steps 12 \
+      python -m primus_perf.launch --cache /tmp/enable_online.json --online -- examples/llama_train.py --steps 12 \
         2>&1 | tail -5
       python -c "import json, sys; from primus_perf.cache.store import TuningCache; \
 json.dump([{'kind': e.kind, 'problem': e.problem} for e in TuningCache(sys.argv[1]).entries()], \

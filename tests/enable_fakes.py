@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from primus_perf.cache.runtime import KINDS, RouterKind
 from primus_perf.cache.store import CacheEntry
 from primus_perf.devices import DeviceIdentity
 from primus_perf.kernels.attention.reference import reference_attention
@@ -24,7 +23,9 @@ from primus_perf.kernels.attention.router import (
     problem_of,
 )
 from primus_perf.kernels.gemm import GemmRouter, torch_mm
+from primus_perf.kinds import RouterPart
 from primus_perf.problems import AttentionProblem, GemmProblem
+from primus_perf.runtime.activate import KINDS
 
 FAKE_SOURCE = "fakeblas"
 FAKE_VERSIONS = {"fakeblas": "1.0"}
@@ -51,7 +52,7 @@ def fake_factory(problem, solution, device):
 
 FAKE_TABLE = {FAKE_SOURCE: fake_factory}
 FAKE_KINDS = {
-    "gemm": RouterKind(lambda es: GemmRouter.from_entries(list(es), FAKE_TABLE), lambda: dict(FAKE_VERSIONS),
+    "gemm": RouterPart(lambda es: GemmRouter.from_entries(list(es), FAKE_TABLE), lambda: dict(FAKE_VERSIONS),
                        lambda: GemmRouter([], FAKE_TABLE)),
     "attention": KINDS["attention"],
 }
@@ -101,7 +102,7 @@ class CountingAttentionRouter(AttentionRouter):
 
 COUNTED_KINDS = {
     **FAKE_KINDS,
-    "attention": RouterKind(lambda es: CountingAttentionRouter.from_entries(list(es)), library_versions,
+    "attention": RouterPart(lambda es: CountingAttentionRouter.from_entries(list(es)), library_versions,
                             lambda: CountingAttentionRouter({})),
 }
 

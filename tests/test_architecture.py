@@ -1,7 +1,8 @@
-"""The package's import graph, derived from the source: no cycles between packages, and the
-directions DESIGN.md names (the trainer never imports the tuner, the cache never imports the
-trainer, the trace analyzer imports neither, ...). Every import counts: module level,
-function level, ``TYPE_CHECKING`` blocks and string imports through ``importlib``."""
+"""The package's import graph, derived from the source: no cycles between packages nor
+between the modules of one package, and the directions DESIGN.md names (the trainer never
+reaches the tuner by any path, the cache never imports the trainer, the trace analyzer
+imports neither, ...). Every import counts: module level, function level,
+``TYPE_CHECKING`` blocks and string imports through ``importlib``."""
 
 from __future__ import annotations
 
@@ -14,26 +15,34 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "primus_perf"
 
 # The ground floor imports nothing above it; each package below may import only the units
 # listed (besides itself and the ground floor).
-GROUND = {"problems", "devices", "files", "errors"}
+GROUND = {"kinds", "problems", "devices", "files", "errors"}
 ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "cache": {"kernels"},
+    # activate (entries -> routers), enable, routes, seams, intercepts; online tuning is
+    # handed to enable from above, so never the tuner
+    "runtime": {"kernels", "cache"},
     "trainer": {"kernels", "cache", "runtime"},  # the trainer enables a cache as any program does
-    # enable(): routers from the cache, installed at the dispatcher; the tuner only for
-    # online tuning (imported inside enable when online=True)
-    "runtime": {"kernels", "cache", "tuner"},
     "tracelens": {"cache"},  # report --cache reads the store to mark tuned problems
     "profiler": {"trainer", "kernels", "cache", "tracelens"},
     "gate": {"tracelens", "profiler", "trainer", "kernels", "cache"},
-    "tuner": {"kernels", "cache", "tracelens"},
+    "tuner": {"kernels", "cache", "runtime", "tracelens"},  # online tuning wraps the runtime's routers
+    # primus_perf.enable: the runtime's enable with the tuner's online tuning plugged in
+    "tuned_kernels": {"runtime", "tuner"},
+    "env_hook": {"tuned_kernels", "runtime"},
     # the whole loop: profile, analyze, report, tune, train with the cache
-    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "fp8"},
+    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "tuned_kernels",
+                    "fp8"},
     # the FP8 plan tuner: trains (trainer) and writes fp8_plan entries; kinds: its record
     "fp8": {"trainer", "runtime", "kernels", "cache", "kinds"},
 }
 # never, whatever ALLOWED says: the rules DESIGN.md spells out
-FORBIDDEN = [("trainer", "tuner"), ("tuner", "runtime"), ("kernels", "runtime"), ("cache", "runtime"), ("cache", "trainer"), ("cache", "tuner"), ("kernels", "tuner"),
-             ("kernels", "trainer"), ("tracelens", "trainer"), ("tracelens", "tuner")]
+FORBIDDEN = [("trainer", "tuner"), ("runtime", "tuner"), ("kernels", "runtime"), ("cache", "runtime"),
+             ("cache", "trainer"), ("cache", "tuner"), ("kernels", "tuner"), ("kernels", "trainer"),
+             ("runtime", "trainer"), ("tracelens", "trainer"), ("tracelens", "tuner")]
+# no import path at all, direct or through other units, eager or lazy, leads from the first
+# to the second (module by module)
+UNREACHABLE = [("trainer", "tuner"), ("runtime", "tuner"), ("kernels", "runtime")]
 
 
 def _unit(module: str) -> str | None:
@@ -82,9 +91,11 @@ def _imports(path: Path) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            out.add(mod)
             # `from pkg import submodule` imports the submodule too
-            out.update(f"{mod}.{a.name}" for a in node.names if _is_module(f"{mod}.{a.name}"))
+            subs = {f"{mod}.{a.name}" for a in node.names if _is_module(f"{mod}.{a.name}")}
+            out.update(subs)
+            if mod != "primus_perf" or len(subs) < len(node.names):  # the root's lazy __init__ aside
+                out.add(mod)
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             fn = node.func
             name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
@@ -142,7 +153,7 @@ def test_cycle_finder_finds_cycles():
 
 
 def test_import_collector_sees_function_level_and_string_imports(tmp_path):
-    f = SRC / "problems.py"  # any real file: the collector must at least see its imports
+    f = SRC / "problems" / "files.py"  # any real file: the collector must at least see its imports
     assert "json" in _imports(f)
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    import importlib\n    importlib.import_module('primus_perf.tuner.core')\n"
@@ -180,3 +191,70 @@ def test_ground_floor_imports_nothing_above_it():
     graph = unit_graph()
     for unit in GROUND - {"__init__"}:
         assert graph.get(unit, set()) <= GROUND, f"{unit} imports {sorted(graph[unit] - GROUND)}"
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports (importing a module runs its parent
+    packages' ``__init__`` too). The public API's lazy names (``primus_perf.__init__``) are
+    left out: no package imports them (``test_no_package_imports_the_public_api``)."""
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        name = _module_of_file(path)
+        deps = graph.setdefault(name, set())
+        for mod in _imports(path):
+            if _unit(mod) is None:
+                continue
+            parts = mod.split(".")
+            # the packages above an imported module run first, except those this module is in
+            # (they are already running)
+            deps.update(p for p in (".".join(parts[:i]) for i in range(2, len(parts))) if not name.startswith(p + "."))
+            if _is_module(mod) and not name.startswith(mod + "."):
+                deps.add(mod)
+        deps.discard(name)
+        deps.discard("primus_perf")
+    return graph
+
+
+def _reachable(graph: dict[str, set[str]], start: set[str]) -> dict[str, str]:
+    """Every module reachable from ``start``, with the module it was reached from."""
+    seen = {m: "" for m in start}
+    todo = list(start)
+    while todo:
+        m = todo.pop()
+        for dep in graph.get(m, ()):
+            if dep not in seen:
+                seen[dep] = m
+                todo.append(dep)
+    return seen
+
+
+def test_module_graph_sees_parent_packages():
+    graph = module_graph()
+    # `from primus_perf.kernels.grouped import problem_of` runs kernels/ and kernels/grouped/ __init__
+    assert {"primus_perf.kernels", "primus_perf.kernels.grouped"} <= graph["primus_perf.trainer.grouped_problems"]
+    assert "primus_perf.runtime" not in graph["primus_perf.runtime.handle"]  # its own package is running
+    assert _cycle({"p.a": {"p.b"}, "p.b": {"p.a"}}) == ["p.a", "p.b", "p.a"]
+
+
+@pytest.mark.parametrize("unit", sorted({_unit_of_file(p) for p in SRC.rglob("*.py")}))
+def test_no_import_cycle_inside_a_package(unit):
+    """Between the modules of one package (its ``__init__`` aside: it re-exports them)."""
+    prefix = f"primus_perf.{unit}"
+    graph = {m: {d for d in deps if d.startswith(prefix + ".")} for m, deps in module_graph().items()
+             if m.startswith(prefix + ".")}
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize(("unit", "other"), UNREACHABLE)
+def test_no_import_path_at_all(unit, other):
+    graph = module_graph()
+    start = {m for m in graph if m == f"primus_perf.{unit}" or m.startswith(f"primus_perf.{unit}.")}
+    seen = _reachable(graph, start)
+    hit = sorted(m for m in seen if m == f"primus_perf.{other}" or m.startswith(f"primus_perf.{other}."))
+    if hit:
+        path, m = [hit[0]], hit[0]
+        while seen[m]:
+            m = seen[m]
+            path.append(m)
+        raise AssertionError(f"{unit} reaches {other}: " + " -> ".join(reversed(path)))

@@ -202,11 +202,10 @@ def test_router_from_cache_entries() -> None:
 
 
 def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
-    from primus_perf.cache import runtime
     from primus_perf.cache.store import TuningCache
     from primus_perf.kernels.attention.router import library_versions
-    from primus_perf.runtime import routes
-    from primus_perf.trainer import dispatch
+    from primus_perf.runtime import activate as runtime
+    from primus_perf.runtime import routes, seams
 
     path = tmp_path / "tuning.cache"
     prob = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", True, "bshd")
@@ -221,9 +220,9 @@ def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
         assert act.usable == {"attention": 1}  # the entry with other versions is stale
         assert any("stale" in line for line in act.start_lines())
         q, k, v = random_qkv(1, 4, 2, 40, 40, 16, torch.float16, DEVICE, seed=4)
-        out = dispatch.attention(q, k, v, causal=True)  # routed to the cached Triton config
+        out = seams.attention(q, k, v, causal=True)  # routed to the cached Triton config
         assert (out.float() - reference_attention(q, k, v, causal=True)).abs().max().item() < 2e-3
-        dispatch.attention(q, k, v, causal=False)  # stale entry: torch's default
+        seams.attention(q, k, v, causal=False)  # stale entry: torch's default
         assert act.end_summary()["attention"] == {"routed": {prob.key(): 1}, "fallback": {stale.key(): 1},
                                                   "failed": []}
     finally:

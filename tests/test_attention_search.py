@@ -138,6 +138,39 @@ def test_the_search_times_on_the_sessions_inputs(monkeypatch) -> None:
         session.close()
 
 
+def test_the_core_does_not_validate_or_rough_time_the_searched_candidate_again(monkeypatch) -> None:
+    """The search checked and timed the found configs on this problem: the core takes its
+    error and timed calls, and runs only the other candidates against the reference and in
+    the rough pass."""
+    from primus_perf.tuner import core, timing
+    from primus_perf.tuner.attention import plugin
+
+    one_pair = SearchSpace(fwd={"block_m": (16,), "block_n": (16,), "num_warps": (4,), "num_stages": (1,)},
+                           bwd={"block_m1": (16,), "block_n1": (16,), "block_m2": (16,), "block_n2": (16,),
+                                "num_warps": (4,), "num_stages": (1,)})
+    checked: list[str] = []
+    real_error = plugin.AttentionSession.error
+    monkeypatch.setattr(plugin.AttentionSession, "error", lambda self, c: checked.append(c.name) or real_error(self, c))
+    passes: list[set[str]] = []
+
+    def timer(calls, n_sets, reps, seed=0):
+        passes.append({key[0] if isinstance(key, tuple) else "search" for key in calls})
+        return timing.time_cpu(calls, n_sets, reps, seed)
+
+    tuner = plugin.AttentionTuner(strategy="grid", space=one_pair, backends=(), device="cpu")
+    tuner.reps = core.Reps(rough=2, final_min=2, final_max=2)
+    res = core.tune_problem(tuner, PROBLEM, timer=timer, budget_s=0.1)
+    stats = {c.name: c for c in res.candidates}
+    assert checked == ["sdpa:default"]  # the search's check stands for the Triton candidate's
+    assert stats["triton"].error is not None and stats["triton"].error <= 5e-3
+    # the search's own timed calls, then the core's rough pass without the Triton candidate
+    # (its rough figures are the search's), which drops it: the interpreter is far slower
+    # than torch's CPU kernels; the final pass races the rest
+    assert set().union(*passes[:-2]) == {"search"}
+    assert passes[-2] == passes[-1] == {"sdpa:default"}
+    assert stats["triton"].status == "dropped" and set(stats["triton"].parts) == {"fwd", "bwd"}
+
+
 def test_backend_race_times_what_runs_and_reports_what_cannot(tmp_path) -> None:
     """The attention kind through the real core on the CPU: wall-clock timing, SDPA
     backends that cannot run are rejected with a reason, the rest raced forward + backward."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 
 from primus_perf.kernels.autocast import cast_operands, gemm_dtype
-from primus_perf.kernels.grouped_gemm import grouped_mm, set_router
-from primus_perf.runtime import routes
-from primus_perf.trainer import dispatch
+from primus_perf.kinds import GROUPED
+from primus_perf.runtime import routes, seams
+from primus_perf.runtime.seams import grouped_mm
 
 COUNTS = (3, 0, 5)
 
@@ -35,7 +35,7 @@ def _linear_dtypes(x: torch.Tensor, w: torch.Tensor, autocast: bool) -> set[tupl
     routes.install({"gemm": router})
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            y = dispatch.linear(x, w)
+            y = seams.linear(x, w)
         y.float().sum().backward()
     finally:
         routes.remove()
@@ -49,13 +49,13 @@ def _grouped_dtypes(x: torch.Tensor, w: torch.Tensor, autocast: bool) -> set[tup
         seen.add((phase, a.dtype, b.dtype))
         return None
 
-    set_router(router)
+    routes.install({GROUPED.name: router})
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             y = grouped_mm(x, w, COUNTS)
         y.float().sum().backward()
     finally:
-        set_router(None)
+        routes.remove()
     return seen
 
 

@@ -1,4 +1,4 @@
-"""A tuning cache -> routers (``cache.runtime.activate``, without the trainer) -> the trainer
+"""A tuning cache -> routers (``runtime.activate``, without the trainer) -> the trainer
 installs them: usable entries are routed, stale ones are not."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_activate_returns_routers_without_importing_the_trainer(tmp_path: Path) 
     TuningCache(cache).put(gemm)
     code = (
         "import json, sys\n"
-        "from primus_perf.cache.runtime import activate\n"
+        "from primus_perf.runtime.activate import activate\n"
         f"act = activate({str(cache)!r})\n"
         "print(json.dumps({'routers': {k: type(r).__name__ for k, r in act.routers.items()},"
         " 'lines': act.start_lines(),"

@@ -92,7 +92,7 @@ def test_enable_without_a_cache_names_the_flag_and_the_variable(tmp_path) -> Non
     script = tmp_path / "s.py"
     script.write_text("print('ran')\n")
     env = {k: v for k, v in os.environ.items() if k != "PRIMUS_PERF_CACHE"}
-    res = subprocess.run([sys.executable, "-m", "primus_perf.enable", "--", str(script)], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "primus_perf.launch", "--", str(script)], capture_output=True,
                          text=True, timeout=120, env=env)
     assert res.returncode == 2 and "ran" not in res.stdout
     assert res.stderr.strip().splitlines() == [

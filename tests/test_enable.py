@@ -191,14 +191,14 @@ def test_launcher_runs_a_script_with_enable(tmp_path: Path) -> None:
     )
     cache = tmp_path / "cache.json"
     TuningCache(cache).put(attention_entry(BLOCK_ATTENTION, current_device()))
-    out = subprocess.run([sys.executable, "-m", "primus_perf.enable", "--cache", str(cache), "--",
+    out = subprocess.run([sys.executable, "-m", "primus_perf.launch", "--cache", str(cache), "--",
                           str(script), "--flag", "x"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "args ['--flag', 'x']" in out.stdout and "active True" in out.stdout
     assert "attention: 1 calls used a cached choice" in out.stderr
     assert "online tuning" not in out.stderr and "spent tuning" not in out.stderr
     # --online
-    online = subprocess.run([sys.executable, "-m", "primus_perf.enable", "--cache", str(tmp_path / "new.json"),
+    online = subprocess.run([sys.executable, "-m", "primus_perf.launch", "--cache", str(tmp_path / "new.json"),
                              "--online", "--", str(script)], capture_output=True, text=True, timeout=120)
     assert online.returncode == 0, online.stderr
     if torch.cuda.is_available():  # problems without a usable entry are tuned (the launcher says so, and counts)
@@ -207,7 +207,7 @@ def test_launcher_runs_a_script_with_enable(tmp_path: Path) -> None:
     else:  # online tuning times device events: without a GPU it says it is off, and the script runs
         assert "online tuning: off: it times kernels with CUDA/ROCm events" in online.stderr
         assert "spent tuning" not in online.stderr
-    bad = subprocess.run([sys.executable, "-m", "primus_perf.enable", "--cache", str(tmp_path / "no.json"), "--",
+    bad = subprocess.run([sys.executable, "-m", "primus_perf.launch", "--cache", str(tmp_path / "no.json"), "--",
                           str(script)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "not found" in bad.stderr
 

@@ -387,7 +387,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
 
 
 def test_fp8_grouped_backend_says_why_not_on_cpu() -> None:
-    from primus_perf.kernels.grouped_gemm.fp8 import FP8_BACKENDS, _column_major
+    from primus_perf.kernels.grouped.fp8 import FP8_BACKENDS, _column_major
 
     why = FP8_BACKENDS["fp8_rowwise"].unsupported(CPU, torch.bfloat16, 64, 64)
     assert why is not None and "no CPU kernel for _scaled_grouped_mm" in why

@@ -119,7 +119,7 @@ def test_analyzer_counts_fp8_gemms_and_report_names_layers(tmp_path: Path) -> No
 
 def test_fp8_grouped_backend_matches_fp32() -> None:
     _fp8_gpu()
-    from primus_perf.kernels.grouped_gemm.fp8 import FP8_BACKENDS, TOLERANCE
+    from primus_perf.kernels.grouped.fp8 import FP8_BACKENDS, TOLERANCE
 
     backend = FP8_BACKENDS["fp8_rowwise"]
     dev = torch.device("cuda")

@@ -12,14 +12,14 @@ from enable_fakes import FAKE_KINDS, gemm_entry, launched
 from primus_perf.cache.store import TuningCache
 from primus_perf.devices import current_device
 from primus_perf.kernels.gemm import problem_of
-from primus_perf.kernels.grouped_gemm import (
+from primus_perf.kernels.grouped import (
     AUTO,
     DEFAULT_RULE,
     backends,
     default_backend,
-    grouped_mm,
     in_grouped,
 )
+from primus_perf.runtime.seams import grouped_mm
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
 

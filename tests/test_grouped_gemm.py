@@ -7,15 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from primus_perf.kernels.grouped_gemm import BACKENDS, grouped_mm, problem_of, set_router
-from primus_perf.kernels.grouped_gemm.backends import triton_backend
-from primus_perf.kernels.grouped_gemm.configs import (
-    GroupedGemmConfig,
-    config_invalid,
-    default_space,
-    tiny_space,
-)
+from primus_perf.kernels.grouped import BACKENDS, problem_of
+from primus_perf.kernels.grouped.backends import triton_backend
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig, config_invalid
+from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem, skew_bucket, tokens_bucket
+from primus_perf.runtime import routes
+from primus_perf.runtime.seams import grouped_mm
+from primus_perf.tuner.grouped.space import default_space, tiny_space
 
 COUNTS = [5, 0, 1, 19, 0, 8, 1]  # empty groups, one-token groups, unaligned starts
 
@@ -204,19 +203,19 @@ def test_router_sees_all_three_passes_and_its_answer_is_used() -> None:
 
     x.requires_grad_(True)
     w.requires_grad_(True)
-    set_router(router)
+    routes.install({GROUPED.name: router})
     try:
         grouped_mm(x, w, COUNTS).backward(dy)
     finally:
-        set_router(None)
+        routes.remove()
     expected = GroupedGemmProblem.from_counts(COUNTS, 16, 24, dtype="f32")
     assert [p.phase for p in seen] == ["fwd", "dgrad", "wgrad"]
     assert seen == [expected.with_phase(phase) for phase in ("fwd", "dgrad", "wgrad")]
-    set_router(lambda phase, a, b, counts: torch.zeros(a.shape[0], b.shape[-1]))
+    routes.install({GROUPED.name: lambda phase, a, b, counts: torch.zeros(a.shape[0], b.shape[-1])})
     try:
         assert torch.equal(grouped_mm(x.detach(), w.detach(), COUNTS), torch.zeros(x.shape[0], 24))
     finally:
-        set_router(None)
+        routes.remove()
 
 
 def test_problem_of_reads_a_transposed_weight() -> None:

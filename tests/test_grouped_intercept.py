@@ -21,14 +21,15 @@ from typer.testing import CliRunner
 import primus_perf
 from enable_fakes import FAKE_KINDS, StepClock, gemm_entry
 from foreign_moe import BatchedExperts, MoE, step
-from primus_perf.cache.runtime import KINDS
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.cli.tune import app as tune_app
 from primus_perf.devices import current_device
-from primus_perf.kernels.grouped_gemm import grouped_mm, problem_of
-from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
-from primus_perf.kernels.grouped_gemm.router import GroupedChoice, library_versions
+from primus_perf.kernels.grouped import problem_of
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.router import GroupedChoice, library_versions
 from primus_perf.problems import GemmProblem, GroupedGemmProblem, grouped_mm_call
+from primus_perf.runtime.activate import KINDS
+from primus_perf.runtime.seams import grouped_mm
 from primus_perf.tracelens.analyze import analyze
 
 UNRELATED = GroupedGemmProblem(groups=3, k=8, n=8, tokens=8)
@@ -363,7 +364,7 @@ def test_hf_example_runs_under_the_launcher(tmp_path: Path) -> None:
     _example()
     empty = tmp_path / "empty.json"
     empty.write_text("")
-    res = subprocess.run([sys.executable, "-m", "primus_perf.enable", "--cache", str(empty), "--kinds", "grouped_gemm",
+    res = subprocess.run([sys.executable, "-m", "primus_perf.launch", "--cache", str(empty), "--kinds", "grouped_gemm",
                           "--", str(EXAMPLE), "--steps", "3", "--profile", str(tmp_path / "prof")],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr

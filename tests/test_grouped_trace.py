@@ -20,7 +20,6 @@ from primus_perf.cache.store import TuningCache
 from primus_perf.cli.profile import app as profile_app
 from primus_perf.cli.tune import app as tune_app
 from primus_perf.errors import UserError
-from primus_perf.kernels.grouped_gemm import grouped_mm
 from primus_perf.problems import (
     GroupedGemmProblem,
     grouped_trace_name,
@@ -28,11 +27,12 @@ from primus_perf.problems import (
     parse_grouped_trace_name,
 )
 from primus_perf.profiler.capture import Schedule, profile_steps
+from primus_perf.runtime.seams import grouped_mm
 from primus_perf.tracelens import report as rp
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.shapes import problems_document, write_problems
 from primus_perf.trainer.config import load_config
-from primus_perf.trainer.flops import gemm_flops_per_step, model_gemms, model_grouped_gemms
+from primus_perf.trainer.flops import gemm_flops_per_step, model_expert_gemms, model_gemms
 from primus_perf.trainer.loop import Trainer
 from primus_perf.tuner.problems_input import gather_problems
 
@@ -111,7 +111,7 @@ def test_the_seam_annotates_only_while_the_profiler_records(monkeypatch) -> None
 def test_moe_trace_gives_the_grouped_problems_with_exact_flops(moe: Analysis, moe_run) -> None:
     cfg = load_config("tiny-moe", OVERRIDES)
     steps = moe_run[1]
-    calls = [c for counts in steps for c in model_grouped_gemms(cfg.model, counts, dtype="f32")]
+    calls = [c for counts in steps for c in model_expert_gemms(cfg.model, counts, dtype="f32")]
     g = moe.grouped_gemm_problems
     assert len(moe.steps) == ACTIVE and len(g)
     expected_calls = Counter(c.problem.key() for c in calls)

@@ -12,20 +12,23 @@ import pytest
 import torch
 
 from enable_fakes import StepClock
+from primus_perf import enable
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import current_device
 from primus_perf.errors import ConfigError, UserError
-from primus_perf.kernels.grouped_gemm import BACKENDS, Backend, get_router, grouped_mm
-from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
-from primus_perf.kernels.grouped_gemm.router import (
+from primus_perf.kernels.grouped import BACKENDS, Backend
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.router import (
     GroupedChoice,
     GroupedGemmRouter,
     library_versions,
 )
+from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem, load_problems
-from primus_perf.runtime import enable, routes
+from primus_perf.runtime import routes
+from primus_perf.runtime.seams import grouped_mm
 from primus_perf.tuner import core, timing
-from primus_perf.tuner.grouped_gemm.plugin import (
+from primus_perf.tuner.grouped.plugin import (
     GroupedGemmTuner,
     choice_candidate,
     validation_counts,
@@ -92,6 +95,25 @@ def test_triton_configs_are_pruned_validated_and_can_win() -> None:
     assert res.chosen == label and res.error < 1e-4
     choice = GroupedChoice.from_solution(res.entry.solution["config"])
     assert choice == GroupedChoice("triton", TRITON_CFG)
+
+
+def test_configs_over_max_configs_are_cut_and_reported() -> None:
+    """The space's valid configs beyond ``max_configs`` are not raced, and the result and a
+    progress line say how many were cut."""
+    from primus_perf.tuner.grouped.space import tiny_space
+
+    valid = tiny_space().configs(PROBLEM, "cpu")
+    assert len(valid) > 2
+    steps: list[str] = []
+    tuner = GroupedGemmTuner(device="cpu", backends=(), space=tiny_space(), max_configs=2)
+    session = tuner.open(PROBLEM, None, steps.append)
+    try:
+        names = [c.name for c in session.candidates()]
+    finally:
+        session.close()
+    assert names == ["loop", *(f"triton {cfg.label()}" for cfg in valid[:2])]
+    assert session.details["triton_configs"] == 2 and session.details["triton_configs_cut"] == len(valid) - 2
+    assert steps == [f"{len(valid)} valid Triton configs: racing the first 2 (max_configs)"]
 
 
 def test_validation_counts_have_an_empty_and_a_one_token_group() -> None:
@@ -237,7 +259,7 @@ def test_router_routes_exactly_the_cached_problems(monkeypatch) -> None:
         assert sum(router.summary()["fallback"].values()) == 1
     finally:
         routes.remove()
-    assert get_router() is None
+    assert routes.installed(GROUPED.name) is None
     ref = [x.detach()[sum(COUNTS[:g]):sum(COUNTS[:g + 1])] @ w.detach()[g] for g in range(len(COUNTS))]
     torch.testing.assert_close(y.detach(), torch.cat(ref))
 
@@ -272,7 +294,7 @@ def test_enable_routes_and_counts_grouped_calls(tmp_path: Path) -> None:
         row = handle.summary()["grouped_gemm"]
     assert row["available"] is True
     assert (row["routed"], row["fallback"], row["entries"], row["stale"]) == (3, 1, 3, 0)
-    assert get_router() is None
+    assert routes.installed(GROUPED.name) is None
 
 
 def test_enable_online_tunes_a_grouped_problem_and_writes_the_cache(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ import torch
 
 from primus_perf.errors import ConfigError
 from primus_perf.kernels.gemm import problem_of as gemm_problem_of
-from primus_perf.kernels.grouped_gemm import problem_of, set_router
+from primus_perf.kernels.grouped import problem_of
+from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.runtime import routes
 from primus_perf.trainer.config import load_config
@@ -20,8 +21,8 @@ from primus_perf.trainer.flops import (
     flops_per_token,
     gemm_flops_per_step,
     matmul_params,
+    model_expert_gemms,
     model_gemms,
-    model_grouped_gemms,
     routed_active_params,
 )
 from primus_perf.trainer.loop import Trainer
@@ -152,18 +153,18 @@ def test_every_expert_gemm_goes_through_the_seams() -> None:
 
     trainer = Trainer(cfg)
     routes.install({"gemm": gemm_router})
-    set_router(grouped_router)
+    routes.install({GROUPED.name: grouped_router})
     try:
         metrics = trainer.train_step()
     finally:
         routes.remove()
-        set_router(None)
+        routes.remove()
         trainer.close()
     t = cfg.train
     expected_dense = model_gemms(cfg.model, t.micro_batch, t.seq_len, dtype="f32")
     assert sorted(p.key() for p in dense) == sorted(c.problem.key() for c in expected_dense)
     assert sum(p.flops for p in dense) == gemm_flops_per_step(cfg.model, t.micro_batch, t.seq_len)
-    calls = model_grouped_gemms(cfg.model, metrics.tokens_per_expert, dtype="f32")
+    calls = model_expert_gemms(cfg.model, metrics.tokens_per_expert, dtype="f32")
     assert sorted(p.key() for p in grouped) == sorted(c.problem.key() for c in calls)
     tokens = t.micro_batch * t.seq_len
     assert sum(c.flops for c in calls) == 6 * tokens * routed_active_params(cfg.model)

@@ -4,10 +4,10 @@ values each kernel's search tries per vendor."""
 from __future__ import annotations
 
 from primus_perf.kernels.attention.configs import BwdConfig, FwdConfig
-from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
-from primus_perf.kernels.grouped_gemm.configs import default_space as grouped_space
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.triton_launch import launch_options
 from primus_perf.tuner.attention.space import default_space as attention_space
+from primus_perf.tuner.grouped.space import default_space as grouped_space
 
 
 def test_launch_options_and_labels_carry_the_vendors_own_options() -> None:

@@ -8,7 +8,8 @@ The loop in a few calls::
     a = pp.analyze("runs/base")                       # Analysis of pandas DataFrames
     problems = [p for df in a.problem_tables().values() for p in df["problem"]]  # GEMM, grouped GEMM, attention
     run = pp.tune(problems, cache="tuning_cache.json")   # GPU: cuBLASLt/hipBLASLt, Triton, SDPA
-    act = pp.activate("tuning_cache.json")            # routers for this device and libraries
+    with pp.enable("tuning_cache.json"):              # tuned kernels in this process
+        ...
 
 or all of it at once: ``pp.run_loop("tiny")`` (what ``primus-tune loop`` runs). Your own
 step loop is profiled with ``pp.profile_steps`` or ``pp.profile_window``, and
@@ -51,9 +52,9 @@ _EXPORTS: dict[str, str] = {
     "TuneRun": "primus_perf.tuner.core",
     "TuningCache": "primus_perf.cache.store",
     "CacheEntry": "primus_perf.cache.store",
-    "activate": "primus_perf.cache.runtime",
-    # tuned kernels in any PyTorch program (``python -m primus_perf.enable`` is its launcher)
-    "enable": "primus_perf.runtime",
+    # tuned kernels in any PyTorch program, the one public way to turn routing on
+    # (``python -m primus_perf.launch`` runs a script with it)
+    "enable": "primus_perf.tuned_kernels",
     # the reference trainer and the whole loop
     "load_config": "primus_perf.trainer.config",
     "Trainer": "primus_perf.trainer.loop",

@@ -3,7 +3,7 @@
 1. train a preset under the profiler (``profiler.capture.capture_trainer``): a trace and a
    manifest in ``OUT/profile``;
 2. analyze the trace (``tracelens.analyze``) and write the HTML report (``OUT/report.html``);
-3. on a GPU, tune the trace's GEMM and attention problems (``tuner.kinds.tune``) into
+3. on a GPU, tune the trace's problems of every kind (``tuner.kinds.tune``) into
    ``OUT/tuning_cache.json``;
 4. on a GPU, train again with the cache and measure the speedup: one trainer, blocks of
    steps with the cache's routers installed and removed in turn (interleaved, so both sides
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from primus_perf.devices import gpu_vendor
-from primus_perf.problems import problem_from_item
 
 Say = Callable[[str], None]
 
@@ -53,8 +52,7 @@ class LoopResult:
     report: Path
     device: str
     step_time_s: float | None  # the profiled steps' median step time (GPU; on a CPU run the host's)
-    gemm_problems: int
-    attention_problems: int
+    problems: dict[str, int]  # kind -> unique problems of the trace (attention: fwd + bwd is one)
     notes: list[str] = field(default_factory=list)
     tuning_skipped: str | None = None  # why the loop stopped after the report
     tune_run: Any = None  # tuner.core.TuneRun
@@ -70,13 +68,12 @@ def _host_step(analysis: Any) -> float | None:
 
 
 def trace_problems(analysis: Any) -> list[Any]:
-    """The trace's GEMM and attention problems in the order of its problems file
-    (``tracelens.shapes.problems_document``: most expensive first, an attention problem's
+    """The trace's problems of every kind in the order of its problems file
+    (``tracelens.shapes.ranked_problems``: most expensive first, an attention problem's
     forward and backward as one item), each once (a GEMM may be listed per direction)."""
-    from primus_perf.tracelens.shapes import problems_document
+    from primus_perf.tracelens.shapes import ranked_problems
 
-    ranked = (problem_from_item(item) for item in problems_document(analysis)["problems"])
-    return list({p.key(): p for p in ranked}.values())
+    return list({it.problem.key(): it.problem for it in ranked_problems(analysis)}.values())
 
 
 def tunable_problems(problems: Sequence[Any], tuners: Mapping[str, Any]) -> tuple[list[Any], list[str]]:
@@ -100,12 +97,13 @@ def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, block
                     block_steps: int = 5, say: Say = lambda _m: None) -> SpeedupMeasurement:
     """Train ``config`` with the cache's routers removed and installed in alternate blocks of
     ``block_steps`` steps (one settling step after each switch), ``blocks`` blocks a side."""
-    from primus_perf.cache.runtime import activate
     from primus_perf.runtime import routes
+    from primus_perf.runtime.activate import activate
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
+    from primus_perf.tuned_kernels import online_tuning
 
-    trainer = Trainer(load_config(config, overrides))
+    trainer = Trainer(load_config(config, overrides), online=online_tuning())
     act = activate(cache)
     times: dict[str, list[float]] = {"default": [], "tuned": []}
     losses: dict[str, list[float]] = {"default": [], "tuned": []}
@@ -148,13 +146,14 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
     from primus_perf.tracelens.analyze import analyze
     from primus_perf.tracelens.report import report_from_analysis
     from primus_perf.tracelens.report_html import write_html
+    from primus_perf.tuned_kernels import online_tuning
 
     out = Path(out_dir)
     run_dir = out / "profile"
     say(f"1/4 training {config} under the profiler -> {run_dir}")
     # the loop owns OUT/profile: a rerun replaces the run it left there
     capture_trainer(config, list(overrides), run_dir, Schedule(active=steps, warmup=1, wait=1, baseline=2, after=1),
-                    overwrite=True)
+                    overwrite=True, online=online_tuning())
     say("2/4 analyzing the trace")
     analysis = analyze([run_dir])
     report = write_html(report_from_analysis(analysis, title=f"{config}: profiled run"), out / "report.html")
@@ -162,8 +161,7 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
     result = LoopResult(
         out_dir=out, run_dir=run_dir, report=report, device=str(analysis.device["name"]),
         step_time_s=analysis.totals.get("step_time_s") or _host_step(analysis),
-        gemm_problems=int(analysis.gemm_problems["key"].nunique()),
-        attention_problems=int(analysis.attention_problems["key"].nunique()),  # fwd + bwd: one problem
+        problems={kind: int(df["key"].nunique()) for kind, df in analysis.problem_tables().items()},
         notes=list(analysis.notes),
     )
     if gpu_vendor() == "cpu":
@@ -171,7 +169,7 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
                                  "on this machine the loop ends with the report")
         return result
     if not problems:
-        result.tuning_skipped = "the trace has no GEMM or attention problems (was it recorded with shapes?)"
+        result.tuning_skipped = "the trace has no problems to tune (was it recorded with shapes?)"
         return result
     from primus_perf.tuner import core
     from primus_perf.tuner.kinds import default_tuners

@@ -9,7 +9,7 @@ other processes pay one environment lookup. This module then calls
 at exit, the summary (rank 0, stderr). An error (no cache file, a corrupt one) is printed
 as one line and leaves the program running on torch's kernels. Remove the ``.pth`` file (or
 unset the variable) to turn it off. In a checkout run with ``PYTHONPATH=src`` no ``.pth`` is
-read: use ``python -m primus_perf.enable`` there.
+read: use ``python -m primus_perf.launch`` there.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import atexit
 import os
 
 from primus_perf.errors import UserError
-from primus_perf.runtime import enable
 from primus_perf.runtime.handle import rank0_stderr
+from primus_perf.tuned_kernels import enable
 
 PTH_LINE = 'import os; os.environ.get("PRIMUS_PERF_CACHE") and __import__("primus_perf.env_hook")'
 

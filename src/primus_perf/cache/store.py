@@ -2,9 +2,9 @@
 
 An entry (:class:`CacheEntry`) records one tuned problem:
 
-- ``kind``: "gemm" or "attention" (the store is kind-agnostic; tuners own their kinds);
-- ``problem_key`` and ``problem``: ``GemmProblem``/``AttentionProblem`` ``key()`` and
-  ``to_dict()``;
+- ``kind``: a kind's name (``primus_perf.kinds``: its problem dict is checked against the
+  kind's problem type; an entry of a kind this installation does not know needs a mapping);
+- ``problem_key`` and ``problem``: the problem's ``key()`` and ``to_dict()``;
 - ``device``: ``DeviceIdentity.to_dict()`` (name, vendor, arch, SM/CU count);
 - ``versions``: the library identity, name -> version (``{"cublasLt": "13.1.0"}``,
   ``{"torch": ..., "triton": ..., "cudnn": ...}``);
@@ -56,17 +56,17 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from primus_perf import kinds
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError
 from primus_perf.files import remove_orphaned_temps, write_json
-from primus_perf.problems import AttentionProblem, GemmProblem
 
 SCHEMA_VERSION = 1
 LOCK_TIMEOUT_S = 120.0
 ORPHAN_AGE_S = 30.0  # a temporary file this old, seen under the lock, belongs to a killed writer
 READ_RETRIES = 3  # a file replaced while it was read is read again
-# Kinds whose problem dict the store can check; other kinds need a mapping.
-PROBLEM_TYPES: dict[str, Any] = {"gemm": GemmProblem, "attention": AttentionProblem}
+# Kinds whose problem dict the store can check (every registered kind); other kinds need a mapping.
+PROBLEM_TYPES: dict[str, Any] = {kind.name: kind.problem_type for kind in kinds.all_kinds()}
 _REQUIRED = ("kind", "problem_key", "problem", "device", "versions", "solution")
 
 

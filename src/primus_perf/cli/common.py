@@ -53,7 +53,7 @@ def run_app(app: typer.Typer | Callable[..., object], args: Sequence[str] | None
     try:
         if isinstance(app, typer.Typer):
             code = app(None if args is None else list(args), standalone_mode=False)
-        else:  # a plain entry point taking argv (a launcher such as ``python -m primus_perf.enable``)
+        else:  # a plain entry point taking argv (a launcher such as ``python -m primus_perf.launch``)
             code = app(None if args is None else list(args))
     except NoArgsIsHelpError as exc:  # no_args_is_help: the help, as the framework prints it
         exc.show()

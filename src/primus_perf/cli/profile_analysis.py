@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from primus_perf import kinds
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
 from primus_perf.cli.render import print_table
 from primus_perf.files import write_output
@@ -19,6 +20,8 @@ from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.export import write_csv, write_xlsx
 from primus_perf.tracelens.report import sync_sites
 from primus_perf.tracelens.shapes import write_problems
+
+GROUPED = kinds.GROUPED
 
 
 def _ms(v: Any) -> str:
@@ -82,7 +85,7 @@ def render(a: Analysis, top: int) -> None:
     console.print(
         f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {len(a.steps) or 1} step(s) · "
         f"step {_ms(t['step_time_s'])} ms · {_busy(a)} · GEMM {_tflop(t['gemm_flops_per_step'])} · "
-        + (f"grouped GEMM {_tflop(t['grouped_gemm_flops_per_step'])} · " if len(a.grouped_gemm_problems) else "")
+        + (f"grouped GEMM {_tflop(t[GROUPED.name + '_flops_per_step'])} · " if len(a.problems_by_kind[GROUPED.name]) else "")
         + f"attention {_tflop(t['attention_flops_per_step'])}"
     )
     cat = a.category_seconds()
@@ -116,8 +119,7 @@ def render(a: Analysis, top: int) -> None:
     if not a.hotspots.empty:
         print_table(th)
         _print_flags(a.hotspots.head(top))
-    for title, df in (("GEMM problems", a.gemm_problems), ("grouped GEMM problems", a.grouped_gemm_problems),
-                      ("attention problems", a.attention_problems)):
+    for title, df in ((f"{kind.title} problems", a.problems_by_kind[kind.name]) for kind in kinds.all_kinds()):
         if df.empty:
             continue
         tp = Table(title=f"{title} (per step)")
@@ -214,7 +216,7 @@ def render_host(a: Analysis, top: int) -> None:
         for r in a.critical_path.head(MAX_RANK_ROWS).to_dict(orient="records"):
             tc.add_row(str(int(r["rank"])), str(int(r["step"])), _ms(r["path_s"]), _ms(r["cpu_s"]), _ms(r["launch_s"]),
                        _ms(r["gpu_s"]), _ms(r["wait_s"]), str(int(r["events"])))
-        console.print(tc)
+        print_table(tc)
     if len(a.launches):
         tl = Table(title="kernel launches per step (delay: launch call start to GPU start, ms; queue: GPU work "
                          "launched, not finished)")
@@ -225,7 +227,7 @@ def render_host(a: Analysis, top: int) -> None:
             tl.add_row(str(int(r["rank"])), str(int(r["step"])), str(int(r["launches"])), _num(r["launch_p50_us"]),
                        *(_num(r[c] / 1e3, "{:.2f}") for c in ("delay_p50_us", "delay_p90_us", "delay_max_us")),
                        _num(r["queue_p50"], "{:.0f}"), _num(r["queue_max"], "{:.0f}"))
-        console.print(tl)
+        print_table(tl)
     sites = sync_sites(a)
     if sites:
         ts = Table(title="synchronizing calls per step (the host waits for the GPU; ms: its wait, the GPU idle after)")
@@ -234,7 +236,7 @@ def render_host(a: Analysis, top: int) -> None:
         for r in sites[:top]:
             ts.add_row(escape(r["site"]), r["call"], _num(r["calls"], "{:.3g}"), _num(r["wait_ms"], "{:.2f}"),
                        _num(r["idle_after_ms"], "{:.2f}"))
-        console.print(ts)
+        print_table(ts)
     if len(a.cpu_ops):
         to = Table(title=f"CPU against GPU time per op (top {top} by CPU time, ms per step)")
         for col in ("op", "calls", "CPU", "CPU self", "GPU self", "GPU incl."):
@@ -242,7 +244,7 @@ def render_host(a: Analysis, top: int) -> None:
         for _, r in a.cpu_ops.head(top).iterrows():
             to.add_row(str(r["op"])[:60], _num(r["calls"], "{:g}"), _ms(r["cpu_s"]), _ms(r["cpu_self_s"]),
                        _ms(r["gpu_self_s"]), _ms(r["gpu_s"]))
-        console.print(to)
+        print_table(to)
 
 
 def render_kernel_efficiency(a: Analysis, top: int) -> None:
@@ -254,13 +256,12 @@ def render_kernel_efficiency(a: Analysis, top: int) -> None:
                      "full names and grid/block in --json and the report)")
     for col in ("kernel", "calls", "ms", "regs", "smem KiB", "blk/SM", "occ.", "flag"):
         tk.add_column(col, justify="left" if col in ("kernel", "flag") else "right",
-                      overflow="ellipsis" if col == "kernel" else "fold", no_wrap=col == "kernel",
-                      max_width=22 if col == "kernel" else None)
+                      overflow="fold")
     for _, r in eff.head(top).iterrows():
         tk.add_row(str(r["name"]), _num(r["launches"], "{:g}"), _num(r["time_s"] * 1e3, "{:.2f}"),
                    _num(r["registers"], "{:.0f}"), _num(r["shared_bytes"] / 1024, "{:.1f}"),
                    _num(r["blocks_per_sm"], "{:.2f}"), _num(r["occupancy_pct"], "{:.0f}%"), r["flag"])
-    console.print(tk)
+    print_table(tk)
 
 
 def render_memory(a: Analysis, top: int) -> None:
@@ -275,13 +276,13 @@ def render_memory(a: Analysis, top: int) -> None:
         rel = "" if r["recorded_total"] else " (relative)"
         tp.add_row(str(int(r["rank"])), r["device"], _bytes(r["peak_bytes"]) + rel, str(int(r["allocations"])),
                    str(int(r["frees"])))
-    console.print(tp)
+    print_table(tp)
     tb = Table(title=f"allocations per op (top {top} by bytes, whole trace)")
     for col in ("op", "allocations", "bytes", "largest"):
         tb.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
     for _, r in by_op.head(top).iterrows():
         tb.add_row(str(r["op"])[:60], str(int(r["allocations"])), _bytes(r["bytes"]), _bytes(r["largest"]))
-    console.print(tb)
+    print_table(tb)
 
 
 def register(app: typer.Typer) -> None:
@@ -322,7 +323,8 @@ def register(app: typer.Typer) -> None:
         """Write the unique GEMM, grouped GEMM and attention problems of traces for the tuners."""
         a = _run(traces)
         path = write_problems(a, output)
-        grouped = f"{len(a.grouped_gemm_problems)} grouped GEMM, " if len(a.grouped_gemm_problems) else ""
+        n_grouped = len(a.problems_by_kind[GROUPED.name])
+        grouped = f"{n_grouped} grouped GEMM, " if n_grouped else ""
         console.print(f"wrote {path}: {len(a.gemm_problems)} GEMM, {grouped}"
                       f"{a.attention_problems['key'].nunique() if len(a.attention_problems) else 0} attention problems "
                       f"from {len(a.traces)} trace(s)")

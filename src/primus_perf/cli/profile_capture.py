@@ -33,6 +33,7 @@ def register(app: typer.Typer) -> None:
         (works under torchrun). Analyze with `primus-profile analyze DIR`. --out must be
         empty (or --overwrite). Ctrl-C keeps the steps already recorded."""
         from primus_perf.profiler.capture import Schedule, capture_trainer
+        from primus_perf.tuned_kernels import online_tuning
 
         extra = list(overrides or [])
         if layers is not None:
@@ -44,7 +45,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"step {rec['index'] + 1:>3}  {rec['phase']:<8} {rec['time_s'] * 1e3:9.1f} ms{loss}",
                           highlight=False)
 
-        res = capture_trainer(config, extra, out, sched, ranks=ranks, on_step=show, overwrite=overwrite)
+        res = capture_trainer(config, extra, out, sched, ranks=ranks, on_step=show, overwrite=overwrite,
+                              online=online_tuning())
         m = res.manifest
         if not m:
             return  # not rank 0

@@ -42,6 +42,7 @@ def train(
     130 interrupted (Ctrl-C or SIGTERM)."""
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import JsonLog, Trainer
+    from primus_perf.tuned_kernels import online_tuning
 
     extra = list(overrides or [])
     if layers is not None:
@@ -49,7 +50,7 @@ def train(
     if steps is not None:
         extra.append(f"train.steps={steps}")
     cfg = load_config(config, extra)
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, online=online_tuning() if cfg.tuning.online else None)
     done = 0
     try:
         log = JsonLog(json_log) if (json_log and trainer.is_main) else None

@@ -10,12 +10,23 @@ import typer
 
 from primus_perf.cli.common import check_trace_args, console
 from primus_perf.cli.tune_online import ONLINE, STEPS_HELP, run_online
+from primus_perf.kinds import GROUPED
 
 DEVICES = ("cuda", "cpu")
+HELP = f"""Tune MoE grouped GEMMs: the per-expert loop (default), torch._grouped_mm, padded
+        bmm and the Triton grouped GEMM's configs, each pass (fwd, dgrad, wgrad) its own
+        problem, timed with the launches a step pays; the fastest per problem goes to the
+        cache (written after each problem; a rerun resumes). Problems come from profiler
+        traces (--trace: the grouped GEMMs a run profiled, `primus-profile run`), problems
+        files (items {{"kind": "{GROUPED.name}", "problem": {{...}}}}, `primus-profile shapes`) or
+        a short run of a config (--config PRESET [overrides]: --steps steps are trained and
+        the grouped GEMMs they ran are tuned); that is --offline, the default. --online tunes
+        during the run instead (--config PRESET [overrides], or a program after --), on a
+        GPU. primus-train and primus_perf.enable() route them from the cache."""
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("grouped-gemm")
+    @app.command("grouped-gemm", help=HELP)
     def grouped_cmd(
         overrides: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional)
             None, help="With --config: config overrides key=value, e.g. model.n_layers=2; with --online and no"
@@ -23,7 +34,7 @@ def register(app: typer.Typer) -> None:
         ),
         online: bool = ONLINE,
         problems_file: Optional[list[Path]] = typer.Option(  # noqa: UP045
-            None, "--problems", help="Problems file(s) with grouped_gemm items (repeatable)"
+            None, "--problems", help=f"Problems file(s) with {GROUPED.name} items (repeatable)"
         ),
         from_trace: Optional[list[Path]] = typer.Option(  # noqa: UP045
             None, "--trace", "--from-trace",
@@ -44,26 +55,17 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="List the problems, tune nothing"),
         json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON"),  # noqa: UP045
     ) -> None:
-        """Tune MoE grouped GEMMs: the per-expert loop (default), torch._grouped_mm, padded
-        bmm and the Triton grouped GEMM's configs, each pass (fwd, dgrad, wgrad) its own
-        problem, timed with the launches a step pays; the fastest per problem goes to the
-        cache (written after each problem; a rerun resumes). Problems come from profiler
-        traces (--trace: the grouped GEMMs a run profiled, `primus-profile run`), problems
-        files (items {"kind": "grouped_gemm", "problem": {...}}, `primus-profile shapes`) or
-        a short run of a config (--config PRESET [overrides]: --steps steps are trained and
-        the grouped GEMMs they ran are tuned); that is --offline, the default. --online tunes
-        during the run instead (--config PRESET [overrides], or a program after --), on a
-        GPU. primus-train and primus_perf.enable() route them from the cache."""
+        """Tune MoE grouped GEMMs (the command's help: ``HELP``)."""
         from functools import partial
 
         from primus_perf.cli.tune_run import list_problems, run_tuning
         from primus_perf.errors import UserError
-        from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
+        from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
         from primus_perf.tuner.multi_gpu import resolve_gpus
         from primus_perf.tuner.problems_input import gather_problems
 
         if online:
-            run_online("grouped_gemm", cache, config, steps, overrides or ())
+            run_online(GROUPED.name, cache, config, steps, overrides or ())
         if overrides and config is None:
             raise UserError("config overrides need --config")
         if not (problems_file or from_trace) and config is None:
@@ -77,7 +79,7 @@ def register(app: typer.Typer) -> None:
         problems = []
         if problems_file or from_trace:
             with console.status("reading the problems"):
-                problems += gather_problems("grouped_gemm", traces=from_trace or (), files=problems_file or ())
+                problems += gather_problems(GROUPED.name, traces=from_trace or (), files=problems_file or ())
         if config is not None:
             problems += recorded(config, list(overrides or []), steps)
         problems = list({p.key(): p for p in problems}.values())

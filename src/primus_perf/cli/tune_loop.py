@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from primus_perf import kinds
 from primus_perf.cli.common import console, err_console
 from primus_perf.cli.render import print_table
 
@@ -48,8 +49,10 @@ def register(app: typer.Typer) -> None:
             res = run_loop(config, list(overrides or []), out, steps=steps, budget_s=budget_s, blocks=blocks,
                            say=say, tune_progress=RichProgress(bar, lambda _r: None), fp8=fp8)
         step = f"{res.step_time_s * 1e3:.2f} ms/step" if res.step_time_s else "step time n/a"
-        console.print(f"{res.device}: {step}; {res.gemm_problems} GEMM and {res.attention_problems} "
-                      f"attention problems; report: {res.report}", highlight=False, soft_wrap=True)
+        counts = [f"{n} {kinds.get(kind).title}" for kind, n in res.problems.items()
+                  if n or kind in (kinds.GEMM.name, kinds.ATTENTION.name)]
+        listed = " and ".join([", ".join(counts[:-1]), counts[-1]] if len(counts) > 1 else counts)
+        console.print(f"{res.device}: {step}; {listed} problems; report: {res.report}", highlight=False, soft_wrap=True)
         for note in res.notes:
             err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
         if res.tuning_skipped:

@@ -6,7 +6,7 @@ instead: ``--config PRESET [overrides]`` trains the reference trainer for ``--st
 steps, or ``-- script.py args`` (``-- -m module args``) runs a program; either runs under
 ``primus_perf.enable(cache, online=True, kinds=[this kind])``, so each new problem's
 candidates are timed on the real calls of the first steps and the choices are written to
-``--cache``. The run is the enable launcher's (``python -m primus_perf.enable``, a child
+``--cache``. The run is the enable launcher's (``python -m primus_perf.launch``, a child
 process: its exit code is the command's, Ctrl-C reaches both). Online tuning times kernels
 with CUDA/ROCm events: without a GPU it is refused before anything runs.
 """
@@ -53,7 +53,7 @@ def run_online(kind: str, cache: str, config: str | None, steps: int, args: Sequ
     import subprocess
     import sys
 
-    launcher = [sys.executable, "-m", "primus_perf.enable"]  # the launcher, as `python -m` runs it
+    launcher = [sys.executable, "-m", "primus_perf.launch"]  # the launcher, as `python -m` runs it
     proc = subprocess.Popen([*launcher, "--cache", cache, "--online", "--kinds", kind, "--", *target])
     try:
         code = proc.wait()

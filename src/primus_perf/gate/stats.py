@@ -72,3 +72,10 @@ def coefficient_of_variation(values: np.ndarray) -> float:
     if len(values) < 2:
         return 0.0
     return float(np.std(values, ddof=1) / np.mean(values))
+
+
+def geomean(values: list[float]) -> float:
+    """Geometric mean of positive values (speedups); nan for an empty list."""
+    if not values:
+        return float("nan")
+    return math.exp(sum(math.log(v) for v in values) / len(values))

@@ -89,7 +89,7 @@ def problem_of(a: Any, b: Any) -> GemmProblem:
             raise ValueError(f"batched operands {tuple(a.shape)} and {tuple(b.shape)} do not pair up")
         if batch > 1 and min(a.stride(0), b.stride(0)) <= 0:  # GemmProblem reads a 0 stride as "packed"
             raise ValueError(f"batch strides {a.stride(0)} and {b.stride(0)}: an expanded batch has no BLAS-Lt layout")
-        if batch > 1:  # BLAS A is torch's b (module docstring of problems.py)
+        if batch > 1:  # BLAS A is torch's b (docstring of problems/gemm.py)
             p = dataclasses.replace(p, batch=batch, stride_a=b.stride(0), stride_b=a.stride(0),
                                     stride_c=p.ldc * p.n, stride_d=p.ldd * p.n)
     why = refusal(p)

@@ -1,9 +1,9 @@
 """Whether torch.profiler is recording, checked per call at the cost of one attribute read.
 
 The kernels call their work differently while the profiler records, so that a trace names
-it: the GEMM router through the ``primus_perf::gemm`` operator (:mod:`.gemm`), the
-grouped-GEMM seam inside an annotation that names its problem
-(:mod:`.grouped_gemm.dispatch`). Outside the profiler they pay only this check.
+it: the GEMM router through the ``primus_perf::gemm`` operator (:mod:`.gemm`), each pass
+of a grouped GEMM inside an annotation that names its problem (``runtime.seams``).
+Outside the profiler they pay only this check.
 """
 
 from __future__ import annotations

@@ -377,17 +377,18 @@ def parse_ranks(text: str | None, world_size: int) -> list[int]:
 
 def capture_trainer(config: str, overrides: Sequence[str], out_dir: str | Path, schedule: Schedule,
                     ranks: str | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
-                    *, overwrite: bool = False) -> CaptureResult:
+                    *, overwrite: bool = False, online: Any = None) -> CaptureResult:
     """Train the reference trainer under the profiler (every rank under torchrun) into a
     run folder (an empty one, or ``overwrite``). Ctrl-C keeps the trace of the active steps
     already recorded (with a manifest of the steps run) and raises
-    :class:`~primus_perf.errors.Interrupted` saying what was written."""
+    :class:`~primus_perf.errors.Interrupted` saying what was written. ``online``: the
+    online tuning a config with ``tuning.online=true`` runs (``Trainer``'s)."""
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
 
     cfg = load_config(config, overrides)
     out = prepare_out_dir(out_dir, overwrite=overwrite)
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, online=online)
     try:
         world = trainer.groups.world_size
         rank = trainer.groups.rank

@@ -6,7 +6,7 @@ autograd's formulas for it call it again for the input and weight gradients. Whi
 enabled, its backend kernel (``CUDA``; ``CPU`` for tests) is :func:`_grouped_mm` here:
 
 - the call is read as a grouped GEMM problem by ``problems.grouped_mm_call``, the reading
-  the seam (``kernels.grouped_gemm.problem_of``) and the trace analyzer share, so a trace
+  the routing point (``kernels.grouped.problem_of``) and the trace analyzer share, so a trace
   of the program gives the problems ``primus-tune grouped-gemm --trace`` tunes and this
   override routes. The layouts: ``a[T, K] @ b[G, K, N]`` with ``offs`` (forward, or its
   input gradient in a backward pass), ``a[K, T] @ b[T, N]`` with ``offs`` (the weight
@@ -18,11 +18,11 @@ enabled, its backend kernel (``CUDA``; ``CPU`` for tests) is :func:`_grouped_mm`
   tensor and version: the forward, input- and weight-gradient calls of one layer share
   it); rows past ``offs[-1]`` (an expert-parallel sentinel tail) are no group's: a routed
   call's output has zeros there (torch's leaves them unwritten).
-- the seam's operands of that pass go to ``routes.grouped_gemm`` (the cached or online
+- the seam's operands of that pass go to ``routes.grouped`` (the cached or online
   router); its answer is the call's result. None, a layout or argument no problem
   describes (``bias``, another ``out_dtype``, 3-D ``a`` with 2-D ``b``), a tracing or
   CUDA-graph-capturing call, and the ``_grouped_mm`` a grouped GEMM runs inside itself (the
-  seam's or a routed call's ``grouped_mm`` backend: ``kernels.grouped_gemm.in_grouped``)
+  seam's or a routed call's ``grouped_mm`` backend: ``kernels.grouped.in_grouped``)
   run torch's kernel, taken with ``torch.library.get_kernel`` before the override:
   bit-identical to a call without it.
 
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from primus_perf.kernels import grouped_gemm as grouped
+from primus_perf.kernels.grouped.passes import in_grouped, inside
 from primus_perf.kernels.tracing import profiler_on
 from primus_perf.problems import GroupedMmCall, dtype_name, grouped_mm_call, grouped_trace_name
 from primus_perf.runtime import routes
@@ -75,7 +75,7 @@ def in_backward() -> bool:
 
 
 def _routable(a: Any, b: Any, offs: Any, bias: Any, out_dtype: Any) -> bool:
-    if grouped.in_grouped() or bias is not None or routes.installed("grouped_gemm") is None:
+    if in_grouped() or bias is not None or routes.installed(routes.GROUPED) is None:
         return False
     if type(a) not in PLAIN or type(b) not in PLAIN or (offs is not None and type(offs) not in PLAIN):
         return False
@@ -123,8 +123,8 @@ def _run(found: tuple[GroupedMmCall, torch.Tensor, torch.Tensor, list[int]], tor
          a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The router's answer, else torch's kernel (``torch_call()``)."""
     call, x, w, counts = found
-    with grouped.inside:
-        out = routes.grouped_gemm(call.phase, x, w, counts)
+    with inside:
+        out = routes.grouped(call.phase, x, w, counts)
         return torch_call() if out is None else _answer(a, b, call, out)
 
 

@@ -1,24 +1,18 @@
-"""``enable()``: tuned kernels in any PyTorch program, and the handle that turns them off.
+"""The runtime's :func:`enable`: routers from a tuning cache installed in this process, and
+the :class:`Handle` that turns them off.
 
-::
+:func:`enable` reads the cache once (``activate``: entries for this device and library
+versions), installs one router per kind (``routes``) and the dispatcher overrides that
+send the program's calls of each kind to them (``intercept``; under ``torch.compile``,
+Inductor passes that put custom ops in their place: ``compiled``). With an
+:class:`OnlineTuning` (given by the layer above: the tuner's in-step tuning, which the
+runtime never imports) the routers are wrapped so that every problem the cache does not
+hold is tuned inside the real steps and what they lock is written to the cache. Every
+rank of a ``torchrun`` job calls it with the same cache; each reads the file and none
+rewrites it (online tuning adds entries under the cache's lock).
 
-    import primus_perf
-    with primus_perf.enable(cache="tuning_cache.json") as tuned:
-        train()                      # unmodified PyTorch code
-    print(tuned.summary())           # per kind: calls routed, fell back, entries stale ...
-
-:func:`enable` reads the cache once (``cache.runtime.activate``: entries for this device
-and library versions), installs one router per kind (``routes``) and the dispatcher
-overrides that send the program's GEMMs and SDPA calls to them (``intercept``; under
-``torch.compile``, Inductor passes that put custom ops in their place: ``compiled``). With
-``online=True`` the routers of ``tuner.online`` tune every problem the cache does not
-hold inside the real steps and write what they lock to the cache (the tuner is imported
-only then). Every rank of a ``torchrun`` job calls it with the same cache; each reads the
-file and none rewrites it (online tuning adds entries under the cache's lock).
-
-Without editing the program: ``python -m primus_perf.enable --cache PATH -- script.py
-args`` (``primus_perf/enable.py``), or the ``PRIMUS_PERF_CACHE`` environment variable with
-the start-up hook (``primus_perf/env_hook.py``).
+Programs call ``primus_perf.enable`` (``tuned_kernels``), which builds the online tuning
+from a flag; the reference trainer calls this one with the online tuning its starter gave.
 """
 
 from __future__ import annotations
@@ -28,21 +22,35 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from primus_perf.cache.runtime import KINDS as ROUTER_KINDS
-from primus_perf.cache.runtime import NOT_INSTALLED, Activation, RouterKind, activate
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError, UserError
+from primus_perf.kinds import RouterPart
 from primus_perf.runtime import routes
+from primus_perf.runtime.activate import KINDS as ROUTER_KINDS
+from primus_perf.runtime.activate import NOT_INSTALLED, Activation, activate
 from primus_perf.runtime.intercept import Interception
 
-ALL_KINDS = ("gemm", "grouped_gemm", "attention")
+ALL_KINDS = tuple(ROUTER_KINDS)  # the kinds enable() routes: those with a router part (fp8.apply applies a plan)
 _active: Handle | None = None
 
 
 # online tuning times candidates with device events inside the real steps
 ONLINE_NEEDS_GPU = "off: it times kernels with CUDA/ROCm events and this process has no GPU"
+
+
+class OnlineTuning(Protocol):
+    """Tuning inside the real steps, plugged into :func:`enable` from above (the tuner's
+    ``online_kinds.InStepTuning``): it wraps the cache's routers so that problems without a
+    usable entry are tuned while the program runs."""
+
+    needs_gpu: bool  # it times kernels with device events (False: it brings its own clock)
+
+    def wrap(self, routers: dict[str, Any], activation: Activation, cache: Path,
+             log: Callable[[str], None] | None) -> dict[str, Any]:
+        """The routers to install: ``routers`` with those of the kinds it tunes wrapped."""
+        ...
 
 
 def rank0_stderr(line: str) -> None:
@@ -147,24 +155,23 @@ def active() -> Handle | None:
 
 def enable(
     cache: str | os.PathLike | None,
-    online: bool = False,
+    online: OnlineTuning | None = None,
     kinds: Iterable[str] = ALL_KINDS,
     *,
     device_type: str | None = None,
     device: DeviceIdentity | None = None,
-    router_kinds: Mapping[str, RouterKind] | None = None,
-    online_options: Mapping[str, Any] | None = None,
+    router_kinds: Mapping[str, RouterPart] | None = None,
     log: Callable[[str], None] | None = rank0_stderr,
 ) -> Handle:
-    """Route this process's GEMMs and SDPA calls to the cache's choices (module docstring).
+    """Route this process's calls of ``kinds`` to the cache's choices (module docstring).
 
     ``cache``: the tuning cache (read once; with ``online``, also written: a missing file
-    is then created); ``kinds``: which of ``gemm``, ``grouped_gemm``, ``attention``;
-    ``device_type``: whose kernels are overridden ("cuda"; "cpu" where there is no GPU);
-    ``router_kinds``: the kind table (``cache.runtime.KINDS``; tests pass fake kernels);
-    ``online_options``: keywords of ``tuner.online.online_routers`` (``policy``, ``clock``,
-    ``adapters``); ``log``: where online tuning's reports go (None: nowhere). Nothing else
-    is printed: ``Handle.start_lines()`` and ``end_lines()`` say what happened."""
+    is then created); ``online``: the tuning to run inside the steps (None: none);
+    ``kinds``: which kinds (names of ``primus_perf.kinds``); ``device_type``: whose kernels
+    are overridden ("cuda"; "cpu" where there is no GPU); ``router_kinds``: the router
+    parts (``activate.KINDS``; tests pass fake kernels); ``log``: where online tuning's
+    reports go (None: nowhere). Nothing else is printed: ``Handle.start_lines()`` and
+    ``end_lines()`` say what happened."""
     global _active
     import torch
 
@@ -177,19 +184,17 @@ def enable(
     if cache is None:
         raise UserError("no tuning cache: pass --cache PATH or set PRIMUS_PERF_CACHE (enable(cache=PATH) in Python)")
     path = Path(cache)
-    if not online and not path.is_file():
+    if online is None and not path.is_file():
         raise CacheError(f"tuning cache not found: {path}")
     table = ROUTER_KINDS if router_kinds is None else router_kinds
     act = activate(path, device=device, kinds=table, always=[k for k in kinds if k in table])
     notes = {k: act.unavailable.get(k, NOT_INSTALLED) for k in kinds if k not in act.routers}
     routers = {k: r for k, r in act.routers.items() if k in kinds}
     online_note = None
-    if online and act.device.vendor == "cpu" and "clock" not in dict(online_options or {}):
-        online, online_note = False, ONLINE_NEEDS_GPU
-    if online:
-        from primus_perf.tuner.online import online_routers  # the tuner only for online tuning
-
-        routers = online_routers(routers, act, path, log=log, **dict(online_options or {}))
+    if online is not None and act.device.vendor == "cpu" and online.needs_gpu:
+        online, online_note = None, ONLINE_NEEDS_GPU
+    if online is not None:
+        routers = online.wrap(routers, act, path, log)
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     routes.install(routers)
     try:
@@ -199,6 +204,6 @@ def enable(
     except BaseException:
         routes.remove()
         raise
-    handle = Handle(kinds, act, routers, interception, online, notes, online_note=online_note)
+    handle = Handle(kinds, act, routers, interception, online is not None, notes, online_note=online_note)
     _active = handle
     return handle

@@ -2,7 +2,7 @@
 
 While enabled, the backend kernels of ``aten::mm``, ``aten::addmm`` and ``aten::bmm`` (the
 ``CUDA`` key; ``CPU`` for tests) are Python functions that run :func:`routes.gemm`,
-``aten::_grouped_mm``'s runs :func:`routes.grouped_gemm` (``grouped_intercept.py``), and
+``aten::_grouped_mm``'s runs :func:`routes.grouped` (``grouped_intercept.py``), and
 ``aten::scaled_dot_product_attention`` has one at the autograd and backend keys that runs
 :func:`routes.routed_attention`. Torch's default goes through the ``out=`` overloads (the same
 kernels) and the SDPA composite itself (``OpOverload.decompose``): a call left to torch
@@ -33,10 +33,13 @@ problem to torch (``kernels.routing``).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from primus_perf import kinds
 from primus_perf.runtime import grouped_intercept, routes
 from primus_perf.runtime.compiled import attention_pass, gemm_pass
 
@@ -76,28 +79,49 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None
     return _SDPA.decompose(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-class Interception:
-    """The overrides for the ``kinds`` given, on one device type; :meth:`close` restores
-    torch's kernels."""
+@dataclass(frozen=True)
+class Intercept:
+    """A kind's intercept part (``primus_perf.kinds``): ``overrides(lib, dispatch key)``
+    registers the aten overrides that send its calls to the routes; ``compile_pass()``
+    installs the Inductor pass that does so under ``torch.compile`` (None: not installed,
+    with a warning saying why)."""
 
-    def __init__(self, kinds: set[str], device_type: str = "cuda") -> None:
+    overrides: Callable[[torch.library.Library, str], None]
+    compile_pass: Callable[[], Any]
+
+
+def _gemm_overrides(lib: torch.library.Library, key: str) -> None:
+    lib.impl("mm", _mm, key)
+    lib.impl("bmm", _bmm, key)
+    lib.impl("addmm", _addmm, key)
+
+
+def _attention_overrides(lib: torch.library.Library, key: str) -> None:
+    lib.impl("scaled_dot_product_attention", _sdpa, "Autograd" + key)
+    lib.impl("scaled_dot_product_attention", _sdpa, key)
+
+
+# a module that overrides another aten operator for a kind attaches its Intercept the same way
+kinds.attach(kinds.GEMM.name, intercept=Intercept(_gemm_overrides, gemm_pass))
+kinds.attach(kinds.ATTENTION.name, intercept=Intercept(_attention_overrides, attention_pass))
+kinds.attach(kinds.GROUPED.name, intercept=Intercept(grouped_intercept.override, grouped_intercept.grouped_pass))
+
+
+class Interception:
+    """The overrides of the ``kinds_given`` (each kind's :class:`Intercept` part; a kind
+    without one has none), on one device type; :meth:`close` restores torch's kernels."""
+
+    def __init__(self, kinds_given: set[str], device_type: str = "cuda") -> None:
         if device_type not in BACKEND_KEYS:
             raise ValueError(f"device type {device_type!r}: one of {sorted(BACKEND_KEYS)}")
         key = BACKEND_KEYS[device_type]
+        parts = list(kinds.with_part("intercept", among=kinds_given).values())
         self.lib = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
             warnings.simplefilter("ignore", UserWarning)
-            if "gemm" in kinds:
-                self.lib.impl("mm", _mm, key)
-                self.lib.impl("bmm", _bmm, key)
-                self.lib.impl("addmm", _addmm, key)
-            if "attention" in kinds:
-                self.lib.impl("scaled_dot_product_attention", _sdpa, "Autograd" + key)
-                self.lib.impl("scaled_dot_product_attention", _sdpa, key)
-            if "grouped_gemm" in kinds:  # aten::_grouped_mm (grouped_intercept.py)
-                grouped_intercept.override(self.lib, key)
-        passes = (gemm_pass() if "gemm" in kinds else None, attention_pass() if "attention" in kinds else None,
-                  grouped_intercept.grouped_pass() if "grouped_gemm" in kinds else None)
+            for part in parts:
+                part.overrides(self.lib, key)
+        passes = [part.compile_pass() for part in parts]
         self.compile_passes = [p for p in passes if p is not None]  # Inductor's (compiled.py)
 
     def close(self) -> None:

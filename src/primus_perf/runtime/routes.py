@@ -1,36 +1,38 @@
 """The routers in use, and the one path a routed call takes.
 
 :func:`install` puts one router per kind in place (``kernels`` routers built from a tuning
-cache by ``cache.runtime.activate``, or the online tuner's); :func:`gemm` and
-:func:`attention` are what every routed call runs: the dispatcher overrides of
-``intercept.py`` call them, and so does the reference trainer's dispatch directly (its
-fast path: no trip through the dispatcher). A router answers with the tuned kernel's
+cache by ``activate``, or the online tuner's), one per kind of ``primus_perf.kinds``; :func:`gemm`,
+:func:`attention` and :func:`grouped` are what every routed call runs: the dispatcher
+overrides of ``intercept.py`` call them, and so do the routing points of ``seams.py``
+directly (the fast path: no trip through the dispatcher). A router answers with the tuned kernel's
 tensor or None; None runs torch's own kernel, reached past the overrides (``torch_mm``,
 and SDPA with the overrides bypassed), so a call is never routed twice. Which SDPA calls
 have a route is one predicate, :func:`routable_sdpa`: the eager override asks it of the
 call's tensors, the compiled path (``compiled.py``) of the traced call's fake tensors.
 
-Grouped GEMMs reach :func:`grouped_gemm` from two points: ``kernels.grouped_gemm.run``
-(every pass of ``kernels.grouped_gemm.grouped_mm``, the trainer's MoE layer; installing a
-``grouped_gemm`` router sets that seam's router to :func:`grouped_gemm`, None there runs
-the caller's backend) and the override of ``aten::_grouped_mm`` (``grouped_intercept``:
-other programs' ``torch._grouped_mm`` / ``F.grouped_mm``; None there runs torch's kernel).
+Grouped GEMMs reach :func:`grouped` from two points: ``seams.grouped_mm`` (every pass of
+it, the trainer's MoE layer; None there runs the caller's backend) and the override of
+``aten::_grouped_mm`` (``grouped_intercept``: other programs' ``torch._grouped_mm`` /
+``F.grouped_mm``; None there runs torch's kernel). Both run inside the grouped re-entrancy
+guard (``kernels.grouped.in_grouped``): the GEMMs a grouped GEMM makes itself are torch's.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch.nn.functional as F
 
-from primus_perf.kernels import grouped_gemm as grouped
+from primus_perf import kinds
 from primus_perf.kernels.attention.backends import sdpa_bshd
 from primus_perf.kernels.gemm import torch_mm
+from primus_perf.kernels.grouped.passes import in_grouped
 
-KINDS = ("gemm", "attention", "grouped_gemm")  # the kinds a router can be installed for
+KINDS = kinds.names()  # the kinds a router can be installed for
+GEMM, GROUPED, ATTENTION = kinds.GEMM.name, kinds.GROUPED.name, kinds.ATTENTION.name
 
 _routers: dict[str, Any] = {}
 _local = threading.local()  # .bypass: > 0 while a routed attention runs (its SDPA is torch's)
@@ -47,15 +49,15 @@ def install(routers: Mapping[str, Any]) -> None:
         _routers.pop(kind, None)
         if not getattr(router, "routes_nothing", False):
             _routers[kind] = router
-    if "grouped_gemm" in routers:
-        grouped.set_router(grouped_gemm)
 
 
-def remove() -> None:
-    """Remove every installed router: every call goes to torch again."""
-    _routers.clear()
-    if grouped.get_router() is grouped_gemm:
-        grouped.set_router(None)
+def remove(kinds: Iterable[str] | None = None) -> None:
+    """Remove the installed routers (of ``kinds``; default: every one): their calls go to
+    torch again."""
+    if kinds is None:
+        _routers.clear()
+    for kind in kinds or ():
+        _routers.pop(kind, None)
 
 
 def installed(kind: str) -> Any:
@@ -65,19 +67,19 @@ def installed(kind: str) -> Any:
 def gemm(a: Any, b: Any, bias: Any = None) -> Any:
     """``a @ b`` (``torch.bmm`` for 3-D operands; ``+ bias`` when given): the router's
     answer when it gives one, else torch's own kernel (always inside a grouped GEMM:
-    ``kernels.grouped_gemm.in_grouped``)."""
-    router = _routers.get("gemm")
-    if router is not None and not grouped.in_grouped():  # a grouped GEMM's own GEMMs are torch's
+    ``kernels.grouped.in_grouped``)."""
+    router = _routers.get(GEMM)
+    if router is not None and not in_grouped():  # a grouped GEMM's own GEMMs are torch's
         out = router(a, b, bias)
         if out is not None:
             return out
     return torch_mm(a, b, bias)
 
 
-def grouped_gemm(phase: str, a: Any, b: Any, counts: Any) -> Any:
-    """The grouped-GEMM router's answer for one pass of the seam, or None (the caller's
-    backend runs)."""
-    router = _routers.get("grouped_gemm")
+def grouped(phase: str, a: Any, b: Any, counts: Any) -> Any:
+    """The grouped-GEMM router's answer for one pass (``seams.grouped_pass``), or None (no
+    router, or "not mine": the caller's backend runs)."""
+    router = _routers.get(GROUPED)
     return None if router is None else router(phase, a, b, counts)
 
 
@@ -136,7 +138,7 @@ def routable_sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: Any 
 def routed_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
     """The attention router's answer for (batch, seq, heads, head_dim) tensors, or None
     (no router, or "not mine"): the caller runs torch's SDPA as it would have."""
-    router = _routers.get("attention")
+    router = _routers.get(ATTENTION)
     if router is None:
         return None
     with _bypass:
@@ -146,7 +148,7 @@ def routed_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
 def attention_may_route(q: Any, k: Any, v: Any, causal: bool) -> bool:
     """Whether the attention router may answer a call of these (batch, seq, heads,
     head_dim) tensors, fake ones of a traced call included (``Router.may_route``)."""
-    router = _routers.get("attention")
+    router = _routers.get(ATTENTION)
     return router is not None and router.may_route(q, k, v, causal)
 
 

@@ -16,9 +16,9 @@ analysis.
   (:mod:`.analyses.breakdown`).
 - ``hotspots``: per (category, op, shape): calls, kernels, time, share, FLOPs, TFLOP/s,
   TB/s, fraction of the roofline (:mod:`.analyses.hotspots`).
-- ``gemm_problems`` / ``grouped_gemm_problems`` / ``attention_problems``: the unique
-  problems (:mod:`.analyses.problems`); :meth:`Analysis.problem_tables` names them by the
-  tuner's kinds.
+- ``problems_by_kind``: the unique problems of each kind of the registry
+  (:mod:`.analyses.problems`), also read as ``Analysis.<kind>_problems`` (the kind's
+  ``table``: ``gemm_problems``, ...); :meth:`Analysis.problem_tables` returns them by kind.
 - ``op_times``: per op name, self and inclusive GPU time (:mod:`.analyses.op_times`).
 - ``rank_summary`` and ``collectives``: per-rank medians and collective start skew
   (:mod:`.analyses.collectives`).
@@ -70,6 +70,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from primus_perf import kinds
 from primus_perf.devices import lookup_peaks
 from primus_perf.errors import TraceError
 from primus_perf.tracelens import load as L
@@ -121,8 +122,6 @@ class Analysis:
     steps: list[int]
     kernels: pd.DataFrame
     hotspots: pd.DataFrame
-    gemm_problems: pd.DataFrame
-    attention_problems: pd.DataFrame
     breakdown: pd.DataFrame
     temporal: pd.DataFrame
     op_times: pd.DataFrame
@@ -138,8 +137,6 @@ class Analysis:
     world_size: int = 1
     expert_load: pd.DataFrame = field(default_factory=pd.DataFrame)
     trace_ranks: list[int] = field(default_factory=list)  # the rank of each of ``traces``, in order
-    grouped_gemm_problems: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame(columns=KIND_COLUMNS["grouped_gemm"]))
     chains: pd.DataFrame = field(default_factory=pd.DataFrame)
     cpu_ops: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=[*H.CPU_OP_COLUMNS, "gpu_self_s",
                                                                                 "gpu_s"]))
@@ -149,6 +146,17 @@ class Analysis:
     syncs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.SYNC_COLUMNS))
     host_replay: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.REPLAY_COLUMNS))
     recommendations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RECOMMENDATION_COLUMNS))
+    # kind name -> its problem table (every kind of the registry)
+    problems_by_kind: dict[str, pd.DataFrame] = field(
+        default_factory=lambda: {name: pd.DataFrame(columns=cols) for name, cols in KIND_COLUMNS.items()})
+
+    def __getattr__(self, name: str) -> Any:
+        """``<kind>_problems`` (a kind's ``table``): that kind's problem table."""
+        if name != "problems_by_kind" and name.endswith("_problems"):
+            tables = self.__dict__.get("problems_by_kind", {})
+            if name[: -len("_problems")] in tables:
+                return tables[name[: -len("_problems")]]
+        raise AttributeError(f"'Analysis' object has no attribute {name!r}")
 
     @property
     def n_steps(self) -> int:
@@ -167,9 +175,8 @@ class Analysis:
         return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
 
     def problem_tables(self) -> dict[str, pd.DataFrame]:
-        """The problem tables by the tuner's kind names ("gemm", "grouped_gemm", "attention")."""
-        return {"gemm": self.gemm_problems, "grouped_gemm": self.grouped_gemm_problems,
-                "attention": self.attention_problems}
+        """The problem tables by kind name (every kind of ``primus_perf.kinds``)."""
+        return dict(self.problems_by_kind)
 
     def _read_extras(self) -> dict[str, Any]:
         """The second pass's tables, read once (kept outside the dataclass fields, which are
@@ -229,7 +236,7 @@ class Analysis:
             "steps": self.steps,
             "breakdown": {k: float(v) for k, v in self.category_seconds().items()},
             "temporal": records(self.temporal),
-            **{f"{kind}_problems": records(df) for kind, df in self.problem_tables().items()},
+            **{kinds.get(kind).table: records(df) for kind, df in self.problem_tables().items()},
             "hotspots": records(self.hotspots.head(top)),
             "op_times": records(self.op_times.head(top)),
             "ranks_summary": records(self.rank_summary),
@@ -325,9 +332,9 @@ def _totals(kernels: pd.DataFrame, calls: pd.DataFrame, temporal: pd.DataFrame, 
 
     busy = float(temporal["busy_s"].sum()) if len(temporal) else float(k["dur_us"].sum()) / 1e6
     return {
-        "gemm_flops_per_step": flops("gemm", (GEMM,)),
-        "grouped_gemm_flops_per_step": flops("grouped_gemm", ()),
-        "attention_flops_per_step": flops("attention", (ATTENTION_FWD, ATTENTION_BWD)),
+        "gemm_flops_per_step": flops(kinds.GEMM.name, (GEMM,)),
+        f"{kinds.GROUPED.name}_flops_per_step": flops(kinds.GROUPED.name, ()),
+        "attention_flops_per_step": flops(kinds.ATTENTION.name, (ATTENTION_FWD, ATTENTION_BWD)),
         "convolution_flops_per_step": flops("convolution", (CONVOLUTION,)),
         "gpu_busy_s_per_step": busy / per_step,
         "gpu_kernel_s_per_step": seconds(slice(None)),
@@ -483,9 +490,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         steps=steps,
         kernels=kernels,
         hotspots=hotspots(kernels, calls, peaks, per_step),
-        gemm_problems=problem_table(calls, "gemm", peaks, per_step, device_time),
-        grouped_gemm_problems=problem_table(calls, "grouped_gemm", peaks, per_step, device_time),
-        attention_problems=problem_table(calls, "attention", peaks, per_step, device_time),
+        problems_by_kind={kind: problem_table(calls, kind, peaks, per_step, device_time) for kind in kinds.names()},
         breakdown=B.categories(kernels),
         temporal=temporal,
         op_times=ops,

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from primus_perf import kinds
 from primus_perf.errors import UserError
 
 XLSX_MAX_ROWS = 1_048_575  # Excel's sheet limit, less the header row
@@ -55,6 +56,9 @@ def analysis_tables(a: Any) -> dict[str, pd.DataFrame]:
             tables[f.name] = _plain(v.reset_index(drop=True))
         elif isinstance(v, list) and v and all(isinstance(r, dict) for r in v):
             tables[f.name] = _plain(pd.DataFrame(v))
+        elif f.name == "problems_by_kind":  # one table per kind, named as on Analysis
+            for kind, df in v.items():
+                tables[kinds.get(kind).table] = _plain(df.reset_index(drop=True))
         elif isinstance(v, dict) and v and all(not isinstance(x, (dict, list)) for x in v.values()):
             tables[f.name] = pd.DataFrame({"key": list(v), "value": [_cell(x) for x in v.values()]})
     if getattr(a, "notes", None):

@@ -6,14 +6,14 @@ and returns a :class:`OpModel`, or None when the inputs do not describe a proble
 module can count (then the op's FLOPs are unknown, never guessed).
 
 GEMM ops give a :class:`~primus_perf.problems.GemmProblem` in the column-major convention
-of ``problems.py``; torch's transposition of each operand is read from its strides, the
-same way the trainer's dispatch reads it, so a trace of the trainer yields exactly the
+of ``problems/gemm.py``; torch's transposition of each operand is read from its strides, the
+same way the trainer's routing points read it, so a trace of the trainer yields exactly the
 problems ``trainer.flops.model_gemms`` lists. Attention ops give an
 :class:`~primus_perf.problems.AttentionProblem` (forward) with a direction; backward FLOPs
 are 2.5x the forward (five matmuls instead of two).
 
-Grouped GEMMs (MoE experts) give a :class:`~primus_perf.problems.GroupedGemmProblem` (kind
-``grouped_gemm``). A call of ``kernels.grouped_gemm.run`` is an annotation whose name is
+Grouped GEMMs (MoE experts) give a :class:`~primus_perf.problems.GroupedGemmProblem` (its
+kind's name). A call of ``kernels.grouped.run`` is an annotation whose name is
 the problem and the call's exact tokens (:func:`annotation_model`): exact problem, FLOPs
 and bytes, whatever ran inside it. Another program's ``aten::_grouped_mm`` records only
 its operands' shapes: groups, K, N and the tokens come from them, the split of the tokens
@@ -49,7 +49,7 @@ class OpModel:
     inputs do not determine it (never a guessed 0); ``assumed`` says what the problem takes
     for granted that the trace does not record ("" when nothing)."""
 
-    kind: str  # "gemm", "grouped_gemm", "attention", "convolution" or "memory" (bytes only)
+    kind: str  # a name of ``primus_perf.kinds``, "convolution" or "memory" (bytes only)
     problem: GemmProblem | GroupedGemmProblem | AttentionProblem | None
     direction: str  # "fwd"; "bwd" for attention and convolution backward; a grouped GEMM's pass
     flops: int | None
@@ -213,12 +213,12 @@ SKEW_UNKNOWN = "skew unknown: balanced assumed"
 
 
 def _grouped_model(problem: GroupedGemmProblem, tokens: int, assumed: str = "") -> OpModel:
-    return OpModel("grouped_gemm", problem, problem.phase, problem.flops_of(tokens), problem.bytes_of(tokens),
+    return OpModel(problem.kind, problem, problem.phase, problem.flops_of(tokens), problem.bytes_of(tokens),
                    assumed=assumed)
 
 
 def annotation_model(name: str) -> OpModel | None:
-    """The grouped GEMM call an annotation of ``kernels.grouped_gemm.run`` names
+    """The grouped GEMM call an annotation of ``kernels.grouped.run`` names
     (``problems.grouped_trace_name``): its problem, exact FLOPs and bytes; None for any
     other name."""
     parsed = parse_grouped_trace_name(name)
@@ -544,6 +544,6 @@ def model_op(name: str, args: ShapeArgs | None, in_backward: bool = False) -> Op
         m = fn(args)
     except (TypeError, ValueError, IndexError):
         return None  # malformed recorded inputs: FLOPs unknown
-    if in_backward and m is not None and m.kind == "grouped_gemm" and m.direction == "fwd":
+    if in_backward and m is not None and m.kind == GroupedGemmProblem.kind and m.direction == "fwd":
         return model_grouped_mm(args, backward=True)  # the input gradient: dy @ W^T
     return m

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from primus_perf import kinds
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import lookup_peaks
 from primus_perf.errors import UserError
@@ -29,6 +30,7 @@ from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.colors import TEMPORAL_PARTS, category_colors
 
 REPORT_SCHEMA = "primus-perf-report/1"
+GROUPED = kinds.GROUPED.name
 MAX_HOTSPOTS = 2000
 MAX_BREAKDOWN_ROWS = 256
 TIMELINE_BINS = 1500  # segments are merged at span / TIMELINE_BINS
@@ -420,7 +422,7 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "roofline": roof,
         "gemm": gemm,
         "attention": attn,
-        "grouped_gemm": problems(a.grouped_gemm_problems, "grouped_gemm", kernel_s, marks),
+        GROUPED: problems(a.problems_by_kind[GROUPED], GROUPED, kernel_s, marks),
         "cache": cache_info,
         "timeline": None if cpu_only else timeline(k, cats),
         "notes": a.notes,

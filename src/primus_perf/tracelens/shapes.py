@@ -8,7 +8,7 @@ Format (JSON)::
     {"schema": "primus-perf-problems/1", "device": "...", "traces": [...], "steps": 2,
      "problems": [{"kind": "gemm", "problem": {GemmProblem fields}, "count": 4,
                    "time_s": 0.0012, "label": "1024x4096x4096 bf16 TN"},
-                  {"kind": "grouped_gemm", "problem": {GroupedGemmProblem fields}, ...},
+                  {"kind": <grouped kind>, "problem": {GroupedGemmProblem fields}, ...},
                   {"kind": "attention", "problem": {AttentionProblem fields}, ...}]}
 
 ``count`` is the op calls in the whole trace (every profiled step of every rank) and
@@ -21,39 +21,63 @@ pass); one whose split of the tokens over the groups the trace does not record h
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from primus_perf import kinds
 from primus_perf.errors import UserError
 from primus_perf.files import write_json
-from primus_perf.problems import Problem, problem_from_item
+from primus_perf.problems import Problem
 from primus_perf.tracelens.analyze import Analysis, analyze
 
 SCHEMA = "primus-perf-problems/1"
 
 
+@dataclass(frozen=True)
+class RankedProblem:
+    """One item of the problems file, typed: the problem, its calls and time in the whole
+    trace, its label, and whether the trace recorded its token split (grouped GEMMs)."""
+
+    problem: Problem
+    count: int
+    time_s: float
+    label: str
+    skew_known: bool = True
+
+    def to_item(self) -> dict[str, Any]:
+        item = {"kind": self.problem.kind, "problem": self.problem.to_dict(), "count": self.count,
+                "time_s": self.time_s, "label": self.label}
+        return item if self.skew_known else {**item, "skew_known": False}
+
+
+def ranked_problems(analysis: Analysis) -> list[RankedProblem]:
+    """The analysis's problems of every kind, most expensive first (the problems file's
+    items, as objects): one per table row, except that attention's forward and backward
+    rows of one problem are one item (its count: the forward calls)."""
+    whole = analysis.rank_steps  # the tables are per step; the file counts the whole trace
+    out: list[RankedProblem] = []
+    for kind, table in analysis.problem_tables().items():
+        paired: dict[str, RankedProblem] = {}
+        for r in table.itertuples(index=False):
+            it = RankedProblem(r.problem, round(r.calls * whole), float(r.time_s) * whole, r.label,
+                               bool(getattr(r, "skew_known", True)))
+            if kind != kinds.ATTENTION.name:
+                out.append(it)
+                continue
+            pair = paired.get(r.key)
+            count = it.count if r.direction == "fwd" else (pair.count if pair else 0)
+            time_s = it.time_s + (pair.time_s if pair else 0.0)
+            paired[r.key] = RankedProblem(r.problem, count, time_s, pair.label if pair else it.label)
+        out += paired.values()
+    out.sort(key=lambda it: -it.time_s)
+    return out
+
+
 def problems_document(analysis: Analysis) -> dict[str, Any]:
     """The problems file's content for an analysis."""
-    whole = analysis.rank_steps  # the tables are per step; the file counts the whole trace
-
-    def item(kind: str, r: Any) -> dict[str, Any]:
-        return {"kind": kind, "problem": r.problem.to_dict(), "count": round(r.calls * whole),
-                "time_s": float(r.time_s) * whole, "label": r.label}
-
-    items = [item("gemm", r) for r in analysis.gemm_problems.itertuples(index=False)]
-    items += [{**item("grouped_gemm", r), **({} if r.skew_known else {"skew_known": False})}
-              for r in analysis.grouped_gemm_problems.itertuples(index=False)]
-    attn: dict[str, dict[str, Any]] = {}
-    for r in analysis.attention_problems.itertuples(index=False):
-        it = item("attention", r)
-        pair = attn.setdefault(r.key, {**it, "count": 0, "time_s": 0.0})
-        if r.direction == "fwd":
-            pair["count"] = it["count"]
-        pair["time_s"] += it["time_s"]
-    items += attn.values()
-    items.sort(key=lambda it: -it["time_s"])
     return {"schema": SCHEMA, "device": analysis.device["name"], "traces": analysis.traces,
-            "steps": analysis.n_steps, "problems": items}
+            "steps": analysis.n_steps, "problems": [it.to_item() for it in ranked_problems(analysis)]}
 
 
 def write_problems(analysis: Analysis, path: str | Path) -> Path:
@@ -68,10 +92,9 @@ def write_problems(analysis: Analysis, path: str | Path) -> Path:
 
 
 def problems_from_traces(paths: Any) -> dict[str, list[tuple[Problem, int]]]:
-    """The (problem, count) pairs of traces by kind ("gemm", "grouped_gemm", "attention"),
+    """The (problem, count) pairs of traces by kind (every kind of ``primus_perf.kinds``),
     ranked by time: what ``shapes`` would write."""
-    analysis = analyze(paths)
-    out: dict[str, list[tuple[Problem, int]]] = {kind: [] for kind in analysis.problem_tables()}
-    for it in problems_document(analysis)["problems"]:
-        out[it["kind"]].append((problem_from_item(it), it["count"]))
+    out: dict[str, list[tuple[Problem, int]]] = {kind: [] for kind in kinds.names()}
+    for it in ranked_problems(analyze(paths)):
+        out[it.problem.kind].append((it.problem, it.count))
     return out

@@ -45,7 +45,7 @@ CALL_COLUMNS = ["rank", "step", "row", "kind", "key", "problem", "direction", "f
 
 def op_label(name: str) -> str:
     """An op name as the tables show it: ``ProfilerStep#7`` becomes ``ProfilerStep``, a
-    grouped GEMM call's annotation (its problem and tokens) ``primus_perf::grouped_gemm``."""
+    grouped GEMM call's annotation (its problem and tokens) ``GROUPED_TRACE_OP``."""
     if name.startswith(GROUPED_TRACE_OP + " "):
         return GROUPED_TRACE_OP
     return _STEP_NAME.sub("ProfilerStep", name)

@@ -1,1 +1,1 @@
-"""Reference Megatron-style trainer: model, parallelism, configs, loop, dispatch."""
+"""Reference Megatron-style trainer: model, parallelism, configs, data, loop."""

@@ -29,8 +29,8 @@ import yaml
 from primus_perf.errors import ConfigError, UserError
 from primus_perf.files import check_input_file
 from primus_perf.kernels.fp8.recipes import RECIPES as FP8_RECIPES
-from primus_perf.kernels.grouped_gemm.backends import AUTO as GROUPED_GEMM_AUTO
-from primus_perf.kernels.grouped_gemm.backends import BACKENDS as GROUPED_GEMM_BACKENDS
+from primus_perf.kernels.grouped.backends import AUTO as GROUPED_GEMM_AUTO
+from primus_perf.kernels.grouped.backends import BACKENDS as GROUPED_GEMM_BACKENDS
 
 PRESETS = "primus_perf.trainer.presets"  # package holding the preset YAML files
 
@@ -47,7 +47,7 @@ class MoEConfig:
     ``aux_loss_coef``), a per-expert selection bias moved by ``bias_update_rate`` after each
     step towards the mean load (``bias``, auxiliary-loss-free), or nothing. Expert GEMMs run
     on ``grouped_gemm_backend`` unless a tuning cache routes them: ``auto`` (the default) is
-    the fixed backend of ``kernels.grouped_gemm.backends.DEFAULT_RULE`` for the device, the
+    the fixed backend of ``kernels.grouped.backends.DEFAULT_RULE`` for the device, the
     dtype and the layer's expert count; a backend's name runs that backend."""
 
     n_experts: int = 0

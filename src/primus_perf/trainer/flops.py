@@ -22,11 +22,11 @@ MoE layers (``model.moe.n_experts > 0``, layers ``first_k_dense`` and on) count 
 listed by :func:`linear_layers`), and ``top_k`` routed SwiGLU experts of ``3 * dim *
 expert_dim`` each (:func:`routed_active_params`): a token takes only those, so MFU is
 measured against the work the step really does. The routed experts' grouped GEMMs are
-listed by :func:`model_grouped_gemms` for given tokens per expert.
+listed by :func:`model_expert_gemms` for given tokens per expert.
 
 :func:`model_gemms` lists every GEMM one micro-batch runs on one tensor-parallel rank, in
 the row-major ``M, N, K`` torch sees and as a :class:`~primus_perf.problems.GemmProblem`
-exactly as :func:`dispatch.problem_of` builds it in the trainer: forward ``x @ W.T``
+exactly as :func:`primus_perf.kernels.gemm.problem_of` builds it in the trainer: forward ``x @ W.T``
 (``M = tokens``), input gradient ``dy @ W`` and weight gradient ``dy.T @ x`` (``K = tokens``).
 The sum of their FLOPs is ``6 * N_matmul / tp * tokens``.
 """
@@ -162,7 +162,7 @@ class GroupedGemmCall:
         return self.problem.flops_of(sum(self.counts))
 
 
-def model_grouped_gemms(
+def model_expert_gemms(
     cfg: ModelConfig, tokens_per_expert: list[list[int]], dtype: str = "bf16"
 ) -> list[GroupedGemmCall]:
     """The routed experts' grouped GEMMs of one step, given the tokens per (local) expert

@@ -36,8 +36,7 @@ import torch.nn.functional as F
 
 from primus_perf.errors import ConfigError, DeviceError, DivergedError
 from primus_perf.files import LineLog
-from primus_perf.runtime import Handle, enable
-from primus_perf.trainer import dispatch
+from primus_perf.runtime import Handle, OnlineTuning, enable, seams
 from primus_perf.trainer.config import TrainConfig, TrainerConfig
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.flops import flops_per_token
@@ -99,7 +98,13 @@ def _peak_memory(device: torch.device) -> int:
 class Trainer:
     """Set up once, then call :meth:`train_step` per optimizer step."""
 
-    def __init__(self, cfg: TrainerConfig) -> None:
+    def __init__(self, cfg: TrainerConfig, online: OnlineTuning | None = None) -> None:
+        """``online``: the tuning ``tuning.online=true`` runs inside the steps, given by the
+        program that starts the trainer (``primus_perf.tuned_kernels.online_tuning()``:
+        primus-train and the closed loop give it); the trainer never imports the tuner."""
+        if cfg.tuning.online and online is None:
+            raise ConfigError("config key 'tuning.online' needs online tuning from the program that starts the"
+                              " trainer: Trainer(cfg, online=primus_perf.tuned_kernels.online_tuning())")
         self.cfg = cfg
         t = cfg.train
         self.device = self._pick_device(t.device)
@@ -127,7 +132,7 @@ class Trainer:
         if t.dtype == "bf16" and self.device.type != "cuda":
             raise ConfigError("config key 'train.dtype': bf16 needs a GPU (the CPU path runs fp32)")
         self.autocast = self.device.type == "cuda" and t.dtype in ("auto", "bf16")
-        dispatch.set_sdpa_backend(t.sdpa_backend)
+        seams.set_sdpa_backend(t.sdpa_backend)
 
         torch.manual_seed(t.seed)
         with torch.device(self.device):
@@ -179,7 +184,7 @@ class Trainer:
         self.last_finite_loss: tuple[int, float] | None = None  # (step, loss)
         self.tuning: Handle | None = None  # primus_perf.enable's handle, when tuning.cache is set
         if cfg.tuning.cache:
-            self.tuning = enable(cfg.tuning.cache, online=cfg.tuning.online, device_type=self.device.type)
+            self.tuning = enable(cfg.tuning.cache, online if cfg.tuning.online else None, device_type=self.device.type)
 
     # ---- set-up ------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 Token embedding, RMSNorm, rotary embeddings (rotate-half form), grouped-query attention
 with a fused Q/K/V projection (optional Q/K/V bias, as in Qwen2.5), SwiGLU MLP with a fused
 gate/up projection, untied output head. Every linear GEMM goes through
-:func:`dispatch.linear` and attention through :func:`dispatch.attention`.
+:func:`seams.linear` and attention through :func:`seams.attention`.
 
 The modules are plain: they call no collective and import nothing of parallelism.
 ``parallelize.py`` applies tensor parallelism from outside: it shards the weights and swaps
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from primus_perf.trainer import dispatch
+from primus_perf.runtime import seams
 from primus_perf.trainer.config import ModelConfig
 
 
@@ -75,15 +75,15 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         hq, hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = dispatch.linear(x, self.wqkv)
+        qkv = seams.linear(x, self.wqkv)
         if self.bqkv is not None:
             qkv = qkv + self.bqkv.to(qkv.dtype)
         q, k, v = qkv.split((hq * hd, hkv * hd, hkv * hd), dim=-1)
         q = self.rope(q.view(b, s, hq, hd), cos, sin)
         k = self.rope(k.view(b, s, hkv, hd), cos, sin)
         v = v.view(b, s, hkv, hd)
-        o = dispatch.attention(q, k, v, causal=True)
-        return dispatch.linear(o.reshape(b, s, hq * hd), self.wo)
+        o = seams.attention(q, k, v, causal=True)
+        return seams.linear(o.reshape(b, s, hq * hd), self.wo)
 
 
 class MLP(nn.Module):
@@ -94,8 +94,8 @@ class MLP(nn.Module):
         self.act = swiglu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.act(dispatch.linear(x, self.w13))
-        return dispatch.linear(h, self.w2)
+        h = self.act(seams.linear(x, self.w13))
+        return seams.linear(h, self.w2)
 
     @torch.no_grad()
     def reset_parameters(self, std: float, out_std: float) -> None:
@@ -207,10 +207,10 @@ class Transformer(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The output head: normed hidden states -> logits (batch, seq, vocab)."""
-        return dispatch.linear(h, self.output)
+        return seams.linear(h, self.output)
 
     def compile_pointwise(self) -> None:
-        """torch.compile the non-GEMM parts (RoPE, SwiGLU, RMSNorm); GEMMs stay dispatched."""
+        """torch.compile the non-GEMM parts (RoPE, SwiGLU, RMSNorm); GEMMs stay routed."""
         rope = torch.compile(apply_rope, dynamic=False)
         act = torch.compile(swiglu, dynamic=False)
         for module in self.modules():

@@ -12,7 +12,7 @@ One MoE layer (:class:`MoE`), for the ``n`` tokens of a micro-batch:
    by expert (stable), the token rows gathered in that order, and ``counts[e]`` (tokens per
    expert) read to the host once.
 3. Experts: SwiGLU through two grouped GEMMs (``x @ W13_e``, ``[gate | up]``, then
-   ``@ W2_e``) through :func:`primus_perf.kernels.grouped_gemm.grouped_mm`
+   ``@ W2_e``) through :func:`primus_perf.runtime.seams.grouped_mm`
    (:meth:`MoE.experts`).
 4. Combine (:func:`unpermute`): each pair's output times its weight, summed into its token.
    Shared experts (a dense SwiGLU every token takes) are added.
@@ -32,7 +32,7 @@ data-parallel group and whose :meth:`MoE.experts` sends the rows to the rank tha
 their expert with an all-to-all(v) and back.
 
 Every dense GEMM (attention, router, shared experts, output head) goes through
-:func:`dispatch.linear` as in the dense model.
+:func:`seams.linear` as in the dense model.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ from torch import nn
 
 from primus_perf.errors import ConfigError
 from primus_perf.kernels.autocast import gemm_dtype
-from primus_perf.kernels.grouped_gemm import AUTO, BACKENDS, default_backend, grouped_mm
-from primus_perf.trainer import dispatch
+from primus_perf.kernels.grouped import AUTO, BACKENDS, default_backend
+from primus_perf.runtime import seams
+from primus_perf.runtime.seams import grouped_mm
 from primus_perf.trainer.config import ModelConfig
 from primus_perf.trainer.model import MLP, Transformer, swiglu
 
@@ -88,7 +89,7 @@ class TokenRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x[n, dim]`` -> (weights[n, k] fp32, experts[n, k], normalized scores[n, E])."""
-        logits = dispatch.linear(x, self.weight).float()
+        logits = seams.linear(x, self.weight).float()
         if self.kind == "softmax":
             scores = logits.softmax(dim=-1)
             probs = scores

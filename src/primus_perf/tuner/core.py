@@ -7,25 +7,33 @@ plans, a search where the kind has one), and the core runs:
    torch's own choice);
 2. validation: ``error(candidate)`` is its relative error against the fp32 reference; a
    candidate above the session's tolerance (or NaN, or one that cannot run) is rejected
-   and never chosen; if the default itself fails, the problem fails (:class:`TuneError`);
+   and never chosen; if the default itself fails, the problem fails (:class:`TuneError`).
+   A candidate a search found carries the error the search measured (``Candidate.error``)
+   and is not run against the reference again;
 3. measurement through the injected timer (``tuner.timing``; seconds; without one, the
    plugin's own ``default_timer()`` where it has one, else ``timing.default_timer()``): a rough pass of
-   ``reps.rough`` calls drops candidates slower than :data:`ROUGH_DROP` x the best, then
+   ``reps.rough`` calls (a searched candidate: the search's own timed calls,
+   ``Candidate.samples``) drops candidates slower than :data:`DROP_RATIO` x the best, then
    the finalists get ``reps.final_min`` to ``reps.final_max`` calls each, as many as the
    problem's time budget allows. A candidate may have several parts (attention: forward
    and backward); its time is the sum of its parts' medians;
 4. selection (:func:`select`, the one policy for every kind): the fastest finalist, unless
    it is less than :data:`KEEP_DEFAULT_MARGIN` faster than the default, which is then kept
    (a win inside the noise is not worth leaving torch for);
-5. a :class:`~primus_perf.cache.store.CacheEntry` (times in ms there, as the file keeps them).
+5. a :class:`~primus_perf.cache.store.CacheEntry` (:func:`cache_entry`; times in ms there,
+   as the file keeps them).
+
+Validation (:func:`validate`), the drop ratio, selection and entry building are the same
+for the other timing strategy, tuning inside the program's steps (``tuner.online``: each
+candidate timed round-robin on the real calls): only the timing differs.
 
 :func:`tune` is the loop over problems: dedupe by key, skip problems already cached for
 this device and library versions (resume), write the cache after each problem (one
 problem is :meth:`Runner.handle`), report progress, and on Ctrl-C stop keeping every
 finished entry: the :class:`TuneRun` says which problems are done and which remain.
 
-A new kind is one plugin module with a class of the :class:`Tuner` shape and one line in
-``tuner/kinds.py``.
+A new kind is one plugin module with a class of the :class:`Tuner` shape and one entry in
+``tuner/kinds.py`` (which attaches it to the kind's record, ``primus_perf.kinds``).
 """
 
 from __future__ import annotations
@@ -50,7 +58,9 @@ KEEP_DEFAULT_MARGIN = 0.01  # the default is kept unless a candidate is at least
 # of about 6 us each per step, about 40 us more per call), which a busy GPU hides only when
 # the kernel's own saving is not negligible
 MIN_SAVING_S = 5e-6
-ROUGH_DROP = 1.5  # the rough pass drops candidates slower than 1.5x its best
+# a candidate slower than this times the best after its first samples is dropped: the
+# rough pass here, the early drop of online tuning (one ratio for both strategies)
+DROP_RATIO = 1.25
 TIMER_OVERHEAD_S = 1.2e-3  # per timed call beyond the call itself (GPU idle + flush), for the budget
 BUDGET_SHARE = 0.6  # share of the time left in a problem's budget given to the final pass
 
@@ -73,12 +83,19 @@ class Reps:
 @dataclass
 class Candidate:
     """One way to run a problem. ``config`` (readable) and ``blob`` (opaque) go into the
-    cache entry when it is chosen; ``run`` is what the plugin needs to run it."""
+    cache entry when it is chosen; ``run`` is what the plugin needs to run it.
+
+    A candidate a session's search found comes with what the search measured on this
+    problem: ``error`` (its check against the fp32 reference, so :func:`validate` does not
+    run it again) and ``samples`` (part -> timed calls in seconds, through the run's timer,
+    which stand for its rough pass)."""
 
     name: str
     config: dict[str, Any] = field(default_factory=dict)
     blob: bytes = b""
     run: Any = None
+    error: float | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
 
 
 class Session(Protocol):
@@ -227,6 +244,51 @@ def select(times_s: dict[str, float], default: str, margin: float = KEEP_DEFAULT
     return best
 
 
+def validate(session: Session, pool: Sequence[Candidate], *, limit: int | None = None,
+             reject: Callable[[Candidate, float | None, str], None] | None = None) -> list[tuple[Candidate, float]]:
+    """The candidates of ``pool`` (the default first) that pass the session's reference
+    check, with their relative errors, in pool order, at most ``limit`` (validation stops
+    there). ``reject(candidate, error, reason)`` hears of each one that fails (over the
+    tolerance, NaN, or it cannot run). :class:`TuneError` when the default fails: there is
+    nothing to tune against."""
+    out: list[tuple[Candidate, float]] = []
+    for i, c in enumerate(pool):
+        if limit is not None and len(out) >= limit:
+            break
+        err: float | None = c.error
+        try:
+            if err is None:
+                err = session.error(c)
+            reason = "" if err <= session.tolerance else f"relative error {err:.3g} > {session.tolerance}"  # NaN fails
+        except Exception as exc:  # the candidate cannot run this problem
+            reason = one_line(exc)
+        if not reason:
+            out.append((c, err))
+            continue
+        if reject is not None:
+            reject(c, err, reason)
+        if i == 0:
+            raise TuneError(f"the default ({c.name}) fails the reference check: {reason}")
+    return out
+
+
+def solution_of(candidate: Candidate) -> dict[str, Any]:
+    """A candidate as a cache entry stores it: its readable config (named) and its blob."""
+    return {"config": {"name": candidate.name, **candidate.config}, "blob": candidate.blob}
+
+
+def cache_entry(kind: str, version: str, problem: Any, solution: dict[str, Any], *, tuned_s: float | None,
+                default_s: float | None, error: float | None, device: DeviceIdentity,
+                versions: dict[str, str]) -> CacheEntry:
+    """The cache entry of a choice, for every kind and timing strategy (times in ms)."""
+    return CacheEntry(
+        kind=kind, problem_key=problem.key(), problem=problem.to_dict(), device=device.to_dict(),
+        versions=dict(versions), solution=solution,
+        times={"tuned_ms": (tuned_s or 0.0) * 1e3, "default_ms": (default_s or 0.0) * 1e3},
+        error=error, tuner_version=version,
+    )
+
+
 def timer_for(tuner: Tuner) -> Timer:
     """The timer a plugin's candidates are measured with when none is injected: its own
     ``default_timer()`` (grouped GEMM: launches counted), else ``timing.default_timer()``."""
@@ -261,16 +323,20 @@ def tune_problem(
         calls: dict[tuple[str, str], Callable[[int], object]] = {}
         parts: dict[str, list[str]] = {}
         step("validating")
-        for c in pool:
-            s = stats[c.name]
+
+        def reject(c: Candidate, err: float | None, reason: str) -> None:
+            stats[c.name].error, stats[c.name].reason = err, reason
+
+        try:
+            passed = validate(session, pool, reject=reject)
+        except TuneError as exc:
+            raise TuneError(f"{problem}: {exc}") from None
+        for c, err in passed:
+            stats[c.name].error = err
             try:
-                s.error = err = session.error(c)
-                if not err <= session.tolerance:  # NaN fails too
-                    s.reason = f"relative error {err:.3g} > {session.tolerance}"
-                    continue
                 mine = session.calls(c)
-            except Exception as exc:  # the candidate cannot run this problem
-                s.reason = one_line(exc)
+            except Exception as exc:  # the candidate cannot run the real problem
+                stats[c.name].reason = one_line(exc)
                 continue
             valid[c.name] = c
             parts[c.name] = list(mine)
@@ -279,10 +345,12 @@ def tune_problem(
             raise TuneError(f"{problem}: the default ({default}) fails the reference check: {stats[default].reason}")
         reps = tuner.reps
         step("timing (rough)")
-        rough = timer(calls, session.n_sets, reps.rough)
+        searched = {k for k in calls if k[1] in valid[k[0]].samples}  # timed by the search already
+        rough = timer({k: fn for k, fn in calls.items() if k not in searched}, session.n_sets, reps.rough)
+        rough.update({k: list(valid[k[0]].samples[k[1]]) for k in searched})
         med = _medians(rough, list(valid), parts)
         best = min(med.values())
-        finalists = [n for n in valid if med[n] <= ROUGH_DROP * best or n == default]
+        finalists = [n for n in valid if med[n] <= DROP_RATIO * best or n == default]
         for n in valid:
             stats[n].status = "measured" if n in finalists else "dropped"
             stats[n].parts = {part: timing.summarize(rough[(n, part)]) for part in parts[n]}
@@ -299,16 +367,12 @@ def tune_problem(
         details = dict(session.details)
     finally:
         session.close()
-    c = valid[chosen]
-    config = {"name": c.name, **c.config}
+    solution = solution_of(valid[chosen])
+    config = solution["config"]
     device = device or current_device()
     versions = tuner.versions() if versions is None else versions
-    entry = CacheEntry(
-        kind=tuner.kind, problem_key=problem.key(), problem=problem.to_dict(), device=device.to_dict(),
-        versions=versions, solution={"config": config, "blob": c.blob},
-        times={"tuned_ms": totals[chosen] * 1e3, "default_ms": totals[default] * 1e3},
-        error=stats[chosen].error, tuner_version=tuner.version,
-    )
+    entry = cache_entry(tuner.kind, tuner.version, problem, solution, tuned_s=totals[chosen],
+                        default_s=totals[default], error=stats[chosen].error, device=device, versions=versions)
     return TuneResult(
         kind=tuner.kind, problem=problem, chosen=chosen, config=config, tuned_s=totals[chosen],
         default_s=totals[default], error=stats[chosen].error, entry=entry,

@@ -1,5 +1,6 @@
-"""The kinds the tuner knows: kind -> its plugin class (whose ``problem_type`` says which
-problems it takes). A new kind is one plugin module and one line here.
+"""The tuner's part of each kind: its plugin class (whose ``problem_type`` says which
+problems it takes), attached to the kind's record in ``primus_perf.kinds``. A new kind is
+one plugin module and one entry in :data:`PLUGINS`.
 
 :func:`tune` is the public entry point (``primus_perf.tune``): it takes problems of any
 kinds and runs the core loop with one plugin per kind present, each with its defaults.
@@ -11,17 +12,18 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from primus_perf import kinds as registry
 from primus_perf.errors import UserError
 from primus_perf.tuner import core
 from primus_perf.tuner.attention.plugin import AttentionTuner
 from primus_perf.tuner.gemm.plugin import GemmTuner
-from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
+from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
 
-KINDS: dict[str, type] = {
-    "gemm": GemmTuner,
-    "attention": AttentionTuner,
-    "grouped_gemm": GroupedGemmTuner,
-}
+PLUGINS = (GemmTuner, GroupedGemmTuner, AttentionTuner)
+for _plugin in PLUGINS:
+    registry.attach(_plugin.kind, tuner=_plugin)
+
+KINDS: dict[str, type] = registry.with_part("tuner")  # kind name -> plugin class, in the registry's order
 
 
 def kind_of(problem: Any) -> str:
@@ -45,8 +47,8 @@ def tune(
     timer: Any = None,
     progress: core.Progress | None = None,
 ) -> core.TuneRun:
-    """Tune GEMM, grouped-GEMM and attention problems (any mix) into ``cache``: one plugin per kind with
-    its defaults, the core loop's dedupe, resume, per-problem writes and Ctrl-C handling."""
+    """Tune problems of any kinds (any mix) into ``cache``: one plugin per kind with its
+    defaults, the core loop's dedupe, resume, per-problem writes and Ctrl-C handling."""
     tuners = default_tuners(dict.fromkeys(kind_of(p) for p in problems))
     return core.tune(problems, cache=cache, tuners=list(tuners.values()), budget_s=budget_s, timer=timer,
                      progress=progress)

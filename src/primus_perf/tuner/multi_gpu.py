@@ -226,7 +226,7 @@ class _Dispatcher:
             if self.interrupts and deadline is None:
                 deadline = time.monotonic() + STOP_GRACE_S
                 self.progress.step("stopping: each GPU finishes its problem (Ctrl-C again to stop now)")
-                self.dispatch()
+                self.hand_out()
             if len(self.interrupts) > 1 or (deadline is not None and time.monotonic() > deadline):
                 for w in self.live.values():
                     self.terminate(w)
@@ -254,9 +254,9 @@ class _Dispatcher:
                 self.idle.append(w)
             elif event == "error":
                 w.error = payload
-        self.dispatch()
+        self.hand_out()
 
-    def dispatch(self) -> None:
+    def hand_out(self) -> None:
         """Hand problems to idle workers; once none can come (the queue is empty and no
         worker holds one that may come back, or Ctrl-C), stop the idle workers and those
         still starting."""

@@ -13,7 +13,8 @@ later, when they have completed (``query``, never a synchronize inside a step).
 
 1. sampling: each call runs the next live candidate and records a :class:`Sample`;
 2. early drop: once every live candidate has ``drop_after`` samples, those whose median is
-   over ``drop_ratio`` x the best median are dropped (torch's own choice never is);
+   over ``drop_ratio`` x the best median are dropped (torch's own choice never is; the
+   ratio is the core's :data:`~.core.DROP_RATIO`, as in the offline rough pass);
 3. locking: when every live candidate has ``min_samples`` samples, or after ``max_calls``
    tuning calls of the problem (the bound), the choice is made by the tuner's one
    selection policy (``core.select``, with its margin for keeping the default); the
@@ -37,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.cache.store import TuningCache
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError
 from primus_perf.kernels.routing import Router
-from primus_perf.tuner.core import KEEP_DEFAULT_MARGIN, select
+from primus_perf.tuner.core import DROP_RATIO, KEEP_DEFAULT_MARGIN, cache_entry, select
 
 
 class _Validating:
@@ -84,7 +85,8 @@ def _autocast_off() -> contextlib.ExitStack:
 class OnlinePolicy:
     """How long a problem is tuned. Defaults: 6 candidates at most (the default and the
     pool's first 5, in the plugin's order: the library heuristic's ranking), dropped after
-    2 samples each when 1.25x slower than the best, locked at 3 samples each or after 18
+    2 samples each when :data:`~.core.DROP_RATIO` (1.25) x slower than the best (the
+    offline rough pass's ratio), locked at 3 samples each or after 18
     tuning calls: a problem called once per step (a language-model head) locks within
     about 19 steps. On an H200 (llama3-8b, 4 layers) 8 candidates x 5 samples and a 64-call
     bound left the head's two GEMMs sampling at step 40, while the other 13 problems, called
@@ -92,7 +94,7 @@ class OnlinePolicy:
 
     min_samples: int = 3
     drop_after: int = 2
-    drop_ratio: float = 1.25
+    drop_ratio: float = DROP_RATIO
     max_calls: int = 18
     max_candidates: int = 6
     margin: float = KEEP_DEFAULT_MARGIN
@@ -260,8 +262,9 @@ class _Report:
 
 
 class OnlineRouter(Router):
-    """A router that tunes what ``offline`` (the cache's router of this kind) does not
-    hold; ``summary()`` adds ``tuning`` (tuning calls per problem) and ``online``."""
+    """A router that tunes what ``offline`` (the cache's router of this kind, holding the
+    problems ``offline_keys``: ``Activation.keys``) does not hold; ``summary()`` adds
+    ``tuning`` (tuning calls per problem) and ``online``."""
 
     def __init__(
         self,
@@ -271,6 +274,7 @@ class OnlineRouter(Router):
         device: DeviceIdentity,
         versions: dict[str, str],
         *,
+        offline_keys: set[str] = frozenset(),
         policy: OnlinePolicy | None = None,
         clock: Clock | None = None,
         log: Callable[[str], None] | None = None,
@@ -278,7 +282,7 @@ class OnlineRouter(Router):
         super().__init__()
         self.adapter = adapter
         self.offline = offline
-        self.offline_keys = set(getattr(offline, "entries", None) or getattr(offline, "choices", None) or ())
+        self.offline_keys = set(offline_keys)
         self.cache = TuningCache(cache)
         self.device = device
         self.versions = versions
@@ -354,12 +358,8 @@ class OnlineRouter(Router):
         times = state.times()
         report = self.reports.pop(key)
         tuned, default = times.get(chosen), times.get(state.default)
-        entry = CacheEntry(
-            kind=self.adapter.kind, problem_key=key, problem=problem.to_dict(), device=self.device.to_dict(),
-            versions=dict(self.versions), solution=cand.solution,
-            times={"tuned_ms": (tuned or 0.0) * 1e3, "default_ms": (default or 0.0) * 1e3},
-            error=cand.error, tuner_version=self.adapter.tuner_version,
-        )
+        entry = cache_entry(self.adapter.kind, self.adapter.tuner_version, problem, cand.solution, tuned_s=tuned,
+                            default_s=default, error=cand.error, device=self.device, versions=self.versions)
         speedup = entry.speedup
         info = {
             "chosen": chosen, "calls": state.calls, "candidates": len(state.pool),
@@ -414,22 +414,18 @@ def online_routers(
     activation: Any,
     cache: str | Path,
     *,
-    adapters: Mapping[str, KindAdapter] | None = None,
+    adapters: Mapping[str, KindAdapter],
     policy: OnlinePolicy | None = None,
     clock: Clock | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The cache's routers (``cache.runtime.Activation``), each of a kind online tuning
-    knows wrapped in an :class:`OnlineRouter`; ``adapters``: kind -> adapter (default:
-    :func:`default_adapters`)."""
-    if adapters is None:
-        from primus_perf.tuner.online_kinds import default_adapters
-
-        adapters = default_adapters(routers)
+    """The cache's routers (``runtime.activate.Activation``), each of a kind ``adapters``
+    (kind -> adapter) has wrapped in an :class:`OnlineRouter`."""
     out = dict(routers)
     for kind, router in routers.items():
         adapter = adapters.get(kind)
         if adapter is not None:
             out[kind] = OnlineRouter(adapter, router, cache, activation.device, activation.versions.get(kind, {}),
-                                     policy=policy, clock=clock, log=log)
+                                     offline_keys=activation.keys.get(kind, set()), policy=policy, clock=clock,
+                                     log=log)
     return out

@@ -6,49 +6,36 @@ Triton configs the cache holds."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from primus_perf import kinds as registry
 from primus_perf.kernels import gemm
 from primus_perf.kernels.attention.backends import TRITON
 from primus_perf.kernels.attention.router import problem_of as attention_problem_of
-from primus_perf.kernels.grouped_gemm.dispatch import problem_of as grouped_problem_of
-from primus_perf.kernels.grouped_gemm.dispatch import run_backend
+from primus_perf.kernels.grouped.passes import problem_of as grouped_problem_of
+from primus_perf.kernels.grouped.passes import run_backend
 from primus_perf.tuner.attention.plugin import TUNER_VERSION as ATTENTION_VERSION
 from primus_perf.tuner.attention.plugin import AttentionTuner, triton_candidate
-from primus_perf.tuner.core import Candidate
+from primus_perf.tuner.core import solution_of, validate
 from primus_perf.tuner.gemm.plugin import TUNER_VERSION as GEMM_VERSION
 from primus_perf.tuner.gemm.plugin import GemmTuner
-from primus_perf.tuner.grouped_gemm.plugin import TUNER_VERSION as GROUPED_VERSION
-from primus_perf.tuner.grouped_gemm.plugin import GroupedGemmTuner
-from primus_perf.tuner.online import Clock, Pooled, Sample
+from primus_perf.tuner.grouped.plugin import TUNER_VERSION as GROUPED_VERSION
+from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
+from primus_perf.tuner.online import Clock, OnlinePolicy, Pooled, Sample, online_routers
 
 ONLINE_SUFFIX = "+online"
 
 
-def validated(session: Any, limit: int) -> list[tuple[Candidate, float]]:
-    """The session's candidates that pass its reference check, the default first, at most
-    ``limit``; RuntimeError when the default fails (nothing to tune against)."""
-    pool = session.candidates()
-    out: list[tuple[Candidate, float]] = []
-    for i, c in enumerate(pool):
-        if len(out) >= limit:
-            break
-        try:
-            err = session.error(c)
-        except Exception:  # the candidate cannot run this problem
-            err = float("nan")
-        if err <= session.tolerance:
-            out.append((c, err))
-        elif i == 0:
-            raise RuntimeError(f"the default ({c.name}) fails the reference check")
-    return out
-
-
-def _solution(c: Candidate) -> dict[str, Any]:
-    return {"config": {"name": c.name, **c.config}, "blob": c.blob}
+def validated(session: Any, limit: int) -> list[Pooled]:
+    """The session's candidates that pass the core's validation (``core.validate``: the
+    default first, at most ``limit``), pooled with their cache solutions as offline tuning
+    writes them (``core.solution_of``); TuneError when the default fails."""
+    return [Pooled(c.name, solution_of(c), err, c.run) for c, err in validate(session, session.candidates(), limit=limit)]
 
 
 def bracketed(adapter: Any, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
@@ -62,7 +49,7 @@ class GemmOnline:
     """GEMM calls ``(a, b, bias)``: the problem with ``kernels.gemm.problem_of``; the pool of
     the GEMM plugin (one input set, for validation); kernels from the router's table."""
 
-    kind = "gemm"
+    kind = GemmTuner.kind
     tuner_version = GEMM_VERSION + ONLINE_SUFFIX
 
     def __init__(self, kernels: Mapping[str, gemm.KernelFactory] | None = None, limit: int = 8) -> None:
@@ -90,13 +77,12 @@ class GemmOnline:
         finally:
             session.close()
         out = []
-        for c, err in found:
-            sol = _solution(c)
-            source = gemm.solution_source(sol)
+        for c in found:  # the program's calls run the router's kernels of the same solutions
+            source = gemm.solution_source(c.solution)
             factory = gemm.torch_kernel if source == gemm.TORCH_SOURCE else self.kernels.get(source)
-            kernel = factory(plain, sol, a.device) if factory is not None else None
+            kernel = factory(plain, c.solution, a.device) if factory is not None else None
             if kernel is not None:
-                out.append(Pooled(c.name, sol, err, kernel))
+                out.append(Pooled(c.name, c.solution, c.error, kernel))
         return out
 
     def run(self, cand: Pooled, a: Any, b: Any, bias: Any = None) -> Any:
@@ -143,7 +129,7 @@ class AttentionOnline:
     the cache's Triton configs; forward and backward are timed (the backward between two
     identity nodes around the call)."""
 
-    kind = "attention"
+    kind = AttentionTuner.kind
     tuner_version = ATTENTION_VERSION + ONLINE_SUFFIX
 
     def __init__(self, triton_configs: list[Any] = (), limit: int = 8) -> None:
@@ -162,10 +148,9 @@ class AttentionOnline:
         tuner = AttentionTuner(strategy=None, extra=extra, device=q.device.type)
         session = tuner.open(problem, None, lambda _label: None)
         try:
-            found = validated(session, self.limit)
+            return validated(session, self.limit)
         finally:
             session.close()
-        return [Pooled(c.name, {"config": c.config, "blob": b""}, err, c.run) for c, err in found]
 
     def run(self, cand: Pooled, q: Any, k: Any, v: Any, causal: bool) -> Any:
         return cand.run(q, k, v, causal)
@@ -185,13 +170,13 @@ class AttentionOnline:
 
 
 class GroupedGemmOnline:
-    """Grouped-GEMM calls of the dispatch seam ``(phase, a, b, counts)``: the problem with
-    ``kernels.grouped_gemm.problem_of`` (the token-distribution bucket, so per-step counts
+    """Grouped-GEMM passes of the routing point ``(phase, a, b, counts)``: the problem with
+    ``kernels.grouped.problem_of`` (the token-distribution bucket, so per-step counts
     that move a little keep one problem); the pool of the grouped plugin without its Triton
     search (the loop, the other torch backends) plus the cache's Triton configs, validated
     on the bucket's operands; each call timed between two marks."""
 
-    kind = "grouped_gemm"
+    kind = GroupedGemmTuner.kind
     tuner_version = GROUPED_VERSION + ONLINE_SUFFIX
 
     def __init__(self, triton_configs: list[Any] = (), limit: int = 8) -> None:
@@ -209,10 +194,9 @@ class GroupedGemmOnline:
         tuner = GroupedGemmTuner(configs=self.triton_configs, device=a.device.type, sets=1)
         session = tuner.open(problem, None, lambda _label: None)
         try:
-            found = validated(session, self.limit)
+            return validated(session, self.limit)
         finally:
             session.close()
-        return [Pooled(c.name, _solution(c), err, c.run) for c, err in found]
 
     def run(self, cand: Pooled, phase: str, a: Any, b: Any, counts: Any) -> Any:
         return run_backend(cand.run, phase, a, b, counts)
@@ -221,19 +205,43 @@ class GroupedGemmOnline:
         return bracketed(self, cand, clock, *args)
 
 
+def _triton_configs(router: Any, is_triton: Any) -> list[Any]:
+    """The distinct configs of the router's cached choices that ``is_triton``."""
+    choices = getattr(router, "choices", {}) or {}
+    return list(dict.fromkeys(c.config for c in choices.values() if is_triton(c)))
+
+
+# each adapter from the kind's installed router: the GEMM one uses the router's kernel
+# table; the attention and grouped-GEMM ones the Triton configs of the router's choices
+registry.attach(GemmOnline.kind, online=lambda router: GemmOnline(getattr(router, "kernels", None)))
+registry.attach(AttentionOnline.kind,
+                online=lambda router: AttentionOnline(_triton_configs(router, lambda c: c.backend == TRITON)))
+registry.attach(GroupedGemmOnline.kind,
+                online=lambda router: GroupedGemmOnline(_triton_configs(router, lambda c: c.config is not None)))
+
+
 def default_adapters(routers: Mapping[str, Any]) -> dict[str, Any]:
-    """The adapters for the kinds installed: the GEMM one uses the GEMM router's kernel
-    table; the attention and grouped-GEMM ones the Triton configs of their router's
-    choices."""
-    out: dict[str, Any] = {}
-    if "gemm" in routers:
-        out["gemm"] = GemmOnline(getattr(routers["gemm"], "kernels", None))
-    if "attention" in routers:
-        choices = getattr(routers["attention"], "choices", {}) or {}
-        configs = list(dict.fromkeys(c.config for c in choices.values() if c.backend == TRITON))
-        out["attention"] = AttentionOnline(configs)
-    if "grouped_gemm" in routers:
-        choices = getattr(routers["grouped_gemm"], "choices", {}) or {}
-        configs = list(dict.fromkeys(c.config for c in choices.values() if c.config is not None))
-        out["grouped_gemm"] = GroupedGemmOnline(configs)
-    return out
+    """The adapters for the kinds installed (each kind's ``online`` part, from its router)."""
+    return {kind: make(routers[kind]) for kind, make in registry.with_part("online", among=routers).items()}
+
+
+@dataclass
+class InStepTuning:
+    """Online tuning as the runtime takes it (``runtime.OnlineTuning``): the cache's routers
+    of the kinds with an adapter (``adapters``, default: :func:`default_adapters` of the
+    routers) wrapped in ``online.OnlineRouter``; ``policy``, ``clock``: theirs (``clock``
+    None: device events, so a GPU is needed)."""
+
+    adapters: Mapping[str, Any] | None = None
+    policy: OnlinePolicy | None = None
+    clock: Clock | None = None
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.clock is None
+
+    def wrap(self, routers: Mapping[str, Any], activation: Any, cache: str | Path,
+             log: Callable[[str], None] | None) -> dict[str, Any]:
+        adapters = default_adapters(routers) if self.adapters is None else self.adapters
+        return online_routers(routers, activation, cache, adapters=adapters, policy=self.policy,
+                              clock=self.clock, log=log)

@@ -41,7 +41,7 @@ def gather_problems(
     specs: Sequence[str] = (),
     dtype: str = "bf16",
 ) -> list[Problem]:
-    """The unique problems of one kind ("gemm", "attention" or "grouped_gemm"): those of the
+    """The unique problems of one kind (a name of ``primus_perf.kinds``): those of the
     traces (most expensive first), then of the problems files, then the attention specs
     (``parse_attention_spec``, in ``dtype``). UserError when there is none."""
     wanted = KINDS[kind].problem_type

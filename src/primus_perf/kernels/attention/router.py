@@ -4,7 +4,7 @@ A cached choice is ``AttentionChoice(backend, config)``: ``backend`` is ``"trito
 kernel with ``config``), one SDPA backend (``"sdpa:cudnn"``, ``"sdpa:flash"``, ...) or
 ``"sdpa:default"`` when torch's own choice measured fastest (names: ``backends``). The
 router returns None for problems it has no choice for (and for ``sdpa:default``), and the
-dispatch then runs torch's default SDPA. ``summary()``: ``routing.Router``.
+routing point then runs torch's default SDPA. ``summary()``: ``routing.Router``.
 """
 
 from __future__ import annotations

@@ -21,14 +21,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from primus_perf import kinds
 from primus_perf.devices import DevicePeaks
 from primus_perf.tracelens.roofline import explain_over, roofline
 
-COLUMNS = ["key", "label", "direction", "calls", "time_s", "flops", "bytes", "intensity", "tflops", "tb_s",
-           "pct_roofline", "roofline_note", "share_of_kind", "dtype", "problem"]
-GEMM_COLUMNS = [*COLUMNS[:2], "m", "n", "k", *COLUMNS[2:]]
-GROUPED_COLUMNS = [*COLUMNS[:2], "groups", "k", "n", "tokens", "skew", "skew_known", *COLUMNS[2:]]
-KIND_COLUMNS = {"gemm": GEMM_COLUMNS, "grouped_gemm": GROUPED_COLUMNS, "attention": COLUMNS}
+# the table's columns per kind (the registry's: key, label, the problem's shape, the rest)
+KIND_COLUMNS = {kind.name: kind.columns for kind in kinds.all_kinds()}
 
 
 def gemm_directions(gemm_calls: pd.DataFrame) -> pd.Series:
@@ -71,15 +69,16 @@ def _with_layout(label: str, p: object, _key: str) -> str:
 
 def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int,
                   device_time: bool = True) -> pd.DataFrame:
-    """``kind`` is "gemm", "grouped_gemm" or "attention"; GEMM rows say their pass.
+    """The table of one kind (a name of ``kinds``); GEMM rows say their pass.
     ``device_time``: the calls' times are their kernels' GPU time; False (a trace without
     GPU events: the ops' CPU times) leaves TFLOP/s, TB/s and % of roofline unknown (NaN),
     since a CPU op's duration says nothing about what the device reached."""
-    cols = KIND_COLUMNS[kind]
+    spec = kinds.get(kind)
+    cols = spec.columns
     sub = calls[(calls["kind"] == kind) & calls["problem"].notna()]
     if sub.empty:
         return pd.DataFrame(columns=cols)
-    if kind == "gemm":
+    if kind == kinds.GEMM.name:
         sub = sub.assign(direction=gemm_directions(sub))
     g = sub.groupby(["key", "direction"], sort=False).agg(
         problem=("problem", "first"), n=("row", "size"), time_us=("time_us", "sum"),
@@ -104,14 +103,10 @@ def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per
     tot = time_s.sum()
     g["share_of_kind"] = time_s / tot if tot > 0 else np.nan
     g["label"] = _labels(list(g["problem"]), list(g["key"]))
-    if kind == "gemm":
-        g["m"] = [p.m for p in g["problem"]]
-    if kind in ("gemm", "grouped_gemm"):
-        g["n"] = [p.n for p in g["problem"]]
-        g["k"] = [p.k for p in g["problem"]]
-    if kind == "grouped_gemm":
-        for field in ("groups", "tokens", "skew"):
+    for field in spec.shape_columns:
+        if field != "skew_known":
             g[field] = [getattr(p, field) for p in g["problem"]]
+    if "skew_known" in spec.shape_columns:
         g["skew_known"] = g["assumed"] == ""
         g["label"] = [f"{label} ({assumed})" if assumed else label for label, assumed in zip(g["label"], g["assumed"])]
     return g.sort_values("time_s", ascending=False, ignore_index=True)[cols]

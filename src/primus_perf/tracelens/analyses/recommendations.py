@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from primus_perf import kinds
 from primus_perf.devices import DevicePeaks, lookup_peaks
 from primus_perf.problems import GemmProblem
 from primus_perf.tracelens.analyses.fusion import ATTAINABLE_BW, MEMORY_BOUND, fusion_estimate
@@ -48,15 +49,15 @@ from primus_perf.tracelens.analyses.hotspots import in_steps
 from primus_perf.tracelens.analyses.tune_next import tune_next
 from primus_perf.tracelens.categories import OPTIMIZER
 
-if TYPE_CHECKING:
-    from primus_perf.tracelens.analyze import Analysis
+# ``tracelens.analyze.Analysis``, which imports this module: no import back
+Analysis = Any
 
 COLUMNS = ["category", "evidence", "action", "command", "estimated_saving_ms", "method", "changes_numerics"]
 MIN_SAVING_MS = 0.01  # below this a recommendation is noise
 # fraction of the datasheet peak the best available kernels reach (H100: the best cuBLASLt
 # candidate for dense bf16 GEMMs runs at ~0.75-0.82 of it; cuDNN attention, the fastest
 # backend measured, 0.56 forward and 0.50 backward; grouped GEMMs between)
-ATTAINABLE = {"gemm": 0.8, "grouped_gemm": 0.7, "attention": 0.55}
+ATTAINABLE = {kinds.GEMM.name: 0.8, kinds.GROUPED.name: 0.7, kinds.ATTENTION.name: 0.55}
 FOREACH_TO_FUSED = 1.5
 # torchao float8 (tensorwise) under torch.compile on an H100, Llama 8B dims, 4 layers, seq
 # 4096, micro-batch 2: 146.0 -> 126.1 ms per step with ~88 ms of bf16 GEMMs: the GEMMs
@@ -64,7 +65,6 @@ FOREACH_TO_FUSED = 1.5
 FP8_GEMM_SPEEDUP = 1.29
 FP8_MIN_DIM = 1024
 _FP8_DTYPES = ("bf16", "f16")
-_TUNE_LABEL = {"gemm": "GEMM", "grouped_gemm": "grouped GEMM", "attention": "attention"}
 
 
 def trainer_config(manifest: dict[str, Any]) -> dict[str, Any] | None:
@@ -262,18 +262,18 @@ def _communication(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, An
         return []
     cb = a.collective_bandwidth
     top = ""
-    kinds: set[str] = set()
+    collectives: set[str] = set()
     if len(cb):
         by = cb.groupby("collective")["time_s"].sum().sort_values(ascending=False)
-        kinds = set(by.index[:3])
+        collectives = set(by.index[:3])
         top = "; ".join(f"{c} {t * 1e3:.1f} ms" for c, t in by.head(3).items())
     evidence = (f"{exposed * 1e3:.1f} ms per step of communication is not overlapped by compute "
                 f"({exposed / float(a.temporal['span_s'].mean()):.0%} of the step)" + (f"; by collective: {top}" if top else ""))
     actions = []
-    if kinds & {"all_to_all", "all_to_allv"}:
+    if collectives & {"all_to_all", "all_to_allv"}:
         actions.append("keep expert-parallel groups inside a node (NVLink/xGMI) and overlap dispatch/combine with "
                        "the shared expert or the next micro-batch")
-    if kinds & {"all_reduce", "reduce_scatter", "all_gather"}:
+    if collectives & {"all_reduce", "reduce_scatter", "all_gather"}:
         actions.append("overlap gradient reduction with the backward pass (DDP bucket_cap_mb, FSDP prefetch) and "
                        "keep tensor parallelism inside a node")
     if not actions:
@@ -307,7 +307,7 @@ def _tuning(a: Analysis) -> list[dict[str, Any]]:
         g = g.sort_values("saving", ascending=False)
         below = g[g["saving"] > 0]
         best = below.iloc[0]
-        label = _TUNE_LABEL.get(str(kind), str(kind))
+        label = kinds.get(str(kind)).title if str(kind) in kinds.names() else str(kind)
         evidence = (f"{len(below)} {label} problem(s) below {ATTAINABLE[str(kind)]:.0%} of the roofline take "
                     f"{below['time_s'].sum() * 1e3:.1f} ms per step; most to gain: {best['label']} at "
                     f"{best['pct_roofline']:.0%} ({best['time_s'] * 1e3:.2f} ms); one problem alone: {best['command']}")

@@ -2,13 +2,16 @@
 to each raced backend, and our Triton kernel with the tile config a search found (grid or
 optuna TPE, ``search.py``); every candidate is validated (forward and gradients) against the
 fp32 reference on a small problem of the same shape class, and timed forward and backward
-(two parts) on the real one."""
+(two parts) on the real one. The searched candidate is validated and rough-timed by its
+search, config by config (``searched_candidate``: the core takes those figures instead of
+measuring it again), and raced in the core's final pass."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +28,9 @@ from primus_perf.kernels.attention.reference import (
 from primus_perf.kernels.attention.router import AttentionChoice, library_versions
 from primus_perf.problems import AttentionProblem, torch_dtype
 from primus_perf.tuner.attention.space import STRATEGIES, SearchSpace, default_space
+
+if TYPE_CHECKING:
+    from primus_perf.tuner.attention.search import SearchResult
 from primus_perf.tuner.core import Candidate, Reps, Step
 from primus_perf.tuner.timing import Timer
 
@@ -40,12 +46,26 @@ def triton_candidate(config: AttnConfig, name: str = TRITON) -> Candidate:
     return choice_candidate(AttentionChoice(TRITON, config), name)
 
 
+def searched_candidate(found: SearchResult) -> Candidate:
+    """The search's best forward and backward configs as one candidate, with what the search
+    measured of them on this problem: the worse of their reference checks and their timed
+    calls (the core neither validates nor rough-times it again)."""
+    assert found.config is not None
+    best = {m.part: m for m in found.measurements if m.ok and m.config in (found.config.fwd, found.config.bwd)}
+    c = triton_candidate(found.config)
+    if set(best) == {"fwd", "bwd"}:
+        errors = [best[part].error for part in ("fwd", "bwd")]
+        c.error = None if any(math.isnan(e) for e in errors) else max(errors)  # NaN: not validated there
+        c.samples = {part: list(best[part].samples_s) for part in ("fwd", "bwd") if best[part].samples_s}
+    return c
+
+
 class AttentionTuner:
     """Triton tiles (``strategy``: "grid" or "tpe"; None: no Triton candidate) raced against
     torch's SDPA backends (``backends``: rows of ``kernels.attention.backends``) and any
     ``extra`` candidates; ``device``: where the inputs live ("cpu": the Triton interpreter)."""
 
-    kind = "attention"
+    kind = AttentionProblem.kind
     version = TUNER_VERSION
     problem_type = AttentionProblem
     reps = Reps(rough=5, final_min=20, final_max=50)
@@ -125,7 +145,7 @@ class AttentionSession:
             self.details["search"] = {"strategy": found.strategy, "trials": found.trials,
                                       "measured": found.measured, "fwd_ms": found.fwd_ms, "bwd_ms": found.bwd_ms}
             if found.config is not None:
-                pool.append(triton_candidate(found.config))
+                pool.append(searched_candidate(found))
         return pool + t.extra
 
     def error(self, c: Candidate) -> float:

@@ -64,6 +64,7 @@ class Measurement:
     ms: float = math.inf
     error: float = math.nan  # worst relative error vs fp32 reference
     reason: str = ""
+    samples_s: list[float] = field(default_factory=list)  # the full measurement's timed calls (seconds)
 
     @property
     def ok(self) -> bool:
@@ -153,15 +154,16 @@ class Evaluator:
         b, hq, hkv, s = validation_shape(self.problem)
         return random_qkv(b, hq, hkv, s, s, self.problem.head_dim, self.dtype, self.device, self._fresh_seed())
 
-    def _median_ms(self, fn: Callable[[], object], reps: int) -> float:
-        samples = self.timer({"config": lambda _i: fn()}, 1, reps)["config"]
-        return statistics.median(samples) * 1e3
+    def _samples(self, fn: Callable[[], object], reps: int) -> list[float]:
+        return list(self.timer({"config": lambda _i: fn()}, 1, reps)["config"])
 
-    def _timed(self, fn: Callable[[], object], best: Measurement | None) -> tuple[str, float]:
-        short = self._median_ms(fn, self.short_reps)
+    def _timed(self, fn: Callable[[], object], best: Measurement | None) -> tuple[str, float, list[float]]:
+        """Status, median ms and (for a full measurement) the timed calls in seconds."""
+        short = statistics.median(self._samples(fn, self.short_reps)) * 1e3
         if best is not None and short > self.prune_ratio * best.ms:
-            return "slow", short
-        return "ok", self._median_ms(fn, self.reps)
+            return "slow", short, []
+        samples = self._samples(fn, self.reps)
+        return "ok", statistics.median(samples) * 1e3, samples
 
     # ---- forward ----------------------------------------------------------------------
 
@@ -187,12 +189,12 @@ class Evaluator:
                 tol = tolerance(self.dtype)
                 if not (error <= tol):
                     return Measurement("fwd", cfg, "numerics", error=error, reason=f"error {error:.3g} > {tol}")
-            status, ms = self._timed(lambda: flash_fwd(self.q, self.k, self.v, causal, cfg), self.best_fwd())
+            status, ms, samples = self._timed(lambda: flash_fwd(self.q, self.k, self.v, causal, cfg), self.best_fwd())
         except Exception as exc:  # compile failures (out of resources) of one config
             return Measurement("fwd", cfg, "failed", reason=one_line(exc))
         if status == "ok" and self._good_fwd is None:
             self._good_fwd = cfg
-        return Measurement("fwd", cfg, status, ms=ms, error=error)
+        return Measurement("fwd", cfg, status, ms=ms, error=error, samples_s=samples)
 
     # ---- backward ---------------------------------------------------------------------
 
@@ -230,12 +232,12 @@ class Evaluator:
                 error = max(report.dq, report.dk, report.dv)
                 if not report.ok:
                     return Measurement("bwd", cfg, "numerics", error=error, reason=f"error {report.worst:.3g}")
-            status, ms = self._timed(
+            status, ms, samples = self._timed(
                 lambda: flash_bwd(self.do, self.q, self.k, self.v, o, lse, causal, cfg), self.best_bwd()
             )
         except Exception as exc:
             return Measurement("bwd", cfg, "failed", reason=one_line(exc))
-        return Measurement("bwd", cfg, status, ms=ms, error=error)
+        return Measurement("bwd", cfg, status, ms=ms, error=error, samples_s=samples)
 
 
 # ---- strategies -----------------------------------------------------------------------

@@ -117,7 +117,7 @@ class GemmTuner:
     ``sets``: input sets per problem (None: enough to exceed L2; online tuning, which only
     validates here, takes 1)."""
 
-    kind = "gemm"
+    kind = GemmProblem.kind
     version = TUNER_VERSION
     problem_type = GemmProblem
     reps = Reps(rough=5, final_min=10, final_max=40)

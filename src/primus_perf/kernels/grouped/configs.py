@@ -1,19 +1,17 @@
-"""Tile configurations of the Triton grouped GEMM, their validity rules and the space a tuner
-searches.
+"""Tile configurations of the Triton grouped GEMM and their validity rules.
 
-A config is data (:class:`GroupedGemmConfig`). Invalid combinations (shared-memory
-overflow, accumulators that do not fit the register file, tiles far larger than the
-problem) are pruned here, before anything is launched. Vendor differences are rows of
-tables: shared memory per architecture (:func:`primus_perf.devices.shared_memory_per_block`),
-the launch options only ROCm's Triton backend knows (``waves_per_eu``,
-``matrix_instr_nonkdim``; ``kernels.triton_launch`` passes them to the launch only on that
-vendor), and the values the search tries per vendor (:data:`STAGES`,
-:data:`VENDOR_OPTION_VALUES`).
+A config is data (:class:`GroupedGemmConfig`). :func:`config_invalid` says why a
+combination cannot (or should not) run a problem (shared-memory overflow, accumulators that
+do not fit the register file, tiles far larger than the problem), before anything is
+launched; the tuner's search space (``tuner/grouped/space.py``) prunes with it. Vendor
+differences are rows of tables: shared memory per architecture
+(:func:`primus_perf.devices.shared_memory_per_block`) and the launch options only ROCm's
+Triton backend knows (``waves_per_eu``, ``matrix_instr_nonkdim``; ``kernels.triton_launch``
+passes them to the launch only on that vendor).
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,15 +20,6 @@ from primus_perf.kernels.triton_launch import options_label
 from primus_perf.problems import DTYPE_BYTES, GroupedGemmProblem, dataclass_from_dict
 
 GROUP_ORDERS = ("natural", "largest_first")
-
-# Per vendor, the pipeline stages the search tries (ROCm's Triton pipelines differently) ...
-STAGES: dict[str, tuple[int, ...]] = {"nvidia": (3, 4), "amd": (2,), "cpu": (2,)}
-# ... and the values of the vendor's own launch options (``kernels.triton_launch``)
-VENDOR_OPTION_VALUES: dict[str, dict[str, tuple[int, ...]]] = {
-    "nvidia": {},
-    "cpu": {},
-    "amd": {"waves_per_eu": (0, 2), "matrix_instr_nonkdim": (16,)},
-}
 
 MAX_ACC_REGS = 128  # fp32 accumulator registers per thread a tile may take (of 255)
 
@@ -44,7 +33,7 @@ class GroupedGemmConfig:
 
     The default is the Hopper-sized tile (128 x 128 x 64, 8 warps, 3 stages: 96 KiB of
     shared memory, 64 accumulator registers per thread): the earlier 64 x 64 x 32 with 4
-    warps measured 63-116 TFLOP/s on the H100 cases of ``benchmarks/moe_grouped_gemm.py``,
+    warps measured 63-116 TFLOP/s on the H100 cases of the MoE grouped-GEMM benchmark,
     its tiles too small to feed the tensor cores (each token tile re-read N/64 times)."""
 
     block_m: int = 128
@@ -122,56 +111,3 @@ def config_invalid(cfg: GroupedGemmConfig, problem: GroupedGemmProblem, arch: st
     if cfg.block_m > 16 and cfg.block_m > _next_pow2(rows):
         return "block_m larger than the output rows"
     return None
-
-
-@dataclass(frozen=True)
-class SearchSpace:
-    """Values tried per parameter; the grid is their product, minus invalid points."""
-
-    axes: dict[str, tuple[Any, ...]]
-
-    def configs(self, problem: GroupedGemmProblem, arch: str) -> list[GroupedGemmConfig]:
-        names = list(self.axes)
-        out = []
-        for values in itertools.product(*(self.axes[n] for n in names)):
-            cfg = GroupedGemmConfig(**dict(zip(names, values, strict=True)))
-            if config_invalid(cfg, problem, arch) is None:
-                out.append(cfg)
-        return out
-
-
-def default_space(vendor: str) -> SearchSpace:
-    """The space searched on a GPU: Hopper/CDNA-sized tiles (64 or 128 rows, 128 or 256
-    columns, 64 deep), 4 or 8 warps, 3 or 4 stages on NVIDIA (2 on ROCm, whose Triton
-    pipelines differently), row tiles in bands of 8, largest groups first (the other order
-    only moves the small groups' tail); ROCm options on AMD. About 14 valid configs on
-    sm_90 after pruning: each compiles once per pass, so a problem's search stays within
-    a minute."""
-    return SearchSpace(
-        {
-            "block_m": (64, 128),
-            "block_n": (128, 256),
-            "block_k": (64,),
-            "num_warps": (4, 8),
-            "num_stages": STAGES[vendor],
-            "group_m": (8,),
-            "group_order": ("largest_first",),
-            **VENDOR_OPTION_VALUES[vendor],
-        }
-    )
-
-
-def tiny_space() -> SearchSpace:
-    """A small space for the CPU interpreter (tests): 16/32 tiles, row bands of 1 and 2,
-    both group orders."""
-    return SearchSpace(
-        {
-            "block_m": (16, 32),
-            "block_n": (16, 32),
-            "block_k": (16, 32),
-            "num_warps": (4,),
-            "num_stages": (1,),
-            "group_m": (1, 2),
-            "group_order": GROUP_ORDERS,
-        }
-    )

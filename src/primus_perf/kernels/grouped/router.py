@@ -2,8 +2,8 @@
 
 A cached choice is ``GroupedChoice(backend, config)``: ``backend`` is a row of
 ``backends.BACKENDS`` (``loop``, ``grouped_mm``, ``padded_bmm``, ``triton``), ``config``
-the Triton tiles when it is ``triton``. The router answers a call of the dispatch seam
-(``dispatch.run``: ``(phase, a, b, counts)``) whose problem (``dispatch.problem_of``: the
+the Triton tiles when it is ``triton``. The router answers a pass of the routing point
+(``runtime.seams.grouped_pass``: ``(phase, a, b, counts)``) whose problem (``passes.problem_of``: the
 pass, shapes, dtype and token-distribution bucket) has a choice by running that backend,
 also when it is the per-expert loop (the caller may have named another backend); for any
 other problem it answers None and the caller's backend runs. ``summary()``:
@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from primus_perf.errors import CacheError
-from primus_perf.kernels.grouped_gemm.backends import BACKENDS, Backend, triton_backend
-from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
-from primus_perf.kernels.grouped_gemm.dispatch import problem_of, run_backend
+from primus_perf.kernels.grouped.backends import BACKENDS, Backend, triton_backend
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.passes import problem_of, run_backend
 from primus_perf.kernels.routing import CachedChoice, Router, choice_solution, solution_backend
+from primus_perf.problems import GroupedGemmProblem
 
 VERSIONED_LIBRARIES = ("torch", "cuda", "hip", "triton")
 TRITON = "triton"
@@ -81,7 +82,7 @@ class GroupedGemmRouter(Router):
             try:
                 choices[entry.problem_key] = GroupedChoice.from_solution(entry.solution["config"])
             except (KeyError, TypeError, ValueError) as exc:
-                raise CacheError(f"grouped_gemm cache entry {entry.problem_key}: {exc}") from None
+                raise CacheError(f"{GroupedGemmProblem.kind} cache entry {entry.problem_key}: {exc}") from None
         return cls(choices) if choices else None
 
     def __call__(self, phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]):

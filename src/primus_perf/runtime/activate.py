@@ -2,46 +2,33 @@
 
 :func:`activate` reads the cache once, keeps the entries usable here (same hardware; the
 library versions its kind depends on), builds one router per kind from them and returns
-them in an :class:`Activation`. It installs nothing: the program does (the trainer gives
-``Activation.routers`` to ``runtime.routes.install``, as ``primus_perf.enable`` does) and calls
-:meth:`Activation.close` at the end.
+them in an :class:`Activation`. It installs nothing: :func:`~.handle.enable` does (and so
+does the closed loop's interleaved measurement, through ``routes.install``); a program
+turns tuned kernels on with ``primus_perf.enable``, of which this is the first step.
 
-Kinds are data: :data:`KINDS` maps a kind to the router factory in ``kernels`` and the
-function giving the running library versions its entries must match. A router has
-``summary()`` in the one shape of ``kernels.routing``.
+The routers are the kinds' ``router`` parts (``primus_perf.kinds``, attached by
+``kernels.routers``): :data:`KINDS` maps each kind that has one to its
+:class:`~primus_perf.kinds.RouterPart` (the router factory, the running library versions
+its entries must match, an empty router). A router has ``summary()`` in the one shape of
+``kernels.routing``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import DeviceIdentity, current_device
 from primus_perf.errors import DeviceError
-from primus_perf.kernels import gemm
-from primus_perf.kernels.attention import router as attention
-from primus_perf.kernels.grouped_gemm import router as grouped
+from primus_perf.kernels import routers as _attached  # noqa: F401 (attaches each kind's router part)
+from primus_perf.kinds import RouterPart, with_part
 
 NOT_INSTALLED = "not available in this installation"
 
-
-@dataclass(frozen=True)
-class RouterKind:
-    factory: Callable[[Iterable[CacheEntry]], Any]  # usable entries -> router | None
-    versions: Callable[[], dict[str, str]]  # running library versions an entry must match
-    empty: Callable[[], Any]  # a router with no entries (it counts the calls it leaves to torch)
-
-
-KINDS: dict[str, RouterKind] = {
-    "gemm": RouterKind(gemm.GemmRouter.from_entries, gemm.library_versions, lambda: gemm.GemmRouter([])),
-    "attention": RouterKind(attention.AttentionRouter.from_entries, attention.library_versions,
-                            lambda: attention.AttentionRouter({})),
-    "grouped_gemm": RouterKind(grouped.GroupedGemmRouter.from_entries, grouped.library_versions,
-                               lambda: grouped.GroupedGemmRouter({})),
-}
+KINDS: dict[str, RouterPart] = with_part("router")  # kind -> its router part, for every kind that has one
 
 
 @dataclass
@@ -56,6 +43,7 @@ class Activation:
     stale_count: dict[str, int] = field(default_factory=dict)  # kind -> entries not for this device/versions
     versions: dict[str, dict[str, str]] = field(default_factory=dict)  # kind -> running library versions
     unavailable: dict[str, str] = field(default_factory=dict)  # kind -> why no router here
+    keys: dict[str, set[str]] = field(default_factory=dict)  # kind -> problem keys of its usable entries
     routers: dict[str, Any] = field(default_factory=dict)
 
     def start_lines(self) -> list[str]:
@@ -84,7 +72,7 @@ class Activation:
 def activate(
     path: str | os.PathLike,
     device: DeviceIdentity | None = None,
-    kinds: Mapping[str, RouterKind] | None = None,
+    kinds: Mapping[str, RouterPart] | None = None,
     always: Iterable[str] = (),
 ) -> Activation:
     """Read the cache at ``path`` and build a router for every kind with usable entries;
@@ -112,6 +100,7 @@ def activate(
         act.versions[kind] = versions
         usable = cache.select(entries, device, versions)
         act.usable[kind] = len(usable)
+        act.keys[kind] = {e.problem_key for e in usable.values()}
         act.stale_count[kind] = len(entries) - len(usable)
         router = spec.factory(list(usable.values())) if usable else None
         if router is None and kind in always:

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from primus_perf.devices import gpu_vendor
-from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.triton_launch import launch_options
 
 INTERPRETER_PROGRAMS = 4  # grid on the CPU interpreter: every program walks several tiles

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from primus_perf.kernels.grouped_gemm.backends import (
+from primus_perf.kernels.grouped.backends import (
     Backend,
     _aligned_layout,
     _grouped_mm_wgrad,

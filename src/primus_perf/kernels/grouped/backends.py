@@ -29,13 +29,13 @@ Backends:
 ``unsupported(device, dtype, k, n)`` says why a backend cannot run such a call (None when it
 can); :func:`available` lists the backends that can.
 
-The default of an untuned grouped GEMM (the trainer's ``model.moe.grouped_gemm_backend=auto``)
+The default of an untuned grouped GEMM (the trainer's MoE backend config key set to ``auto``)
 is :func:`default_backend`: the first row of :data:`DEFAULT_RULE` for the device's vendor and
 the dtype whose minimum group count the layer reaches and whose backend can run both of
 the layer's GEMMs; the loop otherwise.
 
 The GEMMs a backend makes itself are torch's, never re-routed by an installed dense GEMM
-router: every grouped call runs inside ``dispatch.inside`` (``dispatch.in_grouped`` says why).
+router: every grouped call runs inside ``passes.inside`` (``passes.in_grouped`` says why).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from primus_perf.kernels.grouped_gemm.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 
 MmFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
 WhyNot = Callable[[torch.device, torch.dtype, int, int], "str | None"]
@@ -216,12 +216,12 @@ def triton_backend(cfg: GroupedGemmConfig | None = None) -> Backend:
     cfg = cfg or GroupedGemmConfig()
 
     def mm(x: torch.Tensor, w: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
-        from primus_perf.kernels.grouped_gemm.triton_kernels import grouped_mm
+        from primus_perf.kernels.grouped.triton_kernels import grouped_mm
 
         return grouped_mm(x, w, counts, cfg)
 
     def wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
-        from primus_perf.kernels.grouped_gemm.triton_kernels import grouped_mm_wgrad
+        from primus_perf.kernels.grouped.triton_kernels import grouped_mm_wgrad
 
         return grouped_mm_wgrad(x, dy, counts, cfg)
 

@@ -1,12 +1,11 @@
-"""``python -m primus_perf.enable [--cache PATH] [--online] [--kinds gemm,attention] -- script.py args``:
+"""``python -m primus_perf.launch [--cache PATH] [--online] [--kinds gemm,attention] -- script.py args``:
 run a Python script (or ``-m module``) with ``primus_perf.enable`` on, unmodified.
 
 The script runs as ``__main__`` (``runpy``) with ``sys.argv`` = ``[script, *args]``; the
 summary is printed to stderr at the end (rank 0). ``--cache`` defaults to the
 ``PRIMUS_PERF_CACHE`` environment variable. Under torchrun:
-``torchrun --nproc-per-node 8 -m primus_perf.enable --cache c.json -- train.py``: every rank
-reads the same cache. (The function itself is ``primus_perf.enable``; this module is only
-the launcher.)
+``torchrun --nproc-per-node 8 -m primus_perf.launch --cache c.json -- train.py``: every rank
+reads the same cache.
 """
 
 from __future__ import annotations
@@ -21,26 +20,27 @@ from primus_perf.errors import UserError
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" not in argv:
-        raise UserError("usage: python -m primus_perf.enable [--cache PATH] [--online] -- script.py args")
+        raise UserError("usage: python -m primus_perf.launch [--cache PATH] [--online] -- script.py args")
     cut = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m primus_perf.enable")
+    parser = argparse.ArgumentParser(prog="python -m primus_perf.launch")
     parser.add_argument("--cache", default=os.environ.get("PRIMUS_PERF_CACHE"),
                         help="tuning cache (default: $PRIMUS_PERF_CACHE)")
     parser.add_argument("--online", action="store_true", help="tune new problems during the first steps")
-    parser.add_argument("--kinds", default="gemm,grouped_gemm,attention", help="comma-separated kinds")
+    parser.add_argument("--kinds", default=None, help="comma-separated kinds (default: every kind enable() routes)")
     opts = parser.parse_args(argv[:cut])
     target = argv[cut + 1:]
     if not target:
-        raise UserError("python -m primus_perf.enable: name the script to run after --")
+        raise UserError("python -m primus_perf.launch: name the script to run after --")
     return opts, target
 
 
 def main(argv: list[str] | None = None) -> int:
-    from primus_perf.runtime import enable
-    from primus_perf.runtime.handle import rank0_stderr
+    from primus_perf.runtime.handle import ALL_KINDS, rank0_stderr
+    from primus_perf.tuned_kernels import enable
 
     opts, target = _parse(sys.argv[1:] if argv is None else argv)
-    handle = enable(opts.cache, online=opts.online, kinds=[k for k in opts.kinds.split(",") if k])
+    chosen = ALL_KINDS if opts.kinds is None else [k for k in opts.kinds.split(",") if k]
+    handle = enable(opts.cache, online=opts.online, kinds=chosen)
     for line in handle.start_lines():
         rank0_stderr(line)
     try:

@@ -1,8 +1,9 @@
 """The grouped-GEMM kind of the tuner core: the per-expert loop (the default), the other
-backends of ``kernels.grouped_gemm`` that can run the problem here (``torch._grouped_mm``,
+backends of ``kernels.grouped`` that can run the problem here (``torch._grouped_mm``,
 padded ``bmm``) and the Triton grouped GEMM with every config of its search space that the
-validity rules keep (``kernels.grouped_gemm.configs``: a grid, at most ``max_configs``
-of them; the core's rough pass drops the slow ones). Each pass (fwd, dgrad, wgrad) is its
+validity rules keep (``space.py``: a grid pruned by ``kernels.grouped.configs``; at
+most ``max_configs`` of them, the rest cut and reported; the core's rough pass drops the
+slow ones). Each pass (fwd, dgrad, wgrad) is its
 own problem.
 
 Operands come from the problem's token-distribution bucket
@@ -29,18 +30,14 @@ import torch
 
 from primus_perf.devices import require_gpu
 from primus_perf.errors import UserError
-from primus_perf.kernels.grouped_gemm.backends import BACKENDS
-from primus_perf.kernels.grouped_gemm.configs import (
-    GroupedGemmConfig,
-    SearchSpace,
-    config_invalid,
-    default_space,
-)
-from primus_perf.kernels.grouped_gemm.dispatch import run_backend
-from primus_perf.kernels.grouped_gemm.router import TRITON, GroupedChoice, library_versions
+from primus_perf.kernels.grouped.backends import BACKENDS
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.passes import run_backend
+from primus_perf.kernels.grouped.router import TRITON, GroupedChoice, library_versions
 from primus_perf.problems import DTYPE_BYTES, GroupedGemmProblem, torch_dtype
 from primus_perf.tuner import timing
 from primus_perf.tuner.core import Candidate, Reps, Step
+from primus_perf.tuner.grouped.space import SearchSpace, default_space, prune
 from primus_perf.tuner.timing import Timer
 
 TUNER_VERSION = "grouped-gemm-1"
@@ -70,12 +67,12 @@ def validation_counts(counts: Sequence[int]) -> list[int]:
 
 
 class GroupedGemmTuner:
-    """Backends (``backends``: rows of ``kernels.grouped_gemm.BACKENDS`` raced beside the
+    """Backends (``backends``: rows of ``kernels.grouped.BACKENDS`` raced beside the
     loop) and Triton configs (``configs`` if given, else ``space`` or the vendor's default
     space; ``triton=False``: none) raced against the per-expert loop, plus any ``extra``
     candidates; ``device``: where the operands live ("cpu": the Triton interpreter)."""
 
-    kind = "grouped_gemm"
+    kind = GroupedGemmProblem.kind
     version = TUNER_VERSION
     problem_type = GroupedGemmProblem
     reps = Reps(rough=5, final_min=10, final_max=40)
@@ -118,11 +115,11 @@ class GroupedGemmTuner:
             raise UserError(f"{problem}: grouped GEMM tuning has no reference tolerance for {problem.dtype}")
 
     def open(self, problem: GroupedGemmProblem, timer: Timer, step: Step) -> GroupedGemmSession:
-        return GroupedGemmSession(self, problem)
+        return GroupedGemmSession(self, problem, step)
 
 
 def _pass_operands(p: GroupedGemmProblem, dtype: torch.dtype, device: str, g: torch.Generator):
-    """``(a, b)`` of one call of the pass (the dispatch seam's operands)."""
+    """``(a, b)`` of one call of the pass (the routing point's operands)."""
     T, K, N, G = p.tokens, p.k, p.n, p.groups
 
     def randn(*shape: int) -> torch.Tensor:
@@ -137,7 +134,8 @@ def _pass_operands(p: GroupedGemmProblem, dtype: torch.dtype, device: str, g: to
 
 
 class GroupedGemmSession:
-    def __init__(self, tuner: GroupedGemmTuner, problem: GroupedGemmProblem) -> None:
+    def __init__(self, tuner: GroupedGemmTuner, problem: GroupedGemmProblem, step: Step | None = None) -> None:
+        self.step = step or (lambda _label: None)
         if tuner.device == "cpu":
             self.arch, self.vendor = "cpu", "cpu"
         else:
@@ -162,18 +160,13 @@ class GroupedGemmSession:
         if not t.triton or BACKENDS[TRITON].unsupported(self.device, self.dtype, self.problem.k, self.problem.n):
             return []
         if t.configs is not None:
-            pruned = {}
-            kept = []
-            for cfg in t.configs:
-                why = config_invalid(cfg, self.problem, self.arch)
-                if why is None:
-                    kept.append(cfg)
-                else:
-                    pruned[cfg.label()] = why
-            self.details["pruned"] = pruned
+            kept, self.details["pruned"] = prune(t.configs, self.problem, self.arch)
         else:
             kept = (t.space or default_space(self.vendor)).configs(self.problem, self.arch)
         self.details["triton_configs"] = min(len(kept), t.max_configs)
+        if len(kept) > t.max_configs:  # reported, not silent: the result's details and a progress line
+            self.details["triton_configs_cut"] = len(kept) - t.max_configs
+            self.step(f"{len(kept)} valid Triton configs: racing the first {t.max_configs} (max_configs)")
         return kept[: t.max_configs]
 
     def candidates(self) -> list[Candidate]:
@@ -197,7 +190,7 @@ class GroupedGemmSession:
 
     def calls(self, c: Candidate) -> dict[str, Any]:
         phase, sets, counts, backend = self.problem.phase, self.sets, self.counts, c.run
-        return {"grouped_gemm": lambda i: run_backend(backend, phase, sets[i][0], sets[i][1], counts)}
+        return {self.problem.kind: lambda i: run_backend(backend, phase, sets[i][0], sets[i][1], counts)}
 
     def close(self) -> None:
         self.sets.clear()

@@ -1,0 +1,73 @@
+"""The three passes of a grouped GEMM (MoE expert layers) on the kernel side: the problem of
+a pass's operands (:func:`problem_of`) and one pass on a backend (:func:`run_backend`).
+
+A pass is ``(phase, a, b, counts)``: fwd ``x[T, K]``, ``w[G, K, N]``; dgrad ``dy[T, N]``,
+``w.transpose(1, 2)``; wgrad ``x[T, K]``, ``dy[T, N]``; ``counts``: the host token counts
+per group (see :class:`~primus_perf.problems.GroupedGemmProblem`). Where a program's grouped
+GEMMs are routed is the runtime's business (``runtime.seams.grouped_mm``); the re-entrancy
+guard every routed grouped GEMM runs inside (:data:`inside`, :func:`in_grouped`) lives here,
+below both the runtime and the kernels that read it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from primus_perf.kernels.grouped.backends import Backend
+from primus_perf.problems import GROUPED_PASSES, GroupedGemmProblem, dtype_name, grouped_mm_call
+
+DEFAULT_BACKEND = "loop"
+
+_local = threading.local()  # .depth: > 0 while a grouped GEMM runs on this thread
+
+
+class _Inside:
+    """While entered, this thread runs a grouped GEMM (:func:`in_grouped`)."""
+
+    def __enter__(self) -> None:
+        _local.depth = getattr(_local, "depth", 0) + 1
+
+    def __exit__(self, *exc: object) -> None:
+        _local.depth -= 1
+
+
+inside = _Inside()
+
+
+def in_grouped() -> bool:
+    """True while a grouped GEMM runs (the grouped routing point ``runtime.seams.grouped_pass``,
+    or an ``aten::_grouped_mm`` call routed by ``enable()``): the GEMMs its router or backend
+    calls, ``torch.mm``, ``torch.bmm`` and ``torch._grouped_mm`` alike, are torch's and are
+    not routed again. The grouped problem is what was tuned, timed with those GEMMs as torch
+    runs them; its pieces (per-expert slices, a zero-padded batch) change shape with every
+    step's token split and are no problem the GEMM router was tuned for."""
+    return getattr(_local, "depth", 0) > 0
+
+
+def run_backend(
+    backend: Backend, phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]
+) -> torch.Tensor:
+    """One pass of :func:`run` on ``backend`` (``wgrad`` or the product of the others)."""
+    return backend.wgrad(a, b, counts) if phase == "wgrad" else backend.mm(a, b, counts)
+
+
+def problem_of(
+    phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]
+) -> GroupedGemmProblem:
+    """The problem of a pass, read as the ``aten::_grouped_mm`` call of that pass would be
+    (``problems.grouped_mm_call``: the routing point, the dispatcher override and the trace
+    analyzer share one reading). ``k``, ``n`` and ``trans_w`` describe the forward weight
+    (``trans_w``: stored ``[G, N, K]`` and used transposed); a wgrad problem has
+    ``trans_w=False``: it produces ``dW[G, K, N]`` whatever the weight's storage."""
+    if phase not in GROUPED_PASSES:
+        raise ValueError(f"unknown grouped GEMM pass {phase!r}")
+    a_shape, a_strides = tuple(a.shape), a.stride()
+    if phase == "wgrad":  # the aten call's a is x^T
+        a_shape, a_strides = a_shape[::-1], a_strides[::-1]
+    call = grouped_mm_call(a_shape, a_strides, b.shape, b.stride(), len(counts), phase == "dgrad")
+    if call is None or call.phase != phase:
+        raise ValueError(f"grouped GEMM {phase}: operands {tuple(a.shape)} and {tuple(b.shape)} do not fit")
+    return call.problem(dtype_name(a.dtype), list(counts))

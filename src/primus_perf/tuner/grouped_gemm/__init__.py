@@ -1,2 +1,0 @@
-"""The grouped-GEMM kind of the tuner (``plugin``): the backends of
-``kernels.grouped_gemm`` and the Triton grouped GEMM's configs, raced per pass."""
