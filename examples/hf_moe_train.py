@@ -8,13 +8,13 @@ select the others. Small on the CPU by default; ``--preset h100`` gives GPU size
 
     python examples/hf_moe_train.py --steps 5
     python examples/hf_moe_train.py --preset h100 --steps 30 --profile traces/qwen
-    python -m primus_perf.enable --cache tuning_cache.json -- examples/hf_moe_train.py --preset h100
+    python -m primus_perf.launch --cache tuning_cache.json -- examples/hf_moe_train.py --preset h100
 
 Each step prints its time and loss; the last line is JSON (``step_ms``, ``losses``, the
 model and its sizes). ``--profile DIR`` records steps 2 and 3 with torch.profiler
 (``record_shapes``) into ``DIR/hf_moe_trace.json``: ``primus-profile analyze`` lists its
 grouped GEMM problems and ``primus-tune grouped-gemm --trace DIR`` tunes them. Taken
-under ``python -m primus_perf.enable`` (any cache, even an empty file) the trace names
+under ``python -m primus_perf.launch`` (any cache, even an empty file) the trace names
 each grouped call's exact token split, which the tuner needs to tune the problems the
 run will route; a plain trace records shapes only (an even split is assumed).
 
