@@ -24,8 +24,10 @@ the queue filled.
     the bound of what launching faster could give (CUDA graphs, fewer and larger kernels);
     syncs still drain the queue, and the host's latency after each and its time from there
     to its next launch (the work on what it read) stay;
-  - ``double_gpu_s``: with every GPU event twice as long, the host unchanged: a micro-batch
-    twice as large (GPU time linear in the tokens, the host's work per step the same).
+  - ``double_gpu_s``: with every GPU event of the forward and backward passes twice as
+    long, the optimizer step's as recorded and the host unchanged: a micro-batch twice as
+    large (the passes' GPU time linear in the tokens; the optimizer's work is per parameter
+    and the host's per step, the same at any micro-batch).
 
   When the run's manifest records the unprofiled step time (``overhead``), the host's
   time is first scaled so the recorded replay lasts that long (or as near as a faster host
@@ -170,6 +172,7 @@ class _Step:
     lat: np.ndarray  # per GPU event (indexed like lk.gpu): its launch-to-start delay, when its launch released it
     after: np.ndarray  # per GPU event: its delay after its stream's previous event, when that released it
     dur: np.ndarray  # per GPU event
+    per_step: np.ndarray  # per GPU event: bool, its work is per step (the optimizer's), not per token
     stream: np.ndarray  # per GPU event
     prior_end: dict[int, float]  # per stream: end of the last event before the step's first
     t0: float
@@ -212,12 +215,12 @@ def _prepare(rt: L.RawTrace, lk: Linked, events: np.ndarray, syncs: np.ndarray, 
         first.setdefault(int(rt.stream[lk.gpu[e]]), e)
     prior = {s: float(p_end[e]) for s, e in first.items()}
     return _Step(gap, adv, is_sync, waited, wait_end, ret, [np.asarray(v, dtype=np.int64) for v in per_item], lat, after,
-                 rt.dur[lk.gpu], rt.stream[lk.gpu].astype(np.int64), prior, t0)
+                 rt.dur[lk.gpu], lk.in_optimizer.astype(bool), rt.stream[lk.gpu].astype(np.int64), prior, t0)
 
 
 def _replay(s: _Step, host: float = 1.0, syncs: bool = True, launches: bool = True, gpu: float = 1.0) -> float:
     """The end of the step's last GPU event when replayed: host time scaled by
-    ``host``, GPU events' durations by ``gpu``; ``syncs``: whether the synchronizing calls
+    ``host``, the per-token GPU events' durations by ``gpu`` (the optimizer's as recorded); ``syncs``: whether the synchronizing calls
     wait; ``launches``: whether the host's time between and in launches counts."""
     clock = s.t0
     stream_end = dict(s.prior_end)
@@ -234,7 +237,7 @@ def _replay(s: _Step, host: float = 1.0, syncs: bool = True, launches: bool = Tr
         for e in s.events[k].tolist():
             st = int(s.stream[e])
             begin = max(at + s.lat[e], stream_end.get(st, -np.inf) + s.after[e])
-            stream_end[st] = begin + s.dur[e] * gpu
+            stream_end[st] = begin + s.dur[e] * (1.0 if s.per_step[e] else gpu)
             ended[e] = stream_end[st]
             last = max(last, stream_end[st])
         synced = is_sync and syncs and bool(np.isfinite(s.wait_end[k]))
