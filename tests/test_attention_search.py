@@ -44,10 +44,11 @@ def test_grid_measures_every_config_and_picks_the_fastest() -> None:
     assert res.trials == 16  # pairs covered
     assert all(m.status in ("ok", "slow") for m in res.measurements)
     assert all(m.error < 5e-3 for m in res.measurements)  # every config validated vs fp32
+    # the fastest measured of each part is chosen (which one is fastest is the interpreter's
+    # timing on a loaded 2-core machine: (64, 64) and (64, 16) forward tiles swap there)
     best_f = min((m for m in res.measurements if m.part == "fwd" and m.ok), key=lambda m: m.ms)
-    assert res.config is not None and res.config.fwd == best_f.config
-    assert res.config.fwd == FwdConfig(64, 64, 4, 1)
-    assert (res.config.bwd.block_n1, res.config.bwd.block_m2) == (64, 64)
+    best_b = min((m for m in res.measurements if m.part == "bwd" and m.ok), key=lambda m: m.ms)
+    assert res.config is not None and res.config.fwd == best_f.config and res.config.bwd == best_b.config
 
 
 def test_tpe_finds_the_grid_best_and_resumes_from_sqlite(tmp_path) -> None:
