@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from primus_perf.problems.base import ProblemType
+from primus_perf.problems.base import ProblemType, dataclass_from_dict
 from primus_perf.problems.dtypes import DTYPE_BYTES, canonical_dtype
 
 
@@ -57,11 +57,7 @@ class AttentionProblem(ProblemType, kind="attention"):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttentionProblem:
-        names = {f.name for f in fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"unknown AttentionProblem field(s): {sorted(unknown)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data)
 
     # ---- performance model ----------------------------------------------------------------
 

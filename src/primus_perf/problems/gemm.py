@@ -23,10 +23,10 @@ mapping; ``row_major_shapes`` inverts it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from primus_perf.problems.base import ProblemType
+from primus_perf.problems.base import ProblemType, dataclass_from_dict
 from primus_perf.problems.dtypes import DTYPE_BYTES, canonical_dtype, default_compute
 
 
@@ -240,11 +240,7 @@ class GemmProblem(ProblemType, kind="gemm"):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GemmProblem:
-        names = {f.name for f in fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"unknown GemmProblem field(s): {sorted(unknown)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data)
 
     # ---- performance model ----------------------------------------------------------------
 
