@@ -173,13 +173,58 @@ def moe_grouped(args: argparse.Namespace, say: Any) -> dict[str, Any]:
                     losses[side].append(r.loss)
             say(f"  moe block {b + 1}/{args.blocks}: " + ", ".join(
                 f"{s} {statistics.median(t[-args.block_steps:]) * 1e3:.1f} ms" for s, t in times.items()))
+        kernels = {}
+        for side in times:  # where each side's GPU time goes: the measured reason for the ratio
+            for m in moes:
+                m.backend = side
+            trainer.train_step()
+            kernels[side] = kernel_breakdown(trainer, steps=2)
+            say(f"  moe {side} kernels per step: " + ", ".join(
+                f"{c} {ms:.1f} ms" for c, ms in kernels[side]["by_category_ms"].items()))
     finally:
         trainer.close()
     g, f = statistics.median(times["grouped_mm"]), statistics.median(times["fp8_rowwise"])
     say(f"moe: fp8_rowwise {g / f:.3f}x of grouped_mm ({f * 1e3:.1f} vs {g * 1e3:.1f} ms/step)")
+    delta = {c: kernels["fp8_rowwise"]["by_category_ms"].get(c, 0.0) - kernels["grouped_mm"]["by_category_ms"].get(c, 0.0)
+             for c in CATEGORIES}
+    say("moe: fp8_rowwise minus grouped_mm, GPU ms per step: " + ", ".join(f"{c} {d:+.1f}" for c, d in delta.items()))
     return {"preset": preset, "overrides": overrides, "step_ms": {k: _stats(v) for k, v in times.items()},
-            "speedup_fp8_vs_grouped_mm": g / f, "losses": losses,
+            "speedup_fp8_vs_grouped_mm": g / f, "losses": losses, "kernels": kernels,
+            "fp8_minus_bf16_ms_per_step": delta,
             "note": "dense layers bf16; blocks alternate, so each side's losses are of different steps"}
+
+
+# kernel name -> category, first match wins (the FP8 grouped path's cost centres)
+CATEGORIES = {
+    "GEMM": r"gemm|cutlass|xmma|nvjet|cublas",
+    "fp8 quantize": r"fp8|float8|quant|amax|scale|e4m3|to_mx|clamp|reciprocal",
+    "copy/index/pad": r"index|scatter|gather|copy|cat|pad|fill|zero",
+    "other": r".",
+}
+
+
+def kernel_breakdown(trainer: Any, *, steps: int) -> dict[str, Any]:
+    """GPU kernel time per step of ``steps`` profiled steps: by category (``CATEGORIES``)
+    and the 12 largest kernels."""
+    import re
+
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            trainer.train_step()
+    per_kernel: dict[str, float] = {}
+    for e in prof.key_averages():
+        ms = getattr(e, "self_device_time_total", 0.0) / 1e3 / steps
+        if ms > 0:
+            per_kernel[e.key] = per_kernel.get(e.key, 0.0) + ms
+    by_cat = {c: 0.0 for c in CATEGORIES}
+    for name, ms in per_kernel.items():
+        cat = next(c for c, rx in CATEGORIES.items() if re.search(rx, name, re.IGNORECASE))
+        by_cat[cat] += ms
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]
+    return {"steps": steps, "by_category_ms": by_cat, "total_ms": sum(per_kernel.values()),
+            "top_kernels_ms": [{"name": n[:160], "ms": ms} for n, ms in top]}
 
 
 def main(argv: list[str] | None = None) -> int:
