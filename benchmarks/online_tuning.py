@@ -61,10 +61,10 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", default=["model.n_layers=4", "train.seq_len=4096", "train.micro_batch=1"])
     args = ap.parse_args()
 
+    from primus_perf import kinds
     from primus_perf.cache.store import TuningCache
     from primus_perf.closed_loop import measure_speedup
     from primus_perf.devices import current_device, library_versions
-    from primus_perf.problems import GemmProblem
     from primus_perf.tuner.kinds import tune
 
     work = Path(tempfile.mkdtemp(prefix="online_tuning."))
@@ -75,7 +75,9 @@ def main() -> None:
                                             "median_after_s")}), flush=True)
     restart = _run(args.config, tuned, max(6, args.steps // 4))
     print(json.dumps({"restart_tuning_calls": restart["tuning_calls"]}), flush=True)
-    problems = [GemmProblem.from_dict(e.problem) for e in TuningCache(online_cache).entries() if e.kind == "gemm"]
+    # every kind the online run tuned (the GEMMs, and an MoE model's grouped GEMMs), offline
+    problems = [kinds.get(e.kind).problem_type.from_dict(e.problem) for e in TuningCache(online_cache).entries()
+                if e.kind in (kinds.GEMM.name, kinds.GROUPED.name)]
     run = tune(problems, cache=offline_cache, budget_s=args.budget_s)
     vs_online = measure_speedup(args.config, args.overrides, online_cache, blocks=args.blocks)
     vs_offline = measure_speedup(args.config, args.overrides, offline_cache, blocks=args.blocks)
