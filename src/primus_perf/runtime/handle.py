@@ -99,6 +99,9 @@ class Handle:
             for extra in ("tuning", "online"):
                 if extra in s:
                     row[extra] = s[extra]
+            if "offs_reads" in s:  # grouped GEMMs: calls that read their offs on the host (a device sync)
+                row["offs_reads"] = sum(s["offs_reads"].values())
+                row["problems"]["offs_reads"] = s["offs_reads"]
             out[kind] = row
         return out
 
@@ -122,6 +125,8 @@ class Handle:
                     f" back to torch; entries: {row['entries']}, {row['stale']} stale, {row['unusable']} unusable")
             if "tuning" in row:
                 line += f"; {sum(row['tuning'].values())} calls spent tuning"
+            if row.get("offs_reads"):
+                line += f"; {row['offs_reads']} calls read their offs on the host (a device sync each)"
             if row["failed"]:
                 line += f"; {len(row['failed'])} tuned kernels failed"
             lines.append(line)
