@@ -530,6 +530,10 @@ def test_hf_moe_e2e_benchmark_smoke(tmp_path: Path) -> None:
     assert row["problems"] > 0 and set(row["chosen"]) and row["tuned_calls"]["routed"] > 0
     # one block of 1 + 1 steps a side after the warm-up step: 12 grouped calls a step
     assert row["tuned_calls"]["routed"] + row["tuned_calls"]["fallback"] == 12 * 3
+    # no choice: nothing read on the host; the padded bmm choice reads each layer's offs once a step
+    none, tuned = row["calls"]["enable_no_choice"], row["calls"]["tuned"]
+    assert (none["routed"], none["fallback"], none["offs_reads"]) == (0, 12 * 3, 0)
+    assert 0 < tuned["offs_reads"] <= 2 * 3 and set(row["vs_grouped_mm"]) == {"enable_no_choice", "tuned"}
 
 
 # ---- CUDA ---------------------------------------------------------------------------------------
