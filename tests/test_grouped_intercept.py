@@ -311,6 +311,28 @@ def test_a_shape_whose_entries_differ_by_skew_reads_the_counts(host_reads: list[
     assert row["problems"]["routed"] == {even.key(): 2} and row["offs_reads"] == 0 and host_reads == []
 
 
+def test_a_mixed_shape_call_whose_counts_have_not_landed_runs_its_sites_last_choice(
+        host_reads: list[str], monkeypatch, tmp_path: Path) -> None:
+    """On a GPU the counts of a forward's offs are not on the host yet (the non-blocking copy
+    is under way): the call runs the choice its site (shape and weight) ran last, with no
+    wait; only the site's first call waits for its counts."""
+    from primus_perf.kernels.grouped.offsets import Offsets
+
+    torch.manual_seed(8)
+    x, w = torch.randn(32, 32), torch.randn(4, 32, 16)
+    skewed, balanced = torch.tensor([26, 28, 30, 32], dtype=torch.int32), torch.tensor([8, 16, 24, 32], dtype=torch.int32)
+    even = GroupedGemmProblem.from_counts([8, 8, 8, 8], 32, 16, dtype="f32")
+    lopsided = GroupedGemmProblem.from_counts([26, 2, 2, 2], 32, 16, dtype="f32")
+    TuningCache(tmp_path / "mixed.json").put_many([entry(even, "triton"), entry(lopsided, "grouped_mm")])
+    monkeypatch.setattr(Offsets, "peek", lambda self: None)  # no copy has landed
+    with primus_perf.enable(tmp_path / "mixed.json", kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        torch._grouped_mm(x, w, offs=skewed)  # the site's first call: waits for its counts
+        out = torch._grouped_mm(x, w, offs=balanced)  # the site's last choice, no wait
+        row = tuned.summary()["grouped_gemm"]
+    torch.testing.assert_close(out, torch._grouped_mm(x, w, offs=balanced))
+    assert row["problems"]["routed"] == {lopsided.key(): 2} and row["offs_reads"] == 1 and len(host_reads) == 1
+
+
 def test_a_routed_grouped_calls_own_gemms_are_not_routed_again(tmp_path: Path) -> None:
     """padded_bmm's torch.bmm (and the loop's torch.mm) are torch's: the grouped choice was
     tuned on them, and a padded batch is no problem the dense router was tuned for."""
@@ -582,17 +604,78 @@ def test_cuda_layouts_route_and_fall_back(layout: str, backend: str, tmp_path: P
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["none", "grouped_mm", "triton", "mixed"])
+def test_cuda_moe_steps_do_not_wait_for_offs(backend: str, tmp_path: Path) -> None:
+    """CUDA's sync debug mode raises at any call that waits for the device: a MoE step under
+    enable() makes none with no choice, with a choice that takes offs on the device, and
+    (after the first step) with shapes whose entries differ by skew."""
+    torch.manual_seed(0)
+    model = MoE(dim=256, hidden=512, experts=8).to("cuda", torch.bfloat16)
+    x = torch.randn(4, 128, 256, dtype=torch.bfloat16, device="cuda")
+    cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])
+    with (primus_perf.enable(cache, kinds=("grouped_gemm",), log=None),
+          torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof):
+        _cuda_step(model, x)
+    # each call's exact problem, as a trace taken under enable() names it
+    problems = [GroupedGemmProblem.from_key(k) for k in
+                {e.name.split()[1] for e in prof.events() if e.name.startswith(GROUPED_TRACE_OP)}]
+    if backend == "grouped_mm" or backend == "triton":
+        cache = write_cache(tmp_path / "tuned.json", problems, backend)
+    elif backend == "mixed":  # each shape: triton for the calls' skew, grouped_mm for another
+        other = [GroupedGemmProblem(**{**p.to_dict(), "skew": 8.0 if p.skew != 8.0 else 6.0}) for p in problems]
+        TuningCache(tmp_path / "mixed.json").put_many([entry(p, "triton") for p in problems]
+                                                      + [entry(p, "grouped_mm") for p in other])
+        cache = tmp_path / "mixed.json"
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
+        ref = _cuda_step(model, x)  # a mixed shape's first call per site waits for its counts
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = _cuda_step(model, x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        row = tuned.summary()["grouped_gemm"]
+    close_bf16(out[0], ref[0])
+    if backend != "mixed":
+        assert row["offs_reads"] == 0
+    if backend != "none":
+        assert row["fallback"] == 0 and row["routed"] == 2 * CALLS_PER_STEP
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["natural", "largest_first"])
+def test_cuda_triton_offs_bf16(order: str) -> None:
+    """The Triton kernels from device offs against torch's grouped_mm, bf16 on the GPU
+    (empty groups, a sentinel tail, the nn.Linear weight storage)."""
+    from primus_perf.kernels.grouped.triton_kernels import grouped_mm_offs, grouped_mm_wgrad_offs
+
+    torch.manual_seed(9)
+    cfg = GroupedGemmConfig(block_m=64, block_n=128, block_k=64, group_order=order)
+    counts = [200, 0, 56, 312, 8, 0, 312]
+    dev, rows, K, N = "cuda", sum(counts) + 24, 256, 512
+    ends = torch.tensor(counts, device=dev).cumsum(0).to(torch.int32)
+    x, dy = torch.randn(rows, K, device=dev).bfloat16(), torch.randn(rows, N, device=dev).bfloat16()
+    w = torch.randn(len(counts), N, K, device=dev).bfloat16().transpose(1, 2)
+    for got, want in _offs_passes(x, w, dy, ends, cfg, grouped_mm_offs, grouped_mm_wgrad_offs):
+        close_bf16(got, want)
+
+
+def _cuda_step(model: torch.nn.Module, x: torch.Tensor) -> tuple:
+    xx = x.detach().requires_grad_(True)
+    model.zero_grad(set_to_none=True)
+    y = model(xx)
+    y.backward(torch.ones_like(y) * 1e-2)
+    return y.detach(), [xx.grad, *(p.grad for p in model.parameters())]
+
+
+@pytest.mark.gpu
 def test_cuda_moe_forward_and_backward_routed_and_bit_identical_without_choice(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = MoE(dim=256, hidden=512, experts=8).to("cuda", torch.bfloat16)
     x = torch.randn(4, 128, 256, dtype=torch.bfloat16, device="cuda")
 
     def cuda_step():
-        xx = x.detach().requires_grad_(True)
-        model.zero_grad(set_to_none=True)
-        y = model(xx)
-        y.backward(torch.ones_like(y) * 1e-2)
-        return y.detach(), [xx.grad, *(p.grad for p in model.parameters())]
+        return _cuda_step(model, x)
 
     ref = cuda_step()
     cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])

@@ -8,7 +8,10 @@ launches for the rest of the step. The kernels that need only the boundaries on 
 counts are read only for what cannot do without them (the per-expert loop and padded bmm
 size their work from them, a choice that depends on the token skew, the profiler's
 annotation). A tensor's host counts are read once per tensor and version: the forward,
-input- and weight-gradient calls of one layer share one ``offs``.
+input- and weight-gradient calls of one layer share one ``offs``. :meth:`Offsets.peek`
+reads them without waiting: it starts a non-blocking copy into pinned memory and gives the
+counts once that copy has landed (a layer's backward finds the copy its forward started
+done).
 """
 
 from __future__ import annotations
@@ -36,9 +39,21 @@ def derived(t: torch.Tensor, tag: str, make: Callable[[torch.Tensor], Any]) -> A
     return value
 
 
+def _counts_of(host: list[int]) -> list[int]:
+    return [int(e) - int(s) for s, e in zip([0, *host[:-1]], host)]
+
+
 def _host_counts(ends: torch.Tensor) -> list[int]:
-    host = [int(e) for e in ends.tolist()]  # the one device sync
-    return [e - s for s, e in zip([0, *host[:-1]], host)]
+    return _counts_of(ends.tolist())  # the one device sync
+
+
+def _start_copy(ends: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """A non-blocking copy of ``ends`` into pinned host memory, and the event it lands by."""
+    host = torch.empty(ends.shape, dtype=ends.dtype, pin_memory=True)
+    host.copy_(ends, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
 
 
 class Offsets:
@@ -71,15 +86,30 @@ class Offsets:
         return hit is not None and hit[0]() is self.ends and hit[1] == self.ends._version
 
     def counts(self) -> list[int]:
-        """Tokens per group on the host; ValueError when ``ends`` decrease or pass ``rows``."""
+        """Tokens per group on the host (waiting for the device where no earlier read or copy
+        has them); ValueError when ``ends`` decrease or pass ``rows``."""
         if self._counts is None:
             if not self.known:
                 self.read = True
-            counts = derived(self.ends, "counts", _host_counts)
-            if any(c < 0 for c in counts) or sum(counts) > self.rows:
-                raise ValueError(f"offs {[*counts]} do not split {self.rows} rows into groups")
-            self._counts = counts
+            return self._checked(derived(self.ends, "counts", _host_counts))
         return self._counts
+
+    def peek(self) -> list[int] | None:
+        """The host counts where they are at hand without waiting for the device, else None
+        (a non-blocking copy is then under way: a later call of the same tensor finds it).
+        ``ends`` on the CPU: :meth:`counts`."""
+        if self._counts is not None or self.known or self.ends.device.type != "cuda":
+            return self.counts()
+        host, event = derived(self.ends, "copy", _start_copy)
+        if not event.query():
+            return None
+        return self._checked(derived(self.ends, "counts", lambda _e: _counts_of(host.tolist())))
+
+    def _checked(self, counts: list[int]) -> list[int]:
+        if any(c < 0 for c in counts) or sum(counts) > self.rows:
+            raise ValueError(f"offs {[*counts]} do not split {self.rows} rows into groups")
+        self._counts = counts
+        return counts
 
     def used(self) -> int:
         """Rows of all groups (the rows past them, an expert-parallel sentinel tail, are no group's)."""

@@ -9,10 +9,13 @@ and skew bucket (``passes.problem_of``). Its *shape* is all of that but the skew
 balanced-split key (skew 1, ``passes.shape_problem_of``), which a call's operands give
 without its token counts. Where every cache entry of a shape (all its skew buckets) names
 the same choice, that choice runs for every call of the shape, whatever its skew; where
-entries of one shape disagree, the call's own key decides, and a call whose counts are on
-the device only (:meth:`GroupedGemmRouter.route_offsets`) reads them on the host for it: one
-device sync, counted in ``summary()["offs_reads"]``. A shape with no entry runs the
-caller's kernel without any host read.
+entries of one shape disagree, the call's own key decides. A call whose counts are on the
+device only (:meth:`GroupedGemmRouter.route_offsets`) then takes them from a non-blocking
+copy (``offsets.Offsets.peek``) where it has landed (a layer's backward: its forward
+started the copy); where it has not (a forward), the call runs the choice its call site
+(the shape and the weight) ran last, and only the first call of a site reads its counts
+on the host, waiting for the device: counted in ``summary()["offs_reads"]``. A shape with
+no entry runs the caller's kernel without any host read.
 
 Two entries: ``router(phase, a, b, counts)`` for a pass with host counts (the routing point
 ``runtime.seams.grouped_pass``; None: the caller's backend runs), and
@@ -117,6 +120,7 @@ class GroupedGemmRouter(Router):
         self.choices: dict[str, GroupedChoice] = dict(choices)
         self.shapes = _shapes(self.choices)
         self.offs_reads: Counter[str] = Counter()
+        self._last: dict[tuple[str, int], str] = {}  # call site -> the key it ran last (mixed shapes)
         self._impls: dict[GroupedChoice, Backend] = {}
 
     @classmethod
@@ -159,16 +163,18 @@ class GroupedGemmRouter(Router):
     def route_offsets(self, phase: str, a: torch.Tensor, b: torch.Tensor, offsets: Offsets):
         """A pass whose groups are :class:`~.offsets.Offsets` (``a``, and a wgrad's ``b``, with
         ``offsets.rows`` rows): the choice of its shape, read without the counts unless the
-        shape's entries disagree by skew (then one host read of ``offs``, a device sync).
-        None where no entry applies (torch's kernel runs, nothing read on the host)."""
+        shape's entries disagree by skew (:meth:`_mixed_key`: a device sync for a call site's
+        first call only). None where no entry applies (torch's kernel runs, nothing read on
+        the host)."""
         try:
             problem = shape_problem_of(phase, a, b, offsets.groups)
-            if self.shapes.get(shape_key(problem)) == MIXED:
-                problem = problem_of(phase, a, b, offsets.counts())
+            key = problem.key()
+            if self.shapes.get(key) == MIXED:
+                key = self._mixed_key(key, phase, a, b, offsets)
+                problem = GroupedGemmProblem.from_key(key)
         except ValueError:  # a dtype or pass no problem describes, offs that split no rows
             self._fall_back("unsupported")
             return None
-        key = problem.key()
         if offsets.read:
             self.offs_reads[key] += 1
         choice = self._choice(problem)
@@ -185,6 +191,18 @@ class GroupedGemmRouter(Router):
             return out
 
         return self._run(key, launch)
+
+    def _mixed_key(self, shape: str, phase: str, a: torch.Tensor, b: torch.Tensor, offsets: Offsets) -> str:
+        """The key of a call whose shape's entries differ by skew: from its counts where they
+        are at hand without waiting, else the key its call site ran last, else (the site's
+        first call) from its counts read on the host."""
+        site = (shape, b.data_ptr() if phase != "wgrad" else 0)  # the weight: one layer's GEMM
+        counts = offsets.peek()
+        if counts is None and site in self._last:
+            return self._last[site]
+        key = problem_of(phase, a, b, offsets.counts() if counts is None else counts).key()
+        self._last[site] = key
+        return key
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "offs_reads": dict(self.offs_reads)}
