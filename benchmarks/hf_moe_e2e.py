@@ -21,8 +21,9 @@ expert and 48 routed experts of 2048):
    each enabled side's ratio to plain, its routed and fallback call counts and the calls
    that read ``offs`` on the host (``offs_reads``: each waits for the GPU; none with no
    choice, none where the shape's entries agree on a backend that takes ``offs`` on the
-   device); ``mixed_shapes``: shapes whose tuned entries differ by skew bucket (their calls
-   read ``offs``).
+   device); ``mixed_shapes``: shapes whose tuned entries differ by skew bucket (a call of
+   one takes its counts from a non-blocking copy, or runs its call site's last choice; a
+   site's first call waits for them).
 
     python benchmarks/hf_moe_e2e.py --out benchmarks/results/hf_moe_e2e_h100.json
 

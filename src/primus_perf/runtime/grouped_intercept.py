@@ -21,9 +21,11 @@ enabled, its backend kernel (``CUDA``; ``CPU`` for tests) is :func:`_grouped_mm`
   kernel at once, one whose entries agree runs their choice (``grouped_mm`` and the Triton
   kernels take ``offs`` as it is). The tokens per group are read on the host (one device
   sync per ``offs`` tensor and version; a layer's forward, input- and weight-gradient calls
-  share it) only where the shape's entries differ by skew, where the chosen backend needs
-  host counts (the loop, padded bmm), or while the profiler records; the router's summary
-  counts these reads (``offs_reads``). A router without ``route_offsets`` (online tuning)
+  share it) only where the chosen backend needs host counts (the loop, padded bmm), while
+  the profiler records, and where the shape's entries differ by skew (then without waiting
+  where a non-blocking copy has landed, else the call site's last choice runs: only a
+  site's first call waits); the router's summary counts the calls that waited
+  (``offs_reads``). A router without ``route_offsets`` (online tuning)
   gets the host counts. Rows past ``offs[-1]`` (an expert-parallel sentinel tail) are no
   group's: torch's kernel and the device-offs backends leave them unwritten, a backend
   that reads the counts gives zeros there.

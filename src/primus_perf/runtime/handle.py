@@ -76,7 +76,9 @@ class Handle:
         """Per kind: ``routed`` and ``fallback`` call counts, ``stale`` (entries for another
         device or library version) and ``unusable`` (entries with no kernel here) entry
         counts, ``failed`` problems, ``problems`` (calls per problem key); online tuning
-        adds ``tuning`` calls and ``online`` (per problem: locked choice, calls, overhead).
+        adds ``tuning`` calls and ``online`` (per problem: locked choice, calls, overhead);
+        grouped GEMMs add ``offs_reads``, the calls that waited for the device to read their
+        ``offs`` on the host (per problem under ``problems``).
         A kind that cannot route here has ``available: False`` and a ``note``."""
         out: dict[str, dict[str, Any]] = {}
         act = self.activation
