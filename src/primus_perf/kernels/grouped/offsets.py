@@ -52,7 +52,7 @@ def _start_copy(ends: torch.Tensor) -> tuple[torch.Tensor, Any]:
     host = torch.empty(ends.shape, dtype=ends.dtype, pin_memory=True)
     host.copy_(ends, non_blocking=True)
     event = torch.cuda.Event()
-    event.record()
+    event.record(torch.cuda.current_stream(ends.device))
     return host, event
 
 
