@@ -17,8 +17,13 @@ expert and 48 routed experts of 2048):
 4. speed: one model, the sides interleaved in blocks of ``--block-steps`` steps (one
    settling step after each switch, the order rotating): plain (``grouped_mm``), enabled
    with an empty cache (``enable_no_choice``: the override's own cost) and enabled with
-   the tuned cache (``tuned``); medians of the step times, with quartiles and the routed
-   and fallback call counts.
+   the tuned cache (``tuned``); medians of the step times with quartiles and extremes,
+   each enabled side's ratio to plain, its routed and fallback call counts and the calls
+   that read ``offs`` on the host (``offs_reads``: each waits for the GPU; none with no
+   choice, none where the shape's entries agree on a backend that takes ``offs`` on the
+   device); ``mixed_shapes``: shapes whose tuned entries differ by skew bucket (a call of
+   one takes its counts from a non-blocking copy, or runs its call site's last choice; a
+   site's first call waits for them).
 
     python benchmarks/hf_moe_e2e.py --out benchmarks/results/hf_moe_e2e_h100.json
 
@@ -42,6 +47,8 @@ import torch
 import primus_perf
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
+from primus_perf.kernels.grouped.router import shape_key
+from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tuner import core
 from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
 from primus_perf.tuner.problems_input import gather_problems
@@ -112,11 +119,17 @@ def profile(run: Run, empty_cache: Path, out_dir: Path) -> Path:
 def tune(trace: Path, cache: Path, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     t0 = time.perf_counter()
     problems = gather_problems("grouped_gemm", traces=[trace])
-    smoke = {"backends": ("padded_bmm",), "sets": 1} if args.smoke else {}  # one candidate against the default
-    tuner = GroupedGemmTuner(device=device.type, triton=args.max_configs > 0, max_configs=args.max_configs, **smoke)
+    options = {"backends": tuple(args.backends)} if args.backends else {}
+    if args.smoke:
+        options["sets"] = 1
+    tuner = GroupedGemmTuner(device=device.type, triton=args.max_configs > 0, max_configs=args.max_configs, **options)
     result = core.tune(problems, cache=cache, tuners=[tuner], budget_s=args.budget_s)
-    return {"problems": len(problems), "tune_s": round(time.perf_counter() - t0, 2),
-            "chosen": {r.problem.key(): r.chosen for r in result.results}}
+    chosen = {r.problem.key(): r.chosen for r in result.results}
+    by_shape: dict[str, set[str]] = {}
+    for key, choice in chosen.items():
+        by_shape.setdefault(shape_key(GroupedGemmProblem.from_key(key)), set()).add(choice)
+    return {"problems": len(problems), "tune_s": round(time.perf_counter() - t0, 2), "chosen": chosen,
+            "shapes": len(by_shape), "mixed_shapes": sorted(k for k, v in by_shape.items() if len(v) > 1)}
 
 
 def losses(ex: Any, spec: dict[str, Any], cache: Path, steps: int) -> dict[str, list[float]]:
@@ -138,7 +151,7 @@ def speed(ex: Any, spec: dict[str, Any], cache: Path, empty: Path, args: argpars
     run = Run(ex, **spec)
     caches = {"enable_no_choice": empty, "tuned": cache}
     ms: dict[str, list[float]] = {s: [] for s in SIDES}
-    counts: dict[str, int] = {"routed": 0, "fallback": 0}
+    calls = {side: {"routed": 0, "fallback": 0, "offs_reads": 0, "steps": 0} for side in caches}
 
     def block(side: str, steps: int) -> list[float]:
         if side == "grouped_mm":
@@ -146,9 +159,9 @@ def speed(ex: Any, spec: dict[str, Any], cache: Path, empty: Path, args: argpars
         with primus_perf.enable(caches[side], kinds=("grouped_gemm",), log=None) as handle:
             times = [run.step()[0] for _ in range(steps)]
             row = handle.summary()["grouped_gemm"]
-        if side == "tuned":
-            counts["routed"] += row.get("routed", 0)
-            counts["fallback"] += row.get("fallback", 0)
+        for part in ("routed", "fallback", "offs_reads"):
+            calls[side][part] += row.get(part, 0)
+        calls[side]["steps"] += steps
         return times
 
     try:
@@ -166,13 +179,36 @@ def speed(ex: Any, spec: dict[str, Any], cache: Path, empty: Path, args: argpars
         return {"median": round(statistics.median(v), 3), "p25": round(q[0], 3), "p75": round(q[2], 3),
                 "min": round(min(v), 3), "max": round(max(v), 3)}
 
-    return {"step_ms": {s: stats(v) for s, v in ms.items()}, "samples_ms": ms, "tuned_calls": counts}
+    step_ms = {s: stats(v) for s, v in ms.items()}
+    plain = step_ms["grouped_mm"]["median"]
+    ratios = {side: round(plain / step_ms[side]["median"], 4) for side in caches}  # > 1: faster than plain
+    return {"step_ms": step_ms, "samples_ms": ms, "vs_grouped_mm": ratios, "calls": calls,
+            "tuned_calls": calls["tuned"]}
+
+
+def _line(row: dict[str, Any]) -> str:
+    """One case in a terminal or a log: per side the median step (p25-p75) and, for the
+    enabled sides, the ratio to plain and the calls routed, left to torch and reading offs."""
+    parts = []
+    for side in SIDES:
+        st = row["step_ms"][side]
+        text = f"{side} {st['median']:.2f} ms ({st['p25']:.2f}-{st['p75']:.2f})"
+        if side in row["calls"]:
+            c = row["calls"][side]
+            text += (f" {row['vs_grouped_mm'][side]:.3f}x plain, {c['routed']} routed / {c['fallback']} torch,"
+                     f" {c['offs_reads']} offs reads in {c['steps']} steps")
+        parts.append(text)
+    return (f"{row['case']}: " + "; ".join(parts) + f"; {row['problems']} problems ({row['shapes']} shapes,"
+            f" {len(row['mixed_shapes'])} mixed) tuned in {row['tune_s']:.0f} s; max loss diff"
+            f" {row['loss_max_rel_diff']:.2e}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--cases", nargs="*", choices=sorted(CASES), default=None, help="default: all")
+    ap.add_argument("--cases", "--models", nargs="*", choices=sorted(CASES), default=None, help="default: all")
+    ap.add_argument("--backends", nargs="*", default=None,
+                    help="non-Triton backends raced against the Triton configs (default: the tuner's)")
     ap.add_argument("--loss-steps", type=int, default=20)
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--block-steps", type=int, default=5)
@@ -182,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:
         args.loss_steps, args.blocks, args.block_steps, args.max_configs, args.budget_s = 2, 1, 1, 0, 0.01
+        args.backends = args.backends or ["padded_bmm"]  # one candidate against the default
         device, preset, dtype = torch.device("cpu"), "cpu", torch.float32
     else:
         if not torch.cuda.is_available():
@@ -210,19 +247,16 @@ def main(argv: list[str] | None = None) -> int:
             med = {s: v["median"] for s, v in sp["step_ms"].items()}
             row = {"case": case, "tuned_ms": med["tuned"],
                    "baselines": {"grouped_mm": med["grouped_mm"], "enable_no_choice": med["enable_no_choice"]},
-                   "speedup_vs_grouped_mm": round(med["grouped_mm"] / med["tuned"], 4),
+                   "speedup_vs_grouped_mm": sp["vs_grouped_mm"]["tuned"],
+                   "no_choice_vs_grouped_mm": sp["vs_grouped_mm"]["enable_no_choice"],
                    "loss_max_rel_diff": worst, "losses": loss, "seq": seq, **tuned, **sp}
             rows.append(row)
-            print(f"{case}: step ms grouped_mm {med['grouped_mm']:.2f}, enabled (no choice)"
-                  f" {med['enable_no_choice']:.2f}, tuned {med['tuned']:.2f}"
-                  f" ({row['speedup_vs_grouped_mm']:.3f}x); {tuned['problems']} problems tuned in"
-                  f" {tuned['tune_s']:.0f} s; routed {sp['tuned_calls']['routed']},"
-                  f" fell back {sp['tuned_calls']['fallback']}; max loss diff {worst:.2e}", flush=True)
+            print(_line(row), flush=True)
             # after every case: a run stopped at its time limit keeps the cases it finished
             write_json(args.out, {"benchmark": "hf_moe_e2e", "device": current_device().to_dict(),
                                   "versions": library_versions(), "smoke": args.smoke, "blocks": args.blocks,
                                   "block_steps": args.block_steps, "budget_s": args.budget_s,
-                                  "max_configs": args.max_configs, "rows": rows}, default=float)
+                                  "max_configs": args.max_configs, "backends": args.backends, "rows": rows}, default=float)
     print(f"wrote {args.out}")
     return 0
 

@@ -50,7 +50,9 @@ class MoE(nn.Module):
         weights, chosen = torch.topk(scores, self.top_k, dim=-1)
         flat = chosen.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        tokens_per_expert = torch.bincount(flat, minlength=self.experts)
+        # counted on the device (torch.bincount would read the largest index on the host)
+        tokens_per_expert = torch.zeros(self.experts, dtype=torch.int64, device=x.device).index_add_(
+            0, flat, torch.ones_like(flat))
         routed = x[order // self.top_k]
         out = self.grouped(routed, tokens_per_expert)
         out = out * weights.reshape(-1)[order].unsqueeze(-1).to(out.dtype)

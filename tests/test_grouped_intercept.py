@@ -3,10 +3,12 @@
 allows (forward, input gradient, 2-D weight gradient, 3-D x 3-D), eager and under Inductor;
 an empty cache leaves every result bit-identical, a cache with a choice for each problem
 routes every call (results within bf16 tolerance); one key for a foreign call and the
-seam's; a routed call's own GEMMs are torch's; online tuning takes foreign calls. The whole
-loop on the CPU: profiled (grouped problems per pass, exact splits when traced under
-enable), tuned from the trace (``primus-tune grouped-gemm --trace --device cpu``) and
-routed."""
+seam's; a routed call's own GEMMs are torch's; online tuning takes foreign calls. ``offs``
+stays on the device: no host read where the cache has no choice for a call's shape nor
+where the choice takes device offsets (``grouped_mm``, Triton), whose results match torch's
+(empty groups, largest-first order, a sentinel tail). The whole loop on the CPU: profiled
+(grouped problems per pass, exact splits when traced under enable), tuned from the trace
+(``primus-tune grouped-gemm --trace --device cpu``) and routed."""
 
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ from primus_perf.cli.tune import app as tune_app
 from primus_perf.devices import current_device
 from primus_perf.kernels.grouped import problem_of
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
-from primus_perf.kernels.grouped.router import GroupedChoice, library_versions
+from primus_perf.kernels.grouped.router import GroupedChoice, library_versions, shape_key
 from primus_perf.problems import GemmProblem, GroupedGemmProblem, grouped_mm_call
+from primus_perf.problems.trace_names import GROUPED_TRACE_OP
 from primus_perf.runtime.activate import KINDS
 from primus_perf.runtime.seams import grouped_mm
 from primus_perf.tracelens.analyze import analyze
@@ -67,6 +70,31 @@ def batched() -> tuple[torch.nn.Module, torch.Tensor]:
 MODELS = {"moe": lambda: moe(), "moe_linear_layout": lambda: moe(True), "batched": batched}
 
 
+def shapes(keys) -> set[str]:
+    """The shape keys (skew 1) of problem keys."""
+    return {shape_key(GroupedGemmProblem.from_key(k)) for k in keys}
+
+
+HOST_READS = ("tolist", "item", "cpu", "numpy", "__int__", "__index__", "__float__", "__bool__")
+
+
+@pytest.fixture
+def host_reads(monkeypatch) -> list[str]:
+    """Every host read of an integer tensor (``offs`` and what is derived from it) from
+    Python, by method name: on a GPU each one waits for the device."""
+    seen: list[str] = []
+    for name in HOST_READS:
+        orig = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _orig=orig, _name=name, **kwargs):
+            if self.dtype in (torch.int32, torch.int64):
+                seen.append(_name)
+            return _orig(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    return seen
+
+
 def seen_problems(model: torch.nn.Module, x: torch.Tensor, tmp_path: Path) -> tuple[dict, tuple]:
     """The grouped summary of one step under an enable() whose cache has no choice for the
     model, and the step's results."""
@@ -90,25 +118,45 @@ def test_no_choice_leaves_every_result_bit_identical(name: str, tmp_path: Path) 
     assert (row["routed"], row["fallback"]) == (0, calls)
     phases = {GroupedGemmProblem.from_key(k).phase for k in row["problems"]["fallback"]}
     assert phases == {"fwd", "dgrad", "wgrad"}
+    # counted under their shapes' keys: the counts were never read
+    assert shapes(row["problems"]["fallback"]) == set(row["problems"]["fallback"]) and row["offs_reads"] == 0
     # disabled: torch's kernel again
     again = step(model, x)
     assert torch.equal(again[0], ref[0])
 
 
+def test_no_choice_reads_no_offs_on_the_host(host_reads: list[str], tmp_path: Path) -> None:
+    """A cache with no choice for the model's shapes: every call goes to torch's kernel
+    without reading ``offs`` (on a GPU: no device sync)."""
+    model, x = moe()
+    cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        step(model, x)
+        row = tuned.summary()["grouped_gemm"]
+    assert row["fallback"] == CALLS_PER_STEP and host_reads == []
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("backend", ["padded_bmm", "grouped_mm"])
-def test_a_choice_for_every_problem_routes_every_call(name: str, backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["padded_bmm", "grouped_mm", "triton"])
+def test_a_choice_for_every_problem_routes_every_call(name: str, backend: str, host_reads: list[str],
+                                                      tmp_path: Path) -> None:
     model, x = MODELS[name]()
+    if backend == "triton":  # the Triton interpreter computes fp32 only (its bf16 products are wrong)
+        model, x = model.float(), x.float()
     ref = step(model, x)
     row, _ = seen_problems(model, x, tmp_path)
     keys = list(row["problems"]["fallback"])
     cache = write_cache(tmp_path / "tuned.json", [GroupedGemmProblem.from_key(k) for k in keys], backend)
+    host_reads.clear()
     with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
         out = step(model, x)
         routed = tuned.summary()["grouped_gemm"]
     # each call routed once: the grouped_mm backend's own torch._grouped_mm is not routed again
     assert (routed["routed"], routed["fallback"]) == (row["fallback"], 0)
     assert routed["problems"]["routed"] == row["problems"]["fallback"]
+    # grouped_mm and Triton take offs on the device; padded bmm reads it once (one offs a step)
+    reads = 1 if backend == "padded_bmm" and name != "batched" else 0
+    assert (len(host_reads), routed["offs_reads"]) == (reads, reads)
     close_bf16(out[0], ref[0])
     for got, want in zip(out[1], ref[1]):
         close_bf16(got, want)
@@ -128,7 +176,12 @@ def test_foreign_calls_and_the_seam_derive_the_same_problem_keys(tmp_path: Path)
         with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
             run().backward(dy)
             keys[name] = tuned.summary()["grouped_gemm"]["problems"]["fallback"]
-    assert keys["seam"] == keys["foreign"] and len(keys["seam"]) == 3
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                run().backward(dy)
+        keys[name + " traced"] = {e.name.split()[1] for e in prof.events() if e.name.startswith(GROUPED_TRACE_OP)}
+    # the foreign calls, their offs left unread, are counted by shape; traced, both name the same keys
+    assert shapes(keys["seam"]) == set(keys["foreign"]) and len(keys["seam"]) == 3
+    assert keys["seam traced"] == keys["foreign traced"] == set(keys["seam"])
     # the reading itself: the seam's operands of each pass as the aten call has them
     xs, ws = x.detach(), w.detach()
     assert problem_of("fwd", xs, ws, counts).key() in keys["seam"]
@@ -138,21 +191,75 @@ def test_foreign_calls_and_the_seam_derive_the_same_problem_keys(tmp_path: Path)
     assert (call.phase, call.groups, call.k, call.n, call.tokens) == ("wgrad", 4, 32, 48, 16)
 
 
-def test_rows_past_the_last_offset_are_no_groups(tmp_path: Path) -> None:
-    """An expert-parallel sentinel tail: torch leaves those output rows unwritten, a routed
-    call zeroes them; the groups' rows match."""
+@pytest.mark.parametrize("backend", ["padded_bmm", "triton"])
+def test_rows_past_the_last_offset_are_no_groups(backend: str, tmp_path: Path) -> None:
+    """An expert-parallel sentinel tail: torch leaves those output rows unwritten, and so does
+    a backend that takes offs on the device; one that reads the counts zeroes them. The
+    groups' rows and the weight gradient (the groups' rows only) match. The call's token
+    bucket is its rows' (20 -> 32), known without reading offs."""
     torch.manual_seed(4)
-    x = torch.randn(20, 32, dtype=torch.bfloat16)
-    w = torch.randn(3, 32, 16, dtype=torch.bfloat16)
+    dtype, name = (torch.float32, "f32") if backend == "triton" else (torch.bfloat16, "bf16")  # the interpreter: fp32
+    x = torch.randn(20, 32, dtype=dtype)
+    w = torch.randn(3, 32, 16, dtype=dtype)
+    dy = torch.randn(20, 16, dtype=dtype)
     offs = torch.tensor([4, 10, 16], dtype=torch.int32)
-    ref = torch._grouped_mm(x, w, offs=offs)
-    key = GroupedGemmProblem.from_counts([4, 6, 6], 32, 16).key()
-    cache = write_cache(tmp_path / "c.json", [GroupedGemmProblem.from_key(key)])
+    ref, ref_dw = torch._grouped_mm(x, w, offs=offs), torch._grouped_mm(x.t(), dy, offs=offs)
+    fwd = GroupedGemmProblem(groups=3, k=32, n=16, tokens=32, dtype=name)
+    wgrad = GroupedGemmProblem(groups=3, k=32, n=16, tokens=32, dtype=name, phase="wgrad")
+    cache = write_cache(tmp_path / "c.json", [fwd, wgrad], backend)
     with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
-        out = torch._grouped_mm(x, w, offs=offs)
-        assert tuned.summary()["grouped_gemm"]["routed"] == 1
+        out, dw = torch._grouped_mm(x, w, offs=offs), torch._grouped_mm(x.t(), dy, offs=offs)
+        assert tuned.summary()["grouped_gemm"]["routed"] == 2
     close_bf16(out[:16], ref[:16])
-    assert out.shape == ref.shape and not out[16:].any()
+    close_bf16(dw, ref_dw)
+    assert out.shape == ref.shape
+    if backend == "padded_bmm":
+        assert not out[16:].any()
+
+
+def _offs_passes(x, w, dy, ends, cfg, mm, wgrad) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(Triton, torch) results of the forward, input and weight gradient from device ends,
+    the groups' rows of the first two (the sentinel tail is left unwritten by both)."""
+    used = int(ends[-1])
+    wt = w.transpose(1, 2)
+    dw = wgrad(x, dy, ends, cfg)
+    empty = [g for g in range(len(ends)) if int(ends[g]) == (int(ends[g - 1]) if g else 0)]
+    assert empty and not dw[empty].any()
+    return [(mm(x, w, ends, cfg)[:used], torch._grouped_mm(x, w, offs=ends)[:used]),
+            (mm(dy, wt, ends, cfg)[:used], torch._grouped_mm(dy, wt, offs=ends)[:used]),
+            (dw, torch._grouped_mm(x.t(), dy, offs=ends))]
+
+
+@pytest.mark.parametrize("order", ["natural", "largest_first"])
+def test_triton_kernels_take_offs_on_the_device_and_match_torch(order: str) -> None:
+    """The Triton kernels' group tables built on the device from ``offs`` are the host
+    tables (the stable largest-first order among equal counts too); forward, input and
+    weight gradient match torch's grouped_mm, with empty groups and a sentinel tail, in fp32
+    (the interpreter's bf16 products are wrong; ``test_cuda_triton_offs_bf16`` checks bf16);
+    ``offs`` past the rows or decreasing keep every program in bounds."""
+    from primus_perf.kernels.grouped.triton_kernels import (
+        _device_tables,
+        _group_tables,
+        grouped_mm_offs,
+        grouped_mm_wgrad_offs,
+    )
+
+    cfg = GroupedGemmConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=1, group_m=2,
+                            group_order=order)
+    counts = [9, 0, 17, 3, 0, 17, 1]  # empty groups, and two of 17 for the stable order
+    rows, K, N = sum(counts) + 5, 40, 48  # a sentinel tail of 5 rows
+    ends = torch.tensor(counts).cumsum(0).to(torch.int32)
+    starts, visit = _device_tables(ends, rows, order)
+    host_starts, host_visit = _group_tables(counts, order, torch.device("cpu"))
+    assert torch.equal(starts, host_starts) and torch.equal(visit, host_visit)
+    assert _device_tables(ends, rows, order)[0] is starts  # once per offs tensor: a layer's passes share it
+    torch.manual_seed(6)
+    x, dy = torch.randn(rows, K), torch.randn(rows, N)
+    w = torch.randn(len(counts), N, K).transpose(1, 2)  # the nn.Linear storage
+    for got, want in _offs_passes(x, w, dy, ends, cfg, grouped_mm_offs, grouped_mm_wgrad_offs):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    bad, _ = _device_tables(torch.tensor([5, 3, 100], dtype=torch.int32), 10, order)
+    assert bad.tolist() == [0, 5, 5, 10]
 
 
 def test_calls_no_problem_describes_stay_torchs(tmp_path: Path) -> None:
@@ -173,6 +280,57 @@ def test_calls_no_problem_describes_stay_torchs(tmp_path: Path) -> None:
         assert tuned.summary()["grouped_gemm"]["routed"] == 1
     assert torch.equal(out, ref)
     torch.testing.assert_close(out_x, ref_x)
+
+
+def test_a_shape_whose_entries_differ_by_skew_reads_the_counts(host_reads: list[str], tmp_path: Path) -> None:
+    """Entries of one shape that name different choices by skew bucket: the call's counts
+    decide (one host read of its offs, counted), and a skew with no entry stays torch's.
+    Entries of a shape that agree decide without the counts, for every skew."""
+    torch.manual_seed(7)
+    x, w = torch.randn(32, 32, dtype=torch.bfloat16), torch.randn(4, 32, 16, dtype=torch.bfloat16)
+    balanced, skewed = torch.tensor([8, 16, 24, 32], dtype=torch.int32), torch.tensor([26, 28, 30, 32], dtype=torch.int32)
+    ref = torch._grouped_mm(x, w, offs=skewed)
+    even = GroupedGemmProblem.from_counts([8, 8, 8, 8], 32, 16)
+    lopsided = GroupedGemmProblem.from_counts([26, 2, 2, 2], 32, 16)
+    assert lopsided.skew > 1 and shape_key(lopsided) == even.key()
+    TuningCache(tmp_path / "mixed.json").put_many([entry(even, "grouped_mm"), entry(lopsided, "padded_bmm")])
+    with primus_perf.enable(tmp_path / "mixed.json", kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        out = torch._grouped_mm(x, w, offs=skewed)
+        torch._grouped_mm(x, w, offs=torch.tensor([4, 16, 24, 32], dtype=torch.int32))  # skew 1.5: no entry
+        row = tuned.summary()["grouped_gemm"]
+    close_bf16(out, ref)
+    assert row["problems"]["routed"] == {lopsided.key(): 1} and row["fallback"] == 1
+    assert row["problems"]["offs_reads"] == {lopsided.key(): 1, shape_key(lopsided).replace("|s1|", "|s1.5|"): 1}
+    assert len(host_reads) == 2
+    host_reads.clear()
+    write_cache(tmp_path / "same.json", [even, lopsided], "grouped_mm")
+    with primus_perf.enable(tmp_path / "same.json", kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        torch._grouped_mm(x, w, offs=skewed)
+        torch._grouped_mm(x, w, offs=balanced)
+        row = tuned.summary()["grouped_gemm"]
+    assert row["problems"]["routed"] == {even.key(): 2} and row["offs_reads"] == 0 and host_reads == []
+
+
+def test_a_mixed_shape_call_whose_counts_have_not_landed_runs_its_sites_last_choice(
+        host_reads: list[str], monkeypatch, tmp_path: Path) -> None:
+    """On a GPU the counts of a forward's offs are not on the host yet (the non-blocking copy
+    is under way): the call runs the choice its site (shape and weight) ran last, with no
+    wait; only the site's first call waits for its counts."""
+    from primus_perf.kernels.grouped.offsets import Offsets
+
+    torch.manual_seed(8)
+    x, w = torch.randn(32, 32), torch.randn(4, 32, 16)
+    skewed, balanced = torch.tensor([26, 28, 30, 32], dtype=torch.int32), torch.tensor([8, 16, 24, 32], dtype=torch.int32)
+    even = GroupedGemmProblem.from_counts([8, 8, 8, 8], 32, 16, dtype="f32")
+    lopsided = GroupedGemmProblem.from_counts([26, 2, 2, 2], 32, 16, dtype="f32")
+    TuningCache(tmp_path / "mixed.json").put_many([entry(even, "triton"), entry(lopsided, "grouped_mm")])
+    monkeypatch.setattr(Offsets, "peek", lambda self: None)  # no copy has landed
+    with primus_perf.enable(tmp_path / "mixed.json", kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
+        torch._grouped_mm(x, w, offs=skewed)  # the site's first call: waits for its counts
+        out = torch._grouped_mm(x, w, offs=balanced)  # the site's last choice, no wait
+        row = tuned.summary()["grouped_gemm"]
+    torch.testing.assert_close(out, torch._grouped_mm(x, w, offs=balanced))
+    assert row["problems"]["routed"] == {lopsided.key(): 2} and row["offs_reads"] == 1 and len(host_reads) == 1
 
 
 def test_a_routed_grouped_calls_own_gemms_are_not_routed_again(tmp_path: Path) -> None:
@@ -206,7 +364,7 @@ def test_online_tuning_takes_foreign_calls(tmp_path: Path) -> None:
                             online_options={"policy": policy, "clock": StepClock()}) as tuned:
         outs = [step(model, x) for _ in range(8)]
         row = tuned.summary()["grouped_gemm"]
-    assert set(row["tuning"]) == set(row["online"]) == set(seen["problems"]["fallback"])
+    assert set(row["tuning"]) == set(row["online"]) and shapes(row["tuning"]) == set(seen["problems"]["fallback"])
     for out in outs:
         close_bf16(out[0], ref[0])
     assert {e.problem_key for e in TuningCache(cache).entries()} == set(row["tuning"])
@@ -291,7 +449,7 @@ def test_a_foreign_moe_is_profiled_tuned_and_routed(tmp_path: Path) -> None:
     with primus_perf.enable(empty, kinds=("grouped_gemm",), device_type="cpu", log=None):
         trace = _trace(model, x, tmp_path / "run")
     g = analyze([trace]).grouped_gemm_problems
-    assert set(g["key"]) == runtime_keys and g["skew_known"].all() and int(g["calls"].sum()) == CALLS_PER_STEP
+    assert shapes(g["key"]) == runtime_keys and g["skew_known"].all() and int(g["calls"].sum()) == CALLS_PER_STEP
     for r in g.itertuples(index=False):
         p = GroupedGemmProblem.from_key(r.key)
         assert r.direction == p.phase and r.flops == 2 * 48 * p.k * p.n  # 24 tokens x top-2
@@ -300,7 +458,7 @@ def test_a_foreign_moe_is_profiled_tuned_and_routed(tmp_path: Path) -> None:
     res = CliRunner().invoke(tune_app, ["grouped-gemm", "--trace", str(trace.parent), "--device", "cpu",
                                         "--no-triton", "--budget-s", "0.01", "--cache", str(cache)])
     assert res.exit_code == 0, res.output
-    assert {e.problem_key for e in TuningCache(cache).entries()} == runtime_keys
+    assert {e.problem_key for e in TuningCache(cache).entries()} == set(g["key"])
     with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
         out = step(model, x)
         s = tuned.summary()["grouped_gemm"]
@@ -394,6 +552,10 @@ def test_hf_moe_e2e_benchmark_smoke(tmp_path: Path) -> None:
     assert row["problems"] > 0 and set(row["chosen"]) and row["tuned_calls"]["routed"] > 0
     # one block of 1 + 1 steps a side after the warm-up step: 12 grouped calls a step
     assert row["tuned_calls"]["routed"] + row["tuned_calls"]["fallback"] == 12 * 3
+    # no choice: nothing read on the host; the padded bmm choice reads each layer's offs once a step
+    none, tuned = row["calls"]["enable_no_choice"], row["calls"]["tuned"]
+    assert (none["routed"], none["fallback"], none["offs_reads"]) == (0, 12 * 3, 0)
+    assert 0 < tuned["offs_reads"] <= 2 * 3 and set(row["vs_grouped_mm"]) == {"enable_no_choice", "tuned"}
 
 
 # ---- CUDA ---------------------------------------------------------------------------------------
@@ -442,17 +604,78 @@ def test_cuda_layouts_route_and_fall_back(layout: str, backend: str, tmp_path: P
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["none", "grouped_mm", "triton", "mixed"])
+def test_cuda_moe_steps_do_not_wait_for_offs(backend: str, tmp_path: Path) -> None:
+    """CUDA's sync debug mode raises at any call that waits for the device: a MoE step under
+    enable() makes none with no choice, with a choice that takes offs on the device, and
+    (after the first step) with shapes whose entries differ by skew."""
+    torch.manual_seed(0)
+    model = MoE(dim=256, hidden=512, experts=8).to("cuda", torch.bfloat16)
+    x = torch.randn(4, 128, 256, dtype=torch.bfloat16, device="cuda")
+    cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])
+    with (primus_perf.enable(cache, kinds=("grouped_gemm",), log=None),
+          torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof):
+        _cuda_step(model, x)
+    # each call's exact problem, as a trace taken under enable() names it
+    problems = [GroupedGemmProblem.from_key(k) for k in
+                {e.name.split()[1] for e in prof.events() if e.name.startswith(GROUPED_TRACE_OP)}]
+    if backend == "grouped_mm" or backend == "triton":
+        cache = write_cache(tmp_path / "tuned.json", problems, backend)
+    elif backend == "mixed":  # each shape: triton for the calls' skew, grouped_mm for another
+        other = [GroupedGemmProblem(**{**p.to_dict(), "skew": 8.0 if p.skew != 8.0 else 6.0}) for p in problems]
+        TuningCache(tmp_path / "mixed.json").put_many([entry(p, "triton") for p in problems]
+                                                      + [entry(p, "grouped_mm") for p in other])
+        cache = tmp_path / "mixed.json"
+    with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
+        ref = _cuda_step(model, x)  # a mixed shape's first call per site waits for its counts
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = _cuda_step(model, x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        row = tuned.summary()["grouped_gemm"]
+    close_bf16(out[0], ref[0])
+    if backend != "mixed":
+        assert row["offs_reads"] == 0
+    if backend != "none":
+        assert row["fallback"] == 0 and row["routed"] == 2 * CALLS_PER_STEP
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["natural", "largest_first"])
+def test_cuda_triton_offs_bf16(order: str) -> None:
+    """The Triton kernels from device offs against torch's grouped_mm, bf16 on the GPU
+    (empty groups, a sentinel tail, the nn.Linear weight storage)."""
+    from primus_perf.kernels.grouped.triton_kernels import grouped_mm_offs, grouped_mm_wgrad_offs
+
+    torch.manual_seed(9)
+    cfg = GroupedGemmConfig(block_m=64, block_n=128, block_k=64, group_order=order)
+    counts = [200, 0, 56, 312, 8, 0, 312]
+    dev, rows, K, N = "cuda", sum(counts) + 24, 256, 512
+    ends = torch.tensor(counts, device=dev).cumsum(0).to(torch.int32)
+    x, dy = torch.randn(rows, K, device=dev).bfloat16(), torch.randn(rows, N, device=dev).bfloat16()
+    w = torch.randn(len(counts), N, K, device=dev).bfloat16().transpose(1, 2)
+    for got, want in _offs_passes(x, w, dy, ends, cfg, grouped_mm_offs, grouped_mm_wgrad_offs):
+        close_bf16(got, want)
+
+
+def _cuda_step(model: torch.nn.Module, x: torch.Tensor) -> tuple:
+    xx = x.detach().requires_grad_(True)
+    model.zero_grad(set_to_none=True)
+    y = model(xx)
+    y.backward(torch.ones_like(y) * 1e-2)
+    return y.detach(), [xx.grad, *(p.grad for p in model.parameters())]
+
+
+@pytest.mark.gpu
 def test_cuda_moe_forward_and_backward_routed_and_bit_identical_without_choice(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = MoE(dim=256, hidden=512, experts=8).to("cuda", torch.bfloat16)
     x = torch.randn(4, 128, 256, dtype=torch.bfloat16, device="cuda")
 
     def cuda_step():
-        xx = x.detach().requires_grad_(True)
-        model.zero_grad(set_to_none=True)
-        y = model(xx)
-        y.backward(torch.ones_like(y) * 1e-2)
-        return y.detach(), [xx.grad, *(p.grad for p in model.parameters())]
+        return _cuda_step(model, x)
 
     ref = cuda_step()
     cache = write_cache(tmp_path / "unrelated.json", [UNRELATED])

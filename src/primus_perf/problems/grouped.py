@@ -240,14 +240,15 @@ class GroupedMmCall:
     trans_w: bool
 
     def problem(self, dtype: str, counts: list[int] | tuple[int, ...] | None = None) -> GroupedGemmProblem:
-        """The problem with these tokens per group (None: ``tokens`` split evenly, as a trace
-        that does not record ``offs`` leaves it)."""
-        if counts is None:
-            return GroupedGemmProblem(groups=self.groups, k=self.k, n=self.n,
-                                      tokens=max(1, tokens_bucket(self.tokens)), dtype=dtype,
-                                      trans_w=self.trans_w, phase=self.phase)
-        return GroupedGemmProblem.from_counts(counts, self.k, self.n, dtype=dtype, trans_w=self.trans_w,
-                                              phase=self.phase)
+        """The problem with these tokens per group (None: split evenly, as a trace that does
+        not record ``offs`` leaves it). Its ``tokens`` bucket is the call's rows (known
+        without reading ``offs``), the counts' total but for rows past the last group (an
+        expert-parallel sentinel tail); the counts give the skew."""
+        if counts is not None and any(int(c) < 0 for c in counts):
+            raise ValueError(f"negative token count in {list(counts)}")
+        return GroupedGemmProblem(groups=self.groups, k=self.k, n=self.n, tokens=max(1, tokens_bucket(self.tokens)),
+                                  skew=1.0 if counts is None else skew_bucket([int(c) for c in counts]),
+                                  dtype=dtype, trans_w=self.trans_w, phase=self.phase)
 
 
 def _strides_or_packed(shape: Any, strides: Any) -> list[int]:

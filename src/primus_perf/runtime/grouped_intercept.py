@@ -14,12 +14,22 @@ enabled, its backend kernel (``CUDA``; ``CPU`` for tests) is :func:`_grouped_mm`
   transposed: the weight gradient). A call "runs in a backward pass" when autograd's
   engine runs it with grad mode off (``torch._C._current_graph_task_id``); a forward
   recomputed for activation checkpointing runs with grad on and stays a forward.
-- the tokens per group come from ``offs`` on the host (one device sync per ``offs``
-  tensor and version: the forward, input- and weight-gradient calls of one layer share
-  it); rows past ``offs[-1]`` (an expert-parallel sentinel tail) are no group's: a routed
-  call's output has zeros there (torch's leaves them unwritten).
-- the seam's operands of that pass go to ``routes.grouped`` (the cached or online
-  router); its answer is the call's result. None, a layout or argument no problem
+- ``offs`` stays on the device: the seam's operands of that pass (all ``T`` rows) and an
+  ``Offsets`` holding ``offs`` go to the grouped router's ``route_offsets``. It decides by
+  the call's shape (pass, groups, K, N, dtype, weight storage and the token bucket of its
+  ``T`` rows), which needs no host read: a shape the cache has no choice for runs torch's
+  kernel at once, one whose entries agree runs their choice (``grouped_mm`` and the Triton
+  kernels take ``offs`` as it is). The tokens per group are read on the host (one device
+  sync per ``offs`` tensor and version; a layer's forward, input- and weight-gradient calls
+  share it) only where the chosen backend needs host counts (the loop, padded bmm), while
+  the profiler records, and where the shape's entries differ by skew (then without waiting
+  where a non-blocking copy has landed, else the call site's last choice runs: only a
+  site's first call waits); the router's summary counts the calls that waited
+  (``offs_reads``). A router without ``route_offsets`` (online tuning)
+  gets the host counts. Rows past ``offs[-1]`` (an expert-parallel sentinel tail) are no
+  group's: torch's kernel and the device-offs backends leave them unwritten, a backend
+  that reads the counts gives zeros there.
+- the router's answer is the call's result. None, a layout or argument no problem
   describes (``bias``, another ``out_dtype``, 3-D ``a`` with 2-D ``b``), a tracing or
   CUDA-graph-capturing call, and the ``_grouped_mm`` a grouped GEMM runs inside itself (the
   seam's or a routed call's ``grouped_mm`` backend: ``kernels.grouped.in_grouped``)
@@ -39,11 +49,11 @@ CUDA graphs; without the pass Inductor's max-autotune templates would replace th
 from __future__ import annotations
 
 import functools
-import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from primus_perf.kernels.grouped.offsets import Offsets
 from primus_perf.kernels.grouped.passes import in_grouped, inside
 from primus_perf.kernels.tracing import profiler_on
 from primus_perf.problems import GroupedMmCall, dtype_name, grouped_mm_call, grouped_trace_name
@@ -51,22 +61,16 @@ from primus_perf.runtime import routes
 
 _OP = torch.ops.aten._grouped_mm.default
 PLAIN = (torch.Tensor, torch.nn.Parameter)
-# id(offs) -> (weakref, version, host counts): shared by the forward and the backward
-# (autograd's device thread) so that a layer's calls read their offs once
-_counts: dict[int, tuple[Any, int, list[int]]] = {}
 
 
-def _host_counts(offs: torch.Tensor) -> list[int]:
-    """Tokens per group from ``offs`` (group end offsets), read once per tensor version."""
-    seen = _counts
-    key = id(offs)
-    hit = seen.get(key)
-    if hit is not None and hit[0]() is offs and hit[1] == offs._version:
-        return hit[2]
-    ends = [int(e) for e in offs.tolist()]
-    counts = [e - s for s, e in zip([0, *ends[:-1]], ends)]
-    seen[key] = (weakref.ref(offs, lambda _r, k=key, d=seen: d.pop(k, None)), offs._version, counts)
-    return counts
+class _Pass(NamedTuple):
+    """A call as a pass of the seam: its reading, ``x`` (rows sorted by group, all of the
+    call's) or ``dy`` for an input gradient, the weight or ``dy``, and the groups."""
+
+    call: GroupedMmCall
+    x: torch.Tensor
+    w: torch.Tensor
+    offsets: Offsets
 
 
 def in_backward() -> bool:
@@ -84,10 +88,9 @@ def _routable(a: Any, b: Any, offs: Any, bias: Any, out_dtype: Any) -> bool:
     return not (a.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def _seam_call(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None
-               ) -> tuple[GroupedMmCall, torch.Tensor, torch.Tensor, list[int]] | None:
-    """The call's reading and the seam's operands of its pass (``x`` rows sorted by group,
-    the weight or ``dy``) with the tokens per group; None when no problem describes it."""
+def _seam_call(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> _Pass | None:
+    """The call as a pass of the seam; None when no problem describes it. Reads nothing on
+    the host."""
     if offs is not None and offs.dim() != 1:
         return None
     groups = None if offs is None else offs.shape[0]
@@ -97,35 +100,47 @@ def _seam_call(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None
     if a.dim() == 3:  # equal groups of a.shape[1] (x) or a.shape[2] (x^T) rows
         if call.phase == "wgrad":
             x, dy = a.transpose(1, 2), b
-            return call, x.reshape(-1, x.shape[2]), dy.reshape(-1, dy.shape[2]), [x.shape[1]] * x.shape[0]
-        return call, a.reshape(-1, a.shape[2]), b, [a.shape[1]] * a.shape[0]
-    counts = _host_counts(offs)
-    used = sum(counts)
-    if any(c < 0 for c in counts) or used > call.tokens:
-        return None
+            return _Pass(call, x.reshape(-1, x.shape[2]), dy.reshape(-1, dy.shape[2]),
+                         Offsets(call.tokens, counts=[x.shape[1]] * x.shape[0]))
+        return _Pass(call, a.reshape(-1, a.shape[2]), b, Offsets(call.tokens, counts=[a.shape[1]] * a.shape[0]))
+    offsets = Offsets(call.tokens, ends=offs)
     if call.phase == "wgrad":  # a is x^T [K, T], b is dy [T, N]
-        return call, a[:, :used].t(), b[:used], counts
-    return call, a[:used], b, counts
+        return _Pass(call, a.t(), b, offsets)
+    return _Pass(call, a, b, offsets)
 
 
-def _answer(a: torch.Tensor, b: torch.Tensor, call: GroupedMmCall, out: torch.Tensor) -> torch.Tensor:
+def _answer(a: torch.Tensor, call: GroupedMmCall, out: torch.Tensor) -> torch.Tensor:
     """The router's answer in the shape torch's kernel gives."""
     if a.dim() == 3:
         return out if call.phase == "wgrad" else out.reshape(a.shape[0], a.shape[1], out.shape[-1])
-    if call.phase != "wgrad" and out.shape[0] < a.shape[0]:  # rows past offs[-1]: no group's
-        full = out.new_zeros(a.shape[0], out.shape[1])
-        full[: out.shape[0]] = out
-        return full
     return out
 
 
-def _run(found: tuple[GroupedMmCall, torch.Tensor, torch.Tensor, list[int]], torch_call: Any,
-         a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _with_counts(router: Any, p: _Pass) -> Any:
+    """A router that takes host counts only (online tuning): the pass on the groups' rows,
+    rows past them zeros."""
+    counts = p.offsets.counts()
+    used = sum(counts)
+    if p.call.phase == "wgrad":
+        return router(p.call.phase, p.x[:used], p.w[:used], counts)
+    out = router(p.call.phase, p.x[:used], p.w, counts)
+    if out is None or used == p.x.shape[0]:
+        return out
+    full = out.new_zeros(p.x.shape[0], out.shape[1])
+    full[:used] = out
+    return full
+
+
+def _run(p: _Pass, torch_call: Any, a: torch.Tensor) -> torch.Tensor:
     """The router's answer, else torch's kernel (``torch_call()``)."""
-    call, x, w, counts = found
+    router = routes.installed(routes.GROUPED)
+    route = getattr(router, "route_offsets", None)
     with inside:
-        out = routes.grouped(call.phase, x, w, counts)
-        return torch_call() if out is None else _answer(a, b, call, out)
+        try:
+            out = _with_counts(router, p) if route is None else route(p.call.phase, p.x, p.w, p.offsets)
+        except ValueError:  # offs that split no rows: torch's kernel, as without the override
+            out = None
+        return torch_call() if out is None else _answer(a, p.call, out)
 
 
 def _grouped_mm(torch_kernel: Any, keyset: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None,
@@ -138,12 +153,13 @@ def _grouped_mm(torch_kernel: Any, keyset: Any, a: torch.Tensor, b: torch.Tensor
         return torch_call()
     if profiler_on():  # the call under an annotation naming its problem, whoever runs it
         try:
-            name = grouped_trace_name(found[0].problem(dtype_name(a.dtype), found[3]), sum(found[3]))
-        except ValueError:  # a dtype no problem describes
-            return _run(found, torch_call, a, b)
+            counts = found.offsets.counts()  # a host read is fine while the profiler records
+            name = grouped_trace_name(found.call.problem(dtype_name(a.dtype), counts), sum(counts))
+        except ValueError:  # a dtype no problem describes, offs that split no rows
+            return _run(found, torch_call, a)
         with torch.autograd.profiler.record_function(name):
-            return _run(found, torch_call, a, b)
-    return _run(found, torch_call, a, b)
+            return _run(found, torch_call, a)
+    return _run(found, torch_call, a)
 
 
 def override(lib: torch.library.Library, key: str) -> None:

@@ -76,7 +76,9 @@ class Handle:
         """Per kind: ``routed`` and ``fallback`` call counts, ``stale`` (entries for another
         device or library version) and ``unusable`` (entries with no kernel here) entry
         counts, ``failed`` problems, ``problems`` (calls per problem key); online tuning
-        adds ``tuning`` calls and ``online`` (per problem: locked choice, calls, overhead).
+        adds ``tuning`` calls and ``online`` (per problem: locked choice, calls, overhead);
+        grouped GEMMs add ``offs_reads``, the calls that waited for the device to read their
+        ``offs`` on the host (per problem under ``problems``).
         A kind that cannot route here has ``available: False`` and a ``note``."""
         out: dict[str, dict[str, Any]] = {}
         act = self.activation
@@ -99,6 +101,9 @@ class Handle:
             for extra in ("tuning", "online"):
                 if extra in s:
                     row[extra] = s[extra]
+            if "offs_reads" in s:  # grouped GEMMs: calls that read their offs on the host (a device sync)
+                row["offs_reads"] = sum(s["offs_reads"].values())
+                row["problems"]["offs_reads"] = s["offs_reads"]
             out[kind] = row
         return out
 
@@ -122,6 +127,8 @@ class Handle:
                     f" back to torch; entries: {row['entries']}, {row['stale']} stale, {row['unusable']} unusable")
             if "tuning" in row:
                 line += f"; {sum(row['tuning'].values())} calls spent tuning"
+            if row.get("offs_reads"):
+                line += f"; {row['offs_reads']} calls read their offs on the host (a device sync each)"
             if row["failed"]:
                 line += f"; {len(row['failed'])} tuned kernels failed"
             lines.append(line)

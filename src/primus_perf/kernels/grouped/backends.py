@@ -10,6 +10,14 @@
 MoE layer reads them once per layer, as expert parallelism's all-to-all split sizes need
 anyway). Every backend accumulates in fp32 and returns the input dtype.
 
+A backend that needs only the group boundaries on the device also has ``mm_offs(x, w, ends)``
+and ``wgrad_offs(x, dy, ends)``: ``ends`` is the int32 device tensor of cumulative row ends
+an ``aten::_grouped_mm`` call was given (``offs``), ``x`` (and ``dy``) all the call's rows;
+rows past ``ends[-1]`` are no group's and are left unwritten, as torch's kernel leaves them.
+No host read, so no device sync (``passes.run_offsets`` picks the entry; ``offsets.Offsets``).
+``grouped_mm`` passes ``ends`` to torch as they are; ``triton`` builds its group tables from
+them on the device. The loop and padded bmm have none: they read the counts.
+
 Backends:
 
 - ``loop``: one ``torch.mm`` per non-empty group (the default).
@@ -49,6 +57,7 @@ import torch
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 
 MmFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
+EndsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 WhyNot = Callable[[torch.device, torch.dtype, int, int], "str | None"]
 
 
@@ -58,6 +67,8 @@ class Backend:
     mm: MmFn
     wgrad: MmFn
     unsupported: WhyNot
+    mm_offs: EndsFn | None = None  # the same product from the device ends (no host read)
+    wgrad_offs: EndsFn | None = None
 
 
 def _starts(counts: Sequence[int]) -> list[int]:
@@ -152,6 +163,14 @@ def _grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int]) 
     return torch._grouped_mm(xp.t(), dyp, offs=_offs(layout[1:], x.device))
 
 
+def _grouped_mm_mm_offs(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(x, w, offs=ends)
+
+
+def _grouped_mm_wgrad_offs(x: torch.Tensor, dy: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(x.t(), dy, offs=ends)
+
+
 def _grouped_mm_unsupported(device: torch.device, dtype: torch.dtype, k: int, n: int) -> str | None:
     if not hasattr(torch, "_grouped_mm"):
         return f"torch {torch.__version__} has no _grouped_mm"
@@ -225,12 +244,23 @@ def triton_backend(cfg: GroupedGemmConfig | None = None) -> Backend:
 
         return grouped_mm_wgrad(x, dy, counts, cfg)
 
-    return Backend("triton", mm, wgrad, _triton_unsupported)
+    def mm_offs(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        from primus_perf.kernels.grouped.triton_kernels import grouped_mm_offs
+
+        return grouped_mm_offs(x, w, ends, cfg)
+
+    def wgrad_offs(x: torch.Tensor, dy: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        from primus_perf.kernels.grouped.triton_kernels import grouped_mm_wgrad_offs
+
+        return grouped_mm_wgrad_offs(x, dy, ends, cfg)
+
+    return Backend("triton", mm, wgrad, _triton_unsupported, mm_offs, wgrad_offs)
 
 
 BACKENDS: dict[str, Backend] = {
     "loop": Backend("loop", _loop_mm, _loop_wgrad, _torch_ok),
-    "grouped_mm": Backend("grouped_mm", _grouped_mm_mm, _grouped_mm_wgrad, _grouped_mm_unsupported),
+    "grouped_mm": Backend("grouped_mm", _grouped_mm_mm, _grouped_mm_wgrad, _grouped_mm_unsupported,
+                          _grouped_mm_mm_offs, _grouped_mm_wgrad_offs),
     "padded_bmm": Backend("padded_bmm", _bmm_mm, _bmm_wgrad, _torch_ok),
     "triton": triton_backend(),
 }

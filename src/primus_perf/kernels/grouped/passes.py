@@ -3,8 +3,11 @@ a pass's operands (:func:`problem_of`) and one pass on a backend (:func:`run_bac
 
 A pass is ``(phase, a, b, counts)``: fwd ``x[T, K]``, ``w[G, K, N]``; dgrad ``dy[T, N]``,
 ``w.transpose(1, 2)``; wgrad ``x[T, K]``, ``dy[T, N]``; ``counts``: the host token counts
-per group (see :class:`~primus_perf.problems.GroupedGemmProblem`). Where a program's grouped
-GEMMs are routed is the runtime's business (``runtime.seams.grouped_mm``); the re-entrancy
+per group (see :class:`~primus_perf.problems.GroupedGemmProblem`), or an
+:class:`~.offsets.Offsets` (:func:`run_offsets`: the device ``offs`` of an
+``aten::_grouped_mm`` call, read on the host only by a backend that needs counts). Where a
+program's grouped GEMMs are routed is the runtime's business (``runtime.seams.grouped_mm``,
+``runtime.grouped_intercept``); the re-entrancy
 guard every routed grouped GEMM runs inside (:data:`inside`, :func:`in_grouped`) lives here,
 below both the runtime and the kernels that read it.
 """
@@ -17,7 +20,14 @@ from collections.abc import Sequence
 import torch
 
 from primus_perf.kernels.grouped.backends import Backend
-from primus_perf.problems import GROUPED_PASSES, GroupedGemmProblem, dtype_name, grouped_mm_call
+from primus_perf.kernels.grouped.offsets import Offsets
+from primus_perf.problems import (
+    GROUPED_PASSES,
+    GroupedGemmProblem,
+    GroupedMmCall,
+    dtype_name,
+    grouped_mm_call,
+)
 
 DEFAULT_BACKEND = "loop"
 
@@ -54,6 +64,39 @@ def run_backend(
     return backend.wgrad(a, b, counts) if phase == "wgrad" else backend.mm(a, b, counts)
 
 
+def run_offsets(backend: Backend, phase: str, a: torch.Tensor, b: torch.Tensor, offsets: Offsets) -> torch.Tensor:
+    """One pass with the groups as :class:`Offsets`: ``a`` (and a wgrad's ``b``) has
+    ``offsets.rows`` rows. A backend with a device entry (``mm_offs`` / ``wgrad_offs``) takes
+    the device ends as they are (no host read; rows past the last group are left as torch's
+    kernel leaves them, unwritten); any other reads the counts (one device sync per ``offs``
+    tensor), runs on the groups' rows and gives zeros for the rows past them."""
+    device_fn = backend.wgrad_offs if phase == "wgrad" else backend.mm_offs
+    if device_fn is not None and offsets.ends is not None:
+        return device_fn(a, b, offsets.ends)
+    counts = offsets.counts()
+    used = sum(counts)
+    if phase == "wgrad":
+        return backend.wgrad(a[:used], b[:used], counts)
+    out = backend.mm(a[:used], b, counts)
+    if used == a.shape[0]:
+        return out
+    full = out.new_zeros(a.shape[0], out.shape[1])
+    full[:used] = out
+    return full
+
+
+def _call_of(phase: str, a: torch.Tensor, b: torch.Tensor, groups: int) -> GroupedMmCall:
+    if phase not in GROUPED_PASSES:
+        raise ValueError(f"unknown grouped GEMM pass {phase!r}")
+    a_shape, a_strides = tuple(a.shape), a.stride()
+    if phase == "wgrad":  # the aten call's a is x^T
+        a_shape, a_strides = a_shape[::-1], a_strides[::-1]
+    call = grouped_mm_call(a_shape, a_strides, b.shape, b.stride(), groups, phase == "dgrad")
+    if call is None or call.phase != phase:
+        raise ValueError(f"grouped GEMM {phase}: operands {tuple(a.shape)} and {tuple(b.shape)} do not fit")
+    return call
+
+
 def problem_of(
     phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]
 ) -> GroupedGemmProblem:
@@ -62,12 +105,11 @@ def problem_of(
     analyzer share one reading). ``k``, ``n`` and ``trans_w`` describe the forward weight
     (``trans_w``: stored ``[G, N, K]`` and used transposed); a wgrad problem has
     ``trans_w=False``: it produces ``dW[G, K, N]`` whatever the weight's storage."""
-    if phase not in GROUPED_PASSES:
-        raise ValueError(f"unknown grouped GEMM pass {phase!r}")
-    a_shape, a_strides = tuple(a.shape), a.stride()
-    if phase == "wgrad":  # the aten call's a is x^T
-        a_shape, a_strides = a_shape[::-1], a_strides[::-1]
-    call = grouped_mm_call(a_shape, a_strides, b.shape, b.stride(), len(counts), phase == "dgrad")
-    if call is None or call.phase != phase:
-        raise ValueError(f"grouped GEMM {phase}: operands {tuple(a.shape)} and {tuple(b.shape)} do not fit")
-    return call.problem(dtype_name(a.dtype), list(counts))
+    return _call_of(phase, a, b, len(counts)).problem(dtype_name(a.dtype), list(counts))
+
+
+def shape_problem_of(phase: str, a: torch.Tensor, b: torch.Tensor, groups: int) -> GroupedGemmProblem:
+    """The problem of a pass as far as its shapes tell, without the counts: the balanced
+    split (skew 1), the key a trace that does not record ``offs`` names the call by. The
+    router's shape-level key (``router.shape_key``)."""
+    return _call_of(phase, a, b, groups).problem(dtype_name(a.dtype))

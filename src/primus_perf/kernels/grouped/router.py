@@ -2,18 +2,37 @@
 
 A cached choice is ``GroupedChoice(backend, config)``: ``backend`` is a row of
 ``backends.BACKENDS`` (``loop``, ``grouped_mm``, ``padded_bmm``, ``triton``), ``config``
-the Triton tiles when it is ``triton``. The router answers a pass of the routing point
-(``runtime.seams.grouped_pass``: ``(phase, a, b, counts)``) whose problem (``passes.problem_of``: the
-pass, shapes, dtype and token-distribution bucket) has a choice by running that backend,
-also when it is the per-expert loop (the caller may have named another backend); for any
-other problem it answers None and the caller's backend runs. ``summary()``:
-``routing.Router``.
+the Triton tiles when it is ``triton``.
+
+Which problems have a choice: a problem's key holds its pass, shapes, dtype, token bucket
+and skew bucket (``passes.problem_of``). Its *shape* is all of that but the skew: the
+balanced-split key (skew 1, ``passes.shape_problem_of``), which a call's operands give
+without its token counts. Where every cache entry of a shape (all its skew buckets) names
+the same choice, that choice runs for every call of the shape, whatever its skew; where
+entries of one shape disagree, the call's own key decides. A call whose counts are on the
+device only (:meth:`GroupedGemmRouter.route_offsets`) then takes them from a non-blocking
+copy (``offsets.Offsets.peek``) where it has landed (a layer's backward: its forward
+started the copy); where it has not (a forward), the call runs the choice its call site
+(the shape and the weight) ran last, and only the first call of a site reads its counts
+on the host, waiting for the device: counted in ``summary()["offs_reads"]``. A shape with
+no entry runs the caller's kernel without any host read.
+
+Two entries: ``router(phase, a, b, counts)`` for a pass with host counts (the routing point
+``runtime.seams.grouped_pass``; None: the caller's backend runs), and
+:meth:`~GroupedGemmRouter.route_offsets` for a pass whose groups are the device ``offs`` of
+an ``aten::_grouped_mm`` call (``runtime.grouped_intercept``; None: torch's kernel runs).
+``summary()``: ``routing.Router``'s, with ``offs_reads`` (calls that waited for the device
+to read their counts, by problem key). ``route_offsets`` counts a call under its shape's key
+(the counts do not decide it, whether or not they were read for its backend), unless its
+shape's entries differ by skew: then under its own key; the host-counts entry counts every
+call under its own key.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,7 +40,13 @@ import torch
 from primus_perf.errors import CacheError
 from primus_perf.kernels.grouped.backends import BACKENDS, Backend, triton_backend
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
-from primus_perf.kernels.grouped.passes import problem_of, run_backend
+from primus_perf.kernels.grouped.offsets import Offsets
+from primus_perf.kernels.grouped.passes import (
+    problem_of,
+    run_backend,
+    run_offsets,
+    shape_problem_of,
+)
 from primus_perf.kernels.routing import CachedChoice, Router, choice_solution, solution_backend
 from primus_perf.problems import GroupedGemmProblem
 
@@ -66,12 +91,36 @@ class GroupedChoice:
         return triton_backend(self.config) if self.config is not None else BACKENDS[self.backend]
 
 
+MIXED = "mixed"  # a shape whose entries name different choices by skew bucket
+
+
+def shape_key(problem: GroupedGemmProblem) -> str:
+    """The key of ``problem``'s shape: its balanced-split (skew 1) key."""
+    return replace(problem, skew=1.0).key()
+
+
+def _shapes(choices: Mapping[str, GroupedChoice]) -> dict[str, GroupedChoice | str]:
+    """Shape key -> the one choice of all its entries, or :data:`MIXED`."""
+    out: dict[str, GroupedChoice | str] = {}
+    for key, choice in choices.items():
+        try:
+            shape = shape_key(GroupedGemmProblem.from_key(key))
+        except ValueError:  # no problem key: found by its exact key only
+            continue
+        out[shape] = choice if out.get(shape, choice) == choice else MIXED
+    return out
+
+
 class GroupedGemmRouter(Router):
-    """Callable ``(phase, a, b, counts) -> Tensor | None`` over a table of cached choices."""
+    """Callable ``(phase, a, b, counts) -> Tensor | None`` over a table of cached choices;
+    :meth:`route_offsets` for a pass whose counts are on the device."""
 
     def __init__(self, choices: Mapping[str, GroupedChoice] | Iterable[tuple[str, GroupedChoice]]):
         super().__init__()
         self.choices: dict[str, GroupedChoice] = dict(choices)
+        self.shapes = _shapes(self.choices)
+        self.offs_reads: Counter[str] = Counter()
+        self._last: dict[tuple[str, int], str] = {}  # call site -> the key it ran last (mixed shapes)
         self._impls: dict[GroupedChoice, Backend] = {}
 
     @classmethod
@@ -85,17 +134,75 @@ class GroupedGemmRouter(Router):
                 raise CacheError(f"{GroupedGemmProblem.kind} cache entry {entry.problem_key}: {exc}") from None
         return cls(choices) if choices else None
 
-    def __call__(self, phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]):
-        try:
-            key = problem_of(phase, a, b, counts).key()
-        except ValueError:  # a dtype or pass no problem describes
-            self._fall_back("unsupported")
-            return None
-        choice = self.choices.get(key)
-        if choice is None:
-            self._fall_back(key)
-            return None
+    def _choice(self, problem: GroupedGemmProblem) -> GroupedChoice | None:
+        found = self.shapes.get(shape_key(problem))
+        if found is None:
+            return self.choices.get(problem.key())  # an entry no shape covers (not a problem key)
+        return self.choices.get(problem.key()) if found == MIXED else found
+
+    def _impl(self, choice: GroupedChoice) -> Backend:
         impl = self._impls.get(choice)
         if impl is None:
             impl = self._impls[choice] = choice.implementation()
+        return impl
+
+    def __call__(self, phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]):
+        try:
+            problem = problem_of(phase, a, b, counts)
+        except ValueError:  # a dtype or pass no problem describes
+            self._fall_back("unsupported")
+            return None
+        key = problem.key()
+        choice = self._choice(problem)
+        if choice is None:
+            self._fall_back(key)
+            return None
+        impl = self._impl(choice)
         return self._run(key, lambda: run_backend(impl, phase, a, b, counts))
+
+    def route_offsets(self, phase: str, a: torch.Tensor, b: torch.Tensor, offsets: Offsets):
+        """A pass whose groups are :class:`~.offsets.Offsets` (``a``, and a wgrad's ``b``, with
+        ``offsets.rows`` rows): the choice of its shape, read without the counts unless the
+        shape's entries disagree by skew (:meth:`_mixed_key`: a device sync for a call site's
+        first call only). None where no entry applies (torch's kernel runs, nothing read on
+        the host)."""
+        try:
+            problem = shape_problem_of(phase, a, b, offsets.groups)
+            key = problem.key()
+            if self.shapes.get(key) == MIXED:
+                key = self._mixed_key(key, phase, a, b, offsets)
+                problem = GroupedGemmProblem.from_key(key)
+        except ValueError:  # a dtype or pass no problem describes, offs that split no rows
+            self._fall_back("unsupported")
+            return None
+        if offsets.read:
+            self.offs_reads[key] += 1
+        choice = self._choice(problem)
+        if choice is None:
+            self._fall_back(key)
+            return None
+        impl = self._impl(choice)
+        read = offsets.read
+
+        def launch() -> torch.Tensor:
+            out = run_offsets(impl, phase, a, b, offsets)
+            if offsets.read and not read:  # the backend needed the counts
+                self.offs_reads[key] += 1
+            return out
+
+        return self._run(key, launch)
+
+    def _mixed_key(self, shape: str, phase: str, a: torch.Tensor, b: torch.Tensor, offsets: Offsets) -> str:
+        """The key of a call whose shape's entries differ by skew: from its counts where they
+        are at hand without waiting, else the key its call site ran last, else (the site's
+        first call) from its counts read on the host."""
+        site = (shape, b.data_ptr() if phase != "wgrad" else 0)  # the weight: one layer's GEMM
+        counts = offsets.peek()
+        if counts is None and site in self._last:
+            return self._last[site]
+        key = problem_of(phase, a, b, offsets.counts() if counts is None else counts).key()
+        self._last[site] = key
+        return key
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "offs_reads": dict(self.offs_reads)}

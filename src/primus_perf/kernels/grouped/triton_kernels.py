@@ -6,6 +6,12 @@ Both use a fixed grid of programs (one per SM/CU on a GPU) that walk the work it
 ``t % programs``. Groups are visited in the config's order ("natural", or "largest_first"
 so that the big groups' tiles are spread over all programs first and the small ones fill
 the tail). Tile offsets come from the group offsets on the device: no host work per tile.
+The group tables (starts, visit order) are built from host counts (:func:`grouped_mm`,
+:func:`grouped_mm_wgrad`) or, with no host read, from an ``aten::_grouped_mm`` call's device
+``offs`` (:func:`grouped_mm_offs`, :func:`grouped_mm_wgrad_offs`: the starts are the ends
+shifted by one, clamped to the rows and made non-decreasing, so no ``offs`` sends a program
+out of bounds; "largest_first" is a stable descending argsort of the counts, the host
+order's). Rows past the last group are left unwritten, as torch's kernel leaves them.
 
 - :func:`grouped_mm`: ``y[T, N] = x_g[c_g, K] @ W_g[K, N]`` for every group, ``w`` of any
   strides (so the input gradient passes ``w.transpose(1, 2)``). A group's tiles are
@@ -34,6 +40,7 @@ import triton.language as tl
 
 from primus_perf.devices import gpu_vendor
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.offsets import derived
 from primus_perf.kernels.triton_launch import launch_options
 
 INTERPRETER_PROGRAMS = 4  # grid on the CPU interpreter: every program walks several tiles
@@ -222,16 +229,31 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def grouped_mm(
-    x: torch.Tensor, w: torch.Tensor, counts: Sequence[int], cfg: GroupedGemmConfig
-) -> torch.Tensor:
-    """``y[T, N]``: rows of group g are ``x_g @ w[g]``; ``w`` is ``[G, K, N]`` of any strides."""
+def _device_tables(ends: torch.Tensor, rows: int, order: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_group_tables` from the device ends (int32 ``[G]``), on the device; once per
+    ``ends`` tensor, version, rows and order (a layer's three passes share its ``offs``)."""
+
+    def make(e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        G = e.shape[0]
+        starts = torch.zeros(G + 1, dtype=torch.int32, device=e.device)
+        if G:
+            starts[1:] = torch.cummax(e.to(torch.int32).clamp(0, rows), 0).values
+        if order == "largest_first":
+            visit = torch.argsort(starts[1:] - starts[:-1], descending=True, stable=True).to(torch.int32)
+        else:
+            visit = torch.arange(G, dtype=torch.int32, device=e.device)
+        return starts, visit
+
+    return derived(ends, f"triton-tables:{rows}:{order}", make)
+
+
+def _launch_mm(x: torch.Tensor, w: torch.Tensor, starts: torch.Tensor, visit: torch.Tensor,
+               cfg: GroupedGemmConfig) -> torch.Tensor:
     T, K = x.shape
     G, _, N = w.shape
     y = torch.empty(T, N, dtype=x.dtype, device=x.device)
-    if T == 0:
+    if T == 0 or G == 0:
         return y
-    starts, visit = _group_tables(counts, cfg.group_order, x.device)
     programs = _programs(x.device)
     _grouped_mm_kernel[(programs,)](
         x, w, y, starts, visit, G, N, K,
@@ -243,17 +265,13 @@ def grouped_mm(
     return y
 
 
-def grouped_mm_wgrad(
-    x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int], cfg: GroupedGemmConfig
-) -> torch.Tensor:
-    """``dw[G, K, N]`` with ``dw[g] = x_g^T @ dy_g`` (zeros for an empty group)."""
+def _launch_wgrad(x: torch.Tensor, dy: torch.Tensor, G: int, starts: torch.Tensor, visit: torch.Tensor,
+                  cfg: GroupedGemmConfig) -> torch.Tensor:
     K = x.shape[1]
     N = dy.shape[1]
-    G = len(counts)
     dw = torch.empty(G, K, N, dtype=x.dtype, device=x.device)
     if G == 0:
         return dw
-    starts, visit = _group_tables(counts, cfg.group_order, x.device)
     programs = _programs(x.device)
     _grouped_mm_wgrad_kernel[(programs,)](
         x, dy, dw, starts, visit, G, K, N,
@@ -263,3 +281,41 @@ def grouped_mm_wgrad(
         GROUP_M=cfg.group_m, PRECISION=_precision(x.dtype), **launch_options(cfg, gpu_vendor()),
     )  # fmt: skip
     return dw
+
+
+def grouped_mm(
+    x: torch.Tensor, w: torch.Tensor, counts: Sequence[int], cfg: GroupedGemmConfig
+) -> torch.Tensor:
+    """``y[T, N]``: rows of group g are ``x_g @ w[g]``; ``w`` is ``[G, K, N]`` of any strides."""
+    if x.shape[0] == 0:
+        return torch.empty(0, w.shape[2], dtype=x.dtype, device=x.device)
+    starts, visit = _group_tables(counts, cfg.group_order, x.device)
+    return _launch_mm(x, w, starts, visit, cfg)
+
+
+def grouped_mm_offs(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor, cfg: GroupedGemmConfig) -> torch.Tensor:
+    """:func:`grouped_mm` with the groups as the device ``ends`` of ``aten::_grouped_mm``
+    (``offs``): no host read; rows of ``x`` past the last group give unwritten rows of ``y``."""
+    if x.shape[0] == 0:
+        return torch.empty(0, w.shape[2], dtype=x.dtype, device=x.device)
+    starts, visit = _device_tables(ends, x.shape[0], cfg.group_order)
+    return _launch_mm(x, w, starts, visit, cfg)
+
+
+def grouped_mm_wgrad(
+    x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int], cfg: GroupedGemmConfig
+) -> torch.Tensor:
+    """``dw[G, K, N]`` with ``dw[g] = x_g^T @ dy_g`` (zeros for an empty group)."""
+    if not counts:
+        return torch.empty(0, x.shape[1], dy.shape[1], dtype=x.dtype, device=x.device)
+    starts, visit = _group_tables(counts, cfg.group_order, x.device)
+    return _launch_wgrad(x, dy, len(counts), starts, visit, cfg)
+
+
+def grouped_mm_wgrad_offs(
+    x: torch.Tensor, dy: torch.Tensor, ends: torch.Tensor, cfg: GroupedGemmConfig
+) -> torch.Tensor:
+    """:func:`grouped_mm_wgrad` with the groups as the device ``ends`` (``offs``): no host
+    read; each group contracts over its own rows; rows past the last group are no group's."""
+    starts, visit = _device_tables(ends, x.shape[0], cfg.group_order)
+    return _launch_wgrad(x, dy, ends.shape[0], starts, visit, cfg)
