@@ -381,9 +381,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
-    (row,) = doc["configs"]
-    assert {"plan", "groups", "tokens_per_s", "loss", "speedup"} <= set(row)
-    assert row["loss"]["steps"] == doc["settings"]["loss_steps"]
+    assert [row["name"] for row in doc["configs"]] == ["tiny", "tiny-moe"]
+    for row in doc["configs"]:
+        assert {"plan", "groups", "tokens_per_s", "loss", "speedup"} <= set(row)
+        assert row["loss"]["steps"] == doc["settings"]["loss_steps"]
+        assert sum(g["layers"] for g in row["groups"].values()) == len(row["plan"])
 
 
 def test_fp8_grouped_backend_says_why_not_on_cpu() -> None:
