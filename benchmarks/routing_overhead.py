@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -49,6 +50,7 @@ from primus_perf.runtime.intercept import Interception
 
 SMOKE_SOURCE = "smoke"  # the CPU kernel-table row: torch's GEMM where the library would run
 SMOKE_VERSIONS = {"smoke": "1"}
+PY_CALLS, PY_ROUNDS = 3000, 9  # the Python-path section: calls per round, interleaved rounds
 
 
 class _TorchAsLibrary:
@@ -59,9 +61,28 @@ class _TorchAsLibrary:
         pass
 
 
+class _Ready:
+    """A kernel that answers with one output made in advance: a call through it costs the
+    routing's Python and nothing else."""
+
+    def __init__(self, problem, device) -> None:
+        self.out = torch.empty(problem.n, problem.m, device=device)
+
+    def __call__(self, a, b):
+        return self.out
+
+    def close(self) -> None:
+        pass
+
+
+def _kinds(table: dict) -> dict:
+    return {"gemm": RouterPart(lambda es: gemm.GemmRouter.from_entries(list(es), table),
+                               lambda: dict(SMOKE_VERSIONS), lambda: gemm.GemmRouter([], table))}
+
+
 SMOKE_TABLE = {SMOKE_SOURCE: lambda problem, solution, device: _TorchAsLibrary()}
-SMOKE_KINDS = {"gemm": RouterPart(lambda es: gemm.GemmRouter.from_entries(list(es), SMOKE_TABLE),
-                                  lambda: dict(SMOKE_VERSIONS), lambda: gemm.GemmRouter([], SMOKE_TABLE))}
+SMOKE_KINDS = _kinds(SMOKE_TABLE)
+READY_KINDS = _kinds({SMOKE_SOURCE: lambda problem, solution, device: _Ready(problem, device)})
 
 
 def _entry(p, solution: dict, versions: dict) -> CacheEntry:
@@ -98,6 +119,44 @@ def _timed(fn, calls: int, cuda: bool) -> tuple[float, float | None]:
     return host, start.elapsed_time(end) / 1e3 / calls
 
 
+def _us(xs: list[float]) -> dict | None:
+    if not xs:
+        return None
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 2 else [xs[0]] * 3
+    return {"median_us": statistics.median(xs) * 1e6, "q1_us": q[0] * 1e6, "q3_us": q[2] * 1e6, "n": len(xs)}
+
+
+def python_path(args, cache_dir: Path) -> dict:
+    """The routing's own Python on the CPU (this host's): a 16x64 @ 64x64 fp32 call whose
+    entry's kernel answers with an output made in advance (no GEMM), through the router
+    (``router(a, b)``), the trainer's seam (``seams.matmul``) and ``torch.mm`` under enable()
+    (the aten override), against ``torch.mm`` itself; interleaved rounds, host time per call.
+    ``*_us`` minus ``kernel_us`` (calling that kernel directly) is what each path adds; the
+    override's figure also holds torch.mm's own binding and dispatch, which every call pays."""
+    from primus_perf.runtime import seams
+
+    a, b = torch.randn(16, 64), torch.randn(64, 64)
+    p = gemm.problem_of(a, b)
+    cache = cache_dir / "ready.json"
+    TuningCache(cache).put(_entry(p, *_tuned_solution(p, smoke=True)))
+    samples: dict[str, list[float]] = {"torch_mm": [], "kernel": [], "router": [], "seam": [], "override": []}
+    for _ in range(PY_ROUNDS):
+        samples["torch_mm"].append(_timed(partial(torch.mm, a, b), PY_CALLS, False)[0])
+        with primus_perf.enable(cache, kinds=("gemm",), router_kinds=READY_KINDS, device_type="cpu", log=None):
+            router, kernel = routes.installed("gemm"), _Ready(p, "cpu")
+            calls = {"kernel": partial(kernel, a, b), "router": partial(router, a, b),
+                     "seam": partial(seams.matmul, a, b), "override": partial(torch.mm, a, b)}
+            for name, fn in calls.items():
+                fn()  # the signature's first call resolves it
+                samples[name].append(_timed(fn, PY_CALLS, False)[0])
+            assert sum(router.summary()["routed"].values()) == 3 * (PY_CALLS + 1)
+    out = {"problem": p.key(), "calls_per_round": PY_CALLS, **{f"{k}_us": _us(v) for k, v in samples.items()}}
+    kernel_us = out["kernel_us"]["median_us"]
+    for name in ("router", "seam", "override"):
+        out[f"{name}_adds_us"] = out[f"{name}_us"]["median_us"] - kernel_us
+    return out
+
+
 def per_call(args, cache_dir: Path) -> dict:
     cuda = not args.smoke
     dev, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -125,14 +184,7 @@ def per_call(args, cache_dir: Path) -> dict:
                 samples[f"{side}_device"].append(device)
     expected = args.rounds * (args.calls + 1)
     assert routed_calls == expected, f"{routed_calls} of {expected} calls were routed"
-
-    def us(xs: list[float]) -> dict | None:
-        if not xs:
-            return None
-        q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 2 else [xs[0]] * 3
-        return {"median_us": statistics.median(xs) * 1e6, "q1_us": q[0] * 1e6, "q3_us": q[2] * 1e6, "n": len(xs)}
-
-    out = {"problem": p.key(), "calls_per_round": args.calls, **{k: us(v) for k, v in samples.items()}}
+    out = {"problem": p.key(), "calls_per_round": args.calls, **{k: _us(v) for k, v in samples.items()}}
     out["overhead_host_us"] = out["routed_host"]["median_us"] - out["plain_host"]["median_us"]
     if cuda:
         out["overhead_device_us"] = out["routed_device"]["median_us"] - out["plain_device"]["median_us"]
@@ -207,15 +259,20 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--result", type=Path)
     ap.add_argument("--smoke", action="store_true", help="the CPU: the script and the Python path, no GPU")
+    ap.add_argument("--python-path", action="store_true", help="only the routing's Python on the CPU (any machine)")
     ap.add_argument("model_args", nargs="*", help="examples/llama_train.py options after --")
     args = ap.parse_args()
+    if args.python_path:
+        print(json.dumps(python_path(args, Path(tempfile.mkdtemp())), indent=1))
+        return
     if args.smoke:
         args.calls, args.rounds, args.pairs, args.block = min(args.calls, 300), min(args.rounds, 3), 1, 1
     elif not torch.cuda.is_available():
         ap.error("needs a GPU (or --smoke)")
     cache_dir = Path(tempfile.mkdtemp())
     result = {"device": current_device().to_dict(), "versions": library_versions(), "smoke": args.smoke,
-              "per_call": per_call(args, cache_dir), "all_default_cache": all_default(args, cache_dir)}
+              "python_path": python_path(args, cache_dir), "per_call": per_call(args, cache_dir),
+              "all_default_cache": all_default(args, cache_dir)}
     print(json.dumps(result, indent=1))
     if args.result and not args.smoke:
         write_json(args.result, result)
