@@ -126,35 +126,63 @@ def _us(xs: list[float]) -> dict | None:
     return {"median_us": statistics.median(xs) * 1e6, "q1_us": q[0] * 1e6, "q3_us": q[2] * 1e6, "n": len(xs)}
 
 
-def python_path(args, cache_dir: Path) -> dict:
-    """The routing's own Python on the CPU (this host's): a 16x64 @ 64x64 fp32 call whose
-    entry's kernel answers with an output made in advance (no GEMM), through the router
-    (``router(a, b)``), the trainer's seam (``seams.matmul``) and ``torch.mm`` under enable()
-    (the aten override), against ``torch.mm`` itself; interleaved rounds, host time per call.
-    ``*_us`` minus ``kernel_us`` (calling that kernel directly) is what each path adds; the
-    override's figure also holds torch.mm's own binding and dispatch, which every call pays."""
+def _layers(a, b, cache: Path, kinds, device_type: str, kernel, rounds: int, calls: int,
+            extra: dict | None = None) -> dict[str, list[float]]:
+    """Host seconds per call, interleaved rounds: ``torch_mm`` (torch.mm, no enable), then
+    under enable(): ``kernel`` (the routed kernel called directly, as the router calls it),
+    ``router`` (``router(a, b)``), ``seam`` (``seams.matmul``: the trainer's path),
+    ``override`` (torch.mm: the aten override's path) and each of ``extra`` (name -> callable)."""
     from primus_perf.runtime import seams
 
+    samples: dict[str, list[float]] = {"torch_mm": []}
+    for _ in range(rounds):
+        samples["torch_mm"].append(_timed(partial(torch.mm, a, b), calls, False)[0])
+        with primus_perf.enable(cache, kinds=("gemm",), router_kinds=kinds, device_type=device_type, log=None):
+            router = routes.installed("gemm")
+            fns = {"kernel": partial(kernel, a, b), "router": partial(router, a, b),
+                   "seam": partial(seams.matmul, a, b), "override": partial(torch.mm, a, b), **(extra or {})}
+            for name, fn in fns.items():
+                fn()  # a signature's first call resolves it
+                samples.setdefault(name, []).append(_timed(fn, calls, False)[0])
+            assert sum(router.summary()["routed"].values()) == 3 * (calls + 1)
+    return samples
+
+
+def python_path(args, cache_dir: Path) -> dict:
+    """The routing's own Python on the CPU (this host's): a 16x64 @ 64x64 fp32 call whose
+    entry's kernel answers with an output made in advance (no GEMM), through the router,
+    the trainer's seam and ``torch.mm`` under enable() (the aten override), against
+    ``torch.mm`` itself (:func:`_layers`). ``*_adds_us``: each path's median less the
+    kernel's (the routing's Python); the override's also holds torch.mm's own binding and
+    dispatch, which every torch.mm call pays."""
     a, b = torch.randn(16, 64), torch.randn(64, 64)
     p = gemm.problem_of(a, b)
     cache = cache_dir / "ready.json"
     TuningCache(cache).put(_entry(p, *_tuned_solution(p, smoke=True)))
-    samples: dict[str, list[float]] = {"torch_mm": [], "kernel": [], "router": [], "seam": [], "override": []}
-    for _ in range(PY_ROUNDS):
-        samples["torch_mm"].append(_timed(partial(torch.mm, a, b), PY_CALLS, False)[0])
-        with primus_perf.enable(cache, kinds=("gemm",), router_kinds=READY_KINDS, device_type="cpu", log=None):
-            router, kernel = routes.installed("gemm"), _Ready(p, "cpu")
-            calls = {"kernel": partial(kernel, a, b), "router": partial(router, a, b),
-                     "seam": partial(seams.matmul, a, b), "override": partial(torch.mm, a, b)}
-            for name, fn in calls.items():
-                fn()  # the signature's first call resolves it
-                samples[name].append(_timed(fn, PY_CALLS, False)[0])
-            assert sum(router.summary()["routed"].values()) == 3 * (PY_CALLS + 1)
+    samples = _layers(a, b, cache, READY_KINDS, "cpu", _Ready(p, "cpu"), PY_ROUNDS, PY_CALLS)
     out = {"problem": p.key(), "calls_per_round": PY_CALLS, **{f"{k}_us": _us(v) for k, v in samples.items()}}
     kernel_us = out["kernel_us"]["median_us"]
     for name in ("router", "seam", "override"):
         out[f"{name}_adds_us"] = out[f"{name}_us"]["median_us"] - kernel_us
     return out
+
+
+def breakdown(args, a, b, p, solution: dict, cache: Path, kinds) -> dict:
+    """Where a routed call's host time goes, on the per-call problem's operands (the GPU's
+    in a GPU run): :func:`_layers` with the kernel of the cache entry, called as the router
+    calls it (its per-signature ``run``), and the parts of that call alone: ``new_empty``
+    (the output), ``stream`` (the current raw stream, GPU) and ``torch_mm_out`` (torch's
+    GEMM through the ``out=`` overload: what a call left to torch runs)."""
+    table = SMOKE_TABLE if args.smoke else gemm.KERNELS
+    kernel = table[gemm.solution_source(solution)](p, solution, a.device)
+    run = kernel.for_call(a, b) if hasattr(kernel, "for_call") else kernel
+    out_shape = (*a.shape[:-1], b.shape[-1])
+    extra = {"new_empty": partial(a.new_empty, out_shape), "torch_mm_out": partial(gemm.torch_mm, a, b)}
+    if a.is_cuda:
+        extra["stream"] = partial(torch._C._cuda_getCurrentRawStream, a.get_device())
+    samples = _layers(a, b, cache, kinds, a.device.type, run, args.rounds, args.calls, extra)
+    kernel.close()
+    return {k: _us(v) for k, v in samples.items()}
 
 
 def per_call(args, cache_dir: Path) -> dict:
@@ -188,6 +216,7 @@ def per_call(args, cache_dir: Path) -> dict:
     out["overhead_host_us"] = out["routed_host"]["median_us"] - out["plain_host"]["median_us"]
     if cuda:
         out["overhead_device_us"] = out["routed_device"]["median_us"] - out["plain_device"]["median_us"]
+    out["host_breakdown"] = breakdown(args, a, b, p, solution, cache, kinds)
     return out
 
 

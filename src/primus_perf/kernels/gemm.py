@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from primus_perf.kernels.blaslt.binding import BlasLt, Plan, load
 from primus_perf.kernels.blaslt.layout import refusal
 from primus_perf.kernels.routing import CachedChoice, Router
-from primus_perf.kernels.tracing import profiler_on
+from primus_perf.kernels.tracing import autograd_profiler
 from primus_perf.problems import GemmProblem, dtype_name, operand_layout
 
 WORKSPACE_BYTES = 32 * 2**20
@@ -255,6 +255,7 @@ class GemmRouter(Router):
         self._slots: list[GemmKernel] = []  # the kernel of each routed problem
         self._slot_of: dict[str, int] = {}  # problem key -> its slot
         self.unusable: set[str] = set()  # problems whose entry has no kernel here
+        self._profiler = autograd_profiler()  # its flag: tracing.profiler_on, read inline per call
 
     @classmethod
     def from_entries(cls, entries: list[CachedChoice], kernels: Mapping[str, KernelFactory] | None = None
@@ -306,7 +307,7 @@ class GemmRouter(Router):
             else:  # TORCH_CHOICE
                 self.routed[key] += 1
             return None
-        if profiler_on():
+        if self._profiler._is_profiler_enabled:  # tracing.profiler_on, inline
             out = self._run(key, traced_gemm_op(), a, b, self.id, slot)
             if out is None:
                 return None
