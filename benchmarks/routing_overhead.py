@@ -1,8 +1,10 @@
 """What routing costs: (a) the per-call overhead of a routed GEMM, (b) enable() with a cache of
-all-default entries against no enable, on ``examples/llama_train.py`` steps.
+all-default entries against no enable, on ``examples/llama_train.py`` steps, (c) the
+routing's own Python on CPU tensors.
 
     python benchmarks/routing_overhead.py --result benchmarks/results/routing_overhead_h100.json
     python benchmarks/routing_overhead.py --smoke          # CPU: checks the script (a test runs it)
+    python benchmarks/routing_overhead.py --python-path    # (c) alone, on any machine
 
 (a) One tiny GEMM (``--m/--n/--k``, bf16 on the GPU) whose cache entry is the cuBLASLt /
 hipBLASLt heuristic's first algorithm, called ``--calls`` times through ``torch.mm`` under
@@ -10,13 +12,18 @@ hipBLASLt heuristic's first algorithm, called ``--calls`` times through ``torch.
 ``torch.mm`` on the same operands, in interleaved rounds: host time per call (the
 program's thread, no synchronization inside the loop) and device time per call (CUDA
 events around the loop). The overhead per routed call is the difference of the host
-medians. ``--smoke`` runs the same path on the CPU with a kernel-table row that calls
-torch's GEMM in place of the library (the Python path alone).
+medians; ``host_breakdown`` times the layers of that call apart (:func:`breakdown`).
+``--smoke`` runs the same path on the CPU with a kernel-table row that calls torch's GEMM
+in place of the library.
 
 (b) Every GEMM problem of the example's step gets a cache entry that keeps torch's choice;
 blocks of ``--block`` steps alternate without enable / under enable (``--pairs`` each, a
 settling step after each switch): with every entry torch's, enable installs no GEMM
 override, so the ratio is the cost of having enabled it.
+
+(c) A cache entry whose kernel answers with an output made in advance (no GEMM), on tiny
+CPU tensors: what the router, the trainer's seam and the override add, in us per call, on
+this host (:func:`python_path`; a GPU run reports it too, for its host).
 
 The per-call figure is measured here, not by enable() itself: timing every routed call in
 the program would cost more than the routing does (two clock reads per call), so the
