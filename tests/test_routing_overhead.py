@@ -234,3 +234,43 @@ def test_routing_overhead_benchmark_smoke() -> None:
     path = data["python_path"]
     assert path["router_us"]["n"] == path["torch_mm_us"]["n"] > 1
     assert path["override_adds_us"] == path["override_us"]["median_us"] - path["kernel_us"]["median_us"]
+
+
+@pytest.mark.gpu
+def test_blaslt_router_keeps_same_shape_signatures_apart_on_the_gpu() -> None:
+    """The library's kernels through the router: four layouts of one shape, each with its
+    own heuristic algorithm, a bias call and a batch-1 3-D call, interleaved; each answer
+    matches the fp32 product, the counts per problem are the calls made, and a call with
+    an operand on the host goes to torch."""
+    from primus_perf.cache.store import CacheEntry
+    from primus_perf.devices import current_device
+    from primus_perf.kernels.blaslt.binding import load
+
+    def bf16(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+    a, b, a_t, b_t = bf16(64, 128), bf16(128, 128), bf16(128, 64).t(), bf16(128, 128).t()
+    bias = bf16(128)
+    calls = [(a, b, None), (a_t, b, None), (a, b_t, None), (a_t, b_t, None), (a, b, bias)]
+    entries = []
+    for x, y, z in calls:
+        p = problem_of(x, y)
+        with load().plan(p) as plan:
+            algo = plan.heuristics(1, gemm.WORKSPACE_BYTES)[0].algo
+        p = dataclasses.replace(p, epilogue="bias") if z is not None else p
+        entries.append(CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(),
+                                  device=current_device().to_dict(), versions={},
+                                  solution={"config": {"source": "cublaslt"}, "blob": algo}))
+    router = GemmRouter(entries)
+    expected: dict[str, int] = {}
+    for _ in range(3):
+        for x, y, z in [*calls, (a[None], b[None], None)]:
+            out = router(x, y, z)
+            ref = x.float() @ y.float() + (0 if z is None else z.float())
+            assert out is not None and out.shape == ref.shape
+            assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+            key = _key(x[0] if x.dim() == 3 else x, y[0] if y.dim() == 3 else y, z)
+            expected[key] = expected.get(key, 0) + 1
+    assert router(a, b.cpu()) is None
+    assert router.summary() == {"routed": expected, "fallback": {"unsupported": 1}, "failed": []}
+    router.close()
