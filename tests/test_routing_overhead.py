@@ -228,6 +228,9 @@ def test_routing_overhead_benchmark_smoke() -> None:
     per_call = data["per_call"]
     assert per_call["routed_host"]["n"] == per_call["plain_host"]["n"] == 3
     assert per_call["overhead_host_us"] == per_call["routed_host"]["median_us"] - per_call["plain_host"]["median_us"]
+    layers = per_call["host_breakdown"]
+    assert set(layers) == {"torch_mm", "kernel", "router", "seam", "override", "new_empty", "torch_mm_out"}
+    assert all(v["n"] == 3 for v in layers.values())
     default = data["all_default_cache"]
     assert default["entries"] > 0 and default["gemm_override_installed"] is False
     assert default["on"]["n"] == default["off"]["n"] == 1
