@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from primus_perf.kernels.blaslt.binding import BlasLt, Plan, load
 from primus_perf.kernels.blaslt.layout import refusal
 from primus_perf.kernels.routing import CachedChoice, Router
-from primus_perf.kernels.tracing import profiler_on
+from primus_perf.kernels.tracing import autograd_profiler
 from primus_perf.problems import GemmProblem, dtype_name, operand_layout
 
 WORKSPACE_BYTES = 32 * 2**20
@@ -46,7 +46,9 @@ _workspaces: dict[Any, Any] = {}  # device -> the BLAS-Lt workspace shared by ev
 
 
 class GemmKernel(Protocol):
-    """One problem's kernel: ``kernel(a, b)`` is ``a @ b`` (``close()`` releases it)."""
+    """One problem's kernel: ``kernel(a, b)`` is ``a @ b`` (``close()`` releases it). A kernel
+    may also have ``for_call(a, b)``: the callable the router then uses for every call of
+    that call's signature (what it can settle once per signature, settled)."""
 
     def __call__(self, a: Any, b: Any) -> Any: ...
 
@@ -115,33 +117,49 @@ class BlasLtKernel:
     The algorithm was chosen for pointers aligned to the vendor table's
     ``pointer_alignment`` (``blaslt.layout``); a call whose operand pointers are less aligned
     (a view at an offset into its storage) runs torch's GEMM instead, counted in
-    ``unaligned``. Everything but the pointers is built once (``Plan.launcher``)."""
+    ``unaligned``. Everything but the pointers and the stream is built once: the library
+    call's arguments (``Plan.launcher``) per kernel, the device's workspace and the output's
+    shape per call signature (:meth:`for_call`)."""
 
     def __init__(self, plan: Plan, algo: bytes) -> None:
-        import torch
-
         self.plan = plan
         self.algo = algo
         self.unaligned = 0
         self._launch = plan.launcher(algo, WORKSPACE_BYTES)
-        self._misaligned = plan.lt.t.pointer_alignment - 1  # a pointer with any of these bits set
-        self._stream = torch._C._cuda_getCurrentRawStream  # (device index) -> the raw stream
-        self._ws: dict[int, int] = {}  # device index -> workspace pointer
-        p = plan.problem  # the output's shape, by operand rank (torch's [M, N] is BLAS D^T)
-        self._out_shape = {2: (p.n, p.m), 3: (p.batch, p.n, p.m)}
+        self._runs: dict[tuple[int, int], Callable[[Any, Any], Any]] = {}  # (device index, rank) -> run
+
+    def for_call(self, a: Any, b: Any) -> Callable[[Any, Any], Any]:
+        """``run(a, b)`` for every call with the device and rank of these operands (the
+        router resolves one per call signature)."""
+        where = (a.get_device(), a.dim())
+        run = self._runs.get(where)
+        if run is None:
+            run = self._runs[where] = self._run_on(a.device, *where)
+        return run
+
+    def _run_on(self, device: Any, index: int, rank: int) -> Callable[[Any, Any], Any]:
+        import torch
+
+        p = self.plan.problem  # the output's shape, by operand rank (torch's [M, N] is BLAS D^T)
+        shape = (p.n, p.m) if rank == 2 else (p.batch, p.n, p.m)
+        misaligned = self.plan.lt.t.pointer_alignment - 1  # a pointer with any of these bits set
+        launch, ws = self._launch, _workspace(device)
+        stream = torch._C._cuda_getCurrentRawStream  # (device index) -> the raw stream
+        kernel = self
+
+        def run(a: Any, b: Any) -> Any:
+            a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+            if (a_ptr | b_ptr) & misaligned:  # blaslt.layout.aligned, inline
+                kernel.unaligned += 1
+                return torch_mm(a, b)
+            out = a.new_empty(shape)
+            launch(b_ptr, a_ptr, out.data_ptr(), ws, stream(index))  # BLAS A is torch's b
+            return out
+
+        return run
 
     def __call__(self, a: Any, b: Any) -> Any:
-        a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
-        if (a_ptr | b_ptr) & self._misaligned:  # blaslt.layout.aligned, inline
-            self.unaligned += 1
-            return torch_mm(a, b)
-        index = a.get_device()
-        ws = self._ws.get(index)
-        if ws is None:
-            ws = self._ws[index] = _workspace(a.device)
-        out = a.new_empty(self._out_shape[a.dim()])
-        self._launch(b_ptr, a_ptr, out.data_ptr(), ws, self._stream(index))
-        return out
+        return self.for_call(a, b)(a, b)
 
     def close(self) -> None:
         self.plan.close()
@@ -216,7 +234,16 @@ def traced_gemm_op() -> Any:
 
 class GemmRouter(Router):
     """Callable ``(a, b) -> Tensor | None`` over the cached GEMM entries of this device;
-    ``kernels``: the kernel table (source -> factory)."""
+    ``kernels``: the kernel table (source -> factory).
+
+    A call signature (what :func:`problem_of` and the kernel read of the operands: shapes,
+    strides, dtypes, devices, and the bias's dtype or its absence) is resolved once, on its
+    first call, into ``(problem key, slot, run)``: ``run`` is the callable of the problem's
+    kernel for that signature, or None where torch runs the call (``slot`` then says why:
+    :data:`TORCH_CHOICE` for an entry that keeps torch's choice, counted as routed; None
+    for no entry, no kernel here, an operand layout no kernel may be given, or a kernel that
+    failed, counted as fallback). Every later call of the signature costs one tuple, one
+    dict lookup, one counter and the launch."""
 
     def __init__(self, entries: list[CachedChoice], kernels: Mapping[str, KernelFactory] | None = None) -> None:
         super().__init__()
@@ -224,65 +251,80 @@ class GemmRouter(Router):
         self.kernels = KERNELS if kernels is None else kernels
         self.id = next(_router_ids)
         _live_routers[self.id] = self
-        # operand signature -> (key, slot in _slots | TORCH_CHOICE | None: no usable entry)
-        self._memo: dict[tuple, tuple[str, int | None]] = {}
+        self._memo: dict[tuple, tuple[str, int | None, Callable[[Any, Any], Any] | None]] = {}
         self._slots: list[GemmKernel] = []  # the kernel of each routed problem
+        self._slot_of: dict[str, int] = {}  # problem key -> its slot
         self.unusable: set[str] = set()  # problems whose entry has no kernel here
+        self._profiler = autograd_profiler()  # its flag: tracing.profiler_on, read inline per call
 
     @classmethod
     def from_entries(cls, entries: list[CachedChoice], kernels: Mapping[str, KernelFactory] | None = None
                      ) -> GemmRouter | None:
         return cls(entries, kernels) if entries else None
 
-    def _resolve(self, a, b, bias: bool) -> tuple[str, int | None]:
+    def _resolve(self, a, b, bias) -> tuple[str, int | None, Callable[[Any, Any], Any] | None]:
+        """``(key, slot, run)`` of a call signature (class docstring)."""
         try:
             p = problem_of(a, b)
         except ValueError:
-            return "unsupported", None
-        if bias:
+            return "unsupported", None, None
+        if a.device != b.device:  # the kernel would be handed a pointer of another device
+            return "unsupported", None, None
+        if bias is not None:
             p = dataclasses.replace(p, epilogue="bias")
         key = p.key()
         entry = self.entries.get(key)
-        if entry is None:
-            return key, None
+        if entry is None or key in self.failed or (bias is not None and bias.dtype != a.dtype):
+            return key, None, None  # (torch's addmm refuses a bias of another dtype: it says so)
         source = solution_source(entry.solution)
         if source == TORCH_SOURCE:
-            return key, TORCH_CHOICE
-        factory = self.kernels.get(source)
-        kernel = factory(GemmProblem.from_dict(entry.problem), entry.solution, a.device) if factory else None
-        if kernel is None:
-            self.unusable.add(key)
-            return key, None
-        self._slots.append(kernel)
-        return key, len(self._slots) - 1
+            return key, TORCH_CHOICE, None
+        slot = self._slot_of.get(key)
+        if slot is None:
+            factory = self.kernels.get(source)
+            kernel = factory(GemmProblem.from_dict(entry.problem), entry.solution, a.device) if factory else None
+            if kernel is None:
+                self.unusable.add(key)
+                return key, None, None
+            self._slots.append(kernel)
+            slot = self._slot_of[key] = len(self._slots) - 1
+        kernel = self._slots[slot]
+        for_call = getattr(kernel, "for_call", None)
+        return key, slot, kernel if for_call is None else for_call(a, b)
 
     def __call__(self, a, b, bias=None):
         """``a @ b`` (``+ bias``, a vector over the output's columns, when given: the problem
-        with the bias epilogue, run as the cached GEMM and one add) or None: torch runs it.
-        A call signature seen before costs one tuple, one dict lookup and the launch."""
-        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, bias is not None)
+        with the bias epilogue, run as the cached GEMM and one add) or None: torch runs it."""
+        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+               None if bias is None else bias.dtype)
         hit = self._memo.get(sig)
         if hit is None:
-            hit = self._memo[sig] = self._resolve(a, b, bias is not None)
-        key, slot = hit
-        if slot is None:
-            self._fall_back(key)
+            hit = self._memo[sig] = self._resolve(a, b, bias)
+        key, slot, run = hit
+        if run is None:
+            if slot is None:
+                self.fallback[key] += 1
+            else:  # TORCH_CHOICE
+                self.routed[key] += 1
             return None
-        if slot == TORCH_CHOICE:
-            self.routed[key] += 1
-            return None
-        if profiler_on():
+        if self._profiler._is_profiler_enabled:  # tracing.profiler_on, inline
             out = self._run(key, traced_gemm_op(), a, b, self.id, slot)
-        elif key in self.failed:
-            self._fall_back(key)
-            return None
+            if out is None:
+                return None
         else:  # Router._run, inline: the path every routed call takes
             try:
-                out = self._slots[slot](a, b)
+                out = run(a, b)
             except Exception as exc:
                 return self._failure(key, exc)
             self.routed[key] += 1
-        return out if out is None or bias is None else out.add_(bias)
+        return out if bias is None else out.add_(bias)
+
+    def _failure(self, key: str, exc: Exception) -> None:
+        """Router._failure, and every signature of the problem goes to torch from now on."""
+        super()._failure(key, exc)
+        for sig, (k, _, _) in list(self._memo.items()):
+            if k == key:
+                self._memo[sig] = (key, None, None)
 
     @property
     def routes_nothing(self) -> bool:
@@ -299,6 +341,7 @@ class GemmRouter(Router):
         for kernel in self._slots:
             kernel.close()
         self._slots.clear()
+        self._slot_of.clear()
         self._memo.clear()
         self.entries.clear()
         _live_routers.pop(self.id, None)

@@ -48,15 +48,8 @@ _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return routes.gemm(a, b)
-
-
-_bmm = _mm  # a batched GEMM takes the same route (routes.gemm reads the operands' rank)
-
-
 def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
-    if beta == 1 and alpha == 1 and bias.dim() == 1 and bias.shape[0] == b.shape[-1]:
+    if beta == 1 and alpha == 1 and bias.dim() == 1 and bias.shape[0] == b.shape[-1]:  # the bias epilogue
         return routes.gemm(a, b, bias)
     out = a.new_empty((a.shape[0], b.shape[1]))
     return torch.ops.aten.addmm.out(bias, a, b, beta=beta, alpha=alpha, out=out)
@@ -91,8 +84,9 @@ class Intercept:
 
 
 def _gemm_overrides(lib: torch.library.Library, key: str) -> None:
-    lib.impl("mm", _mm, key)
-    lib.impl("bmm", _bmm, key)
+    # mm and bmm call routes.gemm itself (one Python frame per GEMM: it reads the operands' rank)
+    lib.impl("mm", routes.gemm, key)
+    lib.impl("bmm", routes.gemm, key)
     lib.impl("addmm", _addmm, key)
 
 

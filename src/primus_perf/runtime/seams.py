@@ -58,9 +58,12 @@ def set_sdpa_backend(name: str) -> None:
     _sdpa_backend = None if name == "auto" else name
 
 
+_GEMM = GEMM.name
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for 2-D operands: the router's answer when it gives one, else torch's."""
-    if routes.installed(GEMM.name) is None:
+    if routes.installed(_GEMM) is None:
         return torch.mm(a, b)
     return routes.gemm(a, b)
 

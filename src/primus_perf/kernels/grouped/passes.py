@@ -31,14 +31,19 @@ from primus_perf.problems import (
 
 DEFAULT_BACKEND = "loop"
 
-_local = threading.local()  # .depth: > 0 while a grouped GEMM runs on this thread
+
+class _Local(threading.local):
+    depth = 0  # > 0 while a grouped GEMM runs on this thread (a class default: no getattr miss per read)
+
+
+_local = _Local()
 
 
 class _Inside:
     """While entered, this thread runs a grouped GEMM (:func:`in_grouped`)."""
 
     def __enter__(self) -> None:
-        _local.depth = getattr(_local, "depth", 0) + 1
+        _local.depth += 1
 
     def __exit__(self, *exc: object) -> None:
         _local.depth -= 1
@@ -54,7 +59,7 @@ def in_grouped() -> bool:
     not routed again. The grouped problem is what was tuned, timed with those GEMMs as torch
     runs them; its pieces (per-expert slices, a zero-padded batch) change shape with every
     step's token split and are no problem the GEMM router was tuned for."""
-    return getattr(_local, "depth", 0) > 0
+    return _local.depth > 0
 
 
 def run_backend(
