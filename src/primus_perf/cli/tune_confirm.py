@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from primus_perf.cli.common import console
@@ -22,7 +23,7 @@ def confirm_table(run) -> Table:
     table.add_column("problem", no_wrap=True)
     table.add_column("choice")
     table.add_column("before (how measured)")
-    table.add_column("in the step [q1-q3]", justify="right")
+    table.add_column(escape("in the step [q1-q3]"), justify="right")
     table.add_column("calls", justify="right")
     table.add_column("verdict")
     for row in run.rows:
@@ -31,7 +32,8 @@ def confirm_table(run) -> Table:
         figure = f"{v.speedup:.3f}x [{v.low:.3f}-{v.high:.3f}]" if v.speedup is not None else \
             f"{v.pairs} of {v.wanted} pairs"
         verdict = {"kept": "kept", "dropped": f"dropped: {v.baseline} kept"}.get(v.status, "unconfirmed (too few)")
-        table.add_row(v.kind, row.problem, v.choice, before, figure, str(2 * v.pairs), verdict)
+        table.add_row(v.kind, escape(row.problem), escape(v.choice), escape(before), escape(figure), str(2 * v.pairs),
+                      escape(verdict))
     return table
 
 
@@ -55,6 +57,7 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(30, "--steps", min=2, help="With --config: training steps at most (it stops"
                                   " once every problem has its verdict)"),
         samples: int = typer.Option(8, "--samples", min=2, help="Counted pairs (one call of each side) per problem"),
+        warmup: int = typer.Option(2, "--warmup", min=0, help="Pairs per problem not counted (cold first calls)"),
         margin: float = typer.Option(0.01, "--margin", min=0.0, help="Least in-step gain that keeps a choice,"
                                      " when the measured noise (half the ratios' IQR) is smaller"),
     ) -> None:
@@ -67,7 +70,7 @@ def register(app: typer.Typer) -> None:
         from primus_perf.runtime.confirm import ConfirmPolicy
 
         open_cache(cache)  # a regular, non-empty file
-        policy = ConfirmPolicy(samples=samples, margin=margin)
+        policy = ConfirmPolicy(samples=samples, warmup=warmup, margin=margin)
         extra = list(args or ())
         if config is not None:
             from primus_perf.closed_loop import confirm_trainer
