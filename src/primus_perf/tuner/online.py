@@ -262,7 +262,8 @@ class _Report:
 class OnlineRouter(Router):
     """A router that tunes what ``offline`` (the cache's router of this kind, holding the
     problems ``offline_keys``: ``Activation.keys``) does not hold; ``summary()`` adds
-    ``tuning`` (tuning calls per problem) and ``online``."""
+    ``tuning`` (tuning calls per problem) and ``online`` (per locked problem: the final
+    choice, the one tried, the in-step figure, ``confirm_calls``, the tuning cost)."""
 
     def __init__(
         self,
@@ -292,6 +293,7 @@ class OnlineRouter(Router):
         self.locked: dict[str, Pooled] = {}
         self.reports: dict[str, _Report] = {}
         self.tuning_calls: dict[str, int] = {}
+        self.confirm_calls: dict[str, int] = {}  # calls that confirmed a lock in the step
         self.online: dict[str, dict[str, Any]] = {}
         self.unusable = getattr(offline, "unusable", set())
 
@@ -386,7 +388,7 @@ class OnlineRouter(Router):
             del self.confirming[key]
             return self._failure(key, exc)
         c.confirmation.add(CHOICE if side == CHOICE else BASELINE, sample)
-        self.tuning_calls[key] = self.tuning_calls.get(key, 0) + 1
+        self.confirm_calls[key] = self.confirm_calls.get(key, 0) + 1
         return out
 
     def _final(self, key: str, problem: Any, state: ProblemTuning, verdict: Verdict | None) -> None:
@@ -409,6 +411,7 @@ class OnlineRouter(Router):
             "chosen": final, "tried": chosen, "calls": state.calls, "candidates": len(state.pool),
             "dropped": list(state.dropped), "speedup": verdict.speedup if verdict is not None else 1.0,
             "tuning_speedup": sampled, "in_step": verdict.figure() if verdict is not None else None,
+            "confirm_calls": self.confirm_calls.get(key, 0),
             "gpu_overhead_ms": state.gpu_overhead_s() * 1e3, "host_ms": report.host_s * 1e3,
             "validation_ms": report.validation_s * 1e3,
         }
@@ -420,7 +423,7 @@ class OnlineRouter(Router):
             written = f"not written ({exc})"
         head = f"online {self.adapter.kind} {problem}: "
         if verdict is None:
-            head += f"locked {default} (no candidate beat it by the margin in {state.calls} tuning calls)"
+            head += f"locked {default} (no candidate beat it by the margin in the tuning samples)"
         elif verdict.status == KEPT:
             head += (f"locked {chosen}: {verdict.speedup:.3f}x {default} in the step [{verdict.low:.3f}-"
                      f"{verdict.high:.3f}], {2 * verdict.pairs} calls")
