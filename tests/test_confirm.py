@@ -234,3 +234,46 @@ def test_cache_show_says_how_each_speedup_was_measured(tmp_path: Path) -> None:
     assert "2.000x isolated" in res.output and "2.000x online samples" in res.output
     assert "1.031x torch in the step [1.012-1.049], 16 calls (isolated 2.000x)" in res.output
     assert "torch kept: heur2 0.990x in the step [0.970-1.010], 16 calls (isolated 2.000x)" in res.output
+
+
+class LoopRouter:
+    """A grouped router whose one cached choice is the per-expert loop."""
+
+    def __init__(self, key: str) -> None:
+        self.choices = {key: GroupedChoice("loop")}
+
+    def __call__(self, phase, a, b, counts):
+        return run_backend(BACKENDS["loop"], phase, a, b, counts)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_device_events_drop_a_slow_choice_and_keep_a_fast_one(tmp_path: Path) -> None:
+    """CUDA events recorded on the current stream, read when complete: a GEMM choice doing
+    16x the work is dropped; a grouped choice over a fallback doing 16x the work is kept."""
+    from primus_perf.runtime.confirm import DeviceClock
+
+    dev = "cuda"
+    a, b = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16), torch.randn(2048, 2048, device=dev,
+                                                                                   dtype=torch.bfloat16)
+    confirmer = Confirmer(ConfirmPolicy(samples=8, warmup=2), DeviceClock())
+    router = GemmRouter.from_entries([_entry("gemm", problem_of(a, b), {"config": {"name": "slow", "source": "slowblas"},
+                                                                        "blob": b""}, VERSIONS)],
+                                     {"slowblas": lambda p, s, d: RepeatedKernel()})
+    counts = [512, 64, 0, 448]
+    x, w = torch.randn(sum(counts), 1024, device=dev, dtype=torch.bfloat16), \
+        torch.randn(len(counts), 1024, 1024, device=dev, dtype=torch.bfloat16)
+    grouped = LoopRouter(grouped_problem_of("fwd", x, w, counts).key())
+
+    def slow_fallback():
+        for _ in range(REPEAT - 1):
+            run_backend(BACKENDS["loop"], "fwd", x, w, counts)
+        return run_backend(BACKENDS["loop"], "fwd", x, w, counts)
+
+    for _ in range(30):
+        confirmer.gemm(router, a, b)
+        confirmer.grouped(grouped, "fwd", x, w, counts, slow_fallback, "slow_loop")
+    verdicts = {v.kind: v for v in confirmer.finish()}
+    assert verdicts["gemm"].status == DROPPED and verdicts["gemm"].speedup < 0.2, verdicts["gemm"].text()
+    assert verdicts["grouped_gemm"].status == KEPT and verdicts["grouped_gemm"].speedup > 5, \
+        verdicts["grouped_gemm"].text()
+    assert "device events" in verdicts["gemm"].method

@@ -25,6 +25,7 @@ def confirm_table(run) -> Table:
     table.add_column("before (how measured)")
     table.add_column(escape("in the step [q1-q3]"), justify="right")
     table.add_column("calls", justify="right")
+    table.add_column("us saved a call", justify="right")
     table.add_column("verdict")
     for row in run.rows:
         v = row.verdict
@@ -32,8 +33,9 @@ def confirm_table(run) -> Table:
         figure = f"{v.speedup:.3f}x [{v.low:.3f}-{v.high:.3f}]" if v.speedup is not None else \
             f"{v.pairs} of {v.wanted} pairs"
         verdict = {"kept": "kept", "dropped": f"dropped: {v.baseline} kept"}.get(v.status, "unconfirmed (too few)")
+        saved = f"{v.saving_us:.1f}" if v.saving_us is not None else "-"
         table.add_row(v.kind, escape(row.problem), escape(v.choice), escape(before), escape(figure), str(2 * v.pairs),
-                      escape(verdict))
+                      saved, escape(verdict))
     return table
 
 

@@ -170,7 +170,15 @@ class Verdict:
             "method": self.method, "baseline": self.baseline, "choice": self.choice, "verdict": self.status,
             "speedup": self.speedup, "low": self.low, "high": self.high, "samples": self.pairs,
             "choice_ms": self.choice_ms, "baseline_ms": self.baseline_ms, "threshold": self.threshold,
+            "saving_us": self.saving_us,
         }
+
+    @property
+    def saving_us(self) -> float | None:
+        """What the choice saves a call in the step (median times; negative: it costs)."""
+        if self.choice_ms is None or self.baseline_ms is None:
+            return None
+        return (self.baseline_ms - self.choice_ms) * 1e3
 
     def spread(self) -> str:
         if self.speedup is None:
@@ -178,10 +186,11 @@ class Verdict:
         return f"{self.speedup:.3f}x [{self.low:.3f}-{self.high:.3f}], {2 * self.pairs} calls"
 
     def text(self) -> str:
-        """One line: ``heur2: 1.030x torch in the step [1.010-1.050], 16 calls: kept``."""
+        """One line: ``heur2: 1.030x torch in the step [1.010-1.050], 16 calls, 2.1 us saved a
+        call: kept``."""
         if self.status == KEPT:
             return (f"{self.choice}: {self.speedup:.3f}x {self.baseline} in the step [{self.low:.3f}-{self.high:.3f}],"
-                    f" {2 * self.pairs} calls: kept")
+                    f" {2 * self.pairs} calls, {self.saving_us:.1f} us saved a call: kept")
         if self.status == DROPPED:
             return (f"{self.choice} not confirmed in the step ({self.spread()}; needs >"
                     f" {1 + self.threshold:.3f}x): {self.baseline} kept")

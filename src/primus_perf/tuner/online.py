@@ -426,7 +426,7 @@ class OnlineRouter(Router):
             head += f"locked {default} (no candidate beat it by the margin in the tuning samples)"
         elif verdict.status == KEPT:
             head += (f"locked {chosen}: {verdict.speedup:.3f}x {default} in the step [{verdict.low:.3f}-"
-                     f"{verdict.high:.3f}], {2 * verdict.pairs} calls")
+                     f"{verdict.high:.3f}], {2 * verdict.pairs} calls, {verdict.saving_us:.1f} us saved a call")
         elif verdict.speedup is not None:
             head += (f"{chosen} not confirmed in the step ({verdict.speedup:.3f}x [{verdict.low:.3f}-"
                      f"{verdict.high:.3f}], {2 * verdict.pairs} calls): {default} kept")
