@@ -277,3 +277,15 @@ def test_on_the_gpu_device_events_drop_a_slow_choice_and_keep_a_fast_one(tmp_pat
     assert verdicts["grouped_gemm"].status == KEPT and verdicts["grouped_gemm"].speedup > 5, \
         verdicts["grouped_gemm"].text()
     assert "device events" in verdicts["gemm"].method
+
+
+def test_an_entry_with_a_malformed_in_step_figure_is_skipped_and_named(tmp_path: Path) -> None:
+    p = problem_of(torch.randn(8, 16), torch.randn(16, 8))
+    good = _entry("gemm", p, {"config": {"name": "torch", "source": "torch"}, "blob": b""}, VERSIONS,
+                  in_step={"speedup": 1.0, "verdict": "dropped"})
+    bad = {**good.to_dict(), "problem_key": "other", "in_step": {"speedup": "fast"}}
+    (tmp_path / "c.json").write_text(json.dumps({"schema": 1, "entries": [good.to_dict(), bad]}))
+    notes: list[str] = []
+    entries = TuningCache(tmp_path / "c.json", report_stale=notes.append).entries()
+    assert [e.problem_key for e in entries] == [p.key()] and entries[0].in_step["verdict"] == "dropped"
+    assert len(notes) == 1 and "in_step speedup must be a number" in notes[0]

@@ -145,7 +145,8 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
                     policy: Any = None, clock: Any = None, say: Say = lambda _m: None) -> Any:
     """Confirm the cache's choices inside ``steps`` training steps of ``config`` at most
     (``tuner.confirm.confirm_run``: each routed problem's choice against the baseline,
-    alternating calls; it stops once every problem has its verdict) and correct the cache.
+    alternating calls, from the second step on; it stops once every problem has its
+    verdict) and correct the cache.
     Returns the ``tuner.confirm.ConfirmRun``."""
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
@@ -154,9 +155,14 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
     cfg = load_config(config, overrides)
 
     def run(confirmer: Any) -> int:
+        from primus_perf.runtime import routes
+
         trainer = Trainer(cfg)
         try:
-            for i in range(steps):
+            routes.confirm_with(None)  # the first step (allocation, library set-up) is not timed
+            trainer.train_step()
+            routes.confirm_with(confirmer)
+            for i in range(steps - 1):
                 trainer.train_step()
                 if i >= 1 and not confirmer.confirming:  # every problem seen has its verdict
                     break
