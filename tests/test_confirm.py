@@ -289,3 +289,48 @@ def test_an_entry_with_a_malformed_in_step_figure_is_skipped_and_named(tmp_path:
     entries = TuningCache(tmp_path / "c.json", report_stale=notes.append).entries()
     assert [e.problem_key for e in entries] == [p.key()] and entries[0].in_step["verdict"] == "dropped"
     assert len(notes) == 1 and "in_step speedup must be a number" in notes[0]
+
+
+SCRIPT = """
+import torch
+
+counts = [40, 8, 0, 16]
+x, w = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(4, 32, 24, dtype=torch.bfloat16)
+offs = torch.tensor(counts).cumsum(0).to(torch.int32)
+for _ in range(30):
+    torch._grouped_mm(x, w, offs=offs)
+"""
+
+
+def test_cli_confirm_of_a_program_times_its_grouped_mm_calls_against_torchs_kernel(tmp_path: Path) -> None:
+    from primus_perf.problems import grouped_mm_call
+
+    script = tmp_path / "prog.py"
+    script.write_text(SCRIPT)
+    counts = [40, 8, 0, 16]
+    call = grouped_mm_call((64, 32), (32, 1), (4, 32, 24), (768, 24, 1), len(counts), False)
+    problem = call.problem("bf16", counts)
+    choice = GroupedChoice("padded_bmm")
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(_entry("grouped_gemm", problem, {"config": {"name": "padded_bmm", **choice.to_solution()},
+                                                           "blob": b""}, library_versions()))
+    res = CliRunner().invoke(app, ["confirm", "--cache", str(cache), "--samples", "4", "--", str(script)],
+                             terminal_width=300)
+    assert res.exit_code == 0, res.output
+    (e,) = TuningCache(cache).entries()
+    assert e.in_step is not None and e.in_step["baseline"] == "grouped_mm", res.output  # torch's own kernel
+    assert e.in_step["verdict"] in ("kept", "dropped") and e.in_step["samples"] >= 4
+    assert e.solution["config"]["backend"] == ("padded_bmm" if e.in_step["verdict"] == "kept" else "grouped_mm")
+
+
+def test_cli_confirm_without_a_run_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(_entry("gemm", problem_of(torch.randn(8, 16), torch.randn(16, 8)),
+                                  {"config": {"name": "torch", "source": "torch"}, "blob": b""}, VERSIONS))
+    from primus_perf.cli.common import run_app
+
+    with pytest.raises(SystemExit) as exc:
+        run_app(app, ["confirm", "--cache", str(cache)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "needs a run" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
