@@ -18,7 +18,7 @@ from primus_perf.devices import current_device
 from primus_perf.kernels.gemm import GemmRouter, problem_of, torch_mm
 from primus_perf.kernels.grouped.backends import BACKENDS
 from primus_perf.kernels.grouped.passes import problem_of as grouped_problem_of
-from primus_perf.kernels.grouped.passes import run_backend
+from primus_perf.kernels.grouped.passes import run_backend, shape_problem_of
 from primus_perf.kernels.grouped.router import GroupedChoice, library_versions
 from primus_perf.kinds import RouterPart
 from primus_perf.runtime import routes
@@ -239,8 +239,8 @@ def test_cache_show_says_how_each_speedup_was_measured(tmp_path: Path) -> None:
 class LoopRouter:
     """A grouped router whose one cached choice is the per-expert loop."""
 
-    def __init__(self, key: str) -> None:
-        self.choices = {key: GroupedChoice("loop")}
+    def __init__(self, shape: str) -> None:
+        self.shapes = {shape: GroupedChoice("loop")}
 
     def __call__(self, phase, a, b, counts):
         return run_backend(BACKENDS["loop"], phase, a, b, counts)
@@ -262,7 +262,7 @@ def test_on_the_gpu_device_events_drop_a_slow_choice_and_keep_a_fast_one(tmp_pat
     counts = [512, 64, 0, 448]
     x, w = torch.randn(sum(counts), 1024, device=dev, dtype=torch.bfloat16), \
         torch.randn(len(counts), 1024, 1024, device=dev, dtype=torch.bfloat16)
-    grouped = LoopRouter(grouped_problem_of("fwd", x, w, counts).key())
+    grouped = LoopRouter(shape_problem_of("fwd", x, w, len(counts)).key())
 
     def slow_fallback():
         for _ in range(REPEAT - 1):
@@ -271,7 +271,8 @@ def test_on_the_gpu_device_events_drop_a_slow_choice_and_keep_a_fast_one(tmp_pat
 
     for _ in range(30):
         confirmer.gemm(router, a, b)
-        confirmer.grouped(grouped, "fwd", x, w, counts, slow_fallback, "slow_loop")
+        confirmer.grouped(grouped, "fwd", x, w, len(counts), lambda: grouped("fwd", x, w, counts), slow_fallback,
+                          "slow_loop")
     verdicts = {v.kind: v for v in confirmer.finish()}
     assert verdicts["gemm"].status == DROPPED and verdicts["gemm"].speedup < 0.2, verdicts["gemm"].text()
     assert verdicts["grouped_gemm"].status == KEPT and verdicts["grouped_gemm"].speedup > 5, \

@@ -13,7 +13,10 @@ call where it runs: between two device events recorded on the current stream
 they have completed (``query``), never waited for inside a step; :meth:`Confirmer.finish`
 synchronizes once at the end and reads the rest.
 
-Consecutive calls of a problem make a pair (one call of each side); the first
+A grouped GEMM is confirmed per problem *shape* (its key without the skew bucket,
+``passes.shape_problem_of``): the router decides by shape, and a call's shape needs no host
+read of its counts; a shape whose entries name different choices by skew is routed as
+usual, not confirmed. Consecutive calls of a problem make a pair (one call of each side); the first
 ``ConfirmPolicy.warmup`` pairs are not counted (a cold first call, the allocator growing,
 lazy initialisation). After ``ConfirmPolicy.samples`` counted pairs the problem gets its
 :class:`Verdict`: the in-step speedup is the median of the per-pair ratios (baseline time /
@@ -34,11 +37,14 @@ from typing import Any, Protocol
 
 from primus_perf.kernels.gemm import problem_of as gemm_problem_of
 from primus_perf.kernels.gemm import torch_mm
-from primus_perf.kernels.grouped.passes import problem_of as grouped_problem_of
+from primus_perf.kernels.grouped.passes import shape_problem_of
+from primus_perf.kinds import GEMM, GROUPED
 
 CHOICE, BASELINE = "choice", "baseline"
 KEPT, DROPPED, UNCONFIRMED = "kept", "dropped", "unconfirmed"
 TORCH = "torch"  # a GEMM's baseline: torch's own kernel
+GEMM_KIND = GEMM.name
+GROUPED_KIND = GROUPED.name  # its verdicts are per problem shape (every skew bucket of it)
 # how the figures were measured (stored with each in-step figure)
 DEVICE_METHOD = "in the step: alternating calls (ABBA), device events on the current stream, median of per-pair ratios"
 HOST_METHOD = "in the step: alternating calls (ABBA), host clock, median of per-pair ratios"
@@ -270,12 +276,7 @@ class ProblemConfirmation:
 
 
 def _choice_name(router: Any, key: str) -> str:
-    """The readable name of a router's cached choice for ``key`` (GEMM: the entry's config
-    name; grouped GEMM: the backend's label)."""
-    choices = getattr(router, "choices", None)
-    if choices is not None and key in choices:
-        choice = choices[key]
-        return choice.label() if hasattr(choice, "label") else str(choice)
+    """The readable name of a GEMM router's cached choice for ``key`` (the entry's config name)."""
     entry = (getattr(router, "entries", None) or {}).get(key)
     if entry is not None:
         config = entry.solution.get("config") or {}
@@ -313,27 +314,25 @@ class Confirmer:
         if key is None:
             out = choice()
             return baseline() if out is None else out
-        return self._call("gemm", key, choice, baseline, lambda: (_choice_name(router, key), TORCH))
+        return self._call(GEMM_KIND, key, choice, baseline, lambda: (_choice_name(router, key), TORCH))
 
-    def grouped(self, router: Any, phase: str, a: Any, b: Any, counts: Any, fallback: Callable[[], Any],
-                baseline: str) -> Any:
-        """``routes.grouped`` while confirming: the router's backend or the caller's
-        fallback (``baseline`` names it), alternately."""
+    def grouped(self, router: Any, phase: str, a: Any, b: Any, groups: int, routed: Callable[[], Any],
+                fallback: Callable[[], Any], baseline: str) -> Any:
+        """``routes.grouped_routed`` while confirming: the router's answer (``routed()``) or
+        the caller's fallback (``baseline`` names it), alternately, per problem *shape*
+        (``shape_problem_of``: the router decides by shape, and the key needs no host read
+        of the call's counts). A shape whose entries name different choices by skew is not
+        confirmed (routed as usual)."""
         try:
-            key = grouped_problem_of(phase, a, b, counts).key()
+            key = shape_problem_of(phase, a, b, groups).key()
         except ValueError:
             key = None
-
-        def choice() -> Any:
-            return router(phase, a, b, counts)
-
-        if key is None:
-            out = choice()
+        choice = (getattr(router, "shapes", None) or {}).get(key) if key is not None else None
+        name = choice.label() if hasattr(choice, "label") else None
+        if name is None or name == baseline:  # no single choice of its shape, or the caller's own
+            out = routed()
             return fallback() if out is None else out
-        name = _choice_name(router, key)
-        if name == baseline:  # the cached choice is what the caller runs anyway
-            self.unrouted.add(("grouped_gemm", key))
-        return self._call("grouped_gemm", key, choice, fallback, lambda: (name, baseline))
+        return self._call(GROUPED_KIND, key, routed, fallback, lambda: (name, baseline))
 
     def _gemm_key(self, a: Any, b: Any, bias: Any) -> str | None:
         sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, bias is not None)

@@ -98,15 +98,23 @@ def gemm(a: Any, b: Any, bias: Any = None) -> Any:
 
 
 def grouped(phase: str, a: Any, b: Any, counts: Any, fallback: Callable[[], Any], baseline: str = TORCH) -> Any:
-    """One grouped-GEMM pass (``seams.grouped_pass``, the ``aten::_grouped_mm`` override):
-    the router's answer when it gives one, else ``fallback()`` (the caller's backend, or
-    torch's kernel; ``baseline`` names it for a confirmation)."""
+    """One grouped-GEMM pass of the routing point (``seams.grouped_pass``, host ``counts``):
+    the router's answer when it gives one, else ``fallback()`` (the caller's backend;
+    ``baseline`` names it for a confirmation)."""
     router = _routers.get(GROUPED)
     if router is None:
         return fallback()
+    return grouped_routed(phase, a, b, len(counts), lambda: router(phase, a, b, counts), fallback, baseline)
+
+
+def grouped_routed(phase: str, a: Any, b: Any, groups: int, routed: Callable[[], Any], fallback: Callable[[], Any],
+                   baseline: str = TORCH) -> Any:
+    """A grouped-GEMM pass whose router answer is ``routed()`` (None: not routed), else
+    ``fallback()``; the ``aten::_grouped_mm`` override calls it with the router's
+    device-offs entry and torch's kernel. While a confirmation runs, it alternates the two."""
     if _confirmer is not None:
-        return _confirmer.grouped(router, phase, a, b, counts, fallback, baseline)
-    out = router(phase, a, b, counts)
+        return _confirmer.grouped(_routers.get(GROUPED), phase, a, b, groups, routed, fallback, baseline)
+    out = routed()
     return fallback() if out is None else out
 
 

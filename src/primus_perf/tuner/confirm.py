@@ -19,7 +19,8 @@ from typing import Any
 
 from primus_perf import kinds
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.kernels.grouped.router import GroupedChoice
+from primus_perf.kernels.grouped.router import GroupedChoice, shape_key
+from primus_perf.problems import GroupedGemmProblem
 from primus_perf.runtime import routes
 from primus_perf.runtime.confirm import DROPPED, KEPT, TORCH, Confirmer, ConfirmPolicy, Verdict
 from primus_perf.tuner.core import confirmed_entry
@@ -42,13 +43,15 @@ def baseline_solution(kind: str, baseline: str) -> dict[str, Any] | None:
 
 @dataclass
 class ConfirmRow:
-    """One problem: its cache entry before the confirmation (``before``, with its claim),
-    the verdict, and the entry written (None: left as it was)."""
+    """One problem: its cache entry before the confirmation (``before``, with its claim; a
+    grouped GEMM shape's first entry), the verdict, and the entry written (None: left as it
+    was)."""
 
     problem: str
     before: CacheEntry | None
     verdict: Verdict
     after: CacheEntry | None = None
+    entries: int = 1  # cache entries the verdict covers (a grouped GEMM's: every skew bucket of its shape)
 
 
 @dataclass
@@ -86,13 +89,24 @@ def apply_verdicts(cache: str | os.PathLike, verdicts: Iterable[Verdict], activa
         mine = [e for e in entries if e.kind == kind]
         for key, e in store.select(mine, activation.device, activation.versions.get(kind)).items():
             usable[kind, key] = e
+    shapes: dict[str, list[CacheEntry]] = {}  # a grouped GEMM's verdict is its shape's
+    for (kind, _key), e in usable.items():
+        if kind == kinds.GROUPED.name:
+            try:
+                shapes.setdefault(shape_key(GroupedGemmProblem.from_dict(e.problem)), []).append(e)
+            except (TypeError, ValueError, KeyError):
+                continue
     rows, changed = [], []
     for v in verdicts:
-        before = usable.get((v.kind, v.key))
-        row = ConfirmRow(_label(before, v.key), before, v)
-        if before is not None and v.status in (KEPT, DROPPED):
-            row.after = confirmed_entry(before, v.figure(), baseline_solution(v.kind, v.baseline))
-            changed.append(row.after)
+        mine = shapes.get(v.key, []) if v.kind == kinds.GROUPED.name else \
+            [e for e in (usable.get((v.kind, v.key)),) if e is not None]
+        before = mine[0] if mine else None
+        label = _label(before, v.key) + (f" (+{len(mine) - 1} skew buckets)" if len(mine) > 1 else "")
+        row = ConfirmRow(label, before, v, entries=len(mine))
+        if mine and v.status in (KEPT, DROPPED):
+            corrected = [confirmed_entry(e, v.figure(), baseline_solution(v.kind, v.baseline)) for e in mine]
+            row.after = corrected[0]
+            changed += corrected
         rows.append(row)
     store.put_many(changed)
     return rows
@@ -129,6 +143,6 @@ def confirm_run(
         verdicts = confirmer.finish()
         handle.disable()
     out.rows = apply_verdicts(cache, verdicts, handle.activation)
-    seen = {(v.kind, v.key) for v in verdicts} | confirmer.unrouted
-    out.unseen = sum((kind, key) not in seen for kind, keys in handle.activation.keys.items() for key in keys)
+    usable = sum(len(keys) for keys in handle.activation.keys.values())
+    out.unseen = max(0, usable - sum(r.entries for r in out.rows))
     return out
