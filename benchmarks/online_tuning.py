@@ -35,7 +35,7 @@ def _run(config: str, overrides: list[str], steps: int) -> dict[str, Any]:
         for _ in range(steps):
             m = trainer.train_step()
             times.append(m.step_time_s)
-            in_tuning.append(sum(len(r.tuning) for r in online.values()))
+            in_tuning.append(sum(len(r.tuning) + len(r.confirming) for r in online.values()))  # confirming: not final
         summary = trainer.tuning.summary()
     finally:
         trainer.close()

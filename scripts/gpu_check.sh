@@ -6,7 +6,8 @@
 # attention tuning benchmark on one problem), loop (primus-tune loop on tiny and on
 # llama3-8b with 2 layers), preflight (this machine's GPUs), enable (examples/llama_train.py
 # under primus_perf.enable with an offline-tuned cache: routed-call check and the
-# interleaved overhead benchmark), online (benchmarks/online_tuning.py), online-compile (the
+# interleaved overhead benchmark), confirm (that cache's choices and a qwen3 MoE grouped
+# cache confirmed in the step: primus-tune confirm), online (benchmarks/online_tuning.py), online-compile (the
 # same with train.compile=true), online-moe (online grouped-GEMM tuning on an MoE preset, 100
 # steps), moe (the grouped-GEMM backends and the tuned choice), moe-e2e (three MoE presets,
 # tuned vs loop vs always-_grouped_mm), fsdp2 (llama3-8b full depth on 2 GPUs), multi-gpu
@@ -48,6 +49,26 @@ open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
       primus-tune gemm --problems /tmp/example_problems.json --cache /tmp/enable_offline.json --budget-s 2 2>&1 | tail -3
       python examples/llama_train.py --cache /tmp/enable_offline.json --steps 12 --check 2>&1 | tee "$OUT/example_check.log" | tail -15
       python benchmarks/enable_overhead.py --cache /tmp/enable_offline.json --result "$OUT/enable_overhead.json" 2>&1 | tail -8 ;;
+    confirm)
+      # the example's offline cache (as `enable` makes it), then each choice A/B timed against
+      # torch's inside the example's steps; a qwen3 MoE's grouped cache, confirmed in primus-train
+      if [ ! -f /tmp/enable_offline.json ]; then
+        python -m primus_perf.launch --cache /tmp/enable_online.json --online -- examples/llama_train.py --steps 12 \
+          2>&1 | tee "$OUT/confirm_online.log" | grep -E "online gemm|tuning cache" | tail -20
+        python -c "import json, sys; from primus_perf.cache.store import TuningCache; \
+json.dump([{'kind': e.kind, 'problem': e.problem} for e in TuningCache(sys.argv[1]).entries()], \
+open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
+        primus-tune gemm --problems /tmp/example_problems.json --cache /tmp/enable_offline.json --budget-s 2 2>&1 | tail -3
+      fi
+      cp /tmp/enable_offline.json "$OUT/confirm_llama_before.json"
+      primus-tune confirm --cache /tmp/enable_offline.json -- examples/llama_train.py --steps 40 2>&1 \
+        | tee "$OUT/confirm_llama.log" | tail -25
+      cp /tmp/enable_offline.json "$OUT/confirm_llama_after.json"
+      MOE="${MOE_PRESET:-qwen3-30b-a3b} ${MOE_OVERRIDES:-model.n_layers=2 model.vocab_size=32000 train.seq_len=4096 train.micro_batch=1}"
+      primus-tune grouped-gemm --config $MOE --steps 2 --cache /tmp/confirm_moe.json --budget-s 2 2>&1 | tail -3
+      cp /tmp/confirm_moe.json "$OUT/confirm_moe_before.json"
+      primus-tune confirm --cache /tmp/confirm_moe.json --config $MOE --steps 30 2>&1 | tee "$OUT/confirm_moe.log" | tail -25
+      cp /tmp/confirm_moe.json "$OUT/confirm_moe_after.json" ;;
     online)
       python benchmarks/online_tuning.py --out "$OUT/online_tuning.json" 2>&1 | tail -8 ;;
     loop-moe)

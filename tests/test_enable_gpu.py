@@ -63,7 +63,9 @@ def test_online_tuning_locks_and_restart_does_no_tuning(tmp_path) -> None:
         torch.cuda.synchronize()
         s = tuned.summary()["gemm"]
     assert len(s["online"]) == 3 and all(calls <= 64 for calls in s["tuning"].values())
-    assert len(lines) == 3 and all("locked" in line for line in lines)
+    # each lock is final after its confirmation in the step: a choice kept, or torch's
+    assert len(lines) == 3 and all(("locked" in line and "in the step" in line) or "torch kept" in line
+                                   or "locked torch" in line for line in lines), lines
     with primus_perf.enable(cache, online=True, kinds=("gemm",), log=None) as again:
         lin(x).square().mean().backward()
         s2 = again.summary()["gemm"]

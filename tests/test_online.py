@@ -100,7 +100,7 @@ class Mlp(nn.Module):
         return self.down(torch.relu(self.up(x)))
 
 
-def _steps_until_locked(cache: Path, clock: FakeClock, adapter: FakeGemmOnline, max_steps: int = 40):
+def _steps_until_locked(cache: Path, clock: FakeClock, adapter: FakeGemmOnline, max_steps: int = 60):
     torch.manual_seed(0)
     model, x = Mlp(), torch.randn(16, 32)
     lines: list[str] = []
@@ -114,7 +114,7 @@ def _steps_until_locked(cache: Path, clock: FakeClock, adapter: FakeGemmOnline, 
             y = model(x)
             ref = x @ model.up.weight.t()
             y.square().mean().backward()  # (a sum's gradient is a stride-0 expand: no BLAS layout)
-            if step > 1 and not router.tuning:
+            if step > 1 and not router.tuning and not router.confirming:
                 break
         summary = tuned.summary()["gemm"]
     torch.testing.assert_close(ref, x @ model.up.weight.t())
@@ -128,14 +128,21 @@ def test_online_run_locks_every_problem_writes_the_cache_and_restart_does_no_tun
     steps, summary, lines, _ = _steps_until_locked(cache, clock, adapter)
     # 2 linears: fwd + dgrad (down only: x needs no grad) + wgrad = 5 problems, one call each per step
     assert adapter.pools == 5 and len(summary["online"]) == 5
-    assert steps <= 20, steps
+    # tuning (about 10 calls), then the lock's confirmation: 2 warm-up + 8 counted pairs
+    assert steps <= 40, steps
     assert all(info["chosen"] == "fast" and info["dropped"] == ["close", "slow"] for info in summary["online"].values())
     assert all(info["speedup"] == pytest.approx(SPEED["torch"] / SPEED["fast"]) for info in summary["online"].values())
+    assert all(info["in_step"]["verdict"] == "kept" and info["in_step"]["samples"] == 8
+               for info in summary["online"].values())
     assert all(calls <= 40 for calls in summary["tuning"].values())
-    assert len(lines) == 5 and all("locked fast (1.429x torch)" in line and "tuning cost" in line for line in lines)
+    assert all(info["confirm_calls"] >= 20 for info in summary["online"].values())
+    assert len(lines) == 5 and all("locked fast: 1.429x torch in the step [1.429-1.429], 16 calls" in line
+                                   and "tuning cost" in line for line in lines), lines
     entries = TuningCache(cache).entries("gemm")
     assert len(entries) == 5 and {e.solution["config"]["name"] for e in entries} == {"fast"}
     assert all(e.tuner_version.endswith("+online") and e.times["tuned_ms"] == pytest.approx(0.7) for e in entries)
+    assert all(e.in_step["verdict"] == "kept" and e.in_step["baseline"] == "torch" for e in entries)
+    assert all(e.claim().startswith("1.429x torch in the step [1.429-1.429], 16 calls") for e in entries)
     # restart: the written cache routes every problem, nothing is tuned
     clock2, adapter2 = FakeClock(), FakeGemmOnline(FakeClock())
     launched.clear()
@@ -201,3 +208,45 @@ def test_validation_runs_without_autocast_and_its_calls_from_any_thread_go_to_to
         assert seen["autocast"] is False and seen["reference_dtype"] == torch.float32
         assert seen["other_thread"] is None  # answered by torch, not tuned
         assert len(router.tuning) == 1  # only the program's own problem is being tuned
+
+
+class ColdTorchOnline(FakeGemmOnline):
+    """torch's kernel is 12x slower on its first calls (a cold start the tuning samples
+    catch), as fast as "heur2" after: the tuning locks heur2 on a false 12x."""
+
+    def pool(self, problem, a, b, bias=None):
+        self.pools += 1
+        calls = {"torch": 0}
+
+        def torch_run(x, y):
+            calls["torch"] += 1
+            self.clock.now += (12.0 if calls["torch"] <= 3 else 1.0) * 1e-3
+            return torch_mm(x, y)
+
+        def heur_run(x, y):
+            self.clock.now += 1e-3
+            return torch_mm(x, y)
+
+        return [Pooled("torch", {"config": {"name": "torch", "source": "torch"}, "blob": b""}, 0.0, torch_run),
+                Pooled("heur2", {"config": {"name": "heur2", "source": FAKE_SOURCE}, "blob": b""}, 0.0, heur_run)]
+
+
+def test_a_lock_the_step_does_not_bear_out_keeps_torch_and_says_so(tmp_path: Path) -> None:
+    clock = FakeClock(lag=1)
+    cache = tmp_path / "cache.json"
+    lines: list[str] = []
+    router = OnlineRouter(ColdTorchOnline(clock), None, cache, current_device(), {"fakeblas": "1.0"},
+                          policy=OnlinePolicy(min_samples=3, drop_after=3), clock=clock, log=lines.append)
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    for _ in range(40):
+        torch.testing.assert_close(router(a, b), a @ b)
+    key = problem_of(a, b).key()
+    assert key in router.locked and router.locked[key].name == "torch"
+    info = router.online[key]
+    assert info["tried"] == "heur2" and info["tuning_speedup"] > 5  # the tuning samples' false claim
+    assert info["in_step"]["verdict"] == "dropped" and info["speedup"] == pytest.approx(1.0)
+    assert len(lines) == 1 and "heur2 not confirmed in the step (1.000x [1.000-1.000], 16 calls): torch kept" \
+        in lines[0], lines
+    (entry,) = TuningCache(cache).entries("gemm")
+    assert entry.solution["config"]["source"] == "torch" and entry.in_step["choice"] == "heur2"
+    assert entry.claim().startswith("torch kept: heur2 1.000x in the step") and "online samples" in entry.claim()

@@ -5,7 +5,10 @@
 2. analyze the trace (``tracelens.analyze``) and write the HTML report (``OUT/report.html``);
 3. on a GPU, tune the trace's problems of every kind (``tuner.kinds.tune``) into
    ``OUT/tuning_cache.json``;
-4. on a GPU, train again with the cache and measure the speedup: one trainer, blocks of
+4. on a GPU, confirm the choices inside real steps (:func:`confirm_trainer`): each tuned
+   problem's choice against torch's, alternating calls; the cache keeps only the choices
+   that win where they run;
+5. on a GPU, train again with the cache and measure the speedup: one trainer, blocks of
    steps with the cache's routers installed and removed in turn (interleaved, so both sides
    see the same clocks, memory and data), medians of the step times.
 
@@ -59,6 +62,7 @@ class LoopResult:
     cache: Path | None = None
     measurement: SpeedupMeasurement | None = None
     fp8: Any = None  # fp8.tune.Fp8TuneResult (with fp8=True)
+    confirmation: Any = None  # tuner.confirm.ConfirmRun: the choices checked inside the steps
 
 
 def _host_step(analysis: Any) -> float | None:
@@ -137,6 +141,38 @@ def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, block
                               abs(d - t) <= 0.05 * max(abs(d), 1e-6))
 
 
+def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *, steps: int = 30,
+                    policy: Any = None, clock: Any = None, say: Say = lambda _m: None) -> Any:
+    """Confirm the cache's choices inside ``steps`` training steps of ``config`` at most
+    (``tuner.confirm.confirm_run``: each routed problem's choice against the baseline,
+    alternating calls, from the second step on; it stops once every problem has its
+    verdict) and correct the cache.
+    Returns the ``tuner.confirm.ConfirmRun``."""
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.loop import Trainer
+    from primus_perf.tuner.confirm import confirm_run
+
+    cfg = load_config(config, overrides)
+
+    def run(confirmer: Any) -> int:
+        from primus_perf.runtime import routes
+
+        trainer = Trainer(cfg)
+        try:
+            routes.confirm_with(None)  # the first step (allocation, library set-up) is not timed
+            trainer.train_step()
+            routes.confirm_with(confirmer)
+            for i in range(steps - 1):
+                trainer.train_step()
+                if i >= 1 and not confirmer.confirming:  # every problem seen has its verdict
+                    break
+        finally:
+            trainer.close()
+        return 0
+
+    return confirm_run(cache, run, policy=policy, clock=clock, log=say)
+
+
 def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str | Path = "runs/quickstart",
              *, steps: int = 3, budget_s: float = 2.0, blocks: int = 4, block_steps: int = 5,
              say: Say = lambda _m: None, tune_progress: Any = None, fp8: bool = False) -> LoopResult:
@@ -150,11 +186,11 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
 
     out = Path(out_dir)
     run_dir = out / "profile"
-    say(f"1/4 training {config} under the profiler -> {run_dir}")
+    say(f"1/5 training {config} under the profiler -> {run_dir}")
     # the loop owns OUT/profile: a rerun replaces the run it left there
     capture_trainer(config, list(overrides), run_dir, Schedule(active=steps, warmup=1, wait=1, baseline=2, after=1),
                     overwrite=True, online=online_tuning())
-    say("2/4 analyzing the trace")
+    say("2/5 analyzing the trace")
     analysis = analyze([run_dir])
     report = write_html(report_from_analysis(analysis, title=f"{config}: profiled run"), out / "report.html")
     problems = trace_problems(analysis)
@@ -181,13 +217,15 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
         result.tuning_skipped = "no problem of the trace can be tuned (see the notes)"
         return result
     cache = out / "tuning_cache.json"
-    say(f"3/4 tuning {len(tunable)} problems -> {cache}")
+    say(f"3/5 tuning {len(tunable)} problems -> {cache}")
     result.cache = cache
     result.tune_run = core.tune(tunable, cache=cache, tuners=list(tuners.values()), budget_s=budget_s,
                                 progress=tune_progress)
     if result.tune_run.interrupted:
         return result
-    say("4/4 training with and without the cache, interleaved")
+    say("4/5 confirming the choices inside the steps (each against the baseline, alternating calls)")
+    result.confirmation = confirm_trainer(config, overrides, cache, say=say)
+    say("5/5 training with and without the cache, interleaved")
     result.measurement = measure_speedup(config, overrides, cache, blocks=blocks, block_steps=block_steps, say=say)
     if fp8:
         from primus_perf.fp8.tune import tune_trainer

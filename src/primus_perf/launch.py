@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import sys
 
 from primus_perf.errors import UserError
+from primus_perf.programs import run_target
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -44,13 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in handle.start_lines():
         rank0_stderr(line)
     try:
-        if target[0] == "-m":
-            sys.argv = target[1:]
-            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = target
-            sys.path.insert(0, os.path.dirname(os.path.abspath(target[0])))
-            runpy.run_path(target[0], run_name="__main__")
+        run_target(target)
     finally:
         for line in handle.end_lines():
             rank0_stderr(line)

@@ -9,9 +9,16 @@ An entry (:class:`CacheEntry`) records one tuned problem:
 - ``versions``: the library identity, name -> version (``{"cublasLt": "13.1.0"}``,
   ``{"torch": ..., "triton": ..., "cudnn": ...}``);
 - ``solution``: ``{"config": <readable dict>, "blob": <opaque bytes, base64 in the file>}``;
-- ``times``: measured times of the chosen solution and the default (``tuned_ms``,
-  ``default_ms``); ``error``: the chosen solution's numerical error against the fp32
-  reference; ``tuner_version``; ``created`` (Unix time).
+- ``times``: the tuner's measured times of the chosen solution and the default
+  (``tuned_ms``, ``default_ms``: each call alone, "isolated"; sampled round-robin for an
+  online entry); ``error``: the chosen solution's numerical error against the fp32
+  reference; ``tuner_version``; ``created`` (Unix time);
+- ``in_step`` (optional): the choice confirmed inside real steps against the baseline
+  the program had (``runtime.confirm``): ``speedup`` (median of per-pair ratios),
+  ``low``/``high`` (their quartiles), ``samples`` (pairs), ``baseline``, ``choice``,
+  ``verdict`` ("kept"; "dropped": the solution is then the baseline's, and ``times`` the
+  isolated figure of the choice the step did not bear out), ``method``.
+  :meth:`CacheEntry.claim` is the figure to print, saying how it was measured.
 
 An entry is used only on the same hardware (``DeviceIdentity.same_hardware``) and with the
 same library versions; :meth:`TuningCache.get` reports any other entry of that problem as
@@ -68,6 +75,7 @@ READ_RETRIES = 3  # a file replaced while it was read is read again
 # Kinds whose problem dict the store can check (every registered kind); other kinds need a mapping.
 PROBLEM_TYPES: dict[str, Any] = {kind.name: kind.problem_type for kind in kinds.all_kinds()}
 _REQUIRED = ("kind", "problem_key", "problem", "device", "versions", "solution")
+ONLINE_SUFFIX = "+online"  # the tuner_version of entries online tuning wrote
 
 
 @dataclass
@@ -82,6 +90,8 @@ class CacheEntry:
     error: float | None = None
     tuner_version: str = ""
     created: float = field(default_factory=time.time)
+    # the choice confirmed inside real steps (``runtime.confirm.Verdict.figure``), or None
+    in_step: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.kind or not self.problem_key:
@@ -106,10 +116,36 @@ class CacheEntry:
 
     @property
     def speedup(self) -> float | None:
+        """The measured times' ratio (``times``: the tuner's own measurement, isolated
+        offline or sampled online; :meth:`claim` says which figure to print)."""
         tuned, default = self.times.get("tuned_ms"), self.times.get("default_ms")
         if not tuned or not default:
             return None
         return default / tuned
+
+    @property
+    def measured_by(self) -> str:
+        """How ``times`` were measured: "isolated" (offline: each call alone) or "online
+        samples" (a few round-robin calls of an online tuning)."""
+        return "online samples" if self.tuner_version.endswith(ONLINE_SUFFIX) else "isolated"
+
+    def claim(self) -> str:
+        """The entry's speedup as printed, saying how it was measured: the in-step figure
+        with its spread when the entry has one (``1.031x torch in the step [1.010-1.050],
+        16 calls``; a choice the step did not bear out: ``torch kept: heur2 0.990x in the step
+        [...]``), else the tuner's own, labeled (``1.200x isolated``)."""
+        own = self.speedup
+        own_text = f"{own:.3f}x {self.measured_by}" if own else f"- ({self.measured_by})"
+        s = self.in_step
+        if not s or s.get("speedup") is None:
+            return own_text
+        speedup, base = float(s["speedup"]), str(s.get("baseline", "torch"))
+        spread = (f"[{float(s.get('low', speedup)):.3f}-{float(s.get('high', speedup)):.3f}],"
+                  f" {2 * int(s.get('samples', 0))} calls")
+        was = f" ({self.measured_by} {own:.3f}x)" if own else ""
+        if s.get("verdict") == "dropped":
+            return f"{base} kept: {s.get('choice', '?')} {speedup:.3f}x in the step {spread}{was}"
+        return f"{speedup:.3f}x {base} in the step {spread}{was}"
 
     def slot(self) -> tuple:
         """Entries with the same slot replace each other: same kind, problem, hardware and
@@ -160,6 +196,13 @@ class CacheEntry:
         for key in ("error", "created"):
             if data.get(key) is not None and not _is_number(data[key]):
                 raise ValueError(f"{key} must be a number, got {data[key]!r}")
+        in_step = data.get("in_step")
+        if in_step is not None and not isinstance(in_step, dict):
+            raise ValueError(f"in_step must be a mapping, got {type(in_step).__name__}")
+        for key in ("speedup", "low", "high", "samples"):
+            value = (in_step or {}).get(key)
+            if value is not None and not _is_number(value):
+                raise ValueError(f"in_step {key} must be a number, got {value!r}")
         config = data["solution"].get("config", {})
         if not isinstance(config, dict):
             raise ValueError(f"solution config must be a mapping, got {type(config).__name__}")

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import typer
 
-from primus_perf.cli import tune_attention, tune_cache, tune_gemm, tune_grouped, tune_loop
+from primus_perf.cli import (
+    tune_attention,
+    tune_cache,
+    tune_confirm,
+    tune_gemm,
+    tune_grouped,
+    tune_loop,
+)
 from primus_perf.cli.common import run_app
 
 app = typer.Typer(
@@ -20,6 +27,7 @@ tune_loop.register(app)
 tune_gemm.register(app)
 tune_attention.register(app)
 tune_grouped.register(app)
+tune_confirm.register(app)
 cache_app = typer.Typer(help="Inspect, merge and export tuning caches.", no_args_is_help=True)
 tune_cache.register(cache_app)
 app.add_typer(cache_app, name="cache")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from primus_perf.cli.common import console, err_console
 from primus_perf.cli.render import print_table
@@ -25,17 +26,19 @@ def note(message: str) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("show")
     def show_cmd(path: str = typer.Argument(..., help="Cache file")) -> None:
-        """List the entries of a tuning cache (invalid entries are named and skipped)."""
+        """List the entries of a tuning cache (invalid entries are named and skipped). Each
+        speedup says how it was measured: "in the step" (confirmed against the baseline
+        inside real steps, with the quartiles of the per-pair ratios), else "isolated"
+        (offline tuning: each call alone) or "online samples"."""
         from rich.table import Table
 
-        table = Table("kind", "problem", "device", "versions", "choice", "speedup")
+        table = Table("kind", "problem", "device", "versions", "choice", "speedup (how measured)")
         entries = open_cache(path).entries()
         for e in entries:
-            speedup = e.speedup
             cfg = e.solution.get("config") or {}
             table.add_row(e.kind, e.problem_key, str(e.device.get("name", "?")),
                           ",".join(f"{k}={v}" for k, v in e.versions.items()),
-                          str(cfg.get("name", cfg.get("backend", ""))), f"{speedup:.3f}x" if speedup else "-")
+                          str(cfg.get("name", cfg.get("backend", ""))), escape(e.claim()))
         print_table(table)
         console.print(f"{len(entries)} entries", highlight=False)
 

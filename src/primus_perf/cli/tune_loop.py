@@ -64,6 +64,10 @@ def register(app: typer.Typer) -> None:
             console.print(f"interrupted: {run.tuned} tuned and {run.cached} already cached are in {res.cache};"
                           f" {len(run.remaining)} left. Resume with the same command.", highlight=False)
             raise typer.Exit(EXIT_INTERRUPTED)
+        if res.confirmation is not None:
+            from primus_perf.cli.tune_confirm import print_confirmation
+
+            print_confirmation(res.confirmation)
         m = res.measurement
         lo_d, hi_d = m.spread("default")
         lo_t, hi_t = m.spread("tuned")

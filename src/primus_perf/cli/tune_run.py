@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -54,7 +55,7 @@ class RichProgress(core.Progress):
 def results_table(results: Sequence[core.TuneResult]) -> Table:
     table = Table()
     table.add_column("problem", no_wrap=True)
-    for col in ("default ms", "tuned ms", "default TFLOP/s", "tuned TFLOP/s", "speedup"):
+    for col in ("default ms", "tuned ms", "default TFLOP/s", "tuned TFLOP/s", "speedup (how measured)"):
         table.add_column(col, justify="right")
     table.add_column("choice")
     for r in results:
@@ -65,7 +66,7 @@ def results_table(results: Sequence[core.TuneResult]) -> Table:
             f"{r.tuned_s * 1e3:.3f}" if r.tuned_s else "-",
             tflops(flops, r.default_s),
             tflops(flops, r.tuned_s),
-            f"{r.speedup:.3f}x" if r.speedup else "-",
+            escape(r.entry.claim()) if r.cached else (f"{r.speedup:.3f}x {r.entry.measured_by}" if r.speedup else "-"),
             f"{r.chosen} (cached)" if r.cached else r.chosen,
         )
     return table

@@ -10,18 +10,23 @@ and SDPA with the overrides bypassed), so a call is never routed twice. Which SD
 have a route is one predicate, :func:`routable_sdpa`: the eager override asks it of the
 call's tensors, the compiled path (``compiled.py``) of the traced call's fake tensors.
 
-Grouped GEMMs reach :func:`grouped` from two points: ``seams.grouped_mm`` (every pass of
-it, the trainer's MoE layer; None there runs the caller's backend) and the override of
-``aten::_grouped_mm`` (``grouped_intercept``: other programs' ``torch._grouped_mm`` /
-``F.grouped_mm``; None there runs torch's kernel). Both run inside the grouped re-entrancy
+Grouped GEMMs reach :func:`grouped` from two points, each giving its fallback as a callable:
+``seams.grouped_mm`` (every pass of it, the trainer's MoE layer; the fallback is the
+caller's backend) and the override of ``aten::_grouped_mm`` (``grouped_intercept``: other
+programs' ``torch._grouped_mm`` / ``F.grouped_mm``; the fallback is torch's kernel). Both run inside the grouped re-entrancy
 guard (``kernels.grouped.in_grouped``): the GEMMs a grouped GEMM makes itself are torch's.
+
+While a confirmation runs (:func:`confirm_with`, ``confirm.Confirmer``), :func:`gemm` and
+:func:`grouped` hand their routed calls to it: it answers each problem with a cached
+choice alternately with the choice and the baseline (torch's kernel, or the fallback) and
+times both where they run.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch.nn.functional as F
@@ -31,10 +36,12 @@ from primus_perf.kernels.attention.backends import sdpa_bshd
 from primus_perf.kernels.gemm import torch_mm
 from primus_perf.kernels.grouped.passes import in_grouped
 
+TORCH = "torch"  # the baseline of a call whose fallback is torch's own kernel
 KINDS = kinds.names()  # the kinds a router can be installed for
 GEMM, GROUPED, ATTENTION = kinds.GEMM.name, kinds.GROUPED.name, kinds.ATTENTION.name
 
 _routers: dict[str, Any] = {}
+_confirmer: Any = None  # confirm.Confirmer while a confirmation runs (confirm_with)
 _local = threading.local()  # .bypass: > 0 while a routed attention runs (its SDPA is torch's)
 
 
@@ -64,23 +71,51 @@ def installed(kind: str) -> Any:
     return _routers.get(kind)
 
 
+def confirm_with(confirmer: Any) -> None:
+    """While ``confirmer`` (``confirm.Confirmer``) is set, :func:`gemm` and :func:`grouped`
+    hand it their routed calls: it alternates each problem's cached choice with the
+    baseline and times both in the step. None ends it."""
+    global _confirmer
+    _confirmer = confirmer
+
+
+def confirming() -> Any:
+    return _confirmer
+
+
 def gemm(a: Any, b: Any, bias: Any = None) -> Any:
     """``a @ b`` (``torch.bmm`` for 3-D operands; ``+ bias`` when given): the router's
     answer when it gives one, else torch's own kernel (always inside a grouped GEMM:
     ``kernels.grouped.in_grouped``)."""
     router = _routers.get(GEMM)
     if router is not None and not in_grouped():  # a grouped GEMM's own GEMMs are torch's
+        if _confirmer is not None:
+            return _confirmer.gemm(router, a, b, bias)
         out = router(a, b, bias)
         if out is not None:
             return out
     return torch_mm(a, b, bias)
 
 
-def grouped(phase: str, a: Any, b: Any, counts: Any) -> Any:
-    """The grouped-GEMM router's answer for one pass (``seams.grouped_pass``), or None (no
-    router, or "not mine": the caller's backend runs)."""
+def grouped(phase: str, a: Any, b: Any, counts: Any, fallback: Callable[[], Any], baseline: str = TORCH) -> Any:
+    """One grouped-GEMM pass of the routing point (``seams.grouped_pass``, host ``counts``):
+    the router's answer when it gives one, else ``fallback()`` (the caller's backend;
+    ``baseline`` names it for a confirmation)."""
     router = _routers.get(GROUPED)
-    return None if router is None else router(phase, a, b, counts)
+    if router is None:
+        return fallback()
+    return grouped_routed(phase, a, b, len(counts), lambda: router(phase, a, b, counts), fallback, baseline)
+
+
+def grouped_routed(phase: str, a: Any, b: Any, groups: int, routed: Callable[[], Any], fallback: Callable[[], Any],
+                   baseline: str = TORCH) -> Any:
+    """A grouped-GEMM pass whose router answer is ``routed()`` (None: not routed), else
+    ``fallback()``; the ``aten::_grouped_mm`` override calls it with the router's
+    device-offs entry and torch's kernel. While a confirmation runs, it alternates the two."""
+    if _confirmer is not None:
+        return _confirmer.grouped(_routers.get(GROUPED), phase, a, b, groups, routed, fallback, baseline)
+    out = routed()
+    return fallback() if out is None else out
 
 
 def bypassed() -> bool:

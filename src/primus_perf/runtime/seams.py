@@ -139,10 +139,10 @@ def _grouped_route(
     phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int], backend: str
 ) -> torch.Tensor:
     with inside:
-        out = routes.grouped(phase, a, b, counts)
-        if out is not None:
-            return out
-        return run_backend(BACKENDS[backend], phase, a, b, counts)
+        def fallback() -> torch.Tensor:
+            return run_backend(BACKENDS[backend], phase, a, b, counts)
+
+        return routes.grouped(phase, a, b, counts, fallback, backend)
 
 
 class _GroupedMM(torch.autograd.Function):

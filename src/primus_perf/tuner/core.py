@@ -21,7 +21,11 @@ plans, a search where the kind has one), and the core runs:
    it is less than :data:`KEEP_DEFAULT_MARGIN` faster than the default, which is then kept
    (a win inside the noise is not worth leaving torch for);
 5. a :class:`~primus_perf.cache.store.CacheEntry` (:func:`cache_entry`; times in ms there,
-   as the file keeps them).
+   as the file keeps them: the isolated figure);
+6. confirmation inside real steps (``runtime.confirm``, run by ``tuner.confirm`` after
+   offline tuning and by online tuning before a lock is final): the choice against the
+   baseline the program had, alternating calls timed where they run; a choice the step does
+   not bear out is replaced by the baseline (:func:`confirmed_entry`).
 
 Validation (:func:`validate`), the drop ratio, selection and entry building are the same
 for the other timing strategy, tuning inside the program's steps (``tuner.online``: each
@@ -38,6 +42,7 @@ A new kind is one plugin module with a class of the :class:`Tuner` shape and one
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -287,6 +292,17 @@ def cache_entry(kind: str, version: str, problem: Any, solution: dict[str, Any],
         times={"tuned_ms": (tuned_s or 0.0) * 1e3, "default_ms": (default_s or 0.0) * 1e3},
         error=error, tuner_version=version,
     )
+
+
+def confirmed_entry(entry: CacheEntry, figure: dict[str, Any], baseline: dict[str, Any] | None) -> CacheEntry:
+    """``entry`` as a confirmation inside real steps left it (``runtime.confirm.Verdict``):
+    ``in_step`` holds the figure; a choice the step did not bear out ("dropped") is
+    replaced by the ``baseline`` solution (torch's own, the caller's backend), its
+    ``times`` kept as the isolated figure they are; ``created`` is now, so the corrected
+    entry wins a merge over the claim it corrects."""
+    dropped = figure.get("verdict") == "dropped" and baseline is not None
+    solution = dict(baseline if dropped else entry.solution)
+    return dataclasses.replace(entry, solution=solution, in_step=dict(figure), created=time.time())
 
 
 def timer_for(tuner: Tuner) -> Timer:

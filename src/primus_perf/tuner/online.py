@@ -17,10 +17,22 @@ later, when they have completed (``query``, never a synchronize inside a step).
    ratio is the core's :data:`~.core.DROP_RATIO`, as in the offline rough pass);
 3. locking: when every live candidate has ``min_samples`` samples, or after ``max_calls``
    tuning calls of the problem (the bound), the choice is made by the tuner's one
-   selection policy (``core.select``, with its margin for keeping the default); the
-   problem runs that choice for the rest of the run, and the choice is written to the
-   cache (``TuningCache.put``: under the file lock, merged with what other ranks wrote),
-   so the next run starts tuned and does no tuning.
+   selection policy (``core.select``, with its margin for keeping the default);
+4. confirmation: a choice other than the default is confirmed in the step before it is
+   final (``runtime.confirm.ProblemConfirmation``, as offline confirmation does): the
+   choice and the default on alternating calls (ABBA), warm-up pairs not counted, the
+   choice kept only when the median of the per-pair ratios clears a margin above their
+   spread. The problem runs the final choice for the rest of the run, and it is written to
+   the cache with its in-step figure (``TuningCache.put``: under the file lock, merged with
+   what other ranks wrote), so the next run starts tuned and does no tuning.
+
+The log line of a lock prints that in-step figure with its spread ("locked heur2: 1.031x
+torch in the step [1.012-1.049], 16 calls", or "heur2 not confirmed in the step (0.990x
+[...]): torch kept"), never the tuning samples' ratio: three round-robin samples per
+candidate, one of them possibly the first timed call, and each a single call between two
+events on a stream the host may be starving (then the interval is the host's launch time,
+not the kernel's), gave claims such as "12.093x torch" for a GEMM whose step moved by less
+than 1%.
 
 Every lock reports the problem's tuning cost: GPU time spent on slower candidates (their
 samples minus the chosen one's median), host time in this module, and validation time.
@@ -42,7 +54,24 @@ from primus_perf.cache.store import TuningCache
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError
 from primus_perf.kernels.routing import Router
-from primus_perf.tuner.core import DROP_RATIO, KEEP_DEFAULT_MARGIN, cache_entry, select
+from primus_perf.runtime.confirm import (
+    BASELINE,
+    CHOICE,
+    KEPT,
+    Clock,
+    ConfirmPolicy,
+    DeviceClock,
+    ProblemConfirmation,
+    Sample,
+    Verdict,
+)
+from primus_perf.tuner.core import (
+    DROP_RATIO,
+    KEEP_DEFAULT_MARGIN,
+    cache_entry,
+    confirmed_entry,
+    select,
+)
 
 
 class _Validating:
@@ -98,50 +127,10 @@ class OnlinePolicy:
     max_calls: int = 18
     max_candidates: int = 6
     margin: float = KEEP_DEFAULT_MARGIN
+    confirm: ConfirmPolicy = field(default_factory=ConfirmPolicy)  # the lock's confirmation against the default
 
 
-class Clock(Protocol):
-    """Marks on the device's timeline; ``elapsed`` is None until both marks completed."""
-
-    def mark(self) -> Any: ...
-
-    def elapsed(self, start: Any, end: Any) -> float | None: ...  # seconds
-
-
-class CudaClock:
-    """CUDA (or HIP) events on torch's current stream, read without waiting."""
-
-    def mark(self) -> Any:
-        import torch
-
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
-
-    def elapsed(self, start: Any, end: Any) -> float | None:
-        if not end.query():
-            return None
-        return start.elapsed_time(end) / 1e3
-
-
-@dataclass
-class Sample:
-    """One timed call: ``pairs`` of marks (attention adds its backward's pair later);
-    complete when ``expect`` pairs are in and every pair has finished."""
-
-    pairs: list[tuple[Any, Any]] = field(default_factory=list)
-    expect: int = 1
-
-    def seconds(self, clock: Clock) -> float | None:
-        if len(self.pairs) < self.expect:
-            return None
-        total = 0.0
-        for start, end in self.pairs:
-            t = None if end is None else clock.elapsed(start, end)
-            if t is None:
-                return None
-            total += t
-        return total
+CudaClock = DeviceClock  # CUDA (or HIP) events on torch's current stream, read without waiting
 
 
 @dataclass
@@ -256,6 +245,15 @@ class KindAdapter(Protocol):
 
 
 @dataclass
+class _Confirming:
+    """A problem whose lock is being confirmed in the step."""
+
+    problem: Any
+    state: ProblemTuning
+    confirmation: ProblemConfirmation
+
+
+@dataclass
 class _Report:
     validation_s: float = 0.0
     host_s: float = 0.0
@@ -264,7 +262,8 @@ class _Report:
 class OnlineRouter(Router):
     """A router that tunes what ``offline`` (the cache's router of this kind, holding the
     problems ``offline_keys``: ``Activation.keys``) does not hold; ``summary()`` adds
-    ``tuning`` (tuning calls per problem) and ``online``."""
+    ``tuning`` (tuning calls per problem) and ``online`` (per locked problem: the final
+    choice, the one tried, the in-step figure, ``confirm_calls``, the tuning cost)."""
 
     def __init__(
         self,
@@ -290,9 +289,11 @@ class OnlineRouter(Router):
         self.clock = clock or CudaClock()
         self.log = log or (lambda _line: None)
         self.tuning: dict[str, ProblemTuning] = {}
+        self.confirming: dict[str, _Confirming] = {}
         self.locked: dict[str, Pooled] = {}
         self.reports: dict[str, _Report] = {}
         self.tuning_calls: dict[str, int] = {}
+        self.confirm_calls: dict[str, int] = {}  # calls that confirmed a lock in the step
         self.online: dict[str, dict[str, Any]] = {}
         self.unusable = getattr(offline, "unusable", set())
 
@@ -312,6 +313,8 @@ class OnlineRouter(Router):
         if key in self.failed:
             self._fall_back(key)
             return None
+        if key in self.confirming:
+            return self._confirm_call(key, args)
         t0 = time.perf_counter()
         state = self.tuning.get(key)
         if state is None:
@@ -324,6 +327,8 @@ class OnlineRouter(Router):
         if state.ready():
             report.host_s += time.perf_counter() - t0
             self._lock(key, problem, state)
+            if key in self.confirming:
+                return self._confirm_call(key, args)
             cand = self.locked[key]
             return self._run(key, lambda: self.adapter.run(cand, *args))
         cand = state.next()
@@ -350,20 +355,63 @@ class OnlineRouter(Router):
         return state
 
     def _lock(self, key: str, problem: Any, state: ProblemTuning) -> None:
+        """The tuning's choice; one other than the default is confirmed in the step
+        (:meth:`_confirm_call`) before it is final."""
         chosen = state.lock()
-        cand = state.pool[chosen]
-        self.locked[key] = cand
         del self.tuning[key]
-        _close_runs(c for name, c in state.pool.items() if name != chosen)
+        _close_runs(c for name, c in state.pool.items() if name not in (chosen, state.default))
+        if chosen == state.default:
+            self._final(key, problem, state, None)
+            return
+        self.confirming[key] = _Confirming(problem, state, ProblemConfirmation(self.policy.confirm, self.clock))
+
+    def _confirm_call(self, key: str, args: tuple) -> Any:
+        """One call of a problem whose lock is being confirmed: the locked choice and the
+        default on alternating calls, each timed; the verdict makes the lock final."""
+        c = self.confirming[key]
+        c.confirmation.poll()
+        if c.confirmation.ready():
+            del self.confirming[key]
+            state = c.state
+            verdict = c.confirmation.verdict(self.adapter.kind, key, state.chosen, state.default)
+            self._final(key, c.problem, state, verdict)
+            cand = self.locked[key]
+            return self._run(key, lambda: self.adapter.run(cand, *args))
+        side = c.confirmation.next_side()
+        pool = c.state.pool
+        if side is None:  # calls spent, samples in flight: the default, untimed
+            return self._run(key, lambda: self.adapter.run(pool[c.state.default], *args))
+        cand = pool[c.state.chosen if side == CHOICE else c.state.default]
+        try:
+            out, sample = self.adapter.timed(cand, self.clock, *args)
+        except Exception as exc:
+            del self.confirming[key]
+            return self._failure(key, exc)
+        c.confirmation.add(CHOICE if side == CHOICE else BASELINE, sample)
+        self.confirm_calls[key] = self.confirm_calls.get(key, 0) + 1
+        return out
+
+    def _final(self, key: str, problem: Any, state: ProblemTuning, verdict: Verdict | None) -> None:
+        """The lock made final (the tuning's choice, or the default when the step did not
+        bear it out), written to the cache with how its figure was measured, and logged."""
+        chosen, default = state.chosen, state.default
+        final = chosen if verdict is None or verdict.status == KEPT else default
+        self.locked[key] = state.pool[final]
+        _close_runs(state.pool[name] for name in {chosen, default} if name != final)
         times = state.times()
         report = self.reports.pop(key)
-        tuned, default = times.get(chosen), times.get(state.default)
-        entry = cache_entry(self.adapter.kind, self.adapter.tuner_version, problem, cand.solution, tuned_s=tuned,
-                            default_s=default, error=cand.error, device=self.device, versions=self.versions)
-        speedup = entry.speedup
+        cand = state.pool[chosen]
+        entry = cache_entry(self.adapter.kind, self.adapter.tuner_version, problem, cand.solution,
+                            tuned_s=times.get(chosen), default_s=times.get(default), error=cand.error,
+                            device=self.device, versions=self.versions)
+        sampled = entry.speedup
+        if verdict is not None:
+            entry = confirmed_entry(entry, verdict.figure(), state.pool[default].solution)
         info = {
-            "chosen": chosen, "calls": state.calls, "candidates": len(state.pool),
-            "dropped": list(state.dropped), "speedup": speedup,
+            "chosen": final, "tried": chosen, "calls": state.calls, "candidates": len(state.pool),
+            "dropped": list(state.dropped), "speedup": verdict.speedup if verdict is not None else 1.0,
+            "tuning_speedup": sampled, "in_step": verdict.figure() if verdict is not None else None,
+            "confirm_calls": self.confirm_calls.get(key, 0),
             "gpu_overhead_ms": state.gpu_overhead_s() * 1e3, "host_ms": report.host_s * 1e3,
             "validation_ms": report.validation_s * 1e3,
         }
@@ -373,11 +421,21 @@ class OnlineRouter(Router):
             written = f"written to {self.cache.path}"
         except CacheError as exc:
             written = f"not written ({exc})"
-        ratio = f"{speedup:.3f}x torch" if speedup else "no complete sample"
+        head = f"online {self.adapter.kind} {problem}: "
+        if verdict is None:
+            head += f"locked {default} (no candidate beat it by the margin in the tuning samples)"
+        elif verdict.status == KEPT:
+            head += (f"locked {chosen}: {verdict.speedup:.3f}x {default} in the step [{verdict.low:.3f}-"
+                     f"{verdict.high:.3f}], {2 * verdict.pairs} calls, {verdict.saving_us:.1f} us saved a call")
+        elif verdict.speedup is not None:
+            head += (f"{chosen} not confirmed in the step ({verdict.speedup:.3f}x [{verdict.low:.3f}-"
+                     f"{verdict.high:.3f}], {2 * verdict.pairs} calls): {default} kept")
+        else:
+            head += (f"{chosen} unconfirmed in the step ({verdict.pairs} of {verdict.wanted} pairs complete):"
+                     f" {default} kept")
         self.log(
-            f"online {self.adapter.kind} {problem}: locked {chosen} ({ratio}) after {state.calls} calls,"
-            f" {len(state.pool)} candidates ({len(state.dropped)} dropped early); tuning cost"
-            f" {info['gpu_overhead_ms']:.2f} ms GPU, {info['host_ms']:.2f} ms host,"
+            f"{head}; tuned over {state.calls} calls, {len(state.pool)} candidates ({len(state.dropped)} dropped"
+            f" early); tuning cost {info['gpu_overhead_ms']:.2f} ms GPU, {info['host_ms']:.2f} ms host,"
             f" {info['validation_ms']:.1f} ms validation; {written}"
         )
 
@@ -397,8 +455,11 @@ class OnlineRouter(Router):
             self.offline.close()
         _close_runs(self.locked.values())
         _close_runs(c for state in self.tuning.values() for c in state.pool.values())
+        _close_runs(c for conf in self.confirming.values() for c in conf.state.pool.values()
+                    if c.name in (conf.state.chosen, conf.state.default))
         self.locked.clear()
         self.tuning.clear()
+        self.confirming.clear()
 
 
 def _close_runs(cands: Any) -> None:

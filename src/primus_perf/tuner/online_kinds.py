@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from primus_perf import kinds as registry
+from primus_perf.cache.store import ONLINE_SUFFIX
 from primus_perf.kernels import gemm
 from primus_perf.kernels.attention.backends import TRITON
 from primus_perf.kernels.attention.router import problem_of as attention_problem_of
@@ -27,8 +28,6 @@ from primus_perf.tuner.gemm.plugin import GemmTuner
 from primus_perf.tuner.grouped.plugin import TUNER_VERSION as GROUPED_VERSION
 from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
 from primus_perf.tuner.online import Clock, OnlinePolicy, Pooled, Sample, online_routers
-
-ONLINE_SUFFIX = "+online"
 
 
 def validated(session: Any, limit: int) -> list[Pooled]:

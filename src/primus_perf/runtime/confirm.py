@@ -1,0 +1,400 @@
+"""Confirmation of cached choices inside the real steps: a choice stays only if it wins
+where it runs.
+
+An isolated race (each candidate timed alone, GPU idle, L2 flushed) or a few online samples
+can pick a kernel whose gain does not hold inside the program's step, next to its
+neighbours. While a :class:`Confirmer` is active (``routes.confirm_with``), the one routing
+path (``routes.gemm``, ``routes.grouped``) answers the calls of every problem whose cached
+choice is not the baseline (torch's kernel for a GEMM; the caller's fallback for a grouped
+GEMM: the trainer's backend, or torch's ``_grouped_mm``) alternately with the choice and
+with the baseline, in ABBA order (choice, baseline, baseline, choice, ...), and times each
+call where it runs: between two device events recorded on the current stream
+(:class:`DeviceClock`; on a CPU the host clock, :class:`HostClock`). Events are read once
+they have completed (``query``), never waited for inside a step; :meth:`Confirmer.finish`
+synchronizes once at the end and reads the rest.
+
+A grouped GEMM is confirmed per problem *shape* (its key without the skew bucket,
+``passes.shape_problem_of``): the router decides by shape, and a call's shape needs no host
+read of its counts; a shape whose entries name different choices by skew is routed as
+usual, not confirmed. Consecutive calls of a problem make a pair (one call of each side); the first
+``ConfirmPolicy.warmup`` pairs are not counted (a cold first call, the allocator growing,
+lazy initialisation). After ``ConfirmPolicy.samples`` counted pairs the problem gets its
+:class:`Verdict`: the in-step speedup is the median of the per-pair ratios (baseline time /
+choice time), its spread their quartiles (q1-q3), and the choice is kept only when the
+median beats 1 by more than ``max(margin, (q3 - q1) / 2)``, a margin above the measured
+noise; otherwise the baseline runs from then on. The online tuner confirms its locks with
+the same state machine (:class:`ProblemConfirmation`) and the same verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from primus_perf.kernels.gemm import problem_of as gemm_problem_of
+from primus_perf.kernels.gemm import torch_mm
+from primus_perf.kernels.grouped.passes import shape_problem_of
+from primus_perf.kinds import GEMM, GROUPED
+
+CHOICE, BASELINE = "choice", "baseline"
+KEPT, DROPPED, UNCONFIRMED = "kept", "dropped", "unconfirmed"
+TORCH = "torch"  # a GEMM's baseline: torch's own kernel
+GEMM_KIND = GEMM.name
+GROUPED_KIND = GROUPED.name  # its verdicts are per problem shape (every skew bucket of it)
+# how the figures were measured (stored with each in-step figure)
+DEVICE_METHOD = "in the step: alternating calls (ABBA), device events on the current stream, median of per-pair ratios"
+HOST_METHOD = "in the step: alternating calls (ABBA), host clock, median of per-pair ratios"
+
+
+class Clock(Protocol):
+    """Marks on the timeline where the calls run; ``elapsed`` is None until both completed."""
+
+    method: str
+
+    def mark(self) -> Any: ...
+
+    def elapsed(self, start: Any, end: Any) -> float | None: ...  # seconds
+
+    def settle(self) -> None: ...  # wait for every mark (once, at the end)
+
+
+class DeviceClock:
+    """CUDA (or HIP) events on torch's current stream, read without waiting."""
+
+    method = DEVICE_METHOD
+
+    def mark(self) -> Any:
+        import torch
+
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def elapsed(self, start: Any, end: Any) -> float | None:
+        if not end.query():
+            return None
+        return start.elapsed_time(end) / 1e3
+
+    def settle(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+
+class HostClock:
+    """The host's ``perf_counter``: where the calls run on the CPU (they end when they return)."""
+
+    method = HOST_METHOD
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def elapsed(self, start: float, end: float) -> float:
+        return end - start
+
+    def settle(self) -> None:
+        pass
+
+
+def default_clock() -> Clock:
+    """Device events where torch sees a GPU, else the host clock."""
+    import torch
+
+    return DeviceClock() if torch.cuda.is_available() else HostClock()
+
+
+@dataclass
+class Sample:
+    """One timed call: ``pairs`` of marks (attention adds its backward's pair later);
+    complete when ``expect`` pairs are in and every pair has finished."""
+
+    pairs: list[tuple[Any, Any]] = field(default_factory=list)
+    expect: int = 1
+
+    def seconds(self, clock: Any) -> float | None:
+        if len(self.pairs) < self.expect:
+            return None
+        total = 0.0
+        for start, end in self.pairs:
+            t = None if end is None else clock.elapsed(start, end)
+            if t is None:
+                return None
+            total += t
+        return total
+
+
+@dataclass(frozen=True)
+class ConfirmPolicy:
+    """``samples`` counted pairs per problem (after ``warmup`` pairs not counted) before the
+    verdict; ``margin``: the least in-step gain that keeps a choice when the noise is
+    smaller; ``max_calls``: the bound on a problem's confirming calls (samples that never
+    complete: a forward whose backward does not run)."""
+
+    samples: int = 8
+    warmup: int = 2
+    margin: float = 0.01
+    max_calls: int = 80
+
+    def __post_init__(self) -> None:
+        if self.samples < 2 or self.warmup < 0 or self.margin < 0:
+            raise ValueError("ConfirmPolicy needs samples >= 2, warmup >= 0 and margin >= 0")
+
+
+
+@dataclass
+class Verdict:
+    """A problem's confirmation: ``status`` is "kept", "dropped" (the baseline runs) or
+    "unconfirmed" (too few samples: nothing is concluded); ``speedup`` is the median of
+    the per-pair ratios (baseline / choice), ``low``/``high`` their quartiles."""
+
+    kind: str
+    key: str
+    choice: str
+    baseline: str
+    status: str
+    speedup: float | None
+    low: float | None
+    high: float | None
+    pairs: int
+    choice_ms: float | None
+    baseline_ms: float | None
+    threshold: float
+    method: str
+    wanted: int = 0  # counted pairs a verdict needs
+
+    @property
+    def kept(self) -> bool:
+        return self.status == KEPT
+
+    def figure(self) -> dict[str, Any]:
+        """What a cache entry stores of it (``CacheEntry.in_step``)."""
+        return {
+            "method": self.method, "baseline": self.baseline, "choice": self.choice, "verdict": self.status,
+            "speedup": self.speedup, "low": self.low, "high": self.high, "samples": self.pairs,
+            "choice_ms": self.choice_ms, "baseline_ms": self.baseline_ms, "threshold": self.threshold,
+            "saving_us": self.saving_us,
+        }
+
+    @property
+    def saving_us(self) -> float | None:
+        """What the choice saves a call in the step (median times; negative: it costs)."""
+        if self.choice_ms is None or self.baseline_ms is None:
+            return None
+        return (self.baseline_ms - self.choice_ms) * 1e3
+
+    def spread(self) -> str:
+        if self.speedup is None:
+            return f"{self.pairs} of {self.wanted} pairs"
+        return f"{self.speedup:.3f}x [{self.low:.3f}-{self.high:.3f}], {2 * self.pairs} calls"
+
+    def text(self) -> str:
+        """One line: ``heur2: 1.030x torch in the step [1.010-1.050], 16 calls, 2.1 us saved a
+        call: kept``."""
+        if self.status == KEPT:
+            return (f"{self.choice}: {self.speedup:.3f}x {self.baseline} in the step [{self.low:.3f}-{self.high:.3f}],"
+                    f" {2 * self.pairs} calls, {self.saving_us:.1f} us saved a call: kept")
+        if self.status == DROPPED:
+            return (f"{self.choice} not confirmed in the step ({self.spread()}; needs >"
+                    f" {1 + self.threshold:.3f}x): {self.baseline} kept")
+        return f"{self.choice} unconfirmed in the step ({self.spread()}): too few samples"
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(q1, median, q3) of at least one value."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+class ProblemConfirmation:
+    """One problem's confirmation (module docstring): which side the next call runs, its
+    samples, and the verdict."""
+
+    def __init__(self, policy: ConfirmPolicy, clock: Any) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.calls = 0
+        self.pending: list[tuple[int, str, Sample]] = []
+        self.times: dict[int, dict[str, float]] = {}  # pair -> side -> seconds
+        self._waits = 0
+
+    def next_side(self) -> str | None:
+        """The side of the next call (ABBA order; calls go on alternating while samples are
+        in flight), or None at the bound (the call then runs the baseline, untimed, until
+        the samples in flight are in)."""
+        if self.calls >= self.policy.max_calls:
+            self._waits += 1
+            return None
+        i = self.calls
+        self.calls += 1
+        first = CHOICE if (i // 2) % 2 == 0 else BASELINE
+        return first if i % 2 == 0 else (BASELINE if first == CHOICE else CHOICE)
+
+    def add(self, side: str, sample: Sample) -> None:
+        """The sample of the call :meth:`next_side` gave ``side``."""
+        self.pending.append(((self.calls - 1) // 2, side, sample))
+
+    def poll(self) -> None:
+        still = []
+        for pair, side, sample in self.pending:
+            t = sample.seconds(self.clock)
+            if t is None:
+                still.append((pair, side, sample))
+            else:
+                self.times.setdefault(pair, {})[side] = t
+        self.pending = still
+
+    def counted(self) -> list[dict[str, float]]:
+        """The complete pairs after the warm-up."""
+        return [p for i, p in sorted(self.times.items()) if i >= self.policy.warmup and len(p) == 2]
+
+    def ready(self) -> bool:
+        if len(self.counted()) >= self.policy.samples:
+            return True
+        return self.calls >= self.policy.max_calls and (not self.pending or self._waits >= self.policy.max_calls)
+
+    def verdict(self, kind: str, key: str, choice: str, baseline: str) -> Verdict:
+        pairs = self.counted()
+        method = getattr(self.clock, "method", DEVICE_METHOD)
+        base = Verdict(kind, key, choice, baseline, UNCONFIRMED, None, None, None, len(pairs), None, None,
+                       self.policy.margin, method, self.policy.samples)
+        ratios = [p[BASELINE] / p[CHOICE] for p in pairs if p[CHOICE] > 0]
+        if len(pairs) < self.policy.samples or len(ratios) < len(pairs):
+            return base
+        q1, med, q3 = quartiles(ratios)
+        threshold = max(self.policy.margin, (q3 - q1) / 2)
+        base.status = KEPT if med > 1 + threshold else DROPPED
+        base.speedup, base.low, base.high, base.threshold = med, q1, q3, threshold
+        base.choice_ms = statistics.median(p[CHOICE] for p in pairs) * 1e3
+        base.baseline_ms = statistics.median(p[BASELINE] for p in pairs) * 1e3
+        return base
+
+
+def _choice_name(router: Any, key: str) -> str:
+    """The readable name of a GEMM router's cached choice for ``key`` (the entry's config name)."""
+    entry = (getattr(router, "entries", None) or {}).get(key)
+    if entry is not None:
+        config = entry.solution.get("config") or {}
+        return str(config.get("name") or config.get("source") or "cached")
+    return "cached"
+
+
+class Confirmer:
+    """The offline confirmation of a cache's choices (module docstring): installed with
+    ``routes.confirm_with``; :meth:`finish` ends it and returns the verdicts."""
+
+    def __init__(self, policy: ConfirmPolicy | None = None, clock: Any = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.policy = policy or ConfirmPolicy()
+        self.clock = clock or default_clock()
+        self.log = log or (lambda _line: None)
+        self.states: dict[tuple[str, str], ProblemConfirmation] = {}
+        self.names: dict[tuple[str, str], tuple[str, str]] = {}  # (kind, key) -> (choice, baseline)
+        self.verdicts: dict[tuple[str, str], Verdict] = {}
+        self.unrouted: set[tuple[str, str]] = set()  # the cached choice is the baseline itself
+        self._gemm_keys: dict[tuple, str | None] = {}
+
+    # ---- the routing path's calls ----------------------------------------------------------
+
+    def gemm(self, router: Any, a: Any, b: Any, bias: Any = None) -> Any:
+        """``routes.gemm`` while confirming: the router's kernel or torch's, alternately."""
+        key = self._gemm_key(a, b, bias)
+
+        def choice() -> Any:
+            return router(a, b, bias)
+
+        def baseline() -> Any:
+            return torch_mm(a, b, bias)
+
+        if key is None:
+            out = choice()
+            return baseline() if out is None else out
+        return self._call(GEMM_KIND, key, choice, baseline, lambda: (_choice_name(router, key), TORCH))
+
+    def grouped(self, router: Any, phase: str, a: Any, b: Any, groups: int, routed: Callable[[], Any],
+                fallback: Callable[[], Any], baseline: str) -> Any:
+        """``routes.grouped_routed`` while confirming: the router's answer (``routed()``) or
+        the caller's fallback (``baseline`` names it), alternately, per problem *shape*
+        (``shape_problem_of``: the router decides by shape, and the key needs no host read
+        of the call's counts). A shape whose entries name different choices by skew is not
+        confirmed (routed as usual)."""
+        try:
+            key = shape_problem_of(phase, a, b, groups).key()
+        except ValueError:
+            key = None
+        choice = (getattr(router, "shapes", None) or {}).get(key) if key is not None else None
+        name = choice.label() if hasattr(choice, "label") else None
+        if name is None or name == baseline:  # no single choice of its shape, or the caller's own
+            out = routed()
+            return fallback() if out is None else out
+        return self._call(GROUPED_KIND, key, routed, fallback, lambda: (name, baseline))
+
+    def _gemm_key(self, a: Any, b: Any, bias: Any) -> str | None:
+        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, bias is not None)
+        if sig not in self._gemm_keys:
+            try:
+                p = gemm_problem_of(a, b)
+            except ValueError:
+                self._gemm_keys[sig] = None
+            else:
+                self._gemm_keys[sig] = (p if bias is None else dataclasses.replace(p, epilogue="bias")).key()
+        return self._gemm_keys[sig]
+
+    def _call(self, kind: str, key: str, choice: Callable[[], Any], baseline: Callable[[], Any],
+              names: Callable[[], tuple[str, str]]) -> Any:
+        slot = (kind, key)
+        if slot in self.unrouted:
+            out = choice()
+            return baseline() if out is None else out
+        verdict = self.verdicts.get(slot)
+        if verdict is not None:
+            if verdict.status == DROPPED:
+                return baseline()
+            out = choice()
+            return baseline() if out is None else out
+        state = self.states.get(slot)
+        if state is None:
+            state = self.states[slot] = ProblemConfirmation(self.policy, self.clock)
+            self.names[slot] = names()
+        state.poll()
+        if state.ready():
+            self._decide(slot)
+            return self._call(kind, key, choice, baseline, names)
+        side = state.next_side()
+        if side is None:  # calls spent, samples in flight: the baseline, untimed
+            return baseline()
+        start = self.clock.mark()
+        out = choice() if side == CHOICE else baseline()
+        if out is None:  # the router does not route it (torch's own choice, no entry, a failed kernel)
+            self.unrouted.add(slot)
+            self.states.pop(slot, None)
+            self.names.pop(slot, None)
+            return baseline()
+        state.add(side, Sample([(start, self.clock.mark())]))
+        return out
+
+    def _decide(self, slot: tuple[str, str]) -> Verdict:
+        state = self.states.pop(slot)
+        choice, baseline = self.names.pop(slot)
+        verdict = self.verdicts[slot] = state.verdict(slot[0], slot[1], choice, baseline)
+        self.log(f"confirm {slot[0]} {slot[1]}: {verdict.text()}")
+        return verdict
+
+    def finish(self) -> list[Verdict]:
+        """Wait for the samples in flight (one synchronize), give every problem still
+        confirming its verdict (unconfirmed when its pairs are too few) and return them all."""
+        self.clock.settle()
+        for slot in list(self.states):
+            self.states[slot].poll()
+            self._decide(slot)
+        return list(self.verdicts.values())
+
+    @property
+    def confirming(self) -> int:
+        """Problems still alternating."""
+        return len(self.states)

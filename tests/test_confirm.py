@@ -1,0 +1,337 @@
+"""Confirmation of cached choices inside real steps, on the CPU with the host clock: a
+choice that does extra work is dropped and its cache entry corrected to the baseline, a
+choice whose baseline does extra work is kept, `primus-tune confirm` on the tiny MoE preset
+writes in-step figures, and `primus-tune cache show` says how each speedup was measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.cli.tune import app
+from primus_perf.devices import current_device
+from primus_perf.kernels.gemm import GemmRouter, problem_of, torch_mm
+from primus_perf.kernels.grouped.backends import BACKENDS
+from primus_perf.kernels.grouped.passes import problem_of as grouped_problem_of
+from primus_perf.kernels.grouped.passes import run_backend, shape_problem_of
+from primus_perf.kernels.grouped.router import GroupedChoice, library_versions
+from primus_perf.kinds import RouterPart
+from primus_perf.runtime import routes
+from primus_perf.runtime.confirm import (
+    DROPPED,
+    KEPT,
+    Confirmer,
+    ConfirmPolicy,
+    HostClock,
+    ProblemConfirmation,
+    Sample,
+)
+from primus_perf.tuner.confirm import confirm_run
+
+REPEAT = 16  # the extra work of the slow side: the same product this many times
+VERSIONS = {"fakeblas": "1.0"}
+POLICY = ConfirmPolicy(samples=12, warmup=2)  # the host clock on a busy 2-core machine: more pairs
+
+
+class RepeatedKernel:
+    """A "tuned" GEMM that computes the product ``REPEAT`` times: really slower."""
+
+    def __call__(self, a, b):
+        for _ in range(REPEAT - 1):
+            torch_mm(a, b)
+        return torch_mm(a, b)
+
+    def close(self) -> None:
+        pass
+
+
+SLOW_KINDS = {"gemm": RouterPart(
+    lambda es: GemmRouter.from_entries(list(es), {"slowblas": lambda p, s, d: RepeatedKernel()}),
+    lambda: dict(VERSIONS), lambda: GemmRouter([], {}))}
+
+
+def _entry(kind: str, problem, solution: dict, versions: dict, **extra) -> CacheEntry:
+    return CacheEntry(kind=kind, problem_key=problem.key(), problem=problem.to_dict(),
+                      device=current_device().to_dict(), versions=dict(versions), solution=solution,
+                      times={"tuned_ms": 1.0, "default_ms": 2.0}, tuner_version="test", **extra)
+
+
+def test_abba_order_warmup_and_verdict_margin() -> None:
+    clock = HostClock()
+    state = ProblemConfirmation(ConfirmPolicy(samples=4, warmup=1, margin=0.01), clock)
+    sides = []
+    for _ in range(10):
+        side = state.next_side()
+        sides.append(side)
+        state.add(side, Sample([(0.0, 1.0 if side == "baseline" else 0.5)]))  # choice 2x faster
+    state.poll()
+    assert sides[:8] == ["choice", "baseline", "baseline", "choice"] * 2
+    assert state.ready() and len(state.counted()) == 4  # pair 0 is the warm-up
+    v = state.verdict("gemm", "k", "heur2", "torch")
+    assert v.status == KEPT and v.speedup == pytest.approx(2.0) and v.pairs == 4
+    # equal times: inside the margin, the baseline stays
+    same = ProblemConfirmation(ConfirmPolicy(samples=4, warmup=0), clock)
+    for _ in range(8):
+        same.add(same.next_side(), Sample([(0.0, 1.0)]))
+    same.poll()
+    v = same.verdict("gemm", "k", "heur2", "torch")
+    assert v.status == DROPPED and v.speedup == pytest.approx(1.0)
+    assert "heur2 not confirmed in the step (1.000x [1.000-1.000], 8 calls" in v.text()
+
+
+def test_a_slow_choice_is_dropped_and_its_entry_corrected(tmp_path: Path) -> None:
+    a, b = torch.randn(96, 128), torch.randn(128, 96)
+    cache = tmp_path / "cache.json"
+    slow = {"config": {"name": "slow", "source": "slowblas"}, "blob": b""}
+    TuningCache(cache).put(_entry("gemm", problem_of(a, b), slow, VERSIONS))
+
+    def run(confirmer) -> int:
+        for _ in range(60):
+            torch.testing.assert_close(torch.mm(a, b), a @ b)  # the aten override: routes.gemm
+        return 0
+
+    out = confirm_run(cache, run, policy=POLICY, clock=HostClock(), kinds_=("gemm",), device_type="cpu",
+                      router_kinds=SLOW_KINDS)
+    (row,) = out.rows
+    v = row.verdict
+    assert v.status == DROPPED and v.speedup < 0.5, v.text()
+    assert v.baseline == "torch" and v.choice == "slow" and v.pairs >= 12 and v.low <= v.speedup <= v.high
+    (e,) = TuningCache(cache).entries()
+    assert e.solution["config"] == {"name": "torch", "source": "torch"}  # not routed from now on
+    assert e.times == {"tuned_ms": 1.0, "default_ms": 2.0}  # the isolated claim, kept as such
+    assert e.in_step["verdict"] == "dropped" and e.in_step["choice"] == "slow" and "host clock" in e.in_step["method"]
+    assert e.claim().startswith("torch kept: slow 0.") and e.claim().endswith("(isolated 2.000x)")
+    # the corrected cache routes nothing: a GEMM router of torch's own choices is not installed
+    assert GemmRouter.from_entries([e], {}).routes_nothing
+
+
+def test_a_real_winner_over_the_callers_fallback_is_kept(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    counts = [40, 8, 0, 16]
+    x, w = torch.randn(sum(counts), 64), torch.randn(len(counts), 64, 48)
+    problem = grouped_problem_of("fwd", x, w, counts)
+    cache = tmp_path / "cache.json"
+    choice = GroupedChoice("loop")
+    TuningCache(cache).put(_entry("grouped_gemm", problem, {"config": {"name": "loop", **choice.to_solution()},
+                                                            "blob": b""}, library_versions()))
+
+    def slow_fallback():  # the caller's backend, doing the work REPEAT times
+        for _ in range(REPEAT - 1):
+            run_backend(BACKENDS["loop"], "fwd", x, w, counts)
+        return run_backend(BACKENDS["loop"], "fwd", x, w, counts)
+
+    ref = run_backend(BACKENDS["loop"], "fwd", x, w, counts)
+
+    def run(confirmer) -> int:
+        for _ in range(60):
+            torch.testing.assert_close(routes.grouped("fwd", x, w, counts, slow_fallback, "slow_loop"), ref)
+        return 0
+
+    out = confirm_run(cache, run, policy=POLICY, clock=HostClock(), kinds_=("grouped_gemm",), device_type="cpu")
+    (row,) = out.rows
+    assert row.verdict.status == KEPT and row.verdict.speedup > 2, row.verdict.text()
+    assert row.verdict.baseline == "slow_loop"
+    (e,) = TuningCache(cache).entries()
+    assert e.solution["config"]["backend"] == "loop" and e.in_step["verdict"] == "kept"
+    assert e.claim().startswith(f"{e.in_step['speedup']:.3f}x slow_loop in the step [")
+
+
+def test_no_device_sync_and_events_read_only_when_complete() -> None:
+    """Marks are read only once complete; nothing waits before finish()."""
+
+    class LazyClock(HostClock):
+        def __init__(self) -> None:
+            self.ready = False
+            self.settled = 0
+
+        def elapsed(self, start, end):
+            return (end - start) if self.ready else None
+
+        def settle(self) -> None:
+            self.settled += 1
+            self.ready = True
+
+    clock = LazyClock()
+    confirmer = Confirmer(ConfirmPolicy(samples=2, warmup=0), clock)
+    router = GemmRouter.from_entries([_entry("gemm", problem_of(torch.randn(8, 16), torch.randn(16, 8)),
+                                             {"config": {"name": "slow", "source": "slowblas"}, "blob": b""},
+                                             VERSIONS)], {"slowblas": lambda p, s, d: RepeatedKernel()})
+    a, b = torch.randn(8, 16), torch.randn(16, 8)
+    for _ in range(10):
+        confirmer.gemm(router, a, b)
+    assert clock.settled == 0 and confirmer.confirming == 1 and not confirmer.verdicts
+    (v,) = confirmer.finish()
+    assert clock.settled == 1 and v.status in (KEPT, DROPPED) and v.pairs == 5
+
+
+@pytest.fixture(scope="module")
+def moe_cache(tmp_path_factory) -> Path:
+    """A cache for the tiny MoE preset's grouped problems (2 layers, small batch): the
+    padded-bmm backend for each, as a tuner might have chosen it from isolated timings."""
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.grouped_problems import record_grouped_problems
+
+    cfg = load_config("tiny-moe", MOE_OVERRIDES)
+    found = record_grouped_problems(cfg, steps=STEPS)  # every token-skew bucket the steps visit
+    choice = GroupedChoice("padded_bmm")
+    path = tmp_path_factory.mktemp("confirm") / "cache.json"
+    TuningCache(path).put_many(_entry("grouped_gemm", p, {"config": {"name": "padded_bmm", **choice.to_solution()},
+                                                          "blob": b""}, library_versions()) for p, _ in found)
+    return path
+
+
+MOE_OVERRIDES = ["model.n_layers=2", "train.micro_batch=2", "train.seq_len=64"]
+STEPS = 12
+
+
+def test_cli_confirm_on_the_tiny_moe_preset_writes_in_step_figures(moe_cache: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache.json"
+    cache.write_bytes(moe_cache.read_bytes())
+    res = CliRunner().invoke(app, ["confirm", "--cache", str(cache), "--config", "tiny-moe", "--steps", str(STEPS),
+                                   "--samples", "2", "--warmup", "0", *MOE_OVERRIDES], terminal_width=300)
+    assert res.exit_code == 0, res.output
+    assert "in the step [q1-q3]" in res.output and "confirmed in the step:" in res.output
+    # the problems of the token-skew bucket most steps visit have their verdicts (rarer
+    # buckets may stay unconfirmed: too few calls in a short run)
+    entries = [e for e in TuningCache(cache).entries() if e.in_step is not None]
+    assert len(entries) >= 3, res.output
+    for e in entries:
+        s = e.in_step
+        assert s["verdict"] in ("kept", "dropped") and s["baseline"] == "loop" and s["samples"] >= 2
+        assert s["low"] <= s["speedup"] <= s["high"] and "host clock" in s["method"]
+        if s["verdict"] == "dropped":  # the caller's backend from now on
+            assert e.solution["config"]["backend"] == "loop"
+    raw = json.loads(cache.read_text())["entries"]
+    assert sum(r.get("in_step") is not None for r in raw) == len(entries)
+
+
+def test_cache_show_says_how_each_speedup_was_measured(tmp_path: Path) -> None:
+    p = problem_of(torch.randn(8, 16), torch.randn(16, 8))
+    q = problem_of(torch.randn(8, 16), torch.randn(16, 12))
+    r = problem_of(torch.randn(8, 16), torch.randn(16, 20))
+    heur = {"config": {"name": "heur2", "source": "cublaslt"}, "blob": b"x"}
+    torch_sol = {"config": {"name": "torch", "source": "torch"}, "blob": b""}
+    figure = {"method": "in the step", "baseline": "torch", "choice": "heur2", "speedup": 1.031, "low": 1.012,
+              "high": 1.049, "samples": 8}
+    cache = tmp_path / "c.json"
+    TuningCache(cache).put_many([
+        _entry("gemm", p, heur, VERSIONS),
+        _entry("gemm", q, heur, VERSIONS, in_step={**figure, "verdict": "kept"}),
+        _entry("gemm", r, torch_sol, VERSIONS, in_step={**figure, "verdict": "dropped", "speedup": 0.99,
+                                                        "low": 0.97, "high": 1.01}),
+    ])
+    online = _entry("gemm", problem_of(torch.randn(4, 16), torch.randn(16, 8)), heur, VERSIONS)
+    online.tuner_version = "gemm-1+online"
+    TuningCache(cache).put(online)
+    res = CliRunner().invoke(app, ["cache", "show", str(cache)], terminal_width=400)
+    assert res.exit_code == 0, res.output
+    assert "speedup (how measured)" in res.output
+    assert "2.000x isolated" in res.output and "2.000x online samples" in res.output
+    assert "1.031x torch in the step [1.012-1.049], 16 calls (isolated 2.000x)" in res.output
+    assert "torch kept: heur2 0.990x in the step [0.970-1.010], 16 calls (isolated 2.000x)" in res.output
+
+
+class LoopRouter:
+    """A grouped router whose one cached choice is the per-expert loop."""
+
+    def __init__(self, shape: str) -> None:
+        self.shapes = {shape: GroupedChoice("loop")}
+
+    def __call__(self, phase, a, b, counts):
+        return run_backend(BACKENDS["loop"], phase, a, b, counts)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_device_events_drop_a_slow_choice_and_keep_a_fast_one(tmp_path: Path) -> None:
+    """CUDA events recorded on the current stream, read when complete: a GEMM choice doing
+    16x the work is dropped; a grouped choice over a fallback doing 16x the work is kept."""
+    from primus_perf.runtime.confirm import DeviceClock
+
+    dev = "cuda"
+    a, b = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16), torch.randn(2048, 2048, device=dev,
+                                                                                   dtype=torch.bfloat16)
+    confirmer = Confirmer(ConfirmPolicy(samples=8, warmup=2), DeviceClock())
+    router = GemmRouter.from_entries([_entry("gemm", problem_of(a, b), {"config": {"name": "slow", "source": "slowblas"},
+                                                                        "blob": b""}, VERSIONS)],
+                                     {"slowblas": lambda p, s, d: RepeatedKernel()})
+    counts = [512, 64, 0, 448]
+    x, w = torch.randn(sum(counts), 1024, device=dev, dtype=torch.bfloat16), \
+        torch.randn(len(counts), 1024, 1024, device=dev, dtype=torch.bfloat16)
+    grouped = LoopRouter(shape_problem_of("fwd", x, w, len(counts)).key())
+
+    def slow_fallback():
+        for _ in range(REPEAT - 1):
+            run_backend(BACKENDS["loop"], "fwd", x, w, counts)
+        return run_backend(BACKENDS["loop"], "fwd", x, w, counts)
+
+    for _ in range(30):
+        confirmer.gemm(router, a, b)
+        confirmer.grouped(grouped, "fwd", x, w, len(counts), lambda: grouped("fwd", x, w, counts), slow_fallback,
+                          "slow_loop")
+    verdicts = {v.kind: v for v in confirmer.finish()}
+    assert verdicts["gemm"].status == DROPPED and verdicts["gemm"].speedup < 0.2, verdicts["gemm"].text()
+    assert verdicts["grouped_gemm"].status == KEPT and verdicts["grouped_gemm"].speedup > 5, \
+        verdicts["grouped_gemm"].text()
+    assert "device events" in verdicts["gemm"].method
+
+
+def test_an_entry_with_a_malformed_in_step_figure_is_skipped_and_named(tmp_path: Path) -> None:
+    p = problem_of(torch.randn(8, 16), torch.randn(16, 8))
+    good = _entry("gemm", p, {"config": {"name": "torch", "source": "torch"}, "blob": b""}, VERSIONS,
+                  in_step={"speedup": 1.0, "verdict": "dropped"})
+    bad = {**good.to_dict(), "problem_key": "other", "in_step": {"speedup": "fast"}}
+    (tmp_path / "c.json").write_text(json.dumps({"schema": 1, "entries": [good.to_dict(), bad]}))
+    notes: list[str] = []
+    entries = TuningCache(tmp_path / "c.json", report_stale=notes.append).entries()
+    assert [e.problem_key for e in entries] == [p.key()] and entries[0].in_step["verdict"] == "dropped"
+    assert len(notes) == 1 and "in_step speedup must be a number" in notes[0]
+
+
+SCRIPT = """
+import torch
+
+counts = [40, 8, 0, 16]
+x, w = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(4, 32, 24, dtype=torch.bfloat16)
+offs = torch.tensor(counts).cumsum(0).to(torch.int32)
+for _ in range(30):
+    torch._grouped_mm(x, w, offs=offs)
+"""
+
+
+def test_cli_confirm_of_a_program_times_its_grouped_mm_calls_against_torchs_kernel(tmp_path: Path) -> None:
+    from primus_perf.problems import grouped_mm_call
+
+    script = tmp_path / "prog.py"
+    script.write_text(SCRIPT)
+    counts = [40, 8, 0, 16]
+    call = grouped_mm_call((64, 32), (32, 1), (4, 32, 24), (768, 24, 1), len(counts), False)
+    problem = call.problem("bf16", counts)
+    choice = GroupedChoice("padded_bmm")
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(_entry("grouped_gemm", problem, {"config": {"name": "padded_bmm", **choice.to_solution()},
+                                                           "blob": b""}, library_versions()))
+    res = CliRunner().invoke(app, ["confirm", "--cache", str(cache), "--samples", "4", "--", str(script)],
+                             terminal_width=300)
+    assert res.exit_code == 0, res.output
+    (e,) = TuningCache(cache).entries()
+    assert e.in_step is not None and e.in_step["baseline"] == "grouped_mm", res.output  # torch's own kernel
+    assert e.in_step["verdict"] in ("kept", "dropped") and e.in_step["samples"] >= 4
+    assert e.solution["config"]["backend"] == ("padded_bmm" if e.in_step["verdict"] == "kept" else "grouped_mm")
+
+
+def test_cli_confirm_without_a_run_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(_entry("gemm", problem_of(torch.randn(8, 16), torch.randn(16, 8)),
+                                  {"config": {"name": "torch", "source": "torch"}, "blob": b""}, VERSIONS))
+    from primus_perf.cli.common import run_app
+
+    with pytest.raises(SystemExit) as exc:
+        run_app(app, ["confirm", "--cache", str(cache)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "needs a run" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
