@@ -28,6 +28,7 @@ Sections (each adds or replaces its rows in ``--out``; the file is a list of row
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -40,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from primus_perf.devices import current_device, library_versions
-from primus_perf.files import read_json, write_json
+from primus_perf.files import write_json
 from primus_perf.kernels.grouped import problem_of
 from primus_perf.runtime import routes
 from primus_perf.runtime.activate import activate
@@ -65,6 +66,10 @@ MOE_CASES: dict[str, tuple[str, list[str]]] = {
 SMOKE_CASES = {"tiny-moe/a": ("tiny-moe", ["model.n_layers=2", "train.seq_len=32", "train.micro_batch=2"])}
 FIXED = ("loop", "grouped_mm", "triton")
 FINE_GRAINED = 64  # experts per rank from which the bar asks 1.05x
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
 
 
 def spread_ms(xs: list[float]) -> dict[str, float]:
@@ -104,9 +109,11 @@ def tune_grouped(problems: list[Any], cache: Path, args: argparse.Namespace) -> 
 def confirm_in_trainer(preset: str, overrides: list[str], cache: Path, steps: int, say: Any) -> dict[str, Any]:
     """The cache's choices confirmed inside ``steps`` steps of the trainer (the cache is
     rewritten: choices that do not win where they run go back to the default)."""
-    from primus_perf.tuner.confirm import confirm_trainer
+    from primus_perf.closed_loop import confirm_trainer
 
-    return confirm_trainer(preset, overrides, cache, steps=steps, say=say)
+    run = confirm_trainer(preset, overrides, cache, steps=steps, say=lambda m: say(f"  {m}"))
+    return {"unseen": run.unseen, "rows": [{"problem": r.problem, "entries": r.entries, **r.verdict.figure()}
+                                           for r in run.rows]}
 
 
 def set_side(trainer: Trainer, side: str, router: Any, default: str) -> None:
