@@ -55,7 +55,7 @@ MOE_CASES: dict[str, tuple[str, list[str]]] = {
     "deepseek-v3/a": ("deepseek-v3", ["model.n_layers=2", "model.moe.first_k_dense=1", "model.moe.n_experts=32",
                                       "model.vocab_size=32000", "train.seq_len=2048", "train.micro_batch=1"]),
     "deepseek-v3/b": ("deepseek-v3", ["model.n_layers=2", "model.moe.first_k_dense=1", "model.moe.n_experts=48",
-                                      "model.vocab_size=32000", "train.seq_len=4096", "train.micro_batch=1"]),
+                                      "model.vocab_size=32000", "train.seq_len=3072", "train.micro_batch=1"]),
     "mixtral-8x7b/a": ("mixtral-8x7b", ["model.n_layers=1", "train.seq_len=4096", "train.micro_batch=1"]),
     "mixtral-8x7b/b": ("mixtral-8x7b", ["model.n_layers=1", "train.seq_len=4096", "train.micro_batch=2"]),
     "qwen3-30b-a3b/a": ("qwen3-30b-a3b", ["model.n_layers=2", "model.vocab_size=32000", "train.seq_len=4096",
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="*", default=None, help=f"moe cases (default all: {', '.join(MOE_CASES)})")
     ap.add_argument("--cache", type=Path, default=None, help="example: the confirmed cache")
     ap.add_argument("--record-steps", type=int, default=2)
-    ap.add_argument("--confirm-steps", type=int, default=8)
+    ap.add_argument("--confirm-steps", type=int, default=30, help="at most; it stops when every problem has its verdict")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--block-steps", type=int, default=4)
     ap.add_argument("--pairs", type=int, default=3)
