@@ -3,6 +3,7 @@ an installed dense GEMM router never re-routes."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -14,6 +15,7 @@ from primus_perf.devices import current_device
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.kernels.grouped import (
     AUTO,
+    BACKENDS,
     DEFAULT_RULE,
     backends,
     default_backend,
@@ -26,10 +28,16 @@ from primus_perf.trainer.loop import Trainer
 CPU = torch.device("cpu")
 
 
-def test_the_rule_picks_grouped_mm_for_many_experts_on_nvidia_bf16(monkeypatch) -> None:
+def test_the_rule_picks_triton_then_grouped_mm_for_many_experts_on_nvidia_bf16(monkeypatch) -> None:
     assert default_backend(CPU, torch.bfloat16, 128, [(64, 64)]) == "loop"  # the CPU keeps the loop
     monkeypatch.setattr(backends, "_vendor", lambda device: "nvidia")
     min_groups = DEFAULT_RULE[("nvidia", torch.bfloat16)][0][0]
+    runs = dataclasses.replace(BACKENDS["triton"], unsupported=lambda *a: None)
+    monkeypatch.setitem(BACKENDS, "triton", runs)
+    assert default_backend(CPU, torch.bfloat16, min_groups, [(64, 128), (64, 64)]) == "triton"
+    # where Triton cannot run (not installed, or the CPU without the interpreter): grouped_mm
+    cannot = dataclasses.replace(BACKENDS["triton"], unsupported=lambda *a: "triton is not installed")
+    monkeypatch.setitem(BACKENDS, "triton", cannot)
     assert default_backend(CPU, torch.bfloat16, min_groups, [(64, 128), (64, 64)]) == "grouped_mm"
     assert default_backend(CPU, torch.bfloat16, min_groups - 1, [(64, 64)]) == "loop"  # few, large experts
     assert default_backend(CPU, torch.float16, 128, [(64, 64)]) == "loop"  # no row for fp16

@@ -268,15 +268,21 @@ BACKENDS: dict[str, Backend] = {
 
 AUTO = "auto"  # the configuration value that applies DEFAULT_RULE
 
-# (vendor, dtype) -> ((minimum local groups, backend), ...), first match wins; the loop where
-# no row matches. Measured in primus-train on an H100 (torch 2.11, bf16): with 128 experts
-# (qwen3-30b-a3b) grouped_mm runs a step in 84-91 ms against the loop's 123-150; with 48
-# (deepseek-v3) the loop is ~1.05x faster than grouped_mm and with 8 (mixtral-8x7b) ~1.14x
-# (one launch per expert costs little when experts are few and large). On CUDA torch runs
-# _grouped_mm in bf16 only. AMD: not measured, so the loop (the backend every device runs)
-# until a measurement says otherwise; the CPU keeps the loop too.
+# (vendor, dtype) -> ((minimum local groups, backend), ...), first match wins (a row whose
+# backend cannot run the layer's shapes here is skipped); the loop where no row matches.
+# Measured in primus-train on an H100 (torch 2.11, Triton 3.6, bf16), every fixed backend in
+# one trainer switched per block (benchmarks/never_slower.py,
+# benchmarks/results/never_slower_h100.json and _run1.json), ms a step:
+#   qwen3-30b-a3b, 128 experts of 768: Triton's default config 54.1-55.8 and 74.6-80.4,
+#     grouped_mm 57.9-60.6 and 79.8-85.7, the loop 98-108 and 123-145 (two override sets);
+#   deepseek-v3, 32 experts of 2048: the loop 86.0-86.5, grouped_mm 91.3-91.5, Triton 91.3;
+#   mixtral-8x7b, 8 experts of 14336: the loop 62.2-63.1, grouped_mm 68.8-70.3, Triton 72.2-73.1.
+# With many small experts one persistent kernel wins; with few large ones a launch per expert
+# costs little and the loop's cuBLAS GEMMs win. On CUDA torch runs _grouped_mm in bf16 only.
+# AMD: not measured, so the loop (the backend every device runs) until a measurement says
+# otherwise; the CPU keeps the loop too.
 DEFAULT_RULE: dict[tuple[str, torch.dtype], tuple[tuple[int, str], ...]] = {
-    ("nvidia", torch.bfloat16): ((64, "grouped_mm"),),
+    ("nvidia", torch.bfloat16): ((64, "triton"), (64, "grouped_mm")),
 }
 
 
