@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -58,13 +59,16 @@ SMOKE = {"tiny-moe": ["model.n_layers=2", "train.seq_len=32", "train.micro_batch
 SIDES = ("loop", "grouped_mm", "tuned")
 
 
-def record_problems(trainer: Trainer, steps: int) -> list:
-    """The grouped problems ``steps`` steps of ``trainer`` ran (a recording router)."""
+def record_calls(trainer: Trainer, steps: int) -> tuple[list, Counter]:
+    """The grouped problems ``steps`` steps of ``trainer`` ran (a recording router), and each
+    problem's calls per step."""
     seen: dict[str, object] = {}
+    calls: Counter = Counter()
 
     def record(phase, a, b, counts):
         p = problem_of(phase, a, b, counts)
         seen.setdefault(p.key(), p)
+        calls[p.key()] += 1
         return None
 
     routes.install({"grouped_gemm": record})
@@ -73,7 +77,12 @@ def record_problems(trainer: Trainer, steps: int) -> list:
             trainer.train_step()
     finally:
         routes.remove()
-    return list(seen.values())
+    return list(seen.values()), Counter({k: v / steps for k, v in calls.items()})
+
+
+def record_problems(trainer: Trainer, steps: int) -> list:
+    """The grouped problems ``steps`` steps of ``trainer`` ran."""
+    return record_calls(trainer, steps)[0]
 
 
 def tune_cache(preset: str, overrides: list[str], cache: Path, args: argparse.Namespace) -> list[dict]:

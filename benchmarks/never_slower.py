@@ -40,9 +40,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from moe_e2e import record_calls
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
-from primus_perf.kernels.grouped import problem_of
 from primus_perf.runtime import routes
 from primus_perf.runtime.activate import activate
 from primus_perf.trainer.config import load_config
@@ -75,26 +75,6 @@ def read_json(path: Path) -> Any:
 def spread_ms(xs: list[float]) -> dict[str, float]:
     q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 2 else [xs[0]] * 3
     return {"median_ms": statistics.median(xs) * 1e3, "q1_ms": q[0] * 1e3, "q3_ms": q[2] * 1e3, "n": len(xs)}
-
-
-def record_calls(trainer: Trainer, steps: int) -> tuple[list[Any], Counter]:
-    """The grouped problems ``steps`` steps ran, and each problem's calls per step."""
-    seen: dict[str, Any] = {}
-    calls: Counter = Counter()
-
-    def record(phase, a, b, counts):
-        p = problem_of(phase, a, b, counts)
-        seen.setdefault(p.key(), p)
-        calls[p.key()] += 1
-        return None
-
-    routes.install({"grouped_gemm": record})
-    try:
-        for _ in range(steps):
-            trainer.train_step()
-    finally:
-        routes.remove()
-    return list(seen.values()), Counter({k: v / steps for k, v in calls.items()})
 
 
 def tune_grouped(problems: list[Any], cache: Path, args: argparse.Namespace) -> None:

@@ -64,3 +64,20 @@ def test_no_claim_says_more_than_the_whole_step_could_give() -> None:
         calls = row.get("calls_per_step") or {}
         for c in _kept_claims(row):
             assert (c["baseline_ms"] - c["choice_ms"]) * calls.get(c["key"], 0) < row["tuned_ms"], (row["case"], c)
+
+
+def test_benchmark_smoke(tmp_path: Path) -> None:
+    """``never_slower.py --smoke moe``: a tiny MoE tuned, confirmed in its steps and timed
+    against every fixed backend; one row of the documented shape."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "ns.json"
+    script = RESULTS.parents[1] / "never_slower.py"
+    r = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out), "moe"], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["case"] == "tiny-moe/a" and set(row["baselines"]) == {"loop", "grouped_mm", "triton"}
+    assert row["tuned_ms"] > 0 and "rows" in row["confirmation"]
