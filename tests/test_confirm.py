@@ -30,6 +30,7 @@ from primus_perf.runtime.confirm import (
     HostClock,
     ProblemConfirmation,
     Sample,
+    Verdict,
 )
 from primus_perf.tuner.confirm import confirm_run
 
@@ -335,3 +336,36 @@ def test_cli_confirm_without_a_run_is_one_line_and_exit_2(tmp_path: Path, capsys
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "needs a run" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _kept(key: str, saving_ms: float) -> Verdict:
+    return Verdict("gemm", key, "heur1", "torch", KEPT, 1.05, 1.04, 1.06, 8, 1.0 - saving_ms, 1.0, 0.01, "test")
+
+
+def test_kept_gemm_choices_must_pay_for_routing_every_gemm_call() -> None:
+    """Routing GEMMs costs every GEMM call of the program a few microseconds of host time:
+    kept choices whose saving over the run is smaller are dropped together, with the
+    reason; a saving larger than the cost keeps them."""
+    confirmer = Confirmer(ConfirmPolicy(), HostClock())
+    confirmer.verdicts = {("gemm", "k1"): _kept("k1", 0.0127), ("gemm", "k2"): _kept("k2", 0.002)}
+    confirmer.slot_calls = {("gemm", "k1"): 320, ("gemm", "k2"): 40}
+    confirmer.gemm_calls = 3600  # 90 GEMMs a step, 40 steps; the kept ones saved 4.1 ms
+    out = {v.key: v for v in confirmer.routing_pays(5.0)}  # 3600 x 5 us = 18 ms of routing
+    assert {v.status for v in out.values()} == {DROPPED}
+    assert "less than routing its 3600 GEMM calls costs (5.0 us each: 18.00 ms)" in out["k1"].reason
+    assert out["k1"].text().startswith("heur1: 1.050x [1.040-1.060], 16 calls in the step, but the 2 kept")
+    assert out["k1"].figure()["reason"] == out["k1"].reason
+    confirmer.verdicts = {("gemm", "k1"): _kept("k1", 0.0127)}
+    assert confirmer.routing_pays(1.0)[0].status == KEPT  # 4.06 ms saved > 3.6 ms of routing
+    assert "reason" not in confirmer.routing_pays(1.0)[0].figure()
+
+
+def test_routing_cost_is_measured_on_the_path_against_torchs_kernel() -> None:
+    from primus_perf.runtime.confirm import gemm_routing_cost_us
+
+    def twice(a, b):  # a path that costs one more GEMM than torch's
+        torch_mm(a, b)
+        return torch_mm(a, b)
+
+    assert gemm_routing_cost_us(torch_mm, torch_mm, torch.device("cpu"), calls=300) < gemm_routing_cost_us(
+        twice, torch_mm, torch.device("cpu"), calls=300)

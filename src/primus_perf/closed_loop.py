@@ -170,7 +170,7 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
             trainer.close()
         return 0
 
-    return confirm_run(cache, run, policy=policy, clock=clock, log=say)
+    return confirm_run(cache, run, policy=policy, clock=clock, log=say, gemm_path="seam")
 
 
 def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str | Path = "runs/quickstart",

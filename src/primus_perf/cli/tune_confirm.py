@@ -32,7 +32,8 @@ def confirm_table(run) -> Table:
         before = row.before.claim() if row.before is not None else "-"
         figure = f"{v.speedup:.3f}x [{v.low:.3f}-{v.high:.3f}]" if v.speedup is not None else \
             f"{v.pairs} of {v.wanted} pairs"
-        verdict = {"kept": "kept", "dropped": f"dropped: {v.baseline} kept"}.get(v.status, "unconfirmed (too few)")
+        verdict = {"kept": "kept", "dropped": f"dropped: {v.baseline} kept" + (" (routing costs more)" if v.reason
+                                                                              else "")}.get(v.status, "unconfirmed (too few)")
         saved = f"{v.saving_us:.1f}" if v.saving_us is not None else "-"
         table.add_row(v.kind, escape(row.problem), escape(v.choice), escape(before), escape(figure), str(2 * v.pairs),
                       saved, escape(verdict))
@@ -46,6 +47,8 @@ def print_confirmation(run) -> None:
     if run.unseen:
         line += f"; {run.unseen} cached problems not confirmed (not called, or torch's own choice)"
     console.print(line, highlight=False, soft_wrap=True)
+    for reason in dict.fromkeys(r.verdict.reason for r in run.rows if r.verdict.reason):
+        console.print(f"dropped: {reason}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

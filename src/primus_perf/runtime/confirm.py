@@ -165,6 +165,7 @@ class Verdict:
     threshold: float
     method: str
     wanted: int = 0  # counted pairs a verdict needs
+    reason: str = ""  # why a choice that won its calls was dropped (Confirmer.routing_pays)
 
     @property
     def kept(self) -> bool:
@@ -176,7 +177,7 @@ class Verdict:
             "method": self.method, "baseline": self.baseline, "choice": self.choice, "verdict": self.status,
             "speedup": self.speedup, "low": self.low, "high": self.high, "samples": self.pairs,
             "choice_ms": self.choice_ms, "baseline_ms": self.baseline_ms, "threshold": self.threshold,
-            "saving_us": self.saving_us,
+            "saving_us": self.saving_us, **({"reason": self.reason} if self.reason else {}),
         }
 
     @property
@@ -197,6 +198,8 @@ class Verdict:
         if self.status == KEPT:
             return (f"{self.choice}: {self.speedup:.3f}x {self.baseline} in the step [{self.low:.3f}-{self.high:.3f}],"
                     f" {2 * self.pairs} calls, {self.saving_us:.1f} us saved a call: kept")
+        if self.status == DROPPED and self.reason:
+            return f"{self.choice}: {self.spread()} in the step, but {self.reason}: {self.baseline} kept"
         if self.status == DROPPED:
             return (f"{self.choice} not confirmed in the step ({self.spread()}; needs >"
                     f" {1 + self.threshold:.3f}x): {self.baseline} kept")
@@ -284,6 +287,32 @@ def _choice_name(router: Any, key: str) -> str:
     return "cached"
 
 
+def gemm_routing_cost_us(route: Callable[[Any, Any], Any], plain: Callable[[Any, Any], Any], device: Any,
+                         calls: int = 2000, rounds: int = 3) -> float:
+    """Host microseconds a GEMM call pays for its routing: ``route(a, b)`` (the path the
+    program's GEMMs take while routed, on a shape no entry names) against ``plain(a, b)``
+    (torch's), best of ``rounds`` rounds of ``calls`` calls each on 16x16 operands."""
+    import torch
+
+    dtype = torch.bfloat16 if getattr(device, "type", "cpu") == "cuda" else torch.float32
+    a = torch.randn(16, 16, device=device, dtype=dtype)
+    b = torch.randn(16, 16, device=device, dtype=dtype)
+
+    def best(fn: Callable[[Any, Any], Any]) -> float:
+        out = float("inf")
+        for _ in range(rounds):
+            fn(a, b)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn(a, b)
+            if a.is_cuda:
+                torch.cuda.synchronize(a.device)
+            out = min(out, (time.perf_counter() - t0) / calls)
+        return out
+
+    return max(0.0, (best(route) - best(plain)) * 1e6)
+
+
 class Confirmer:
     """The offline confirmation of a cache's choices (module docstring): installed with
     ``routes.confirm_with``; :meth:`finish` ends it and returns the verdicts."""
@@ -298,11 +327,17 @@ class Confirmer:
         self.verdicts: dict[tuple[str, str], Verdict] = {}
         self.unrouted: set[tuple[str, str]] = set()  # the cached choice is the baseline itself
         self._gemm_keys: dict[tuple, str | None] = {}
+        self.gemm_calls = 0  # every GEMM call the routing path saw (each pays the routing)
+        self.slot_calls: dict[tuple[str, str], int] = {}  # calls of each confirmed problem
+        self.gemm_device: Any = None  # the device of the GEMMs (where the routing is priced)
 
     # ---- the routing path's calls ----------------------------------------------------------
 
     def gemm(self, router: Any, a: Any, b: Any, bias: Any = None) -> Any:
         """``routes.gemm`` while confirming: the router's kernel or torch's, alternately."""
+        self.gemm_calls += 1
+        if self.gemm_device is None:
+            self.gemm_device = a.device
         key = self._gemm_key(a, b, bias)
 
         def choice() -> Any:
@@ -348,6 +383,7 @@ class Confirmer:
     def _call(self, kind: str, key: str, choice: Callable[[], Any], baseline: Callable[[], Any],
               names: Callable[[], tuple[str, str]]) -> Any:
         slot = (kind, key)
+        self.slot_calls[slot] = self.slot_calls.get(slot, 0) + 1
         if slot in self.unrouted:
             out = choice()
             return baseline() if out is None else out
@@ -392,6 +428,25 @@ class Confirmer:
         for slot in list(self.states):
             self.states[slot].poll()
             self._decide(slot)
+        return list(self.verdicts.values())
+
+    def routing_pays(self, cost_us: float) -> list[Verdict]:
+        """Every verdict, the GEMM ones checked against what routing costs: each GEMM call
+        the program makes pays ``cost_us`` (host time of the override or seam, measured by
+        :func:`gemm_routing_cost_us`) once any GEMM is routed, so the kept GEMM choices
+        stay only where the time they saved over the run (microseconds a call x their calls)
+        exceeds the routing of all the run's GEMM calls; otherwise they are dropped
+        together (the cache then routes no GEMM and the override is not installed)."""
+        kept = [v for v in self.verdicts.values() if v.kind == GEMM_KIND and v.kept]
+        saved = sum((v.saving_us or 0.0) * self.slot_calls.get((v.kind, v.key), 0) for v in kept)
+        cost = cost_us * self.gemm_calls
+        if not kept or saved > cost:
+            return list(self.verdicts.values())
+        why = (f"the {len(kept)} kept GEMM choice(s) saved {saved / 1e3:.2f} ms over the run, less than routing "
+               f"its {self.gemm_calls} GEMM calls costs ({cost_us:.1f} us each: {cost / 1e3:.2f} ms)")
+        self.log(f"confirm gemm: {why}: torch kept for every GEMM")
+        for v in kept:
+            self.verdicts[(v.kind, v.key)] = dataclasses.replace(v, status=DROPPED, reason=why)
         return list(self.verdicts.values())
 
     @property

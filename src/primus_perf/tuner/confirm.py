@@ -22,7 +22,16 @@ from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.kernels.grouped.router import GroupedChoice, shape_key
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.runtime import routes
-from primus_perf.runtime.confirm import DROPPED, KEPT, TORCH, Confirmer, ConfirmPolicy, Verdict
+from primus_perf.runtime.confirm import (
+    DROPPED,
+    GEMM_KIND,
+    KEPT,
+    TORCH,
+    Confirmer,
+    ConfirmPolicy,
+    Verdict,
+    gemm_routing_cost_us,
+)
 from primus_perf.tuner.core import confirmed_entry
 
 TORCH_SOLUTION = {"config": {"name": TORCH, "source": TORCH}, "blob": b""}  # a GEMM's baseline
@@ -112,6 +121,20 @@ def apply_verdicts(cache: str | os.PathLike, verdicts: Iterable[Verdict], activa
     return rows
 
 
+def _routing_cost_us(confirmer: Confirmer, gemm_path: str) -> float:
+    """What a GEMM call of the run paid for its routing (0 where no GEMM choice was kept:
+    nothing to weigh)."""
+    if confirmer.gemm_device is None or not any(v.kind == GEMM_KIND and v.kept for v in confirmer.verdicts.values()):
+        return 0.0
+    import torch
+
+    from primus_perf.kernels.gemm import torch_mm
+    from primus_perf.runtime import seams
+
+    route = seams.matmul if gemm_path == "seam" else torch.mm
+    return gemm_routing_cost_us(route, torch_mm, confirmer.gemm_device)
+
+
 def confirm_run(
     cache: str | os.PathLike,
     run: Callable[[Confirmer], int],
@@ -122,11 +145,15 @@ def confirm_run(
     device_type: str | None = None,
     router_kinds: Any = None,
     log: Callable[[str], None] | None = None,
+    gemm_path: str = "override",
 ) -> ConfirmRun:
     """Enable ``cache``, confirm its routed choices while ``run(confirmer)`` runs the
     program (it returns the program's exit code; it may stop early once
     ``confirmer.confirming`` is 0 after the first steps), then write the verdicts. Ctrl-C
-    stops the program; what was decided is still written."""
+    stops the program; what was decided is still written. The kept GEMM choices must also
+    pay for routing every GEMM call of the run (``Confirmer.routing_pays``), priced on the
+    path the program's GEMMs take: ``gemm_path`` "override" (``torch.mm`` and friends under
+    ``enable()``) or "seam" (the trainer's ``seams.matmul``)."""
     from primus_perf.runtime.handle import ALL_KINDS, enable
 
     handle = enable(cache, None, ALL_KINDS if kinds_ is None else kinds_, device_type=device_type,
@@ -140,8 +167,11 @@ def confirm_run(
         out.interrupted = True
     finally:
         routes.confirm_with(None)
-        verdicts = confirmer.finish()
-        handle.disable()
+        confirmer.finish()
+        try:
+            verdicts = confirmer.routing_pays(_routing_cost_us(confirmer, gemm_path))
+        finally:
+            handle.disable()
     out.rows = apply_verdicts(cache, verdicts, handle.activation)
     usable = sum(len(keys) for keys in handle.activation.keys.values())
     out.unseen = max(0, usable - sum(r.entries for r in out.rows))
