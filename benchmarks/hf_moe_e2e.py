@@ -11,7 +11,9 @@ expert and 48 routed experts of 2048):
    split in the trace (a plain trace records shapes only);
 2. tune: the trace's grouped problems (``tuner.problems_input.gather_problems``, what
    ``primus-tune grouped-gemm --trace`` reads) with the grouped-GEMM tuner, ``--budget-s``
-   and ``--max-configs`` per problem, into a cache of the case;
+   and ``--max-configs`` per problem, into a cache of the case; then confirm the choices
+   inside up to ``--confirm-steps`` steps of the program (what ``primus-tune confirm --
+   program`` does: a choice that does not beat torch's kernel where it runs is dropped);
 3. losses: two fresh models (same seed, same batches) for ``--loss-steps`` steps, plain and
    under ``enable(cache)``; the largest relative difference;
 4. speed: one model, the sides interleaved in blocks of ``--block-steps`` steps (one
@@ -132,6 +134,29 @@ def tune(trace: Path, cache: Path, args: argparse.Namespace, device: torch.devic
             "shapes": len(by_shape), "mixed_shapes": sorted(k for k, v in by_shape.items() if len(v) > 1)}
 
 
+def confirm(ex: Any, spec: dict[str, Any], cache: Path, steps: int) -> dict[str, Any]:
+    """The tuned choices confirmed inside up to ``steps`` steps of the program (``primus-tune
+    confirm``'s ``confirm_run``: each shape's choice against torch's kernel, alternating
+    calls; it stops once every shape has its verdict); the cache is corrected in place."""
+    from primus_perf.tuner.confirm import confirm_run
+
+    def program(confirmer: Any) -> int:
+        run = Run(ex, **spec)
+        try:
+            run.step()  # allocation, library set-up: its calls are the confirmation's warm-up
+            for i in range(steps - 1):
+                run.step()
+                if i >= 1 and not confirmer.confirming:
+                    break
+        finally:
+            run.close()
+        return 0
+
+    out = confirm_run(cache, program, kinds_=("grouped_gemm",))
+    return {"kept": out.count("kept"), "dropped": out.count("dropped"), "unconfirmed": out.count("unconfirmed"),
+            "rows": [{"problem": r.problem, "entries": r.entries, **r.verdict.figure()} for r in out.rows]}
+
+
 def losses(ex: Any, spec: dict[str, Any], cache: Path, steps: int) -> dict[str, list[float]]:
     out = {}
     for side in ("grouped_mm", "tuned"):
@@ -209,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", "--models", nargs="*", choices=sorted(CASES), default=None, help="default: all")
     ap.add_argument("--backends", nargs="*", default=None,
                     help="non-Triton backends raced against the Triton configs (default: the tuner's)")
+    ap.add_argument("--confirm-steps", type=int, default=30,
+                    help="at most this many steps confirm the tuned choices in the program (0: none)")
     ap.add_argument("--loss-steps", type=int, default=20)
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--block-steps", type=int, default=5)
@@ -218,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:
         args.loss_steps, args.blocks, args.block_steps, args.max_configs, args.budget_s = 2, 1, 1, 0, 0.01
+        args.confirm_steps = min(args.confirm_steps, 3)
         args.backends = args.backends or ["padded_bmm"]  # one candidate against the default
         device, preset, dtype = torch.device("cpu"), "cpu", torch.float32
     else:
@@ -241,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                 run.close()
             cache = Path(tmp) / f"{case}.json"
             tuned = tune(trace, cache, args, device)
+            if args.confirm_steps:
+                tuned["confirmation"] = confirm(ex, spec, cache, args.confirm_steps)
             loss = losses(ex, spec, cache, args.loss_steps)
             worst = max(abs(a - b) / abs(b) for a, b in zip(loss["tuned"], loss["grouped_mm"]))
             sp = speed(ex, spec, cache, empty, args)

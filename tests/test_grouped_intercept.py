@@ -550,6 +550,9 @@ def test_hf_moe_e2e_benchmark_smoke(tmp_path: Path) -> None:
     assert row["case"] == "qwen3-moe-128e" and set(row["baselines"]) == {"grouped_mm", "enable_no_choice"}
     assert row["tuned_ms"] > 0 and row["loss_max_rel_diff"] < 1e-3 and len(row["losses"]["tuned"]) == 2
     assert row["problems"] > 0 and set(row["chosen"]) and row["tuned_calls"]["routed"] > 0
+    # the choices went through the program's confirmation (3 steps: too few pairs to conclude)
+    conf = row["confirmation"]
+    assert conf["rows"] and conf["unconfirmed"] == len(conf["rows"]) and conf["kept"] == conf["dropped"] == 0
     # one block of 1 + 1 steps a side after the warm-up step: 12 grouped calls a step
     assert row["tuned_calls"]["routed"] + row["tuned_calls"]["fallback"] == 12 * 3
     # no choice: nothing read on the host; the padded bmm choice reads each layer's offs once a step
