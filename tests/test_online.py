@@ -250,3 +250,17 @@ def test_a_lock_the_step_does_not_bear_out_keeps_torch_and_says_so(tmp_path: Pat
     (entry,) = TuningCache(cache).entries("gemm")
     assert entry.solution["config"]["source"] == "torch" and entry.in_step["choice"] == "heur2"
     assert entry.claim().startswith("torch kept: heur2 1.000x in the step") and "online samples" in entry.claim()
+
+
+def test_online_gemm_key_refuses_operands_of_two_devices() -> None:
+    """A call whose operands (or bias) sit on different devices, or a bias of another dtype,
+    has no problem: torch's kernel answers it (and says what is wrong); a locked library
+    kernel is never handed another device's pointer."""
+    adapter = GemmOnline()
+    a, b = torch.randn(32, 16), torch.randn(16, 8)
+    key, _problem = adapter.key(a, b)
+    assert adapter.key(a, b.to("meta")) is None and adapter.key(a.to("meta"), b) is None
+    assert adapter.key(a, b, torch.randn(8, device="meta")) is None
+    assert adapter.key(a, b, torch.randn(8, dtype=torch.float64)) is None
+    assert adapter.key(a, b, torch.randn(8))[0] != key  # a bias: the bias epilogue's problem
+    assert adapter.key(a, b)[0] == key

@@ -57,7 +57,12 @@ class GemmOnline:
         self._memo: dict[tuple, tuple[str, Any] | None] = {}
 
     def key(self, a: Any, b: Any, bias: Any = None) -> tuple[str, Any] | None:
-        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, bias is not None)
+        """The problem of a call, memoized per signature; None (torch's kernel, which says what
+        is wrong) for operands on different devices or a bias of another device or dtype: a
+        library kernel must never be handed a pointer of another device."""
+        if a.device != b.device or (bias is not None and (bias.device != a.device or bias.dtype != a.dtype)):
+            return None
+        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, bias is not None)
         if sig not in self._memo:
             try:
                 p = gemm.problem_of(a, b)
