@@ -15,7 +15,9 @@
 # (benchmarks/eight_gpus.py, one call each: 10 minutes a call) eight-fsdp, eight-tp, eight-ep
 # (llama3-70b FSDP2 / TP=8, deepseek-v3 EP=8: traces, report, losses, tuned vs default) and
 # eight-checks (preflight and tuning with 8 workers); fp8-tests (the FP8 GPU tests), fp8
-# (benchmarks/fp8_loop.py: llama3-8b and qwen2.5-7b), fp8-moe (its MoE FP8 grouped GEMMs).
+# (benchmarks/fp8_loop.py: llama3-8b and qwen2.5-7b), fp8-moe (its MoE FP8 grouped GEMMs),
+# never-slower (benchmarks/never_slower.py: MoE cases, the dense loop, the example with the
+# cache `confirm` left), hf-moe (the foreign grouped GEMM GPU tests and benchmarks/hf_moe_e2e.py).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -102,6 +104,18 @@ open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
       python benchmarks/fp8_loop.py --out "$OUT/fp8_loop.json" 2>&1 | tee "$OUT/fp8_loop.log" | tail -40 ;;
     fp8-moe)
       python benchmarks/fp8_loop.py --configs --moe --out "$OUT/fp8_moe.json" 2>&1 | tee "$OUT/fp8_moe.log" | tail -20 ;;
+    never-slower)
+      # tuned and confirmed against every fixed choice: the MoE cases, the dense loop, and the
+      # example under enable() with the cache `confirm` left in /tmp/enable_offline.json
+      python benchmarks/never_slower.py --out "$OUT/never_slower.json" moe 2>&1 | grep -v "^  " | tail -8
+      python benchmarks/never_slower.py --out "$OUT/never_slower.json" loop 2>&1 | tail -4
+      if [ -f /tmp/enable_offline.json ]; then
+        python benchmarks/never_slower.py --out "$OUT/never_slower.json" example --cache /tmp/enable_offline.json \
+          2>&1 | tail -2
+      fi ;;
+    hf-moe)
+      TRITON_INTERPRET=0 python -m pytest tests/test_grouped_intercept.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
+      python benchmarks/hf_moe_e2e.py --blocks 5 --out "$OUT/hf_moe_e2e.json" 2>&1 | grep -v "^ " | tail -6 ;;
     *) echo "unknown step $step" ;;
   esac
 done
