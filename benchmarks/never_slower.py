@@ -110,7 +110,7 @@ def predicted_saving_ms(cache: Path, calls: Counter) -> float | None:
     calls per step, over the entries that route."""
     total, found = 0.0, False
     for entry in read_json(cache).get("entries", []):
-        ins = (entry.get("times") or {}).get("in_step") or entry.get("in_step")
+        ins = entry.get("in_step")
         if not ins or entry.get("problem_key") not in calls:
             continue
         if ins.get("verdict") not in (None, "kept"):

@@ -232,6 +232,9 @@ def traced_gemm_op() -> Any:
     return _traced_op
 
 
+UNSUPPORTED = "unsupported"  # the key a router counts calls no problem describes under
+
+
 class GemmRouter(Router):
     """Callable ``(a, b) -> Tensor | None`` over the cached GEMM entries of this device;
     ``kernels``: the kernel table (source -> factory).
@@ -267,9 +270,9 @@ class GemmRouter(Router):
         try:
             p = problem_of(a, b)
         except ValueError:
-            return "unsupported", None, None
+            return UNSUPPORTED, None, None
         if a.device != b.device:  # the kernel would be handed a pointer of another device
-            return "unsupported", None, None
+            return UNSUPPORTED, None, None
         if bias is not None:
             p = dataclasses.replace(p, epilogue="bias")
         key = p.key()
@@ -291,6 +294,17 @@ class GemmRouter(Router):
         kernel = self._slots[slot]
         for_call = getattr(kernel, "for_call", None)
         return key, slot, kernel if for_call is None else for_call(a, b)
+
+    def key_of(self, a, b, bias=None) -> str | None:
+        """The problem key of a call (its signature resolved as :meth:`__call__` resolves it,
+        the same tuple, which ``__call__`` builds inline: every routed GEMM pays for a call
+        more); None for a call no problem describes."""
+        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+               None if bias is None else bias.dtype)
+        hit = self._memo.get(sig)
+        if hit is None:
+            hit = self._memo[sig] = self._resolve(a, b, bias)
+        return None if hit[0] == UNSUPPORTED else hit[0]
 
     def __call__(self, a, b, bias=None):
         """``a @ b`` (``+ bias``, a vector over the output's columns, when given: the problem

@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from primus_perf.kernels.gemm import problem_of as gemm_problem_of
 from primus_perf.kernels.gemm import torch_mm
 from primus_perf.kernels.grouped.passes import shape_problem_of
 from primus_perf.kinds import GEMM, GROUPED
@@ -326,7 +325,6 @@ class Confirmer:
         self.names: dict[tuple[str, str], tuple[str, str]] = {}  # (kind, key) -> (choice, baseline)
         self.verdicts: dict[tuple[str, str], Verdict] = {}
         self.unrouted: set[tuple[str, str]] = set()  # the cached choice is the baseline itself
-        self._gemm_keys: dict[tuple, str | None] = {}
         self.gemm_calls = 0  # every GEMM call the routing path saw (each pays the routing)
         self.slot_calls: dict[tuple[str, str], int] = {}  # calls of each confirmed problem
         self.gemm_device: Any = None  # the device of the GEMMs (where the routing is priced)
@@ -338,7 +336,7 @@ class Confirmer:
         self.gemm_calls += 1
         if self.gemm_device is None:
             self.gemm_device = a.device
-        key = self._gemm_key(a, b, bias)
+        key = router.key_of(a, b, bias)  # the router's own resolution of the call's signature
 
         def choice() -> Any:
             return router(a, b, bias)
@@ -368,17 +366,6 @@ class Confirmer:
             out = routed()
             return fallback() if out is None else out
         return self._call(GROUPED_KIND, key, routed, fallback, lambda: (name, baseline))
-
-    def _gemm_key(self, a: Any, b: Any, bias: Any) -> str | None:
-        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, bias is not None)
-        if sig not in self._gemm_keys:
-            try:
-                p = gemm_problem_of(a, b)
-            except ValueError:
-                self._gemm_keys[sig] = None
-            else:
-                self._gemm_keys[sig] = (p if bias is None else dataclasses.replace(p, epilogue="bias")).key()
-        return self._gemm_keys[sig]
 
     def _call(self, kind: str, key: str, choice: Callable[[], Any], baseline: Callable[[], Any],
               names: Callable[[], tuple[str, str]]) -> Any:
