@@ -53,6 +53,13 @@ def write_cache(path: Path, problems, backend: str = "padded_bmm") -> Path:
     return path
 
 
+def routed_cache(path: Path, problems, backend: str) -> Path:
+    """``write_cache`` plus one unrelated entry that is not torch's kernel: the override stays
+    on whatever ``backend`` is (a cache of only ``grouped_mm`` choices installs none)."""
+    TuningCache(path).put_many([entry(p, backend) for p in problems] + [entry(UNRELATED)])
+    return path
+
+
 def close_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * float(want.abs().max()) + 1e-6)
 
@@ -151,6 +158,12 @@ def test_a_choice_for_every_problem_routes_every_call(name: str, backend: str, h
     with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
         out = step(model, x)
         routed = tuned.summary()["grouped_gemm"]
+        lines = tuned.end_lines()
+    if backend == "grouped_mm":  # every choice torch's own kernel: no override, torch's results
+        assert (routed["routed"], routed["fallback"], len(host_reads)) == (0, 0, 0)
+        assert torch.equal(out[0], ref[0]) and all(torch.equal(a, b) for a, b in zip(out[1], ref[1]))
+        assert "not intercepted" in lines[0]
+        return
     # each call routed once: the grouped_mm backend's own torch._grouped_mm is not routed again
     assert (routed["routed"], routed["fallback"]) == (row["fallback"], 0)
     assert routed["problems"]["routed"] == row["problems"]["fallback"]
@@ -303,12 +316,16 @@ def test_a_shape_whose_entries_differ_by_skew_reads_the_counts(host_reads: list[
     assert row["problems"]["offs_reads"] == {lopsided.key(): 1, shape_key(lopsided).replace("|s1|", "|s1.5|"): 1}
     assert len(host_reads) == 2
     host_reads.clear()
-    write_cache(tmp_path / "same.json", [even, lopsided], "grouped_mm")
+    # (with one entry of another shape that is not torch's kernel: else nothing is intercepted)
+    TuningCache(tmp_path / "same.json").put_many([entry(even, "grouped_mm"), entry(lopsided, "grouped_mm"),
+                                                  entry(UNRELATED, "padded_bmm")])
     with primus_perf.enable(tmp_path / "same.json", kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
-        torch._grouped_mm(x, w, offs=skewed)
+        out = torch._grouped_mm(x, w, offs=skewed)
         torch._grouped_mm(x, w, offs=balanced)
         row = tuned.summary()["grouped_gemm"]
+    # the shape's choice is torch's own kernel: it runs, counted as the cache's choice
     assert row["problems"]["routed"] == {even.key(): 2} and row["offs_reads"] == 0 and host_reads == []
+    assert torch.equal(out, ref)
 
 
 def test_a_mixed_shape_call_whose_counts_have_not_landed_runs_its_sites_last_choice(
@@ -559,6 +576,23 @@ def test_hf_moe_e2e_benchmark_smoke(tmp_path: Path) -> None:
     none, tuned = row["calls"]["enable_no_choice"], row["calls"]["tuned"]
     assert (none["routed"], none["fallback"], none["offs_reads"]) == (0, 12 * 3, 0)
     assert 0 < tuned["offs_reads"] <= 2 * 3 and set(row["vs_grouped_mm"]) == {"enable_no_choice", "tuned"}
+    # Amdahl's bound of the grouped GEMMs (no CUDA kernels on the CPU: zero time, no gain)
+    share = row["grouped_share"]
+    assert share["step_ms"] == row["baselines"]["grouped_mm"] and share["grouped_gpu_ms"] == 0.0
+    assert share["free"] == 1.0 and share["needed_for_bar"] is None
+
+
+def test_hf_moe_e2e_ceiling() -> None:
+    """The bound: 5 of 50 ms free gives 1.111x; 1.10x needs them 11x faster; 4 ms cannot."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "hf_moe_e2e.py"
+    spec = importlib.util.spec_from_file_location("hf_moe_e2e_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.ceiling(50.0, 5.0)
+    assert c["free"] == pytest.approx(50 / 45, abs=1e-4) and c["needed_for_bar"] == pytest.approx(11.0, abs=1e-2)
+    assert mod.ceiling(50.0, 4.0)["needed_for_bar"] is None
 
 
 # ---- CUDA ---------------------------------------------------------------------------------------
@@ -598,7 +632,7 @@ def test_cuda_layouts_route_and_fall_back(layout: str, backend: str, tmp_path: P
         row = tuned.summary()["grouped_gemm"]
     assert torch.equal(same, ref) and (row["routed"], row["fallback"]) == (0, 1)
     (key,) = row["problems"]["fallback"]
-    cache = write_cache(tmp_path / "tuned.json", [GroupedGemmProblem.from_key(key)], backend)
+    cache = routed_cache(tmp_path / "tuned.json", [GroupedGemmProblem.from_key(key)], backend)
     with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
         out = torch._grouped_mm(a, b, offs=offs)
         row = tuned.summary()["grouped_gemm"]
@@ -623,7 +657,7 @@ def test_cuda_moe_steps_do_not_wait_for_offs(backend: str, tmp_path: Path) -> No
     problems = [GroupedGemmProblem.from_key(k) for k in
                 {e.name.split()[1] for e in prof.events() if e.name.startswith(GROUPED_TRACE_OP)}]
     if backend == "grouped_mm" or backend == "triton":
-        cache = write_cache(tmp_path / "tuned.json", problems, backend)
+        cache = routed_cache(tmp_path / "tuned.json", problems, backend)
     elif backend == "mixed":  # each shape: triton for the calls' skew, grouped_mm for another
         other = [GroupedGemmProblem(**{**p.to_dict(), "skew": 8.0 if p.skew != 8.0 else 6.0}) for p in problems]
         TuningCache(tmp_path / "mixed.json").put_many([entry(p, "triton") for p in problems]
@@ -689,7 +723,7 @@ def test_cuda_moe_forward_and_backward_routed_and_bit_identical_without_choice(t
     assert row["fallback"] == CALLS_PER_STEP
     problems = [GroupedGemmProblem.from_key(k) for k in row["problems"]["fallback"]]
     for backend in ("padded_bmm", "grouped_mm", "loop"):
-        cache = write_cache(tmp_path / f"{backend}.json", problems, backend)
+        cache = routed_cache(tmp_path / f"{backend}.json", problems, backend)
         with primus_perf.enable(cache, kinds=("grouped_gemm",), log=None) as tuned:
             out = cuda_step()
             row = tuned.summary()["grouped_gemm"]

@@ -277,3 +277,55 @@ def test_blaslt_router_keeps_same_shape_signatures_apart_on_the_gpu() -> None:
     assert router(a, b.cpu()) is None
     assert router.summary() == {"routed": expected, "fallback": {"unsupported": 1}, "failed": []}
     router.close()
+
+
+def test_an_all_default_cache_of_any_kind_installs_no_override(tmp_path: Path) -> None:
+    """Entries that all name torch's own kernel (SDPA's default; ``grouped_mm`` for a
+    program's ``aten::_grouped_mm``) leave the program's calls to torch: no override and
+    bit-identical results; primus-train's grouped seam still sees its router (its own
+    backend may be another). An empty cache still intercepts: it counts the calls."""
+    import torch.nn.functional as F
+
+    import primus_perf
+    from enable_fakes import attention_entry
+    from primus_perf.cache.store import TuningCache
+    from primus_perf.devices import current_device
+    from primus_perf.kernels.attention.router import AttentionChoice, AttentionRouter, problem_of
+    from primus_perf.kernels.grouped.router import GroupedChoice, GroupedGemmRouter
+    from primus_perf.problems import GroupedGemmProblem
+    from primus_perf.runtime import routes
+    from primus_perf.runtime.handle import NO_ENTRIES
+
+    q = k = v = torch.randn(1, 2, 8, 4)
+    prob = problem_of(q, k, v, True)
+    assert AttentionRouter({prob.key(): AttentionChoice("sdpa:default")}).routes_nothing
+    assert not AttentionRouter({}).routes_nothing  # no choice: it stays, counting the calls
+    assert not AttentionRouter({prob.key(): AttentionChoice("sdpa:math")}).routes_nothing
+    gkey = GroupedGemmProblem.from_counts([4, 4], 8, 8).key()
+    assert GroupedGemmRouter({gkey: GroupedChoice("grouped_mm")}).intercepts_nothing
+    assert not GroupedGemmRouter({}).intercepts_nothing
+    assert not GroupedGemmRouter({gkey: GroupedChoice("loop")}).intercepts_nothing
+
+    cache = tmp_path / "default.json"
+    TuningCache(cache).put_many([attention_entry(prob, current_device(), choice=AttentionChoice("sdpa:default"))])
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with primus_perf.enable(cache, kinds=("attention", "grouped_gemm"), device_type="cpu", log=None) as handle:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert handle.interception is None and routes.installed("attention") is None
+        assert handle.summary()["attention"]["fallback"] == 0 and "not intercepted" in handle.end_lines()[0]
+        # a kind the tuned cache holds nothing for is left alone, and says so
+        assert routes.installed("grouped_gemm") is None
+        assert handle.summary()["grouped_gemm"] == {"available": False, "note": NO_ENTRIES, "entries": 0}
+    assert torch.equal(out, ref)
+    grouped = tmp_path / "grouped.json"
+    TuningCache(grouped).put_many([dataclasses.replace(
+        attention_entry(prob, current_device()), kind="grouped_gemm", problem_key=gkey,
+        problem=GroupedGemmProblem.from_key(gkey).to_dict(),
+        solution={"config": {"name": "grouped_mm", **GroupedChoice("grouped_mm").to_solution()}, "blob": b""})])
+    with primus_perf.enable(grouped, kinds=("grouped_gemm",), device_type="cpu", log=None) as handle:
+        assert handle.interception is None and routes.installed("grouped_gemm") is not None
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    with primus_perf.enable(empty, kinds=("attention",), device_type="cpu", log=None) as handle:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert handle.interception is not None and handle.summary()["attention"]["fallback"] == 1

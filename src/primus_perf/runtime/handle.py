@@ -53,6 +53,16 @@ class OnlineTuning(Protocol):
         ...
 
 
+NO_ENTRIES = "the cache has no entry of this kind: its calls stay torch's"
+
+
+def torch_answers_all(router: Any) -> bool:
+    """True for a router whose every choice is torch's own kernel (``routes_nothing``; a
+    grouped-GEMM one: ``intercepts_nothing``, every choice torch's ``grouped_mm``): the
+    program's calls of its kind need no override."""
+    return bool(getattr(router, "routes_nothing", False) or getattr(router, "intercepts_nothing", False))
+
+
 def rank0_stderr(line: str) -> None:
     """Print ``primus_perf: <line>`` to stderr on rank 0 (``RANK``) only."""
     if os.environ.get("RANK", "0") == "0":
@@ -71,6 +81,7 @@ class Handle:
     notes: dict[str, str] = field(default_factory=dict)  # kind -> why it is not routed here
     active: bool = True
     online_note: str | None = None  # why online tuning was asked for and is off
+    idle: set[str] = field(default_factory=set)  # kinds whose every choice is torch's: no override
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per kind: ``routed`` and ``fallback`` call counts, ``stale`` (entries for another
@@ -131,6 +142,8 @@ class Handle:
                 line += f"; {row['offs_reads']} calls read their offs on the host (a device sync each)"
             if row["failed"]:
                 line += f"; {len(row['failed'])} tuned kernels failed"
+            if kind in self.idle:
+                line += "; not intercepted (every entry is torch's own choice: its calls stay torch's)"
             lines.append(line)
         return lines
 
@@ -195,6 +208,13 @@ def enable(
         raise CacheError(f"tuning cache not found: {path}")
     table = ROUTER_KINDS if router_kinds is None else router_kinds
     act = activate(path, device=device, kinds=table, always=[k for k in kinds if k in table])
+    if online is None and any(act.usable.get(k, 0) for k in kinds):
+        # a tuned cache: a kind it holds nothing for is left alone (an override only to count
+        # the calls it leaves to torch would cost every call); with no entry at all, each kind
+        # keeps a router that counts them (and names the grouped problems in a trace)
+        for k in kinds:
+            if not act.usable.get(k, 0) and act.routers.pop(k, None) is not None:
+                act.unavailable[k] = NO_ENTRIES
     notes = {k: act.unavailable.get(k, NOT_INSTALLED) for k in kinds if k not in act.routers}
     routers = {k: r for k, r in act.routers.items() if k in kinds}
     online_note = None
@@ -206,11 +226,12 @@ def enable(
     routes.install(routers)
     try:
         # a router whose every entry is torch's own choice gets no override (its calls stay torch's)
-        intercepted = {k for k, r in routers.items() if not getattr(r, "routes_nothing", False)}
+        intercepted = {k for k, r in routers.items() if not torch_answers_all(r)}
         interception = Interception(intercepted, device_type) if intercepted else None
     except BaseException:
         routes.remove()
         raise
-    handle = Handle(kinds, act, routers, interception, online is not None, notes, online_note=online_note)
+    handle = Handle(kinds, act, routers, interception, online is not None, notes, online_note=online_note,
+                    idle={k for k in routers if k not in intercepted})
     _active = handle
     return handle

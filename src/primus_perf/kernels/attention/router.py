@@ -99,6 +99,13 @@ class AttentionRouter(Router):
                 raise CacheError(f"attention cache entry {entry.problem_key}: {exc}") from None
         return cls(choices) if choices else None
 
+    @property
+    def routes_nothing(self) -> bool:
+        """True when the cache has choices and every one is torch's default SDPA: every call
+        would be torch's, so nothing need reach the router (``runtime.routes.install`` leaves
+        it out). With no choice at all the router stays: it counts the calls left to torch."""
+        return bool(self.choices) and all(c.backend == DEFAULT for c in self.choices.values())
+
     def _lookup(self, q, k, causal) -> tuple[str, AttentionChoice | None]:
         sig = (tuple(q.shape), tuple(k.shape), q.dtype, bool(causal))
         found = self._memo.get(sig)

@@ -20,7 +20,9 @@ no entry runs the caller's kernel without any host read.
 Two entries: ``router(phase, a, b, counts)`` for a pass with host counts (the routing point
 ``runtime.seams.grouped_pass``; None: the caller's backend runs), and
 :meth:`~GroupedGemmRouter.route_offsets` for a pass whose groups are the device ``offs`` of
-an ``aten::_grouped_mm`` call (``runtime.grouped_intercept``; None: torch's kernel runs).
+an ``aten::_grouped_mm`` call (``runtime.grouped_intercept``; None: torch's kernel runs,
+as it does where the choice is torch's own kernel, ``grouped_mm``: counted as routed, the
+cache's choice, with nothing in between).
 ``summary()``: ``routing.Router``'s, with ``offs_reads`` (calls that waited for the device
 to read their counts, by problem key). ``route_offsets`` counts a call under its shape's key
 (the counts do not decide it, whether or not they were read for its backend), unless its
@@ -92,6 +94,7 @@ class GroupedChoice:
 
 
 MIXED = "mixed"  # a shape whose entries name different choices by skew bucket
+TORCH_KERNEL = "grouped_mm"  # the backend that is torch's own kernel: what an aten::_grouped_mm call runs
 
 
 def shape_key(problem: GroupedGemmProblem) -> str:
@@ -133,6 +136,15 @@ class GroupedGemmRouter(Router):
             except (KeyError, TypeError, ValueError) as exc:
                 raise CacheError(f"{GroupedGemmProblem.kind} cache entry {entry.problem_key}: {exc}") from None
         return cls(choices) if choices else None
+
+    @property
+    def intercepts_nothing(self) -> bool:
+        """True when the cache has choices and every one is torch's own kernel
+        (:data:`TORCH_KERNEL`): a program's ``aten::_grouped_mm`` calls would run it either
+        way, so they need no override (primus-train's seam still routes: its own backend may
+        be another). With no choice at all the override stays: it counts the calls left to
+        torch and names each call's problem in a profiler trace."""
+        return bool(self.choices) and all(c.backend == TORCH_KERNEL for c in self.choices.values())
 
     def _choice(self, problem: GroupedGemmProblem) -> GroupedChoice | None:
         found = self.shapes.get(shape_key(problem))
@@ -180,6 +192,9 @@ class GroupedGemmRouter(Router):
         choice = self._choice(problem)
         if choice is None:
             self._fall_back(key)
+            return None
+        if choice.backend == TORCH_KERNEL:  # the cached choice is the caller's own kernel: it runs it
+            self.routed[key] += 1
             return None
         impl = self._impl(choice)
         read = offsets.read
