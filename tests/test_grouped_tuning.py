@@ -22,6 +22,7 @@ from primus_perf.kernels.grouped.router import (
     GroupedChoice,
     GroupedGemmRouter,
     library_versions,
+    shape_key,
 )
 from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem, load_problems
@@ -307,7 +308,7 @@ def test_enable_online_tunes_a_grouped_problem_and_writes_the_cache(tmp_path: Pa
                 online_options={"policy": policy, "clock": StepClock()}) as handle:
         outs = [grouped_mm(x, w, COUNTS) for _ in range(12)]
         row = handle.summary()["grouped_gemm"]
-    key = PROBLEM.key()
+    key = shape_key(PROBLEM)  # one tuning per shape: a later skew bucket starts none
     assert row["tuning"][key] >= 2 and key in row["online"]
     ref = outs[0]
     for out in outs[1:]:
@@ -315,6 +316,45 @@ def test_enable_online_tunes_a_grouped_problem_and_writes_the_cache(tmp_path: Pa
     written = TuningCache(cache).entries()
     assert [e.problem_key for e in written] == [key] and written[0].kind == "grouped_gemm"
     GroupedChoice.from_solution(written[0].solution["config"])  # readable by the router
+    # the next run: calls of the shape at another skew use the entry, nothing is tuned again
+    balanced = [8] * 8
+    with enable(cache, online=True, kinds=("grouped_gemm",), device_type="cpu", log=None,
+                online_options={"policy": policy, "clock": StepClock()}) as handle:
+        for counts in (COUNTS, balanced):
+            grouped_mm(x, w, counts)
+        row = handle.summary()["grouped_gemm"]
+    assert not row.get("tuning") and row["routed"] == 2
+
+
+@pytest.mark.parametrize("caller", ["padded_bmm", "loop"])
+def test_online_grouped_tuning_races_against_the_callers_backend(caller: str, tmp_path: Path) -> None:
+    """The online pool's baseline is the backend the call would have run (never dropped, the
+    one a lock must beat): with every candidate equally fast, it is the one kept; Triton's
+    default config is in the pool even with no Triton entry in the cache."""
+    from primus_perf.tuner.online import OnlinePolicy
+    from primus_perf.tuner.online_kinds import GroupedGemmOnline, baseline_choice
+
+    cache = tmp_path / "cache.json"
+    x, w, _ = _operands()
+    policy = OnlinePolicy(min_samples=2, drop_after=1, max_calls=16)
+    with enable(cache, online=True, kinds=("grouped_gemm",), device_type="cpu", log=None,
+                online_options={"policy": policy, "clock": StepClock()}) as handle:
+        for _ in range(12):
+            grouped_mm(x, w, COUNTS, backend=caller)
+        info = handle.summary()["grouped_gemm"]["online"][shape_key(PROBLEM)]
+    assert info["chosen"] == caller and info["candidates"] >= 3
+    (written,) = TuningCache(cache).entries()
+    assert GroupedChoice.from_solution(written.solution["config"]) == GroupedChoice(caller)
+    assert baseline_choice("triton") == GroupedChoice("triton", GroupedGemmConfig())
+    assert baseline_choice("torch") is None and baseline_choice(None) is None
+    from primus_perf.tuner.grouped.space import prune
+
+    assert routes.grouped_baseline() is None  # outside a routed call: the tuner's own baseline, the loop
+    big = GroupedGemmProblem.from_counts([64, 32, 32, 0], 256, 256, dtype="f32")
+    xb, wb = torch.randn(128, 256), torch.randn(4, 256, 256)
+    names = [c.name for c in GroupedGemmOnline().pool(big, "fwd", xb, wb, [64, 32, 32, 0])]
+    assert prune([GroupedGemmConfig()], big, "cpu")[0]  # the default config fits this problem
+    assert names[0] == "loop" and GroupedChoice("triton", GroupedGemmConfig()).label() in names
 
 
 # ---- problems -------------------------------------------------------------------------------

@@ -114,8 +114,19 @@ def grouped_routed(phase: str, a: Any, b: Any, groups: int, routed: Callable[[],
     device-offs entry and torch's kernel. While a confirmation runs, it alternates the two."""
     if _confirmer is not None:
         return _confirmer.grouped(_routers.get(GROUPED), phase, a, b, groups, routed, fallback, baseline)
-    out = routed()
+    _local.grouped_baseline = baseline
+    try:
+        out = routed()
+    finally:
+        _local.grouped_baseline = None
     return fallback() if out is None else out
+
+
+def grouped_baseline() -> str | None:
+    """The backend name of the caller of the grouped-GEMM call being routed on this thread
+    (``fallback``'s: primus-train's configured backend, ``grouped_mm`` for a program's
+    ``aten::_grouped_mm``): what an online tuner races its candidates against."""
+    return getattr(_local, "grouped_baseline", None)
 
 
 def bypassed() -> bool:

@@ -243,6 +243,9 @@ class KindAdapter(Protocol):
 
     def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]: ...
 
+    # optional: ``tuned_key(entry_key) -> key``, the key (as ``key`` gives it) under which a
+    # cache entry's problem answers calls, where the two differ (grouped GEMMs: its shape's)
+
 
 @dataclass
 class _Confirming:
@@ -281,7 +284,8 @@ class OnlineRouter(Router):
         super().__init__()
         self.adapter = adapter
         self.offline = offline
-        self.offline_keys = set(offline_keys)
+        tuned_key = getattr(adapter, "tuned_key", None)
+        self.offline_keys = {tuned_key(k) for k in offline_keys} if tuned_key else set(offline_keys)
         self.cache = TuningCache(cache)
         self.device = device
         self.versions = versions

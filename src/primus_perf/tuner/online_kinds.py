@@ -1,7 +1,7 @@
 """The kinds online tuning knows (``online.KindAdapter``): GEMM, with the GEMM plugin's pool
 and the kernels' table; attention, with the attention plugin's SDPA backends and the
-Triton configs the cache holds; grouped GEMM, with the grouped plugin's backends and the
-Triton configs the cache holds."""
+Triton configs the cache holds; grouped GEMM, with the grouped plugin's backends, Triton's
+default config and the Triton configs the cache holds, raced against the caller's backend."""
 
 from __future__ import annotations
 
@@ -18,8 +18,14 @@ from primus_perf.cache.store import ONLINE_SUFFIX
 from primus_perf.kernels import gemm
 from primus_perf.kernels.attention.backends import TRITON
 from primus_perf.kernels.attention.router import problem_of as attention_problem_of
+from primus_perf.kernels.grouped.backends import BACKENDS
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.passes import problem_of as grouped_problem_of
 from primus_perf.kernels.grouped.passes import run_backend
+from primus_perf.kernels.grouped.router import TRITON as GROUPED_TRITON
+from primus_perf.kernels.grouped.router import GroupedChoice, shape_key
+from primus_perf.problems import GroupedGemmProblem
+from primus_perf.runtime import routes
 from primus_perf.tuner.attention.plugin import TUNER_VERSION as ATTENTION_VERSION
 from primus_perf.tuner.attention.plugin import AttentionTuner, triton_candidate
 from primus_perf.tuner.core import solution_of, validate
@@ -174,11 +180,13 @@ class AttentionOnline:
 
 
 class GroupedGemmOnline:
-    """Grouped-GEMM passes of the routing point ``(phase, a, b, counts)``: the problem with
-    ``kernels.grouped.problem_of`` (the token-distribution bucket, so per-step counts
-    that move a little keep one problem); the pool of the grouped plugin without its Triton
-    search (the loop, the other torch backends) plus the cache's Triton configs, validated
-    on the bucket's operands; each call timed between two marks."""
+    """Grouped-GEMM passes of the routing point ``(phase, a, b, counts)``: the problem of
+    the call's shape (``kernels.grouped.problem_of`` at skew 1: the token bucket, not the
+    skew, so the counts of later steps keep one problem); the pool of the grouped plugin without its Triton
+    search (the loop, the other torch backends) plus Triton's default config and the
+    cache's Triton configs, validated on the bucket's operands, raced against the caller's
+    own backend (``routes.grouped_baseline``: a lock must beat what the call would have
+    run); each call timed between two marks."""
 
     kind = GroupedGemmTuner.kind
     tuner_version = GROUPED_VERSION + ONLINE_SUFFIX
@@ -188,14 +196,27 @@ class GroupedGemmOnline:
         self.limit = limit
 
     def key(self, phase: str, a: Any, b: Any, counts: Any) -> tuple[str, Any] | None:
+        """The call's shape (its problem at skew 1, ``router.shape_key``): one tuning per
+        shape, as the offline router decides where a shape's entries agree, so routing
+        that drifts during training (a new skew bucket) starts no new tuning mid-run."""
         try:
             p = grouped_problem_of(phase, a, b, counts)
         except ValueError:
             return None
-        return p.key(), p
+        shape = dataclasses.replace(p, skew=1.0)
+        return shape.key(), shape
+
+    def tuned_key(self, entry_key: str) -> str:
+        """The shape key of a cache entry's problem (entries of other kinds: as they are)."""
+        try:
+            return shape_key(GroupedGemmProblem.from_key(entry_key))
+        except ValueError:
+            return entry_key
 
     def pool(self, problem: Any, phase: str, a: Any, b: Any, counts: Any) -> list[Pooled]:
-        tuner = GroupedGemmTuner(configs=self.triton_configs, device=a.device.type, sets=1)
+        baseline = baseline_choice(routes.grouped_baseline())
+        configs = list(dict.fromkeys([GroupedGemmConfig(), *self.triton_configs]))  # the default config too
+        tuner = GroupedGemmTuner(configs=configs, device=a.device.type, sets=1, baseline=baseline)
         session = tuner.open(problem, None, lambda _label: None)
         try:
             return validated(session, self.limit)
@@ -207,6 +228,15 @@ class GroupedGemmOnline:
 
     def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
         return bracketed(self, cand, clock, *args)
+
+
+def baseline_choice(backend: str | None) -> GroupedChoice | None:
+    """The caller's backend as a choice (``triton``: its default config, as
+    ``kernels.grouped.default_backend`` runs it); None for a name no backend has (the
+    tuner's own baseline then)."""
+    if backend not in BACKENDS:
+        return None
+    return GroupedChoice(backend, GroupedGemmConfig() if backend == GROUPED_TRITON else None)
 
 
 def _triton_configs(router: Any, is_triton: Any) -> list[Any]:

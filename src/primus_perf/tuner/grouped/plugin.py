@@ -70,7 +70,10 @@ class GroupedGemmTuner:
     """Backends (``backends``: rows of ``kernels.grouped.BACKENDS`` raced beside the
     loop) and Triton configs (``configs`` if given, else ``space`` or the vendor's default
     space; ``triton=False``: none) raced against the per-expert loop, plus any ``extra``
-    candidates; ``device``: where the operands live ("cpu": the Triton interpreter)."""
+    candidates; ``device``: where the operands live ("cpu": the Triton interpreter);
+    ``baseline``: the choice the others race against (first in the pool, the one a
+    choice must beat by the margin, never dropped; default the loop), e.g. the caller's
+    own backend where online tuning answers a program's calls."""
 
     kind = GroupedGemmProblem.kind
     version = TUNER_VERSION
@@ -88,6 +91,7 @@ class GroupedGemmTuner:
         extra: Sequence[Candidate] = (),
         device: str = "cuda",
         sets: int | None = None,
+        baseline: GroupedChoice | None = None,
     ) -> None:
         unknown = [b for b in backends if b not in BACKENDS or b == TRITON]
         if unknown:
@@ -102,6 +106,7 @@ class GroupedGemmTuner:
         self.extra = list(extra)
         self.device = device
         self.sets = sets
+        self.baseline = baseline or GroupedChoice(DEFAULT)
 
     def versions(self) -> dict[str, str]:
         return library_versions()
@@ -171,11 +176,12 @@ class GroupedGemmSession:
 
     def candidates(self) -> list[Candidate]:
         p = self.problem
-        pool = [choice_candidate(GroupedChoice(DEFAULT))]
-        pool += [choice_candidate(GroupedChoice(b)) for b in self.tuner.backends
-                 if BACKENDS[b].unsupported(self.device, self.dtype, p.k, p.n) is None]
-        pool += [choice_candidate(GroupedChoice(TRITON, cfg)) for cfg in self._triton_configs()]
-        return pool + self.tuner.extra
+        base = self.tuner.baseline
+        others = [GroupedChoice(DEFAULT)]
+        others += [GroupedChoice(b) for b in self.tuner.backends
+                   if BACKENDS[b].unsupported(self.device, self.dtype, p.k, p.n) is None]
+        others += [GroupedChoice(TRITON, cfg) for cfg in self._triton_configs()]
+        return [choice_candidate(c) for c in [base] + [c for c in others if c != base]] + self.tuner.extra
 
     def error(self, c: Candidate) -> float:
         """Relative (Frobenius) error against the fp32 product on the validation counts."""
