@@ -142,6 +142,66 @@ def test_a_real_winner_over_the_callers_fallback_is_kept(tmp_path: Path) -> None
     assert e.claim().startswith(f"{e.in_step['speedup']:.3f}x slow_loop in the step [")
 
 
+_COUNTS = [40, 8, 0, 16]
+_X, _W = torch.randn(sum(_COUNTS), 64), torch.randn(len(_COUNTS), 64, 48)
+_SHAPE = shape_problem_of("fwd", _X, _W, len(_COUNTS)).key()
+
+
+def _loop_fwd(times: int = 1) -> torch.Tensor:
+    """The shape's product by the loop, computed ``times`` times (the slow side's extra work)."""
+    for _ in range(times - 1):
+        run_backend(BACKENDS["loop"], "fwd", _X, _W, _COUNTS)
+    return run_backend(BACKENDS["loop"], "fwd", _X, _W, _COUNTS)
+
+
+def _confirm_grouped(router, answer, fallback) -> Verdict:
+    """60 calls of the shape through ``Confirmer.grouped`` (baseline: torch's grouped_mm),
+    each answer checked; the shape's verdict."""
+    confirmer = Confirmer(POLICY, HostClock())
+    ref = _loop_fwd()
+    for _ in range(60):
+        torch.testing.assert_close(confirmer.grouped(router, "fwd", _X, _W, len(_COUNTS), answer, fallback,
+                                                     "grouped_mm"), ref)
+    (v,) = confirmer.finish()
+    return v
+
+
+def test_a_grouped_choice_that_reads_device_offs_on_the_host_is_dropped_though_it_wins() -> None:
+    """Where a program's ``offs`` are on the device, a choice that reads them on the host
+    (the loop, the padded bmm) makes the program's host wait for the device: a cost the
+    call's own timing does not see, so it is dropped even where its calls win."""
+    from collections import Counter
+
+    from primus_perf.runtime.confirm import WAITED
+
+    class Reading:  # a router whose one shape's choice reads the call's offs on the host
+        def __init__(self) -> None:
+            self.shapes = {_SHAPE: GroupedChoice("loop")}
+            self.offs_reads: Counter = Counter()
+
+        def answer(self):
+            self.offs_reads[_SHAPE] += 1
+            return _loop_fwd()
+
+    router = Reading()
+    v = _confirm_grouped(router, router.answer, lambda: _loop_fwd(REPEAT))  # torch's kernel, slower here
+    assert v.status == DROPPED and v.speedup > 2 and v.reason == WAITED, v.text()
+    assert "reads the call's offs on the host" in v.text()
+
+
+def test_a_shape_whose_entries_differ_by_skew_is_confirmed_as_one() -> None:
+    """The router's answer for a shape of choices by skew bucket, whichever bucket each call
+    falls in, against the baseline: slower, it is dropped (every entry of the shape)."""
+    from types import SimpleNamespace
+
+    from primus_perf.kernels.grouped.router import MIXED
+    from primus_perf.runtime.confirm import BY_SKEW
+
+    router = SimpleNamespace(shapes={_SHAPE: MIXED})  # its answer does the work REPEAT times
+    v = _confirm_grouped(router, lambda: _loop_fwd(REPEAT), _loop_fwd)
+    assert v.status == DROPPED and v.choice == BY_SKEW and v.key == _SHAPE and v.speedup < 0.5, v.text()
+
+
 def test_no_device_sync_and_events_read_only_when_complete() -> None:
     """Marks are read only once complete; nothing waits before finish()."""
 
@@ -321,8 +381,9 @@ def test_cli_confirm_of_a_program_times_its_grouped_mm_calls_against_torchs_kern
     assert res.exit_code == 0, res.output
     (e,) = TuningCache(cache).entries()
     assert e.in_step is not None and e.in_step["baseline"] == "grouped_mm", res.output  # torch's own kernel
-    assert e.in_step["verdict"] in ("kept", "dropped") and e.in_step["samples"] >= 4
-    assert e.solution["config"]["backend"] == ("padded_bmm" if e.in_step["verdict"] == "kept" else "grouped_mm")
+    # the padded bmm reads the program's offs on the host: dropped whatever its calls' times
+    assert e.in_step["verdict"] == "dropped" and e.in_step["samples"] >= 4
+    assert e.solution["config"]["backend"] == "grouped_mm"
 
 
 def test_cli_confirm_without_a_run_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:

@@ -15,8 +15,13 @@ synchronizes once at the end and reads the rest.
 
 A grouped GEMM is confirmed per problem *shape* (its key without the skew bucket,
 ``passes.shape_problem_of``): the router decides by shape, and a call's shape needs no host
-read of its counts; a shape whose entries name different choices by skew is routed as
-usual, not confirmed. Consecutive calls of a problem make a pair (one call of each side); the first
+read of its counts. A shape whose entries name different choices by skew is confirmed as
+one (the router's answer, whichever bucket a call falls in, against the baseline), and a
+verdict applies to every entry of its shape. A grouped choice whose calls mostly read the
+program's device ``offs`` on the host (the loop or the padded bmm under a program's
+``aten::_grouped_mm``) is dropped even where its calls won: the wait for the device stalls
+the program's host, which the call's device events do not see. Consecutive calls of a
+problem make a pair (one call of each side); the first
 ``ConfirmPolicy.warmup`` pairs are not counted (a cold first call, the allocator growing,
 lazy initialisation). After ``ConfirmPolicy.samples`` counted pairs the problem gets its
 :class:`Verdict`: the in-step speedup is the median of the per-pair ratios (baseline time /
@@ -37,6 +42,7 @@ from typing import Any, Protocol
 
 from primus_perf.kernels.gemm import torch_mm
 from primus_perf.kernels.grouped.passes import shape_problem_of
+from primus_perf.kernels.grouped.router import MIXED
 from primus_perf.kinds import GEMM, GROUPED
 
 CHOICE, BASELINE = "choice", "baseline"
@@ -47,6 +53,10 @@ GROUPED_KIND = GROUPED.name  # its verdicts are per problem shape (every skew bu
 # how the figures were measured (stored with each in-step figure)
 DEVICE_METHOD = "in the step: alternating calls (ABBA), device events on the current stream, median of per-pair ratios"
 HOST_METHOD = "in the step: alternating calls (ABBA), host clock, median of per-pair ratios"
+BY_SKEW = "its choices by skew bucket"  # a grouped shape whose entries differ by skew: confirmed as one
+# why a grouped choice that won its calls is dropped where the program's offs are on the device
+WAITED = ("it reads the call's offs on the host, a wait for the device that its device events do not"
+          " measure (the program's other work queues behind it)")
 
 
 class Clock(Protocol):
@@ -327,6 +337,7 @@ class Confirmer:
         self.unrouted: set[tuple[str, str]] = set()  # the cached choice is the baseline itself
         self.gemm_calls = 0  # every GEMM call the routing path saw (each pays the routing)
         self.slot_calls: dict[tuple[str, str], int] = {}  # calls of each confirmed problem
+        self.waited: dict[tuple[str, str], int] = {}  # grouped shapes: choice calls that read device offs on the host
         self.gemm_device: Any = None  # the device of the GEMMs (where the routing is priced)
 
     # ---- the routing path's calls ----------------------------------------------------------
@@ -354,18 +365,29 @@ class Confirmer:
         """``routes.grouped_routed`` while confirming: the router's answer (``routed()``) or
         the caller's fallback (``baseline`` names it), alternately, per problem *shape*
         (``shape_problem_of``: the router decides by shape, and the key needs no host read
-        of the call's counts). A shape whose entries name different choices by skew is not
-        confirmed (routed as usual)."""
+        of the call's counts). A shape whose entries name different choices by skew is
+        confirmed as one (:data:`BY_SKEW`)."""
         try:
             key = shape_problem_of(phase, a, b, groups).key()
         except ValueError:
             key = None
         choice = (getattr(router, "shapes", None) or {}).get(key) if key is not None else None
-        name = choice.label() if hasattr(choice, "label") else None
-        if name is None or name == baseline:  # no single choice of its shape, or the caller's own
+        name = choice.label() if hasattr(choice, "label") else (BY_SKEW if choice == MIXED else None)
+        if name is None or name == baseline:  # no choice for its shape, or the caller's own
             out = routed()
             return fallback() if out is None else out
-        return self._call(GROUPED_KIND, key, routed, fallback, lambda: (name, baseline))
+        reads = getattr(router, "offs_reads", None)
+        slot = (GROUPED_KIND, key)
+
+        def watched() -> Any:  # a choice that read the call's device offs on the host waited for the device
+            before = sum(reads.values())
+            out = routed()
+            if sum(reads.values()) > before:
+                self.waited[slot] = self.waited.get(slot, 0) + 1
+            return out
+
+        return self._call(GROUPED_KIND, key, routed if reads is None else watched, fallback,
+                          lambda: (name, baseline))
 
     def _call(self, kind: str, key: str, choice: Callable[[], Any], baseline: Callable[[], Any],
               names: Callable[[], tuple[str, str]]) -> Any:
@@ -404,7 +426,12 @@ class Confirmer:
     def _decide(self, slot: tuple[str, str]) -> Verdict:
         state = self.states.pop(slot)
         choice, baseline = self.names.pop(slot)
-        verdict = self.verdicts[slot] = state.verdict(slot[0], slot[1], choice, baseline)
+        verdict = state.verdict(slot[0], slot[1], choice, baseline)
+        # device events do not see the host's wait: a choice whose calls mostly waited is
+        # dropped (a call site's one first read, as a shape by skew makes, is not)
+        if verdict.kept and self.waited.get(slot, 0) * 4 > self.slot_calls.get(slot, 0):
+            verdict = dataclasses.replace(verdict, status=DROPPED, reason=WAITED)
+        self.verdicts[slot] = verdict
         self.log(f"confirm {slot[0]} {slot[1]}: {verdict.text()}")
         return verdict
 
