@@ -430,3 +430,22 @@ def test_routing_cost_is_measured_on_the_path_against_torchs_kernel() -> None:
 
     assert gemm_routing_cost_us(torch_mm, torch_mm, torch.device("cpu"), calls=300) < gemm_routing_cost_us(
         twice, torch_mm, torch.device("cpu"), calls=300)
+
+
+def test_a_dropped_grouped_choice_is_corrected_to_the_callers_backend_even_triton() -> None:
+    """The trainer's Triton default (the fixed backend for many experts) is a backend with a
+    config: a choice that loses to it is rewritten to its default config, not left in place."""
+    from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+    from primus_perf.tuner.confirm import baseline_solution
+    from primus_perf.problems import GroupedGemmProblem
+    from primus_perf.tuner.core import confirmed_entry
+
+    sol = baseline_solution("grouped_gemm", "triton")
+    assert GroupedChoice.from_solution(sol["config"]) == GroupedChoice("triton", GroupedGemmConfig())
+    assert GroupedChoice.from_solution(baseline_solution("grouped_gemm", "loop")["config"]) == GroupedChoice("loop")
+    assert baseline_solution("grouped_gemm", "no such backend") is None
+    problem = GroupedGemmProblem.from_counts([4, 4], 8, 8)
+    e = _entry("grouped_gemm", problem, {"config": {"name": "grouped_mm", **GroupedChoice("grouped_mm").to_solution()},
+                                         "blob": b""}, library_versions())
+    fixed = confirmed_entry(e, {"verdict": "dropped"}, sol)
+    assert GroupedChoice.from_solution(fixed.solution["config"]) == GroupedChoice("triton", GroupedGemmConfig())

@@ -332,7 +332,7 @@ def test_online_grouped_tuning_races_against_the_callers_backend(caller: str, tm
     one a lock must beat): with every candidate equally fast, it is the one kept; Triton's
     default config is in the pool even with no Triton entry in the cache."""
     from primus_perf.tuner.online import OnlinePolicy
-    from primus_perf.tuner.online_kinds import GroupedGemmOnline, baseline_choice
+    from primus_perf.tuner.online_kinds import GroupedGemmOnline
 
     cache = tmp_path / "cache.json"
     x, w, _ = _operands()
@@ -345,8 +345,8 @@ def test_online_grouped_tuning_races_against_the_callers_backend(caller: str, tm
     assert info["chosen"] == caller and info["candidates"] >= 3
     (written,) = TuningCache(cache).entries()
     assert GroupedChoice.from_solution(written.solution["config"]) == GroupedChoice(caller)
-    assert baseline_choice("triton") == GroupedChoice("triton", GroupedGemmConfig())
-    assert baseline_choice("torch") is None and baseline_choice(None) is None
+    assert GroupedChoice.of_backend("triton") == GroupedChoice("triton", GroupedGemmConfig())
+    assert GroupedChoice.of_backend("torch") is None and GroupedChoice.of_backend(None) is None
     from primus_perf.tuner.grouped.space import prune
 
     assert routes.grouped_baseline() is None  # outside a routed call: the tuner's own baseline, the loop

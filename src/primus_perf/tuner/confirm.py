@@ -42,9 +42,8 @@ def baseline_solution(kind: str, baseline: str) -> dict[str, Any] | None:
     if kind == kinds.GEMM.name:
         return dict(TORCH_SOLUTION)
     if kind == kinds.GROUPED.name:
-        try:
-            choice = GroupedChoice(baseline)
-        except ValueError:
+        choice = GroupedChoice.of_backend(baseline)  # triton: its default config
+        if choice is None:
             return None
         return {"config": {"name": choice.label(), **choice.to_solution()}, "blob": b""}
     return None

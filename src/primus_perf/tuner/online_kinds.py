@@ -18,11 +18,9 @@ from primus_perf.cache.store import ONLINE_SUFFIX
 from primus_perf.kernels import gemm
 from primus_perf.kernels.attention.backends import TRITON
 from primus_perf.kernels.attention.router import problem_of as attention_problem_of
-from primus_perf.kernels.grouped.backends import BACKENDS
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.passes import problem_of as grouped_problem_of
 from primus_perf.kernels.grouped.passes import run_backend
-from primus_perf.kernels.grouped.router import TRITON as GROUPED_TRITON
 from primus_perf.kernels.grouped.router import GroupedChoice, shape_key
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.runtime import routes
@@ -214,7 +212,7 @@ class GroupedGemmOnline:
             return entry_key
 
     def pool(self, problem: Any, phase: str, a: Any, b: Any, counts: Any) -> list[Pooled]:
-        baseline = baseline_choice(routes.grouped_baseline())
+        baseline = GroupedChoice.of_backend(routes.grouped_baseline())
         configs = list(dict.fromkeys([GroupedGemmConfig(), *self.triton_configs]))  # the default config too
         tuner = GroupedGemmTuner(configs=configs, device=a.device.type, sets=1, baseline=baseline)
         session = tuner.open(problem, None, lambda _label: None)
@@ -228,15 +226,6 @@ class GroupedGemmOnline:
 
     def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
         return bracketed(self, cand, clock, *args)
-
-
-def baseline_choice(backend: str | None) -> GroupedChoice | None:
-    """The caller's backend as a choice (``triton``: its default config, as
-    ``kernels.grouped.default_backend`` runs it); None for a name no backend has (the
-    tuner's own baseline then)."""
-    if backend not in BACKENDS:
-        return None
-    return GroupedChoice(backend, GroupedGemmConfig() if backend == GROUPED_TRITON else None)
 
 
 def _triton_configs(router: Any, is_triton: Any) -> list[Any]:

@@ -89,6 +89,14 @@ class GroupedChoice:
     def label(self) -> str:
         return f"triton {self.config.label()}" if self.config else self.backend
 
+    @classmethod
+    def of_backend(cls, name: str | None) -> GroupedChoice | None:
+        """The choice a caller's fixed backend ``name`` runs (``triton``: its default config,
+        as ``backends.default_backend`` and the seam run it); None for a name no backend has."""
+        if name not in BACKENDS:
+            return None
+        return cls(name, GroupedGemmConfig() if name == TRITON else None)
+
     def implementation(self) -> Backend:
         return triton_backend(self.config) if self.config is not None else BACKENDS[self.backend]
 
