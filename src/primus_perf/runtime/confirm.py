@@ -416,6 +416,8 @@ class Confirmer:
         start = self.clock.mark()
         out = choice() if side == CHOICE else baseline()
         if out is None:  # the router does not route it (torch's own choice, no entry, a failed kernel)
+            if self.names[slot][0] == BY_SKEW:  # a skew bucket with no entry: this pair counts not
+                return baseline()
             self.unrouted.add(slot)
             self.states.pop(slot, None)
             self.names.pop(slot, None)
