@@ -25,7 +25,10 @@ expert and 48 routed experts of 2048):
    choice, none where the shape's entries agree on a backend that takes ``offs`` on the
    device); ``mixed_shapes``: shapes whose tuned entries differ by skew bucket (a call of
    one takes its counts from a non-blocking copy, or runs its call site's last choice; a
-   site's first call waits for them).
+   site's first call waits for them);
+5. ``grouped_share``: from the profiled steps, the GPU time of the kernels that
+   ``aten::_grouped_mm`` launches against all kernel time, and Amdahl's bound: the step's
+   speedup were they free, and how much faster they must get for the step to reach 1.10x.
 
     python benchmarks/hf_moe_e2e.py --out benchmarks/results/hf_moe_e2e_h100.json
 
@@ -58,6 +61,7 @@ from primus_perf.tuner.problems_input import gather_problems
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hf_moe_train.py"
 CASES = {"qwen3-moe-128e": "qwen3-moe", "mixtral-8e": "mixtral", "deepseek-v3-48e": "deepseek-v3"}
 SIDES = ("grouped_mm", "enable_no_choice", "tuned")
+BAR = 1.10  # the step speedup asked of the 128-expert model
 
 
 def _example() -> Any:
@@ -103,7 +107,7 @@ class Run:
             torch.cuda.empty_cache()
 
 
-def profile(run: Run, empty_cache: Path, out_dir: Path) -> Path:
+def profile(run: Run, empty_cache: Path, out_dir: Path) -> tuple[Path, dict[str, float]]:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if run.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -115,7 +119,21 @@ def profile(run: Run, empty_cache: Path, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     trace = out_dir / "trace.json"
     prof.export_chrome_trace(str(trace))
-    return trace
+    return trace, grouped_share(prof, steps=2)
+
+
+def grouped_share(prof: Any, *, steps: int) -> dict[str, float]:
+    """GPU time per profiled step of the kernels ``aten::_grouped_mm`` launches (its own
+    kernels: forward and both gradients) against all kernel time: the part of the step
+    any grouped-GEMM choice can change."""
+    grouped = total = 0.0
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", 0.0)
+        if e.key == "aten::_grouped_mm":
+            grouped += us
+        elif e.device_type == torch.autograd.DeviceType.CUDA:
+            total += us
+    return {"grouped_gpu_ms": round(grouped / 1e3 / steps, 3), "kernels_gpu_ms": round(total / 1e3 / steps, 3)}
 
 
 def tune(trace: Path, cache: Path, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -211,6 +229,16 @@ def speed(ex: Any, spec: dict[str, Any], cache: Path, empty: Path, args: argpars
             "tuned_calls": calls["tuned"]}
 
 
+def ceiling(step_ms: float, grouped_ms: float, bar: float = BAR) -> dict[str, float | None]:
+    """Amdahl's bound on the step from the grouped GEMMs alone: ``free`` is the step's speedup
+    if they took no time; ``needed_for_bar`` the factor they must get faster by for the
+    step to reach ``bar`` (None: not even free would do)."""
+    rest = step_ms - grouped_ms
+    saving = step_ms - step_ms / bar
+    return {"step_ms": step_ms, "free": round(step_ms / rest, 4) if rest > 0 else None, "bar": bar,
+            "needed_for_bar": round(grouped_ms / (grouped_ms - saving), 3) if grouped_ms > saving else None}
+
+
 def _line(row: dict[str, Any]) -> str:
     """One case in a terminal or a log: per side the median step (p25-p75) and, for the
     enabled sides, the ratio to plain and the calls routed, left to torch and reading offs."""
@@ -223,9 +251,13 @@ def _line(row: dict[str, Any]) -> str:
             text += (f" {row['vs_grouped_mm'][side]:.3f}x plain, {c['routed']} routed / {c['fallback']} torch,"
                      f" {c['offs_reads']} offs reads in {c['steps']} steps")
         parts.append(text)
+    sh = row["grouped_share"]
+    need = sh["needed_for_bar"]
     return (f"{row['case']}: " + "; ".join(parts) + f"; {row['problems']} problems ({row['shapes']} shapes,"
             f" {len(row['mixed_shapes'])} mixed) tuned in {row['tune_s']:.0f} s; max loss diff"
-            f" {row['loss_max_rel_diff']:.2e}")
+            f" {row['loss_max_rel_diff']:.2e}; grouped GEMMs {sh['grouped_gpu_ms']:.1f} of"
+            f" {sh['kernels_gpu_ms']:.1f} GPU ms a step: free they would make the step {sh['free'] or 0:.3f}x,"
+            f" {sh['bar']:.2f}x needs them " + (f"{need:.2f}x faster" if need else "to take less than no time"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = dict(model=model, preset=preset, seq=seq, steps=steps, dtype=dtype, device=device)
             run = Run(ex, **spec)
             try:
-                trace = profile(run, empty, Path(tmp) / case)
+                trace, share = profile(run, empty, Path(tmp) / case)
             finally:
                 run.close()
             cache = Path(tmp) / f"{case}.json"
@@ -279,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                    "baselines": {"grouped_mm": med["grouped_mm"], "enable_no_choice": med["enable_no_choice"]},
                    "speedup_vs_grouped_mm": sp["vs_grouped_mm"]["tuned"],
                    "no_choice_vs_grouped_mm": sp["vs_grouped_mm"]["enable_no_choice"],
-                   "loss_max_rel_diff": worst, "losses": loss, "seq": seq, **tuned, **sp}
+                   "loss_max_rel_diff": worst, "losses": loss, "seq": seq, **tuned, **sp,
+                   "grouped_share": {**share, **ceiling(med["grouped_mm"], share["grouped_gpu_ms"])}}
             rows.append(row)
             print(_line(row), flush=True)
             # after every case: a run stopped at its time limit keeps the cases it finished

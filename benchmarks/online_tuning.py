@@ -2,10 +2,14 @@
 seq 4096 by default):
 
 1. ``tuning.online=true`` from an empty cache: every step's time, how many problems are still
-   being tuned after each step (the step where the last one locks), the tuning calls, and the
-   step-time overhead while tuning (steps before the last lock against the steps after it);
+   being tuned after each step (the step where the last one locks, of all kinds and per
+   kind), the tuning calls, and the step-time overhead while tuning (steps before the last
+   lock against the steps after it);
 2. a restart with the cache that run wrote: it must do no tuning;
-3. the same problems tuned offline (``primus_perf.tune``) into a second cache;
+3. the same problems tuned offline (``primus_perf.tune``) into a second cache, then
+   confirmed in the trainer's steps as ``primus-tune loop`` does (``closed_loop.
+   confirm_trainer``: a choice that loses to the trainer's own backend where it runs is
+   corrected to it);
 4. interleaved in one trainer each (``closed_loop.measure_speedup``: routers installed and
    removed in alternate blocks): default vs the online cache, default vs the offline cache.
 
@@ -32,19 +36,28 @@ def _run(config: str, overrides: list[str], steps: int) -> dict[str, Any]:
     try:
         online = {kind: r for kind, r in trainer.tuning.routers.items() if hasattr(r, "tuning")}
         times, in_tuning = [], []
+        by_kind: dict[str, list[int]] = {kind: [] for kind in online}
         for _ in range(steps):
             m = trainer.train_step()
             times.append(m.step_time_s)
-            in_tuning.append(sum(len(r.tuning) + len(r.confirming) for r in online.values()))  # confirming: not final
+            for kind, r in online.items():  # confirming: not final yet
+                by_kind[kind].append(len(r.tuning) + len(r.confirming))
+            in_tuning.append(sum(n[-1] for n in by_kind.values()))
         summary = trainer.tuning.summary()
     finally:
         trainer.close()
     tuning_calls = {k: sum(row.get("tuning", {}).values()) for k, row in summary.items() if row.get("available")}
-    started = [i for i, n in enumerate(in_tuning) if n > 0]
-    locked_at = (max(started) + 2) if started else 0  # 1-based step after which nothing is tuned
+
+    def locked_after(counts: list[int]) -> int:
+        """The 1-based step after which nothing is tuned (0: nothing ever was)."""
+        started = [i for i, n in enumerate(counts) if n > 0]
+        return (max(started) + 2) if started else 0
+
+    locked_at = locked_after(in_tuning)
     before, after = times[1:locked_at], times[max(locked_at, 2):]
     return {
         "step_time_s": times, "problems_in_tuning_after_step": in_tuning, "all_locked_after_step": locked_at,
+        "locked_after_step_by_kind": {kind: locked_after(n) for kind, n in by_kind.items()},
         "tuning_calls": tuning_calls, "summary": summary,
         "median_while_tuning_s": statistics.median(before) if before else None,
         "median_after_s": statistics.median(after) if after else None,
@@ -57,13 +70,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--budget-s", type=float, default=2.0, help="offline tuning budget per problem")
     ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--confirm-steps", type=int, default=30, help="at most, confirming the offline cache")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("overrides", nargs="*", default=["model.n_layers=4", "train.seq_len=4096", "train.micro_batch=1"])
     args = ap.parse_args()
 
     from primus_perf import kinds
     from primus_perf.cache.store import TuningCache
-    from primus_perf.closed_loop import measure_speedup
+    from primus_perf.closed_loop import confirm_trainer, measure_speedup
     from primus_perf.devices import current_device, library_versions
     from primus_perf.tuner.kinds import tune
 
@@ -79,6 +93,9 @@ def main() -> None:
     problems = [kinds.get(e.kind).problem_type.from_dict(e.problem) for e in TuningCache(online_cache).entries()
                 if e.kind in (kinds.GEMM.name, kinds.GROUPED.name)]
     run = tune(problems, cache=offline_cache, budget_s=args.budget_s)
+    confirmed = confirm_trainer(args.config, args.overrides, offline_cache, steps=args.confirm_steps)
+    print(json.dumps({"offline_confirmed": {v: confirmed.count(v) for v in ("kept", "dropped", "unconfirmed")}}),
+          flush=True)
     vs_online = measure_speedup(args.config, args.overrides, online_cache, blocks=args.blocks)
     vs_offline = measure_speedup(args.config, args.overrides, offline_cache, blocks=args.blocks)
 
@@ -91,11 +108,15 @@ def main() -> None:
         "benchmark": "online_tuning", "device": current_device().to_dict(), "versions": library_versions(),
         "config": args.config, "overrides": args.overrides,
         "online_first_run": first, "restart": restart,
-        "offline": {"problems": len(problems), "tuned": run.tuned, "choices": {r.problem.key(): r.chosen for r in run.results}},
+        "offline": {"problems": len(problems), "tuned": run.tuned, "choices": {r.problem.key(): r.chosen for r in run.results},
+                    "confirmed": {v: confirmed.count(v) for v in ("kept", "dropped", "unconfirmed")},
+                    "after_confirmation": {e.problem_key: (e.solution.get("config") or {}).get("name")
+                                           for e in TuningCache(offline_cache).entries()}},
         "online_choices": {e.problem_key: (e.solution.get("config") or {}).get("name") for e in TuningCache(online_cache).entries()},
         "interleaved_vs_default": {"online_cache": side(vs_online), "offline_cache": side(vs_offline)},
         "bars": {
             "steps_until_all_locked": first["all_locked_after_step"], "goal_steps": 20,
+            "steps_until_locked_by_kind": first["locked_after_step_by_kind"],
             "overhead_while_tuning": (w / a - 1) if w and a else None, "goal_overhead": 0.05,
             "online_vs_offline_final": vs_online.speedup / vs_offline.speedup, "goal_within": 0.01,
             "restart_tuning_calls": sum(restart["tuning_calls"].values()),

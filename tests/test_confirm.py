@@ -441,8 +441,8 @@ def test_a_dropped_grouped_choice_is_corrected_to_the_callers_backend_even_trito
     """The trainer's Triton default (the fixed backend for many experts) is a backend with a
     config: a choice that loses to it is rewritten to its default config, not left in place."""
     from primus_perf.kernels.grouped.configs import GroupedGemmConfig
-    from primus_perf.tuner.confirm import baseline_solution
     from primus_perf.problems import GroupedGemmProblem
+    from primus_perf.tuner.confirm import baseline_solution
     from primus_perf.tuner.core import confirmed_entry
 
     sol = baseline_solution("grouped_gemm", "triton")
