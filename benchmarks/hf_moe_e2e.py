@@ -126,12 +126,16 @@ def grouped_share(prof: Any, *, steps: int) -> dict[str, float]:
     """GPU time per profiled step of the kernels ``aten::_grouped_mm`` launches (its own
     kernels: forward and both gradients) against all kernel time: the part of the step
     any grouped-GEMM choice can change."""
+    events = prof.key_averages()
+    host_names = {e.key for e in events if e.device_type != torch.autograd.DeviceType.CUDA}
     grouped = total = 0.0
-    for e in prof.key_averages():
+    for e in events:
         us = getattr(e, "self_device_time_total", 0.0)
         if e.key == "aten::_grouped_mm":
             grouped += us
-        elif e.device_type == torch.autograd.DeviceType.CUDA:
+        # kernels, copies and fills; not the device spans of record_function annotations,
+        # which carry their host range's name (and would count their kernels twice)
+        elif e.device_type == torch.autograd.DeviceType.CUDA and e.key not in host_names:
             total += us
     return {"grouped_gpu_ms": round(grouped / 1e3 / steps, 3), "kernels_gpu_ms": round(total / 1e3 / steps, 3)}
 

@@ -6,7 +6,8 @@ seq 4096 by default):
    kind), the tuning calls, and the step-time overhead while tuning (steps before the last
    lock against the steps after it);
 2. a restart with the cache that run wrote: it must do no tuning;
-3. the same problems tuned offline (``primus_perf.tune``) into a second cache, then
+3. the same problems tuned offline (``primus_perf.tune``; an MoE model's grouped GEMMs as
+   two recorded steps make them, with their token splits) into a second cache, then
    confirmed in the trainer's steps as ``primus-tune loop`` does (``closed_loop.
    confirm_trainer``: a choice that loses to the trainer's own backend where it runs is
    corrected to it);
@@ -89,9 +90,16 @@ def main() -> None:
                                             "median_after_s")}), flush=True)
     restart = _run(args.config, tuned, max(6, args.steps // 4))
     print(json.dumps({"restart_tuning_calls": restart["tuning_calls"]}), flush=True)
-    # every kind the online run tuned (the GEMMs, and an MoE model's grouped GEMMs), offline
+    # the GEMMs the online run tuned, and an MoE model's grouped GEMMs as its steps make them
+    # (each with its token split: online tuning keys them by shape, at an even split), offline
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.grouped_problems import record_grouped_problems
+
     problems = [kinds.get(e.kind).problem_type.from_dict(e.problem) for e in TuningCache(online_cache).entries()
-                if e.kind in (kinds.GEMM.name, kinds.GROUPED.name)]
+                if e.kind == kinds.GEMM.name]
+    cfg = load_config(args.config, args.overrides)
+    if cfg.model.moe.n_experts > 0:
+        problems += [p for p, _calls in record_grouped_problems(cfg, steps=2)]
     run = tune(problems, cache=offline_cache, budget_s=args.budget_s)
     confirmed = confirm_trainer(args.config, args.overrides, offline_cache, steps=args.confirm_steps)
     print(json.dumps({"offline_confirmed": {v: confirmed.count(v) for v in ("kept", "dropped", "unconfirmed")}}),

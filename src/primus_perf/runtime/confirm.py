@@ -17,10 +17,12 @@ A grouped GEMM is confirmed per problem *shape* (its key without the skew bucket
 ``passes.shape_problem_of``): the router decides by shape, and a call's shape needs no host
 read of its counts. A shape whose entries name different choices by skew is confirmed as
 one (the router's answer, whichever bucket a call falls in, against the baseline), and a
-verdict applies to every entry of its shape. A grouped choice whose calls mostly read the
-program's device ``offs`` on the host (the loop or the padded bmm under a program's
-``aten::_grouped_mm``) is dropped even where its calls won: the wait for the device stalls
-the program's host, which the call's device events do not see. Consecutive calls of a
+verdict applies to every entry of its shape; a call in a bucket with no entry runs the
+baseline and gives its turn to the next call. A grouped choice whose backend takes no
+device ``offs`` (the loop, padded bmm) and whose calls mostly read the program's device
+``offs`` on the host (under a program's ``aten::_grouped_mm``) is dropped even where its
+calls won: the wait for the device stalls the program's host, which the call's device
+events do not see. Consecutive calls of a
 problem make a pair (one call of each side); the first
 ``ConfirmPolicy.warmup`` pairs are not counted (a cold first call, the allocator growing,
 lazy initialisation). After ``ConfirmPolicy.samples`` counted pairs the problem gets its
@@ -42,7 +44,7 @@ from typing import Any, Protocol
 
 from primus_perf.kernels.gemm import torch_mm
 from primus_perf.kernels.grouped.passes import shape_problem_of
-from primus_perf.kernels.grouped.router import MIXED
+from primus_perf.kernels.grouped.router import MIXED, GroupedChoice
 from primus_perf.kinds import GEMM, GROUPED
 
 CHOICE, BASELINE = "choice", "baseline"
@@ -247,6 +249,11 @@ class ProblemConfirmation:
         first = CHOICE if (i // 2) % 2 == 0 else BASELINE
         return first if i % 2 == 0 else (BASELINE if first == CHOICE else CHOICE)
 
+    def give_back(self) -> None:
+        """The call :meth:`next_side` just placed ran no sample: the next call takes its
+        turn (so a choice that declines some calls is not timed against one kind of call)."""
+        self.calls -= 1
+
     def add(self, side: str, sample: Sample) -> None:
         """The sample of the call :meth:`next_side` gave ``side``."""
         self.pending.append(((self.calls - 1) // 2, side, sample))
@@ -322,6 +329,16 @@ def gemm_routing_cost_us(route: Callable[[Any, Any], Any], plain: Callable[[Any,
     return max(0.0, (best(route) - best(plain)) * 1e6)
 
 
+def _reads_counts(choice: Any, phase: str) -> bool:
+    """True for a single choice whose backend takes no device ``offs`` for ``phase`` (the
+    loop, padded bmm: they read the counts on the host); a shape's choices by skew read a
+    call site's counts once to pick its bucket, which is not a wait a call makes."""
+    if not isinstance(choice, GroupedChoice):
+        return False
+    impl = choice.implementation()
+    return (impl.wgrad_offs if phase == "wgrad" else impl.mm_offs) is None
+
+
 class Confirmer:
     """The offline confirmation of a cache's choices (module docstring): installed with
     ``routes.confirm_with``; :meth:`finish` ends it and returns the verdicts."""
@@ -373,21 +390,23 @@ class Confirmer:
             key = None
         choice = (getattr(router, "shapes", None) or {}).get(key) if key is not None else None
         name = choice.label() if hasattr(choice, "label") else (BY_SKEW if choice == MIXED else None)
-        if name is None or name == baseline:  # no choice for its shape, or the caller's own
+        own = GroupedChoice.of_backend(baseline)
+        if name is None or name == (own.label() if own is not None else baseline):  # none, or the caller's own
             out = routed()
             return fallback() if out is None else out
         reads = getattr(router, "offs_reads", None)
+        if reads is None or not _reads_counts(choice, phase):
+            return self._call(GROUPED_KIND, key, routed, fallback, lambda: (name, baseline))
         slot = (GROUPED_KIND, key)
 
-        def watched() -> Any:  # a choice that read the call's device offs on the host waited for the device
+        def watched() -> Any:  # the backend read this call's device offs on the host: it waited for the device
             before = sum(reads.values())
             out = routed()
             if sum(reads.values()) > before:
                 self.waited[slot] = self.waited.get(slot, 0) + 1
             return out
 
-        return self._call(GROUPED_KIND, key, routed if reads is None else watched, fallback,
-                          lambda: (name, baseline))
+        return self._call(GROUPED_KIND, key, watched, fallback, lambda: (name, baseline))
 
     def _call(self, kind: str, key: str, choice: Callable[[], Any], baseline: Callable[[], Any],
               names: Callable[[], tuple[str, str]]) -> Any:
@@ -416,7 +435,8 @@ class Confirmer:
         start = self.clock.mark()
         out = choice() if side == CHOICE else baseline()
         if out is None:  # the router does not route it (torch's own choice, no entry, a failed kernel)
-            if self.names[slot][0] == BY_SKEW:  # a skew bucket with no entry: this pair counts not
+            if self.names[slot][0] == BY_SKEW:  # a skew bucket with no entry: the next call takes the turn
+                state.give_back()
                 return baseline()
             self.unrouted.add(slot)
             self.states.pop(slot, None)

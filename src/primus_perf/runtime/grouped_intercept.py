@@ -55,6 +55,7 @@ import torch
 
 from primus_perf.kernels.grouped.offsets import Offsets
 from primus_perf.kernels.grouped.passes import in_grouped, inside
+from primus_perf.kernels.grouped.router import TORCH_KERNEL
 from primus_perf.kernels.tracing import profiler_on
 from primus_perf.problems import GroupedMmCall, dtype_name, grouped_mm_call, grouped_trace_name
 from primus_perf.runtime import routes
@@ -144,7 +145,7 @@ def _run(p: _Pass, torch_call: Any, a: torch.Tensor) -> torch.Tensor:
         return None if out is None else _answer(a, p.call, out)
 
     with inside:  # torch's kernel is the grouped_mm backend's (the baseline a confirmation names)
-        return routes.grouped_routed(p.call.phase, p.x, p.w, p.offsets.groups, routed, torch_call, "grouped_mm")
+        return routes.grouped_routed(p.call.phase, p.x, p.w, p.offsets.groups, routed, torch_call, TORCH_KERNEL)
 
 
 def _grouped_mm(torch_kernel: Any, keyset: Any, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None,

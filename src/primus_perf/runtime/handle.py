@@ -53,7 +53,7 @@ class OnlineTuning(Protocol):
         ...
 
 
-NO_ENTRIES = "the cache has no entry of this kind: its calls stay torch's"
+NO_ENTRIES = "no usable entry of this kind in a tuned cache: its calls stay torch's, with no override"
 
 
 def torch_answers_all(router: Any) -> bool:
@@ -89,7 +89,8 @@ class Handle:
         counts, ``failed`` problems, ``problems`` (calls per problem key); online tuning
         adds ``tuning`` calls and ``online`` (per problem: locked choice, calls, overhead);
         grouped GEMMs add ``offs_reads``, the calls that waited for the device to read their
-        ``offs`` on the host (per problem under ``problems``).
+        ``offs`` on the host (per problem under ``problems``); ``intercepted`` is False for a
+        kind whose every entry is torch's own kernel (no override: its calls are not counted).
         A kind that cannot route here has ``available: False`` and a ``note``."""
         out: dict[str, dict[str, Any]] = {}
         act = self.activation
@@ -108,6 +109,7 @@ class Handle:
                 "unusable": len(getattr(router, "unusable", ())),
                 "failed": list(s["failed"]),
                 "problems": {"routed": s["routed"], "fallback": s["fallback"]},
+                "intercepted": kind not in self.idle,  # False: every entry torch's own, no override counts
             }
             for extra in ("tuning", "online"):
                 if extra in s:
@@ -143,7 +145,7 @@ class Handle:
             if row["failed"]:
                 line += f"; {len(row['failed'])} tuned kernels failed"
             if kind in self.idle:
-                line += "; not intercepted (every entry is torch's own choice: its calls stay torch's)"
+                line += "; no override of the program's calls (every entry is torch's own kernel)"
             lines.append(line)
         return lines
 
@@ -208,14 +210,17 @@ def enable(
         raise CacheError(f"tuning cache not found: {path}")
     table = ROUTER_KINDS if router_kinds is None else router_kinds
     act = activate(path, device=device, kinds=table, always=[k for k in kinds if k in table])
+    left_alone: dict[str, str] = {}
     if online is None and any(act.usable.get(k, 0) for k in kinds):
-        # a tuned cache: a kind it holds nothing for is left alone (an override only to count
-        # the calls it leaves to torch would cost every call); with no entry at all, each kind
-        # keeps a router that counts them (and names the grouped problems in a trace)
+        # a tuned cache: a kind it holds nothing usable for is left alone (an override only to
+        # count the calls it leaves to torch would cost every call); with no usable entry at
+        # all, each kind keeps a router that counts them (and names the grouped problems in a trace)
         for k in kinds:
-            if not act.usable.get(k, 0) and act.routers.pop(k, None) is not None:
-                act.unavailable[k] = NO_ENTRIES
-    notes = {k: act.unavailable.get(k, NOT_INSTALLED) for k in kinds if k not in act.routers}
+            if not act.usable.get(k, 0) and k in act.routers:
+                act.routers.pop(k).close()
+                stale = act.stale_count.get(k, 0)
+                left_alone[k] = NO_ENTRIES if not stale else f"{NO_ENTRIES} ({stale} stale)"
+    notes = {k: left_alone.get(k) or act.unavailable.get(k, NOT_INSTALLED) for k in kinds if k not in act.routers}
     routers = {k: r for k, r in act.routers.items() if k in kinds}
     online_note = None
     if online is not None and act.device.vendor == "cpu" and online.needs_gpu:

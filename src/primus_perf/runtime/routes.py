@@ -112,13 +112,14 @@ def grouped_routed(phase: str, a: Any, b: Any, groups: int, routed: Callable[[],
     """A grouped-GEMM pass whose router answer is ``routed()`` (None: not routed), else
     ``fallback()``; the ``aten::_grouped_mm`` override calls it with the router's
     device-offs entry and torch's kernel. While a confirmation runs, it alternates the two."""
-    if _confirmer is not None:
-        return _confirmer.grouped(_routers.get(GROUPED), phase, a, b, groups, routed, fallback, baseline)
+    outer = getattr(_local, "grouped_baseline", None)
     _local.grouped_baseline = baseline
     try:
+        if _confirmer is not None:
+            return _confirmer.grouped(_routers.get(GROUPED), phase, a, b, groups, routed, fallback, baseline)
         out = routed()
     finally:
-        _local.grouped_baseline = None
+        _local.grouped_baseline = outer
     return fallback() if out is None else out
 
 
