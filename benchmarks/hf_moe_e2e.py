@@ -49,7 +49,10 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 import primus_perf
+from moe_e2e import rotated_blocks
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
 from primus_perf.kernels.grouped.router import shape_key
@@ -214,9 +217,7 @@ def speed(ex: Any, spec: dict[str, Any], cache: Path, empty: Path, args: argpars
     try:
         for side in SIDES:  # warm-up on every side
             block(side, 1)
-        for b in range(args.blocks * len(SIDES)):
-            shift = b // len(SIDES) % len(SIDES)
-            side = (SIDES[shift:] + SIDES[:shift])[b % len(SIDES)]
+        for side in rotated_blocks(SIDES, args.blocks):
             ms[side] += block(side, 1 + args.block_steps)[1:]  # the first step settles
     finally:
         run.close()

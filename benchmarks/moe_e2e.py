@@ -59,6 +59,12 @@ SMOKE = {"tiny-moe": ["model.n_layers=2", "train.seq_len=32", "train.micro_batch
 SIDES = ("loop", "grouped_mm", "tuned")
 
 
+def rotated_blocks(sides: tuple[str, ...], rounds: int) -> list[str]:
+    """The side of each block: ``rounds`` rounds over every side, the order rotating by one
+    each round (so no side always runs right after the same other one)."""
+    return [sides[(r + i) % len(sides)] for r in range(rounds) for i in range(len(sides))]
+
+
 def record_calls(trainer: Trainer, steps: int) -> tuple[list, Counter]:
     """The grouped problems ``steps`` steps of ``trainer`` ran (a recording router), and each
     problem's calls per step."""
@@ -133,9 +139,7 @@ def speed(preset: str, overrides: list[str], cache: Path, args: argparse.Namespa
         for side in SIDES:  # warm-up: compile, allocate, plan on every side
             set_side(trainer, side, router)
             trainer.train_step()
-        for block in range(args.blocks * len(SIDES)):
-            order = SIDES[block // len(SIDES) % len(SIDES):] + SIDES[: block // len(SIDES) % len(SIDES)]
-            side = order[block % len(SIDES)]
+        for side in rotated_blocks(SIDES, args.blocks):
             set_side(trainer, side, router)
             trainer.train_step()
             tps[side] += [trainer.train_step().tokens_per_s for _ in range(args.block_steps)]

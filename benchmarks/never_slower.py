@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_e2e import record_calls
+from moe_e2e import record_calls, rotated_blocks
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
 from primus_perf.runtime import routes
@@ -141,9 +141,7 @@ def moe_case(case: str, preset: str, overrides: list[str], args: argparse.Namesp
         for side in sides:  # warm-up: compile, allocate, plan on every side
             set_side(trainer, side, router, default)
             trainer.train_step()
-        for block in range(args.blocks * len(sides)):
-            rot = block // len(sides) % len(sides)
-            side = (sides[rot:] + sides[:rot])[block % len(sides)]
+        for side in rotated_blocks(tuple(sides), args.blocks):
             set_side(trainer, side, router, default)
             trainer.train_step()
             times[side] += [trainer.train_step().step_time_s for _ in range(args.block_steps)]
