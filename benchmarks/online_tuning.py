@@ -41,8 +41,8 @@ def _run(config: str, overrides: list[str], steps: int) -> dict[str, Any]:
         for _ in range(steps):
             m = trainer.train_step()
             times.append(m.step_time_s)
-            for kind, r in online.items():  # confirming: not final yet
-                by_kind[kind].append(len(r.tuning) + len(r.confirming))
+            for kind, r in online.items():
+                by_kind[kind].append(len(r.tuning))
             in_tuning.append(sum(n[-1] for n in by_kind.values()))
         summary = trainer.tuning.summary()
     finally:

@@ -376,7 +376,7 @@ def test_online_tuning_takes_foreign_calls(tmp_path: Path) -> None:
     ref = step(model, x)
     seen, _ = seen_problems(model, x, tmp_path)
     cache = tmp_path / "online.json"
-    policy = OnlinePolicy(min_samples=2, drop_after=1, max_calls=16)
+    policy = OnlinePolicy(pairs=2, warmup=0, drop_after=1, max_calls=16)
     with primus_perf.enable(cache, online=True, kinds=("grouped_gemm",), device_type="cpu", log=None,
                             online_options={"policy": policy, "clock": StepClock()}) as tuned:
         outs = [step(model, x) for _ in range(8)]

@@ -303,7 +303,7 @@ def test_enable_online_tunes_a_grouped_problem_and_writes_the_cache(tmp_path: Pa
 
     cache = tmp_path / "cache.json"
     x, w, _ = _operands()
-    policy = OnlinePolicy(min_samples=2, drop_after=1, max_calls=16)
+    policy = OnlinePolicy(pairs=2, warmup=0, drop_after=1, max_calls=16)
     with enable(cache, online=True, kinds=("grouped_gemm",), device_type="cpu", log=None,
                 online_options={"policy": policy, "clock": StepClock()}) as handle:
         outs = [grouped_mm(x, w, COUNTS) for _ in range(12)]
@@ -336,7 +336,7 @@ def test_online_grouped_tuning_races_against_the_callers_backend(caller: str, tm
 
     cache = tmp_path / "cache.json"
     x, w, _ = _operands()
-    policy = OnlinePolicy(min_samples=2, drop_after=1, max_calls=16)
+    policy = OnlinePolicy(pairs=2, warmup=0, drop_after=1, max_calls=16)
     with enable(cache, online=True, kinds=("grouped_gemm",), device_type="cpu", log=None,
                 online_options={"policy": policy, "clock": StepClock()}) as handle:
         for _ in range(12):

@@ -10,8 +10,8 @@ An entry (:class:`CacheEntry`) records one tuned problem:
   ``{"torch": ..., "triton": ..., "cudnn": ...}``);
 - ``solution``: ``{"config": <readable dict>, "blob": <opaque bytes, base64 in the file>}``;
 - ``times``: the tuner's measured times of the chosen solution and the default
-  (``tuned_ms``, ``default_ms``: each call alone, "isolated"; sampled round-robin for an
-  online entry); ``error``: the chosen solution's numerical error against the fp32
+  (``tuned_ms``, ``default_ms``: each call alone, "isolated"; for an online entry the
+  medians of the calls its in-step race counted); ``error``: the chosen solution's numerical error against the fp32
   reference; ``tuner_version``; ``created`` (Unix time);
 - ``in_step`` (optional): the choice confirmed inside real steps against the baseline
   the program had (``runtime.confirm``): ``speedup`` (median of per-pair ratios),
@@ -126,7 +126,7 @@ class CacheEntry:
     @property
     def measured_by(self) -> str:
         """How ``times`` were measured: "isolated" (offline: each call alone) or "online
-        samples" (a few round-robin calls of an online tuning)."""
+        samples" (the counted calls of an online tuning's race in the step)."""
         return "online samples" if self.tuner_version.endswith(ONLINE_SUFFIX) else "isolated"
 
     def claim(self) -> str:

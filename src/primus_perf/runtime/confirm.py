@@ -277,13 +277,21 @@ class ProblemConfirmation:
             return True
         return self.calls >= self.policy.max_calls and (not self.pending or self._waits >= self.policy.max_calls)
 
-    def verdict(self, kind: str, key: str, choice: str, baseline: str) -> Verdict:
+    def ratios(self) -> list[float]:
+        """Baseline time / choice time of each counted pair, in order."""
+        return [p[BASELINE] / p[CHOICE] for p in self.counted() if p[CHOICE] > 0]
+
+    def verdict(self, kind: str, key: str, choice: str, baseline: str, least: int | None = None) -> Verdict:
+        """The verdict on the counted pairs; ``least``: the pairs it needs (the policy's
+        ``samples`` unless given: online tuning states the figure of a contender it let go
+        after fewer)."""
         pairs = self.counted()
+        least = self.policy.samples if least is None else least
         method = getattr(self.clock, "method", DEVICE_METHOD)
         base = Verdict(kind, key, choice, baseline, UNCONFIRMED, None, None, None, len(pairs), None, None,
-                       self.policy.margin, method, self.policy.samples)
-        ratios = [p[BASELINE] / p[CHOICE] for p in pairs if p[CHOICE] > 0]
-        if len(pairs) < self.policy.samples or len(ratios) < len(pairs):
+                       self.policy.margin, method, least)
+        ratios = self.ratios()
+        if len(pairs) < least or len(ratios) < len(pairs):
             return base
         q1, med, q3 = quartiles(ratios)
         threshold = max(self.policy.margin, (q3 - q1) / 2)

@@ -23,13 +23,14 @@ plans, a search where the kind has one), and the core runs:
 5. a :class:`~primus_perf.cache.store.CacheEntry` (:func:`cache_entry`; times in ms there,
    as the file keeps them: the isolated figure);
 6. confirmation inside real steps (``runtime.confirm``, run by ``tuner.confirm`` after
-   offline tuning and by online tuning before a lock is final): the choice against the
+   offline tuning; online tuning races every candidate this way): the choice against the
    baseline the program had, alternating calls timed where they run; a choice the step does
    not bear out is replaced by the baseline (:func:`confirmed_entry`).
 
-Validation (:func:`validate`), the drop ratio, selection and entry building are the same
+Validation (:func:`validate`), the drop ratio, the margin and entry building are the same
 for the other timing strategy, tuning inside the program's steps (``tuner.online``: each
-candidate timed round-robin on the real calls): only the timing differs.
+candidate raced against the default in pairs of the real calls, with the confirmation's
+verdict): only the timing differs.
 
 :func:`tune` is the loop over problems: dedupe by key, skip problems already cached for
 this device and library versions (resume), write the cache after each problem (one

@@ -1,52 +1,56 @@
 """Online tuning: the problems a cache does not hold are tuned inside the real steps.
 
-For each new problem (a GEMM, or an attention call) the router takes the offline tuner's
-pool for it (``tuner/gemm``: torch's own choice and the BLAS-Lt heuristic's candidates;
-``tuner/attention``: torch's default SDPA, each SDPA backend and the Triton configs the
-cache holds for this device), validates every candidate once against the fp32 reference
-on a side buffer (the plugin's ``error``; a candidate over the tolerance never runs on the
-program's tensors), then answers the problem's real calls round-robin over the
-candidates, each call between two device events (:class:`CudaClock`). The events are read
-later, when they have completed (``query``, never a synchronize inside a step).
+For each new problem (a GEMM, a grouped GEMM, or an attention call) the router takes the
+offline tuner's pool for it (``tuner/gemm``: torch's own choice and the BLAS-Lt heuristic's
+candidates; ``tuner/attention``: torch's default SDPA, each SDPA backend and the Triton
+configs the cache holds; ``tuner/grouped``: the caller's backend, the other backends and
+Triton configs), validates every candidate once against the fp32 reference on a side
+buffer (the plugin's ``error``; a candidate over the tolerance never runs on the
+program's tensors), then races each other candidate (a *contender*) against the default
+on the problem's real calls, in pairs: two consecutive calls of the problem, one run by
+the contender and one by the default, in ABBA order, each between two device events
+(:class:`CudaClock`), read later, when they have completed (``query``, never a synchronize
+inside a step). Every figure is thus measured the way the choice will run: in the step,
+next to its neighbours, against what the call would have run; the round-robin of single
+samples this replaces let the step's phases decide (on an H100, Mixtral's grouped
+problems showed padded bmm 2.2x faster than the loop in the tuning samples and 0.59x in
+the step), and needed a separate confirmation after it.
 
 :class:`ProblemTuning` is the state machine of one problem:
 
-1. sampling: each call runs the next live candidate and records a :class:`Sample`;
-2. early drop: once every live candidate has ``drop_after`` samples, those whose median is
-   over ``drop_ratio`` x the best median are dropped (torch's own choice never is; the
-   ratio is the core's :data:`~.core.DROP_RATIO`, as in the offline rough pass);
-3. locking: when every live candidate has ``min_samples`` samples, or after ``max_calls``
-   tuning calls of the problem (the bound), the choice is made by the tuner's one
-   selection policy (``core.select``, with its margin for keeping the default);
-4. confirmation: a choice other than the default is confirmed in the step before it is
-   final (``runtime.confirm.ProblemConfirmation``, as offline confirmation does): the
-   choice and the default on alternating calls (ABBA), warm-up pairs not counted, the
-   choice kept only when the median of the per-pair ratios clears a margin above their
-   spread. The problem runs the final choice for the rest of the run, and it is written to
-   the cache with its in-step figure (``TuningCache.put``: under the file lock, merged with
-   what other ranks wrote), so the next run starts tuned and does no tuning.
+1. warm-up: the problem's first ``warmup`` calls run the default, untimed (a cold first
+   call, the allocator growing);
+2. racing: each pair goes to the live contender with the fewest pairs placed; a
+   contender goes as soon as its pairs show it cannot win: one pair ``drop_ratio`` x
+   slower than the default (the core's :data:`~.core.DROP_RATIO`), or not faster than
+   it by the ``margin`` after ``drop_after`` pairs; when every live contender has ``drop_after`` pairs, only
+   the ``finalists`` fastest go on;
+3. verdict: after ``pairs`` counted pairs a contender gets the confirmation's verdict
+   (``runtime.confirm``: the median of the per-pair ratios must beat 1 by more than
+   ``max(margin, half their interquartile range)``);
+4. lock: once every live contender has its verdict (or none is left, or after
+   ``max_calls`` timed calls), the kept contender with the best median, else the
+   default. The problem runs it for the rest of the run, and it is written to the cache
+   with its in-step figure (``TuningCache.put``: under the file lock, merged with what
+   other ranks wrote), so the next run starts tuned and does no tuning.
 
-The log line of a lock prints that in-step figure with its spread ("locked heur2: 1.031x
-torch in the step [1.012-1.049], 16 calls", or "heur2 not confirmed in the step (0.990x
-[...]): torch kept"), never the tuning samples' ratio: three round-robin samples per
-candidate, one of them possibly the first timed call, and each a single call between two
-events on a stream the host may be starving (then the interval is the host's launch time,
-not the kernel's), gave claims such as "12.093x torch" for a GEMM whose step moved by less
-than 1%.
-
-Every lock reports the problem's tuning cost: GPU time spent on slower candidates (their
-samples minus the chosen one's median), host time in this module, and validation time.
-The state machine runs on the CPU with an injected clock and fake candidates.
+The log line of a lock prints that figure with its spread ("locked heur2: 1.031x torch in
+the step [1.012-1.049], 12 calls", or "locked torch: no contender beat it in the step
+(heur2 0.990x, 6 pairs; ...)"). Every lock reports the problem's tuning cost: GPU time
+spent on slower candidates (their samples minus the chosen one's median), host time in
+this module, and validation time. The state machine runs on the CPU with an injected
+clock and fake candidates.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,7 +61,7 @@ from primus_perf.kernels.routing import Router
 from primus_perf.runtime.confirm import (
     BASELINE,
     CHOICE,
-    KEPT,
+    DROPPED,
     Clock,
     ConfirmPolicy,
     DeviceClock,
@@ -70,7 +74,6 @@ from primus_perf.tuner.core import (
     KEEP_DEFAULT_MARGIN,
     cache_entry,
     confirmed_entry,
-    select,
 )
 
 
@@ -112,22 +115,34 @@ def _autocast_off() -> contextlib.ExitStack:
 
 @dataclass(frozen=True)
 class OnlinePolicy:
-    """How long a problem is tuned. Defaults: 6 candidates at most (the default and the
-    pool's first 5, in the plugin's order: the library heuristic's ranking), dropped after
-    2 samples each when :data:`~.core.DROP_RATIO` (1.25) x slower than the best (the
-    offline rough pass's ratio), locked at 3 samples each or after 18
-    tuning calls: a problem called once per step (a language-model head) locks within
-    about 19 steps. On an H200 (llama3-8b, 4 layers) 8 candidates x 5 samples and a 64-call
-    bound left the head's two GEMMs sampling at step 40, while the other 13 problems, called
-    4 to 12 times a step, locked by step 10."""
+    """How a problem is tuned (module docstring). Defaults: 5 candidates at most (the
+    default and the pool's first 4, in the plugin's order: the library heuristic's
+    ranking); 2 warm-up calls; a contender dropped after one pair :data:`~.core.DROP_RATIO`
+    (1.25) x slower than the default, or after 2 pairs not 1% faster than it; 2 finalists;
+    6 counted pairs for a verdict; a bound of 40 timed calls. A problem called once a step
+    locks within about 11 steps when no contender is close (2 warm-up calls, one pair per
+    contender, the events read a step later), and within about 20 when one wins (its 6
+    pairs, the others' 2). Before, a round-robin of 3 single samples per candidate and then
+    a confirmation of 2 warm-up and 8 counted pairs locked Mixtral's grouped problems, each
+    called once a step, after 33 steps on an H100."""
 
-    min_samples: int = 3
+    pairs: int = 6
+    warmup: int = 2
     drop_after: int = 2
     drop_ratio: float = DROP_RATIO
-    max_calls: int = 18
-    max_candidates: int = 6
+    finalists: int = 2
+    max_calls: int = 40
+    max_candidates: int = 5
     margin: float = KEEP_DEFAULT_MARGIN
-    confirm: ConfirmPolicy = field(default_factory=ConfirmPolicy)  # the lock's confirmation against the default
+
+    def __post_init__(self) -> None:
+        if self.pairs < 2 or self.drop_after < 1 or self.finalists < 1 or self.max_candidates < 1:
+            raise ValueError("OnlinePolicy needs pairs >= 2, drop_after >= 1, finalists >= 1, max_candidates >= 1")
+
+    def race(self) -> ConfirmPolicy:
+        """The confirmation's policy of one contender's pairs (no warm-up of its own: the
+        problem's warm-up calls come first)."""
+        return ConfirmPolicy(samples=self.pairs, warmup=0, margin=self.margin, max_calls=2 * self.pairs)
 
 
 CudaClock = DeviceClock  # CUDA (or HIP) events on torch's current stream, read without waiting
@@ -144,7 +159,8 @@ class Pooled:
 
 
 class ProblemTuning:
-    """The state machine of one problem (module docstring)."""
+    """The state machine of one problem (module docstring): each contender's pairs are a
+    ``runtime.confirm.ProblemConfirmation`` against the default."""
 
     def __init__(self, pool: list[Pooled], policy: OnlinePolicy, clock: Clock) -> None:
         if not pool:
@@ -153,80 +169,121 @@ class ProblemTuning:
         self.default = pool[0].name
         self.policy = policy
         self.clock = clock
-        self.alive = list(self.pool)
+        self.races = {name: ProblemConfirmation(policy.race(), clock) for name in list(self.pool)[1:]}
+        self.alive = list(self.races)
         self.dropped: list[str] = []
-        self.samples: dict[str, list[float]] = {n: [] for n in self.pool}
-        self.pending: list[tuple[str, Sample]] = []
-        self.calls = 0
+        self.verdicts: dict[str, Verdict] = {}  # contenders with all their pairs counted
+        self.calls = 0  # timed calls
+        self.seen = 0  # calls, the warm-up's included
         self.chosen: str | None = None
-        self._turn = 0
-        self._waits = 0  # calls since the bound was reached
+        self._open: str | None = None  # the contender whose pair has one call placed
+        self._waits = 0  # calls answered by the default while nothing was left to place
 
-    def next(self) -> Pooled | None:
-        """The candidate for the next call, or None once the bound is reached (the call
-        then runs the default, untimed, until the pending samples are in)."""
-        if self.calls >= self.policy.max_calls:
+    def _placeable(self) -> list[str]:
+        return [n for n in self.alive if n not in self.verdicts and self.races[n].calls < 2 * self.policy.pairs]
+
+    def next(self) -> tuple[Pooled, str, str] | None:
+        """``(candidate, contender, side)`` of the next call, or None: the call runs the
+        default, untimed (a warm-up call; or nothing left to place while samples are in
+        flight; or the bound reached)."""
+        self.seen += 1
+        if self.seen <= self.policy.warmup:
+            return None
+        name = self._open if self._open in self.alive else None
+        if name is None and self.calls < self.policy.max_calls:
+            placeable = self._placeable()
+            name = min(placeable, key=lambda n: self.races[n].calls) if placeable else None
+        if name is None:
             self._waits += 1
             return None
-        name = self.alive[self._turn % len(self.alive)]
-        self._turn += 1
+        race = self.races[name]
+        side = race.next_side()
+        assert side is not None  # a contender is placeable only with calls left
         self.calls += 1
-        return self.pool[name]
+        self._open = name if race.calls % 2 else None
+        return self.pool[name if side == CHOICE else self.default], name, side
 
-    def add(self, name: str, sample: Sample) -> None:
-        self.pending.append((name, sample))
+    def add(self, name: str, side: str, sample: Sample) -> None:
+        """The sample of the call :meth:`next` placed for contender ``name`` on ``side``."""
+        self.races[name].add(side, sample)
 
     def poll(self) -> None:
-        """Read the samples whose events have completed; drop clearly slower candidates."""
-        still = []
-        for name, sample in self.pending:
-            t = sample.seconds(self.clock)
-            if t is None:
-                still.append((name, sample))
-            elif name in self.alive:
-                self.samples[name].append(t)
-        self.pending = still
-        self._drop_slow()
-
-    def _medians(self, names: list[str]) -> dict[str, float]:
-        return {n: statistics.median(self.samples[n]) for n in names if self.samples[n]}
-
-    def _drop_slow(self) -> None:
+        """Read the samples whose events have completed; let go of contenders that cannot
+        win; give the verdict to those with all their pairs."""
         p = self.policy
-        if len(self.alive) < 2 or any(len(self.samples[n]) < p.drop_after for n in self.alive):
-            return
-        med = self._medians(self.alive)
-        best = min(med.values())
-        slow = [n for n in self.alive if n != self.default and med[n] > p.drop_ratio * best]
-        for n in slow:
-            self.alive.remove(n)
-            self.dropped.append(n)
+        for name in list(self.alive):
+            race = self.races[name]
+            race.poll()
+            ratios = race.ratios()
+            if not ratios:
+                continue
+            med = statistics.median(ratios)
+            if med * p.drop_ratio < 1 or (len(ratios) >= p.drop_after and med <= 1 + p.margin):
+                self._drop(name)
+            elif len(ratios) >= p.pairs and name not in self.verdicts:
+                verdict = race.verdict("", "", name, self.default)
+                if verdict.kept:
+                    self.verdicts[name] = verdict
+                else:
+                    self._drop(name)
+        if len(self.alive) > p.finalists and all(len(self.races[n].ratios()) >= p.drop_after for n in self.alive):
+            for name in sorted(self.alive, key=lambda n: -statistics.median(self.races[n].ratios()))[p.finalists:]:
+                self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        self.alive.remove(name)
+        self.dropped.append(name)
+
+    def _pending(self) -> bool:
+        return any(self.races[n].pending for n in self.alive)
 
     def ready(self) -> bool:
-        if all(len(self.samples[n]) >= self.policy.min_samples for n in self.alive):
+        if all(n in self.verdicts for n in self.alive):  # every live contender judged, or none left
             return True
-        # at the bound: once the samples in flight are in (or never come: a forward whose
-        # backward does not run)
-        return self.calls >= self.policy.max_calls and (not self.pending or self._waits >= self.policy.max_calls)
+        placing = self.calls < self.policy.max_calls and (self._placeable() or self._open in self.alive)
+        # nothing left to place: once the samples in flight are in (or never come: a
+        # forward whose backward does not run)
+        return not placing and (not self._pending() or self._waits >= self.policy.max_calls)
 
     def lock(self) -> str:
-        """The choice: ``core.select`` over the live candidates' medians."""
-        med = self._medians(self.alive)
-        if self.default not in med:  # no sample of the default completed: keep it
-            self.chosen = self.default
-        else:
-            self.chosen = select(med, self.default, self.policy.margin)
+        """The choice: the kept contender with the best in-step median, else the default."""
+        kept = {n: v for n, v in self.verdicts.items() if n in self.alive}
+        self.chosen = max(kept, key=lambda n: kept[n].speedup or 0.0) if kept else self.default
         return self.chosen
+
+    def figure(self, name: str, kind: str, key: str) -> Verdict:
+        """Contender ``name``'s in-step figure: its verdict, or (let go before all its pairs)
+        the figure of the pairs it had, "dropped"."""
+        if name in self.verdicts:
+            return dataclasses.replace(self.verdicts[name], kind=kind, key=key)
+        race = self.races[name]
+        verdict = race.verdict(kind, key, name, self.default, least=max(1, len(race.counted())))
+        return dataclasses.replace(verdict, status=DROPPED) if verdict.speedup is not None else verdict
+
+    def tried(self) -> list[str]:
+        """The contenders with at least one counted pair, the fastest first."""
+        named = [n for n in self.races if self.races[n].ratios()]
+        return sorted(named, key=lambda n: -statistics.median(self.races[n].ratios()))
+
+    def samples(self) -> dict[str, list[float]]:
+        """Every counted call's seconds by candidate (the default's from every contender's pairs)."""
+        out: dict[str, list[float]] = {n: [] for n in self.pool}
+        for name, race in self.races.items():
+            for pair in race.counted():
+                out[name].append(pair[CHOICE])
+                out[self.default].append(pair[BASELINE])
+        return out
 
     def times(self) -> dict[str, float]:
         """Medians (seconds) of every candidate with samples."""
-        return self._medians(list(self.pool))
+        return {n: statistics.median(ts) for n, ts in self.samples().items() if ts}
 
     def gpu_overhead_s(self) -> float:
         """Device time the tuning calls took beyond the chosen candidate's median."""
         assert self.chosen is not None
-        best = statistics.median(self.samples[self.chosen]) if self.samples[self.chosen] else 0.0
-        return sum(t - best for ts in self.samples.values() for t in ts if t > best)
+        samples = self.samples()
+        best = statistics.median(samples[self.chosen]) if samples[self.chosen] else 0.0
+        return sum(t - best for ts in samples.values() for t in ts if t > best)
 
 
 class KindAdapter(Protocol):
@@ -248,15 +305,6 @@ class KindAdapter(Protocol):
 
 
 @dataclass
-class _Confirming:
-    """A problem whose lock is being confirmed in the step."""
-
-    problem: Any
-    state: ProblemTuning
-    confirmation: ProblemConfirmation
-
-
-@dataclass
 class _Report:
     validation_s: float = 0.0
     host_s: float = 0.0
@@ -266,7 +314,7 @@ class OnlineRouter(Router):
     """A router that tunes what ``offline`` (the cache's router of this kind, holding the
     problems ``offline_keys``: ``Activation.keys``) does not hold; ``summary()`` adds
     ``tuning`` (tuning calls per problem) and ``online`` (per locked problem: the final
-    choice, the one tried, the in-step figure, ``confirm_calls``, the tuning cost)."""
+    choice, the contender whose figure it states, the in-step figure, the tuning cost)."""
 
     def __init__(
         self,
@@ -293,11 +341,9 @@ class OnlineRouter(Router):
         self.clock = clock or CudaClock()
         self.log = log or (lambda _line: None)
         self.tuning: dict[str, ProblemTuning] = {}
-        self.confirming: dict[str, _Confirming] = {}
         self.locked: dict[str, Pooled] = {}
         self.reports: dict[str, _Report] = {}
         self.tuning_calls: dict[str, int] = {}
-        self.confirm_calls: dict[str, int] = {}  # calls that confirmed a lock in the step
         self.online: dict[str, dict[str, Any]] = {}
         self.unusable = getattr(offline, "unusable", set())
 
@@ -317,8 +363,6 @@ class OnlineRouter(Router):
         if key in self.failed:
             self._fall_back(key)
             return None
-        if key in self.confirming:
-            return self._confirm_call(key, args)
         t0 = time.perf_counter()
         state = self.tuning.get(key)
         if state is None:
@@ -331,17 +375,21 @@ class OnlineRouter(Router):
         if state.ready():
             report.host_s += time.perf_counter() - t0
             self._lock(key, problem, state)
-            if key in self.confirming:
-                return self._confirm_call(key, args)
             cand = self.locked[key]
             return self._run(key, lambda: self.adapter.run(cand, *args))
-        cand = state.next()
+        placed = state.next()
         report.host_s += time.perf_counter() - t0
-        if cand is None:  # bound reached, samples still in flight: torch's default
+        if placed is None:  # a warm-up call, or samples in flight: the default's own path
             self._fall_back(key)
             return None
-        out, sample = self.adapter.timed(cand, self.clock, *args)
-        state.add(cand.name, sample)
+        cand, contender, side = placed
+        try:
+            out, sample = self.adapter.timed(cand, self.clock, *args)
+        except Exception as exc:
+            del self.tuning[key]
+            _close_runs(state.pool.values())
+            return self._failure(key, exc)
+        state.add(contender, side, sample)
         self.tuning_calls[key] = self.tuning_calls.get(key, 0) + 1
         return out
 
@@ -359,63 +407,32 @@ class OnlineRouter(Router):
         return state
 
     def _lock(self, key: str, problem: Any, state: ProblemTuning) -> None:
-        """The tuning's choice; one other than the default is confirmed in the step
-        (:meth:`_confirm_call`) before it is final."""
-        chosen = state.lock()
+        """The lock made final: written to the cache with its in-step figure, and logged."""
+        chosen, default = state.lock(), state.default
         del self.tuning[key]
-        _close_runs(c for name, c in state.pool.items() if name not in (chosen, state.default))
-        if chosen == state.default:
-            self._final(key, problem, state, None)
-            return
-        self.confirming[key] = _Confirming(problem, state, ProblemConfirmation(self.policy.confirm, self.clock))
-
-    def _confirm_call(self, key: str, args: tuple) -> Any:
-        """One call of a problem whose lock is being confirmed: the locked choice and the
-        default on alternating calls, each timed; the verdict makes the lock final."""
-        c = self.confirming[key]
-        c.confirmation.poll()
-        if c.confirmation.ready():
-            del self.confirming[key]
-            state = c.state
-            verdict = c.confirmation.verdict(self.adapter.kind, key, state.chosen, state.default)
-            self._final(key, c.problem, state, verdict)
-            cand = self.locked[key]
-            return self._run(key, lambda: self.adapter.run(cand, *args))
-        side = c.confirmation.next_side()
-        pool = c.state.pool
-        if side is None:  # calls spent, samples in flight: the default, untimed
-            return self._run(key, lambda: self.adapter.run(pool[c.state.default], *args))
-        cand = pool[c.state.chosen if side == CHOICE else c.state.default]
-        try:
-            out, sample = self.adapter.timed(cand, self.clock, *args)
-        except Exception as exc:
-            del self.confirming[key]
-            return self._failure(key, exc)
-        c.confirmation.add(CHOICE if side == CHOICE else BASELINE, sample)
-        self.confirm_calls[key] = self.confirm_calls.get(key, 0) + 1
-        return out
-
-    def _final(self, key: str, problem: Any, state: ProblemTuning, verdict: Verdict | None) -> None:
-        """The lock made final (the tuning's choice, or the default when the step did not
-        bear it out), written to the cache with how its figure was measured, and logged."""
-        chosen, default = state.chosen, state.default
-        final = chosen if verdict is None or verdict.status == KEPT else default
-        self.locked[key] = state.pool[final]
-        _close_runs(state.pool[name] for name in {chosen, default} if name != final)
+        self.locked[key] = state.pool[chosen]
+        _close_runs(c for name, c in state.pool.items() if name != chosen)
+        kind = self.adapter.kind
+        tried = state.tried()
+        best = chosen if chosen != default else (tried[0] if tried else None)
+        verdict = state.figure(best, kind, key) if best is not None else None
         times = state.times()
         report = self.reports.pop(key)
-        cand = state.pool[chosen]
-        entry = cache_entry(self.adapter.kind, self.adapter.tuner_version, problem, cand.solution,
-                            tuned_s=times.get(chosen), default_s=times.get(default), error=cand.error,
+        cand = state.pool[best if best is not None else default]
+        entry = cache_entry(kind, self.adapter.tuner_version, problem, cand.solution,
+                            tuned_s=times.get(cand.name), default_s=times.get(default), error=cand.error,
                             device=self.device, versions=self.versions)
-        sampled = entry.speedup
-        if verdict is not None:
+        if verdict is not None and verdict.speedup is not None:
             entry = confirmed_entry(entry, verdict.figure(), state.pool[default].solution)
+        elif chosen == default:  # nothing raced (no contender, or no pair completed)
+            entry = cache_entry(kind, self.adapter.tuner_version, problem, state.pool[default].solution,
+                                tuned_s=times.get(default), default_s=times.get(default),
+                                error=state.pool[default].error, device=self.device, versions=self.versions)
         info = {
-            "chosen": final, "tried": chosen, "calls": state.calls, "candidates": len(state.pool),
-            "dropped": list(state.dropped), "speedup": verdict.speedup if verdict is not None else 1.0,
-            "tuning_speedup": sampled, "in_step": verdict.figure() if verdict is not None else None,
-            "confirm_calls": self.confirm_calls.get(key, 0),
+            "chosen": chosen, "tried": best, "calls": state.calls, "candidates": len(state.pool),
+            "dropped": list(state.dropped),
+            "speedup": verdict.speedup if chosen != default and verdict is not None else 1.0,
+            "in_step": verdict.figure() if verdict is not None and verdict.speedup is not None else None,
             "gpu_overhead_ms": state.gpu_overhead_s() * 1e3, "host_ms": report.host_s * 1e3,
             "validation_ms": report.validation_s * 1e3,
         }
@@ -425,21 +442,18 @@ class OnlineRouter(Router):
             written = f"written to {self.cache.path}"
         except CacheError as exc:
             written = f"not written ({exc})"
-        head = f"online {self.adapter.kind} {problem}: "
-        if verdict is None:
-            head += f"locked {default} (no candidate beat it by the margin in the tuning samples)"
-        elif verdict.status == KEPT:
+        head = f"online {kind} {problem}: "
+        if chosen != default:
             head += (f"locked {chosen}: {verdict.speedup:.3f}x {default} in the step [{verdict.low:.3f}-"
                      f"{verdict.high:.3f}], {2 * verdict.pairs} calls, {verdict.saving_us:.1f} us saved a call")
-        elif verdict.speedup is not None:
-            head += (f"{chosen} not confirmed in the step ({verdict.speedup:.3f}x [{verdict.low:.3f}-"
-                     f"{verdict.high:.3f}], {2 * verdict.pairs} calls): {default} kept")
         else:
-            head += (f"{chosen} unconfirmed in the step ({verdict.pairs} of {verdict.wanted} pairs complete):"
-                     f" {default} kept")
+            raced = "; ".join(f"{n} {statistics.median(state.races[n].ratios()):.3f}x, "
+                              f"{len(state.races[n].ratios())} pair{'s' if len(state.races[n].ratios()) > 1 else ''}"
+                              for n in tried)
+            head += f"locked {default}: no contender beat it in the step" + (f" ({raced})" if raced else "")
         self.log(
-            f"{head}; tuned over {state.calls} calls, {len(state.pool)} candidates ({len(state.dropped)} dropped"
-            f" early); tuning cost {info['gpu_overhead_ms']:.2f} ms GPU, {info['host_ms']:.2f} ms host,"
+            f"{head}; {state.calls} timed calls, {len(state.pool)} candidates; tuning cost"
+            f" {info['gpu_overhead_ms']:.2f} ms GPU, {info['host_ms']:.2f} ms host,"
             f" {info['validation_ms']:.1f} ms validation; {written}"
         )
 
@@ -459,11 +473,8 @@ class OnlineRouter(Router):
             self.offline.close()
         _close_runs(self.locked.values())
         _close_runs(c for state in self.tuning.values() for c in state.pool.values())
-        _close_runs(c for conf in self.confirming.values() for c in conf.state.pool.values()
-                    if c.name in (conf.state.chosen, conf.state.default))
         self.locked.clear()
         self.tuning.clear()
-        self.confirming.clear()
 
 
 def _close_runs(cands: Any) -> None:
