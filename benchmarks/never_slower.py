@@ -28,6 +28,7 @@ Sections (each adds or replaces its rows in ``--out``; the file is a list of row
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -120,18 +121,37 @@ def predicted_saving_ms(cache: Path, calls: Counter) -> float | None:
     return total if found else None
 
 
-def moe_case(case: str, preset: str, overrides: list[str], args: argparse.Namespace, tmp: Path, say: Any) -> dict:
-    cache = tmp / f"{case.replace('/', '_')}.json"
+def recorded(preset: str, overrides: list[str], steps: int) -> tuple[str, list, Counter]:
+    """The trainer's default grouped backend, and the grouped problems ``steps`` steps ran
+    with their calls per step; the trainer is gone on return (its model and optimizer
+    state would otherwise stay on the device through the tuning and the confirmation: a
+    second trainer of deepseek-v3 with 48 experts then ran out of an H100's memory)."""
     trainer = Trainer(load_config(preset, overrides))
     try:
         trainer.train_step()
         default = moe_layers(trainer.model)[0].backend
-        problems, calls = record_calls(trainer, args.record_steps)
+        problems, calls = record_calls(trainer, steps)
     finally:
         trainer.close()
+    return default, problems, calls
+
+
+def release_device_memory() -> None:
+    """Hand the cached blocks of trainers and tensors that are gone back to the device."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def moe_case(case: str, preset: str, overrides: list[str], args: argparse.Namespace, tmp: Path, say: Any) -> dict:
+    cache = tmp / f"{case.replace('/', '_')}.json"
+    default, problems, calls = recorded(preset, overrides, args.record_steps)
+    release_device_memory()
     say(f"{case}: {len(problems)} grouped problems; default backend {default}; tuning")
     tune_grouped(problems, cache, args)
+    release_device_memory()
     confirmed = confirm_in_trainer(preset, overrides, cache, args.confirm_steps, say)
+    release_device_memory()
     sides = (*FIXED, "tuned")
     trainer = Trainer(load_config(preset, overrides))
     act = activate(cache, always=["grouped_gemm"])
@@ -183,6 +203,7 @@ def section_moe(args: argparse.Namespace, say: Any) -> list[dict]:
         for case in chosen:
             preset, overrides = cases[case]
             rows.append(moe_case(case, preset, overrides, args, Path(tmp), say))
+            release_device_memory()
             yield_rows(args, rows)
     return rows
 
