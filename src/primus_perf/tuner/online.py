@@ -20,19 +20,25 @@ the step), and needed a separate confirmation after it.
 
 1. warm-up: the problem's first ``warmup`` calls run the default, untimed (a cold first
    call, the allocator growing);
-2. racing: each pair goes to the live contender with the fewest pairs placed; a
-   contender goes as soon as its pairs show it cannot win: one pair ``drop_ratio`` x
-   slower than the default (the core's :data:`~.core.DROP_RATIO`), or not faster than
-   it by the ``margin`` after ``drop_after`` pairs; when every live contender has ``drop_after`` pairs, only
-   the ``finalists`` fastest go on;
+2. racing: each pair goes to the live contender with the fewest pairs placed (two calls
+   of one kind, ``KindAdapter.pairing``); a contender goes as soon as its pairs show it
+   cannot win: their median ``drop_ratio`` x slower than the default (the core's
+   :data:`~.core.DROP_RATIO`), or not faster by the ``margin`` after ``drop_after``
+   pairs; no contender gets more than ``drop_after`` pairs until the ``finalists``
+   fastest are known, and only they go on;
 3. verdict: after ``pairs`` counted pairs a contender gets the confirmation's verdict
    (``runtime.confirm``: the median of the per-pair ratios must beat 1 by more than
-   ``max(margin, half their interquartile range)``);
-4. lock: once every live contender has its verdict (or none is left, or after
-   ``max_calls`` timed calls), the kept contender with the best median, else the
-   default. The problem runs it for the rest of the run, and it is written to the cache
-   with its in-step figure (``TuningCache.put``: under the file lock, merged with what
-   other ranks wrote), so the next run starts tuned and does no tuning.
+   ``max(margin, half their interquartile range)``), and must save ``min_saving_s`` a
+   call (the core's :data:`~.core.MIN_SAVING_S`: what routing costs the host, which the
+   device events do not see); a pair whose sample was lost (a forward whose backward did
+   not run) is placed again, ``lost_pairs`` at most;
+4. lock: once every live contender has its verdict (or none is left), the kept contender
+   with the best median, else the default. The problem runs it for the rest of the run,
+   and it is written to the cache with its in-step figure (``TuningCache.put``: under the
+   file lock, merged with what other ranks wrote), so the next run starts tuned and does
+   no tuning. A lock for want of evidence (``max_calls`` timed calls spent, or samples
+   still in flight after ``lost_after`` calls with nothing left to place) runs the
+   default for this run only and writes nothing.
 
 The log line of a lock prints that figure with its spread ("locked heur2: 1.031x torch in
 the step [1.012-1.049], 12 calls", or "locked torch: no contender beat it in the step
@@ -62,6 +68,7 @@ from primus_perf.runtime.confirm import (
     BASELINE,
     CHOICE,
     DROPPED,
+    UNCONFIRMED,
     Clock,
     ConfirmPolicy,
     DeviceClock,
@@ -72,6 +79,7 @@ from primus_perf.runtime.confirm import (
 from primus_perf.tuner.core import (
     DROP_RATIO,
     KEEP_DEFAULT_MARGIN,
+    MIN_SAVING_S,
     cache_entry,
     confirmed_entry,
 )
@@ -117,14 +125,20 @@ def _autocast_off() -> contextlib.ExitStack:
 class OnlinePolicy:
     """How a problem is tuned (module docstring). Defaults: 5 candidates at most (the
     default and the pool's first 4, in the plugin's order: the library heuristic's
-    ranking); 2 warm-up calls; a contender dropped after one pair :data:`~.core.DROP_RATIO`
-    (1.25) x slower than the default, or after 2 pairs not 1% faster than it; 2 finalists;
-    6 counted pairs for a verdict; a bound of 40 timed calls. A problem called once a step
-    locks within about 11 steps when no contender is close (2 warm-up calls, one pair per
-    contender, the events read a step later), and within about 20 when one wins (its 6
-    pairs, the others' 2). Before, a round-robin of 3 single samples per candidate and then
-    a confirmation of 2 warm-up and 8 counted pairs locked Mixtral's grouped problems, each
-    called once a step, after 33 steps on an H100."""
+    ranking); 2 warm-up calls; a contender goes when the median of its pairs is
+    :data:`~.core.DROP_RATIO` (1.25) x slower than the default, or not 1% faster after 2
+    pairs; 2 finalists; 6 counted pairs for a verdict, which must also save
+    :data:`~.core.MIN_SAVING_S` (5 us) a call, what a routed call costs the host beyond
+    torch's own launch and device events do not see; up to 2 more pairs for a contender
+    whose samples were lost; a bound of 40 timed calls; a problem whose samples are still
+    in flight after 160 calls with nothing left to place locks with what it has.
+
+    Calls of a problem called once a step, 4 contenders, before it locks (the events read
+    a step later add about one step per phase): 10 when every contender is clearly slower
+    (2 warm-up calls, a pair each), 18 when they are within 1.25x (two pairs each), 26 when
+    one wins (its 4 more pairs), 34 when two finalists go on. Before, a round-robin of 3
+    single samples per candidate and then a confirmation of 2 warm-up and 8 counted pairs
+    locked Mixtral's grouped problems, each called once a step, after 33 steps on an H100."""
 
     pairs: int = 6
     warmup: int = 2
@@ -134,6 +148,9 @@ class OnlinePolicy:
     max_calls: int = 40
     max_candidates: int = 5
     margin: float = KEEP_DEFAULT_MARGIN
+    min_saving_s: float = MIN_SAVING_S
+    lost_pairs: int = 2
+    lost_after: int = 160
 
     def __post_init__(self) -> None:
         if self.pairs < 2 or self.drop_after < 1 or self.finalists < 1 or self.max_candidates < 1:
@@ -142,7 +159,8 @@ class OnlinePolicy:
     def race(self) -> ConfirmPolicy:
         """The confirmation's policy of one contender's pairs (no warm-up of its own: the
         problem's warm-up calls come first)."""
-        return ConfirmPolicy(samples=self.pairs, warmup=0, margin=self.margin, max_calls=2 * self.pairs)
+        return ConfirmPolicy(samples=self.pairs, warmup=0, margin=self.margin,
+                             max_calls=2 * (self.pairs + self.lost_pairs))
 
 
 CudaClock = DeviceClock  # CUDA (or HIP) events on torch's current stream, read without waiting
@@ -172,24 +190,49 @@ class ProblemTuning:
         self.races = {name: ProblemConfirmation(policy.race(), clock) for name in list(self.pool)[1:]}
         self.alive = list(self.races)
         self.dropped: list[str] = []
-        self.verdicts: dict[str, Verdict] = {}  # contenders with all their pairs counted
+        self.verdicts: dict[str, Verdict] = {}  # live contenders whose pairs the verdict kept
         self.calls = 0  # timed calls
         self.seen = 0  # calls, the warm-up's included
         self.chosen: str | None = None
         self._open: str | None = None  # the contender whose pair has one call placed
+        self._open_kind: Any = None  # the kind of call (``KindAdapter.pairing``) that placed it
         self._waits = 0  # calls answered by the default while nothing was left to place
 
-    def _placeable(self) -> list[str]:
-        return [n for n in self.alive if n not in self.verdicts and self.races[n].calls < 2 * self.policy.pairs]
+    def _cut_known(self) -> bool:
+        """Whether the finalists are known (every live contender has ``drop_after`` counted
+        pairs, or no more than ``finalists`` are left): until then no contender gets more
+        than ``drop_after`` pairs, so the bound cannot run out before any verdict."""
+        p = self.policy
+        return len(self.alive) <= p.finalists or all(len(self.races[n].ratios()) >= p.drop_after for n in self.alive)
 
-    def next(self) -> tuple[Pooled, str, str] | None:
+    @staticmethod
+    def _lost(race: ProblemConfirmation) -> int:
+        """Pairs of ``race`` with a sample still in flight while a later pair completed:
+        lost (a forward whose backward did not run)."""
+        done = [i for i, sides in race.times.items() if len(sides) == 2]
+        last = max(done, default=-1)
+        return len({pair for pair, _side, _sample in race.pending if pair < last})
+
+    def _placeable(self) -> list[str]:
+        p = self.policy
+        pairs = p.pairs if self._cut_known() else p.drop_after
+        out = []
+        for n in self.alive:
+            race = self.races[n]
+            if n not in self.verdicts and race.calls < 2 * min(pairs + self._lost(race), pairs + p.lost_pairs):
+                out.append(n)
+        return out
+
+    def next(self, kind: Any = None) -> tuple[Pooled, str, str] | None:
         """``(candidate, contender, side)`` of the next call, or None: the call runs the
-        default, untimed (a warm-up call; or nothing left to place while samples are in
-        flight; or the bound reached)."""
+        default, untimed (a warm-up call; a call of another ``kind`` than the open pair's
+        first; nothing left to place while samples are in flight; the bound reached)."""
         self.seen += 1
         if self.seen <= self.policy.warmup:
             return None
         name = self._open if self._open in self.alive else None
+        if name is not None and kind != self._open_kind:  # a pair compares like with like
+            return None
         if name is None and self.calls < self.policy.max_calls:
             placeable = self._placeable()
             name = min(placeable, key=lambda n: self.races[n].calls) if placeable else None
@@ -200,7 +243,7 @@ class ProblemTuning:
         side = race.next_side()
         assert side is not None  # a contender is placeable only with calls left
         self.calls += 1
-        self._open = name if race.calls % 2 else None
+        self._open, self._open_kind = (name, kind) if race.calls % 2 else (None, None)
         return self.pool[name if side == CHOICE else self.default], name, side
 
     def add(self, name: str, side: str, sample: Sample) -> None:
@@ -222,17 +265,18 @@ class ProblemTuning:
                 self._drop(name)
             elif len(ratios) >= p.pairs and name not in self.verdicts:
                 verdict = race.verdict("", "", name, self.default)
-                if verdict.kept:
+                if verdict.kept and (verdict.saving_us or 0.0) >= p.min_saving_s * 1e6:
                     self.verdicts[name] = verdict
                 else:
                     self._drop(name)
-        if len(self.alive) > p.finalists and all(len(self.races[n].ratios()) >= p.drop_after for n in self.alive):
+        if len(self.alive) > p.finalists and self._cut_known():
             for name in sorted(self.alive, key=lambda n: -statistics.median(self.races[n].ratios()))[p.finalists:]:
                 self._drop(name)
 
     def _drop(self, name: str) -> None:
         self.alive.remove(name)
         self.dropped.append(name)
+        self.verdicts.pop(name, None)
 
     def _pending(self) -> bool:
         return any(self.races[n].pending for n in self.alive)
@@ -241,9 +285,13 @@ class ProblemTuning:
         if all(n in self.verdicts for n in self.alive):  # every live contender judged, or none left
             return True
         placing = self.calls < self.policy.max_calls and (self._placeable() or self._open in self.alive)
-        # nothing left to place: once the samples in flight are in (or never come: a
-        # forward whose backward does not run)
-        return not placing and (not self._pending() or self._waits >= self.policy.max_calls)
+        # nothing left to place: once the samples in flight are in (or, after many calls,
+        # never come: a forward whose backward does not run)
+        return not placing and (not self._pending() or self._waits >= self.policy.lost_after)
+
+    def undecided(self) -> list[str]:
+        """Live contenders with no verdict (the lock came from the bound, or lost samples)."""
+        return [n for n in self.alive if n not in self.verdicts]
 
     def lock(self) -> str:
         """The choice: the kept contender with the best in-step median, else the default."""
@@ -252,13 +300,22 @@ class ProblemTuning:
         return self.chosen
 
     def figure(self, name: str, kind: str, key: str) -> Verdict:
-        """Contender ``name``'s in-step figure: its verdict, or (let go before all its pairs)
-        the figure of the pairs it had, "dropped"."""
+        """Contender ``name``'s in-step figure: its verdict; let go before it, the figure of
+        the pairs it had, "dropped"; still racing (the bound), "unconfirmed"."""
         if name in self.verdicts:
             return dataclasses.replace(self.verdicts[name], kind=kind, key=key)
         race = self.races[name]
         verdict = race.verdict(kind, key, name, self.default, least=max(1, len(race.counted())))
-        return dataclasses.replace(verdict, status=DROPPED) if verdict.speedup is not None else verdict
+        if verdict.speedup is None:
+            return verdict
+        status = UNCONFIRMED if name in self.alive else DROPPED
+        reason = ""
+        if status == DROPPED and verdict.kept and verdict.pairs >= self.policy.pairs:
+            reason = (f"it saves {verdict.saving_us:.1f} us a call, under the {self.policy.min_saving_s * 1e6:.0f} us"
+                      f" a routed call costs the host")
+        elif status == DROPPED and verdict.kept:
+            reason = f"not among the {self.policy.finalists} fastest after {self.policy.drop_after} pairs each"
+        return dataclasses.replace(verdict, status=status, reason=reason)
 
     def tried(self) -> list[str]:
         """The contenders with at least one counted pair, the fastest first."""
@@ -302,6 +359,8 @@ class KindAdapter(Protocol):
 
     # optional: ``tuned_key(entry_key) -> key``, the key (as ``key`` gives it) under which a
     # cache entry's problem answers calls, where the two differ (grouped GEMMs: its shape's)
+    # optional: ``pairing(*args) -> kind``, calls of one problem that time differently
+    # (attention: with or without its backward); a pair's two calls are of one kind
 
 
 @dataclass
@@ -377,7 +436,8 @@ class OnlineRouter(Router):
             self._lock(key, problem, state)
             cand = self.locked[key]
             return self._run(key, lambda: self.adapter.run(cand, *args))
-        placed = state.next()
+        pairing = getattr(self.adapter, "pairing", None)
+        placed = state.next(pairing(*args) if pairing is not None else None)
         report.host_s += time.perf_counter() - t0
         if placed is None:  # a warm-up call, or samples in flight: the default's own path
             self._fall_back(key)
@@ -387,6 +447,7 @@ class OnlineRouter(Router):
             out, sample = self.adapter.timed(cand, self.clock, *args)
         except Exception as exc:
             del self.tuning[key]
+            self.reports.pop(key, None)
             _close_runs(state.pool.values())
             return self._failure(key, exc)
         state.add(contender, side, sample)
@@ -424,32 +485,36 @@ class OnlineRouter(Router):
                             device=self.device, versions=self.versions)
         if verdict is not None and verdict.speedup is not None:
             entry = confirmed_entry(entry, verdict.figure(), state.pool[default].solution)
-        elif chosen == default:  # nothing raced (no contender, or no pair completed)
-            entry = cache_entry(kind, self.adapter.tuner_version, problem, state.pool[default].solution,
-                                tuned_s=times.get(default), default_s=times.get(default),
-                                error=state.pool[default].error, device=self.device, versions=self.versions)
+        # the default for want of evidence (the bound, or samples lost): this run only
+        undecided = chosen == default and (state.undecided() or (state.races and not tried))
         info = {
             "chosen": chosen, "tried": best, "calls": state.calls, "candidates": len(state.pool),
-            "dropped": list(state.dropped),
+            "dropped": list(state.dropped), "undecided": bool(undecided),
             "speedup": verdict.speedup if chosen != default and verdict is not None else 1.0,
             "in_step": verdict.figure() if verdict is not None and verdict.speedup is not None else None,
             "gpu_overhead_ms": state.gpu_overhead_s() * 1e3, "host_ms": report.host_s * 1e3,
             "validation_ms": report.validation_s * 1e3,
         }
         self.online[key] = info
-        try:
-            self.cache.put(entry)
-            written = f"written to {self.cache.path}"
-        except CacheError as exc:
-            written = f"not written ({exc})"
+        if undecided:
+            written = "not written: the next run tunes it again"
+        else:
+            try:
+                self.cache.put(entry)
+                written = f"written to {self.cache.path}"
+            except CacheError as exc:
+                written = f"not written ({exc})"
+        raced = "; ".join(f"{n} {statistics.median(state.races[n].ratios()):.3f}x, "
+                          f"{len(state.races[n].ratios())} pair{'s' if len(state.races[n].ratios()) > 1 else ''}"
+                          for n in tried)
         head = f"online {kind} {problem}: "
         if chosen != default:
             head += (f"locked {chosen}: {verdict.speedup:.3f}x {default} in the step [{verdict.low:.3f}-"
                      f"{verdict.high:.3f}], {2 * verdict.pairs} calls, {verdict.saving_us:.1f} us saved a call")
+        elif undecided:
+            head += (f"{default} for this run: {', '.join(state.undecided()) or 'every contender'} undecided in the"
+                     f" step (samples lost, or the bound)" + (f" ({raced})" if raced else ""))
         else:
-            raced = "; ".join(f"{n} {statistics.median(state.races[n].ratios()):.3f}x, "
-                              f"{len(state.races[n].ratios())} pair{'s' if len(state.races[n].ratios()) > 1 else ''}"
-                              for n in tried)
             head += f"locked {default}: no contender beat it in the step" + (f" ({raced})" if raced else "")
         self.log(
             f"{head}; {state.calls} timed calls, {len(state.pool)} candidates; tuning cost"

@@ -163,9 +163,15 @@ class AttentionOnline:
     def run(self, cand: Pooled, q: Any, k: Any, v: Any, causal: bool) -> Any:
         return cand.run(q, k, v, causal)
 
+    @staticmethod
+    def pairing(q: Any, k: Any, v: Any, causal: bool) -> bool:
+        """Whether the call's backward is timed with it: a pair's two calls must agree (with
+        activation checkpointing a no-grad forward and its recompute share the problem)."""
+        return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+
     def timed(self, cand: Pooled, clock: Clock, q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, Sample]:
         sample = Sample()
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        grad = self.pairing(q, k, v, causal)
         if grad:
             q, k, v = _BackwardEnd.apply(sample, clock, q, k, v)
             sample.expect = 2
