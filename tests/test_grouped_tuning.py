@@ -355,6 +355,25 @@ def test_online_grouped_tuning_races_against_the_callers_backend(caller: str, tm
     names = [c.name for c in GroupedGemmOnline().pool(big, "fwd", xb, wb, [64, 32, 32, 0])]
     assert prune([GroupedGemmConfig()], big, "cpu")[0]  # the default config fits this problem
     assert names[0] == "loop" and GroupedChoice("triton", GroupedGemmConfig()).label() in names
+    # the Triton configs before the other backends: the router races the first few
+    triton = [n.startswith("triton") for n in names[1:]]
+    assert triton == sorted(triton, reverse=True) and not all(triton)
+
+
+def test_online_seed_configs_fit_the_problems_they_were_picked_on() -> None:
+    """The vendor's seed configs (raced online next to the default config) can run the
+    grouped problems of a 128-expert model on sm_90; on another vendor a seed runs only
+    where it fits."""
+    from primus_perf.tuner.grouped.space import ONLINE_SEEDS, default_space, prune
+
+    qwen3 = [GroupedGemmProblem(groups=128, k=2048, n=1536, phase=phase, tokens=32768, skew=1.25)
+             for phase in ("fwd", "dgrad", "wgrad")]
+    grid = default_space("nvidia").grid()
+    for problem in qwen3:
+        kept, why = prune(ONLINE_SEEDS["nvidia"], problem, "sm_90")
+        assert kept == list(ONLINE_SEEDS["nvidia"]), why
+    assert all(seed in grid for seed in ONLINE_SEEDS["nvidia"])  # points of the searched space
+    assert set(ONLINE_SEEDS) >= {"nvidia", "amd", "cpu"}
 
 
 # ---- problems -------------------------------------------------------------------------------

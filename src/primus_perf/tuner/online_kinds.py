@@ -1,7 +1,8 @@
 """The kinds online tuning knows (``online.KindAdapter``): GEMM, with the GEMM plugin's pool
 and the kernels' table; attention, with the attention plugin's SDPA backends and the
 Triton configs the cache holds; grouped GEMM, with the grouped plugin's backends, Triton's
-default config and the Triton configs the cache holds, raced against the caller's backend."""
+default config, the vendor's seed configs and the Triton configs the cache holds, raced
+against the caller's backend."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from primus_perf import kinds as registry
 from primus_perf.cache.store import ONLINE_SUFFIX
+from primus_perf.devices import gpu_vendor
 from primus_perf.kernels import gemm
 from primus_perf.kernels.attention.backends import TRITON
 from primus_perf.kernels.attention.router import problem_of as attention_problem_of
@@ -31,6 +33,7 @@ from primus_perf.tuner.gemm.plugin import TUNER_VERSION as GEMM_VERSION
 from primus_perf.tuner.gemm.plugin import GemmTuner
 from primus_perf.tuner.grouped.plugin import TUNER_VERSION as GROUPED_VERSION
 from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
+from primus_perf.tuner.grouped.space import ONLINE_SEEDS
 from primus_perf.tuner.online import Clock, OnlinePolicy, Pooled, Sample, online_routers
 
 
@@ -187,10 +190,10 @@ class GroupedGemmOnline:
     """Grouped-GEMM passes of the routing point ``(phase, a, b, counts)``: the problem of
     the call's shape (``kernels.grouped.problem_of`` at skew 1: the token bucket, not the
     skew, so the counts of later steps keep one problem); the pool of the grouped plugin without its Triton
-    search (the loop, the other torch backends) plus Triton's default config and the
-    cache's Triton configs, validated on the bucket's operands, raced against the caller's
-    own backend (``routes.grouped_baseline``: a lock must beat what the call would have
-    run); each call timed between two marks."""
+    search (the loop, the other torch backends) plus Triton's default config, the vendor's
+    seed configs and the cache's Triton configs, validated on the bucket's operands, raced
+    against the caller's own backend (``routes.grouped_baseline``: a lock must beat what
+    the call would have run); each call timed between two marks."""
 
     kind = GroupedGemmTuner.kind
     tuner_version = GROUPED_VERSION + ONLINE_SUFFIX
@@ -218,20 +221,30 @@ class GroupedGemmOnline:
             return entry_key
 
     def pool(self, problem: Any, phase: str, a: Any, b: Any, counts: Any) -> list[Pooled]:
+        """The validated pool: the caller's backend first, then the Triton configs (the
+        default config, the vendor's :data:`~.grouped.space.ONLINE_SEEDS`, the cache's),
+        then the other backends: the router keeps the first ``max_candidates``."""
         baseline = GroupedChoice.of_backend(routes.grouped_baseline())
-        configs = list(dict.fromkeys([GroupedGemmConfig(), *self.triton_configs]))  # the default config too
+        vendor = gpu_vendor() if a.is_cuda else "cpu"
+        configs = list(dict.fromkeys([GroupedGemmConfig(), *ONLINE_SEEDS[vendor], *self.triton_configs]))
         tuner = GroupedGemmTuner(configs=configs, device=a.device.type, sets=1, baseline=baseline)
         session = tuner.open(problem, None, lambda _label: None)
         try:
-            return validated(session, self.limit)
+            found = validated(session, self.limit)
         finally:
             session.close()
+        return found[:1] + sorted(found[1:], key=lambda c: not _is_triton(c))
+
 
     def run(self, cand: Pooled, phase: str, a: Any, b: Any, counts: Any) -> Any:
         return run_backend(cand.run, phase, a, b, counts)
 
     def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
         return bracketed(self, cand, clock, *args)
+
+
+def _is_triton(c: Pooled) -> bool:
+    return GroupedChoice.from_solution(c.solution["config"]).config is not None
 
 
 def _triton_configs(router: Any, is_triton: Any) -> list[Any]:

@@ -1,7 +1,8 @@
 """The search space of the Triton grouped GEMM (the tuner's side of its configs; the configs
 and their validity rules are ``kernels.grouped.configs``): the values tried per parameter,
-per vendor (:data:`STAGES`, :data:`VENDOR_OPTION_VALUES`), the grid of their product and
-the prune hook that keeps the configs that can run a problem (:func:`prune`).
+per vendor (:data:`STAGES`, :data:`VENDOR_OPTION_VALUES`), the grid of their product, the
+prune hook that keeps the configs that can run a problem (:func:`prune`), and the few
+points online tuning races (:data:`ONLINE_SEEDS`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,19 @@ VENDOR_OPTION_VALUES: dict[str, dict[str, tuple[int, ...]]] = {
     "nvidia": {},
     "cpu": {},
     "amd": {"waves_per_eu": (0, 2), "matrix_instr_nonkdim": (16,)},
+}
+
+
+# Per vendor, the configs online tuning (which has no search) races next to the default
+# config: the space's points the offline search picked most on that vendor's GPUs. On an
+# H100 it picked 128 x 256 x 64 with 8 warps (4 stages; 3 for the weight gradients) for every
+# grouped problem of qwen3-30b-a3b (128 experts, seq 4096), whose offline cache then ran
+# 1.030x of the default config in the step and the online one, without them, 1.001x
+# (benchmarks/results/online_moe_h100/online_tuning_qwen3-30b-a3b.json).
+ONLINE_SEEDS: dict[str, tuple[GroupedGemmConfig, ...]] = {
+    "nvidia": (GroupedGemmConfig(block_n=256, num_stages=4), GroupedGemmConfig(block_n=256, num_stages=3)),
+    "amd": (),
+    "cpu": (),
 }
 
 
