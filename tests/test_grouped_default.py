@@ -28,21 +28,19 @@ from primus_perf.trainer.loop import Trainer
 CPU = torch.device("cpu")
 
 
-def test_the_rule_picks_triton_then_grouped_mm_for_many_experts_on_nvidia_bf16(monkeypatch) -> None:
+def test_the_rule_picks_grouped_mm_for_many_experts_on_nvidia_bf16(monkeypatch) -> None:
     assert default_backend(CPU, torch.bfloat16, 128, [(64, 64)]) == "loop"  # the CPU keeps the loop
     monkeypatch.setattr(backends, "_vendor", lambda device: "nvidia")
     min_groups = DEFAULT_RULE[("nvidia", torch.bfloat16)][0][0]
-    runs = dataclasses.replace(BACKENDS["triton"], unsupported=lambda *a: None)
-    monkeypatch.setitem(BACKENDS, "triton", runs)
-    assert default_backend(CPU, torch.bfloat16, min_groups, [(64, 128), (64, 64)]) == "triton"
-    # where Triton cannot run (not installed, or the CPU without the interpreter): grouped_mm
-    cannot = dataclasses.replace(BACKENDS["triton"], unsupported=lambda *a: "triton is not installed")
-    monkeypatch.setitem(BACKENDS, "triton", cannot)
     assert default_backend(CPU, torch.bfloat16, min_groups, [(64, 128), (64, 64)]) == "grouped_mm"
     assert default_backend(CPU, torch.bfloat16, min_groups - 1, [(64, 64)]) == "loop"  # few, large experts
     assert default_backend(CPU, torch.float16, 128, [(64, 64)]) == "loop"  # no row for fp16
     # a shape grouped_mm cannot run (K not a multiple of 8) falls through to the loop
     assert default_backend(CPU, torch.bfloat16, 128, [(60, 64)]) == "loop"
+    # where torch has no grouped_mm: the loop
+    cannot = dataclasses.replace(BACKENDS["grouped_mm"], unsupported=lambda *a: "torch has no _grouped_mm")
+    monkeypatch.setitem(BACKENDS, "grouped_mm", cannot)
+    assert default_backend(CPU, torch.bfloat16, min_groups, [(64, 64)]) == "loop"
     monkeypatch.setattr(backends, "_vendor", lambda device: "amd")
     assert default_backend(CPU, torch.bfloat16, 128, [(64, 64)]) == "loop"
 

@@ -23,11 +23,14 @@ Backends:
 - ``loop``: one ``torch.mm`` per non-empty group (the default).
 - ``grouped_mm``: ``torch._grouped_mm``. On CUDA it needs bf16 (torch's documentation:
   SM 8.0 or newer); torch 2.13's CPU build also runs bf16 and fp32. Every operand stride
-  must be a multiple of 16 bytes (K and N multiples of 8 in bf16), and each group's first
-  row is placed at a multiple of 16 bytes / element size rows: when the counts leave a
-  group start unaligned, the tokens are copied into a zero-padded buffer with aligned group
-  starts (padding rows add nothing to any product) and the result is gathered back. The
-  same padding runs on the CPU, so CPU tests cover it.
+  must be a multiple of 16 bytes (K and N multiples of 8 in bf16). Group starts go to
+  torch as the counts leave them where the vendor's kernel takes any start
+  (:data:`ANY_GROUP_START`); elsewhere the tokens are copied into a zero-padded buffer
+  whose group starts are multiples of 16 bytes / element size rows (padding rows add
+  nothing to any product) and the result is gathered back. On an H100 that copy halved
+  the backend's speed (``benchmarks/grouped_mm_layouts.py``: 0.99 against 0.46 ms for
+  qwen3-30b-a3b's gate/up forward, 1.31 against 0.58 ms for its weight gradient; the
+  unpadded results equal to the fp32 product as closely).
 - ``padded_bmm``: every group padded with zero rows to the largest count, one
   ``torch.bmm`` over ``[G, max_count, K]``.
 - ``triton``: the persistent Triton kernels of :mod:`.triton_kernels`, with a
@@ -126,6 +129,12 @@ def _torch_ok(device: torch.device, dtype: torch.dtype, k: int, n: int) -> str |
 # ---- torch._grouped_mm --------------------------------------------------------------------
 
 
+def _vendor(device: torch.device) -> str:
+    if device.type != "cuda":
+        return device.type
+    return "amd" if torch.version.hip is not None else "nvidia"
+
+
 def _align_rows(dtype: torch.dtype) -> int:
     return max(1, 16 // torch.empty((), dtype=dtype).element_size())
 
@@ -145,8 +154,22 @@ def _offs(ends: Sequence[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(list(ends), dtype=torch.int32, device=device)
 
 
+# vendor -> whether torch's _grouped_mm takes a group starting at any row (measured: an H100
+# with torch 2.11, and torch 2.13's CPU kernel, on unaligned skewed counts, every pass equal
+# to the fp32 product as closely as with padding); not measured on AMD: padded there
+ANY_GROUP_START: dict[str, bool] = {"nvidia": True, "cpu": True, "amd": False}
+
+
+def _padding_layout(counts: Sequence[int], x: torch.Tensor) -> list[int] | None:
+    """The padded layout of the counts where the device's kernel needs aligned group
+    starts and they are not (:data:`ANY_GROUP_START`), else None."""
+    if ANY_GROUP_START.get(_vendor(x.device), False):
+        return None
+    return _aligned_layout(counts, _align_rows(x.dtype))
+
+
 def _grouped_mm_mm(x: torch.Tensor, w: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
-    layout = _aligned_layout(counts, _align_rows(x.dtype))
+    layout = _padding_layout(counts, x)
     if layout is None:
         return torch._grouped_mm(x, w, offs=_offs(_starts(counts)[1:], x.device))
     index = _scatter_index(counts, layout, x.device)
@@ -155,7 +178,7 @@ def _grouped_mm_mm(x: torch.Tensor, w: torch.Tensor, counts: Sequence[int]) -> t
 
 
 def _grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
-    layout = _aligned_layout(counts, _align_rows(x.dtype))
+    layout = _padding_layout(counts, x)
     if layout is None:
         return torch._grouped_mm(x.t(), dy, offs=_offs(_starts(counts)[1:], x.device))
     index = _scatter_index(counts, layout, x.device)
@@ -270,26 +293,23 @@ AUTO = "auto"  # the configuration value that applies DEFAULT_RULE
 
 # (vendor, dtype) -> ((minimum local groups, backend), ...), first match wins (a row whose
 # backend cannot run the layer's shapes here is skipped); the loop where no row matches.
-# Measured in primus-train on an H100 (torch 2.11, Triton 3.6, bf16), every fixed backend in
-# one trainer switched per block (benchmarks/never_slower.py,
-# benchmarks/results/never_slower_h100.json and _run1.json), ms a step:
-#   qwen3-30b-a3b, 128 experts of 768: Triton's default config 54.1-55.8 and 74.6-80.4,
-#     grouped_mm 57.9-60.6 and 79.8-85.7, the loop 98-108 and 123-145 (two override sets);
-#   deepseek-v3, 32 experts of 2048: the loop 86.0-86.5, grouped_mm 91.3-91.5, Triton 91.3;
-#   mixtral-8x7b, 8 experts of 14336: the loop 62.2-63.1, grouped_mm 68.8-70.3, Triton 72.2-73.1.
-# With many small experts one persistent kernel wins; with few large ones a launch per expert
-# costs little and the loop's cuBLAS GEMMs win. On CUDA torch runs _grouped_mm in bf16 only.
-# AMD: not measured, so the loop (the backend every device runs) until a measurement says
-# otherwise; the CPU keeps the loop too.
+# Measured on an H100 (torch 2.11, Triton 3.6, bf16). With group starts padded to 8 rows,
+# grouped_mm ran 57.9-60.6 ms a step on qwen3-30b-a3b (128 experts of 768) against Triton's
+# default config 54.1-55.8 and the loop 98-108, so the rule was Triton from 64 experts.
+# Without the padding (ANY_GROUP_START) torch's kernel runs each expert GEMM 1.7-2.1x faster
+# than Triton's default config and 1.4-1.7x faster than the best online seed config
+# (benchmarks/grouped_mm_layouts.py: qwen3 gate/up forward 0.46 against 0.79 and 0.65 ms;
+# deepseek-v3's 32 experts of 2048, 1.01 against 1.55 and 1.14 ms; mixtral's 8 experts of
+# 14336, 2.81 against 4.44 and 3.07 ms). In the step (every fixed backend in one trainer,
+# benchmarks/never_slower.py) unpadded grouped_mm is the fastest on qwen3-30b-a3b (50.8 ms
+# against Triton's 54.6 and the loop's 90.5; 70.8 against 76.7 and 132.8), while with 32 and
+# 48 experts of 2048 (deepseek-v3) the loop stays as fast (85.9 against 86.5 ms; 116.4
+# against 116.6) and with 8 of 14336 (mixtral-8x7b) faster (62.5 against 64.4; 86.3 against
+# 88.7): grouped_mm from 64 experts. AMD: not measured, so the loop (the backend every device
+# runs) until a measurement says otherwise; the CPU keeps the loop too.
 DEFAULT_RULE: dict[tuple[str, torch.dtype], tuple[tuple[int, str], ...]] = {
-    ("nvidia", torch.bfloat16): ((64, "triton"), (64, "grouped_mm")),
+    ("nvidia", torch.bfloat16): ((64, "grouped_mm"),),
 }
-
-
-def _vendor(device: torch.device) -> str:
-    if device.type != "cuda":
-        return device.type
-    return "amd" if torch.version.hip is not None else "nvidia"
 
 
 def default_backend(device: torch.device, dtype: torch.dtype, groups: int,
