@@ -277,6 +277,12 @@ class ProblemConfirmation:
             return True
         return self.calls >= self.policy.max_calls and (not self.pending or self._waits >= self.policy.max_calls)
 
+    def lost(self) -> int:
+        """Pairs with a sample still in flight while a later pair completed: lost (a forward
+        whose backward did not run)."""
+        last = max((i for i, sides in self.times.items() if len(sides) == 2), default=-1)
+        return len({pair for pair, _side, _sample in self.pending if pair < last})
+
     def ratios(self) -> list[float]:
         """Baseline time / choice time of each counted pair, in order."""
         return [p[BASELINE] / p[CHOICE] for p in self.counted() if p[CHOICE] > 0]

@@ -205,13 +205,9 @@ class ProblemTuning:
         p = self.policy
         return len(self.alive) <= p.finalists or all(len(self.races[n].ratios()) >= p.drop_after for n in self.alive)
 
-    @staticmethod
-    def _lost(race: ProblemConfirmation) -> int:
-        """Pairs of ``race`` with a sample still in flight while a later pair completed:
-        lost (a forward whose backward did not run)."""
-        done = [i for i, sides in race.times.items() if len(sides) == 2]
-        last = max(done, default=-1)
-        return len({pair for pair, _side, _sample in race.pending if pair < last})
+    def median(self, name: str) -> float:
+        """The median of contender ``name``'s counted per-pair ratios (it has some)."""
+        return statistics.median(self.races[name].ratios())
 
     def _placeable(self) -> list[str]:
         p = self.policy
@@ -219,7 +215,7 @@ class ProblemTuning:
         out = []
         for n in self.alive:
             race = self.races[n]
-            if n not in self.verdicts and race.calls < 2 * min(pairs + self._lost(race), pairs + p.lost_pairs):
+            if n not in self.verdicts and race.calls < 2 * min(pairs + race.lost(), pairs + p.lost_pairs):
                 out.append(n)
         return out
 
@@ -270,7 +266,7 @@ class ProblemTuning:
                 else:
                     self._drop(name)
         if len(self.alive) > p.finalists and self._cut_known():
-            for name in sorted(self.alive, key=lambda n: -statistics.median(self.races[n].ratios()))[p.finalists:]:
+            for name in sorted(self.alive, key=lambda n: -self.median(n))[p.finalists:]:
                 self._drop(name)
 
     def _drop(self, name: str) -> None:
@@ -319,8 +315,7 @@ class ProblemTuning:
 
     def tried(self) -> list[str]:
         """The contenders with at least one counted pair, the fastest first."""
-        named = [n for n in self.races if self.races[n].ratios()]
-        return sorted(named, key=lambda n: -statistics.median(self.races[n].ratios()))
+        return sorted((n for n in self.races if self.races[n].ratios()), key=lambda n: -self.median(n))
 
     def samples(self) -> dict[str, list[float]]:
         """Every counted call's seconds by candidate (the default's from every contender's pairs)."""
@@ -504,8 +499,8 @@ class OnlineRouter(Router):
                 written = f"written to {self.cache.path}"
             except CacheError as exc:
                 written = f"not written ({exc})"
-        raced = "; ".join(f"{n} {statistics.median(state.races[n].ratios()):.3f}x, "
-                          f"{len(state.races[n].ratios())} pair{'s' if len(state.races[n].ratios()) > 1 else ''}"
+        counted = {n: len(state.races[n].ratios()) for n in tried}
+        raced = "; ".join(f"{n} {state.median(n):.3f}x, {counted[n]} pair{'s' if counted[n] > 1 else ''}"
                           for n in tried)
         head = f"online {kind} {problem}: "
         if chosen != default:
