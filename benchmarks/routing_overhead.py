@@ -25,6 +25,10 @@ override, so the ratio is the cost of having enabled it.
 CPU tensors: what the router, the trainer's seam and the override add, in us per call, on
 this host (:func:`python_path`; a GPU run reports it too, for its host).
 
+Routed calls take the native dispatch (``runtime/native.py``: a C++ table of call
+signatures) where it builds, the Python overrides otherwise (``PRIMUS_PERF_NATIVE=0``);
+``gemm_dispatch`` in the result says which.
+
 The per-call figure is measured here, not by enable() itself: timing every routed call in
 the program would cost more than the routing does (two clock reads per call), so the
 handle's summary counts routed calls and this benchmark prices them.
@@ -52,7 +56,7 @@ from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
 from primus_perf.kernels import gemm
 from primus_perf.kinds import RouterPart
-from primus_perf.runtime import routes
+from primus_perf.runtime import native, routes
 from primus_perf.runtime.intercept import Interception
 
 SMOKE_SOURCE = "smoke"  # the CPU kernel-table row: torch's GEMM where the library would run
@@ -306,7 +310,9 @@ def main() -> None:
     elif not torch.cuda.is_available():
         ap.error("needs a GPU (or --smoke)")
     cache_dir = Path(tempfile.mkdtemp())
+    ext = native.load(print)
     result = {"device": current_device().to_dict(), "versions": library_versions(), "smoke": args.smoke,
+              "gemm_dispatch": "native" if ext is not None else f"python: {native.why_not()}",
               "python_path": python_path(args, cache_dir), "per_call": per_call(args, cache_dir),
               "all_default_cache": all_default(args, cache_dir)}
     print(json.dumps(result, indent=1))

@@ -9,6 +9,10 @@ A shell starts a background job (``pytest ... &``) with SIGINT ignored, its chil
 that, and Python then installs no Ctrl-C handler in them: the tests that send Ctrl-C to a
 command would see it ignored. So the suite handles SIGINT as Python does by default, and
 every command it starts begins with the default disposition.
+
+The native GEMM dispatch (``runtime/native.py``) is built before the first test, once per
+machine (its build folder is shared): no test's output then holds the line that says it is
+being built, whichever test enables GEMM routing first, in this process or a command it runs.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+
+import pytest
 
 
 def _has_gpu() -> bool:
@@ -27,3 +33,10 @@ if not _has_gpu():
 
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def native_gemm_dispatch_built():
+    from primus_perf.runtime import native
+
+    return native.load()

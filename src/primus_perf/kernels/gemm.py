@@ -161,6 +161,17 @@ class BlasLtKernel:
     def __call__(self, a: Any, b: Any) -> Any:
         return self.for_call(a, b)(a, b)
 
+    def native(self, a: Any) -> tuple:
+        """The native GEMM dispatch's launch record for calls with the device and rank of
+        ``a`` (``runtime/native_gemm.cpp`` reads it in this order): the library's ``Matmul``
+        arguments (:class:`~primus_perf.kernels.blaslt.binding.LaunchArgs`), the device's
+        workspace and its size, the alignment mask a pointer must clear, the output's shape."""
+        args = self._launch.args
+        p = self.plan.problem
+        shape = (p.n, p.m) if a.dim() == 2 else (p.batch, p.n, p.m)
+        return (args.fn, args.handle, args.desc, args.alpha, args.beta, *args.layouts, args.algo,
+                _workspace(a.device), args.workspace, args.success, self.plan.lt.t.pointer_alignment - 1, shape)
+
     def close(self) -> None:
         self.plan.close()
 
@@ -233,6 +244,8 @@ def traced_gemm_op() -> Any:
 
 
 UNSUPPORTED = "unsupported"  # the key a router counts calls no problem describes under
+# what the native GEMM dispatch's table runs for a signature (runtime/native_gemm.cpp's enum Kind)
+NATIVE_TORCH, NATIVE_FALLBACK, NATIVE_LAUNCH, NATIVE_PYTHON = 0, 1, 2, 3
 
 
 class GemmRouter(Router):
@@ -259,6 +272,7 @@ class GemmRouter(Router):
         self._slot_of: dict[str, int] = {}  # problem key -> its slot
         self.unusable: set[str] = set()  # problems whose entry has no kernel here
         self._profiler = autograd_profiler()  # its flag: tracing.profiler_on, read inline per call
+        self.native_take: Callable[[], list] | None = None  # while the native table holds its routes
 
     @classmethod
     def from_entries(cls, entries: list[CachedChoice], kernels: Mapping[str, KernelFactory] | None = None
@@ -294,6 +308,36 @@ class GemmRouter(Router):
         kernel = self._slots[slot]
         for_call = getattr(kernel, "for_call", None)
         return key, slot, kernel if for_call is None else for_call(a, b)
+
+    def native_route(self, a, b, bias=None) -> tuple[str, int, int, Any]:
+        """``(key, kind, slot, payload)``: what the native GEMM dispatch's table holds for this
+        call's signature (``runtime.native``; kinds ``TORCH_ROUTED``, ``FALLBACK``, ``LAUNCH``
+        with the kernel's launch record, ``PYTHON`` with its ``run``), resolved as
+        :meth:`__call__` resolves it."""
+        key, slot, run = self._resolve(a, b, bias)
+        if run is None:
+            return key, NATIVE_FALLBACK if slot is None else NATIVE_TORCH, -1, None
+        kernel = self._slots[slot]
+        if hasattr(kernel, "native"):
+            return key, NATIVE_LAUNCH, slot, kernel.native(a)
+        return key, NATIVE_PYTHON, slot, run
+
+    def native_counts(self, counts: list[tuple[str, int, int, int, int]]) -> None:
+        """Fold the native table's ``(key, kind, slot, calls, unaligned)`` counts in (``calls``
+        holds the ``unaligned`` ones: torch ran them, as :class:`BlasLtKernel` counts them)."""
+        for key, kind, slot, calls, unaligned in counts:
+            (self.fallback if kind == NATIVE_FALLBACK else self.routed)[key] += calls
+            if unaligned and 0 <= slot < len(self._slots):
+                self._slots[slot].unaligned += unaligned
+
+    def native_failed(self, key: str, why: str) -> None:
+        """A tuned kernel the native table ran failed: :meth:`_failure` (said once; torch from now on)."""
+        self._failure(key, RuntimeError(why))
+
+    def summary(self) -> dict[str, Any]:
+        if self.native_take is not None:  # the native table's counts since the last take
+            self.native_counts(self.native_take())
+        return super().summary()
 
     def key_of(self, a, b, bias=None) -> str | None:
         """The problem key of a call (its signature resolved as :meth:`__call__` resolves it,

@@ -26,8 +26,9 @@ from typing import Any, Protocol
 
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError, UserError
+from primus_perf.kinds import GEMM as GEMM_KIND
 from primus_perf.kinds import RouterPart
-from primus_perf.runtime import routes
+from primus_perf.runtime import native, routes
 from primus_perf.runtime.activate import KINDS as ROUTER_KINDS
 from primus_perf.runtime.activate import NOT_INSTALLED, Activation, activate
 from primus_perf.runtime.intercept import Interception
@@ -53,6 +54,8 @@ class OnlineTuning(Protocol):
         ...
 
 
+GEMM = GEMM_KIND.name
+NATIVE_DISPATCH = "routed calls go through the native dispatch (a C++ table of call signatures)"
 NO_ENTRIES = "no usable entry of this kind in a tuned cache: its calls stay torch's, with no override"
 
 
@@ -82,6 +85,7 @@ class Handle:
     active: bool = True
     online_note: str | None = None  # why online tuning was asked for and is off
     idle: set[str] = field(default_factory=set)  # kinds whose every choice is torch's: no override
+    gemm_dispatch: str | None = None  # how GEMM calls reach the router (runtime.native), when overridden
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per kind: ``routed`` and ``fallback`` call counts, ``stale`` (entries for another
@@ -124,6 +128,8 @@ class Handle:
         """What was found in the cache, and the kinds not routed here (and why)."""
         lines = self.activation.start_lines()
         lines += [f"  {kind}: not routed ({note})" for kind, note in self.notes.items()]
+        if self.gemm_dispatch:
+            lines.append(f"  gemm: {self.gemm_dispatch}")
         if self.online:
             lines.append("  online tuning: problems without a usable entry are tuned in the first steps")
         if self.online_note:
@@ -232,11 +238,17 @@ def enable(
     try:
         # a router whose every entry is torch's own choice gets no override (its calls stay torch's)
         intercepted = {k for k, r in routers.items() if not torch_answers_all(r)}
+        if GEMM in intercepted:
+            native.load(log)  # built on first use (said in the log), before the overrides take it
         interception = Interception(intercepted, device_type) if intercepted else None
     except BaseException:
         routes.remove()
         raise
+    dispatch = None
+    if GEMM in intercepted:
+        dispatch = (NATIVE_DISPATCH if native.installed()
+                    else f"routed calls go through Python ({native.why_not()})")
     handle = Handle(kinds, act, routers, interception, online is not None, notes, online_note=online_note,
-                    idle={k for k in routers if k not in intercepted})
+                    idle={k for k in routers if k not in intercepted}, gemm_dispatch=dispatch)
     _active = handle
     return handle

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from primus_perf import kinds
-from primus_perf.runtime import grouped_intercept, routes
+from primus_perf.runtime import grouped_intercept, native, routes
 from primus_perf.runtime.compiled import attention_pass, gemm_pass
 
 BACKEND_KEYS = {"cuda": "CUDA", "cpu": "CPU"}  # device type -> dispatch key of its kernels
@@ -75,24 +75,29 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None
 @dataclass(frozen=True)
 class Intercept:
     """A kind's intercept part (``primus_perf.kinds``): ``overrides(lib, dispatch key)``
-    registers the aten overrides that send its calls to the routes; ``compile_pass()``
-    installs the Inductor pass that does so under ``torch.compile`` (None: not installed,
-    with a warning saying why)."""
+    registers the aten overrides that send its calls to the routes (in ``lib``, or
+    elsewhere: it then returns what removes them); ``compile_pass()`` installs the Inductor
+    pass that does so under ``torch.compile`` (None: not installed, with a warning saying why)."""
 
-    overrides: Callable[[torch.library.Library, str], None]
+    overrides: Callable[[torch.library.Library, str], Callable[[], None] | None]
     compile_pass: Callable[[], Any]
 
 
-def _gemm_overrides(lib: torch.library.Library, key: str) -> None:
+def _gemm_overrides(lib: torch.library.Library, key: str) -> Callable[[], None] | None:
+    # the native dispatch (native.py) where it builds, with these as its Python routes
+    if native.install(key, routes.gemm, _addmm):
+        return native.uninstall
     # mm and bmm call routes.gemm itself (one Python frame per GEMM: it reads the operands' rank)
     lib.impl("mm", routes.gemm, key)
     lib.impl("bmm", routes.gemm, key)
     lib.impl("addmm", _addmm, key)
+    return None
 
 
 def _attention_overrides(lib: torch.library.Library, key: str) -> None:
     lib.impl("scaled_dot_product_attention", _sdpa, "Autograd" + key)
     lib.impl("scaled_dot_product_attention", _sdpa, key)
+    return None
 
 
 # a module that overrides another aten operator for a kind attaches its Intercept the same way
@@ -113,12 +118,15 @@ class Interception:
         self.lib = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
             warnings.simplefilter("ignore", UserWarning)
-            for part in parts:
-                part.overrides(self.lib, key)
+            undo = [part.overrides(self.lib, key) for part in parts]
+        self.undo = [u for u in undo if u is not None]  # overrides registered outside self.lib
         passes = [part.compile_pass() for part in parts]
         self.compile_passes = [p for p in passes if p is not None]  # Inductor's (compiled.py)
 
     def close(self) -> None:
+        for undo in self.undo:
+            undo()
+        self.undo = []
         self.lib._destroy()
         for compile_pass in self.compile_passes:
             compile_pass.uninstall()

@@ -35,6 +35,7 @@ from primus_perf import kinds
 from primus_perf.kernels.attention.backends import sdpa_bshd
 from primus_perf.kernels.gemm import torch_mm
 from primus_perf.kernels.grouped.passes import in_grouped
+from primus_perf.runtime import native
 
 TORCH = "torch"  # the baseline of a call whose fallback is torch's own kernel
 KINDS = kinds.names()  # the kinds a router can be installed for
@@ -56,6 +57,7 @@ def install(routers: Mapping[str, Any]) -> None:
         _routers.pop(kind, None)
         if not getattr(router, "routes_nothing", False):
             _routers[kind] = router
+    _follow()
 
 
 def remove(kinds: Iterable[str] | None = None) -> None:
@@ -65,6 +67,13 @@ def remove(kinds: Iterable[str] | None = None) -> None:
         _routers.clear()
     for kind in kinds or ():
         _routers.pop(kind, None)
+    _follow()
+
+
+def _follow() -> None:
+    """Tell the native GEMM dispatch which router answers from its table (none while a
+    confirmation alternates the choices: every call then goes through :func:`gemm`)."""
+    native.follow(_routers.get(GEMM) if _confirmer is None else None)
 
 
 def installed(kind: str) -> Any:
@@ -77,6 +86,7 @@ def confirm_with(confirmer: Any) -> None:
     baseline and times both in the step. None ends it."""
     global _confirmer
     _confirmer = confirmer
+    _follow()
 
 
 def confirming() -> Any:

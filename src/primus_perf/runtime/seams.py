@@ -44,7 +44,7 @@ from primus_perf.kernels.grouped.passes import DEFAULT_BACKEND, inside, problem_
 from primus_perf.kernels.tracing import profiler_on
 from primus_perf.kinds import ATTENTION, GEMM
 from primus_perf.problems import grouped_trace_name
-from primus_perf.runtime import routes
+from primus_perf.runtime import native, routes
 
 _sdpa_backend: str | None = None  # a row of kernels.attention.backends.SDPA_BACKENDS; None: torch picks
 
@@ -62,8 +62,9 @@ _GEMM = GEMM.name
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` for 2-D operands: the router's answer when it gives one, else torch's."""
-    if routes.installed(_GEMM) is None:
+    """``a @ b`` for 2-D operands: the router's answer when it gives one, else torch's (through
+    ``torch.mm`` where the native GEMM dispatch is installed: it routes the call without Python)."""
+    if routes.installed(_GEMM) is None or native.installed():
         return torch.mm(a, b)
     return routes.gemm(a, b)
 

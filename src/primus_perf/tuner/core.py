@@ -59,10 +59,12 @@ from primus_perf.tuner import timing
 from primus_perf.tuner.timing import Timer
 
 KEEP_DEFAULT_MARGIN = 0.01  # the default is kept unless a candidate is at least 1% faster
-# ... and saves at least this much per call: a routed call costs more CPU time than torch's
-# own launch (on an H100 the tiny preset's step, CPU-bound, ran 0.91x with 29 routed GEMMs
-# of about 6 us each per step, about 40 us more per call), which a busy GPU hides only when
-# the kernel's own saving is not negligible
+# ... and saves at least this much per call: a call routed in Python costs more CPU time
+# than torch's own launch (on an H100 the tiny preset's step, CPU-bound, ran 0.91x with 29
+# routed GEMMs of about 6 us each per step, about 40 us more per call), which a busy GPU
+# hides only when the kernel's own saving is not negligible. Online tuning's routers always
+# route in Python; an offline cache's GEMMs take the native dispatch where it builds
+# (runtime/native.py: no measurable host cost), and the confirmation prices the path in use
 MIN_SAVING_S = 5e-6
 # a candidate slower than this times the best after its first samples is dropped: the
 # rough pass here, the early drop of online tuning (one ratio for both strategies)

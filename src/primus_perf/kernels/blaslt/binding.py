@@ -161,6 +161,27 @@ class Heuristic:
     waves: float
 
 
+@dataclass(frozen=True)
+class LaunchArgs:
+    """One plan's ``Matmul`` arguments but the operands, the output, the workspace pointer and
+    the stream (:meth:`Plan.launch_args`): addresses, valid while ``keep`` (the scalars, the
+    algorithm's buffer, the plan) is alive and the plan open. ``fn``: the library function's
+    address (the native GEMM dispatch calls it, ``runtime/native.py``); ``call``: the ctypes
+    function."""
+
+    fn: int
+    handle: int
+    desc: int
+    alpha: int
+    beta: int
+    layouts: tuple[int, int, int, int]  # A, B, C, D
+    algo: int
+    workspace: int  # bytes
+    success: int
+    call: Any
+    keep: tuple
+
+
 @dataclass
 class Plan:
     lt: BlasLt
@@ -233,23 +254,31 @@ class Plan:
         ws = struct.unpack_from("<Q", bytes(res), t.heuristic_offsets["workspace"])[0]
         return bytes(a), ws
 
-    def launcher(self, algo: bytes, workspace: int, alpha: float = 1.0) -> Callable[[int, int, int, int, int], None]:
-        """``launch(a_ptr, b_ptr, d_ptr, workspace_ptr, stream)``: D = alpha * op(A) op(B)
-        (beta = 0; C aliases D) with ``algo``, every argument but the five pointers built
-        once (a routed call pays one ctypes call of plain ints and the status check)."""
+    def launch_args(self, algo: bytes, workspace: int, alpha: float = 1.0) -> LaunchArgs:
+        """The arguments of this plan's ``Matmul`` with ``algo`` but the operands, the output,
+        the workspace pointer and the stream, as addresses (alpha; beta = 0; C aliases D)."""
         t = self.lt.t
-        name = t.prefix + "Matmul"
-        f = self.lt.lib[name]  # a function object of its own: its argtypes are this launcher's
+        f = self.lt.lib[t.prefix + "Matmul"]  # a function object of its own: its argtypes are the launcher's
         f.restype = ctypes.c_int
         f.argtypes = [c_void_p] * 14 + [ctypes.c_size_t, c_void_p]
         scalar = ctypes.c_double if self.problem.compute == "f64" else ctypes.c_float
         al, be = scalar(alpha), scalar(0.0)
         a = (ctypes.c_uint8 * t.algo_size).from_buffer_copy(algo)
-        handle, desc = self.lt.handle.value, self.desc.value
-        la, lb, lc, ld = self.a.value, self.b.value, self.c.value, self.d.value
-        p_al, p_be, p_algo = ctypes.addressof(al), ctypes.addressof(be), ctypes.addressof(a)
-        success = t.success
-        plan = self
+        return LaunchArgs(
+            fn=ctypes.cast(f, c_void_p).value or 0, handle=self.lt.handle.value or 0, desc=self.desc.value or 0,
+            alpha=ctypes.addressof(al), beta=ctypes.addressof(be),
+            layouts=(self.a.value or 0, self.b.value or 0, self.c.value or 0, self.d.value or 0),
+            algo=ctypes.addressof(a), workspace=workspace, success=t.success, call=f, keep=(al, be, a, self))
+
+    def launcher(self, algo: bytes, workspace: int, alpha: float = 1.0) -> Callable[[int, int, int, int, int], None]:
+        """``launch(a_ptr, b_ptr, d_ptr, workspace_ptr, stream)``: D = alpha * op(A) op(B)
+        (beta = 0; C aliases D) with ``algo``, every argument but the five pointers built
+        once (:meth:`launch_args`; a routed call pays one ctypes call of plain ints and the
+        status check). ``launch.args`` holds them."""
+        args = self.launch_args(algo, workspace, alpha)
+        f, name, success = args.call, self.lt.t.prefix + "Matmul", args.success
+        handle, desc, p_al, p_be, p_algo = args.handle, args.desc, args.alpha, args.beta, args.algo
+        la, lb, lc, ld = args.layouts
 
         def launch(a_ptr: int, b_ptr: int, d_ptr: int, workspace_ptr: int, stream: int) -> None:
             status = f(handle, desc, p_al, a_ptr, la, b_ptr, lb, p_be, d_ptr, lc, d_ptr, ld, p_algo,
@@ -257,7 +286,7 @@ class Plan:
             if status != success:
                 raise BlasLtError(name, status)
 
-        launch.keep = (al, be, a, plan)  # type: ignore[attr-defined]  # alive as long as the launcher
+        launch.args = args  # type: ignore[attr-defined]  # alive as long as the launcher
         return launch
 
     def run(self, algo: bytes, a_ptr: int, b_ptr: int, d_ptr: int, workspace_ptr: int, workspace: int,

@@ -15,7 +15,7 @@ below both the runtime and the kernels that read it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -40,13 +40,21 @@ _local = _Local()
 
 
 class _Inside:
-    """While entered, this thread runs a grouped GEMM (:func:`in_grouped`)."""
+    """While entered, this thread runs a grouped GEMM (:func:`in_grouped`). ``mirror``: the
+    ``(enter, exit)`` of a native GEMM dispatch that keeps its own count of this depth
+    (``runtime.native``: its table answers no call of a grouped GEMM's own), or None."""
+
+    mirror: tuple[Callable[[], None], Callable[[], None]] | None = None
 
     def __enter__(self) -> None:
         _local.depth += 1
+        if self.mirror is not None:
+            self.mirror[0]()
 
     def __exit__(self, *exc: object) -> None:
         _local.depth -= 1
+        if self.mirror is not None:
+            self.mirror[1]()
 
 
 inside = _Inside()

@@ -1,0 +1,169 @@
+"""The native GEMM dispatch: ``enable()``'s overrides of ``aten::mm``, ``bmm`` and ``addmm``
+in C++ (``native_gemm.cpp``), so a routed call costs no Python.
+
+A routed GEMM through the Python overrides pays for the dispatcher's call into Python, the
+router's signature lookup and a ctypes call: 4.9-6.7 us of host time a call more than
+``torch.mm`` on an H100's host (``benchmarks/routing_overhead.py``); through this table a
+routed call took 2.05 us less than ``torch.mm``. The C++
+overrides keep one table of call signatures (shapes, strides, dtypes, devices, the bias's
+dtype); a signature's first call asks the router (:meth:`GemmRouter.native_route
+<primus_perf.kernels.gemm.GemmRouter.native_route>`) what its calls run, and every later
+call runs it from the table: torch's kernel (through the ``out=`` overload, as the Python
+path does), or the stored cuBLASLt/hipBLASLt algorithm through the library's ``Matmul``
+with the arguments the router's kernel made once (``blaslt.binding.LaunchArgs``). A kernel
+the C++ cannot call itself (not a BLAS-Lt one) is called in Python from the table.
+
+The Python routes (``routes.gemm`` and the ``addmm`` override) still run every call the
+table must not answer: while no router is attached (online tuning's routers, a
+confirmation: :func:`follow` is given None), inside a grouped GEMM (the C++ keeps this
+thread's depth of ``kernels.grouped.passes.inside``), while the profiler records (the
+routed call shows as ``primus_perf::gemm`` in the trace), and for tensor subclasses. The
+router's counts (``summary()``) take the table's in (``native_take``, set while attached).
+
+The extension is built once per source, torch version and flags with
+``torch.utils.cpp_extension`` (a C++ compiler and, for CUDA, the CUDA runtime headers:
+20-30 s, under torch's extensions folder, shared by the processes of a machine).
+Where it cannot be built, or ``PRIMUS_PERF_NATIVE=0``, the Python overrides run, and
+:func:`why_not` says why (``Handle.start_lines`` prints it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from primus_perf.kernels.gemm import NATIVE_FALLBACK, NATIVE_LAUNCH, NATIVE_PYTHON, NATIVE_TORCH
+from primus_perf.kernels.grouped.passes import inside
+
+ENV = "PRIMUS_PERF_NATIVE"  # "0": the Python overrides only
+SOURCE = Path(__file__).with_name("native_gemm.cpp")
+
+_lock = threading.Lock()
+_ext: Any = None
+_why_not: str | None = None
+_tried = False
+_installed = False
+_wanted: Any = None  # the router routes.install put in place for GEMMs (None: none, or not a table's)
+_attached: Any = None  # the router whose routes the C++ table holds
+
+
+def _flags() -> tuple[list[str], bool]:
+    """The compiler's defines and whether the extension links torch's GPU libraries."""
+    import torch
+
+    if torch.version.hip and torch.cuda.is_available():
+        return ["-DPRIMUS_ROCM", "-D__HIP_PLATFORM_AMD__"], True
+    if torch.version.cuda and torch.cuda.is_available():
+        return ["-DPRIMUS_CUDA"], True
+    return [], False
+
+
+def _build(log: Callable[[str], None] | None) -> Any:
+    import torch
+    from torch.utils import cpp_extension
+
+    defines, gpu = _flags()
+    tag = hashlib.sha256(SOURCE.read_bytes() + repr((torch.__version__, defines, sys.version_info[:2])).encode())
+    name = f"primus_perf_native_gemm_{tag.hexdigest()[:12]}"
+    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    if log is not None and not any(build_dir.glob(f"{name}*.so")):
+        log(f"primus-perf: building the native GEMM dispatch in {build_dir} (once per torch version; under a minute)")
+    kwargs: dict[str, Any] = {}
+    if gpu:
+        kwargs["extra_ldflags"] = ["-lc10_hip" if torch.version.hip else "-lc10_cuda"]
+    return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2", *defines], with_cuda=gpu,
+                              build_directory=str(build_dir), verbose=False, **kwargs)
+
+
+def load(log: Callable[[str], None] | None = None) -> Any:
+    """The extension module (built on first use), or None where it cannot run (:func:`why_not`)."""
+    global _ext, _why_not, _tried
+    with _lock:
+        if _tried:
+            return _ext
+        _tried = True
+        if os.environ.get(ENV, "1") == "0":
+            _why_not = f"{ENV}=0"
+            return None
+        try:
+            _ext = _build(log)
+        except Exception as exc:  # no compiler, no CUDA headers: the Python overrides run
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            _why_not = f"the native GEMM dispatch could not be built ({first[:200]}); set {ENV}=0 to skip trying"
+            return None
+        kinds = (_ext.TORCH_ROUTED, _ext.FALLBACK, _ext.LAUNCH, _ext.PYTHON)
+        if kinds != (NATIVE_TORCH, NATIVE_FALLBACK, NATIVE_LAUNCH, NATIVE_PYTHON):  # one numbering, two files
+            _ext, _why_not = None, f"the native GEMM dispatch numbers its routes {kinds}, kernels.gemm otherwise"
+            return None
+        inside.mirror = (_ext.enter_grouped, _ext.exit_grouped)
+        return _ext
+
+
+def why_not() -> str | None:
+    """Why the Python overrides run in place of the native ones (None: they need not)."""
+    return _why_not
+
+
+def installed() -> bool:
+    return _installed
+
+
+def install(dispatch_key: str, gemm: Callable[..., Any], addmm: Callable[..., Any]) -> bool:
+    """Override ``aten::mm``, ``bmm`` and ``addmm`` at ``dispatch_key`` with the native kernels
+    (``gemm(a, b)`` and ``addmm(bias, a, b, beta=, alpha=)``: the Python routes of the calls
+    the table does not answer); False where the extension is not available."""
+    global _installed
+    ext = load()
+    if ext is None:
+        return False
+    ext.install(dispatch_key, gemm, addmm)
+    _installed = True
+    _attach(_wanted)
+    return True
+
+
+def uninstall() -> None:
+    """Torch's kernels again; the attached router's counts are folded into it."""
+    global _installed
+    if not _installed:
+        return
+    _attach(None)
+    _ext.drop_retired()  # routes of detached routers (a call in flight at a switch may have counted one more)
+    _ext.uninstall()
+    _installed = False
+
+
+def follow(router: Any) -> None:
+    """The GEMM router now in place (``routes``): a :class:`~primus_perf.kernels.gemm.GemmRouter`
+    has its routes held in the table; anything else (None, an online router, a router under
+    confirmation) has every call go through Python."""
+    global _wanted
+    _wanted = router if router is not None and hasattr(router, "native_route") else None
+    if _installed:
+        _attach(_wanted)
+
+
+def _attach(router: Any) -> None:
+    """Hold ``router``'s routes in the table (None: none); the detached router's counts are
+    folded into it."""
+    global _attached
+    if router is _attached:
+        return
+    counts = _ext.attach(router)
+    if _attached is not None:
+        _attached.native_take = None
+        if counts:
+            _attached.native_counts(counts)
+    if router is not None:
+        router.native_take = _ext.take_counts
+    _attached = router
+
+
+def signatures() -> int:
+    """Call signatures the table holds (0 while nothing is installed)."""
+    return _ext.signatures() if _installed else 0
