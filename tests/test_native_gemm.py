@@ -16,7 +16,7 @@ import torch
 import primus_perf
 from enable_fakes import FAKE_KINDS, H100, gemm_entry, launched
 from primus_perf.cache.store import TuningCache
-from primus_perf.kernels.gemm import problem_of
+from primus_perf.kernels.gemm import problem_of, torch_mm
 from primus_perf.kernels.grouped.passes import inside
 from primus_perf.runtime import native, routes
 from primus_perf.runtime.handle import NATIVE_DISPATCH
@@ -156,6 +156,55 @@ def test_a_failing_kernel_falls_back_once_and_says_so(tmp_path, ext, cpu_device,
         torch.testing.assert_close(out, a @ b)
     assert s["failed"] == [problem_of(a, b).key()] and s["fallback"] == 3 and s["routed"] == 0
     assert capsys.readouterr().err.count("kernel launch refused") == 1
+
+
+def test_calls_routed_before_a_failure_stay_routed_and_none_is_torchs(tmp_path, ext, cpu_device) -> None:
+    from enable_fakes import FAKE_TABLE
+
+    a, b = torch.randn(16, 32), torch.randn(32, 24)
+    c, d = torch.randn(8, 32), torch.randn(32, 24)
+    cache = _cache(tmp_path, (a, b), (c, d))
+
+    class FailsThird:
+        def __init__(self, problem):
+            self.key, self.calls = problem.key(), 0
+
+        def __call__(self, x, y):
+            if self.key == problem_of(c, d).key():
+                return None  # "not mine": torch runs it
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("third call refused")
+            return torch_mm(x, y)  # past the overrides, as a library kernel
+
+        def close(self):
+            pass
+
+    original = FAKE_TABLE["fakeblas"]
+    FAKE_TABLE["fakeblas"] = lambda problem, solution, device: FailsThird(problem)
+    try:
+        with _enable(cache) as handle:
+            outs = [torch.mm(a, b) for _ in range(5)]
+            other = torch.mm(c, d)
+            s = handle.summary()["gemm"]
+    finally:
+        FAKE_TABLE["fakeblas"] = original
+    for out in outs:
+        torch.testing.assert_close(out, a @ b)
+    torch.testing.assert_close(other, c @ d)
+    assert s["problems"]["routed"] == {problem_of(a, b).key(): 2, problem_of(c, d).key(): 1}
+    assert s["problems"]["fallback"] == {problem_of(a, b).key(): 3}
+
+
+def test_operands_of_another_rank_get_torchs_error(tmp_path, ext, cpu_device) -> None:
+    a, b = torch.randn(16, 32), torch.randn(32, 24)
+    cache = _cache(tmp_path, (a, b))
+    with _enable(cache):
+        torch.mm(a, b)
+        for call in (lambda: torch.mm(a.unsqueeze(0), b.unsqueeze(0)), lambda: torch.bmm(a, b),
+                     lambda: torch.mm(torch.tensor(1.0), b), lambda: torch.addmm(torch.randn(24), a.unsqueeze(0), b)):
+            with pytest.raises(RuntimeError):
+                call()
 
 
 def test_profiled_calls_show_the_routed_op(tmp_path, ext, cpu_device) -> None:

@@ -272,7 +272,7 @@ class GemmRouter(Router):
         self._slot_of: dict[str, int] = {}  # problem key -> its slot
         self.unusable: set[str] = set()  # problems whose entry has no kernel here
         self._profiler = autograd_profiler()  # its flag: tracing.profiler_on, read inline per call
-        self.native_take: Callable[[], list] | None = None  # while the native table holds its routes
+        self.native_table: Any = None  # the native dispatch while its table holds this router's routes
 
     @classmethod
     def from_entries(cls, entries: list[CachedChoice], kernels: Mapping[str, KernelFactory] | None = None
@@ -323,10 +323,14 @@ class GemmRouter(Router):
         return key, NATIVE_PYTHON, slot, run
 
     def native_counts(self, counts: list[tuple[str, int, int, int, int]]) -> None:
-        """Fold the native table's ``(key, kind, slot, calls, unaligned)`` counts in (``calls``
-        holds the ``unaligned`` ones: torch ran them, as :class:`BlasLtKernel` counts them)."""
-        for key, kind, slot, calls, unaligned in counts:
-            (self.fallback if kind == NATIVE_FALLBACK else self.routed)[key] += calls
+        """Fold the native table's ``(key, slot, routed, fallback, unaligned)`` counts in
+        (``routed`` holds the ``unaligned`` calls: torch ran them, as :class:`BlasLtKernel`
+        counts them)."""
+        for key, slot, routed, fallback, unaligned in counts:
+            if routed:
+                self.routed[key] += routed
+            if fallback:
+                self.fallback[key] += fallback
             if unaligned and 0 <= slot < len(self._slots):
                 self._slots[slot].unaligned += unaligned
 
@@ -335,8 +339,8 @@ class GemmRouter(Router):
         self._failure(key, RuntimeError(why))
 
     def summary(self) -> dict[str, Any]:
-        if self.native_take is not None:  # the native table's counts since the last take
-            self.native_counts(self.native_take())
+        if self.native_table is not None:  # the native table's counts since the last take
+            self.native_counts(self.native_table.take_counts())
         return super().summary()
 
     def key_of(self, a, b, bias=None) -> str | None:
@@ -380,6 +384,8 @@ class GemmRouter(Router):
     def _failure(self, key: str, exc: Exception) -> None:
         """Router._failure, and every signature of the problem goes to torch from now on."""
         super()._failure(key, exc)
+        if self.native_table is not None:  # a failure seen in Python (profiled, confirmed) or in the table
+            self.native_table.mark_failed(key)
         for sig, (k, _, _) in list(self._memo.items()):
             if k == key:
                 self._memo[sig] = (key, None, None)

@@ -116,12 +116,22 @@ class Interception:
         key = BACKEND_KEYS[device_type]
         parts = list(kinds.with_part("intercept", among=kinds_given).values())
         self.lib = torch.library.Library("aten", "IMPL")
-        with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
-            warnings.simplefilter("ignore", UserWarning)
-            undo = [part.overrides(self.lib, key) for part in parts]
-        self.undo = [u for u in undo if u is not None]  # overrides registered outside self.lib
-        passes = [part.compile_pass() for part in parts]
-        self.compile_passes = [p for p in passes if p is not None]  # Inductor's (compiled.py)
+        self.undo: list[Callable[[], None]] = []  # overrides registered outside self.lib
+        self.compile_passes: list[Any] = []  # Inductor's (compiled.py)
+        try:
+            with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
+                warnings.simplefilter("ignore", UserWarning)
+                for part in parts:
+                    undo = part.overrides(self.lib, key)
+                    if undo is not None:
+                        self.undo.append(undo)
+            for part in parts:
+                compile_pass = part.compile_pass()
+                if compile_pass is not None:
+                    self.compile_passes.append(compile_pass)
+        except BaseException:
+            self.close()  # nothing of a half-made interception stays
+            raise
 
     def close(self) -> None:
         for undo in self.undo:

@@ -4,7 +4,7 @@ in C++ (``native_gemm.cpp``), so a routed call costs no Python.
 A routed GEMM through the Python overrides pays for the dispatcher's call into Python, the
 router's signature lookup and a ctypes call: 4.9-6.7 us of host time a call more than
 ``torch.mm`` on an H100's host (``benchmarks/routing_overhead.py``); through this table a
-routed call took 2.05 us less than ``torch.mm``. The C++
+routed call took 1.91 us less than ``torch.mm``. The C++
 overrides keep one table of call signatures (shapes, strides, dtypes, devices, the bias's
 dtype); a signature's first call asks the router (:meth:`GemmRouter.native_route
 <primus_perf.kernels.gemm.GemmRouter.native_route>`) what its calls run, and every later
@@ -18,7 +18,8 @@ table must not answer: while no router is attached (online tuning's routers, a
 confirmation: :func:`follow` is given None), inside a grouped GEMM (the C++ keeps this
 thread's depth of ``kernels.grouped.passes.inside``), while the profiler records (the
 routed call shows as ``primus_perf::gemm`` in the trace), and for tensor subclasses. The
-router's counts (``summary()``) take the table's in (``native_take``, set while attached).
+router's counts (``summary()``) take the table's in, and a failure it sees marks the table
+(``native_table``, set while attached).
 
 The extension is built once per source, torch version and flags with
 ``torch.utils.cpp_extension`` (a C++ compiler and, for CUDA, the CUDA runtime headers:
@@ -29,6 +30,7 @@ Where it cannot be built, or ``PRIMUS_PERF_NATIVE=0``, the Python overrides run,
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import sys
@@ -50,6 +52,7 @@ _tried = False
 _installed = False
 _wanted: Any = None  # the router routes.install put in place for GEMMs (None: none, or not a table's)
 _attached: Any = None  # the router whose routes the C++ table holds
+_at_exit = False  # uninstall registered with atexit
 
 
 def _flags() -> tuple[list[str], bool]:
@@ -124,6 +127,10 @@ def install(dispatch_key: str, gemm: Callable[..., Any], addmm: Callable[..., An
     ext.install(dispatch_key, gemm, addmm)
     _installed = True
     _attach(_wanted)
+    global _at_exit
+    if not _at_exit:  # a program that exits enabled: the table is emptied while Python runs
+        atexit.register(uninstall)
+        _at_exit = True
     return True
 
 
@@ -133,8 +140,8 @@ def uninstall() -> None:
     if not _installed:
         return
     _attach(None)
-    _ext.drop_retired()  # routes of detached routers (a call in flight at a switch may have counted one more)
     _ext.uninstall()
+    _ext.drop_retired()  # routes of detached routers (a call in flight at a switch may have held one)
     _installed = False
 
 
@@ -156,11 +163,11 @@ def _attach(router: Any) -> None:
         return
     counts = _ext.attach(router)
     if _attached is not None:
-        _attached.native_take = None
+        _attached.native_table = None
         if counts:
             _attached.native_counts(counts)
     if router is not None:
-        router.native_take = _ext.take_counts
+        router.native_table = _ext
     _attached = router
 
 

@@ -77,18 +77,33 @@ struct Route {
   int success = 0;
   uint64_t misaligned = 0;  // a pointer with any of these bits set runs torch's kernel
   std::vector<int64_t> out_shape;
-  py::object payload;  // PYTHON: run(a, b); LAUNCH: the arguments (their owner is the router's kernel)
-  std::atomic<int64_t> calls{0};
-  std::atomic<int64_t> unaligned{0};
+  // PYTHON: run(a, b); LAUNCH: the arguments (their owner is the router's kernel). A reference
+  // released only with the GIL held (release), never by a destructor: a table left at exit
+  // is destroyed after the interpreter
+  PyObject* payload = nullptr;
+  std::atomic<int64_t> routed{0};    // calls that ran the route (torch's own choice included)
+  std::atomic<int64_t> fallback{0};  // calls left to torch (no entry, a failed kernel)
+  std::atomic<int64_t> unaligned{0};  // routed calls whose pointers sent them to torch's kernel
 };
+
+using Routes = std::vector<std::unique_ptr<Route>>;
+
+// the GIL held
+void release(Routes& routes) {
+  for (auto& r : routes) Py_XDECREF(r->payload);
+  routes.clear();
+}
 
 std::shared_mutex table_mutex;
 std::unordered_map<Sig, std::unique_ptr<Route>, SigHash> table;
-std::vector<std::unique_ptr<Route>> retired;  // routes of a cleared table: counted, no longer found
-std::atomic<PyObject*> router{nullptr};        // the attached router (a new reference), or none
-py::object* py_gemm = nullptr;                 // the Python routes, for every other call
-py::object* py_addmm = nullptr;
-std::unique_ptr<torch::Library> library;
+// routes of a detached router: a call in flight may still hold one; released at uninstall
+Routes retired;
+std::atomic<PyObject*> router{nullptr};  // the attached router (a new reference), or none
+// the Python routes, for every other call: replaced at each install, never freed (a call in
+// flight at uninstall may still use the old ones)
+std::atomic<py::object*> py_gemm{nullptr};
+std::atomic<py::object*> py_addmm{nullptr};
+torch::Library* library = nullptr;  // the overrides while installed (freed at uninstall, not at exit)
 thread_local int grouped_depth = 0;  // > 0 while this thread runs a grouped GEMM
 
 struct Quiet : c10::WarningHandler {
@@ -100,24 +115,19 @@ bool plain(const at::Tensor& t) {
 }
 
 Sig signature(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
+  // the caller checked the ranks: 2 and 2 (mm, addmm) or 3 and 3 (bmm)
   Sig s;
   std::memset(s.w, 0, sizeof(s.w));
   const int64_t rank = a.dim();
-  s.w[0] = op | (rank << 8) | (static_cast<int64_t>(b.dim()) << 16);
+  s.w[0] = op | (rank << 8);
   s.w[1] = static_cast<int64_t>(a.scalar_type()) | (static_cast<int64_t>(b.scalar_type()) << 16) |
            ((bias ? static_cast<int64_t>(bias->scalar_type()) + 1 : 0) << 32);
   s.w[2] = static_cast<int64_t>(a.device().type()) | (static_cast<int64_t>(a.device().index() + 1) << 8) |
            (static_cast<int64_t>(b.device().type()) << 24) |
            (static_cast<int64_t>(b.device().index() + 1) << 32);
-  if (rank > 3 || b.dim() > 3) {
-    s.w[3] = -1;  // no route takes these: the Python route says what torch says
-    return s;
-  }
   for (int64_t i = 0; i < rank; ++i) {
     s.w[4 + i] = a.sizes()[i];
     s.w[7 + i] = a.strides()[i];
-  }
-  for (int64_t i = 0; i < b.dim(); ++i) {
     s.w[10 + i] = b.sizes()[i];
     s.w[13 + i] = b.strides()[i];
   }
@@ -136,9 +146,14 @@ void* current_stream(const at::Tensor& t) {
 }
 
 at::Tensor torch_gemm(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
-  // torch's kernel through the out= overload (not overridden), as kernels/gemm.py torch_mm
-  std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end() - 1);
-  shape.push_back(b.sizes().back());
+  // torch's kernel through the out= overload (not overridden), as kernels/gemm.py torch_mm;
+  // operands of another rank than the op's get an empty output: torch's kernel says what is wrong
+  const int64_t rank = op == BMM ? 3 : 2;
+  std::vector<int64_t> shape{0};
+  if (a.dim() == rank && b.dim() == rank) {
+    shape.assign(a.sizes().begin(), a.sizes().end() - 1);
+    shape.push_back(b.sizes().back());
+  }
   at::Tensor out = at::empty(shape, a.options());
   if (bias != nullptr) return at::addmm_out(out, *bias, a, b);
   if (op == BMM) return at::bmm_out(out, a, b);
@@ -148,9 +163,11 @@ at::Tensor torch_gemm(int64_t op, const at::Tensor& a, const at::Tensor& b, cons
 int64_t as_int(const py::handle& h) { return h.cast<int64_t>(); }
 void* as_ptr(const py::handle& h) { return reinterpret_cast<void*>(h.cast<uintptr_t>()); }
 
-// the attached router's answer for a new signature: (key, kind, slot, payload)
+// the attached router's answer for a new signature: (key, kind, slot, payload); none when
+// the router was detached meanwhile
 std::unique_ptr<Route> ask(PyObject* owner, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
   py::gil_scoped_acquire gil;
+  if (router.load() != owner) return nullptr;  // (attach changes it with the GIL held)
   py::object answer = py::reinterpret_borrow<py::object>(owner).attr("native_route")(
       a, b, bias ? py::cast(*bias) : py::none());
   auto t = answer.cast<py::tuple>();
@@ -177,7 +194,7 @@ std::unique_ptr<Route> ask(PyObject* owner, const at::Tensor& a, const at::Tenso
     r->misaligned = p[13].cast<uint64_t>();
     for (auto d : p[14].cast<py::tuple>()) r->out_shape.push_back(as_int(d));
   }
-  r->payload = payload;
+  r->payload = payload.release().ptr();
   r->kind.store(kind);
   return r;
 }
@@ -193,6 +210,7 @@ Route* resolve(PyObject* owner, const Sig& s, const at::Tensor& a, const at::Ten
   Route* r = find(s);
   if (r != nullptr) return r;
   std::unique_ptr<Route> made = ask(owner, a, b, bias);
+  if (!made) return nullptr;
   std::unique_lock<std::shared_mutex> lock(table_mutex);
   if (router.load() != owner) {  // detached while it answered: keep nothing of it
     retired.push_back(std::move(made));
@@ -204,26 +222,35 @@ Route* resolve(PyObject* owner, const Sig& s, const at::Tensor& a, const at::Ten
   return slot.get();
 }
 
-// a tuned kernel failed: its problem goes to torch from now on, and the router says so once
-void failed(PyObject* owner, Route* r, const std::string& why) {
-  {
-    std::unique_lock<std::shared_mutex> lock(table_mutex);
-    for (auto& kv : table) {
-      if (kv.second->key == r->key) kv.second->kind.store(FALLBACK);
-    }
+// every signature of a problem goes to torch from now on
+void mark_failed(const std::string& key) {
+  std::unique_lock<std::shared_mutex> lock(table_mutex);
+  for (auto& kv : table) {
+    if (kv.second->key == key) kv.second->kind.store(FALLBACK);
   }
-  py::gil_scoped_acquire gil;
-  py::reinterpret_borrow<py::object>(owner).attr("native_failed")(r->key, why);
 }
 
-at::Tensor launch(PyObject* owner, Route* r, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias,
-                  int64_t op, bool* ok) {
+// a tuned kernel failed: the router says so once (its native_failed marks the problem's
+// other signatures through mark_failed) and counts the call as left to torch
+void failed(PyObject* owner, Route* r, const std::string& why) {
+  if (r->kind.exchange(FALLBACK) == FALLBACK) {  // another thread's call failed first
+    r->fallback.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  py::gil_scoped_acquire gil;
+  if (router.load() == owner) {
+    py::reinterpret_borrow<py::object>(owner).attr("native_failed")(r->key, why);
+  }
+}
+
+at::Tensor launch(PyObject* owner, Route* r, const at::Tensor& a, const at::Tensor& b, int64_t op, bool* ok) {
   const uintptr_t pa = reinterpret_cast<uintptr_t>(a.data_ptr());
   const uintptr_t pb = reinterpret_cast<uintptr_t>(b.data_ptr());
   if ((pa | pb) & r->misaligned) {
     r->unaligned.fetch_add(1, std::memory_order_relaxed);
     return torch_gemm(op, a, b, nullptr);
   }
+  const c10::DeviceGuard guard(a.device());  // the operands' device, as torch's own kernel sets it
   at::Tensor out = at::empty(r->out_shape, a.options());
   void* d = out.data_ptr();
   // BLAS A is torch's b (problems/gemm.py)
@@ -238,16 +265,19 @@ at::Tensor launch(PyObject* owner, Route* r, const at::Tensor& a, const at::Tens
   return out;
 }
 
-at::Tensor run_python(PyObject* owner, Route* r, const at::Tensor& a, const at::Tensor& b, bool* ok) {
+at::Tensor run_python(PyObject* owner, Route* r, const at::Tensor& a, const at::Tensor& b, int64_t op,
+                      bool* ok) {
   std::string why;
   {
     py::gil_scoped_acquire gil;
     try {
-      return r->payload(a, b).cast<at::Tensor>();
-    } catch (py::error_already_set& e) {
+      py::object out = py::reinterpret_borrow<py::object>(r->payload)(a, b);
+      if (!out.is_none()) return out.cast<at::Tensor>();
+    } catch (std::exception& e) {  // the kernel raised, or answered with something else than a tensor
       why = e.what();
     }
   }
+  if (why.empty()) return torch_gemm(op, a, b, nullptr);  // the kernel answered None: torch's
   failed(owner, r, why);
   *ok = false;
   return at::Tensor();
@@ -257,9 +287,9 @@ at::Tensor python_route(int64_t op, const at::Tensor& a, const at::Tensor& b, co
                         const c10::Scalar* beta, const c10::Scalar* alpha) {
   py::gil_scoped_acquire gil;
   if (op == ADDMM) {
-    return (*py_addmm)(*bias, a, b, py::arg("beta") = *beta, py::arg("alpha") = *alpha).cast<at::Tensor>();
+    return (*py_addmm.load())(*bias, a, b, py::arg("beta") = *beta, py::arg("alpha") = *alpha).cast<at::Tensor>();
   }
-  return (*py_gemm)(a, b).cast<at::Tensor>();
+  return (*py_gemm.load())(a, b).cast<at::Tensor>();
 }
 
 at::Tensor route(int64_t op, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias,
@@ -269,9 +299,14 @@ at::Tensor route(int64_t op, const at::Tensor& a, const at::Tensor& b, const at:
       !plain(b) || (bias != nullptr && !plain(*bias))) {
     return python_route(op, a, b, bias, beta, alpha);
   }
+  const int64_t rank = op == BMM ? 3 : 2;
+  if (a.dim() != rank || b.dim() != rank) {  // torch's kernel raises its own error
+    if (op != ADDMM) return torch_gemm(op, a, b, nullptr);
+    at::Tensor out = at::empty({0}, a.options());
+    return at::addmm_out(out, *bias, a, b, *beta, *alpha);
+  }
   if (op == ADDMM) {  // only the bias epilogue is a problem of the router's
-    if (!(beta->equal(1) && alpha->equal(1) && bias->dim() == 1 && b.dim() == 2 &&
-          bias->size(0) == b.size(1))) {
+    if (!(beta->equal(1) && alpha->equal(1) && bias->dim() == 1 && bias->size(0) == b.size(1))) {
       std::vector<int64_t> shape{a.size(0), b.size(1)};
       at::Tensor out = at::empty(shape, a.options());
       return at::addmm_out(out, *bias, a, b, *beta, *alpha);
@@ -281,18 +316,14 @@ at::Tensor route(int64_t op, const at::Tensor& a, const at::Tensor& b, const at:
   Route* r = resolve(owner, s, a, b, bias);
   if (r == nullptr) return python_route(op, a, b, bias, beta, alpha);
   const int kind = r->kind.load(std::memory_order_relaxed);
-  at::Tensor out;
-  bool ok = true;
-  if (kind == LAUNCH) {
-    out = launch(owner, r, a, b, bias, op, &ok);
-  } else if (kind == PYTHON) {
-    out = run_python(owner, r, a, b, &ok);
-  } else {
-    r->calls.fetch_add(1, std::memory_order_relaxed);
+  if (kind == TORCH_ROUTED || kind == FALLBACK) {
+    (kind == FALLBACK ? r->fallback : r->routed).fetch_add(1, std::memory_order_relaxed);
     return torch_gemm(op, a, b, bias);
   }
-  if (!ok) return torch_gemm(op, a, b, bias);  // counted by the router's native_failed
-  r->calls.fetch_add(1, std::memory_order_relaxed);
+  bool ok = true;
+  at::Tensor out = kind == LAUNCH ? launch(owner, r, a, b, op, &ok) : run_python(owner, r, a, b, op, &ok);
+  if (!ok) return torch_gemm(op, a, b, bias);  // counted by failed()
+  r->routed.fetch_add(1, std::memory_order_relaxed);
   if (bias != nullptr) out.add_(*bias);
   return out;
 }
@@ -306,54 +337,52 @@ at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& 
   return route(ADDMM, a, b, &bias, &beta, &alpha);
 }
 
-// (key, kind, slot, calls, unaligned) of every route with calls since the last take; reset
-py::list take_counts_locked(std::vector<Route*> routes) {
-  py::list out;
-  for (Route* r : routes) {
-    const int64_t calls = r->calls.exchange(0);
-    const int64_t unaligned = r->unaligned.exchange(0);
-    if (calls != 0 || unaligned != 0) {
-      out.append(py::make_tuple(r->key, r->kind.load(), r->slot, calls, unaligned));
-    }
-  }
-  return out;
-}
-
+// (key, slot, routed, fallback, unaligned) of every route of the table with calls since the
+// last take; reset
 py::list take_counts() {
   std::vector<Route*> routes;
   {
     std::shared_lock<std::shared_mutex> lock(table_mutex);
     for (auto& kv : table) routes.push_back(kv.second.get());
-    for (auto& r : retired) routes.push_back(r.get());
   }
-  return take_counts_locked(routes);
+  py::list out;
+  for (Route* r : routes) {
+    const int64_t routed = r->routed.exchange(0);
+    const int64_t fallback = r->fallback.exchange(0);
+    const int64_t unaligned = r->unaligned.exchange(0);
+    if (routed != 0 || fallback != 0) out.append(py::make_tuple(r->key, r->slot, routed, fallback, unaligned));
+  }
+  return out;
 }
 
-// detach the router: its routes are counted once more (returned) and forgotten
+// the router whose routes the table holds (None: none): the old one's counts are returned,
+// its routes retired (a call in flight may still hold one)
 py::list attach(py::object owner) {
   py::list counts = take_counts();
+  PyObject* old = nullptr;
   {
     std::unique_lock<std::shared_mutex> lock(table_mutex);
-    PyObject* old = router.exchange(owner.is_none() ? nullptr : owner.inc_ref().ptr());
+    old = router.exchange(owner.is_none() ? nullptr : owner.inc_ref().ptr());
     for (auto& kv : table) retired.push_back(std::move(kv.second));
     table.clear();
-    Py_XDECREF(old);
   }
-  // the retired routes' counts were taken above (a call in flight may add one more: taken next time)
+  Py_XDECREF(old);  // outside the lock: a finalizer may run GEMMs
   return counts;
 }
 
-py::list drop_retired() {
-  py::list counts = take_counts();
-  std::unique_lock<std::shared_mutex> lock(table_mutex);
-  retired.clear();
-  return counts;
+void drop_retired() {
+  Routes gone;
+  {
+    std::unique_lock<std::shared_mutex> lock(table_mutex);
+    gone.swap(retired);
+  }
+  release(gone);
 }
 
 void install(const std::string& key, py::object gemm, py::object addmm_route) {
-  if (library) throw std::runtime_error("the native GEMM dispatch is already installed");
-  py_gemm = new py::object(std::move(gemm));
-  py_addmm = new py::object(std::move(addmm_route));
+  if (library != nullptr) throw std::runtime_error("the native GEMM dispatch is already installed");
+  py_gemm.store(new py::object(std::move(gemm)));
+  py_addmm.store(new py::object(std::move(addmm_route)));
   Quiet quiet;
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::parseDispatchKey(key),
@@ -361,14 +390,12 @@ void install(const std::string& key, py::object gemm, py::object addmm_route) {
   lib->impl("mm", TORCH_FN(mm));
   lib->impl("bmm", TORCH_FN(bmm));
   lib->impl("addmm", TORCH_FN(addmm));
-  library = std::move(lib);
+  library = lib.release();
 }
 
 void uninstall() {
-  library.reset();  // torch's kernels again
-  delete py_gemm;
-  delete py_addmm;
-  py_gemm = py_addmm = nullptr;
+  delete library;  // torch's kernels again
+  library = nullptr;
 }
 
 void enter_grouped() { ++grouped_depth; }
@@ -388,8 +415,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, "override aten::mm, bmm, addmm at a dispatch key");
   m.def("uninstall", &uninstall, "torch's kernels again");
   m.def("attach", &attach, "the router whose routes the table holds (None: none); the old one's counts");
-  m.def("take_counts", &take_counts, "(key, kind, slot, calls, unaligned) since the last take");
-  m.def("drop_retired", &drop_retired, "forget detached routes (their counts returned)");
+  m.def("take_counts", &take_counts, "(key, slot, routed, fallback, unaligned) since the last take");
+  m.def("drop_retired", &drop_retired, "release the routes of detached routers");
+  m.def("mark_failed", &mark_failed, "every signature of a problem goes to torch from now on");
   m.def("enter_grouped", &enter_grouped, "this thread runs a grouped GEMM");
   m.def("exit_grouped", &exit_grouped, "this thread's grouped GEMM ended");
   m.def("signatures", &signatures, "call signatures in the table");
