@@ -228,6 +228,31 @@ def test_switched_off_by_the_environment(tmp_path) -> None:
     assert out.stdout.split() == ["True", f"{native.ENV}=0"]
 
 
+def test_a_program_that_exits_enabled_exits_cleanly(tmp_path, ext) -> None:
+    """The table holds Python objects: a program that never disables must still exit 0
+    (they are released while Python runs, not by C++ destructors after it)."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import torch
+import primus_perf
+import primus_perf.runtime.activate as activate
+from enable_fakes import FAKE_KINDS, H100, gemm_entry
+from primus_perf.cache.store import TuningCache
+from primus_perf.kernels.gemm import problem_of
+activate.current_device = lambda: H100
+a, b = torch.randn(16, 32), torch.randn(32, 24)
+TuningCache({str(tmp_path / "cache.json")!r}).put(gemm_entry(problem_of(a, b), H100))
+primus_perf.enable({str(tmp_path / "cache.json")!r}, kinds=("gemm",), device_type="cpu",
+                   router_kinds=FAKE_KINDS, log=None)
+torch.mm(a, b)
+print("routed", primus_perf.runtime.native.signatures())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["routed", "1"]
+
+
 # ---- GPU: the cuBLASLt/hipBLASLt launch from the table ----------------------------------
 
 
