@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError, UserError
-from primus_perf.kinds import GEMM as GEMM_KIND
 from primus_perf.kinds import RouterPart
 from primus_perf.runtime import native, routes
 from primus_perf.runtime.activate import KINDS as ROUTER_KINDS
@@ -54,7 +53,6 @@ class OnlineTuning(Protocol):
         ...
 
 
-GEMM = GEMM_KIND.name
 NATIVE_DISPATCH = "routed calls go through the native dispatch (a C++ table of call signatures)"
 NO_ENTRIES = "no usable entry of this kind in a tuned cache: its calls stay torch's, with no override"
 
@@ -238,14 +236,14 @@ def enable(
     try:
         # a router whose every entry is torch's own choice gets no override (its calls stay torch's)
         intercepted = {k for k, r in routers.items() if not torch_answers_all(r)}
-        if GEMM in intercepted:
+        if routes.GEMM in intercepted:
             native.load(log)  # built on first use (said in the log), before the overrides take it
         interception = Interception(intercepted, device_type) if intercepted else None
     except BaseException:
         routes.remove()
         raise
     dispatch = None
-    if GEMM in intercepted:
+    if routes.GEMM in intercepted:
         dispatch = (NATIVE_DISPATCH if native.installed()
                     else f"routed calls go through Python ({native.why_not()})")
     handle = Handle(kinds, act, routers, interception, online is not None, notes, online_note=online_note,

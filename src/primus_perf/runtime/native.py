@@ -39,11 +39,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from primus_perf.devices import gpu_vendor
 from primus_perf.kernels.gemm import NATIVE_FALLBACK, NATIVE_LAUNCH, NATIVE_PYTHON, NATIVE_TORCH
 from primus_perf.kernels.grouped.passes import inside
 
 ENV = "PRIMUS_PERF_NATIVE"  # "0": the Python overrides only
 SOURCE = Path(__file__).with_name("native_gemm.cpp")
+# devices.gpu_vendor() -> the compiler's defines: which stream header native_gemm.cpp includes
+DEFINES = {"nvidia": ["-DPRIMUS_CUDA"], "amd": ["-DPRIMUS_ROCM", "-D__HIP_PLATFORM_AMD__"], "cpu": []}
 
 _lock = threading.Lock()
 _ext: Any = None
@@ -55,32 +58,20 @@ _attached: Any = None  # the router whose routes the C++ table holds
 _at_exit = False  # uninstall registered with atexit
 
 
-def _flags() -> tuple[list[str], bool]:
-    """The compiler's defines and whether the extension links torch's GPU libraries."""
-    import torch
-
-    if torch.version.hip and torch.cuda.is_available():
-        return ["-DPRIMUS_ROCM", "-D__HIP_PLATFORM_AMD__"], True
-    if torch.version.cuda and torch.cuda.is_available():
-        return ["-DPRIMUS_CUDA"], True
-    return [], False
-
-
 def _build(log: Callable[[str], None] | None) -> Any:
     import torch
     from torch.utils import cpp_extension
 
-    defines, gpu = _flags()
+    vendor = gpu_vendor()
+    defines = DEFINES[vendor]
     tag = hashlib.sha256(SOURCE.read_bytes() + repr((torch.__version__, defines, sys.version_info[:2])).encode())
     name = f"primus_perf_native_gemm_{tag.hexdigest()[:12]}"
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
     if log is not None and not any(build_dir.glob(f"{name}*.so")):
         log(f"primus-perf: building the native GEMM dispatch in {build_dir} (once per torch version; under a minute)")
-    kwargs: dict[str, Any] = {}
-    if gpu:
-        kwargs["extra_ldflags"] = ["-lc10_hip" if torch.version.hip else "-lc10_cuda"]
-    return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2", *defines], with_cuda=gpu,
-                              build_directory=str(build_dir), verbose=False, **kwargs)
+    # with_cuda: torch's GPU libraries (c10_cuda or c10_hip, the stream) and the runtime's headers
+    return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2", *defines],
+                              with_cuda=vendor != "cpu", build_directory=str(build_dir), verbose=False)
 
 
 def load(log: Callable[[str], None] | None = None) -> Any:
@@ -120,14 +111,13 @@ def install(dispatch_key: str, gemm: Callable[..., Any], addmm: Callable[..., An
     """Override ``aten::mm``, ``bmm`` and ``addmm`` at ``dispatch_key`` with the native kernels
     (``gemm(a, b)`` and ``addmm(bias, a, b, beta=, alpha=)``: the Python routes of the calls
     the table does not answer); False where the extension is not available."""
-    global _installed
+    global _installed, _at_exit
     ext = load()
     if ext is None:
         return False
     ext.install(dispatch_key, gemm, addmm)
     _installed = True
     _attach(_wanted)
-    global _at_exit
     if not _at_exit:  # a program that exits enabled: the table is emptied while Python runs
         atexit.register(uninstall)
         _at_exit = True
