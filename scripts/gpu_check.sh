@@ -7,17 +7,17 @@
 # llama3-8b with 2 layers), preflight (this machine's GPUs), enable (examples/llama_train.py
 # under primus_perf.enable with an offline-tuned cache: routed-call check and the
 # interleaved overhead benchmark), confirm (that cache's choices and a qwen3 MoE grouped
-# cache confirmed in the step: primus-tune confirm), online (benchmarks/online_tuning.py), online-compile (the
+# cache confirmed in the step: primus-tune confirm), online (benchmarks/runtime/online_tuning.py), online-compile (the
 # same with train.compile=true), online-moe (online grouped-GEMM tuning on an MoE preset, 100
 # steps), moe (the grouped-GEMM backends and the tuned choice), moe-e2e (three MoE presets,
 # tuned vs loop vs always-_grouped_mm), fsdp2 (llama3-8b full depth on 2 GPUs), multi-gpu
 # (tuning on every GPU against one), loop-moe (primus-tune loop on an MoE preset); on 8 GPUs
-# (benchmarks/eight_gpus.py, one call each: 10 minutes a call) eight-fsdp, eight-tp, eight-ep
+# (benchmarks/trainer/eight_gpus.py, one call each: 10 minutes a call) eight-fsdp, eight-tp, eight-ep
 # (llama3-70b FSDP2 / TP=8, deepseek-v3 EP=8: traces, report, losses, tuned vs default) and
 # eight-checks (preflight and tuning with 8 workers); fp8-tests (the FP8 GPU tests), fp8
-# (benchmarks/fp8_loop.py: llama3-8b and qwen2.5-7b), fp8-moe (its MoE FP8 grouped GEMMs),
-# never-slower (benchmarks/never_slower.py: MoE cases, the dense loop, the example with the
-# cache `confirm` left), hf-moe (the foreign grouped GEMM GPU tests and benchmarks/hf_moe_e2e.py).
+# (benchmarks/fp8/fp8_loop.py: llama3-8b and qwen2.5-7b), fp8-moe (its MoE FP8 grouped GEMMs),
+# never-slower (benchmarks/runtime/never_slower.py: MoE cases, the dense loop, the example with the
+# cache `confirm` left), hf-moe (the foreign grouped GEMM GPU tests and benchmarks/moe/hf_moe_e2e.py).
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -30,10 +30,10 @@ for step in "$@"; do
     tests)
       TRITON_INTERPRET=0 python -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     gemm)
-      python benchmarks/gemm_tuning.py --cache /tmp/gemm_cache.json --max-s "${GEMM_MAX_S:-90}" \
+      python benchmarks/gemm/gemm_tuning.py --cache /tmp/gemm_cache.json --max-s "${GEMM_MAX_S:-90}" \
         --out "$OUT/gemm_tuning_subset.json" 2>&1 | tail -15 ;;
     attention)
-      python benchmarks/attention_tuning.py --problems "${ATTN_PROBLEM:-b16_h16_s1024_d64_causal}" \
+      python benchmarks/attention/attention_tuning.py --problems "${ATTN_PROBLEM:-b16_h16_s1024_d64_causal}" \
         --out "$OUT/attention_tuning_one.json" 2>&1 | tail -15 ;;
     loop)
       primus-tune loop --config tiny --out /tmp/loop_tiny 2>&1 | tee "$OUT/loop_tiny.log" | tail -12
@@ -50,7 +50,7 @@ json.dump([{'kind': e.kind, 'problem': e.problem} for e in TuningCache(sys.argv[
 open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
       primus-tune gemm --problems /tmp/example_problems.json --cache /tmp/enable_offline.json --budget-s 2 2>&1 | tail -3
       python examples/llama_train.py --cache /tmp/enable_offline.json --steps 12 --check 2>&1 | tee "$OUT/example_check.log" | tail -15
-      python benchmarks/enable_overhead.py --cache /tmp/enable_offline.json --result "$OUT/enable_overhead.json" 2>&1 | tail -8 ;;
+      python benchmarks/runtime/enable_overhead.py --cache /tmp/enable_offline.json --result "$OUT/enable_overhead.json" 2>&1 | tail -8 ;;
     confirm)
       # the example's offline cache (as `enable` makes it), then each choice A/B timed against
       # torch's inside the example's steps; a qwen3 MoE's grouped cache, confirmed in primus-train
@@ -72,50 +72,50 @@ open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
       primus-tune confirm --cache /tmp/confirm_moe.json --config $MOE --steps 30 2>&1 | tee "$OUT/confirm_moe.log" | tail -25
       cp /tmp/confirm_moe.json "$OUT/confirm_moe_after.json" ;;
     online)
-      python benchmarks/online_tuning.py --out "$OUT/online_tuning.json" 2>&1 | tail -8 ;;
+      python benchmarks/runtime/online_tuning.py --out "$OUT/online_tuning.json" 2>&1 | tail -8 ;;
     loop-moe)
       primus-tune loop --config "${MOE_PRESET:-qwen3-30b-a3b}" --out /tmp/loop_moe \
         ${MOE_OVERRIDES:-model.n_layers=2 model.vocab_size=32000 train.seq_len=4096 train.micro_batch=1} 2>&1 \
         | tee "$OUT/loop_moe.log" | tail -30 ;;
     online-compile)
-      python benchmarks/online_tuning.py --out "$OUT/online_tuning_compile.json" model.n_layers=4 \
+      python benchmarks/runtime/online_tuning.py --out "$OUT/online_tuning_compile.json" model.n_layers=4 \
         train.seq_len=4096 train.micro_batch=1 train.compile=true 2>&1 | tail -8 ;;
     online-moe)
-      python benchmarks/online_tuning.py --config "${MOE_PRESET:-qwen3-30b-a3b}" --steps 100 \
+      python benchmarks/runtime/online_tuning.py --config "${MOE_PRESET:-qwen3-30b-a3b}" --steps 100 \
         --out "$OUT/online_tuning_moe.json" ${MOE_OVERRIDES:-model.n_layers=2 model.vocab_size=32000 train.seq_len=4096 train.micro_batch=1} \
         2>&1 | tail -8 ;;
     moe)
-      python benchmarks/moe_grouped_gemm.py --tune --out "$OUT/moe_grouped_gemm_tuned.json" 2>&1 | tail -25 ;;
+      python benchmarks/moe/moe_grouped_gemm.py --tune --out "$OUT/moe_grouped_gemm_tuned.json" 2>&1 | tail -25 ;;
     moe-e2e)
-      python benchmarks/moe_e2e.py --out "$OUT/moe_e2e.json" 2>&1 | tail -25 ;;
+      python benchmarks/moe/moe_e2e.py --out "$OUT/moe_e2e.json" 2>&1 | tail -25 ;;
     fsdp2)
-      python benchmarks/fsdp2_llama3_8b.py --gpus 2 --out "$OUT/fsdp2_llama3_8b.json" 2>&1 | tail -25 ;;
+      python benchmarks/trainer/fsdp2_llama3_8b.py --gpus 2 --out "$OUT/fsdp2_llama3_8b.json" 2>&1 | tail -25 ;;
     multi-gpu)
-      python benchmarks/multi_gpu_tuning.py --gpus 2 --budget-s 2 --out "$OUT/multi_gpu_tuning.json" 2>&1 | tail -15 ;;
+      python benchmarks/gemm/multi_gpu_tuning.py --gpus 2 --budget-s 2 --out "$OUT/multi_gpu_tuning.json" 2>&1 | tail -15 ;;
     eight-fsdp|eight-tp|eight-ep)
-      python benchmarks/eight_gpus.py --layouts "${step#eight-}" --skip preflight multi-gpu \
+      python benchmarks/trainer/eight_gpus.py --layouts "${step#eight-}" --skip preflight multi-gpu \
         --out "$OUT/eight_gpus" 2>&1 | tail -12 ;;
     eight-checks)
-      python benchmarks/eight_gpus.py --layouts --out "$OUT/eight_gpus" 2>&1 | tail -12 ;;
+      python benchmarks/trainer/eight_gpus.py --layouts --out "$OUT/eight_gpus" 2>&1 | tail -12 ;;
     fp8-tests)
       TRITON_INTERPRET=0 python -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8_gpu.py 2>&1 \
         | tee "$OUT/fp8_gpu_tests.log" | tail -25 ;;
     fp8)
-      python benchmarks/fp8_loop.py --out "$OUT/fp8_loop.json" 2>&1 | tee "$OUT/fp8_loop.log" | tail -40 ;;
+      python benchmarks/fp8/fp8_loop.py --out "$OUT/fp8_loop.json" 2>&1 | tee "$OUT/fp8_loop.log" | tail -40 ;;
     fp8-moe)
-      python benchmarks/fp8_loop.py --configs --moe --out "$OUT/fp8_moe.json" 2>&1 | tee "$OUT/fp8_moe.log" | tail -20 ;;
+      python benchmarks/fp8/fp8_loop.py --configs --moe --out "$OUT/fp8_moe.json" 2>&1 | tee "$OUT/fp8_moe.log" | tail -20 ;;
     never-slower)
       # tuned and confirmed against every fixed choice: the MoE cases, the dense loop, and the
       # example under enable() with the cache `confirm` left in /tmp/enable_offline.json
-      python benchmarks/never_slower.py --out "$OUT/never_slower.json" moe 2>&1 | grep -v "^  " | tail -8
-      python benchmarks/never_slower.py --out "$OUT/never_slower.json" loop 2>&1 | tail -4
+      python benchmarks/runtime/never_slower.py --out "$OUT/never_slower.json" moe 2>&1 | grep -v "^  " | tail -8
+      python benchmarks/runtime/never_slower.py --out "$OUT/never_slower.json" loop 2>&1 | tail -4
       if [ -f /tmp/enable_offline.json ]; then
-        python benchmarks/never_slower.py --out "$OUT/never_slower.json" example --cache /tmp/enable_offline.json \
+        python benchmarks/runtime/never_slower.py --out "$OUT/never_slower.json" example --cache /tmp/enable_offline.json \
           2>&1 | tail -2
       fi ;;
     hf-moe)
       TRITON_INTERPRET=0 python -m pytest tests/test_grouped_intercept.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
-      python benchmarks/hf_moe_e2e.py --blocks 5 --out "$OUT/hf_moe_e2e.json" 2>&1 | grep -v "^ " | tail -6 ;;
+      python benchmarks/moe/hf_moe_e2e.py --blocks 5 --out "$OUT/hf_moe_e2e.json" 2>&1 | grep -v "^ " | tail -6 ;;
     *) echo "unknown step $step" ;;
   esac
 done

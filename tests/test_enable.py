@@ -217,7 +217,7 @@ def test_example_and_overhead_benchmark_run_on_the_cpu() -> None:
     import json
 
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "benchmarks" / "enable_overhead.py"), "--smoke", "--pairs", "1",
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "runtime" / "enable_overhead.py"), "--smoke", "--pairs", "1",
                           "--block", "1"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)

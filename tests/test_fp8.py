@@ -376,7 +376,7 @@ def test_tuned_plan_runs_with_train_fp8_auto(tmp_path: Path) -> None:
 
 def test_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "fp8.json"
-    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "fp8_loop.py"
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "fp8" / "fp8_loop.py"
     r = subprocess.run([sys.executable, str(bench), "--smoke", "--out", str(out)], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

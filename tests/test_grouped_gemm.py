@@ -281,7 +281,7 @@ def test_backends_on_gpu_bf16(name: str) -> None:
 
 
 def test_benchmark_script_runs_in_smoke_mode(tmp_path) -> None:
-    """benchmarks/moe_grouped_gemm.py --smoke: every case and pass, every backend timed and
+    """benchmarks/moe/moe_grouped_gemm.py --smoke: every case and pass, every backend timed and
     equal to the per-expert loop, the JSON with device and versions."""
     import json
     import os
@@ -292,7 +292,7 @@ def test_benchmark_script_runs_in_smoke_mode(tmp_path) -> None:
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "smoke.json"
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, str(root / "benchmarks" / "moe_grouped_gemm.py"), "--smoke"]
+    cmd = [sys.executable, str(root / "benchmarks" / "moe" / "moe_grouped_gemm.py"), "--smoke"]
     result = subprocess.run(
         [*cmd, "--reps", "2", "--out", str(out)],
         capture_output=True,
@@ -313,7 +313,7 @@ def test_benchmark_script_runs_in_smoke_mode(tmp_path) -> None:
 
 
 def test_layout_benchmark_runs_in_smoke_mode(tmp_path) -> None:
-    """benchmarks/grouped_mm_layouts.py --smoke: torch's kernel on the counts' own offsets and
+    """benchmarks/moe/grouped_mm_layouts.py --smoke: torch's kernel on the counts' own offsets and
     both weight layouts, the backend, Triton; every op of every pass equal to the fp32
     product."""
     import json
@@ -325,7 +325,7 @@ def test_layout_benchmark_runs_in_smoke_mode(tmp_path) -> None:
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "layouts.json"
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, str(root / "benchmarks" / "grouped_mm_layouts.py"), "--smoke", "--reps",
+    result = subprocess.run([sys.executable, str(root / "benchmarks" / "moe" / "grouped_mm_layouts.py"), "--smoke", "--reps",
                              "1", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     rows = json.loads(out.read_text())["rows"]

@@ -552,14 +552,14 @@ def test_hf_example_runs_under_the_launcher(tmp_path: Path) -> None:
 
 
 def test_hf_moe_e2e_benchmark_smoke(tmp_path: Path) -> None:
-    """benchmarks/hf_moe_e2e.py --smoke: profiled under enable, tuned from the trace, the
+    """benchmarks/moe/hf_moe_e2e.py --smoke: profiled under enable, tuned from the trace, the
     losses compared and the sides timed; every grouped call of the tuned side counted."""
     import subprocess
     import sys
 
     _example()
     out = tmp_path / "e2e.json"
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "hf_moe_e2e.py"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "moe" / "hf_moe_e2e.py"
     res = subprocess.run([sys.executable, str(script), "--smoke", "--cases", "qwen3-moe-128e", "--out", str(out)],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
@@ -586,7 +586,7 @@ def test_hf_moe_e2e_ceiling() -> None:
     """The bound: 5 of 50 ms free gives 1.111x; 1.10x needs them 11x faster; 4 ms cannot."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "hf_moe_e2e.py"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "moe" / "hf_moe_e2e.py"
     spec = importlib.util.spec_from_file_location("hf_moe_e2e_bench", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

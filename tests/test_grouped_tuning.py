@@ -467,13 +467,13 @@ def test_benchmarks_run_their_smoke_modes(tmp_path: Path) -> None:
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root / "src"), "TRITON_INTERPRET": "1"}
-    e2e = subprocess.run([sys.executable, str(root / "benchmarks/moe_e2e.py"), "--smoke", "--out",
+    e2e = subprocess.run([sys.executable, str(root / "benchmarks/moe/moe_e2e.py"), "--smoke", "--out",
                           str(tmp_path / "e2e.json")], env=env, capture_output=True, text=True, timeout=300)
     assert e2e.returncode == 0, e2e.stderr[-2000:]
     res = json.loads((tmp_path / "e2e.json").read_text())["results"]["tiny-moe"]
     assert set(res["tokens_per_s"]) == {"loop", "grouped_mm", "tuned"} and res["routed_calls"] > 0
     assert res["max_rel_loss_diff_vs_loop"] < 1e-3
-    gg = subprocess.run([sys.executable, str(root / "benchmarks/moe_grouped_gemm.py"), "--smoke", "--tune",
+    gg = subprocess.run([sys.executable, str(root / "benchmarks/moe/moe_grouped_gemm.py"), "--smoke", "--tune",
                          "--reps", "2", "--max-configs", "1", "--tune-budget-s", "0.05",
                          "--cases", "qwen3-30b-a3b-up", "--out", str(tmp_path / "gg.json")],
                         env=env, capture_output=True, text=True, timeout=300)

@@ -221,7 +221,7 @@ def test_blaslt_kernel_runs_with_arguments_settled_per_signature(monkeypatch) ->
 
 
 def test_routing_overhead_benchmark_smoke() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "routing_overhead.py"), "--smoke"],
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "runtime" / "routing_overhead.py"), "--smoke"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)

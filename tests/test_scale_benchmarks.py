@@ -23,7 +23,7 @@ def _smoke(script: str, out: Path) -> dict:
 
 
 def test_multi_gpu_tuning_smoke(tmp_path: Path) -> None:
-    data = _smoke("multi_gpu_tuning.py", tmp_path / "mg.json")
+    data = _smoke("gemm/multi_gpu_tuning.py", tmp_path / "mg.json")
     assert data["problems"] == 16 and data["gpus"] == 2 and not data["failures"]
     assert data["choices"]["problems"] == 16 and data["speedup"] > 0
     assert {r["one_gpu"] for r in data["choices"]["rows"]} <= {"torch", "mm_out"}
@@ -36,7 +36,7 @@ def test_multi_gpu_tuning_smoke(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_fsdp2_benchmark_smoke(tmp_path: Path) -> None:
-    data = _smoke("fsdp2_llama3_8b.py", tmp_path / "fsdp2.json")
+    data = _smoke("trainer/fsdp2_llama3_8b.py", tmp_path / "fsdp2.json")
     for run in ("fsdp2_eager", "fsdp2_compile"):
         assert data[run]["median_tokens_per_s"] > 0 and "parallel.dp_shard=2" in data[run]["cmd"]
     assert "train.compile=true" in data["fsdp2_compile"]["cmd"]
@@ -50,7 +50,7 @@ def test_eight_gpus_benchmark_smoke_on_two_ranks(tmp_path: Path) -> None:
     rank and analyzed, each layout's losses against one process, the EP trace tuned."""
     out = tmp_path / "two"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, str(BENCHMARKS / "eight_gpus.py"), "--smoke", "--gpus", "2",
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "trainer" / "eight_gpus.py"), "--smoke", "--gpus", "2",
                              "--skip", "preflight", "multi-gpu", "--out", str(out)],
                             capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-3000:]

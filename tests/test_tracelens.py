@@ -194,7 +194,7 @@ def test_write_problems_reports_unwritable_path(tmp_path: Path) -> None:
 
 
 def test_cuda_graph_replay_kernels_link_to_the_graph_launch() -> None:
-    """benchmarks/capture_graph_trace.py on the H100: a linear + relu captured in a CUDA graph
+    """benchmarks/profiler/capture_graph_trace.py on the H100: a linear + relu captured in a CUDA graph
     and replayed under ``record_function("graph_replay")``, then run eagerly."""
     from primus_perf.tracelens import load as L
     from primus_perf.tracelens.link import link
@@ -217,7 +217,7 @@ def test_cuda_graph_replay_kernels_link_to_the_graph_launch() -> None:
 
 @pytest.mark.parametrize("mode", ["tp2", "dp2"])
 def test_two_rank_nccl_runs(mode: str) -> None:
-    """benchmarks/capture_tp_traces.py under torchrun on 2x H200 (NCCL): llama3-8b, 2 layers,
+    """benchmarks/profiler/capture_tp_traces.py under torchrun on 2x H200 (NCCL): llama3-8b, 2 layers,
     seq 1024, tensor parallel (tp2) or data parallel (dp2)."""
     tp = 2 if mode == "tp2" else 1
     cfg = load_config("llama3-8b", [*H100_OVERRIDES, f"parallel.tp={tp}"])

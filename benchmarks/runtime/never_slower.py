@@ -1,0 +1,293 @@
+"""Never slower than what the user had: the tuned cache, confirmed in the step, against every
+fixed choice the user could have made, in one process, interleaved.
+
+    python benchmarks/runtime/never_slower.py --out benchmarks/results/never_slower/h100.json moe
+    python benchmarks/runtime/never_slower.py --out ... example --cache CONFIRMED.json
+    python benchmarks/runtime/never_slower.py --out ... loop
+    python benchmarks/runtime/never_slower.py --out /tmp/smoke.json --smoke moe   # CPU: the script
+
+Sections (each adds or replaces its rows in ``--out``; the file is a list of rows
+``{"case", "tuned_ms", "baselines": {name: ms}, ...}`` with each side's spread):
+
+- ``moe``: primus-train on deepseek-v3, mixtral-8x7b and qwen3-30b-a3b, two override sets
+  each. Per case: the grouped problems of a few steps (a recording router; calls per step
+  counted), tuned offline (``tuner/grouped``), then confirmed inside the trainer's steps
+  (``primus_perf.runtime.confirm``: each finalist against the caller's backend, call by
+  call, CUDA events where the call runs); then one trainer switched per block between the
+  fixed backends (``loop``, ``grouped_mm``, ``triton`` with its default config) and the
+  confirmed cache (``tuned``: its router installed over the trainer's default backend), in
+  rotating order, ``--blocks`` blocks of ``--block-steps`` steps a side after one settling
+  step. The row also has the step saving the cache's in-step figures predict (per-call
+  saving x calls per step, summed) and the measured one, with its spread.
+- ``example``: ``examples/llama_train.py`` without enable and under ``enable()`` with a
+  confirmed cache (``--cache``), ``--pairs`` blocks of ``--block`` steps each way.
+- ``loop``: ``primus-tune loop``'s trainer run on llama3-8b (4 layers, seq 4096,
+  micro-batch 2): tuned and confirmed cache against torch, interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.*
+
+from benchmarks.moe.moe_e2e import record_calls, rotated_blocks
+from primus_perf.devices import current_device, library_versions
+from primus_perf.files import write_json
+from primus_perf.runtime import routes
+from primus_perf.runtime.activate import activate
+from primus_perf.trainer.config import load_config
+from primus_perf.trainer.loop import Trainer
+from primus_perf.trainer.moe import moe_layers
+
+# two override sets per model: the first as in benchmarks/moe/moe_e2e.py, the second longer
+# sequences or more tokens per step (a held-out token distribution)
+MOE_CASES: dict[str, tuple[str, list[str]]] = {
+    "deepseek-v3/a": ("deepseek-v3", ["model.n_layers=2", "model.moe.first_k_dense=1", "model.moe.n_experts=32",
+                                      "model.vocab_size=32000", "train.seq_len=2048", "train.micro_batch=1"]),
+    "deepseek-v3/b": ("deepseek-v3", ["model.n_layers=2", "model.moe.first_k_dense=1", "model.moe.n_experts=48",
+                                      "model.vocab_size=32000", "train.seq_len=3072", "train.micro_batch=1"]),
+    "mixtral-8x7b/a": ("mixtral-8x7b", ["model.n_layers=1", "train.seq_len=4096", "train.micro_batch=1"]),
+    "mixtral-8x7b/b": ("mixtral-8x7b", ["model.n_layers=1", "train.seq_len=4096", "train.micro_batch=2"]),
+    "qwen3-30b-a3b/a": ("qwen3-30b-a3b", ["model.n_layers=2", "model.vocab_size=32000", "train.seq_len=4096",
+                                          "train.micro_batch=1"]),
+    "qwen3-30b-a3b/b": ("qwen3-30b-a3b", ["model.n_layers=3", "model.vocab_size=32000", "train.seq_len=2048",
+                                          "train.micro_batch=2"]),
+}
+SMOKE_CASES = {"tiny-moe/a": ("tiny-moe", ["model.n_layers=2", "train.seq_len=32", "train.micro_batch=2"])}
+FIXED = ("loop", "grouped_mm", "triton")
+FINE_GRAINED = 64  # experts per rank from which the bar asks 1.05x
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def spread_ms(xs: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 2 else [xs[0]] * 3
+    return {"median_ms": statistics.median(xs) * 1e3, "q1_ms": q[0] * 1e3, "q3_ms": q[2] * 1e3, "n": len(xs)}
+
+
+def tune_grouped(problems: list[Any], cache: Path, args: argparse.Namespace) -> None:
+    from primus_perf.tuner import core
+    from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    core.tune(problems, cache=cache, tuners=[GroupedGemmTuner(device=device, max_configs=args.max_configs)],
+              budget_s=args.budget_s)
+
+
+def confirm_in_trainer(preset: str, overrides: list[str], cache: Path, steps: int, say: Any) -> dict[str, Any]:
+    """The cache's choices confirmed inside ``steps`` steps of the trainer (the cache is
+    rewritten: choices that do not win where they run go back to the default)."""
+    from primus_perf.closed_loop import confirm_trainer
+
+    run = confirm_trainer(preset, overrides, cache, steps=steps, say=lambda m: say(f"  {m}"))
+    return {"unseen": run.unseen, "rows": [{"problem": r.problem, "entries": r.entries, **r.verdict.figure()}
+                                           for r in run.rows]}
+
+
+def set_side(trainer: Trainer, side: str, router: Any, default: str) -> None:
+    routes.remove()
+    for layer in moe_layers(trainer.model):
+        layer.backend = default if side == "tuned" else side
+        layer.backend_checked = False
+    if side == "tuned" and router is not None:
+        routes.install({"grouped_gemm": router})
+
+
+def predicted_saving_ms(cache: Path, calls: Counter) -> float | None:
+    """Step saving the cache's in-step figures predict: (baseline - choice) per call x
+    calls per step, over the entries that route."""
+    total, found = 0.0, False
+    for entry in read_json(cache).get("entries", []):
+        ins = entry.get("in_step")
+        if not ins or entry.get("problem_key") not in calls:
+            continue
+        if ins.get("verdict") not in (None, "kept"):
+            continue
+        found = True
+        total += (ins["baseline_ms"] - ins["choice_ms"]) * calls[entry["problem_key"]]
+    return total if found else None
+
+
+def recorded(preset: str, overrides: list[str], steps: int) -> tuple[str, list, Counter]:
+    """The trainer's default grouped backend, and the grouped problems ``steps`` steps ran
+    with their calls per step; the trainer is gone on return (its model and optimizer
+    state would otherwise stay on the device through the tuning and the confirmation: a
+    second trainer of deepseek-v3 with 48 experts then ran out of an H100's memory)."""
+    trainer = Trainer(load_config(preset, overrides))
+    try:
+        trainer.train_step()
+        default = moe_layers(trainer.model)[0].backend
+        problems, calls = record_calls(trainer, steps)
+    finally:
+        trainer.close()
+    return default, problems, calls
+
+
+def release_device_memory() -> None:
+    """Hand the cached blocks of trainers and tensors that are gone back to the device."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def moe_case(case: str, preset: str, overrides: list[str], args: argparse.Namespace, tmp: Path, say: Any) -> dict:
+    cache = tmp / f"{case.replace('/', '_')}.json"
+    default, problems, calls = recorded(preset, overrides, args.record_steps)
+    release_device_memory()
+    say(f"{case}: {len(problems)} grouped problems; default backend {default}; tuning")
+    tune_grouped(problems, cache, args)
+    release_device_memory()
+    confirmed = confirm_in_trainer(preset, overrides, cache, args.confirm_steps, say)
+    release_device_memory()
+    sides = (*FIXED, "tuned")
+    trainer = Trainer(load_config(preset, overrides))
+    act = activate(cache, always=["grouped_gemm"])
+    router = act.routers.get("grouped_gemm")
+    times: dict[str, list[float]] = {s: [] for s in sides}
+    try:
+        for side in sides:  # warm-up: compile, allocate, plan on every side
+            set_side(trainer, side, router, default)
+            trainer.train_step()
+        for side in rotated_blocks(tuple(sides), args.blocks):
+            set_side(trainer, side, router, default)
+            trainer.train_step()
+            times[side] += [trainer.train_step().step_time_s for _ in range(args.block_steps)]
+        summary = router.summary() if router is not None else {}
+    finally:
+        routes.remove()
+        act.close()
+        trainer.close()
+    med = {s: statistics.median(v) * 1e3 for s, v in times.items()}
+    fastest = min(FIXED, key=lambda s: med[s])
+    experts = problems[0].groups if problems else 0
+    # measured saving against the trainer's default backend, with the spread of block pairs
+    n = args.block_steps
+    pairs = [statistics.median(times[default][i:i + n]) - statistics.median(times["tuned"][i:i + n])
+             for i in range(0, len(times["tuned"]), n)]
+    row = {
+        "case": case, "preset": preset, "overrides": overrides, "experts": experts, "default_backend": default,
+        "tuned_ms": med["tuned"], "baselines": {s: med[s] for s in FIXED},
+        "spread": {s: spread_ms(v) for s, v in times.items()},
+        "fastest_fixed": fastest, "tuned_vs_fastest_fixed": med[fastest] / med["tuned"],
+        "bar": 1.05 if experts >= FINE_GRAINED else 0.995,
+        "saving_vs_default_ms": {"measured": med[default] - med["tuned"],
+                                 "block_pairs_ms": [p * 1e3 for p in pairs],
+                                 "predicted": predicted_saving_ms(cache, calls)},
+        "calls_per_step": dict(calls), "confirmation": confirmed, "cache": read_json(cache),
+        "routed_calls": sum(summary.get("routed", {}).values()),
+        "fallback_calls": sum(summary.get("fallback", {}).values()),
+    }
+    say(f"{case}: tuned {med['tuned']:.2f} ms; " + ", ".join(f"{s} {med[s]:.2f}" for s in FIXED)
+        + f"; tuned {row['tuned_vs_fastest_fixed']:.3f}x of the fastest fixed ({fastest}), bar {row['bar']}")
+    return row
+
+
+def section_moe(args: argparse.Namespace, say: Any) -> list[dict]:
+    cases = SMOKE_CASES if args.smoke else MOE_CASES
+    chosen = args.cases or list(cases)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in chosen:
+            preset, overrides = cases[case]
+            rows.append(moe_case(case, preset, overrides, args, Path(tmp), say))
+            release_device_memory()
+            yield_rows(args, rows)
+    return rows
+
+
+def section_example(args: argparse.Namespace, say: Any) -> list[dict]:
+    import primus_perf
+    from benchmarks.runtime.enable_overhead import SMOKE, interleaved, load_example
+
+    if args.cache is None:
+        raise SystemExit("example: --cache CONFIRMED.json is required")
+    example = load_example()
+    margs = example.parse(SMOKE if args.smoke else [])
+    model, opt = example.build(margs)
+    for i in range(2):
+        example.step(model, opt, margs, i)
+    times = interleaved(lambda i: example.step(model, opt, margs, i),
+                        lambda: primus_perf.enable(str(args.cache), log=None), args.pairs, args.block, start=2)
+    on, off = spread_ms(times["on"]), spread_ms(times["off"])
+    say(f"example: enable+cache {on['median_ms']:.2f} ms, without {off['median_ms']:.2f} ms "
+        f"({off['median_ms'] / on['median_ms']:.4f}x)")
+    return [{"case": "examples/llama_train.py under enable()", "tuned_ms": on["median_ms"],
+             "baselines": {"no enable": off["median_ms"]}, "spread": {"tuned": on, "no enable": off},
+             "tuned_vs_fastest_fixed": off["median_ms"] / on["median_ms"], "bar": 1.0,
+             "cache": read_json(args.cache), "pairs": args.pairs, "block": args.block}]
+
+
+def section_loop(args: argparse.Namespace, say: Any) -> list[dict]:
+    from primus_perf.closed_loop import run_loop
+
+    preset, overrides = ("tiny", []) if args.smoke else (
+        "llama3-8b", ["model.n_layers=4", "train.seq_len=4096", "train.micro_batch=2"])
+    with tempfile.TemporaryDirectory() as tmp:
+        res = run_loop(preset, overrides, tmp, budget_s=args.budget_s, blocks=args.blocks,
+                       block_steps=args.block_steps, say=say)
+        m = res.measurement
+        if m is None:
+            say(f"loop: no measurement ({res.tuning_skipped})")
+            return []
+        cache = read_json(res.cache) if res.cache else None
+    t, d = spread_ms(m.tuned_s), spread_ms(m.default_s)
+    say(f"loop: tuned {t['median_ms']:.2f} ms, torch {d['median_ms']:.2f} ms ({m.speedup:.4f}x)")
+    return [{"case": f"primus-tune loop {preset} " + " ".join(overrides), "tuned_ms": t["median_ms"],
+             "baselines": {"torch": d["median_ms"]}, "spread": {"tuned": t, "torch": d},
+             "tuned_vs_fastest_fixed": m.speedup, "bar": 0.995, "routed_calls": m.routed_calls,
+             "cache": cache}]
+
+
+def yield_rows(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Merge ``rows`` into ``--out`` (rows of the same case replaced): what is done survives."""
+    doc = read_json(args.out) if args.out.exists() else {}
+    kept = [r for r in doc.get("rows", []) if r["case"] not in {x["case"] for x in rows}]
+    doc.update(benchmark="never_slower", device=current_device().to_dict(), versions=library_versions(),
+               smoke=args.smoke, rows=kept + rows)
+    write_json(args.out, doc, default=float)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--smoke", action="store_true", help="tiny presets on the CPU: checks the script")
+    ap.add_argument("--cases", nargs="*", default=None, help=f"moe cases (default all: {', '.join(MOE_CASES)})")
+    ap.add_argument("--cache", type=Path, default=None, help="example: the confirmed cache")
+    ap.add_argument("--record-steps", type=int, default=2)
+    ap.add_argument("--confirm-steps", type=int, default=30, help="at most; it stops when every problem has its verdict")
+    ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--block-steps", type=int, default=4)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--block", type=int, default=10)
+    ap.add_argument("--max-configs", type=int, default=12)
+    ap.add_argument("--budget-s", type=float, default=1.5)
+    ap.add_argument("section", choices=("moe", "example", "loop"))
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.record_steps, args.confirm_steps, args.blocks, args.block_steps = 1, 2, 1, 1
+        args.pairs, args.block, args.max_configs, args.budget_s = 1, 1, 1, 0.05
+    elif not torch.cuda.is_available():
+        raise SystemExit("never_slower measures a GPU; use --smoke on the CPU")
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows = {"moe": section_moe, "example": section_example, "loop": section_loop}[args.section](args, say)
+    yield_rows(args, rows)
+    say(f"written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
