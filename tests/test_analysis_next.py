@@ -391,16 +391,17 @@ def test_report_shows_the_new_sections_in_chromium(tmp_path: Path) -> None:
 
 
 def test_top_recommendations_of_the_h100_trainer_runs_agree_with_their_measured_savings() -> None:
-    """The trainer's own H100 runs (benchmarks/results/advice_h100): the top recommendation's
+    """The trainer's own H100 runs (benchmarks/results/advice_check/h100): the top recommendation's
     estimate against the saving measured by applying it in interleaved runs on the same
     machine: dense llama3-8b, train.compile=true (advice_check.json); MoE qwen3-30b-a3b,
-    train.micro_batch=2 per base step's tokens (recommendation_check_moe.json). Within 30%."""
-    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "advice_h100"
+    train.micro_batch=2 per base step's tokens (recommendation_check/h100.json). Within 30%."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    root = results / "advice_check" / "h100"
     measured = {
         "dense": ("fusion", "train.compile=true",
                   json.loads((root / "dense" / "advice_check.json").read_text())["measured_saving_ms"]["compile"]),
         "moe": ("host: launches", "train.micro_batch=2",
-                json.loads((root / "recommendation_check_moe.json").read_text())["measured_saving_ms"]),
+                json.loads((results / "recommendation_check" / "h100.json").read_text())["measured_saving_ms"]),
     }
     for name, (category, key, saved_ms) in measured.items():
         top = analyze(root / name).recommendations.iloc[0]

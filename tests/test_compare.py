@@ -150,7 +150,7 @@ def test_diff_html_renders_in_chromium(base: Analysis, faster_gemms: Analysis, t
     assert "faster per step" in res.dom
 
 
-LOOP = Path(__file__).parents[1] / "benchmarks" / "results" / "closed_loop_h100"
+LOOP = Path(__file__).parents[1] / "benchmarks" / "results" / "closed_loop" / "h100"
 
 
 def test_real_runs_with_and_without_a_tuning_cache(tmp_path: Path) -> None:

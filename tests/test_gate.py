@@ -223,7 +223,7 @@ def test_the_default_profiled_window_is_the_smallest_that_catches_five_percent()
 
 
 def test_committed_simulation_table_matches_the_rule() -> None:
-    data = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "gate_simulation_cpu.json").read_text())
+    data = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "gate_simulation" / "cpu.json").read_text())
     assert data["default_profile_window"] == g.DEFAULT_PROFILE_STEPS
     assert data["alpha"] == g.DEFAULT_ALPHA and data["max_regression"] == g.DEFAULT_MAX_REGRESSION
 

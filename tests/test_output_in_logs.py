@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "tests" / "data" / "traces"
 CUDNN = TRACES / "h100_llama3-8b_l2_s1024_cudnn.json.gz"
 FLASH = TRACES / "h100_llama3-8b_l2_s1024_flash.json.gz"
-GATE = ROOT / "benchmarks" / "results" / "gate_h100"
-CACHE = ROOT / "benchmarks" / "results" / "closed_loop_h100" / "tuning_cache.json"
+GATE = ROOT / "benchmarks" / "results" / "gate" / "h100"
+CACHE = ROOT / "benchmarks" / "results" / "closed_loop" / "h100" / "tuning_cache.json"
 
 # Runs each command as its console script would (run_app: help layout, errors), with its
 # stdout (fd 1 and sys.stdout) going to OUT/<name>.txt and its stderr to OUT/<name>.err.
