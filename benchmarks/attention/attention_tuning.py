@@ -188,12 +188,16 @@ def main() -> int:
     data = json.loads(args.resume.read_text()) if args.resume and args.resume.exists() else {}
     data.update({"device": ident.to_dict(), "versions": library_versions(), "bars": BARS})
     data.setdefault("problems", {})
-    if args.e2e and args.e2e_first and "e2e" not in data:
+
+    def e2e() -> None:
         try:
             data["e2e"] = bench_e2e(args.e2e_steps, 4, log)
         except Exception as exc:
             log(f"e2e failed {exc!r}")
             data["e2e"] = {"error": repr(exc)[:500]}
+
+    if args.e2e and args.e2e_first and "e2e" not in data:
+        e2e()
         write(args.out, data)
     for name in args.problems.split(","):
         if name in data["problems"]:
@@ -209,11 +213,7 @@ def main() -> int:
         write(args.out, data)
         torch.cuda.empty_cache()
     if args.e2e and "e2e" not in data:
-        try:
-            data["e2e"] = bench_e2e(args.e2e_steps, 4, log)
-        except Exception as exc:
-            log(f"e2e failed {exc!r}")
-            data["e2e"] = {"error": repr(exc)[:500]}
+        e2e()
     write(args.out, data)
     return 0
 
