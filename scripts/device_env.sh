@@ -1,6 +1,6 @@
 # Source at the start of a command on a GPU machine with no network:
 #   source scripts/device_env.sh
-# Installs the carried wheels (.whl/, see README "GPU machines") into /tmp/site and the
+# Installs the carried wheels (.whl/, see docs/gpu-machines.md) into /tmp/site and the
 # package itself in editable mode, without touching the machine's own torch.
 set -e
 if compgen -G ".whl/*.whl" >/dev/null; then
