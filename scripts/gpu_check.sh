@@ -17,7 +17,10 @@
 # eight-checks (preflight and tuning with 8 workers); fp8-tests (the FP8 GPU tests), fp8
 # (benchmarks/fp8/fp8_loop.py: llama3-8b and qwen2.5-7b), fp8-moe (its MoE FP8 grouped GEMMs),
 # never-slower (benchmarks/runtime/never_slower.py: MoE cases, the dense loop, the example with the
-# cache `confirm` left), hf-moe (the foreign grouped GEMM GPU tests and benchmarks/moe/hf_moe_e2e.py).
+# cache `confirm` left; never-slower-loop and never-slower-example alone), routing
+# (benchmarks/runtime/routing_overhead.py), hf-moe (the foreign grouped GEMM GPU tests and
+# benchmarks/moe/hf_moe_e2e.py).
+# On a machine of several GPUs, scripts/gpu_parallel.sh runs a list of steps on each GPU at once.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -39,6 +42,14 @@ for step in "$@"; do
       primus-tune loop --config tiny --out /tmp/loop_tiny 2>&1 | tee "$OUT/loop_tiny.log" | tail -12
       primus-tune loop --config llama3-8b --out /tmp/loop_8b model.n_layers=2 train.seq_len=2048 2>&1 \
         | tee "$OUT/loop_llama3-8b.log" | tail -30 ;;
+    routing)
+      python benchmarks/runtime/routing_overhead.py --result "$OUT/routing_overhead.json" 2>&1 | tail -4 ;;
+    never-slower-loop)
+      python benchmarks/runtime/never_slower.py --out "$OUT/never_slower.json" --blocks 6 --block-steps 6 loop 2>&1 \
+        | tee "$OUT/never_slower_loop.log" | tail -4 ;;
+    never-slower-example)
+      python benchmarks/runtime/never_slower.py --out "$OUT/never_slower.json" --pairs 5 example \
+        --cache /tmp/enable_offline.json 2>&1 | tee "$OUT/never_slower_example.log" | tail -2 ;;
     preflight)
       primus-profile preflight --json "$OUT/preflight.json" -o "$OUT/preflight.html" 2>&1 | tail -40 ;;
     enable)

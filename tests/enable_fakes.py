@@ -23,9 +23,8 @@ from primus_perf.kernels.attention.router import (
     problem_of,
 )
 from primus_perf.kernels.gemm import GemmRouter, torch_mm
-from primus_perf.kinds import RouterPart
+from primus_perf.kinds import ATTENTION, RouterPart
 from primus_perf.problems import AttentionProblem, GemmProblem
-from primus_perf.runtime.activate import KINDS
 
 FAKE_SOURCE = "fakeblas"
 FAKE_VERSIONS = {"fakeblas": "1.0"}
@@ -52,9 +51,8 @@ def fake_factory(problem, solution, device):
 
 FAKE_TABLE = {FAKE_SOURCE: fake_factory}
 FAKE_KINDS = {
-    "gemm": RouterPart(lambda es: GemmRouter.from_entries(list(es), FAKE_TABLE), lambda: dict(FAKE_VERSIONS),
-                       lambda: GemmRouter([], FAKE_TABLE)),
-    "attention": KINDS["attention"],
+    "gemm": RouterPart(lambda es: GemmRouter.from_entries(list(es), FAKE_TABLE), lambda: dict(FAKE_VERSIONS)),
+    "attention": ATTENTION.part("router"),
 }
 
 
@@ -102,8 +100,7 @@ class CountingAttentionRouter(AttentionRouter):
 
 COUNTED_KINDS = {
     **FAKE_KINDS,
-    "attention": RouterPart(lambda es: CountingAttentionRouter.from_entries(list(es)), library_versions,
-                            lambda: CountingAttentionRouter({})),
+    "attention": RouterPart(lambda es: CountingAttentionRouter.from_entries(list(es)), library_versions),
 }
 
 

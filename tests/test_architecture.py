@@ -1,12 +1,15 @@
-"""The package's import graph, derived from the source: no cycles between packages nor
+"""The package's structure, derived from the source: no import cycles between packages nor
 between the modules of one package, and the directions DESIGN.md names (the trainer never
 reaches the tuner by any path, the cache never imports the trainer, the trace analyzer
-imports neither, ...). Every import counts: module level, function level,
-``TYPE_CHECKING`` blocks and string imports through ``importlib``."""
+imports neither, ...); every import counts: module level, function level, ``TYPE_CHECKING``
+blocks and string imports through ``importlib``. And one owner per concern: only the tuner's
+measurement core times candidates in a loop or defines a selection margin, and only the
+runtime overrides aten operators."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -26,15 +29,15 @@ ALLOWED: dict[str, set[str]] = {
     "tracelens": {"cache"},  # report --cache reads the store to mark tuned problems
     "profiler": {"trainer", "kernels", "cache", "tracelens"},
     "gate": {"tracelens", "profiler", "trainer", "kernels", "cache"},
-    "tuner": {"kernels", "cache", "runtime", "tracelens"},  # online tuning wraps the runtime's routers
+    # online tuning wraps the runtime's routers; the FP8 plan (and step) tuner measures the trainer's steps
+    "tuner": {"kernels", "cache", "runtime", "tracelens", "trainer"},
     # primus_perf.enable: the runtime's enable with the tuner's online tuning plugged in
     "tuned_kernels": {"runtime", "tuner"},
     "env_hook": {"tuned_kernels", "runtime"},
     # the whole loop: profile, analyze, report, tune, train with the cache
-    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "tuned_kernels",
-                    "fp8"},
-    # the FP8 plan tuner: trains (trainer) and writes fp8_plan entries; kinds: its record
-    "fp8": {"trainer", "runtime", "kernels", "cache", "kinds"},
+    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "tuned_kernels"},
+    # the public face of FP8 plans: tuned by tuner.fp8, applied by runtime.fp8
+    "fp8": {"runtime", "tuner"},
 }
 # never, whatever ALLOWED says: the rules DESIGN.md spells out
 FORBIDDEN = [("trainer", "tuner"), ("runtime", "tuner"), ("kernels", "runtime"), ("cache", "runtime"),
@@ -258,3 +261,120 @@ def test_no_import_path_at_all(unit, other):
             m = seen[m]
             path.append(m)
         raise AssertionError(f"{unit} reaches {other}: " + " -> ".join(reversed(path)))
+
+
+# ---- one owner per concern -------------------------------------------------------------------
+
+CORE = {"primus_perf.tuner.measure", "primus_perf.tuner.decide"}  # the one clock layer and decision rule
+# units that time work in a loop for a purpose other than choosing: their figures decide nothing
+TIMING_ELSEWHERE = {
+    "profiler": "preflight's hardware probes and capture's phase times report the machine, choose nothing",
+    "gate": "the regression gate repeats whole commands; its statistics test a change, choose nothing",
+}
+CLOCK_CALLS = {"perf_counter", "perf_counter_ns", "process_time", "elapsed_time"}  # (monotonic: deadlines)
+MARGIN_NAME = re.compile(r"(^|_)(MARGIN|MIN_GAIN|MIN_SAVING(_S)?)$")
+MARGIN_ARGS = {"margin", "min_gain", "min_saving_s"}
+
+
+def _called(node: ast.AST) -> str:
+    fn = getattr(node, "func", None)
+    return fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+
+
+def timing_loops(tree: ast.AST) -> list[int]:
+    """Lines of loops whose body reads a clock (or makes a timing event): a timing loop."""
+    out = []
+    for loop in ast.walk(tree):
+        if not isinstance(loop, (ast.For, ast.While, ast.AsyncFor)):
+            continue
+        for node in ast.walk(loop):
+            if not isinstance(node, ast.Call):
+                continue
+            timing_event = _called(node) == "Event" and any(k.arg == "enable_timing" for k in node.keywords)
+            if _called(node) in CLOCK_CALLS or timing_event:
+                out.append(loop.lineno)
+                break
+    return out
+
+
+def selection_margins(tree: ast.AST) -> list[int]:
+    """Lines that define a selection margin: a constant named like one, or a margin parameter
+    with a number for its default."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and MARGIN_NAME.search(t.id) for t in targets):
+                out.append(node.lineno)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            defaults = [*[None] * (len(node.args.posonlyargs) + len(node.args.args) - len(node.args.defaults)),
+                        *node.args.defaults, *node.args.kw_defaults]
+            for arg, default in zip(args, defaults):
+                if arg.arg in MARGIN_ARGS and isinstance(default, ast.Constant) and isinstance(default.value, float):
+                    out.append(node.lineno)
+        elif isinstance(node, ast.ClassDef):  # a dataclass field: margin: float = 0.01
+            for item in node.body:
+                if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                        and item.target.id in MARGIN_ARGS and isinstance(item.value, ast.Constant)):
+                    out.append(item.lineno)
+    return out
+
+
+def aten_overrides(tree: ast.AST) -> list[int]:
+    """Lines that register a kernel for an aten operator: ``Library("aten", ...)``,
+    ``torch.library.impl("aten::...")`` or ``register_kernel("aten::...")``."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant):
+            continue
+        first = node.args[0].value
+        if not isinstance(first, str):
+            continue
+        if (_called(node) == "Library" and first == "aten") or (
+                _called(node) in ("impl", "register_kernel", "register_fake") and first.startswith("aten::")):
+            out.append(node.lineno)
+    return out
+
+
+def _found(check, where=lambda path: True) -> dict[str, list[int]]:
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        if where(path):
+            lines = check(ast.parse(path.read_text(encoding="utf-8")))
+            if lines:
+                found[str(path.relative_to(SRC))] = lines
+    return found
+
+
+def test_the_detectors_find_what_they_look_for():
+    loop = "import time\nfor c in cands:\n    t0 = time.perf_counter()\n    c()\n    ts.append(time.perf_counter() - t0)\n"
+    events = "while n:\n    e = torch.cuda.Event(enable_timing=True)\n"
+    assert timing_loops(ast.parse(loop)) == [2] and timing_loops(ast.parse(events)) == [1]
+    assert timing_loops(ast.parse("t0 = time.perf_counter()\nrun()\nt = time.perf_counter() - t0\n")) == []
+    assert selection_margins(ast.parse("KEEP_DEFAULT_MARGIN = 0.01\nMIN_GAIN = 0.002\n")) == [1, 2]
+    assert selection_margins(ast.parse("def select(times, margin=0.01):\n    pass\n")) == [1]
+    assert selection_margins(ast.parse("class P:\n    margin: float = 0.01\n")) == [2]
+    assert selection_margins(ast.parse("TEMPERATURE_MARGIN_C = 5.0\ndef f(margin=MARGIN): pass\n")) == []
+    assert aten_overrides(ast.parse('lib = torch.library.Library("aten", "IMPL")\n')) == [1]
+    assert aten_overrides(ast.parse('torch.library.impl("aten::mm", "CUDA")(f)\n')) == [1]
+    assert aten_overrides(ast.parse('torch.library.custom_op("primus_perf::gemm")\n')) == []
+
+
+def test_only_the_measurement_core_times_candidates_in_a_loop():
+    def elsewhere(path: Path) -> bool:
+        return _module_of_file(path) not in CORE and _unit_of_file(path) not in TIMING_ELSEWHERE
+
+    assert _found(timing_loops, elsewhere) == {}, "a timing loop outside tuner/measure.py"
+
+
+def test_only_the_decision_core_defines_a_selection_margin():
+    assert _found(selection_margins, lambda p: _module_of_file(p) != "primus_perf.tuner.decide") == {}, \
+        "a selection margin outside tuner/decide.py"
+
+
+def test_only_the_runtime_overrides_aten_operators():
+    assert _found(aten_overrides, lambda p: _unit_of_file(p) != "runtime") == {}
+    cpp = [p.relative_to(SRC) for p in SRC.rglob("*.cpp") if _unit_of_file(p) != "runtime"
+           and re.search(r'TORCH_LIBRARY_IMPL\(aten|Library\([^)]*"aten"', p.read_text())]
+    assert cpp == []

@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("triton")
 import torch
+import torch.nn.functional as F
 
 from primus_perf.kernels.attention.configs import AttnConfig, BwdConfig, FwdConfig
 from primus_perf.kernels.attention.function import triton_attention
@@ -25,6 +26,7 @@ from primus_perf.kernels.attention.reference import (
     tolerance,
 )
 from primus_perf.kernels.attention.router import AttentionChoice, AttentionRouter, problem_of
+from primus_perf.kernels.routing import OWN
 from primus_perf.problems import AttentionProblem
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -123,25 +125,21 @@ def test_router_uses_cached_choice_and_leaves_the_rest_to_torch() -> None:
     choice = AttentionChoice("triton", CONFIGS[1])
     router = AttentionRouter({prob.key(): choice})
     qg = q.clone().requires_grad_(True)
-    out = router(qg, k, v, True)
-    assert out is not None
+    key, run = router.route(qg, k, v, True)
+    assert key == prob.key() and callable(run)
+    out = run()
     assert (out.float() - reference_attention(q, k, v, causal=True)).abs().max().item() < 2e-3
     out.sum().backward()  # the Triton backward runs through autograd
     assert qg.grad is not None and torch.isfinite(qg.grad).all()
-    assert router(q, k, v, False) is None  # not cached: torch's default
-    assert router(q[:, :20], k[:, :20], v[:, :20], True) is None
-    summary = router.summary()
-    assert summary["routed"] == {prob.key(): 1} and summary["failed"] == []
-    assert sum(summary["fallback"].values()) == 2
+    assert router.route(q, k, v, False)[1] is None  # not cached: torch's default
+    assert router.route(q[:, :20], k[:, :20], v[:, :20], True)[1] is None
     # a choice tuned for the kv-expanded problem (as traces of the trainer show GQA) applies
     expanded = AttentionProblem(1, 4, 4, 40, 40, 16, "f16", True, "bshd")
     gqa_router = AttentionRouter({expanded.key(): choice})
-    assert gqa_router(q, k, v, True) is not None
-    assert gqa_router.summary()["routed"] == {prob.key(): 1}
-    # torch's default measured fastest: the router leaves the call to the dispatch
+    assert gqa_router.route(q, k, v, True)[0] == prob.key() and callable(gqa_router.route(q, k, v, True)[1])
+    # torch's default measured fastest: the router answers that the call is torch's own
     default_router = AttentionRouter({prob.key(): AttentionChoice("sdpa:default")})
-    assert default_router(q, k, v, True) is None
-    assert default_router.summary()["routed"] == {prob.key(): 1}
+    assert default_router.route(q, k, v, True) == (prob.key(), OWN)
 
 
 def test_choice_round_trips_through_its_solution_dict() -> None:
@@ -192,10 +190,9 @@ def test_router_from_cache_entries() -> None:
     assert router.choices == {prob.key(): AttentionChoice("triton", CONFIGS[1]),
                               other.key(): AttentionChoice("sdpa:cudnn")}
     q, k, v = random_qkv(1, 4, 2, 40, 40, 16, torch.float16, DEVICE, seed=2)
-    out = router(q, k, v, True)
-    assert out is not None
+    out = router.route(q, k, v, True)[1]()
     assert (out.float() - reference_attention(q, k, v, causal=True)).abs().max().item() < 2e-3
-    assert AttentionRouter.from_entries([]) is None
+    assert AttentionRouter.from_entries([]).choices == {}
     mine.solution = {"config": {"backend": "triton"}, "blob": b""}
     with pytest.raises(CacheError, match="attention cache entry"):
         AttentionRouter.from_entries([mine])
@@ -205,7 +202,7 @@ def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
     from primus_perf.cache.store import TuningCache
     from primus_perf.kernels.attention.router import library_versions
     from primus_perf.runtime import activate as runtime
-    from primus_perf.runtime import routes, seams
+    from primus_perf.runtime import dispatch
 
     path = tmp_path / "tuning.cache"
     prob = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", True, "bshd")
@@ -214,18 +211,22 @@ def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
                                 _entry(stale, AttentionChoice("sdpa:cudnn"), {"torch": "0.0", "triton": "0.0"})])
     device = _entry(prob, AttentionChoice("sdpa:cudnn"), {}).device_identity
     act = runtime.activate(path, device=device)
-    assert routes.installed("attention") is None  # activate installs nothing
-    routes.install(act.routers)
+    attention = dispatch.of("attention")
+    assert attention.router is None  # activate installs nothing
+    attention.reset()
+    attention.install(act.routers["attention"])
+    attention.hold(act, DEVICE)
     try:
         assert act.usable == {"attention": 1}  # the entry with other versions is stale
         assert any("stale" in line for line in act.start_lines())
         q, k, v = random_qkv(1, 4, 2, 40, 40, 16, torch.float16, DEVICE, seed=4)
-        out = seams.attention(q, k, v, causal=True)  # routed to the cached Triton config
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # a program's SDPA layout
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True).transpose(1, 2)
         assert (out.float() - reference_attention(q, k, v, causal=True)).abs().max().item() < 2e-3
-        seams.attention(q, k, v, causal=False)  # stale entry: torch's default
-        assert act.end_summary()["attention"] == {"routed": {prob.key(): 1}, "fallback": {stale.key(): 1},
-                                                  "failed": []}
+        F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)  # stale entry: torch's default
+        assert attention.summary() == {"routed": {prob.key(): 1}, "fallback": {stale.key(): 1}, "failed": []}
     finally:
-        routes.remove()
+        attention.release(act)
+        attention.install(None)
         act.close()
-    assert routes.installed("attention") is None
+    assert attention.router is None and not attention.intercepting

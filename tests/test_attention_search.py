@@ -106,7 +106,7 @@ def test_rocm_space_carries_vendor_options() -> None:
 def test_the_search_times_on_the_sessions_inputs(monkeypatch) -> None:
     """A tuning session's Triton search measures on the session's own real-size inputs (no
     second set), and the leaves its backward timing differentiates share their storage."""
-    from primus_perf.tuner import timing
+    from primus_perf.tuner import measure
     from primus_perf.tuner.attention import search
     from primus_perf.tuner.attention.plugin import AttentionTuner
 
@@ -122,7 +122,7 @@ def test_the_search_times_on_the_sessions_inputs(monkeypatch) -> None:
                            bwd={"block_m1": (16,), "block_n1": (16,), "block_m2": (16,), "block_n2": (16,),
                                 "num_warps": (4,), "num_stages": (1,)})
     tuner = AttentionTuner(strategy="grid", space=one_pair, backends=(), device="cpu")
-    session = tuner.open(PROBLEM, timing.time_cpu, lambda _label: None)
+    session = tuner.open(PROBLEM, measure.time_cpu, lambda _label: None)
     try:
         pool = session.candidates()
         (ev,) = made
@@ -143,7 +143,7 @@ def test_the_core_does_not_validate_or_rough_time_the_searched_candidate_again(m
     """The search checked and timed the found configs on this problem: the core takes its
     error and timed calls, and runs only the other candidates against the reference and in
     the rough pass."""
-    from primus_perf.tuner import core, timing
+    from primus_perf.tuner import core, measure
     from primus_perf.tuner.attention import plugin
 
     one_pair = SearchSpace(fwd={"block_m": (16,), "block_n": (16,), "num_warps": (4,), "num_stages": (1,)},
@@ -156,7 +156,7 @@ def test_the_core_does_not_validate_or_rough_time_the_searched_candidate_again(m
 
     def timer(calls, n_sets, reps, seed=0):
         passes.append({key[0] if isinstance(key, tuple) else "search" for key in calls})
-        return timing.time_cpu(calls, n_sets, reps, seed)
+        return measure.time_cpu(calls, n_sets, reps, seed)
 
     tuner = plugin.AttentionTuner(strategy="grid", space=one_pair, backends=(), device="cpu")
     tuner.reps = core.Reps(rough=2, final_min=2, final_max=2)
@@ -175,14 +175,14 @@ def test_the_core_does_not_validate_or_rough_time_the_searched_candidate_again(m
 def test_backend_race_times_what_runs_and_reports_what_cannot(tmp_path) -> None:
     """The attention kind through the real core on the CPU: wall-clock timing, SDPA
     backends that cannot run are rejected with a reason, the rest raced forward + backward."""
-    from primus_perf.tuner import core, timing
+    from primus_perf.tuner import core, measure
     from primus_perf.tuner.attention.plugin import AttentionTuner, triton_candidate
 
     prob = AttentionProblem(1, 4, 2, 48, 48, 16, "f16", True)
     cfg = AttnConfig(FwdConfig(16, 16, 4, 1), BwdConfig(16, 16, 16, 16, 4, 1))
     tuner = AttentionTuner(strategy=None, backends=("flash", "cudnn"), extra=[triton_candidate(cfg)], device="cpu")
     tuner.reps = core.Reps(rough=2, final_min=2, final_max=2)
-    res = core.tune_problem(tuner, prob, timer=timing.time_cpu)
+    res = core.tune_problem(tuner, prob, timer=measure.time_cpu)
     stats = {c.name: c for c in res.candidates}
     assert set(stats) == {"sdpa:default", "sdpa:flash", "sdpa:cudnn", "triton"}
     assert stats["sdpa:cudnn"].status == "rejected" and stats["sdpa:cudnn"].reason  # no cuDNN on CPU

@@ -1,6 +1,8 @@
-"""Under autocast the dense and the grouped GEMM Functions cast their inputs once to the
-autocast dtype (``kernels.autocast.cast_operands``) and their routers see operands of the
-dtype the GEMM runs in, in every pass; without autocast the weight follows the activations."""
+"""Under autocast the trainer's dense GEMMs (``trainer.model.linear``: ``F.linear``, cast by
+torch's autocast) and its grouped GEMM (``trainer.moe.grouped_mm``: cast once by
+``kernels.autocast.cast_operands``) reach their dispatches' routers with operands of the dtype
+the GEMM runs in, in every pass; without autocast the grouped GEMM's weight follows the
+activations."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import torch
 
 from primus_perf.kernels.autocast import cast_operands, gemm_dtype
 from primus_perf.kinds import GROUPED
-from primus_perf.runtime import routes, seams
-from primus_perf.runtime.seams import grouped_mm
+from primus_perf.trainer.model import linear
+from primus_perf.trainer.moe import grouped_mm
+from test_trainer import routing
 
 COUNTS = (3, 0, 5)
 
@@ -28,38 +31,34 @@ def test_cast_operands_follows_autocast_or_the_activations() -> None:
 def _linear_dtypes(x: torch.Tensor, w: torch.Tensor, autocast: bool) -> set[tuple[torch.dtype, torch.dtype]]:
     seen: set[tuple[torch.dtype, torch.dtype]] = set()
 
-    def router(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        seen.add((a.dtype, b.dtype))
-        return None
+    class Router:
+        def route(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None):
+            seen.add((a.dtype, b.dtype))
+            return "gemm", None
 
-    routes.install({"gemm": router})
-    try:
+    with routing("gemm", Router()):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            y = seams.linear(x, w)
+            y = linear(x, w)
         y.float().sum().backward()
-    finally:
-        routes.remove()
     return seen
 
 
 def _grouped_dtypes(x: torch.Tensor, w: torch.Tensor, autocast: bool) -> set[tuple[str, torch.dtype, torch.dtype]]:
     seen: set[tuple[str, torch.dtype, torch.dtype]] = set()
 
-    def router(phase: str, a: torch.Tensor, b: torch.Tensor, counts) -> None:
-        seen.add((phase, a.dtype, b.dtype))
-        return None
+    class Router:
+        def route(self, phase: str, a: torch.Tensor, b: torch.Tensor, offsets, baseline: str):
+            seen.add((phase, a.dtype, b.dtype))
+            return "grouped", None
 
-    routes.install({GROUPED.name: router})
-    try:
+    with routing(GROUPED.name, Router(), backend="loop"):  # the CPU's backend (``auto``)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             y = grouped_mm(x, w, COUNTS)
         y.float().sum().backward()
-    finally:
-        routes.remove()
     return seen
 
 
-def test_both_gemm_functions_cast_once_to_the_autocast_dtype() -> None:
+def test_both_gemms_run_in_the_autocast_dtype() -> None:
     bf16 = torch.bfloat16
     x = torch.randn(2, 4, 8, requires_grad=True)
     w = torch.randn(6, 8, requires_grad=True)
@@ -71,9 +70,8 @@ def test_both_gemm_functions_cast_once_to_the_autocast_dtype() -> None:
     assert wg.grad is not None and wg.grad.dtype == torch.float32
 
 
-def test_without_autocast_the_weight_follows_the_activations() -> None:
+def test_without_autocast_the_grouped_weight_follows_the_activations() -> None:
     f32 = torch.float32
-    x = torch.randn(4, 8)
-    assert _linear_dtypes(x, torch.randn(6, 8, dtype=torch.bfloat16, requires_grad=True), autocast=False) == {(f32, f32)}
+    assert _linear_dtypes(torch.randn(4, 8), torch.randn(6, 8, requires_grad=True), autocast=False) == {(f32, f32)}
     w = torch.randn(len(COUNTS), 8, 6, dtype=torch.bfloat16, requires_grad=True)
     assert _grouped_dtypes(torch.randn(sum(COUNTS), 8), w, autocast=False) == {(p, f32, f32) for p in ("fwd", "wgrad")}

@@ -3,6 +3,7 @@ installs them: usable entries are routed, stale ones are not."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -22,7 +23,9 @@ from primus_perf.trainer.flops import attention_problem
 
 def attention_entry(device: DeviceIdentity, versions: dict[str, str]) -> CacheEntry:
     cfg = load_config("tiny")
-    prob = attention_problem(cfg.model, cfg.train.micro_batch, cfg.train.seq_len, dtype="f32")
+    p = attention_problem(cfg.model, cfg.train.micro_batch, cfg.train.seq_len, dtype="f32")
+    # the trainer expands the kv heads before SDPA: its calls (and traces) are of this problem
+    prob = dataclasses.replace(p, heads_kv=p.heads_q)
     return CacheEntry(
         kind="attention",
         problem_key=prob.key(),

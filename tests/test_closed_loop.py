@@ -84,3 +84,31 @@ def test_what_its_kinds_plugin_does_not_take_is_a_note(tmp_path: Path) -> None:
     tunable, notes = tunable_problems(problems, tuners)
     assert [str(p) for p in tunable] == ["b1 h4 s64 d16 bf16 causal", "64x16x32 f32 NN"]
     assert notes == ["not tuned: b1 h2 s32 d16 f32 full: attention tuning needs bf16 or f16, not f32"]
+
+
+def test_the_loops_measurement_and_confirmation_run_a_cache_in_the_trainers_steps(tmp_path: Path) -> None:
+    """Steps 4 and 5 of the loop on the CPU (on a GPU they follow the tuning): the confirmation
+    times the cache's routed choice in the trainer's steps and writes its verdict, and the
+    measurement interleaves blocks with the cache enabled and suspended in one trainer."""
+    import dataclasses
+
+    from primus_perf.cache.store import CacheEntry, TuningCache
+    from primus_perf.closed_loop import confirm_trainer, measure_speedup
+    from primus_perf.devices import current_device
+    from primus_perf.kernels.attention.router import library_versions
+    from primus_perf.trainer.flops import attention_problem
+
+    torch.set_num_threads(1)
+    cfg = load_config("tiny", OVERRIDES)
+    p = attention_problem(cfg.model, 2, 64, dtype="f32")
+    p = dataclasses.replace(p, heads_kv=p.heads_q)  # the trainer expands kv heads before SDPA
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(CacheEntry(kind="attention", problem_key=p.key(), problem=p.to_dict(),
+                                      device=current_device().to_dict(), versions=library_versions(),
+                                      solution={"config": {"backend": "sdpa:math"}, "blob": b""}))
+    run = confirm_trainer("tiny", OVERRIDES, cache, steps=3)
+    assert run.exit_code == 0 and not run.rows  # attention is not confirmed in the step (its backward)
+    m = measure_speedup("tiny", OVERRIDES, cache, blocks=2, block_steps=2)
+    assert len(m.default_s) == len(m.tuned_s) == 2 and m.losses_match
+    # routed: the 2 warm-up steps (enabled) and the tuned blocks' (settling + 2) steps, a call a layer
+    assert m.routed_calls == (2 + 2 * 3) * cfg.model.n_layers

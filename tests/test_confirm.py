@@ -5,6 +5,7 @@ writes in-step figures, and `primus-tune cache show` says how each speedup was m
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -16,23 +17,21 @@ from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.cli.tune import app
 from primus_perf.devices import current_device
 from primus_perf.kernels.gemm import GemmRouter, problem_of, torch_mm
-from primus_perf.kernels.grouped.backends import BACKENDS
+from primus_perf.kernels.grouped.backends import BACKENDS, Backend
 from primus_perf.kernels.grouped.passes import problem_of as grouped_problem_of
 from primus_perf.kernels.grouped.passes import run_backend, shape_problem_of
-from primus_perf.kernels.grouped.router import GroupedChoice, library_versions
-from primus_perf.kinds import RouterPart
-from primus_perf.runtime import routes
-from primus_perf.runtime.confirm import (
-    DROPPED,
-    KEPT,
-    Confirmer,
-    ConfirmPolicy,
-    HostClock,
-    ProblemConfirmation,
-    Sample,
-    Verdict,
+from primus_perf.kernels.grouped.router import (
+    BY_SKEW,
+    GroupedChoice,
+    GroupedGemmRouter,
+    library_versions,
 )
-from primus_perf.tuner.confirm import confirm_run
+from primus_perf.kinds import RouterPart
+from primus_perf.runtime import dispatch
+from primus_perf.runtime.grouped import GroupedDispatch
+from primus_perf.tuner.confirm import Confirmer, ConfirmPolicy, confirm_run
+from primus_perf.tuner.decide import DROPPED, KEPT, Verdict
+from primus_perf.tuner.measure import HostClock, Sample
 
 REPEAT = 16  # the extra work of the slow side: the same product this many times
 VERSIONS = {"fakeblas": "1.0"}
@@ -53,7 +52,7 @@ class RepeatedKernel:
 
 SLOW_KINDS = {"gemm": RouterPart(
     lambda es: GemmRouter.from_entries(list(es), {"slowblas": lambda p, s, d: RepeatedKernel()}),
-    lambda: dict(VERSIONS), lambda: GemmRouter([], {}))}
+    lambda: dict(VERSIONS))}
 
 
 def _entry(kind: str, problem, solution: dict, versions: dict, **extra) -> CacheEntry:
@@ -64,7 +63,8 @@ def _entry(kind: str, problem, solution: dict, versions: dict, **extra) -> Cache
 
 def test_abba_order_warmup_and_verdict_margin() -> None:
     clock = HostClock()
-    state = ProblemConfirmation(ConfirmPolicy(samples=4, warmup=1, margin=0.01), clock)
+    policy = ConfirmPolicy(samples=4, warmup=1, margin=0.01)
+    state = policy.pairs(clock)
     sides = []
     for _ in range(10):
         side = state.next_side()
@@ -73,14 +73,15 @@ def test_abba_order_warmup_and_verdict_margin() -> None:
     state.poll()
     assert sides[:8] == ["choice", "baseline", "baseline", "choice"] * 2
     assert state.ready() and len(state.counted()) == 4  # pair 0 is the warm-up
-    v = state.verdict("gemm", "k", "heur2", "torch")
+    v = state.verdict(policy.rule(), kind="gemm", key="k", choice="heur2", baseline="torch")
     assert v.status == KEPT and v.speedup == pytest.approx(2.0) and v.pairs == 4
     # equal times: inside the margin, the baseline stays
-    same = ProblemConfirmation(ConfirmPolicy(samples=4, warmup=0), clock)
+    policy = ConfirmPolicy(samples=4, warmup=0)
+    same = policy.pairs(clock)
     for _ in range(8):
         same.add(same.next_side(), Sample([(0.0, 1.0)]))
     same.poll()
-    v = same.verdict("gemm", "k", "heur2", "torch")
+    v = same.verdict(policy.rule(), kind="gemm", key="k", choice="heur2", baseline="torch")
     assert v.status == DROPPED and v.speedup == pytest.approx(1.0)
     assert "heur2 not confirmed in the step (1.000x [1.000-1.000], 8 calls" in v.text()
 
@@ -93,7 +94,7 @@ def test_a_slow_choice_is_dropped_and_its_entry_corrected(tmp_path: Path) -> Non
 
     def run(confirmer) -> int:
         for _ in range(60):
-            torch.testing.assert_close(torch.mm(a, b), a @ b)  # the aten override: routes.gemm
+            torch.testing.assert_close(torch.mm(a, b), a @ b)  # the aten override: the GEMM dispatch
         return 0
 
     out = confirm_run(cache, run, policy=POLICY, clock=HostClock(), kinds_=("gemm",), device_type="cpu",
@@ -108,10 +109,27 @@ def test_a_slow_choice_is_dropped_and_its_entry_corrected(tmp_path: Path) -> Non
     assert e.in_step["verdict"] == "dropped" and e.in_step["choice"] == "slow" and "host clock" in e.in_step["method"]
     assert e.claim().startswith("torch kept: slow 0.") and e.claim().endswith("(isolated 2.000x)")
     # the corrected cache routes nothing: a GEMM router of torch's own choices is not installed
-    assert GemmRouter.from_entries([e], {}).routes_nothing
+    assert GemmRouter.from_entries([e], {}).idle()
 
 
-def test_a_real_winner_over_the_callers_fallback_is_kept(tmp_path: Path) -> None:
+def _repeated(backend: Backend, name: str) -> Backend:
+    """``backend`` doing its work ``REPEAT`` times: really slower."""
+
+    def repeat(fn):
+        def run(*args):
+            for _ in range(REPEAT - 1):
+                fn(*args)
+            return fn(*args)
+        return run
+
+    return Backend(name, repeat(backend.mm), repeat(backend.wgrad), backend.unsupported)
+
+
+def test_a_real_winner_over_the_callers_fallback_is_kept(tmp_path: Path, monkeypatch) -> None:
+    """The trainer's MoE call (``trainer.moe.grouped_mm``) with the grouped dispatch's backend
+    set by its caller to one doing the work REPEAT times: the cached loop is kept."""
+    from primus_perf.trainer.moe import grouped_mm
+
     torch.manual_seed(0)
     counts = [40, 8, 0, 16]
     x, w = torch.randn(sum(counts), 64), torch.randn(len(counts), 64, 48)
@@ -120,17 +138,17 @@ def test_a_real_winner_over_the_callers_fallback_is_kept(tmp_path: Path) -> None
     choice = GroupedChoice("loop")
     TuningCache(cache).put(_entry("grouped_gemm", problem, {"config": {"name": "loop", **choice.to_solution()},
                                                             "blob": b""}, library_versions()))
-
-    def slow_fallback():  # the caller's backend, doing the work REPEAT times
-        for _ in range(REPEAT - 1):
-            run_backend(BACKENDS["loop"], "fwd", x, w, counts)
-        return run_backend(BACKENDS["loop"], "fwd", x, w, counts)
-
+    monkeypatch.setitem(BACKENDS, "slow_loop", _repeated(BACKENDS["loop"], "slow_loop"))  # the caller's backend
     ref = run_backend(BACKENDS["loop"], "fwd", x, w, counts)
+    grouped = dispatch.of("grouped_gemm")
 
     def run(confirmer) -> int:
-        for _ in range(60):
-            torch.testing.assert_close(routes.grouped("fwd", x, w, counts, slow_fallback, "slow_loop"), ref)
+        grouped.set_backend("slow_loop")  # as the Trainer sets its configured backend
+        try:
+            for _ in range(60):
+                torch.testing.assert_close(grouped_mm(x, w, counts), ref)
+        finally:
+            grouped.set_backend("grouped_mm")
         return 0
 
     out = confirm_run(cache, run, policy=POLICY, clock=HostClock(), kinds_=("grouped_gemm",), device_type="cpu")
@@ -148,8 +166,8 @@ _SHAPE = shape_problem_of("fwd", _X, _W, len(_COUNTS)).key()
 
 
 class _VirtualClock(HostClock):
-    """Time that passes only by the work a call says it did (:func:`_loop_fwd`): verdicts
-    that do not depend on the machine's load."""
+    """Time that passes only by the work a call says it did (:func:`_tick`): verdicts that
+    do not depend on the machine's load."""
 
     t = 0.0
 
@@ -157,43 +175,73 @@ class _VirtualClock(HostClock):
         return _VirtualClock.t
 
 
-def _loop_fwd(times: int = 1) -> torch.Tensor:
-    """The shape's product by the loop, taking ``times`` units of virtual time."""
+def _tick(times: int) -> None:
     _VirtualClock.t += times * 1e-3
-    return run_backend(BACKENDS["loop"], "fwd", _X, _W, _COUNTS)
 
 
-def _confirm_grouped(router, answer, fallback) -> Verdict:
-    """60 calls of the shape through ``Confirmer.grouped`` (baseline: torch's grouped_mm),
-    each answer checked; the shape's verdict."""
+class _TimedRouter(GroupedGemmRouter):
+    """The grouped router over ``choices``, each choice's kernel taking ``units`` of virtual time."""
+
+    units = 1
+
+    def implementation(self, choice: GroupedChoice) -> Backend:
+        real = super().implementation(choice)
+
+        def timed(fn):
+            def run(*args):
+                _tick(self.units)
+                return fn(*args)
+            return run
+
+        return Backend(real.name, timed(real.mm), timed(real.wgrad), real.unsupported,
+                       None if real.mm_offs is None else timed(real.mm_offs),
+                       None if real.wgrad_offs is None else timed(real.wgrad_offs))
+
+
+class _TorchKernel:
+    """torch's ``_grouped_mm`` kernel as the override receives it, taking ``units`` of virtual time."""
+
+    def __init__(self, units: int) -> None:
+        self.units = units
+
+    def call_boxed(self, keyset, a, b, offs, bias, out_dtype):
+        _tick(self.units)
+        return torch._grouped_mm(a, b, offs=offs)
+
+
+def _offs(counts) -> torch.Tensor:
+    """A program's ``offs`` for ``counts``: a new tensor each call, its counts not known on the host."""
+    return torch.tensor(counts).cumsum(0).to(torch.int32)
+
+
+def _confirm_grouped(choices: dict, choice_units: int, torch_units: int, calls) -> tuple[Verdict, GroupedDispatch]:
+    """``calls`` (lists of counts) of the shape through the grouped dispatch's one path (its
+    ``aten::_grouped_mm`` override's body), its router over ``choices`` (counts -> backend),
+    a confirmation interposed; the baseline is torch's kernel. Each answer is checked; the
+    shape's verdict, and the dispatch."""
+    router = _TimedRouter({grouped_problem_of("fwd", _X, _W, c).key(): GroupedChoice(b) for c, b in choices.items()})
+    router.units = choice_units
+    owner = GroupedDispatch("grouped_gemm")  # a dispatch of its own: no override installed, nothing global
+    owner.install(router)
     confirmer = Confirmer(POLICY, _VirtualClock())
-    ref = _loop_fwd()
-    for _ in range(60):
-        torch.testing.assert_close(confirmer.grouped(router, "fwd", _X, _W, len(_COUNTS), answer, fallback,
-                                                     "grouped_mm"), ref)
+    owner.interpose(confirmer)
+    kernel = _TorchKernel(torch_units)
+    for counts in calls:
+        ref = run_backend(BACKENDS["loop"], "fwd", _X, _W, counts)
+        torch.testing.assert_close(owner.call(kernel, None, _X, _W, _offs(counts)), ref)
     (v,) = confirmer.finish()
-    return v
+    return v, owner
 
 
 def test_a_grouped_choice_that_reads_device_offs_on_the_host_is_dropped_though_it_wins() -> None:
     """Where a program's ``offs`` are on the device, a choice that reads them on the host
     (the loop, the padded bmm) makes the program's host wait for the device: a cost the
     call's own timing does not see, so it is dropped even where its calls win."""
-    from collections import Counter
+    from primus_perf.tuner.confirm import WAITED
 
-    from primus_perf.runtime.confirm import WAITED
-
-    class Reading:  # a router whose one shape's choice reads the call's offs on the host
-        def __init__(self) -> None:
-            self.shapes = {_SHAPE: GroupedChoice("loop")}
-            self.offs_reads: Counter = Counter()
-
-        def answer(self):
-            self.offs_reads[_SHAPE] += 1
-            return _loop_fwd()
-
-    router = Reading()
-    v = _confirm_grouped(router, router.answer, lambda: _loop_fwd(REPEAT))  # torch's kernel, slower here
+    # the loop, 1 unit a call, against torch's kernel taking REPEAT: it wins its calls
+    v, _ = _confirm_grouped({tuple(_COUNTS): "loop"}, 1, REPEAT, [_COUNTS] * 60)
+    assert v.key == _SHAPE and v.choice == "loop" and v.baseline == "grouped_mm"
     assert v.status == DROPPED and v.speedup > 2 and v.reason == WAITED, v.text()
     assert "reads the call's offs on the host" in v.text()
 
@@ -201,31 +249,37 @@ def test_a_grouped_choice_that_reads_device_offs_on_the_host_is_dropped_though_i
 def test_a_shape_whose_entries_differ_by_skew_is_confirmed_as_one() -> None:
     """The router's answer for a shape of choices by skew bucket, whichever bucket each call
     falls in, against the baseline: slower, it is dropped (every entry of the shape)."""
-    from types import SimpleNamespace
-
-    from primus_perf.kernels.grouped.router import MIXED
-    from primus_perf.runtime.confirm import BY_SKEW
-
-    router = SimpleNamespace(shapes={_SHAPE: MIXED})  # its answer does the work REPEAT times
-    calls = iter(range(10**6))
-
-    def answer():  # every third call in a skew bucket with no entry: torch's kernel runs it
-        return None if next(calls) % 3 == 2 else _loop_fwd(REPEAT)
-
-    v = _confirm_grouped(router, answer, _loop_fwd)
+    skewed, balanced, other = [40, 8, 0, 16], [16, 16, 16, 16], [64, 0, 0, 0]
+    keys = {grouped_problem_of("fwd", _X, _W, c).key() for c in (skewed, balanced, other)}
+    assert len(keys) == 3  # three skew buckets of one shape
+    choices = {tuple(skewed): "loop", tuple(balanced): "padded_bmm"}
+    # every third call in a skew bucket with no entry: torch's kernel runs it
+    calls = [skewed, balanced, other] * 20
+    v, owner = _confirm_grouped(choices, REPEAT, 1, calls)
     assert v.status == DROPPED and v.choice == BY_SKEW and v.key == _SHAPE and v.speedup < 0.5, v.text()
+    entries = {grouped_problem_of("fwd", _X, _W, c).key() for c in (skewed, balanced)}
+    assert set(owner.entry_keys(v.key)) == entries  # the verdict is written to every entry of the shape
     # faster, it is kept, though each call site's first call reads its counts to pick the
     # bucket (here every call: a model of many layers), which is no wait the backend makes
-    from collections import Counter
+    v, _ = _confirm_grouped(choices, 1, REPEAT, calls)
+    assert v.status == KEPT and v.choice == BY_SKEW and v.key == _SHAPE and not v.reason, v.text()
 
-    router = SimpleNamespace(shapes={_SHAPE: MIXED}, offs_reads=Counter())
 
-    def reading():
-        router.offs_reads[_SHAPE] += 1
-        return _loop_fwd()
-
-    v = _confirm_grouped(router, reading, lambda: _loop_fwd(REPEAT))
-    assert v.status == KEPT and v.choice == BY_SKEW and not v.reason, v.text()
+@contextlib.contextmanager
+def _gemm_dispatch(router, confirmer):
+    """The GEMM dispatch routing to ``router`` with ``confirmer`` interposed (no override
+    held: its Python route is called directly), put back as it was after."""
+    gemm = dispatch.of("gemm")
+    assert gemm.router is None and gemm.interposer is None
+    gemm.reset()
+    gemm.install(router)
+    gemm.interpose(confirmer)
+    try:
+        yield gemm
+    finally:
+        gemm.interpose(None)
+        gemm.install(None)
+        gemm.reset()
 
 
 def test_no_device_sync_and_events_read_only_when_complete() -> None:
@@ -249,8 +303,9 @@ def test_no_device_sync_and_events_read_only_when_complete() -> None:
                                              {"config": {"name": "slow", "source": "slowblas"}, "blob": b""},
                                              VERSIONS)], {"slowblas": lambda p, s, d: RepeatedKernel()})
     a, b = torch.randn(8, 16), torch.randn(16, 8)
-    for _ in range(10):
-        confirmer.gemm(router, a, b)
+    with _gemm_dispatch(router, confirmer) as gemm:
+        for _ in range(10):
+            torch.testing.assert_close(gemm.gemm(a, b), a @ b)
     assert clock.settled == 0 and confirmer.confirming == 1 and not confirmer.verdicts
     (v,) = confirmer.finish()
     assert clock.settled == 1 and v.status in (KEPT, DROPPED) and v.pairs == 5
@@ -323,21 +378,12 @@ def test_cache_show_says_how_each_speedup_was_measured(tmp_path: Path) -> None:
     assert "torch kept: heur2 0.990x in the step [0.970-1.010], 16 calls (isolated 2.000x)" in res.output
 
 
-class LoopRouter:
-    """A grouped router whose one cached choice is the per-expert loop."""
-
-    def __init__(self, shape: str) -> None:
-        self.shapes = {shape: GroupedChoice("loop")}
-
-    def __call__(self, phase, a, b, counts):
-        return run_backend(BACKENDS["loop"], phase, a, b, counts)
-
-
 @pytest.mark.gpu
-def test_on_the_gpu_device_events_drop_a_slow_choice_and_keep_a_fast_one(tmp_path: Path) -> None:
+def test_on_the_gpu_device_events_drop_a_slow_choice_and_keep_a_fast_one(monkeypatch) -> None:
     """CUDA events recorded on the current stream, read when complete: a GEMM choice doing
     16x the work is dropped; a grouped choice over a fallback doing 16x the work is kept."""
-    from primus_perf.runtime.confirm import DeviceClock
+    from primus_perf.kernels.grouped.offsets import known_counts
+    from primus_perf.tuner.measure import DeviceClock
 
     dev = "cuda"
     a, b = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16), torch.randn(2048, 2048, device=dev,
@@ -349,21 +395,23 @@ def test_on_the_gpu_device_events_drop_a_slow_choice_and_keep_a_fast_one(tmp_pat
     counts = [512, 64, 0, 448]
     x, w = torch.randn(sum(counts), 1024, device=dev, dtype=torch.bfloat16), \
         torch.randn(len(counts), 1024, 1024, device=dev, dtype=torch.bfloat16)
-    grouped = LoopRouter(shape_problem_of("fwd", x, w, len(counts)).key())
-
-    def slow_fallback():
-        for _ in range(REPEAT - 1):
-            run_backend(BACKENDS["loop"], "fwd", x, w, counts)
-        return run_backend(BACKENDS["loop"], "fwd", x, w, counts)
-
-    for _ in range(30):
-        confirmer.gemm(router, a, b)
-        confirmer.grouped(grouped, "fwd", x, w, len(counts), lambda: grouped("fwd", x, w, counts), slow_fallback,
-                          "slow_loop")
+    # the caller's backend doing the work 16 times; the cached loop for the shape
+    monkeypatch.setitem(BACKENDS, "slow_loop", _repeated(BACKENDS["loop"], "slow_loop"))
+    grouped = GroupedDispatch("grouped_gemm")  # a dispatch of its own: no override installed, nothing global
+    grouped.set_backend("slow_loop")
+    grouped.install(GroupedGemmRouter({grouped_problem_of("fwd", x, w, counts).key(): GroupedChoice("loop")}))
+    grouped.interpose(confirmer)
+    with _gemm_dispatch(router, confirmer) as gemm:
+        for _ in range(30):
+            gemm.gemm(a, b)
+            # the trainer's offs: their host counts known, so the loop waits for no device read
+            offs = known_counts(torch.tensor(counts, device=dev).cumsum(0).to(torch.int32), counts)
+            grouped.call(_TorchKernel(0), None, x, w, offs)
     verdicts = {v.kind: v for v in confirmer.finish()}
     assert verdicts["gemm"].status == DROPPED and verdicts["gemm"].speedup < 0.2, verdicts["gemm"].text()
     assert verdicts["grouped_gemm"].status == KEPT and verdicts["grouped_gemm"].speedup > 5, \
         verdicts["grouped_gemm"].text()
+    assert verdicts["grouped_gemm"].baseline == "slow_loop"
     assert "device events" in verdicts["gemm"].method
 
 
@@ -436,26 +484,31 @@ def test_kept_gemm_choices_must_pay_for_routing_every_gemm_call() -> None:
     confirmer = Confirmer(ConfirmPolicy(), HostClock())
     confirmer.verdicts = {("gemm", "k1"): _kept("k1", 0.0127), ("gemm", "k2"): _kept("k2", 0.002)}
     confirmer.slot_calls = {("gemm", "k1"): 320, ("gemm", "k2"): 40}
-    confirmer.gemm_calls = 3600  # 90 GEMMs a step, 40 steps; the kept ones saved 4.1 ms
-    out = {v.key: v for v in confirmer.routing_pays(5.0)}  # 3600 x 5 us = 18 ms of routing
+    calls = {"gemm": 3600}  # 90 GEMMs a step, 40 steps; the kept ones saved 4.14 ms
+    out = {v.key: v for v in confirmer.routing_pays({"gemm": 5.0}, calls)}  # 3600 x 5 us = 18 ms of routing
     assert {v.status for v in out.values()} == {DROPPED}
-    assert "less than routing its 3600 GEMM calls costs (5.0 us each: 18.00 ms)" in out["k1"].reason
+    assert "the 2 kept gemm choice(s) saved 4.14 ms over the run" in out["k1"].reason
+    assert "less than routing its 3600 calls costs (5.0 us each: 18.00 ms)" in out["k1"].reason
     assert out["k1"].text().startswith("heur1: 1.050x [1.040-1.060], 16 calls in the step, but the 2 kept")
     assert out["k1"].figure()["reason"] == out["k1"].reason
     confirmer.verdicts = {("gemm", "k1"): _kept("k1", 0.0127)}
-    assert confirmer.routing_pays(1.0)[0].status == KEPT  # 4.06 ms saved > 3.6 ms of routing
-    assert "reason" not in confirmer.routing_pays(1.0)[0].figure()
+    assert confirmer.routing_pays({"gemm": 1.0}, calls)[0].status == KEPT  # 4.06 ms saved > 3.6 ms of routing
+    assert "reason" not in confirmer.routing_pays({"gemm": 1.0}, calls)[0].figure()
+    # another kind's routing cost does not touch the GEMM choices
+    assert confirmer.routing_pays({"grouped_gemm": 5.0}, {"grouped_gemm": 3600})[0].status == KEPT
 
 
 def test_routing_cost_is_measured_on_the_path_against_torchs_kernel() -> None:
-    from primus_perf.runtime.confirm import gemm_routing_cost_us
+    from primus_perf.tuner.measure import host_cost_us
 
     def twice(a, b):  # a path that costs one more GEMM than torch's
         torch_mm(a, b)
         return torch_mm(a, b)
 
-    assert gemm_routing_cost_us(torch_mm, torch_mm, torch.device("cpu"), calls=300) < gemm_routing_cost_us(
+    assert host_cost_us(torch_mm, torch_mm, torch.device("cpu"), calls=300) < host_cost_us(
         twice, torch_mm, torch.device("cpu"), calls=300)
+    # a GEMM's routing is priced on torch.mm (through the overrides in place) against torch's kernel
+    assert dispatch.of("gemm").cost_probe() == (torch.mm, torch_mm)
 
 
 def test_a_dropped_grouped_choice_is_corrected_to_the_callers_backend_even_triton() -> None:
@@ -463,13 +516,14 @@ def test_a_dropped_grouped_choice_is_corrected_to_the_callers_backend_even_trito
     config: a choice that loses to it is rewritten to its default config, not left in place."""
     from primus_perf.kernels.grouped.configs import GroupedGemmConfig
     from primus_perf.problems import GroupedGemmProblem
-    from primus_perf.tuner.confirm import baseline_solution
     from primus_perf.tuner.core import confirmed_entry
 
-    sol = baseline_solution("grouped_gemm", "triton")
+    baseline_solution = dispatch.of("grouped_gemm").baseline_solution  # what a confirmation writes
+
+    sol = baseline_solution("triton")
     assert GroupedChoice.from_solution(sol["config"]) == GroupedChoice("triton", GroupedGemmConfig())
-    assert GroupedChoice.from_solution(baseline_solution("grouped_gemm", "loop")["config"]) == GroupedChoice("loop")
-    assert baseline_solution("grouped_gemm", "no such backend") is None
+    assert GroupedChoice.from_solution(baseline_solution("loop")["config"]) == GroupedChoice("loop")
+    assert baseline_solution("no such backend") is None
     problem = GroupedGemmProblem.from_counts([4, 4], 8, 8)
     e = _entry("grouped_gemm", problem, {"config": {"name": "grouped_mm", **GroupedChoice("grouped_mm").to_solution()},
                                          "blob": b""}, library_versions())

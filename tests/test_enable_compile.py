@@ -35,11 +35,11 @@ from primus_perf.kernels.attention.configs import AttnConfig, BwdConfig, FwdConf
 from primus_perf.kernels.attention.router import AttentionChoice, AttentionRouter
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import AttentionProblem
-from primus_perf.runtime import compiled as compiled_routes
-from primus_perf.runtime import routes
-from primus_perf.runtime.compiled import rewrite_attention
+from primus_perf.runtime import attention as compiled_routes
+from primus_perf.runtime import dispatch
+from primus_perf.runtime.attention import rewrite_attention, torch_attention
+from primus_perf.tuner.attention.online import AttentionOnline
 from primus_perf.tuner.online import Pooled
-from primus_perf.tuner.online_kinds import AttentionOnline
 
 ROUTED_OPS = {"primus_perf.routed_attention.default", "primus_perf.routed_attention_forward.default"}
 
@@ -257,7 +257,7 @@ class FakeAttentionOnline(AttentionOnline):
         def runner(name):
             def attend(q, k, v, causal):
                 self.clock.now += SPEED[name] * 1e-3
-                return primus_perf.runtime.routes.torch_attention(q, k, v, causal)
+                return torch_attention(q, k, v, causal)
             return attend
 
         return [Pooled(n, {"config": {"backend": BACKEND[n]}, "blob": b""}, 0.0, runner(n)) for n in SPEED]
@@ -331,12 +331,13 @@ def test_rewrite_takes_only_the_calls_a_router_takes() -> None:
     for choices, rewritten in (({}, False), ({problem.key(): AttentionChoice(DEFAULT)}, False),
                                ({problem.key(): tuned}, True)):
         # untuned, or torch's default measured fastest: Inductor keeps its own attention
-        routes.install({"attention": AttentionRouter(choices)})
+        attention = dispatch.of("attention")
+        attention.install(AttentionRouter(choices))
         try:
             gm = _dynamo_graph(routable, q, k)
             rewrite_attention(gm.graph)
         finally:
-            routes.remove()
+            attention.install(None)
         gm.recompile()
         targets = _targets(gm)
         assert ("primus_perf.routed_attention_forward.default" in targets) is rewritten, choices
@@ -391,5 +392,5 @@ def test_a_torch_without_inductors_pass_api_says_so(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setitem(sys.modules, "torch._inductor.custom_graph_pass", None)
     with pytest.warns(UserWarning, match="custom passes are not available.*compiled attention calls are not routed"):
-        assert compiled_routes.InductorPass.install("pre_grad_custom_pass", lambda graph: None, "t",
-                                                    "attention calls") is None
+        assert dispatch.InductorPass.install("pre_grad_custom_pass", lambda graph: None, "t",
+                                             "attention calls", ()) is None

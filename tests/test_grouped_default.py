@@ -21,9 +21,12 @@ from primus_perf.kernels.grouped import (
     default_backend,
     in_grouped,
 )
-from primus_perf.runtime.seams import grouped_mm
+from primus_perf.kinds import GROUPED
+from primus_perf.runtime import dispatch
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
+from primus_perf.trainer.moe import grouped_mm
+from test_trainer import routing
 
 CPU = torch.device("cpu")
 
@@ -54,10 +57,12 @@ def test_trainer_default_is_auto_and_explicit_backends_still_work() -> None:
                                                    f"model.moe.grouped_gemm_backend={name}"]))
         try:
             losses[name] = trainer.train_step().loss
-            moe = [m for m in trainer.model.modules() if hasattr(m, "backend") and hasattr(m, "w13")]
-            assert moe and all(m.backend == "loop" for m in moe)  # auto resolves to the rule's choice here
+            assert trainer.grouped == "loop"  # auto resolves to the rule's choice here
+            grouped = dispatch.of(GROUPED.name)  # the MoE layers' torch._grouped_mm calls run it
+            assert grouped.backend == "loop" and grouped.intercepting
         finally:
             trainer.close()
+        assert grouped.backend == "grouped_mm" and not grouped.intercepting  # released at close
     assert losses[AUTO] == losses["loop"]
 
 
@@ -70,10 +75,12 @@ def test_padded_bmm_under_a_dense_router_is_not_re_routed(tmp_path: Path) -> Non
     bmm_problem = problem_of(xp, w)  # the batched GEMM padded_bmm runs in its forward
     cache = tmp_path / "cache.json"
     TuningCache(cache).put(gemm_entry(bmm_problem, current_device()))
-    ref = grouped_mm(x, w, counts, "loop")
+    with routing(GROUPED.name, backend="loop"):
+        ref = grouped_mm(x, w, counts)
     launched.clear()
-    with primus_perf.enable(cache, kinds=("gemm",), device_type="cpu", router_kinds=FAKE_KINDS, log=None):
-        y = grouped_mm(x, w, counts, "padded_bmm")
+    with (primus_perf.enable(cache, kinds=("gemm",), device_type="cpu", router_kinds=FAKE_KINDS, log=None),
+          routing(GROUPED.name, backend="padded_bmm")):
+        y = grouped_mm(x, w, counts)
         assert launched[bmm_problem.key()] == 0 and not in_grouped()
         torch.bmm(xp, w)  # the same GEMM called by the program itself is routed
         assert launched[bmm_problem.key()] == 1
@@ -89,5 +96,6 @@ def test_the_loops_own_gemms_run_inside_the_guard(monkeypatch) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(backends.torch, "mm", spy)
-    grouped_mm(torch.randn(6, 16), torch.randn(3, 16, 16), [2, 2, 2], "loop")
+    with routing(GROUPED.name, backend="loop"):
+        grouped_mm(torch.randn(6, 16), torch.randn(3, 16, 16), [2, 2, 2])
     assert seen == [True, True, True] and not in_grouped()

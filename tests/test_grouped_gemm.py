@@ -1,6 +1,7 @@
 """Grouped GEMM: the problem type, every backend (fwd, dgrad, wgrad) against an fp64
 reference including empty and one-token groups, every Triton config the search can pick
-(under TRITON_INTERPRET=1 on the CPU), and the dispatch seam."""
+(under TRITON_INTERPRET=1 on the CPU), and the trainer's grouped GEMM (``trainer.moe.grouped_mm``:
+``torch._grouped_mm``) through the grouped dispatch's aten override, on each backend."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from primus_perf.kernels.grouped.backends import triton_backend
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig, config_invalid
 from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem, skew_bucket, tokens_bucket
-from primus_perf.runtime import routes
-from primus_perf.runtime.seams import grouped_mm
+from primus_perf.runtime import dispatch
+from primus_perf.trainer.moe import grouped_mm
 from primus_perf.tuner.grouped.space import default_space, tiny_space
+from test_trainer import routing
 
 COUNTS = [5, 0, 1, 19, 0, 8, 1]  # empty groups, one-token groups, unaligned starts
 
@@ -198,17 +200,19 @@ def test_config_validity_rules() -> None:
     assert GroupedGemmConfig.from_dict(big.to_dict()) == big
 
 
-# ---- the dispatch seam -----------------------------------------------------------------------
+# ---- the grouped dispatch -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", list(BACKENDS))
 def test_grouped_mm_autograd_matches_reference(name: str) -> None:
+    """Each backend as the dispatch's (the trainer's configured one) runs all three passes."""
     x, w, dy = _operands(COUNTS, 16, 24, seed=1)
     y_ref, dx_ref, dw_ref = _reference(x, w, dy, COUNTS)
     x.requires_grad_(True)
     w.requires_grad_(True)
-    y = grouped_mm(x, w, COUNTS, name)
-    y.backward(dy)
+    with routing(GROUPED.name, backend=name):
+        y = grouped_mm(x, w, COUNTS)
+        y.backward(dy)
     for got, want in ((y, y_ref), (x.grad, dx_ref), (w.grad, dw_ref)):
         torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4)
 
@@ -217,25 +221,26 @@ def test_router_sees_all_three_passes_and_its_answer_is_used() -> None:
     x, w, dy = _operands(COUNTS, 16, 24, seed=2)
     seen: list[GroupedGemmProblem] = []
 
-    def router(phase, a, b, counts):
-        seen.append(problem_of(phase, a, b, counts))
-        return None
+    class Router:
+        def route(self, phase, a, b, offsets, baseline):
+            seen.append(problem_of(phase, a, b, offsets.counts()))
+            return seen[-1].key(), None
 
     x.requires_grad_(True)
     w.requires_grad_(True)
-    routes.install({GROUPED.name: router})
-    try:
+    with routing(GROUPED.name, Router(), backend="loop"):
         grouped_mm(x, w, COUNTS).backward(dy)
-    finally:
-        routes.remove()
     expected = GroupedGemmProblem.from_counts(COUNTS, 16, 24, dtype="f32")
-    assert [p.phase for p in seen] == ["fwd", "dgrad", "wgrad"]
-    assert seen == [expected.with_phase(phase) for phase in ("fwd", "dgrad", "wgrad")]
-    routes.install({GROUPED.name: lambda phase, a, b, counts: torch.zeros(a.shape[0], b.shape[-1])})
-    try:
+    # each pass once (the backward's two in autograd's order: its formula for _grouped_mm)
+    assert sorted(seen, key=GroupedGemmProblem.key) == sorted(
+        (expected.with_phase(phase) for phase in ("fwd", "dgrad", "wgrad")), key=GroupedGemmProblem.key)
+
+    class Zeros:
+        def route(self, phase, a, b, offsets, baseline):
+            return "zeros", lambda: torch.zeros(a.shape[0], b.shape[-1])
+
+    with routing(GROUPED.name, Zeros(), backend="loop"):
         assert torch.equal(grouped_mm(x.detach(), w.detach(), COUNTS), torch.zeros(x.shape[0], 24))
-    finally:
-        routes.remove()
 
 
 def test_problem_of_reads_a_transposed_weight() -> None:
@@ -251,8 +256,11 @@ def test_grouped_mm_rejects_counts_that_do_not_fit() -> None:
     x, w, _ = _operands([2, 2], 8, 8)
     with pytest.raises(ValueError, match="counts"):
         grouped_mm(x, w, [2, 1])
+    with pytest.raises(ValueError, match="counts"):
+        grouped_mm(x, w, [2, 1, 1])
     with pytest.raises(ValueError, match="backend"):
-        grouped_mm(x, w, [2, 2], "cublas")
+        dispatch.of(GROUPED.name).set_backend("cublas")
+    assert dispatch.of(GROUPED.name).backend == "grouped_mm"
 
 
 # ---- GPU ---------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 allows (forward, input gradient, 2-D weight gradient, 3-D x 3-D), eager and under Inductor;
 an empty cache leaves every result bit-identical, a cache with a choice for each problem
 routes every call (results within bf16 tolerance); one key for a foreign call and the
-seam's; a routed call's own GEMMs are torch's; online tuning takes foreign calls. ``offs``
+trainer's; a routed call's own GEMMs are torch's; online tuning takes foreign calls. ``offs``
 stays on the device: no host read where the cache has no choice for a call's shape nor
 where the choice takes device offsets (``grouped_mm``, Triton), whose results match torch's
 (empty groups, largest-first order, a sentinel tail). The whole loop on the CPU: profiled
@@ -29,11 +29,11 @@ from primus_perf.devices import current_device
 from primus_perf.kernels.grouped import problem_of
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.router import GroupedChoice, library_versions, shape_key
+from primus_perf.kinds import GROUPED
 from primus_perf.problems import GemmProblem, GroupedGemmProblem, grouped_mm_call
 from primus_perf.problems.trace_names import GROUPED_TRACE_OP
-from primus_perf.runtime.activate import KINDS
-from primus_perf.runtime.seams import grouped_mm
 from primus_perf.tracelens.analyze import analyze
+from primus_perf.trainer.moe import grouped_mm
 
 UNRELATED = GroupedGemmProblem(groups=3, k=8, n=8, tokens=8)
 CALLS_PER_STEP = 9  # three grouped GEMMs, each forward, input gradient and weight gradient
@@ -175,7 +175,11 @@ def test_a_choice_for_every_problem_routes_every_call(name: str, backend: str, h
         close_bf16(got, want)
 
 
-def test_foreign_calls_and_the_seam_derive_the_same_problem_keys(tmp_path: Path) -> None:
+def test_foreign_calls_and_the_trainers_derive_the_same_problem_keys(tmp_path: Path) -> None:
+    """The trainer's grouped GEMM (``trainer.moe.grouped_mm``: its offs know their host counts)
+    and a foreign ``torch._grouped_mm`` on the device offs reach the one override and give one
+    key per pass: by shape while nothing is traced (no counts read), the exact problem when
+    traced, and it is the reading of each pass's operands as the aten call has them."""
     torch.manual_seed(3)
     counts = [5, 0, 9, 2]
     x = torch.randn(sum(counts), 32, dtype=torch.bfloat16, requires_grad=True)
@@ -184,7 +188,7 @@ def test_foreign_calls_and_the_seam_derive_the_same_problem_keys(tmp_path: Path)
     offs = torch.tensor(counts, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     cache = write_cache(tmp_path / "c.json", [UNRELATED])
     keys = {}
-    for name, run in (("seam", lambda: grouped_mm(x, w, counts, backend="grouped_mm")),
+    for name, run in (("trainer", lambda: grouped_mm(x, w, counts)),
                       ("foreign", lambda: torch._grouped_mm(x, w, offs=offs))):
         with primus_perf.enable(cache, kinds=("grouped_gemm",), device_type="cpu", log=None) as tuned:
             run().backward(dy)
@@ -192,14 +196,14 @@ def test_foreign_calls_and_the_seam_derive_the_same_problem_keys(tmp_path: Path)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 run().backward(dy)
         keys[name + " traced"] = {e.name.split()[1] for e in prof.events() if e.name.startswith(GROUPED_TRACE_OP)}
-    # the foreign calls, their offs left unread, are counted by shape; traced, both name the same keys
-    assert shapes(keys["seam"]) == set(keys["foreign"]) and len(keys["seam"]) == 3
-    assert keys["seam traced"] == keys["foreign traced"] == set(keys["seam"])
-    # the reading itself: the seam's operands of each pass as the aten call has them
+    # untraced, both are counted by shape; traced, both name the same exact keys
+    assert keys["trainer"] == keys["foreign"] and len(keys["trainer"]) == 3
+    assert keys["trainer traced"] == keys["foreign traced"] and shapes(keys["trainer traced"]) == set(keys["trainer"])
+    # the reading itself: the trainer's operands of each pass as the aten call has them
     xs, ws = x.detach(), w.detach()
-    assert problem_of("fwd", xs, ws, counts).key() in keys["seam"]
-    assert problem_of("dgrad", dy, ws.transpose(1, 2), counts).key() in keys["seam"]
-    assert problem_of("wgrad", xs, dy, counts).key() in keys["seam"]
+    assert keys["trainer traced"] == {problem_of("fwd", xs, ws, counts).key(),
+                                      problem_of("dgrad", dy, ws.transpose(1, 2), counts).key(),
+                                      problem_of("wgrad", xs, dy, counts).key()}
     call = grouped_mm_call((32, 16), None, (16, 48), None, 4, backward=False)
     assert (call.phase, call.groups, call.k, call.n, call.tokens) == ("wgrad", 4, 32, 48, 16)
 
@@ -359,7 +363,7 @@ def test_a_routed_grouped_calls_own_gemms_are_not_routed_again(tmp_path: Path) -
     cache = write_cache(tmp_path / "tuned.json", problems, "padded_bmm")
     # one dense entry that is not torch's, so that the dense router is installed and counts
     TuningCache(cache).put(gemm_entry(GemmProblem(m=4096, n=4096, k=4096), current_device()))
-    kinds = {**FAKE_KINDS, "grouped_gemm": KINDS["grouped_gemm"]}
+    kinds = {**FAKE_KINDS, "grouped_gemm": GROUPED.part("router")}
     with primus_perf.enable(cache, kinds=("gemm", "grouped_gemm"), device_type="cpu", router_kinds=kinds,
                             log=None) as tuned:
         step(model, x)

@@ -1,4 +1,4 @@
-"""Grouped GEMMs (MoE experts) in traces: the seam's annotation, the analyzer's grouped
+"""Grouped GEMMs (MoE experts) in traces: the grouped dispatch's annotation, the analyzer's grouped
 problems (exact FLOPs, the GPU time of the kernels under the call, the per-expert GEMMs
 inside it kept out of the dense problems), another program's ``aten::_grouped_mm`` (skew
 unknown), the problems file, tune-next and the report, and ``primus-tune grouped-gemm
@@ -20,6 +20,7 @@ from primus_perf.cache.store import TuningCache
 from primus_perf.cli.profile import app as profile_app
 from primus_perf.cli.tune import app as tune_app
 from primus_perf.errors import UserError
+from primus_perf.kinds import GROUPED
 from primus_perf.problems import (
     GroupedGemmProblem,
     grouped_trace_name,
@@ -27,14 +28,15 @@ from primus_perf.problems import (
     parse_grouped_trace_name,
 )
 from primus_perf.profiler.capture import Schedule, profile_steps
-from primus_perf.runtime.seams import grouped_mm
 from primus_perf.tracelens import report as rp
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.shapes import problems_document, write_problems
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import gemm_flops_per_step, model_expert_gemms, model_gemms
 from primus_perf.trainer.loop import Trainer
+from primus_perf.trainer.moe import grouped_mm
 from primus_perf.tuner.problems_input import gather_problems
+from test_trainer import routing
 
 OVERRIDES = ["model.n_layers=2", "train.seq_len=24", "train.micro_batch=2", "train.device=cpu"]
 ACTIVE = 2
@@ -88,18 +90,21 @@ def test_trace_name_spells_the_problem_and_tokens_exactly() -> None:
         assert parse_grouped_trace_name(bad) is None, bad
 
 
-def test_the_seam_annotates_only_while_the_profiler_records(monkeypatch) -> None:
+def test_the_dispatch_annotates_only_while_the_profiler_records(monkeypatch) -> None:
+    """The trainer's grouped GEMM on its configured backend (the dispatch's, as the trainer
+    holds it): each pass's call is annotated with its problem only under the profiler."""
     x, w = torch.randn(37, 16, requires_grad=True), torch.randn(4, 16, 24, requires_grad=True)
     counts = [10, 0, 20, 7]
 
     def refuse(name):
         raise AssertionError(f"annotated outside the profiler: {name}")
 
-    with monkeypatch.context() as m:
-        m.setattr(torch.autograd.profiler, "record_function", refuse)
-        grouped_mm(x, w, counts).sum().backward()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        grouped_mm(x, w, counts).sum().backward()
+    with routing(GROUPED.name, backend="loop"):
+        with monkeypatch.context() as m:
+            m.setattr(torch.autograd.profiler, "record_function", refuse)
+            grouped_mm(x, w, counts).sum().backward()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            grouped_mm(x, w, counts).sum().backward()
     names = Counter(e.name for e in prof.events() if e.name.startswith("primus_perf::grouped_gemm"))
     fwd = GroupedGemmProblem.from_counts(counts, 16, 24, dtype="f32")
     assert names == {grouped_trace_name(fwd.with_phase(ph), 37): 1 for ph in ("fwd", "dgrad", "wgrad")}
@@ -311,7 +316,7 @@ def test_another_programs_grouped_mm_gives_balanced_assumed_problems(tmp_path: P
     assert [it["skew_known"] for it in items] == [False] * 3
     path = write_problems(a, tmp_path / "p.json")
     assert {p.key() for p in load_problems(path)} == {fwd.with_phase(ph).key() for ph in ("fwd", "dgrad", "wgrad")}
-    # under the seam's annotation the same op is a part of the annotated call, not a problem
+    # under the dispatch's annotation the same op is a part of the annotated call, not a problem
     ann = GroupedGemmProblem.from_counts([3000 - 7 * 100] + [100] * 7, K, N, dtype="bf16")
     inside = [_op(grouped_trace_name(ann, T), 0, 20, cat="user_annotation"), {**events[0], "ts": 1}]
     b = analyze([_write(tmp_path / "inside.json", inside)])

@@ -18,6 +18,7 @@ from primus_perf.devices import current_device
 from primus_perf.errors import ConfigError, UserError
 from primus_perf.kernels.grouped import BACKENDS, Backend
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.offsets import Offsets
 from primus_perf.kernels.grouped.router import (
     GroupedChoice,
     GroupedGemmRouter,
@@ -26,14 +27,15 @@ from primus_perf.kernels.grouped.router import (
 )
 from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem, load_problems
-from primus_perf.runtime import routes
-from primus_perf.runtime.seams import grouped_mm
-from primus_perf.tuner import core, timing
+from primus_perf.runtime import dispatch
+from primus_perf.trainer.moe import grouped_mm
+from primus_perf.tuner import core, measure
 from primus_perf.tuner.grouped.plugin import (
     GroupedGemmTuner,
     choice_candidate,
     validation_counts,
 )
+from test_trainer import routing
 
 COUNTS = [5, 0, 1, 19, 0, 8, 1, 30]
 K, N = 16, 24
@@ -132,9 +134,9 @@ def test_unknown_backend_and_bad_dtype_are_user_errors() -> None:
 
 
 def test_the_tuner_kind_is_registered() -> None:
-    from primus_perf.tuner.kinds import KINDS, kind_of
+    from primus_perf.tuner.kinds import kind_of, plugins
 
-    assert KINDS["grouped_gemm"] is GroupedGemmTuner and kind_of(PROBLEM) == "grouped_gemm"
+    assert plugins()["grouped_gemm"] is GroupedGemmTuner and kind_of(PROBLEM) == "grouped_gemm"
 
 
 # ---- the launch-bound timer ----------------------------------------------------------------
@@ -185,8 +187,8 @@ def _calls(stream: SimulatedStream) -> dict:
 
 def test_launch_bound_timer_counts_the_launches_the_isolated_timer_hides() -> None:
     stream = SimulatedStream(launch_s=5e-6)
-    iso = timing.time_isolated(_calls(stream), 1, 3, ops=stream)
-    bound = timing.time_launch_bound(_calls(stream), 1, 3, ops=stream)
+    iso = measure.time_isolated(_calls(stream), 1, 3, ops=stream)
+    bound = measure.time_launch_bound(_calls(stream), 1, 3, ops=stream)
     # isolated: the loop's launches queue while the GPU sleeps, only its 32 us of GPU time show
     assert iso["loop"] == pytest.approx([32e-6] * 3)
     assert iso["grouped"] == pytest.approx([60e-6] * 3)
@@ -203,15 +205,15 @@ def test_launch_bound_timer_equals_gpu_time_when_the_gpu_is_slower() -> None:
         stream.kernel(50e-6)
         stream.kernel(50e-6)
 
-    bound = timing.time_launch_bound({"x": two_long}, 1, 2, ops=stream)
+    bound = measure.time_launch_bound({"x": two_long}, 1, 2, ops=stream)
     assert bound["x"] == pytest.approx([1e-6 + 100e-6] * 2)  # one launch latency + GPU time
 
 
 def test_the_core_uses_the_plugins_own_timer() -> None:
-    assert core.timer_for(GroupedGemmTuner()) is timing.launch_bound_timer()
+    assert core.timer_for(GroupedGemmTuner()) is measure.launch_bound_timer()
     from primus_perf.tuner.gemm.plugin import GemmTuner
 
-    assert core.timer_for(GemmTuner()) is timing.default_timer()
+    assert core.timer_for(GemmTuner()) is measure.default_timer()
 
 
 # ---- the router --------------------------------------------------------------------------------
@@ -238,29 +240,29 @@ def _spy_backend(calls: list[str]) -> Backend:
 
 
 def test_router_routes_exactly_the_cached_problems(monkeypatch) -> None:
+    """The router in the grouped dispatch: the cached problems' passes run its choice (counted
+    under their shape's key), another token bucket runs the caller's backend (the loop)."""
     used: list[str] = []
     choice = GroupedChoice("padded_bmm")
     monkeypatch.setattr(GroupedChoice, "implementation", lambda self: _spy_backend(used))
     keys = [PROBLEM.with_phase(ph).key() for ph in ("fwd", "dgrad", "wgrad")]
     router = GroupedGemmRouter({k: choice for k in keys})
     x, w, dy = _operands()
-    routes.install({"grouped_gemm": router})
-    try:
+    with routing(GROUPED.name, router, backend="loop") as grouped:
+        grouped.reset()
         x.requires_grad_(True)
         w.requires_grad_(True)
         y = grouped_mm(x, w, COUNTS)
         y.backward(dy)
-        assert used == ["mm", "mm", "wgrad"]
-        assert router.summary()["routed"] == dict.fromkeys(keys, 1)
+        assert sorted(used) == ["mm", "mm", "wgrad"]
+        assert grouped.summary()["routed"] == {shape_key(PROBLEM.with_phase(ph)): 1 for ph in ("fwd", "dgrad", "wgrad")}
         # another token bucket: not cached, the caller's backend runs
         other = [100, 3, 2, 1, 0, 0, 0, 0]
         x2, w2, _ = _operands(other, seed=1)
         grouped_mm(x2, w2, other)
-        assert used == ["mm", "mm", "wgrad"]
-        assert sum(router.summary()["fallback"].values()) == 1
-    finally:
-        routes.remove()
-    assert routes.installed(GROUPED.name) is None
+        assert sorted(used) == ["mm", "mm", "wgrad"]
+        assert sum(grouped.summary()["fallback"].values()) == 1
+    assert dispatch.of(GROUPED.name).router is None and not dispatch.of(GROUPED.name).intercepting
     ref = [x.detach()[sum(COUNTS[:g]):sum(COUNTS[:g + 1])] @ w.detach()[g] for g in range(len(COUNTS))]
     torch.testing.assert_close(y.detach(), torch.cat(ref))
 
@@ -295,7 +297,7 @@ def test_enable_routes_and_counts_grouped_calls(tmp_path: Path) -> None:
         row = handle.summary()["grouped_gemm"]
     assert row["available"] is True
     assert (row["routed"], row["fallback"], row["entries"], row["stale"]) == (3, 1, 3, 0)
-    assert routes.installed(GROUPED.name) is None
+    assert dispatch.of(GROUPED.name).router is None and not dispatch.of(GROUPED.name).intercepting
 
 
 def test_enable_online_tunes_a_grouped_problem_and_writes_the_cache(tmp_path: Path) -> None:
@@ -331,16 +333,17 @@ def test_online_grouped_tuning_races_against_the_callers_backend(caller: str, tm
     """The online pool's baseline is the backend the call would have run (never dropped, the
     one a lock must beat): with every candidate equally fast, it is the one kept; Triton's
     default config is in the pool even with no Triton entry in the cache."""
+    from primus_perf.tuner.grouped.online import GroupedGemmOnline
     from primus_perf.tuner.online import OnlinePolicy
-    from primus_perf.tuner.online_kinds import GroupedGemmOnline
 
     cache = tmp_path / "cache.json"
     x, w, _ = _operands()
     policy = OnlinePolicy(pairs=2, warmup=0, drop_after=1, max_calls=16)
-    with enable(cache, online=True, kinds=("grouped_gemm",), device_type="cpu", log=None,
-                online_options={"policy": policy, "clock": StepClock()}) as handle:
+    with (routing(GROUPED.name, backend=caller),  # the caller's backend, set before enable() as the trainer does
+          enable(cache, online=True, kinds=("grouped_gemm",), device_type="cpu", log=None,
+                 online_options={"policy": policy, "clock": StepClock()}) as handle):
         for _ in range(12):
-            grouped_mm(x, w, COUNTS, backend=caller)
+            grouped_mm(x, w, COUNTS)
         info = handle.summary()["grouped_gemm"]["online"][shape_key(PROBLEM)]
     assert info["chosen"] == caller and info["candidates"] >= 3
     (written,) = TuningCache(cache).entries()
@@ -349,11 +352,13 @@ def test_online_grouped_tuning_races_against_the_callers_backend(caller: str, tm
     assert GroupedChoice.of_backend("torch") is None and GroupedChoice.of_backend(None) is None
     from primus_perf.tuner.grouped.space import prune
 
-    assert routes.grouped_baseline() is None  # outside a routed call: the tuner's own baseline, the loop
     big = GroupedGemmProblem.from_counts([64, 32, 32, 0], 256, 256, dtype="f32")
     xb, wb = torch.randn(128, 256), torch.randn(4, 256, 256)
-    names = [c.name for c in GroupedGemmOnline().pool(big, "fwd", xb, wb, [64, 32, 32, 0])]
+    offsets = Offsets(128, counts=[64, 32, 32, 0])
     assert prune([GroupedGemmConfig()], big, "cpu")[0]  # the default config fits this problem
+    # the pool's first: the baseline the dispatch gives (the backend the call would have run)
+    assert GroupedGemmOnline().pool(big, "fwd", xb, wb, offsets, "grouped_mm")[0].name == "grouped_mm"
+    names = [c.name for c in GroupedGemmOnline().pool(big, "fwd", xb, wb, offsets, "loop")]
     assert names[0] == "loop" and GroupedChoice("triton", GroupedGemmConfig()).label() in names
     # the Triton configs before the other backends: the router races the first few
     triton = [n.startswith("triton") for n in names[1:]]

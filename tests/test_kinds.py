@@ -1,6 +1,6 @@
-"""The registry of kinds: one record per kind, and what derives from it (the cache's schema
-checks, the routes, the intercepts, the tuner's plugins and online adapters, problems
-files, the analyzer's tables)."""
+"""The registry of kinds: one record per kind package, and what derives from it (the cache's
+schema checks, the dispatches, the tuner's plugins and online adapters, problems files, the
+analyzer's tables). ``test_toy_kind.py`` adds a whole kind from one test module."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from primus_perf import kinds
-from primus_perf.cache.store import PROBLEM_TYPES, SCHEMA_VERSION, CacheEntry, TuningCache
+from primus_perf.cache.store import SCHEMA_VERSION, CacheEntry, TuningCache
 from primus_perf.problems import GroupedGemmProblem, problem_from_item, problem_types
 
 
@@ -26,34 +26,41 @@ def test_every_problem_type_is_one_kind_in_registration_order() -> None:
         kinds.register(kinds.Kind(GroupedGemmProblem, "again"))
 
 
-def test_parts_attach_to_slots_that_exist() -> None:
-    with pytest.raises(KeyError, match="no part 'seam'"):
-        kinds.attach(kinds.GEMM.name, seam=object())
+def test_a_record_names_only_parts_that_exist() -> None:
+    with pytest.raises(ValueError, match=r"no part\(s\) \['seam'\]"):
+        kinds.Kind(GroupedGemmProblem, "x", parts={"seam": object()})
     with pytest.raises(KeyError, match="no part 'seam'"):
         kinds.GEMM.part("seam")
 
 
-def test_each_layer_attaches_its_part_to_every_routed_kind() -> None:
-    from primus_perf.runtime import activate, intercept, routes  # noqa: F401 (attach their parts)
-    from primus_perf.runtime.handle import ALL_KINDS
+def test_each_kind_is_a_package_whose_parts_belong_to_their_layers() -> None:
+    import importlib
+
+    from primus_perf.runtime import dispatch
+    from primus_perf.runtime.handle import routable_kinds
     from primus_perf.tuner import kinds as tuner_kinds
-    from primus_perf.tuner import online_kinds  # noqa: F401
 
     routed = {kinds.GEMM.name, kinds.GROUPED.name, kinds.ATTENTION.name}
-    assert set(kinds.with_part("router")) == routed == set(activate.KINDS) == set(ALL_KINDS)
-    assert set(routes.KINDS) == set(kinds.names())
-    assert set(kinds.with_part("tuner")) == routed == set(tuner_kinds.KINDS)
+    for package in kinds.PACKAGES:  # the registry lists the packages; each exports its record
+        assert importlib.import_module(f"primus_perf.kinds.{package}").KIND is kinds.get(package)
+    assert set(kinds.with_part("router")) == routed == set(routable_kinds())
+    assert set(kinds.with_part("tuner")) == routed == set(tuner_kinds.plugins())
     assert set(kinds.with_part("online")) == routed
-    # grouped GEMMs: their routing point (runtime.seams.grouped_mm) and aten::_grouped_mm's override
-    assert set(kinds.with_part("intercept")) == routed
-    # an FP8 plan is tuned by primus_perf.fp8 and applied as a whole (fp8.apply, train.fp8): no part
+    assert set(kinds.with_part("intercept")) == routed == set(dispatch.routable_kinds())
+    for name in routed:  # a built-in record names each part in the layer that owns it
+        kind = kinds.get(name)
+        for slot, layer in kinds.PARTS.items():
+            ref = kind.parts[slot]
+            text = ref if isinstance(ref, str) else ref.factory
+            assert isinstance(text, str) and text.startswith(f"primus_perf.{layer}."), (name, slot, text)
+        assert isinstance(dispatch.of(name), kind.part("intercept"))
+    # an FP8 plan is tuned by tuner.fp8 and applied as a whole (fp8.apply, train.fp8): no part
     assert kinds.FP8_PLAN.parts == {}
-    for name, plugin in tuner_kinds.KINDS.items():
+    for name, plugin in tuner_kinds.plugins().items():
         assert plugin.kind == name and plugin.problem_type is kinds.get(name).problem_type
 
 
 def test_the_cache_checks_every_kinds_problem_grouped_included(tmp_path: Path) -> None:
-    assert set(PROBLEM_TYPES) == set(kinds.names())
     p = GroupedGemmProblem(groups=8, k=64, n=32, tokens=256, skew=2.0)
     good = CacheEntry(kind=p.kind, problem_key=p.key(), problem=p.to_dict(), device={"name": "x"},
                       versions={"torch": "2"}, solution={"config": {"name": "loop"}, "blob": b""})

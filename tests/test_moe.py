@@ -1,6 +1,7 @@
 """The MoE model on the CPU: tiny-moe trains, EP=2 (and TP=2) reproduce one process,
-dispatch conserves every token, balancing works, every expert GEMM goes through the
-grouped-GEMM seam, MFU counts active parameters, bad MoE keys are one line."""
+dispatch conserves every token, balancing works, every expert GEMM reaches the grouped-GEMM
+dispatch (the model's ``torch._grouped_mm`` through its aten override), MFU counts active
+parameters, bad MoE keys are one line."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from primus_perf.kernels.gemm import problem_of as gemm_problem_of
 from primus_perf.kernels.grouped import problem_of
 from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem
-from primus_perf.runtime import routes
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import (
     flops_per_token,
@@ -27,7 +27,7 @@ from primus_perf.trainer.flops import (
 )
 from primus_perf.trainer.loop import Trainer
 from primus_perf.trainer.moe import MoE, permute, unpermute, update_router_biases
-from test_trainer import _run
+from test_trainer import _run, routing
 
 
 def _rows(path: Path) -> list[dict]:
@@ -139,26 +139,29 @@ def test_bias_balancing_moves_towards_the_mean_load() -> None:
         trainer.close()
 
 
-def test_every_expert_gemm_goes_through_the_seams() -> None:
-    """Dense GEMMs (attention, router, shared experts, head) through dispatch.matmul and the
-    routed experts' fwd/dgrad/wgrad through the grouped-GEMM seam, exactly the model's lists."""
+def test_every_expert_gemm_goes_through_the_dispatches() -> None:
+    """Dense GEMMs (attention, router, shared experts, head) through the GEMM dispatch and the
+    routed experts' fwd/dgrad/wgrad through the grouped-GEMM dispatch (both reached by the
+    model's plain torch ops), exactly the model's lists; the trainer's backend runs them."""
     cfg = load_config("tiny-moe", ["train.steps=1", "train.micro_batch=2"])
     dense, grouped = [], []
 
-    def gemm_router(a, b, bias=None):
-        dense.append(gemm_problem_of(a, b))
+    class GemmRouter:
+        def route(self, a, b, bias=None):
+            dense.append(gemm_problem_of(a, b))
+            return dense[-1].key(), None
 
-    def grouped_router(phase, a, b, counts):
-        grouped.append(problem_of(phase, a, b, counts))
+    class GroupedRouter:
+        def route(self, phase, a, b, offsets, baseline):
+            grouped.append(problem_of(phase, a, b, offsets.counts()))
+            assert baseline == trainer.grouped  # what an unrouted call runs: the trainer's backend
+            return grouped[-1].key(), None
 
     trainer = Trainer(cfg)
-    routes.install({"gemm": gemm_router})
-    routes.install({GROUPED.name: grouped_router})
     try:
-        metrics = trainer.train_step()
+        with routing("gemm", GemmRouter()), routing(GROUPED.name, GroupedRouter()):
+            metrics = trainer.train_step()
     finally:
-        routes.remove()
-        routes.remove()
         trainer.close()
     t = cfg.train
     expected_dense = model_gemms(cfg.model, t.micro_batch, t.seq_len, dtype="f32")
@@ -246,12 +249,8 @@ def test_backend_that_cannot_run_is_a_config_error() -> None:
     cfg = load_config(
         "tiny-moe", ["model.moe.grouped_gemm_backend=grouped_mm", "model.moe.expert_dim=30"]
     )
-    trainer = Trainer(cfg)
-    try:
-        with pytest.raises(ConfigError, match=r"model\.moe\.grouped_gemm_backend.*multiples of 4"):
-            trainer.train_step()
-    finally:
-        trainer.close()
+    with pytest.raises(ConfigError, match=r"model\.moe\.grouped_gemm_backend.*multiples of 4"):
+        Trainer(cfg)  # at set-up, before any step
 
 
 def test_ep_needs_an_moe_model_and_a_divisible_world() -> None:

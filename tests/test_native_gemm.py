@@ -18,8 +18,8 @@ from enable_fakes import FAKE_KINDS, H100, gemm_entry, launched
 from primus_perf.cache.store import TuningCache
 from primus_perf.kernels.gemm import problem_of, torch_mm
 from primus_perf.kernels.grouped.passes import inside
-from primus_perf.runtime import native, routes
-from primus_perf.runtime.handle import NATIVE_DISPATCH
+from primus_perf.runtime import dispatch, native
+from primus_perf.runtime.gemm import GemmDispatch
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,8 @@ def test_routes_from_the_table_once_per_signature(tmp_path, ext, cpu_device) -> 
     cache = _cache(tmp_path, (a, b), torch_choice=[kept])
     launched.clear()
     with _enable(cache) as handle:
-        assert native.installed() and f"  gemm: {NATIVE_DISPATCH}" in handle.start_lines()
+        assert native.installed() and f"  gemm: {GemmDispatch.path(dispatch.of('gemm'))}" in handle.start_lines()
+        assert "native dispatch" in handle.paths["gemm"]
         for _ in range(5):
             out = torch.mm(a, b)
             torch.mm(*kept)
@@ -111,20 +112,21 @@ def test_a_grouped_gemms_own_gemms_and_a_confirmation_go_through_python(tmp_path
     with _enable(cache) as handle:
         torch.mm(a, b)  # in the table now
         with inside:
-            torch.mm(a, b)  # torch's, counted nowhere (as routes.gemm does)
+            torch.mm(a, b)  # torch's, counted nowhere (as the Python route does)
         assert launched[problem_of(a, b).key()] == 1
         calls = []
 
         class Confirmer:
-            def gemm(self, router, a, b, bias):
-                calls.append(router)
-                return router(a, b, bias)
+            def call(self, owner, key, choice, baseline, probe):
+                calls.append(key)
+                return choice()
 
-        routes.confirm_with(Confirmer())
+        gemm = dispatch.of("gemm")
+        gemm.interpose(Confirmer())
         try:
             torch.mm(a, b)  # the confirmer sees it: the table is detached
         finally:
-            routes.confirm_with(None)
+            gemm.interpose(None)
         assert len(calls) == 1
         torch.mm(a, b)  # attached again
         s = handle.summary()["gemm"]
@@ -309,7 +311,7 @@ def test_gpu_library_launch_from_the_table(tmp_path, ext) -> None:
 @pytest.mark.gpu
 def test_gpu_routed_call_costs_no_more_than_torchs(tmp_path, ext) -> None:
     """Host time of a routed call against torch.mm on the same operands, interleaved rounds:
-    the native table adds at most 3 us (``benchmarks/routing_overhead.py`` reports it)."""
+    the native table adds at most 3 us (``benchmarks/runtime/routing_overhead.py`` reports it)."""
     import statistics
     import time
 

@@ -1,6 +1,7 @@
 """Routing costs nothing where the cache keeps torch's choice, and little where it routes:
-the router's flags, its per-signature memo (never a call routed to a kernel resolved for
-another signature), the BLAS-Lt kernel's per-signature run, and the benchmark's modes."""
+the router's flags, the GEMM dispatch's per-signature table (never a call routed to a kernel
+resolved for another signature), its counts and failures, the BLAS-Lt kernel's per-signature
+run, and the benchmark's modes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from enable_fakes import FAKE_TABLE, H100, gemm_entry
 from primus_perf.kernels import gemm
 from primus_perf.kernels.gemm import GemmRouter, problem_of
+from primus_perf.runtime.gemm import GemmDispatch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,11 +29,13 @@ class _Checked:
     problem (a wrong memo hit) and computes the product in float64."""
 
     wrong: ClassVar[list[str]] = []
+    ran: ClassVar[int] = 0
 
     def __init__(self, problem, solution, device) -> None:
         self.problem, self.device = problem, device
 
     def __call__(self, a, b):
+        _Checked.ran += 1
         try:
             got = problem_of(a, b)
         except ValueError as exc:
@@ -48,8 +52,16 @@ class _Checked:
 CHECKED = {"fakeblas": _Checked}
 
 
-def _router(*calls) -> GemmRouter:
-    """A router with a checked kernel for the problem of each ``(a, b)`` or ``(a, b, bias)``."""
+def _dispatch(router: GemmRouter) -> GemmDispatch:
+    """A GEMM dispatch of its own (not the process's) routing to ``router``."""
+    d = GemmDispatch("gemm")
+    d.install(router)
+    return d
+
+
+def _router(*calls) -> GemmDispatch:
+    """A dispatch whose router has a checked kernel for the problem of each ``(a, b)`` or
+    ``(a, b, bias)``."""
     entries = {}
     for a, b, *bias in calls:
         p = problem_of(a, b)
@@ -57,7 +69,7 @@ def _router(*calls) -> GemmRouter:
             p = dataclasses.replace(p, epilogue="bias")
         entries[p.key()] = gemm_entry(p, H100)
     _Checked.wrong.clear()
-    return GemmRouter(list(entries.values()), CHECKED)
+    return _dispatch(GemmRouter(list(entries.values()), CHECKED))
 
 
 def _key(a, b, bias=None) -> str:
@@ -65,35 +77,41 @@ def _key(a, b, bias=None) -> str:
     return (dataclasses.replace(p, epilogue="bias") if bias is not None else p).key()
 
 
-def _routed(router, a, b, bias=None) -> bool:
-    """Whether the router ran the call (its answer checked against float64 when it did)."""
-    out = router(a, b, bias)
-    if out is None:
+def _routed(d: GemmDispatch, a, b, bias=None) -> bool:
+    """Whether the dispatch ran the call on the router's kernel (the answer is checked against
+    float64 either way)."""
+    before = _Checked.ran
+    try:
+        out = d.gemm(a, b, bias)
+    except RuntimeError:  # a call torch itself refuses (operands of two dtypes): torch's own error
+        assert _Checked.ran == before
         return False
-    ref = a.double() @ b.double() + (0 if bias is None else bias.double())
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
-    return True
+    if out.device == a.device == b.device:
+        ref = a.double() @ b.double() + (0 if bias is None else bias.double())
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    return _Checked.ran > before
 
 
 def test_a_router_of_torch_choices_routes_nothing() -> None:
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     torch_entry = gemm_entry(problem_of(a, b), H100, source="torch")
-    assert GemmRouter([torch_entry], FAKE_TABLE).routes_nothing
-    assert GemmRouter([], FAKE_TABLE).routes_nothing
+    assert GemmRouter([torch_entry], FAKE_TABLE).idle()
+    assert GemmRouter([], FAKE_TABLE).idle()
     tuned = gemm_entry(problem_of(torch.randn(4, 16), b), H100)
-    assert not GemmRouter([torch_entry, tuned], FAKE_TABLE).routes_nothing
+    assert not GemmRouter([torch_entry, tuned], FAKE_TABLE).idle()
 
 
 def test_a_call_signature_is_resolved_once() -> None:
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     router = GemmRouter([gemm_entry(problem_of(a, b), H100)], FAKE_TABLE)
     resolved = []
-    real = router._resolve
-    router._resolve = lambda *args: resolved.append(args) or real(*args)  # type: ignore[method-assign]
+    real = router.resolve
+    router.resolve = lambda *args: resolved.append(args) or real(*args)  # type: ignore[method-assign]
+    d = _dispatch(router)
     for _ in range(5):
-        torch.testing.assert_close(router(a, b), a @ b)
-    assert router(a.t().contiguous().t(), b) is None  # another layout: another signature (no entry)
-    assert len(resolved) == 2 and sum(router.routed.values()) == 5 and sum(router.fallback.values()) == 1
+        torch.testing.assert_close(d.gemm(a, b), a @ b)
+    d.gemm(a.t().contiguous().t(), b)  # another layout: another signature (no entry)
+    assert len(resolved) == 2 and sum(d.routed.values()) == 5 and sum(d.fallback.values()) == 1
 
 
 # pairs of calls that share shapes but not their signature: the first has an entry, the second
@@ -141,19 +159,20 @@ def test_each_signature_runs_its_own_problems_kernel_and_counts_exactly() -> Non
     assert _routed(router, _A, _B, bias) and _routed(router, _A[None], _B[None])
     expected[_key(_A, _B, bias)] = 1
     expected[_key(_A, _B)] += 1
-    assert router(_A[None], _B[None]).shape == (1, 8, 16)
+    assert router.gemm(_A[None], _B[None]).shape == (1, 8, 16)
     expected[_key(_A, _B)] += 1
     assert _Checked.wrong == []
     assert router.summary() == {"routed": expected, "fallback": {}, "failed": []}
-    assert len(router._slots) == 5  # one kernel per problem, whatever its signatures
+    assert len(router.router._slots) == 5  # one kernel per problem, whatever its signatures
 
 
 def test_torch_choices_count_as_routed_and_unsupported_layouts_as_fallback() -> None:
-    router = GemmRouter([gemm_entry(problem_of(_A, _B), H100, source="torch")], CHECKED)
+    _Checked.wrong.clear()
+    d = _dispatch(GemmRouter([gemm_entry(problem_of(_A, _B), H100, source="torch")], CHECKED))
     overlapping = _A[None].expand(2, 8, 16)  # a batch stride of 0: no BLAS-Lt layout
     for _ in range(2):
-        assert router(_A, _B) is None and router(overlapping, _B[None].expand(2, 16, 16)) is None
-    assert router.summary() == {"routed": {_key(_A, _B): 2}, "fallback": {"unsupported": 2}, "failed": []}
+        assert not _routed(d, _A, _B) and not _routed(d, overlapping, _B[None].expand(2, 16, 16))
+    assert d.summary() == {"routed": {_key(_A, _B): 2}, "fallback": {"unsupported": 2}, "failed": []}
 
 
 def test_a_failed_kernel_sends_every_signature_of_its_problem_to_torch() -> None:
@@ -167,12 +186,14 @@ def test_a_failed_kernel_sends_every_signature_of_its_problem_to_torch() -> None
 
     a_t = torch.randn(16, 8).t()
     p, q = problem_of(_A, _B), problem_of(a_t, _B)
-    router = GemmRouter([gemm_entry(p, H100), gemm_entry(q, H100)], {"fakeblas": Failing})
-    assert _routed(router, a_t, _B)
-    assert router(_A, _B) is None  # raised: reported once, then torch's
-    assert router(_A, _B) is None and router(_A.clone(), _B) is None
-    assert _routed(router, a_t, _B)
-    assert router.summary() == {"routed": {q.key(): 2}, "fallback": {p.key(): 3}, "failed": [p.key()]}
+    d = _dispatch(GemmRouter([gemm_entry(p, H100), gemm_entry(q, H100)], {"fakeblas": Failing}))
+    assert _routed(d, a_t, _B)
+    before = _Checked.ran
+    torch.testing.assert_close(d.gemm(_A, _B), _A @ _B)  # raised: reported once, then torch's
+    assert _Checked.ran == before
+    assert not _routed(d, _A, _B) and not _routed(d, _A.clone(), _B)
+    assert _routed(d, a_t, _B)
+    assert d.summary() == {"routed": {q.key(): 2}, "fallback": {p.key(): 3}, "failed": [p.key()]}
 
 
 class _FakePlan:
@@ -229,13 +250,13 @@ def test_routing_overhead_benchmark_smoke() -> None:
     assert per_call["routed_host"]["n"] == per_call["plain_host"]["n"] == 3
     assert per_call["overhead_host_us"] == per_call["routed_host"]["median_us"] - per_call["plain_host"]["median_us"]
     layers = per_call["host_breakdown"]
-    assert set(layers) == {"torch_mm", "kernel", "router", "seam", "override", "new_empty", "torch_mm_out"}
+    assert set(layers) == {"torch_mm", "kernel", "dispatch", "override", "new_empty", "torch_mm_out"}
     assert all(v["n"] == 3 for v in layers.values())
     default = data["all_default_cache"]
     assert default["entries"] > 0 and default["gemm_override_installed"] is False
     assert default["on"]["n"] == default["off"]["n"] == 1
     path = data["python_path"]
-    assert path["router_us"]["n"] == path["torch_mm_us"]["n"] > 1
+    assert path["dispatch_us"]["n"] == path["torch_mm_us"]["n"] > 1
     assert path["override_adds_us"] == path["override_us"]["median_us"] - path["kernel_us"]["median_us"]
 
 
@@ -265,25 +286,27 @@ def test_blaslt_router_keeps_same_shape_signatures_apart_on_the_gpu() -> None:
                                   device=current_device().to_dict(), versions={},
                                   solution={"config": {"source": "cublaslt"}, "blob": algo}))
     router = GemmRouter(entries)
+    d = _dispatch(router)
     expected: dict[str, int] = {}
     for _ in range(3):
         for x, y, z in [*calls, (a[None], b[None], None)]:
-            out = router(x, y, z)
+            out = d.gemm(x, y, z)
             ref = x.float() @ y.float() + (0 if z is None else z.float())
             assert out is not None and out.shape == ref.shape
             assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
             key = _key(x[0] if x.dim() == 3 else x, y[0] if y.dim() == 3 else y, z)
             expected[key] = expected.get(key, 0) + 1
-    assert router(a, b.cpu()) is None
-    assert router.summary() == {"routed": expected, "fallback": {"unsupported": 1}, "failed": []}
+    assert router.route(a, b.cpu())[1] is None
+    assert d.summary() == {"routed": expected, "fallback": {}, "failed": []}
     router.close()
 
 
 def test_an_all_default_cache_of_any_kind_installs_no_override(tmp_path: Path) -> None:
     """Entries that all name torch's own kernel (SDPA's default; ``grouped_mm`` for a
     program's ``aten::_grouped_mm``) leave the program's calls to torch: no override and
-    bit-identical results; primus-train's grouped seam still sees its router (its own
-    backend may be another). An empty cache still intercepts: it counts the calls."""
+    bit-identical results (a program whose grouped backend is another, primus-train's loop,
+    still routes them: ``idle("loop")`` is False). An empty cache still intercepts: it counts
+    the calls."""
     import torch.nn.functional as F
 
     import primus_perf
@@ -293,29 +316,30 @@ def test_an_all_default_cache_of_any_kind_installs_no_override(tmp_path: Path) -
     from primus_perf.kernels.attention.router import AttentionChoice, AttentionRouter, problem_of
     from primus_perf.kernels.grouped.router import GroupedChoice, GroupedGemmRouter
     from primus_perf.problems import GroupedGemmProblem
-    from primus_perf.runtime import routes
+    from primus_perf.runtime import dispatch
     from primus_perf.runtime.handle import NO_ENTRIES
 
     q = k = v = torch.randn(1, 2, 8, 4)
     prob = problem_of(q, k, v, True)
-    assert AttentionRouter({prob.key(): AttentionChoice("sdpa:default")}).routes_nothing
-    assert not AttentionRouter({}).routes_nothing  # no choice: it stays, counting the calls
-    assert not AttentionRouter({prob.key(): AttentionChoice("sdpa:math")}).routes_nothing
+    assert AttentionRouter({prob.key(): AttentionChoice("sdpa:default")}).idle()
+    assert not AttentionRouter({}).idle()  # no choice: it stays, counting the calls
+    assert not AttentionRouter({prob.key(): AttentionChoice("sdpa:math")}).idle()
     gkey = GroupedGemmProblem.from_counts([4, 4], 8, 8).key()
-    assert GroupedGemmRouter({gkey: GroupedChoice("grouped_mm")}).intercepts_nothing
-    assert not GroupedGemmRouter({}).intercepts_nothing
-    assert not GroupedGemmRouter({gkey: GroupedChoice("loop")}).intercepts_nothing
+    assert GroupedGemmRouter({gkey: GroupedChoice("grouped_mm")}).idle("grouped_mm")
+    assert not GroupedGemmRouter({gkey: GroupedChoice("grouped_mm")}).idle("loop")  # a program whose backend is the loop
+    assert not GroupedGemmRouter({}).idle("grouped_mm")
+    assert not GroupedGemmRouter({gkey: GroupedChoice("loop")}).idle("grouped_mm")
 
     cache = tmp_path / "default.json"
     TuningCache(cache).put_many([attention_entry(prob, current_device(), choice=AttentionChoice("sdpa:default"))])
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     with primus_perf.enable(cache, kinds=("attention", "grouped_gemm"), device_type="cpu", log=None) as handle:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        assert handle.interception is None and routes.installed("attention") is None
+        assert not dispatch.of("attention").intercepting and dispatch.of("attention").router is None
         assert handle.summary()["attention"]["fallback"] == 0 and "no override of the program's calls" in handle.end_lines()[0]
         assert handle.summary()["attention"]["intercepted"] is False
         # a kind the tuned cache holds nothing for is left alone, and says so
-        assert routes.installed("grouped_gemm") is None
+        assert dispatch.of("grouped_gemm").router is None
         assert handle.summary()["grouped_gemm"] == {"available": False, "note": NO_ENTRIES, "entries": 0}
     assert torch.equal(out, ref)
     grouped = tmp_path / "grouped.json"
@@ -324,9 +348,9 @@ def test_an_all_default_cache_of_any_kind_installs_no_override(tmp_path: Path) -
         problem=GroupedGemmProblem.from_key(gkey).to_dict(),
         solution={"config": {"name": "grouped_mm", **GroupedChoice("grouped_mm").to_solution()}, "blob": b""})])
     with primus_perf.enable(grouped, kinds=("grouped_gemm",), device_type="cpu", log=None) as handle:
-        assert handle.interception is None and routes.installed("grouped_gemm") is not None
+        assert not dispatch.of("grouped_gemm").intercepting and dispatch.of("grouped_gemm").router is None
     empty = tmp_path / "empty.json"
     empty.write_text("")
     with primus_perf.enable(empty, kinds=("attention",), device_type="cpu", log=None) as handle:
         F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        assert handle.interception is not None and handle.summary()["attention"]["fallback"] == 1
+        assert dispatch.of("attention").intercepting and handle.summary()["attention"]["fallback"] == 1

@@ -32,7 +32,7 @@ from primus_perf.trainer.loop import Trainer
 TRACES = Path(__file__).parent / "data" / "traces"
 H100_CUDNN = TRACES / "h100_llama3-8b_l2_s1024_cudnn.json.gz"
 H100_FLASH = TRACES / "h100_llama3-8b_l2_s1024_flash.json.gz"
-# the config the H100 fixtures were captured with (benchmarks/capture_fixtures.py)
+# the config the H100 fixtures were captured with
 H100_OVERRIDES = ["model.n_layers=2", "train.seq_len=1024", "train.micro_batch=1"]
 CPU_OVERRIDES = ["model.n_layers=2", "train.seq_len=64", "train.micro_batch=2", "train.device=cpu"]
 

@@ -3,12 +3,15 @@ config errors are one line with exit code 2, dispatch routes every GEMM."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ import torch
 from primus_perf.errors import ConfigError
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import GemmProblem
-from primus_perf.runtime import routes, seams
+from primus_perf.runtime import dispatch
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import gemm_flops_per_step, model_gemms
 from primus_perf.trainer.loop import Trainer
@@ -48,6 +51,25 @@ def _run(args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.Comp
     else:
         cmd = [*CLI, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@contextlib.contextmanager
+def routing(kind: str, router: Any = None, device_type: str = "cpu", backend: str | None = None
+            ) -> Iterator[dispatch.Dispatch]:
+    """``router`` (None: none) in ``kind``'s dispatch, its aten overrides held (the only routing
+    path), for the block; ``backend``: the grouped dispatch's backend meanwhile (what a call
+    without a route runs, as the trainer sets it). The previous router and backend after it."""
+    d = dispatch.of(kind)
+    previous, holder = d.router, object()
+    if backend is not None:
+        d.set_backend(backend, owner=holder)  # the last set runs; released with the hold
+    d.install(router)
+    d.hold(holder, device_type)
+    try:
+        yield d
+    finally:
+        d.release(holder)
+        d.install(previous)
 
 
 def _losses(path: Path) -> list[float]:
@@ -147,21 +169,23 @@ def test_text_data_path_trains(tmp_path: Path) -> None:
 
 
 def test_every_training_gemm_goes_through_dispatch() -> None:
-    """A router sees the forward, input-gradient and weight-gradient GEMM of every linear
-    layer, and their problems are exactly the model's GEMM list."""
+    """A router in the GEMM dispatch sees the forward, input-gradient and weight-gradient GEMM
+    of every linear layer (the model's plain ``F.linear`` reaching the aten overrides), and
+    their problems are exactly the model's GEMM list."""
     cfg = load_config("tiny", ["train.steps=1", "model.n_layers=2", "train.micro_batch=2"])
     seen: list[GemmProblem] = []
 
-    def router(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        seen.append(problem_of(a, b))
-        return None  # fall back to torch
+    class Router:
+        def route(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None):
+            problem = problem_of(a, b)
+            seen.append(problem)
+            return problem.key(), None  # fall back to torch
 
     trainer = Trainer(cfg)
-    routes.install({"gemm": router})
     try:
-        trainer.train_step()
+        with routing("gemm", Router()):
+            trainer.train_step()
     finally:
-        routes.remove()
         trainer.close()
     expected = model_gemms(cfg.model, cfg.train.micro_batch, cfg.train.seq_len, dtype="f32")
     assert sorted(p.key() for p in seen) == sorted(c.problem.key() for c in expected)
@@ -171,13 +195,20 @@ def test_every_training_gemm_goes_through_dispatch() -> None:
 
 
 def test_router_output_is_used() -> None:
+    """A routed answer is what the program's GEMM returns (``torch.mm`` and ``F.linear``
+    through the aten overrides); with the overrides released it is torch's again."""
     a, b = torch.randn(4, 3), torch.randn(3, 5)
-    routes.install({"gemm": lambda x, y, bias: torch.full((x.shape[0], y.shape[1]), 7.0)})
-    try:
-        assert torch.equal(seams.matmul(a, b), torch.full((4, 5), 7.0))
-    finally:
-        routes.remove()
-    torch.testing.assert_close(seams.matmul(a, b), a @ b)
+
+    class Sevens:
+        def route(self, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = None):
+            return "sevens", lambda: torch.full((x.shape[0], y.shape[1]), 7.0)
+
+    with routing("gemm", Sevens()) as d:
+        d.reset()
+        assert torch.equal(torch.mm(a, b), torch.full((4, 5), 7.0))
+        assert torch.equal(torch.nn.functional.linear(a, b.t()), torch.full((4, 5), 7.0))
+        assert d.summary()["routed"] == {"sevens": 2}
+    torch.testing.assert_close(torch.mm(a, b), a @ b)
 
 
 def test_problem_of_matches_row_major_mapping() -> None:

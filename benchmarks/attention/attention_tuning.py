@@ -138,7 +138,7 @@ def bench_problem(name: str, p: AttentionProblem, arch: str, vendor: str, log) -
 
 def bench_e2e(steps: int, layers: int, log) -> dict:
     from primus_perf.kernels.attention.router import AttentionRouter
-    from primus_perf.runtime import routes
+    from primus_perf.runtime import dispatch
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import train
 
@@ -152,13 +152,12 @@ def bench_e2e(steps: int, layers: int, log) -> dict:
     runs = {}
     for mode in ("default", "tuned", "default2"):
         router = AttentionRouter({p.key(): choice}) if mode == "tuned" else None
-        routes.install({"attention": router} if router else {})
-        try:
+        attention = dispatch.of("attention")
+        attention.reset()
+        with dispatch.routing({"attention": router} if router else {}, "cuda"):
             hist = train(cfg)
-        finally:
-            routes.remove()
         tps = [h.tokens_per_s for h in hist[2:]]
-        runs[mode] = {"tokens_per_s_median": statistics.median(tps), "tokens_per_s": tps, "losses": [h.loss for h in hist], "router": router.summary() if router else None}
+        runs[mode] = {"tokens_per_s_median": statistics.median(tps), "tokens_per_s": tps, "losses": [h.loss for h in hist], "router": attention.summary() if router else None}
         log(f"e2e {mode}: {statistics.median(tps):.0f} tok/s, last loss {hist[-1].loss:.4f}")
     base = (runs["default"]["tokens_per_s_median"] + runs["default2"]["tokens_per_s_median"]) / 2
     return {

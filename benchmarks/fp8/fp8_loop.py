@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 from benchmarks.analyzer.advice_check import CompileSwitch
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
-from primus_perf.fp8.tune import trainer_problem, trainer_sessions, tune_plan
 from primus_perf.kernels.fp8.plan import library_versions as fp8_versions
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.fp8 import group_of
 from primus_perf.trainer.loop import Trainer
+from primus_perf.tuner.fp8 import trainer_problem, trainer_sessions, tune_plan
 
 SHAPE = ["model.n_layers=4", "train.seq_len=4096", "train.micro_batch=2"]
 # qwen3-30b-a3b: the held-out config with small linear layers (attention of a 2048-wide

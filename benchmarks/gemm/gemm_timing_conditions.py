@@ -3,7 +3,7 @@
 For each tuned problem of a tuning cache (entries with a cuBLASLt/hipBLASLt algorithm),
 torch's default and the cached algorithm are timed, interleaved, under two conditions:
 
-- ``back_to_back``: the tuner's first harness (``timing.time_interleaved``): calls on rotating
+- ``back_to_back``: the tuner's first harness (``measure.time_interleaved``): calls on rotating
   inputs, one candidate after the other with no gaps: the GPU runs GEMMs for
   milliseconds on end, as a GEMM-only benchmark does.
 - ``gapped``: each call is preceded by a memory-bound kernel (zeroing 256 MB, which also
@@ -11,7 +11,7 @@ torch's default and the cached algorithm are timed, interleaved, under two condi
   alternate with elementwise, normalization and optimizer kernels.
 - ``idle_gapped``: as ``gapped`` with about 1 ms of GPU sleep before each call, so the
   GPU's power draw (and with it the clock the power limit allows) recovers between GEMMs
-  (``timing.time_isolated``, what the tuner now uses).
+  (``measure.time_isolated``, what the tuner now uses).
 
     python benchmarks/gemm/gemm_timing_conditions.py --cache runs/loop/tuning_cache.json \
         --out benchmarks/results/gemm_timing_conditions/h100.json
@@ -43,7 +43,7 @@ def main() -> None:
     from primus_perf.kernels.blaslt.binding import load
     from primus_perf.kernels.gemm import WORKSPACE_BYTES
     from primus_perf.problems import GemmProblem
-    from primus_perf.tuner import timing
+    from primus_perf.tuner import measure as timing
     from primus_perf.tuner.gemm.plugin import Operands
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

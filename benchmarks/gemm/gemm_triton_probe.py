@@ -27,7 +27,7 @@ import triton.language as tl
 from primus_perf.gate.stats import geomean
 from primus_perf.kernels.gemm import GemmRouter
 from primus_perf.problems import GemmProblem
-from primus_perf.tuner import timing
+from primus_perf.tuner import measure as timing
 from primus_perf.tuner.core import tune_problem
 from primus_perf.tuner.gemm.plugin import GemmTuner, Operands
 

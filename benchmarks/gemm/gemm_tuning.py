@@ -21,7 +21,7 @@ from primus_perf.devices import current_device
 from primus_perf.gate.stats import geomean
 from primus_perf.kernels.gemm import GemmRouter, library_versions, problem_of
 from primus_perf.problems import GemmProblem
-from primus_perf.tuner import timing
+from primus_perf.tuner import measure as timing
 from primus_perf.tuner.core import TuneResult, tune_problem
 from primus_perf.tuner.gemm.plugin import GemmTuner, Operands
 
@@ -135,26 +135,26 @@ def main() -> None:
 
 def trainer_problems(config: str, layers: int) -> list[GemmProblem]:
     """The GEMM problems one training step of the trainer issues (recorded at dispatch)."""
-    from primus_perf.runtime import routes
+    from primus_perf.runtime import dispatch
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
 
     seen: dict[str, GemmProblem] = {}
 
-    def record(a, b, bias=None):
-        try:
-            p = problem_of(a, b)
-            seen[p.key()] = p
-        except ValueError:
-            pass
-        return None
+    class Record:
+        def route(self, a, b, bias=None):
+            try:
+                p = problem_of(a, b)
+                seen[p.key()] = p
+            except ValueError:
+                return "unsupported", None
+            return p.key(), None
 
     trainer = Trainer(load_config(config, [f"model.n_layers={layers}", "train.steps=1"]))
-    routes.install({"gemm": record})
     try:
-        trainer.train_step()
+        with dispatch.routing({"gemm": Record()}, trainer.device.type):
+            trainer.train_step()
     finally:
-        routes.remove()
         trainer.close()
     del trainer
     torch.cuda.empty_cache()

@@ -14,7 +14,7 @@ against the fp32 per-expert product:
   gradient (dgrad: ``dy @ W^T``, so the layouts swap roles).
 
 Plus the Triton backend at its default config and the first online seed config. Every
-operation of a pass is timed in the same shuffled rounds (``tuner.timing.time_isolated``:
+operation of a pass is timed in the same shuffled rounds (``tuner.measure.time_isolated``:
 GPU time of the call alone, L2 flushed), medians with quartiles and TFLOP/s.
 
     python benchmarks/moe/grouped_mm_layouts.py --out benchmarks/results/grouped_mm_layouts/h100.json
@@ -38,7 +38,7 @@ from primus_perf.files import write_json
 from primus_perf.kernels.grouped import BACKENDS, triton_backend
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.tuner.grouped.space import ONLINE_SEEDS
-from primus_perf.tuner.timing import summarize, time_cpu, time_isolated
+from primus_perf.tuner.measure import summarize, time_cpu, time_isolated
 
 CASES = (
     Case("qwen3-30b-a3b-up", 128, 32768, 2048, 1536),

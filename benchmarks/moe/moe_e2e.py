@@ -5,7 +5,7 @@ Per preset (``PRESETS``: the overrides that make it fit one 80 GB GPU, bf16 auto
 AdamW: fewer layers, a smaller vocabulary, DeepSeek-V3 with the 32 experts one rank holds
 under 8-way expert parallelism):
 
-1. tuning (unless ``--cache`` is given): a recording router on the grouped-GEMM seam lists
+1. tuning (unless ``--cache`` is given): a recording router in the grouped-GEMM dispatch lists
    the problems (pass, shapes, token bucket) of ``--record-steps`` steps of the trainer,
    and the grouped-GEMM tuner (``tuner/grouped``: backends + Triton configs, timed with
    the launches a step pays) writes them to a cache;
@@ -16,8 +16,8 @@ under 8-way expert parallelism):
    the loop's;
 3. speed: one trainer, sides switched per block of ``--block-steps`` steps (one settling
    step after each switch) in a rotating order, ``--blocks`` blocks a side: the loop, always
-   ``_grouped_mm`` (the MoE layers' backend switched), and the tuned cache's grouped router
-   installed (``runtime.routes``); median tokens/s per side and the ratios.
+   ``_grouped_mm`` (the grouped dispatch's backend switched), and the tuned cache's grouped
+   router installed in the dispatch (over the loop); median tokens/s per side and the ratios.
 
     python benchmarks/moe/moe_e2e.py --out benchmarks/results/moe_e2e/h100.json
 
@@ -38,11 +38,11 @@ import torch
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
 from primus_perf.kernels.grouped import problem_of
-from primus_perf.runtime import routes
+from primus_perf.kinds import GROUPED
+from primus_perf.runtime import dispatch
 from primus_perf.runtime.activate import activate
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
-from primus_perf.trainer.moe import moe_layers
 from primus_perf.tuner import core
 from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
 
@@ -71,18 +71,23 @@ def record_calls(trainer: Trainer, steps: int) -> tuple[list, Counter]:
     seen: dict[str, object] = {}
     calls: Counter = Counter()
 
-    def record(phase, a, b, counts):
-        p = problem_of(phase, a, b, counts)
-        seen.setdefault(p.key(), p)
-        calls[p.key()] += 1
-        return None
+    class Record:
+        def route(self, phase, a, b, offsets, baseline):
+            p = problem_of(phase, a, b, offsets.counts())
+            seen.setdefault(p.key(), p)
+            calls[p.key()] += 1
+            return p.key(), None
 
-    routes.install({"grouped_gemm": record})
+    grouped = dispatch.of(GROUPED.name)
+    previous, record = grouped.router, Record()
+    grouped.install(record)
+    grouped.hold(record, trainer.device.type)
     try:
         for _ in range(steps):
             trainer.train_step()
     finally:
-        routes.remove()
+        grouped.release(record)
+        grouped.install(previous)
     return list(seen.values()), Counter({k: v / steps for k, v in calls.items()})
 
 
@@ -121,13 +126,11 @@ def losses(preset: str, overrides: list[str], cache: Path, steps: int) -> dict[s
     return out
 
 
-def set_side(trainer: Trainer, side: str, router: object) -> None:
-    routes.remove()
-    for layer in moe_layers(trainer.model):
-        layer.backend = "grouped_mm" if side == "grouped_mm" else "loop"
-        layer.backend_checked = False
-    if side == "tuned" and router is not None:
-        routes.install({"grouped_gemm": router})
+def set_side(side: str, router: object, holder: object) -> None:
+    """The grouped dispatch's backend (the tuned side: the loop, under the cache's router)."""
+    grouped = dispatch.of(GROUPED.name)
+    grouped.set_backend("grouped_mm" if side == "grouped_mm" else "loop", owner=holder)
+    grouped.install(router if side == "tuned" else None)
 
 
 def speed(preset: str, overrides: list[str], cache: Path, args: argparse.Namespace) -> dict:
@@ -135,17 +138,22 @@ def speed(preset: str, overrides: list[str], cache: Path, args: argparse.Namespa
     act = activate(cache, always=["grouped_gemm"])
     router = act.routers.get("grouped_gemm")
     tps: dict[str, list[float]] = {s: [] for s in SIDES}
+    grouped = dispatch.of(GROUPED.name)
+    holder = object()  # the override held on every side (the trainer holds none for grouped_mm)
+    grouped.hold(holder, trainer.device.type)
+    grouped.reset()
     try:
         for side in SIDES:  # warm-up: compile, allocate, plan on every side
-            set_side(trainer, side, router)
+            set_side(side, router, holder)
             trainer.train_step()
         for side in rotated_blocks(SIDES, args.blocks):
-            set_side(trainer, side, router)
+            set_side(side, router, holder)
             trainer.train_step()
             tps[side] += [trainer.train_step().tokens_per_s for _ in range(args.block_steps)]
-        summary = router.summary() if router is not None else {}
+        summary = grouped.summary()
     finally:
-        routes.remove()
+        grouped.release(holder)
+        grouped.install(None)
         act.close()
         trainer.close()
     med = {s: statistics.median(v) for s, v in tps.items()}

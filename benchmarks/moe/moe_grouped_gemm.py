@@ -12,7 +12,7 @@ Routing is skewed with a fixed seed: expert popularity ``exp(0.8 z)``, ``z ~ N(0
 tokens drawn from it (the counts, their skew and the problem key are in the output).
 On a GPU every call is timed two ways, the backends of one operation interleaved in
 shuffled rounds within one run: ``median_s`` as a training step pays it
-(``primus_perf.tuner.timing.time_launch_bound``: L2 flushed, GPU idle, events around the
+(``primus_perf.tuner.measure.time_launch_bound``: L2 flushed, GPU idle, events around the
 call's launches, so the per-expert loop's 3 x G launches count where they outlast the
 GPU work; what the tuner uses) and ``isolated_median_s`` (``time_isolated``: the call
 queued during 1 ms of GPU sleep, its GPU time only; what earlier results reported).
@@ -47,7 +47,7 @@ from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tuner import core
 from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
 from primus_perf.tuner.grouped.space import default_space
-from primus_perf.tuner.timing import summarize, time_cpu, time_isolated, time_launch_bound
+from primus_perf.tuner.measure import summarize, time_cpu, time_isolated, time_launch_bound
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ def run_gpu(args: argparse.Namespace) -> None:
     import torch
 
     from primus_perf.devices import library_versions
-    from primus_perf.runtime import routes
     from primus_perf.runtime.activate import activate
+    from primus_perf.runtime.handle import Handle
     from primus_perf.tracelens.shapes import problems_from_traces
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
@@ -66,7 +66,8 @@ def run_gpu(args: argparse.Namespace) -> None:
     tune([p for p, _ in gemm], cache=cache, tuners=[GemmTuner()], budget_s=args.budget_s, progress=Log())
     tuning_s = time.perf_counter() - t0
     act = activate(cache)
-    routes.install(act.routers)
+    handle = Handle(tuple(act.routers), act, act.routers, device_type="cuda")
+    handle.resume()
     capture(trainer, out / "tuned", args.profile_steps, {**manifest, "tuning_cache": str(cache.name)})
     # interleaved blocks: router off / on, same trainer
     blocks: dict[str, list[float]] = {"default": [], "tuned": []}
@@ -74,16 +75,16 @@ def run_gpu(args: argparse.Namespace) -> None:
     for i in range(2 * args.pairs):
         side = "default" if i % 2 == 0 else "tuned"
         if side == "default":
-            routes.remove()
+            handle.suspend()
         else:
-            routes.install(act.routers)
+            handle.resume()
         trainer.train_step()  # one step to settle after the switch
         for _ in range(args.block_steps):
             m = trainer.train_step()
             blocks[side].append(m.step_time_s)
             losses[side].append(m.loss)
-    summary = act.end_summary()
-    routes.remove()
+    summary = handle.summary()
+    handle.suspend()
     act.close()
     trainer.close()
     med = {k: statistics.median(v) for k, v in blocks.items()}

@@ -12,7 +12,7 @@ Sections (each adds or replaces its rows in ``--out``; the file is a list of row
 - ``moe``: primus-train on deepseek-v3, mixtral-8x7b and qwen3-30b-a3b, two override sets
   each. Per case: the grouped problems of a few steps (a recording router; calls per step
   counted), tuned offline (``tuner/grouped``), then confirmed inside the trainer's steps
-  (``primus_perf.runtime.confirm``: each finalist against the caller's backend, call by
+  (``primus_perf.tuner.confirm``: each finalist against the caller's backend, call by
   call, CUDA events where the call runs); then one trainer switched per block between the
   fixed backends (``loop``, ``grouped_mm``, ``triton`` with its default config) and the
   confirmed cache (``tuned``: its router installed over the trainer's default backend), in
@@ -44,11 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 from benchmarks.moe.moe_e2e import record_calls, rotated_blocks
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
-from primus_perf.runtime import routes
+from primus_perf.runtime import dispatch
 from primus_perf.runtime.activate import activate
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
-from primus_perf.trainer.moe import moe_layers
 
 # two override sets per model: the first as in benchmarks/moe/moe_e2e.py, the second longer
 # sequences or more tokens per step (a held-out token distribution)
@@ -98,12 +97,14 @@ def confirm_in_trainer(preset: str, overrides: list[str], cache: Path, steps: in
 
 
 def set_side(trainer: Trainer, side: str, router: Any, default: str) -> None:
-    routes.remove()
-    for layer in moe_layers(trainer.model):
-        layer.backend = default if side == "tuned" else side
-        layer.backend_checked = False
+    """The grouped dispatch runs ``side``'s fixed backend, or the trainer's default under the
+    cache's router (``tuned``); its override held for the trainer (released at its close)."""
+    grouped = dispatch.of("grouped_gemm")
+    grouped.install(None)
+    grouped.set_backend(default if side == "tuned" else side, owner=trainer)
+    grouped.hold(trainer, trainer.device.type)
     if side == "tuned" and router is not None:
-        routes.install({"grouped_gemm": router})
+        grouped.install(router)
 
 
 def predicted_saving_ms(cache: Path, calls: Counter) -> float | None:
@@ -129,7 +130,7 @@ def recorded(preset: str, overrides: list[str], steps: int) -> tuple[str, list, 
     trainer = Trainer(load_config(preset, overrides))
     try:
         trainer.train_step()
-        default = moe_layers(trainer.model)[0].backend
+        default = trainer.grouped
         problems, calls = record_calls(trainer, steps)
     finally:
         trainer.close()
@@ -165,9 +166,9 @@ def moe_case(case: str, preset: str, overrides: list[str], args: argparse.Namesp
             set_side(trainer, side, router, default)
             trainer.train_step()
             times[side] += [trainer.train_step().step_time_s for _ in range(args.block_steps)]
-        summary = router.summary() if router is not None else {}
+        summary = dispatch.of("grouped_gemm").summary() if router is not None else {}
     finally:
-        routes.remove()
+        dispatch.of("grouped_gemm").install(None)
         act.close()
         trainer.close()
     med = {s: statistics.median(v) * 1e3 for s, v in times.items()}

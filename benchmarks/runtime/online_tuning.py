@@ -39,26 +39,41 @@ def interleaved(config: str, overrides: list[str], caches: dict[str, Path], bloc
                 block_steps: int = 5) -> dict[str, dict[str, Any]]:
     """Step times of one trainer with no cache (``default``) and with each cache's routers,
     ``blocks`` rotating rounds of ``block_steps`` steps a side after one settling step."""
-    from primus_perf.runtime import routes
+    from primus_perf.runtime import dispatch
     from primus_perf.runtime.activate import activate
+    from primus_perf.runtime.handle import Handle
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
 
     trainer = Trainer(load_config(config, overrides))
     acts = {name: activate(path) for name, path in caches.items()}
+    handles = {name: Handle(tuple(act.routers), act, act.routers, device_type=trainer.device.type)
+               for name, act in acts.items()}
     sides = ("default", *caches)
     times: dict[str, list[float]] = {s: [] for s in sides}
     losses: dict[str, list[float]] = {s: [] for s in sides}
+    calls = {name: {"routed": 0, "fallback": 0} for name in caches}
+    current = ["default"]
 
     def use(side: str) -> None:
-        routes.remove()
-        if side != "default":
-            routes.install(acts[side].routers)
+        if current[0] in handles:  # the side's calls so far, then its routers out
+            for kind in acts[current[0]].routers:
+                s = dispatch.of(kind).summary()
+                for part in ("routed", "fallback"):
+                    calls[current[0]][part] += sum(s[part].values())
+                dispatch.of(kind).reset()
+            handles[current[0]].suspend()
+        if side in handles:
+            handles[side].resume()
+        current[0] = side
 
     try:
         for side in sides:  # warm-up: compile, allocate, plan on every side
             use(side)
             trainer.train_step()
+        use("default")
+        for name in caches:
+            calls[name] = {"routed": 0, "fallback": 0}
         for side in rotated_blocks(sides, blocks):
             use(side)
             trainer.train_step()
@@ -66,9 +81,10 @@ def interleaved(config: str, overrides: list[str], caches: dict[str, Path], bloc
                 m = trainer.train_step()
                 times[side].append(m.step_time_s)
                 losses[side].append(m.loss)
-        summaries = {name: act.end_summary() for name, act in acts.items()}
+        use("default")
     finally:
-        routes.remove()
+        for h in handles.values():
+            h.suspend()
         for act in acts.values():
             act.close()
         trainer.close()
@@ -77,9 +93,8 @@ def interleaved(config: str, overrides: list[str], caches: dict[str, Path], bloc
         q1, _median, q3 = statistics.quantiles(times[side], n=4, method="inclusive")
         row = {"median_s": statistics.median(times[side]), "q1_s": q1, "q3_s": q3, "step_time_s": times[side],
                "median_loss": statistics.median(losses[side])}
-        if side in summaries:
-            row["routed_calls"] = sum(sum(s["routed"].values()) for s in summaries[side].values())
-            row["fallback_calls"] = sum(sum(s["fallback"].values()) for s in summaries[side].values())
+        if side in calls:
+            row["routed_calls"], row["fallback_calls"] = calls[side]["routed"], calls[side]["fallback"]
         out[side] = row
     return out
 

@@ -22,8 +22,8 @@ settling step after each switch): with every entry torch's, enable installs no G
 override, so the ratio is the cost of having enabled it.
 
 (c) A cache entry whose kernel answers with an output made in advance (no GEMM), on tiny
-CPU tensors: what the router, the trainer's seam and the override add, in us per call, on
-this host (:func:`python_path`; a GPU run reports it too, for its host).
+CPU tensors: what the GEMM dispatch's Python route and the aten override add, in us per call,
+on this host (:func:`python_path`; a GPU run reports it too, for its host).
 
 Routed calls take the native dispatch (``runtime/native.py``: a C++ table of call
 signatures) where it builds, the Python overrides otherwise (``PRIMUS_PERF_NATIVE=0``);
@@ -56,8 +56,7 @@ from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
 from primus_perf.kernels import gemm
 from primus_perf.kinds import RouterPart
-from primus_perf.runtime import native, routes
-from primus_perf.runtime.intercept import Interception
+from primus_perf.runtime import dispatch, native
 
 SMOKE_SOURCE = "smoke"  # the CPU kernel-table row: torch's GEMM where the library would run
 SMOKE_VERSIONS = {"smoke": "1"}
@@ -87,8 +86,7 @@ class _Ready:
 
 
 def _kinds(table: dict) -> dict:
-    return {"gemm": RouterPart(lambda es: gemm.GemmRouter.from_entries(list(es), table),
-                               lambda: dict(SMOKE_VERSIONS), lambda: gemm.GemmRouter([], table))}
+    return {"gemm": RouterPart(lambda es: gemm.GemmRouter.from_entries(list(es), table), lambda: dict(SMOKE_VERSIONS))}
 
 
 SMOKE_TABLE = {SMOKE_SOURCE: lambda problem, solution, device: _TorchAsLibrary()}
@@ -140,29 +138,27 @@ def _us(xs: list[float]) -> dict | None:
 def _layers(a, b, cache: Path, kinds, device_type: str, kernel, rounds: int, calls: int,
             extra: dict | None = None) -> dict[str, list[float]]:
     """Host seconds per call, interleaved rounds: ``torch_mm`` (torch.mm, no enable), then
-    under enable(): ``kernel`` (the routed kernel called directly, as the router calls it),
-    ``router`` (``router(a, b)``), ``seam`` (``seams.matmul``: the trainer's path),
-    ``override`` (torch.mm: the aten override's path) and each of ``extra`` (name -> callable)."""
-    from primus_perf.runtime import seams
-
+    under enable(): ``kernel`` (the routed kernel called directly, as the dispatch calls it),
+    ``dispatch`` (the GEMM dispatch's Python route, ``GemmDispatch.gemm``: what a call the
+    native table does not answer runs), ``override`` (torch.mm: the aten override's path) and
+    each of ``extra`` (name -> callable)."""
     samples: dict[str, list[float]] = {"torch_mm": []}
     for _ in range(rounds):
         samples["torch_mm"].append(_timed(partial(torch.mm, a, b), calls, False)[0])
-        with primus_perf.enable(cache, kinds=("gemm",), router_kinds=kinds, device_type=device_type, log=None):
-            router = routes.installed("gemm")
-            fns = {"kernel": partial(kernel, a, b), "router": partial(router, a, b),
-                   "seam": partial(seams.matmul, a, b), "override": partial(torch.mm, a, b), **(extra or {})}
+        with primus_perf.enable(cache, kinds=("gemm",), router_kinds=kinds, device_type=device_type, log=None) as h:
+            fns = {"kernel": partial(kernel, a, b), "dispatch": partial(dispatch.of("gemm").gemm, a, b),
+                   "override": partial(torch.mm, a, b), **(extra or {})}
             for name, fn in fns.items():
                 fn()  # a signature's first call resolves it
                 samples.setdefault(name, []).append(_timed(fn, calls, False)[0])
-            assert sum(router.summary()["routed"].values()) == 3 * (calls + 1)
+            assert h.summary()["gemm"]["routed"] == 2 * (calls + 1)
     return samples
 
 
 def python_path(args, cache_dir: Path) -> dict:
     """The routing's own Python on the CPU (this host's): a 16x64 @ 64x64 fp32 call whose
-    entry's kernel answers with an output made in advance (no GEMM), through the router,
-    the trainer's seam and ``torch.mm`` under enable() (the aten override), against
+    entry's kernel answers with an output made in advance (no GEMM), through the dispatch's
+    Python route and ``torch.mm`` under enable() (the aten override), against
     ``torch.mm`` itself (:func:`_layers`). ``*_adds_us``: each path's median less the
     kernel's (the routing's Python); the override's also holds torch.mm's own binding and
     dispatch, which every torch.mm call pays."""
@@ -173,14 +169,14 @@ def python_path(args, cache_dir: Path) -> dict:
     samples = _layers(a, b, cache, READY_KINDS, "cpu", _Ready(p, "cpu"), PY_ROUNDS, PY_CALLS)
     out = {"problem": p.key(), "calls_per_round": PY_CALLS, **{f"{k}_us": _us(v) for k, v in samples.items()}}
     kernel_us = out["kernel_us"]["median_us"]
-    for name in ("router", "seam", "override"):
+    for name in ("dispatch", "override"):
         out[f"{name}_adds_us"] = out[f"{name}_us"]["median_us"] - kernel_us
     return out
 
 
 def breakdown(args, a, b, p, solution: dict, cache: Path, kinds) -> dict:
     """Where a routed call's host time goes, on the per-call problem's operands (the GPU's
-    in a GPU run): :func:`_layers` with the kernel of the cache entry, called as the router
+    in a GPU run): :func:`_layers` with the kernel of the cache entry, called as the dispatch
     calls it (its per-signature ``run``), and the parts of that call alone: ``new_empty``
     (the output), ``stream`` (the current raw stream, GPU) and ``torch_mm_out`` (torch's
     GEMM through the ``out=`` overload: what a call left to torch runs)."""
@@ -237,28 +233,29 @@ class _Recorder:
     def __init__(self) -> None:
         self.problems: dict[str, object] = {}
 
-    def __call__(self, a, b, bias=None):
+    def route(self, a, b, bias=None):
         try:
             p = gemm.problem_of(a, b)
         except ValueError:
-            return None
+            return "unsupported", None
         if bias is not None:
             import dataclasses
 
             p = dataclasses.replace(p, epilogue="bias")
         self.problems[p.key()] = p
-        return None
+        return p.key(), None
 
 
 def step_problems(example, model, opt, margs, device_type: str) -> list:
     rec = _Recorder()
-    routes.install({"gemm": rec})
-    interception = Interception({"gemm"}, device_type)
+    d = dispatch.of("gemm")
+    d.install(rec)
+    d.hold(rec, device_type)
     try:
         example.step(model, opt, margs, 0)
     finally:
-        interception.close()
-        routes.remove()
+        d.release(rec)
+        d.install(None)
     return list(rec.problems.values())
 
 
@@ -279,7 +276,7 @@ def all_default(args, cache_dir: Path) -> dict:
 
     def enable():
         handle = primus_perf.enable(cache, kinds=("gemm",), router_kinds=kinds, device_type=device_type, log=None)
-        intercepted.append(handle.interception is not None)
+        intercepted.append(dispatch.of("gemm").intercepting)
         return handle
 
     times = interleaved(lambda i: example.step(model, opt, margs, i), enable, args.pairs, args.block, start=2)

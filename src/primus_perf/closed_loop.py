@@ -9,8 +9,8 @@
    problem's choice against torch's, alternating calls; the cache keeps only the choices
    that win where they run;
 5. on a GPU, train again with the cache and measure the speedup: one trainer, blocks of
-   steps with the cache's routers installed and removed in turn (interleaved, so both sides
-   see the same clocks, memory and data), medians of the step times.
+   steps with the cache enabled and suspended in turn (interleaved, so both sides see the
+   same clocks, memory and data), medians of the step times.
 
 On a machine without a GPU the loop stops after the report and says why: tuning measures
 GPU kernels. Everything the CLI prints comes from the returned :class:`LoopResult`.
@@ -61,7 +61,7 @@ class LoopResult:
     tune_run: Any = None  # tuner.core.TuneRun
     cache: Path | None = None
     measurement: SpeedupMeasurement | None = None
-    fp8: Any = None  # fp8.tune.Fp8TuneResult (with fp8=True)
+    fp8: Any = None  # tuner.fp8.Fp8TuneResult (with fp8=True)
     confirmation: Any = None  # tuner.confirm.ConfirmRun: the choices checked inside the steps
 
 
@@ -99,41 +99,42 @@ def tunable_problems(problems: Sequence[Any], tuners: Mapping[str, Any]) -> tupl
 
 def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, blocks: int = 4,
                     block_steps: int = 5, say: Say = lambda _m: None) -> SpeedupMeasurement:
-    """Train ``config`` with the cache's routers removed and installed in alternate blocks of
-    ``block_steps`` steps (one settling step after each switch), ``blocks`` blocks a side."""
-    from primus_perf.runtime import routes
-    from primus_perf.runtime.activate import activate
+    """Train ``config`` with the cache enabled and suspended in interleaved blocks of
+    ``block_steps`` steps (``tuner.measure.blocks``: one settling step after each switch),
+    ``blocks`` blocks a side, one trainer for both."""
+    from primus_perf.runtime.handle import enable
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
     from primus_perf.tuned_kernels import online_tuning
+    from primus_perf.tuner.measure import blocks as measure_blocks
 
     trainer = Trainer(load_config(config, overrides), online=online_tuning())
-    act = activate(cache)
-    times: dict[str, list[float]] = {"default": [], "tuned": []}
+    handle = enable(cache, None, device_type=trainer.device.type, log=None)
     losses: dict[str, list[float]] = {"default": [], "tuned": []}
+    side = ["default"]
+
+    def switch(name: str) -> Callable[[], None]:
+        def to() -> None:
+            side[0] = name
+            handle.resume() if name == "tuned" else handle.suspend()
+        return to
+
+    def step() -> float:
+        m = trainer.train_step()
+        losses[side[0]].append(m.loss)
+        return m.step_time_s
+
     try:
         for _ in range(2):  # warm-up: compile, allocate, plan
             trainer.train_step()
-        for i in range(2 * blocks):
-            side = "tuned" if i % 2 else "default"
-            if side == "tuned":
-                routes.install(act.routers)
-            else:
-                routes.remove()
-            trainer.train_step()
-            for _ in range(block_steps):
-                m = trainer.train_step()
-                times[side].append(m.step_time_s)
-                losses[side].append(m.loss)
-            say(f"block {i + 1}/{2 * blocks} ({side}): median "
-                f"{statistics.median(times[side][-block_steps:]) * 1e3:.2f} ms/step")
-        summary = act.end_summary()
+        times = measure_blocks({"default": switch("default"), "tuned": switch("tuned")}, step, blocks=blocks,
+                               block_steps=block_steps, say=say)
+        summary = handle.summary()
     finally:
-        routes.remove()
-        act.close()
+        handle.disable()
         trainer.close()
-    routed = sum(sum(s["routed"].values()) for s in summary.values())
-    fallback = sum(sum(s["fallback"].values()) for s in summary.values())
+    routed = sum(row.get("routed", 0) for row in summary.values())
+    fallback = sum(row.get("fallback", 0) for row in summary.values())
     # the data advance with every step, so the two sides' losses differ step by step;
     # what must hold is that both train alike (no divergence from a wrong kernel)
     d, t = statistics.median(losses["default"]), statistics.median(losses["tuned"])
@@ -155,13 +156,11 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
     cfg = load_config(config, overrides)
 
     def run(confirmer: Any) -> int:
-        from primus_perf.runtime import routes
-
         trainer = Trainer(cfg)
         try:
-            routes.confirm_with(None)  # the first step (allocation, library set-up) is not timed
+            confirmer.timing = False  # the first step (allocation, library set-up) is not timed
             trainer.train_step()
-            routes.confirm_with(confirmer)
+            confirmer.timing = True
             for i in range(steps - 1):
                 trainer.train_step()
                 if i >= 1 and not confirmer.confirming:  # every problem seen has its verdict
@@ -170,14 +169,14 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
             trainer.close()
         return 0
 
-    return confirm_run(cache, run, policy=policy, clock=clock, log=say, gemm_path="seam")
+    return confirm_run(cache, run, policy=policy, clock=clock, log=say)
 
 
 def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str | Path = "runs/quickstart",
              *, steps: int = 3, budget_s: float = 2.0, blocks: int = 4, block_steps: int = 5,
              say: Say = lambda _m: None, tune_progress: Any = None, fp8: bool = False) -> LoopResult:
     """Profile, analyze, report; on a GPU also tune and measure (see the module docstring);
-    ``fp8``: then tune the FP8 plan (``fp8.tune_trainer``) into the same cache."""
+    ``fp8``: then tune the FP8 plan (``tuner.fp8.tune_trainer``) into the same cache."""
     from primus_perf.profiler.capture import Schedule, capture_trainer
     from primus_perf.tracelens.analyze import analyze
     from primus_perf.tracelens.report import report_from_analysis
@@ -228,7 +227,7 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
     say("5/5 training with and without the cache, interleaved")
     result.measurement = measure_speedup(config, overrides, cache, blocks=blocks, block_steps=block_steps, say=say)
     if fp8:
-        from primus_perf.fp8.tune import tune_trainer
+        from primus_perf.tuner.fp8 import tune_trainer
 
         say(f"FP8: tuning the plan (layer groups in the step, then the loss check) -> {cache}")
         result.fp8 = tune_trainer(config, overrides, cache, say=say)

@@ -35,11 +35,11 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from primus_perf.runtime.handle import ALL_KINDS, rank0_stderr
+    from primus_perf.runtime.handle import rank0_stderr
     from primus_perf.tuned_kernels import enable
 
     opts, target = _parse(sys.argv[1:] if argv is None else argv)
-    chosen = ALL_KINDS if opts.kinds is None else [k for k in opts.kinds.split(",") if k]
+    chosen = None if opts.kinds is None else [k for k in opts.kinds.split(",") if k]
     handle = enable(opts.cache, online=opts.online, kinds=chosen)
     for line in handle.start_lines():
         rank0_stderr(line)

@@ -10,7 +10,7 @@ routing on.
 
 It is the runtime's ``enable`` (``runtime.handle``: read the cache, install the routers and
 the dispatcher overrides) with, for ``online=True``, the tuner's in-step tuning
-(``tuner.online_kinds.InStepTuning``) plugged in: this module sits above both, so the runtime
+(``tuner.online.InStepTuning``) plugged in: this module sits above both, so the runtime
 never reaches the tuner. Lower level, ``runtime.activate`` builds the routers without
 installing them (the closed loop's interleaved measurement installs and removes them in
 turn).
@@ -27,15 +27,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from primus_perf.devices import DeviceIdentity
-from primus_perf.runtime.handle import ALL_KINDS, Handle, rank0_stderr
+from primus_perf.runtime.handle import Handle, rank0_stderr
 from primus_perf.runtime.handle import enable as enable_runtime
 
 
 def online_tuning(**options: Any) -> Any:
-    """The tuner's in-step tuning (``tuner.online_kinds.InStepTuning``; ``options``: its
+    """The tuner's in-step tuning (``tuner.online.InStepTuning``; ``options``: its
     ``adapters``, ``policy``, ``clock``), as ``Trainer(cfg, online=...)`` and the runtime's
     ``enable`` take it."""
-    from primus_perf.tuner.online_kinds import InStepTuning
+    from primus_perf.tuner.online import InStepTuning
 
     return InStepTuning(**options)
 
@@ -43,7 +43,7 @@ def online_tuning(**options: Any) -> Any:
 def enable(
     cache: str | os.PathLike | None,
     online: bool = False,
-    kinds: Iterable[str] = ALL_KINDS,
+    kinds: Iterable[str] | None = None,
     *,
     device_type: str | None = None,
     device: DeviceIdentity | None = None,
@@ -55,9 +55,10 @@ def enable(
 
     ``cache``: the tuning cache (read once; with ``online``, also written: a missing file
     is then created); ``online``: tune the problems the cache does not hold during the
-    first steps; ``kinds``: which kinds (names of ``primus_perf.kinds``); ``device_type``:
+    first steps; ``kinds``: which kinds (names of ``primus_perf.kinds``; default every
+    routable one); ``device_type``:
     whose kernels are overridden ("cuda"; "cpu" where there is no GPU); ``router_kinds``:
-    the router parts (``runtime.activate.KINDS``; tests pass fake kernels);
+    kind -> router part (tests pass fake kernels);
     ``online_options``: keywords of the online tuning (``policy``, ``clock``,
     ``adapters``); ``log``: where online tuning's reports go (None: nowhere). Nothing else
     is printed: ``Handle.start_lines()`` and ``end_lines()`` say what happened."""

@@ -14,7 +14,7 @@ An entry (:class:`CacheEntry`) records one tuned problem:
   medians of the calls its in-step race counted); ``error``: the chosen solution's numerical error against the fp32
   reference; ``tuner_version``; ``created`` (Unix time);
 - ``in_step`` (optional): the choice confirmed inside real steps against the baseline
-  the program had (``runtime.confirm``): ``speedup`` (median of per-pair ratios),
+  the program had (``tuner.confirm``): ``speedup`` (median of per-pair ratios),
   ``low``/``high`` (their quartiles), ``samples`` (pairs), ``baseline``, ``choice``,
   ``verdict`` ("kept"; "dropped": the solution is then the baseline's, and ``times`` the
   isolated figure of the choice the step did not bear out), ``method``.
@@ -72,8 +72,6 @@ SCHEMA_VERSION = 1
 LOCK_TIMEOUT_S = 120.0
 ORPHAN_AGE_S = 30.0  # a temporary file this old, seen under the lock, belongs to a killed writer
 READ_RETRIES = 3  # a file replaced while it was read is read again
-# Kinds whose problem dict the store can check (every registered kind); other kinds need a mapping.
-PROBLEM_TYPES: dict[str, Any] = {kind.name: kind.problem_type for kind in kinds.all_kinds()}
 _REQUIRED = ("kind", "problem_key", "problem", "device", "versions", "solution")
 ONLINE_SUFFIX = "+online"  # the tuner_version of entries online tuning wrote
 
@@ -90,7 +88,7 @@ class CacheEntry:
     error: float | None = None
     tuner_version: str = ""
     created: float = field(default_factory=time.time)
-    # the choice confirmed inside real steps (``runtime.confirm.Verdict.figure``), or None
+    # the choice confirmed inside real steps (``tuner.decide.Verdict.figure``), or None
     in_step: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -206,8 +204,8 @@ class CacheEntry:
         config = data["solution"].get("config", {})
         if not isinstance(config, dict):
             raise ValueError(f"solution config must be a mapping, got {type(config).__name__}")
-        problem_type = PROBLEM_TYPES.get(data["kind"])
-        if problem_type is not None:
+        problem_type = kinds.get(data["kind"]).problem_type if data["kind"] in kinds.names() else None
+        if problem_type is not None:  # a registered kind's problem dict is checked
             try:
                 problem_type.from_dict(data["problem"])
             except (TypeError, ValueError, KeyError) as exc:

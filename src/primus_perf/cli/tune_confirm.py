@@ -12,6 +12,7 @@ from rich.table import Table
 from primus_perf.cli.common import console
 from primus_perf.cli.render import print_table
 from primus_perf.errors import UserError
+from primus_perf.tuner.decide import MARGIN
 
 EXIT_INTERRUPTED = 130
 
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
                                   " once every problem has its verdict)"),
         samples: int = typer.Option(8, "--samples", min=2, help="Counted pairs (one call of each side) per problem"),
         warmup: int = typer.Option(2, "--warmup", min=0, help="Pairs per problem not counted (cold first calls)"),
-        margin: float = typer.Option(0.01, "--margin", min=0.0, help="Least in-step gain that keeps a choice,"
+        margin: float = typer.Option(MARGIN, "--margin", min=0.0, help="Least in-step gain that keeps a choice,"
                                      " when the measured noise (half the ratios' IQR) is smaller"),
     ) -> None:
         """Confirm a cache's choices inside real steps: each routed problem runs its cached
@@ -72,7 +73,7 @@ def register(app: typer.Typer) -> None:
         clears the noise, else the cache entry becomes the baseline. The trainer
         (--config PRESET [overrides] --steps N) or any program (-- script.py args) runs."""
         from primus_perf.cli.tune_cache import open_cache
-        from primus_perf.runtime.confirm import ConfirmPolicy
+        from primus_perf.tuner.confirm import ConfirmPolicy
 
         open_cache(cache)  # a regular, non-empty file
         policy = ConfirmPolicy(samples=samples, warmup=warmup, margin=margin)

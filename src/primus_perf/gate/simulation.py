@@ -1,7 +1,7 @@
 """The gate's error rates, measured by a seeded simulation: samples with a given noise (CV)
 and a true change, gated as ``primus-profile gate`` gates them. It decides the defaults
 (the profiled window of ``bench``) and the tests hold the rates; the table is written by
-``benchmarks/gate_simulation.py``."""
+``benchmarks/gate/gate_simulation.py``."""
 
 from __future__ import annotations
 

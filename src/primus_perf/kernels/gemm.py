@@ -1,10 +1,4 @@
-"""The GEMM router: operands -> problem -> the cached kernel.
-
-Each call ``router(a, b)`` (``a @ b`` for 2-D operands, or batched 3-D ones as ``bmm``) looks
-its operands' (shape, strides, dtype) up in a small table; a cached choice runs through the
-router's kernel table, a "torch" choice or an unknown problem returns None (torch runs it).
-A tuned call that fails falls back to torch for that problem and says so once
-(``routing.Router``).
+"""The GEMM router: operands -> problem -> the cached kernel (:class:`GemmRouter`).
 
 The kernel table (:data:`KERNELS`) is data: a solution's ``source`` (what the tuner wrote
 into the entry's config: "cublaslt", "hipblaslt") -> a factory that makes the kernel of
@@ -12,12 +6,10 @@ one problem from the entry's solution, or None when it cannot run on the operand
 The cuBLASLt/hipBLASLt kernel runs the stored algorithm on torch's current stream with one
 shared workspace per device. Entries whose source has no row are counted as unusable.
 
-While torch.profiler records, a tuned call goes through the operator ``primus_perf::gemm``
-(a torch custom op), so the trace shows it like ``aten::mm``: with its operands' shapes
-and strides, which the trace analyzer models exactly as it models ``aten::mm``. Outside
-the profiler the kernel is called directly (no dispatcher overhead). The op's arguments
-name the router (a small id; the registry holds routers weakly, so it holds only live
-ones) and the slot of the kernel in that router's own table.
+While torch.profiler records, a routed call goes through the operator ``primus_perf::gemm``
+(:func:`traced_gemm_op`), so the trace shows it like ``aten::mm``, with its operands' shapes
+and strides. Its arguments name the router (a small id; the registry holds routers weakly)
+and the slot of the kernel in that router's table.
 """
 
 from __future__ import annotations
@@ -30,8 +22,7 @@ from typing import Any, Protocol
 
 from primus_perf.kernels.blaslt.binding import BlasLt, Plan, load
 from primus_perf.kernels.blaslt.layout import refusal
-from primus_perf.kernels.routing import CachedChoice, Router
-from primus_perf.kernels.tracing import autograd_profiler
+from primus_perf.kernels.routing import OWN, UNSUPPORTED, CachedChoice
 from primus_perf.problems import GemmProblem, dtype_name, operand_layout
 
 WORKSPACE_BYTES = 32 * 2**20
@@ -243,43 +234,36 @@ def traced_gemm_op() -> Any:
     return _traced_op
 
 
-UNSUPPORTED = "unsupported"  # the key a router counts calls no problem describes under
 # what the native GEMM dispatch's table runs for a signature (runtime/native_gemm.cpp's enum Kind)
 NATIVE_TORCH, NATIVE_FALLBACK, NATIVE_LAUNCH, NATIVE_PYTHON = 0, 1, 2, 3
 
 
-class GemmRouter(Router):
-    """Callable ``(a, b) -> Tensor | None`` over the cached GEMM entries of this device;
-    ``kernels``: the kernel table (source -> factory).
+class GemmRouter:
+    """The cached GEMM choices of this device; ``kernels``: the kernel table (source -> factory).
 
-    A call signature (what :func:`problem_of` and the kernel read of the operands: shapes,
-    strides, dtypes, devices, and the bias's dtype or its absence) is resolved once, on its
-    first call, into ``(problem key, slot, run)``: ``run`` is the callable of the problem's
-    kernel for that signature, or None where torch runs the call (``slot`` then says why:
-    :data:`TORCH_CHOICE` for an entry that keeps torch's choice, counted as routed; None
-    for no entry, no kernel here, an operand layout no kernel may be given, or a kernel that
-    failed, counted as fallback). Every later call of the signature costs one tuple, one
-    dict lookup, one counter and the launch."""
+    :meth:`resolve` answers a call signature (what :func:`problem_of` and the kernel read of the
+    operands: shapes, strides, dtypes, devices, the bias's dtype or its absence) with ``(key,
+    slot, run)``: ``run`` the callable of the problem's kernel for that signature, or None where
+    torch runs the call (``slot`` then says why: :data:`TORCH_CHOICE` for an entry that keeps
+    torch's choice, None for no entry, no kernel here or an operand layout no kernel may be
+    given). The runtime's GEMM dispatch resolves each signature once and owns the table, the
+    counts and the failures."""
 
     def __init__(self, entries: list[CachedChoice], kernels: Mapping[str, KernelFactory] | None = None) -> None:
-        super().__init__()
         self.entries = {e.problem_key: e for e in entries}
         self.kernels = KERNELS if kernels is None else kernels
         self.id = next(_router_ids)
         _live_routers[self.id] = self
-        self._memo: dict[tuple, tuple[str, int | None, Callable[[Any, Any], Any] | None]] = {}
         self._slots: list[GemmKernel] = []  # the kernel of each routed problem
         self._slot_of: dict[str, int] = {}  # problem key -> its slot
         self.unusable: set[str] = set()  # problems whose entry has no kernel here
-        self._profiler = autograd_profiler()  # its flag: tracing.profiler_on, read inline per call
-        self.native_table: Any = None  # the native dispatch while its table holds this router's routes
 
     @classmethod
     def from_entries(cls, entries: list[CachedChoice], kernels: Mapping[str, KernelFactory] | None = None
-                     ) -> GemmRouter | None:
-        return cls(entries, kernels) if entries else None
+                     ) -> GemmRouter:
+        return cls(entries, kernels)
 
-    def _resolve(self, a, b, bias) -> tuple[str, int | None, Callable[[Any, Any], Any] | None]:
+    def resolve(self, a, b, bias=None) -> tuple[str, int | None, Callable[[Any, Any], Any] | None]:
         """``(key, slot, run)`` of a call signature (class docstring)."""
         try:
             p = problem_of(a, b)
@@ -291,7 +275,7 @@ class GemmRouter(Router):
             p = dataclasses.replace(p, epilogue="bias")
         key = p.key()
         entry = self.entries.get(key)
-        if entry is None or key in self.failed or (bias is not None and bias.dtype != a.dtype):
+        if entry is None or (bias is not None and bias.dtype != a.dtype):
             return key, None, None  # (torch's addmm refuses a bias of another dtype: it says so)
         source = solution_source(entry.solution)
         if source == TORCH_SOURCE:
@@ -309,92 +293,35 @@ class GemmRouter(Router):
         for_call = getattr(kernel, "for_call", None)
         return key, slot, kernel if for_call is None else for_call(a, b)
 
-    def native_route(self, a, b, bias=None) -> tuple[str, int, int, Any]:
-        """``(key, kind, slot, payload)``: what the native GEMM dispatch's table holds for this
-        call's signature (``runtime.native``; kinds ``TORCH_ROUTED``, ``FALLBACK``, ``LAUNCH``
-        with the kernel's launch record, ``PYTHON`` with its ``run``), resolved as
-        :meth:`__call__` resolves it."""
-        key, slot, run = self._resolve(a, b, bias)
+    def route(self, a, b, bias=None) -> tuple[str, Any]:
+        """``(key, run)`` of one call (``kernels.routing``), from :meth:`resolve`."""
+        key, slot, run = self.resolve(a, b, bias)
         if run is None:
-            return key, NATIVE_FALLBACK if slot is None else NATIVE_TORCH, -1, None
-        kernel = self._slots[slot]
-        if hasattr(kernel, "native"):
-            return key, NATIVE_LAUNCH, slot, kernel.native(a)
-        return key, NATIVE_PYTHON, slot, run
+            return key, (OWN if slot == TORCH_CHOICE else None)
+        return key, (lambda: run(a, b)) if bias is None else (lambda: run(a, b).add_(bias))
 
-    def native_counts(self, counts: list[tuple[str, int, int, int, int]]) -> None:
-        """Fold the native table's ``(key, slot, routed, fallback, unaligned)`` counts in
-        (``routed`` holds the ``unaligned`` calls: torch ran them, as :class:`BlasLtKernel`
-        counts them)."""
-        for key, slot, routed, fallback, unaligned in counts:
-            if routed:
-                self.routed[key] += routed
-            if fallback:
-                self.fallback[key] += fallback
-            if unaligned and 0 <= slot < len(self._slots):
-                self._slots[slot].unaligned += unaligned
+    def launch_record(self, slot: int, a) -> tuple | None:
+        """The native dispatch's launch record of ``slot``'s kernel for calls like ``a``'s (a
+        BLAS-Lt kernel's ``native``), None for a kernel only Python can call."""
+        native = getattr(self._slots[slot], "native", None)
+        return native(a) if native is not None else None
 
-    def native_failed(self, key: str, why: str) -> None:
-        """A tuned kernel the native table ran failed: :meth:`_failure` (said once; torch from now on)."""
-        self._failure(key, RuntimeError(why))
+    def add_unaligned(self, slot: int, calls: int) -> None:
+        if 0 <= slot < len(self._slots):
+            self._slots[slot].unaligned += calls
 
-    def summary(self) -> dict[str, Any]:
-        if self.native_table is not None:  # the native table's counts since the last take
-            self.native_counts(self.native_table.take_counts())
-        return super().summary()
+    def label(self, key: str) -> str:
+        """The readable name of the cached choice of ``key`` (its config's name)."""
+        config = self.entries[key].solution.get("config") or {} if key in self.entries else {}
+        return str(config.get("name") or config.get("source") or "cached")
 
-    def key_of(self, a, b, bias=None) -> str | None:
-        """The problem key of a call (its signature resolved as :meth:`__call__` resolves it,
-        the same tuple, which ``__call__`` builds inline: every routed GEMM pays for a call
-        more); None for a call no problem describes."""
-        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
-               None if bias is None else bias.dtype)
-        hit = self._memo.get(sig)
-        if hit is None:
-            hit = self._memo[sig] = self._resolve(a, b, bias)
-        return None if hit[0] == UNSUPPORTED else hit[0]
-
-    def __call__(self, a, b, bias=None):
-        """``a @ b`` (``+ bias``, a vector over the output's columns, when given: the problem
-        with the bias epilogue, run as the cached GEMM and one add) or None: torch runs it."""
-        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
-               None if bias is None else bias.dtype)
-        hit = self._memo.get(sig)
-        if hit is None:
-            hit = self._memo[sig] = self._resolve(a, b, bias)
-        key, slot, run = hit
-        if run is None:
-            if slot is None:
-                self.fallback[key] += 1
-            else:  # TORCH_CHOICE
-                self.routed[key] += 1
-            return None
-        if self._profiler._is_profiler_enabled:  # tracing.profiler_on, inline
-            out = self._run(key, traced_gemm_op(), a, b, self.id, slot)
-            if out is None:
-                return None
-        else:  # Router._run, inline: the path every routed call takes
-            try:
-                out = run(a, b)
-            except Exception as exc:
-                return self._failure(key, exc)
-            self.routed[key] += 1
-        return out if bias is None else out.add_(bias)
-
-    def _failure(self, key: str, exc: Exception) -> None:
-        """Router._failure, and every signature of the problem goes to torch from now on."""
-        super()._failure(key, exc)
-        if self.native_table is not None:  # a failure seen in Python (profiled, confirmed) or in the table
-            self.native_table.mark_failed(key)
-        for sig, (k, _, _) in list(self._memo.items()):
-            if k == key:
-                self._memo[sig] = (key, None, None)
-
-    @property
-    def routes_nothing(self) -> bool:
+    def idle(self, baseline: str = TORCH_SOURCE) -> bool:
         """True when no entry names a kernel other than torch's own: every call would be
         torch's, so a program need not send its GEMMs here at all."""
         return all(solution_source(e.solution) == TORCH_SOURCE for e in self.entries.values())
+
+    def may_route(self, *call: Any) -> bool:
+        return True
 
     def launch(self, slot: int, a, b):
         """``a @ b`` with the kernel of ``slot`` (no checks: the slot was resolved for them)."""
@@ -406,6 +333,5 @@ class GemmRouter(Router):
             kernel.close()
         self._slots.clear()
         self._slot_of.clear()
-        self._memo.clear()
         self.entries.clear()
         _live_routers.pop(self.id, None)

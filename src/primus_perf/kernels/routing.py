@@ -1,22 +1,20 @@
-"""What every router shares: call counts and one summary shape.
+"""What every router shares: the answer it gives a call, and how a cache entry names a choice.
 
-A router is a callable that answers a dispatch point's call with the tensor of the tuned
-kernel, or None ("not mine": the dispatch runs torch's default). Every router counts its
-calls by problem key the same way, so that ``summary()`` has one structure for every kind::
-
-    {"routed": {key: calls}, "fallback": {key: calls}, "failed": [keys]}
-
-``routed``: calls that used the cached choice (also when that choice is torch's default);
-``fallback``: calls left to torch (no usable entry, or a tuned kernel that failed);
-``failed``: problems whose tuned kernel raised once and are left to torch from then on.
+A router is built from a tuning cache's usable entries of one kind and is pure: for one call,
+``route(*call) -> (key, run)`` gives the problem's key (:data:`UNSUPPORTED` for a call no
+problem describes) and ``run``, the callable that runs the cached choice on this call,
+:data:`OWN` where the choice is what the caller runs anyway, or None where the cache has no
+usable choice. It counts nothing and keeps no failures: the runtime's dispatch of the kind
+owns those. ``may_route(*call)`` says whether it may answer such a call (asked of a traced
+call's fake tensors); ``close()`` releases what it holds (library descriptors).
 """
 
 from __future__ import annotations
 
-import sys
-from collections import Counter
-from collections.abc import Callable
 from typing import Any, Protocol
+
+OWN = "own"  # the cached choice is what the caller would run anyway: torch's kernel, or its backend
+UNSUPPORTED = "unsupported"  # the key of calls no problem describes
 
 
 class CachedChoice(Protocol):
@@ -26,49 +24,6 @@ class CachedChoice(Protocol):
     problem_key: str
     problem: dict[str, Any]
     solution: dict[str, Any]  # {"config": readable dict, "blob": opaque bytes}
-
-
-class Router:
-    """Base of the routers: the counters, :meth:`summary` and :meth:`close`."""
-
-    def __init__(self) -> None:
-        self.routed: Counter[str] = Counter()
-        self.fallback: Counter[str] = Counter()
-        self.failed: set[str] = set()
-
-    def _fall_back(self, key: str) -> None:
-        self.fallback[key] += 1
-
-    def may_route(self, *call: Any) -> bool:
-        """Whether a call with these operands (fake tensors when a compiler traces it) may
-        run something other than torch's default. A compiler keeps torch's own kernel, and
-        its fusions, where this says no; a router that cannot tell (online tuning) says yes."""
-        return True
-
-    def _run(self, key: str, launch: Callable[..., Any], *args: Any) -> Any:
-        """``launch(*args)`` for a problem with a cached choice; a tuned kernel that raises is
-        reported once and its problem goes to torch from then on."""
-        if key in self.failed:
-            self._fall_back(key)
-            return None
-        try:
-            out = launch(*args)
-        except Exception as exc:
-            return self._failure(key, exc)
-        self.routed[key] += 1
-        return out
-
-    def _failure(self, key: str, exc: Exception) -> None:
-        """A tuned kernel raised: say so once; its problem goes to torch from then on."""
-        self.failed.add(key)
-        print(f"tuning cache: tuned kernel for {key} failed ({exc}); using torch for it", file=sys.stderr)
-        self._fall_back(key)
-
-    def summary(self) -> dict[str, Any]:
-        return {"routed": dict(self.routed), "fallback": dict(self.fallback), "failed": sorted(self.failed)}
-
-    def close(self) -> None:
-        """Release what the router holds (library descriptors); it routes nothing after."""
 
 
 def choice_solution(backend: str, config: Any) -> dict[str, Any]:
@@ -86,5 +41,3 @@ def solution_backend(data: Any, what: str) -> str:
         return str(data["backend"])
     except (KeyError, TypeError):
         raise ValueError(f"not {what} solution: {data!r}") from None
-
-

@@ -2,7 +2,7 @@
 
 The kernels call their work differently while the profiler records, so that a trace names
 it: the GEMM router through the ``primus_perf::gemm`` operator (:mod:`.gemm`), each pass
-of a grouped GEMM inside an annotation that names its problem (``runtime.seams``).
+of a grouped GEMM inside an annotation that names its problem (``runtime.grouped``).
 Outside the profiler they pay only this check (a path that reads it per call and wants no
 function call for it holds :func:`autograd_profiler` and reads ``_is_profiler_enabled``).
 """

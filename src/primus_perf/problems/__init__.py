@@ -18,7 +18,13 @@ with a canonical string key and a plain-dict form for JSON, and names its kind
 from __future__ import annotations
 
 from primus_perf.problems.attention import AttentionProblem
-from primus_perf.problems.base import ProblemType, dataclass_from_dict, problem_type, problem_types
+from primus_perf.problems.base import (
+    ProblemType,
+    dataclass_from_dict,
+    forget_problem_type,
+    problem_type,
+    problem_types,
+)
 from primus_perf.problems.dtypes import (
     DTYPE_ALIASES,
     DTYPE_BYTES,
@@ -54,7 +60,8 @@ from primus_perf.problems.trace_names import (
 __all__ = [
     "DTYPE_ALIASES", "DTYPE_BYTES", "GROUPED_PASSES", "GROUPED_TRACE_OP", "MAX_PROBLEMS_BYTES", "PROBLEMS_SCHEMA",
     "AttentionProblem", "Fp8PlanProblem", "GemmProblem", "GroupedGemmProblem", "GroupedMmCall", "Operand", "Problem", "ProblemType",
-    "canonical_dtype", "dataclass_from_dict", "default_compute", "dtype_name", "grouped_mm_call", "grouped_trace_name",
+    "canonical_dtype", "dataclass_from_dict", "default_compute", "dtype_name", "forget_problem_type", "grouped_mm_call",
+    "grouped_trace_name",
     "load_problems", "operand_layout", "parse_grouped_trace_name", "problem_from_item", "problem_type",
     "problem_types", "skew_bucket", "skew_buckets", "tokens_bucket", "torch_dtype",
 ]

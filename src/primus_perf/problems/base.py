@@ -35,6 +35,11 @@ def problem_types() -> dict[str, type[ProblemType]]:
     return dict(_TYPES)
 
 
+def forget_problem_type(kind: str) -> None:
+    """Remove a problem type defined outside the package (a test's toy kind) from the registry."""
+    _TYPES.pop(kind, None)
+
+
 def problem_type(kind: str) -> type[ProblemType]:
     """The problem type of ``kind``; ValueError naming the known kinds for any other name."""
     try:

@@ -267,7 +267,7 @@ def grouped_mm_call(a_shape: Any, a_strides: Any, b_shape: Any, b_strides: Any, 
     """The :class:`GroupedMmCall` of ``aten::_grouped_mm(a, b, offs)`` from its operands'
     shapes and strides (None: packed), the length of ``offs`` (None: no offs) and whether
     it runs in a backward pass; None for a layout that is no grouped GEMM problem. The one
-    reading of such a call: the seam (``kernels.grouped.problem_of``), the dispatcher
+    reading of such a call: a pass's problem (``kernels.grouped.problem_of``), the runtime's
     override of ``aten::_grouped_mm`` and the trace analyzer all derive their problem here.
 
     - ``a[T, K] @ b[G, K, N]`` with offs: forward (``trans_w``: ``b`` is a transposed view,

@@ -1,16 +1,9 @@
 """From a tuning cache to routers: what a program installs at start-up.
 
 :func:`activate` reads the cache once, keeps the entries usable here (same hardware; the
-library versions its kind depends on), builds one router per kind from them and returns
-them in an :class:`Activation`. It installs nothing: :func:`~.handle.enable` does (and so
-does the closed loop's interleaved measurement, through ``routes.install``); a program
-turns tuned kernels on with ``primus_perf.enable``, of which this is the first step.
-
-The routers are the kinds' ``router`` parts (``primus_perf.kinds``, attached by
-``kernels.routers``): :data:`KINDS` maps each kind that has one to its
-:class:`~primus_perf.kinds.RouterPart` (the router factory, the running library versions
-its entries must match, an empty router). A router has ``summary()`` in the one shape of
-``kernels.routing``.
+library versions its kind depends on), builds one router per kind from them (the kind's
+``router`` part, ``primus_perf.kinds.RouterPart``) and returns them in an :class:`Activation`.
+It installs nothing: ``handle.enable`` does.
 """
 
 from __future__ import annotations
@@ -23,12 +16,9 @@ from typing import Any
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import DeviceIdentity, current_device
 from primus_perf.errors import DeviceError
-from primus_perf.kernels import routers as _attached  # noqa: F401 (attaches each kind's router part)
 from primus_perf.kinds import RouterPart, with_part
 
 NOT_INSTALLED = "not available in this installation"
-
-KINDS: dict[str, RouterPart] = with_part("router")  # kind -> its router part, for every kind that has one
 
 
 @dataclass
@@ -58,10 +48,6 @@ class Activation:
             lines.append(f"  ... and {len(self.stale) - 10} more stale entries")
         return lines
 
-    def end_summary(self) -> dict[str, dict[str, Any]]:
-        """Kind -> the router's summary (``{"routed": {key: calls}, "fallback": ..., "failed": [...]}``)."""
-        return {kind: router.summary() for kind, router in self.routers.items()}
-
     def close(self) -> None:
         """Release the routers (the program uninstalls them first)."""
         for router in self.routers.values():
@@ -76,10 +62,10 @@ def activate(
     always: Iterable[str] = (),
 ) -> Activation:
     """Read the cache at ``path`` and build a router for every kind with usable entries;
-    ``kinds``: the kind table (default :data:`KINDS`; entries of other kinds are loaded,
-    counted and not routed); ``always``: kinds that get a router (one counting the calls it
-    leaves to torch) even without usable entries, where the kind is available here."""
-    kinds = KINDS if kinds is None else kinds
+    ``kinds``: kind -> router part (default: every kind's; entries of other kinds are loaded,
+    counted and not routed); ``always``: kinds that get a router (one with no choice) even
+    without usable entries, where the kind is available here."""
+    kinds = with_part("router") if kinds is None else kinds
     device = device or current_device()
     act = Activation(path=str(path), device=device)
     cache = TuningCache(path, report_stale=act.stale.append)
@@ -93,7 +79,7 @@ def activate(
             act.unavailable[kind] = NOT_INSTALLED
             continue
         try:
-            versions = spec.versions()
+            versions = spec.library_versions()
         except DeviceError as exc:  # e.g. no GPU, so no BLAS-Lt library to match
             act.unavailable[kind] = str(exc)
             continue
@@ -102,9 +88,6 @@ def activate(
         act.usable[kind] = len(usable)
         act.keys[kind] = {e.problem_key for e in usable.values()}
         act.stale_count[kind] = len(entries) - len(usable)
-        router = spec.factory(list(usable.values())) if usable else None
-        if router is None and kind in always:
-            router = spec.empty()
-        if router is not None:
-            act.routers[kind] = router
+        if usable or kind in always:
+            act.routers[kind] = spec.build(list(usable.values()))
     return act

@@ -1,18 +1,14 @@
-"""The runtime's :func:`enable`: routers from a tuning cache installed in this process, and
-the :class:`Handle` that turns them off.
+"""The runtime's :func:`enable`: routers from a tuning cache installed in this process, and the
+:class:`Handle` that turns them off.
 
 :func:`enable` reads the cache once (``activate``: entries for this device and library
-versions), installs one router per kind (``routes``) and the dispatcher overrides that
-send the program's calls of each kind to them (``intercept``; under ``torch.compile``,
-Inductor passes that put custom ops in their place: ``compiled``). With an
-:class:`OnlineTuning` (given by the layer above: the tuner's in-step tuning, which the
-runtime never imports) the routers are wrapped so that every problem the cache does not
-hold is tuned inside the real steps and what they lock is written to the cache. Every
-rank of a ``torchrun`` job calls it with the same cache; each reads the file and none
-rewrites it (online tuning adds entries under the cache's lock).
-
-Programs call ``primus_perf.enable`` (``tuned_kernels``), which builds the online tuning
-from a flag; the reference trainer calls this one with the online tuning its starter gave.
+versions), installs one router per kind in the kind's dispatch (``dispatch.of``) and holds the
+dispatch's overrides, which send the program's calls of the kind to it, eager and compiled.
+With an :class:`OnlineTuning` (given by the layer above: the tuner's in-step tuning, which the
+runtime never imports) the routers are wrapped so that every problem the cache does not hold
+is tuned inside the real steps and what they lock is written to the cache. Every rank of a
+``torchrun`` job calls it with the same cache; each reads the file and none rewrites it
+(online tuning adds entries under the cache's lock). Programs call ``primus_perf.enable``.
 """
 
 from __future__ import annotations
@@ -26,42 +22,39 @@ from typing import Any, Protocol
 
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError, UserError
-from primus_perf.kinds import RouterPart
-from primus_perf.runtime import native, routes
-from primus_perf.runtime.activate import KINDS as ROUTER_KINDS
+from primus_perf.kinds import RouterPart, with_part
+from primus_perf.runtime import dispatch
 from primus_perf.runtime.activate import NOT_INSTALLED, Activation, activate
-from primus_perf.runtime.intercept import Interception
 
-ALL_KINDS = tuple(ROUTER_KINDS)  # the kinds enable() routes: those with a router part (fp8.apply applies a plan)
 _active: Handle | None = None
-
-
 # online tuning times candidates with device events inside the real steps
 ONLINE_NEEDS_GPU = "off: it times kernels with CUDA/ROCm events and this process has no GPU"
+NO_ENTRIES = "no usable entry of this kind in a tuned cache: its calls stay torch's, with no override"
+
+
+def routable_kinds() -> tuple[str, ...]:
+    """The kinds enable() routes: those with a router and an intercept (an FP8 plan is applied
+    whole, by ``runtime.fp8.apply``)."""
+    routers = with_part("router")
+    return tuple(k for k in dispatch.routable_kinds() if k in routers)
 
 
 class OnlineTuning(Protocol):
     """Tuning inside the real steps, plugged into :func:`enable` from above (the tuner's
-    ``online_kinds.InStepTuning``): it wraps the cache's routers so that problems without a
+    ``online.InStepTuning``): it wraps the cache's routers so that problems without a
     usable entry are tuned while the program runs."""
 
     needs_gpu: bool  # it times kernels with device events (False: it brings its own clock)
 
     def wrap(self, routers: dict[str, Any], activation: Activation, cache: Path,
-             log: Callable[[str], None] | None) -> dict[str, Any]:
-        """The routers to install: ``routers`` with those of the kinds it tunes wrapped."""
-        ...
+             log: Callable[[str], None] | None) -> dict[str, Any]: ...
 
 
-NATIVE_DISPATCH = "routed calls go through the native dispatch (a C++ table of call signatures)"
-NO_ENTRIES = "no usable entry of this kind in a tuned cache: its calls stay torch's, with no override"
-
-
-def torch_answers_all(router: Any) -> bool:
-    """True for a router whose every choice is torch's own kernel (``routes_nothing``; a
-    grouped-GEMM one: ``intercepts_nothing``, every choice torch's ``grouped_mm``): the
-    program's calls of its kind need no override."""
-    return bool(getattr(router, "routes_nothing", False) or getattr(router, "intercepts_nothing", False))
+def idle(kind: str, router: Any) -> bool:
+    """True for a router whose every choice is what its kind's calls run anyway (torch's
+    kernel; the grouped dispatch's backend): the program's calls need no override."""
+    check = getattr(router, "idle", None)
+    return bool(check is not None and check(dispatch.of(kind).baseline_name()))
 
 
 def rank0_stderr(line: str) -> None:
@@ -77,23 +70,26 @@ class Handle:
     kinds: tuple[str, ...]
     activation: Activation
     routers: dict[str, Any]
-    interception: Interception | None
     online: bool = False
     notes: dict[str, str] = field(default_factory=dict)  # kind -> why it is not routed here
     active: bool = True
     online_note: str | None = None  # why online tuning was asked for and is off
     idle: set[str] = field(default_factory=set)  # kinds whose every choice is torch's: no override
-    gemm_dispatch: str | None = None  # how GEMM calls reach the router (runtime.native), when overridden
+    paths: dict[str, str] = field(default_factory=dict)  # kind -> how its calls reach the router
+    device_type: str = "cpu"  # whose kernels the overrides replace
+    _final: dict[str, dict[str, Any]] | None = None  # the summary at disable
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per kind: ``routed`` and ``fallback`` call counts, ``stale`` (entries for another
-        device or library version) and ``unusable`` (entries with no kernel here) entry
-        counts, ``failed`` problems, ``problems`` (calls per problem key); online tuning
-        adds ``tuning`` calls and ``online`` (per problem: locked choice, calls, overhead);
-        grouped GEMMs add ``offs_reads``, the calls that waited for the device to read their
-        ``offs`` on the host (per problem under ``problems``); ``intercepted`` is False for a
-        kind whose every entry is torch's own kernel (no override: its calls are not counted).
-        A kind that cannot route here has ``available: False`` and a ``note``."""
+        device or library version) and ``unusable`` (entries with no kernel here) entry counts,
+        ``failed`` problems, ``problems`` (calls per problem key); online tuning adds ``tuning``
+        and ``online`` (per problem: locked choice, calls, overhead); grouped GEMMs add
+        ``offs_reads`` (calls that waited for the device to read their ``offs``);
+        ``intercepted`` is False for a kind whose every entry is torch's own kernel (no
+        override: its calls are not counted). A kind that cannot route here has ``available:
+        False`` and a ``note``."""
+        if self._final is not None:
+            return self._final
         out: dict[str, dict[str, Any]] = {}
         act = self.activation
         for kind in self.kinds:
@@ -101,7 +97,7 @@ class Handle:
                 out[kind] = {"available": False, "note": self.notes[kind], "entries": act.loaded.get(kind, 0)}
                 continue
             router = self.routers.get(kind)
-            s = router.summary() if router is not None else {"routed": {}, "fallback": {}, "failed": []}
+            s = dispatch.of(kind).summary() if kind not in self.idle else {"routed": {}, "fallback": {}, "failed": []}
             row = {
                 "available": True,
                 "routed": sum(s["routed"].values()),
@@ -111,12 +107,12 @@ class Handle:
                 "unusable": len(getattr(router, "unusable", ())),
                 "failed": list(s["failed"]),
                 "problems": {"routed": s["routed"], "fallback": s["fallback"]},
-                "intercepted": kind not in self.idle,  # False: every entry torch's own, no override counts
+                "intercepted": kind not in self.idle,
             }
             for extra in ("tuning", "online"):
                 if extra in s:
                     row[extra] = s[extra]
-            if "offs_reads" in s:  # grouped GEMMs: calls that read their offs on the host (a device sync)
+            if "offs_reads" in s:
                 row["offs_reads"] = sum(s["offs_reads"].values())
                 row["problems"]["offs_reads"] = s["offs_reads"]
             out[kind] = row
@@ -126,8 +122,7 @@ class Handle:
         """What was found in the cache, and the kinds not routed here (and why)."""
         lines = self.activation.start_lines()
         lines += [f"  {kind}: not routed ({note})" for kind, note in self.notes.items()]
-        if self.gemm_dispatch:
-            lines.append(f"  gemm: {self.gemm_dispatch}")
+        lines += [f"  {kind}: {path}" for kind, path in self.paths.items()]
         if self.online:
             lines.append("  online tuning: problems without a usable entry are tuned in the first steps")
         if self.online_note:
@@ -153,15 +148,30 @@ class Handle:
             lines.append(line)
         return lines
 
+    def suspend(self) -> None:
+        """Every call is torch's (the overrides and routers out), until :meth:`resume`."""
+        for kind in self.routers:
+            if kind not in self.idle:
+                d = dispatch.of(kind)
+                d.release(self)
+                d.install(None)
+
+    def resume(self) -> None:
+        """The routers and overrides back after :meth:`suspend`."""
+        for kind, router in self.routers.items():
+            if kind not in self.idle:
+                d = dispatch.of(kind)
+                d.install(router)
+                d.hold(self, self.device_type)
+
     def disable(self) -> None:
         """Remove the overrides and routers: every call is torch's again."""
         global _active
         if not self.active:
             return
+        self._final = self.summary()
         self.active = False
-        if self.interception is not None:
-            self.interception.close()
-        routes.remove()
+        self.suspend()
         for router in self.routers.values():
             router.close()
         if _active is self:
@@ -182,29 +192,27 @@ def active() -> Handle | None:
 def enable(
     cache: str | os.PathLike | None,
     online: OnlineTuning | None = None,
-    kinds: Iterable[str] = ALL_KINDS,
+    kinds: Iterable[str] | None = None,
     *,
     device_type: str | None = None,
     device: DeviceIdentity | None = None,
     router_kinds: Mapping[str, RouterPart] | None = None,
     log: Callable[[str], None] | None = rank0_stderr,
 ) -> Handle:
-    """Route this process's calls of ``kinds`` to the cache's choices (module docstring).
-
-    ``cache``: the tuning cache (read once; with ``online``, also written: a missing file
-    is then created); ``online``: the tuning to run inside the steps (None: none);
-    ``kinds``: which kinds (names of ``primus_perf.kinds``); ``device_type``: whose kernels
-    are overridden ("cuda"; "cpu" where there is no GPU); ``router_kinds``: the router
-    parts (``activate.KINDS``; tests pass fake kernels); ``log``: where online tuning's
-    reports go (None: nowhere). Nothing else is printed: ``Handle.start_lines()`` and
-    ``end_lines()`` say what happened."""
+    """Route this process's calls of ``kinds`` (default :func:`routable_kinds`) to the cache's
+    choices (module docstring). ``cache``: read once; with ``online``, also written (a missing
+    file is then created); ``online``: the tuning to run inside the steps; ``device_type``:
+    whose kernels are overridden ("cuda"; "cpu" where there is no GPU); ``router_kinds``: kind
+    -> router part (tests pass fake kernels); ``log``: where online tuning's reports go.
+    Nothing else is printed: ``Handle.start_lines()`` and ``end_lines()`` say what happened."""
     global _active
     import torch
 
-    kinds = tuple(kinds)
-    unknown = [k for k in kinds if k not in ALL_KINDS]
+    known = routable_kinds()
+    kinds = known if kinds is None else tuple(kinds)
+    unknown = [k for k in kinds if k not in known]
     if unknown:
-        raise UserError(f"enable(kinds=...): unknown kind(s) {unknown} (one of {', '.join(ALL_KINDS)})")
+        raise UserError(f"enable(kinds=...): unknown kind(s) {unknown} (one of {', '.join(known)})")
     if _active is not None:
         raise UserError("primus_perf.enable is already active in this process; disable() it first")
     if cache is None:
@@ -212,7 +220,7 @@ def enable(
     path = Path(cache)
     if online is None and not path.is_file():
         raise CacheError(f"tuning cache not found: {path}")
-    table = ROUTER_KINDS if router_kinds is None else router_kinds
+    table = with_part("router", among=kinds) if router_kinds is None else router_kinds
     act = activate(path, device=device, kinds=table, always=[k for k in kinds if k in table])
     left_alone: dict[str, str] = {}
     if online is None and any(act.usable.get(k, 0) for k in kinds):
@@ -232,21 +240,26 @@ def enable(
     if online is not None:
         routers = online.wrap(routers, act, path, log)
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-    routes.install(routers)
+    handle = Handle(kinds, act, routers, online is not None, notes, online_note=online_note,
+                    idle={k for k, r in routers.items() if idle(k, r)}, device_type=device_type)
+    held = []
     try:
-        # a router whose every entry is torch's own choice gets no override (its calls stay torch's)
-        intercepted = {k for k, r in routers.items() if not torch_answers_all(r)}
-        if routes.GEMM in intercepted:
-            native.load(log)  # built on first use (said in the log), before the overrides take it
-        interception = Interception(intercepted, device_type) if intercepted else None
+        for kind, router in routers.items():
+            if kind in handle.idle:
+                continue
+            d = dispatch.of(kind)
+            d.reset()
+            d.install(router)
+            d.prepare(log)
+            d.hold(handle, device_type)
+            held.append(d)
+            path = d.path()
+            if path:
+                handle.paths[kind] = path
     except BaseException:
-        routes.remove()
+        for d in held:
+            d.release(handle)
+            d.install(None)
         raise
-    dispatch = None
-    if routes.GEMM in intercepted:
-        dispatch = (NATIVE_DISPATCH if native.installed()
-                    else f"routed calls go through Python ({native.why_not()})")
-    handle = Handle(kinds, act, routers, interception, online is not None, notes, online_note=online_note,
-                    idle={k for k in routers if k not in intercepted}, gemm_dispatch=dispatch)
     _active = handle
     return handle

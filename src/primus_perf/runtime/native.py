@@ -1,31 +1,21 @@
-"""The native GEMM dispatch: ``enable()``'s overrides of ``aten::mm``, ``bmm`` and ``addmm``
-in C++ (``native_gemm.cpp``), so a routed call costs no Python.
+"""The native GEMM dispatch: the overrides of ``aten::mm``, ``bmm`` and ``addmm`` in C++
+(``native_gemm.cpp``), so a routed call costs no Python.
 
-A routed GEMM through the Python overrides pays for the dispatcher's call into Python, the
-router's signature lookup and a ctypes call: 4.9-6.7 us of host time a call more than
-``torch.mm`` on an H100's host (``benchmarks/routing_overhead.py``); through this table a
-routed call took 1.91 us less than ``torch.mm``. The C++
-overrides keep one table of call signatures (shapes, strides, dtypes, devices, the bias's
-dtype); a signature's first call asks the router (:meth:`GemmRouter.native_route
-<primus_perf.kernels.gemm.GemmRouter.native_route>`) what its calls run, and every later
-call runs it from the table: torch's kernel (through the ``out=`` overload, as the Python
-path does), or the stored cuBLASLt/hipBLASLt algorithm through the library's ``Matmul``
-with the arguments the router's kernel made once (``blaslt.binding.LaunchArgs``). A kernel
-the C++ cannot call itself (not a BLAS-Lt one) is called in Python from the table.
-
-The Python routes (``routes.gemm`` and the ``addmm`` override) still run every call the
-table must not answer: while no router is attached (online tuning's routers, a
-confirmation: :func:`follow` is given None), inside a grouped GEMM (the C++ keeps this
-thread's depth of ``kernels.grouped.passes.inside``), while the profiler records (the
-routed call shows as ``primus_perf::gemm`` in the trace), and for tensor subclasses. The
-router's counts (``summary()``) take the table's in, and a failure it sees marks the table
-(``native_table``, set while attached).
+The C++ overrides keep one table of call signatures (shapes, strides, dtypes, devices, the
+bias's dtype); a signature's first call asks the attached owner (the runtime's GEMM dispatch,
+``GemmDispatch.native_route``) what its calls run, and every later call runs it from the
+table: torch's kernel (through the ``out=`` overload), or the stored cuBLASLt/hipBLASLt
+algorithm through the library's ``Matmul`` with the arguments the router's kernel made once
+(``blaslt.binding.LaunchArgs``). A kernel the C++ cannot call itself is called in Python from
+the table. Every call the table must not answer (no owner attached: online routers, a
+confirmation; inside a grouped GEMM, the C++ keeping this thread's depth of
+``kernels.grouped.passes.inside``; while the profiler records; tensor subclasses) runs the
+Python routes given to :func:`install`.
 
 The extension is built once per source, torch version and flags with
-``torch.utils.cpp_extension`` (a C++ compiler and, for CUDA, the CUDA runtime headers:
-20-30 s, under torch's extensions folder, shared by the processes of a machine).
-Where it cannot be built, or ``PRIMUS_PERF_NATIVE=0``, the Python overrides run, and
-:func:`why_not` says why (``Handle.start_lines`` prints it).
+``torch.utils.cpp_extension`` (a C++ compiler and, for CUDA, the CUDA runtime headers: under a
+minute, in torch's extensions folder, shared by the processes of a machine). Where it cannot
+be built, or with ``PRIMUS_PERF_NATIVE=0``, the Python overrides run and :func:`why_not` says why.
 """
 
 from __future__ import annotations
@@ -53,8 +43,7 @@ _ext: Any = None
 _why_not: str | None = None
 _tried = False
 _installed = False
-_wanted: Any = None  # the router routes.install put in place for GEMMs (None: none, or not a table's)
-_attached: Any = None  # the router whose routes the C++ table holds
+_attached: Any = None  # the owner whose routes the C++ table holds
 _at_exit = False  # uninstall registered with atexit
 
 
@@ -117,48 +106,45 @@ def install(dispatch_key: str, gemm: Callable[..., Any], addmm: Callable[..., An
         return False
     ext.install(dispatch_key, gemm, addmm)
     _installed = True
-    _attach(_wanted)
     if not _at_exit:  # a program that exits enabled: the table is emptied while Python runs
         atexit.register(uninstall)
         _at_exit = True
     return True
 
 
-def uninstall() -> None:
-    """Torch's kernels again; the attached router's counts are folded into it."""
+def uninstall() -> list:
+    """Torch's kernels again; returns the detached owner's counts (:func:`attach`)."""
     global _installed
     if not _installed:
-        return
-    _attach(None)
+        return []
+    counts = attach(None)
     _ext.uninstall()
-    _ext.drop_retired()  # routes of detached routers (a call in flight at a switch may have held one)
+    _ext.drop_retired()  # routes of detached owners (a call in flight at a switch may have held one)
     _installed = False
+    return counts
 
 
-def follow(router: Any) -> None:
-    """The GEMM router now in place (``routes``): a :class:`~primus_perf.kernels.gemm.GemmRouter`
-    has its routes held in the table; anything else (None, an online router, a router under
-    confirmation) has every call go through Python."""
-    global _wanted
-    _wanted = router if router is not None and hasattr(router, "native_route") else None
-    if _installed:
-        _attach(_wanted)
-
-
-def _attach(router: Any) -> None:
-    """Hold ``router``'s routes in the table (None: none); the detached router's counts are
-    folded into it."""
+def attach(owner: Any) -> list:
+    """Hold ``owner``'s routes in the table (None: none; every call then runs the Python
+    routes); returns the previous owner's counts since its last take, ``[(key, slot, routed,
+    fallback, unaligned)]``."""
     global _attached
-    if router is _attached:
-        return
-    counts = _ext.attach(router)
-    if _attached is not None:
-        _attached.native_table = None
-        if counts:
-            _attached.native_counts(counts)
-    if router is not None:
-        router.native_table = _ext
-    _attached = router
+    if not _installed or owner is _attached:
+        return []
+    counts = _ext.attach(owner)
+    _attached = owner
+    return counts or []
+
+
+def take_counts() -> list:
+    """The attached owner's counts since the last take (``[]`` where none is attached)."""
+    return _ext.take_counts() if _installed and _attached is not None else []
+
+
+def mark_failed(key: str) -> None:
+    """Every signature of problem ``key`` runs torch's kernel from now on."""
+    if _installed:
+        _ext.mark_failed(key)
 
 
 def signatures() -> int:

@@ -227,8 +227,8 @@ def annotation_model(name: str) -> OpModel | None:
 
 def model_grouped_mm(s: ShapeArgs, backward: bool = False) -> OpModel | None:
     """``aten::_grouped_mm(a, b, offs, ...)`` and ``_scaled_grouped_mm``: MoE expert GEMMs
-    (2*T*K*N FLOPs whatever the split), read by ``problems.grouped_mm_call`` as the seam
-    and the dispatcher override read them (``backward``: it runs in a backward pass):
+    (2*T*K*N FLOPs whatever the split), read by ``problems.grouped_mm_call`` as the runtime's
+    override reads them (``backward``: it runs in a backward pass):
 
     - 2-D ``a[T, K]`` with 3-D ``b[G, K, N]`` (T tokens split over G groups by ``offs``): a
       forward, or in a backward pass the input gradient; the split is not recorded, so the

@@ -1,7 +1,7 @@
 """``train.fp8``: the trainer's linear layers in FP8 (torchao float8 through
-``seams.linear``; see ``kernels.fp8.linear``).
+``trainer.model.linear``; see ``kernels.fp8.linear``).
 
-The layers are the 2-D weights the model passes to ``seams.linear`` (attention Q/K/V and
+The layers are the 2-D weights the model passes to ``trainer.model.linear`` (attention Q/K/V and
 output projections, MLP gate/up and down projections, shared experts, the output head),
 named as in ``model.named_parameters()``; token embeddings, MoE routers and the routed
 experts' 3-D weights are not linear layers here. ``train.fp8=<recipe>`` runs every block's

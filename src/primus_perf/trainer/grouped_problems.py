@@ -1,11 +1,10 @@
 """The grouped-GEMM problems a training run really meets, for the tuner.
 
 :func:`record_grouped_problems` builds the trainer for a config, runs a few optimizer
-steps with a recording router installed for the grouped kind in ``runtime.routes`` (it
-sees every pass of every MoE layer through ``runtime.seams.grouped_mm``, with the exact
-operands, dtype and tokens per local expert of that step, so expert parallelism's local
-counts too) and returns the unique
-problems, each with how many calls it had. The routing of the first steps decides the
+steps with a recording router in the grouped dispatch (it sees every pass of every MoE layer,
+with the exact operands, dtype and tokens per local expert of that step, so expert
+parallelism's local counts too) and returns the unique problems, each with how many calls it
+had. The routing of the first steps decides the
 token-distribution buckets; a run whose routing settles later (a bias-balanced router)
 meets the same problems when its buckets hold, and new ones otherwise.
 """
@@ -19,7 +18,7 @@ from primus_perf.errors import ConfigError
 from primus_perf.kernels.grouped import problem_of
 from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem
-from primus_perf.runtime import routes
+from primus_perf.runtime import dispatch
 from primus_perf.trainer.config import TrainerConfig
 from primus_perf.trainer.flops import is_moe_layer
 from primus_perf.trainer.loop import Trainer
@@ -36,24 +35,21 @@ def record_grouped_problems(
     seen: dict[str, GroupedGemmProblem] = {}
     calls: Counter[str] = Counter()
     trainer = Trainer(cfg)
-    previous = routes.installed(GROUPED.name)  # a cache's router, when the config enables one
+    previous = dispatch.of(GROUPED.name).router  # a cache's router, when the config enables one
 
-    def record(phase, a, b, counts):
-        p = problem_of(phase, a, b, counts)
-        seen.setdefault(p.key(), p)
-        calls[p.key()] += 1
-        return previous(phase, a, b, counts) if previous is not None else None
+    class Recorder:
+        def route(self, phase, a, b, offsets, baseline):
+            p = problem_of(phase, a, b, offsets.counts())
+            seen.setdefault(p.key(), p)
+            calls[p.key()] += 1
+            return previous.route(phase, a, b, offsets, baseline) if previous is not None else (p.key(), None)
 
-    routes.install({GROUPED.name: record})
     try:
-        for i in range(steps):
-            trainer.train_step()
-            if on_step is not None:
-                on_step(i)
+        with dispatch.routing({GROUPED.name: Recorder()}, trainer.device.type):
+            for i in range(steps):
+                trainer.train_step()
+                if on_step is not None:
+                    on_step(i)
     finally:
-        if previous is None:
-            routes.remove([GROUPED.name])
-        else:
-            routes.install({GROUPED.name: previous})
         trainer.close()
     return [(p, calls[key]) for key, p in seen.items()]

@@ -36,12 +36,20 @@ import torch.nn.functional as F
 
 from primus_perf.errors import ConfigError, DeviceError, DivergedError
 from primus_perf.files import LineLog
-from primus_perf.runtime import Handle, OnlineTuning, enable, seams
+from primus_perf.kernels.grouped.router import TORCH_KERNEL
+from primus_perf.kinds import GROUPED
+from primus_perf.runtime import Handle, OnlineTuning, dispatch, enable
 from primus_perf.trainer.config import TrainConfig, TrainerConfig
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.flops import flops_per_token
 from primus_perf.trainer.fp8 import apply_plan, linear_layers, recipe_plan
-from primus_perf.trainer.moe import aux_loss, build_model, tokens_per_expert, update_router_biases
+from primus_perf.trainer.moe import (
+    aux_loss,
+    build_model,
+    grouped_backend,
+    tokens_per_expert,
+    update_router_biases,
+)
 from primus_perf.trainer.parallel import clip_grad_norm_, make_groups, reduce_expert_grads
 from primus_perf.trainer.parallelize import parallelize
 from primus_perf.trainer.resources import check_fits
@@ -132,11 +140,11 @@ class Trainer:
         if t.dtype == "bf16" and self.device.type != "cuda":
             raise ConfigError("config key 'train.dtype': bf16 needs a GPU (the CPU path runs fp32)")
         self.autocast = self.device.type == "cuda" and t.dtype in ("auto", "bf16")
-        seams.set_sdpa_backend(t.sdpa_backend)
 
         torch.manual_seed(t.seed)
         with torch.device(self.device):
             model = build_model(cfg.model)
+        model.set_sdpa_backend(None if t.sdpa_backend == "auto" else t.sdpa_backend)
         model.recompute = t.recompute
         if t.compile:
             model.compile_pointwise()
@@ -182,9 +190,24 @@ class Trainer:
         self.peak_tflops = self._peak_tflops()
         self.step = 0
         self.last_finite_loss: tuple[int, float] | None = None  # (step, loss)
+        # the MoE layers' torch._grouped_mm calls run the configured backend: the grouped
+        # dispatch's, held while this trainer lives (a tuning cache's choices go first)
+        self.grouped = grouped_backend(model, cfg.model.moe.grouped_gemm_backend, self.device,
+                                       torch.bfloat16 if self.autocast else torch.float32)
+        self._grouped_dispatch = None
+        if self.grouped is not None:
+            self._grouped_dispatch = dispatch.of(GROUPED.name)
+            self._grouped_dispatch.set_backend(self.grouped, owner=self)
+            if self.grouped != TORCH_KERNEL:
+                self._grouped_dispatch.hold(self, self.device.type)
         self.tuning: Handle | None = None  # primus_perf.enable's handle, when tuning.cache is set
         if cfg.tuning.cache:
-            self.tuning = enable(cfg.tuning.cache, online if cfg.tuning.online else None, device_type=self.device.type)
+            try:
+                self.tuning = enable(cfg.tuning.cache, online if cfg.tuning.online else None,
+                                     device_type=self.device.type)
+            except BaseException:  # no trainer to close: the grouped backend goes back now
+                self._release_grouped()
+                raise
 
     # ---- set-up ------------------------------------------------------------------------
 
@@ -301,6 +324,12 @@ class Trainer:
         before = f"last finite loss {last[1]:.4f} at step {last[0]}" if last else "no finite loss before it"
         raise DivergedError(f"loss became {loss} at step {self.step + 1} ({before}); lower train.lr or check the data")
 
+    def _release_grouped(self) -> None:
+        """This trainer's hold on the grouped dispatch's override, and its backend, released."""
+        if self._grouped_dispatch is not None:
+            self._grouped_dispatch.release(self)  # its backend too
+            self._grouped_dispatch = None
+
     def close(self) -> None:
         """Release the DDP wrapper, then leave the process group if this trainer made it.
 
@@ -311,6 +340,7 @@ class Trainer:
         """
         if self.tuning is not None:
             self.tuning.disable()
+        self._release_grouped()
         if self._forward is not self.model:
             if dist.is_initialized():
                 dist.barrier(group=self.groups.dp_group)

@@ -2,8 +2,10 @@
 
 Token embedding, RMSNorm, rotary embeddings (rotate-half form), grouped-query attention
 with a fused Q/K/V projection (optional Q/K/V bias, as in Qwen2.5), SwiGLU MLP with a fused
-gate/up projection, untied output head. Every linear GEMM goes through
-:func:`seams.linear` and attention through :func:`seams.attention`.
+gate/up projection, untied output head. The model calls plain PyTorch ops: every linear
+layer is ``F.linear`` (:func:`linear`; a weight tagged for FP8 runs its recipe instead) and
+attention is ``F.scaled_dot_product_attention``; the runtime's overrides route them where a
+tuning cache is enabled.
 
 The modules are plain: they call no collective and import nothing of parallelism.
 ``parallelize.py`` applies tensor parallelism from outside: it shards the weights and swaps
@@ -20,8 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from primus_perf.runtime import seams
+from primus_perf.kernels.attention.backends import sdpa_bshd
+from primus_perf.kernels.fp8.linear import TAG
 from primus_perf.trainer.config import ModelConfig
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` (``F.linear``); a weight tagged for FP8 (``kernels.fp8.linear``) runs
+    its recipe instead."""
+    fp8 = getattr(weight, TAG, None)
+    return F.linear(x, weight) if fp8 is None else fp8(x, weight)
 
 
 def rope_tables(
@@ -61,6 +71,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    sdpa_backend: str | None = None  # a row of kernels.attention.backends.SDPA_BACKENDS; None: torch picks
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads = cfg.n_heads  # local (per tensor-parallel rank) after parallelize
@@ -75,15 +87,15 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         hq, hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = seams.linear(x, self.wqkv)
+        qkv = linear(x, self.wqkv)
         if self.bqkv is not None:
             qkv = qkv + self.bqkv.to(qkv.dtype)
         q, k, v = qkv.split((hq * hd, hkv * hd, hkv * hd), dim=-1)
         q = self.rope(q.view(b, s, hq, hd), cos, sin)
         k = self.rope(k.view(b, s, hkv, hd), cos, sin)
         v = v.view(b, s, hkv, hd)
-        o = seams.attention(q, k, v, causal=True)
-        return seams.linear(o.reshape(b, s, hq * hd), self.wo)
+        o = sdpa_bshd(q, k, v, True, self.sdpa_backend)
+        return linear(o.reshape(b, s, hq * hd), self.wo)
 
 
 class MLP(nn.Module):
@@ -94,8 +106,8 @@ class MLP(nn.Module):
         self.act = swiglu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.act(seams.linear(x, self.w13))
-        return seams.linear(h, self.w2)
+        h = self.act(linear(x, self.w13))
+        return linear(h, self.w2)
 
     @torch.no_grad()
     def reset_parameters(self, std: float, out_std: float) -> None:
@@ -207,10 +219,17 @@ class Transformer(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """The output head: normed hidden states -> logits (batch, seq, vocab)."""
-        return seams.linear(h, self.output)
+        return linear(h, self.output)
+
+    def set_sdpa_backend(self, backend: str | None) -> None:
+        """Restrict every attention's SDPA to one backend (a row of ``SDPA_BACKENDS``; None:
+        torch picks)."""
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.sdpa_backend = backend
 
     def compile_pointwise(self) -> None:
-        """torch.compile the non-GEMM parts (RoPE, SwiGLU, RMSNorm); GEMMs stay routed."""
+        """torch.compile the non-GEMM parts (RoPE, SwiGLU, RMSNorm); the GEMMs stay eager."""
         rope = torch.compile(apply_rope, dynamic=False)
         act = torch.compile(swiglu, dynamic=False)
         for module in self.modules():

@@ -12,8 +12,9 @@ One MoE layer (:class:`MoE`), for the ``n`` tokens of a micro-batch:
    by expert (stable), the token rows gathered in that order, and ``counts[e]`` (tokens per
    expert) read to the host once.
 3. Experts: SwiGLU through two grouped GEMMs (``x @ W13_e``, ``[gate | up]``, then
-   ``@ W2_e``) through :func:`primus_perf.runtime.seams.grouped_mm`
-   (:meth:`MoE.experts`).
+   ``@ W2_e``), each a plain ``torch._grouped_mm`` (:func:`grouped_mm`); which backend runs
+   them is the runtime's grouped dispatch's (the trainer sets it from
+   ``model.moe.grouped_gemm_backend``; a tuning cache's choices where one is enabled).
 4. Combine (:func:`unpermute`): each pair's output times its weight, summed into its token.
    Shared experts (a dense SwiGLU every token takes) are added.
 
@@ -31,24 +32,40 @@ version (``expert_parallel.py``) whose :meth:`MoE.count_tokens` sums the counts 
 data-parallel group and whose :meth:`MoE.experts` sends the rows to the rank that holds
 their expert with an all-to-all(v) and back.
 
-Every dense GEMM (attention, router, shared experts, output head) goes through
-:func:`seams.linear` as in the dense model.
+Every dense GEMM (attention, router, shared experts, output head) is ``F.linear`` as in the
+dense model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 from torch import nn
 
 from primus_perf.errors import ConfigError
-from primus_perf.kernels.autocast import gemm_dtype
+from primus_perf.kernels.autocast import cast_operands
 from primus_perf.kernels.grouped import AUTO, BACKENDS, default_backend
-from primus_perf.runtime import seams
-from primus_perf.runtime.seams import grouped_mm
+from primus_perf.kernels.grouped.offsets import known_counts
 from primus_perf.trainer.config import ModelConfig
-from primus_perf.trainer.model import MLP, Transformer, swiglu
+from primus_perf.trainer.model import MLP, Transformer, linear, swiglu
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """``y[T, N]`` whose rows of group g are ``x_g @ w[g]``: ``x[T, K]`` sorted by group
+    (``counts[g]`` rows each, host ints), ``w[G, K, N]``; ``torch._grouped_mm`` in the autocast
+    dtype, differentiable. The group ends it is given know their host counts (a backend that
+    needs them reads no device memory). ValueError for operands and counts that do not fit."""
+    if x.dim() != 2 or w.dim() != 3:
+        raise ValueError(f"grouped_mm needs x[T, K] and w[G, K, N], got {tuple(x.shape)} and {tuple(w.shape)}")
+    if len(counts) != w.shape[0] or sum(counts) != x.shape[0] or x.shape[1] != w.shape[1]:
+        raise ValueError(f"grouped_mm: {len(counts)} counts summing to {sum(counts)} do not fit"
+                         f" x{tuple(x.shape)} and w{tuple(w.shape)}")
+    x, w = cast_operands(x, w)
+    ends = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=x.device)
+    with torch.autocast(x.device.type, enabled=False):
+        return torch._grouped_mm(x, w, offs=known_counts(ends, counts))
 
 
 def permute(
@@ -89,7 +106,7 @@ class TokenRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x[n, dim]`` -> (weights[n, k] fp32, experts[n, k], normalized scores[n, E])."""
-        logits = seams.linear(x, self.weight).float()
+        logits = linear(x, self.weight).float()
         if self.kind == "softmax":
             scores = logits.softmax(dim=-1)
             probs = scores
@@ -115,8 +132,6 @@ class MoE(nn.Module):
             moe.aux_loss_coef,
             moe.bias_update_rate,
         )
-        self.backend = moe.grouped_gemm_backend
-        self.backend_checked = False
         self.router = TokenRouter(cfg)
         # local experts (all of them until parallelize keeps this rank's slice)
         self.w13 = nn.Parameter(torch.empty(moe.n_experts, cfg.dim, 2 * moe.expert_dim))
@@ -150,20 +165,6 @@ class MoE(nn.Module):
             out = out + self.shared(x2)
         return out.view(shape)
 
-    def _check_backend(self, rows: torch.Tensor) -> None:
-        """A one-line ConfigError when the configured backend cannot run here."""
-        dtype = gemm_dtype(rows)
-        dim, width = self.w13.shape[1], self.expert_dim
-        if self.backend == AUTO:  # the fixed backend of the default rule, for this device and layer
-            self.backend = default_backend(rows.device, dtype, self.w13.shape[0], [(dim, 2 * width), (width, dim)])
-        why = BACKENDS[self.backend].unsupported(rows.device, dtype, dim, 2 * width)
-        why = why or BACKENDS[self.backend].unsupported(rows.device, dtype, width, dim)
-        if why:
-            raise ConfigError(
-                f"config key 'model.moe.grouped_gemm_backend' ({self.backend}): {why}"
-            )
-        self.backend_checked = True
-
     def count_tokens(self, counts: torch.Tensor) -> tuple[list[int], list[int]]:
         """Tokens per expert (a device tensor) -> (this micro-batch's, the global batch's),
         read to the host once. One process: the same."""
@@ -173,10 +174,26 @@ class MoE(nn.Module):
     def experts(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows sorted by expert, ``counts[e]`` of expert e -> their SwiGLU expert outputs,
         in the same order."""
-        if not self.backend_checked:
-            self._check_backend(rows)
-        h = grouped_mm(rows, self.w13, counts, self.backend)
-        return grouped_mm(swiglu(h), self.w2, counts, self.backend)
+        h = grouped_mm(rows, self.w13, counts)
+        return grouped_mm(swiglu(h), self.w2, counts)
+
+
+def grouped_backend(model: nn.Module, name: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """The grouped-GEMM backend the MoE layers of ``model`` (this rank's experts) run: ``name``,
+    or for ``auto`` the fixed backend of the default rule for the device, dtype and expert count;
+    None for a model without MoE layers. A one-line ConfigError where it cannot run here."""
+    layers = moe_layers(model)
+    if not layers:
+        return None
+    w13 = layers[0].w13
+    dim, width = w13.shape[1], w13.shape[2] // 2
+    if name == AUTO:
+        name = default_backend(device, dtype, w13.shape[0], [(dim, 2 * width), (width, dim)])
+    why = BACKENDS[name].unsupported(device, dtype, dim, 2 * width) or BACKENDS[name].unsupported(device, dtype,
+                                                                                                   width, dim)
+    if why:
+        raise ConfigError(f"config key 'model.moe.grouped_gemm_backend' ({name}): {why}")
+    return name
 
 
 class MoETransformer(Transformer):

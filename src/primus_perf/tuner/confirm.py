@@ -1,59 +1,168 @@
-"""Offline confirmation: a cache's choices A/B timed against the baseline inside real steps,
-and the cache corrected where the step does not bear a choice out.
+"""Confirmation of a cache's choices inside the real steps: a choice stays only if it wins where
+it runs.
 
-:func:`confirm_run` enables the cache (``runtime.enable``), makes the routing path
-alternate each routed problem between its cached choice and the baseline
-(``runtime.confirm.Confirmer``) while ``run()`` runs the program's steps (the reference
-trainer: ``closed_loop.confirm_trainer``; any script: ``primus-tune confirm -- script.py``),
-then :func:`apply_verdicts` writes every verdict into its cache entry
-(``core.confirmed_entry``): the in-step figure with its spread on each entry, and the
-baseline's solution in place of each choice the step did not bear out.
+An isolated race can pick a kernel whose gain does not hold inside the program's step, next to
+its neighbours. :func:`confirm_run` enables the cache and makes every kind's dispatch hand its
+routed calls to a :class:`Confirmer` (``Dispatch.interpose``) while ``run()`` runs the program's
+steps (the reference trainer: ``closed_loop.confirm_trainer``; any script: ``primus-tune
+confirm -- script.py``). Each problem whose cached choice is not the caller's own runs the
+choice and the baseline (torch's kernel; the caller's grouped backend) on alternating calls in
+ABBA pairs, each timed where it runs (``measure.Pairs``); after ``ConfirmPolicy.samples``
+counted pairs the problem gets the one decision rule's verdict (``decide.judge``). A grouped
+GEMM is confirmed per problem *shape* (the key its dispatch routes by; a shape whose entries
+differ by skew is confirmed as one). A choice whose calls mostly waited for the device to read
+their ``offs`` on the host is dropped though its calls won: the wait stalls the program's host,
+which the call's device events do not see. The kept choices of a kind must also pay for routing
+every call of the kind (:meth:`Confirmer.routing_pays`). :func:`apply_verdicts` then writes each
+verdict into its cache entries: the in-step figure, and the baseline's solution in place of a
+choice the step did not bear out. What is kind-specific (a verdict's entries, a baseline's
+solution, the routing's price) each kind's dispatch says.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from primus_perf import kinds
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.kernels.grouped.router import GroupedChoice, shape_key
-from primus_perf.problems import GroupedGemmProblem
-from primus_perf.runtime import routes
-from primus_perf.runtime.confirm import (
-    DROPPED,
-    GEMM_KIND,
-    KEPT,
-    TORCH,
-    Confirmer,
-    ConfirmPolicy,
-    Verdict,
-    gemm_routing_cost_us,
-)
+from primus_perf.runtime import dispatch
 from primus_perf.tuner.core import confirmed_entry
+from primus_perf.tuner.decide import DROPPED, KEPT, MARGIN, Rule, Verdict
+from primus_perf.tuner.measure import CHOICE, Pairs, Sample, default_clock, host_cost_us
 
-TORCH_SOLUTION = {"config": {"name": TORCH, "source": TORCH}, "blob": b""}  # a GEMM's baseline
+# why a choice that won its calls is dropped where the program's offs are on the device
+WAITED = ("it reads the call's offs on the host, a wait for the device that its device events do not"
+          " measure (the program's other work queues behind it)")
 
 
-def baseline_solution(kind: str, baseline: str) -> dict[str, Any] | None:
-    """The cache solution of a baseline: torch's own GEMM; a grouped GEMM's backend row."""
-    if kind == kinds.GEMM.name:
-        return dict(TORCH_SOLUTION)
-    if kind == kinds.GROUPED.name:
-        choice = GroupedChoice.of_backend(baseline)  # triton: its default config
-        if choice is None:
-            return None
-        return {"config": {"name": choice.label(), **choice.to_solution()}, "blob": b""}
-    return None
+@dataclass(frozen=True)
+class ConfirmPolicy:
+    """``samples`` counted pairs per problem (after ``warmup`` pairs not counted) before the
+    verdict; ``margin``: the least in-step gain that keeps a choice when the noise is smaller;
+    ``max_calls``: the bound on a problem's confirming calls (samples that never complete: a
+    forward whose backward does not run)."""
+
+    samples: int = 8
+    warmup: int = 2
+    margin: float = MARGIN
+    max_calls: int = 80
+
+    def __post_init__(self) -> None:
+        if self.samples < 2 or self.warmup < 0 or self.margin < 0:
+            raise ValueError("ConfirmPolicy needs samples >= 2, warmup >= 0 and margin >= 0")
+
+    def pairs(self, clock: Any) -> Pairs:
+        return Pairs(clock, samples=self.samples, warmup=self.warmup, max_calls=self.max_calls)
+
+    def rule(self) -> Rule:
+        return Rule(margin=self.margin, least=self.samples)
+
+
+class Confirmer:
+    """The confirmation of a cache's routed choices (module docstring), the interposer of every
+    kind's dispatch while it runs; :meth:`finish` ends it and returns the verdicts. While
+    ``timing`` is False the calls run their choice untimed (a program's first step)."""
+
+    def __init__(self, policy: ConfirmPolicy | None = None, clock: Any = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.policy = policy or ConfirmPolicy()
+        self.clock = clock or default_clock()
+        self.log = log or (lambda _line: None)
+        self.timing = True
+        self.states: dict[tuple[str, str], Pairs] = {}
+        self.names: dict[tuple[str, str], tuple[str, str]] = {}  # (kind, key) -> (choice, baseline)
+        self.verdicts: dict[tuple[str, str], Verdict] = {}
+        self.unrouted: set[tuple[str, str]] = set()  # the choice declined its calls
+        self.slot_calls: dict[tuple[str, str], int] = {}  # calls of each confirmed problem
+        self.waited: dict[tuple[str, str], int] = {}  # choice calls that read the device offs on the host
+
+    def call(self, owner: Any, key: str, choice: Callable[[], Any], baseline: Callable[[], Any],
+             probe: Callable[[], bool] | None = None) -> Any:
+        """A routed call of ``owner`` (a kind's dispatch): the choice or the baseline, alternately.
+        ``choice()`` answers None where it declines the call (or failed)."""
+        slot = (owner.kind, key)
+        self.slot_calls[slot] = self.slot_calls.get(slot, 0) + 1
+        verdict = self.verdicts.get(slot)
+        if verdict is not None and verdict.status == DROPPED:
+            return baseline()
+        if verdict is not None or slot in self.unrouted or not self.timing:
+            out = choice()
+            return baseline() if out is None else out
+        state = self.states.get(slot)
+        if state is None:
+            state = self.states[slot] = self.policy.pairs(self.clock)
+            self.names[slot] = (owner.label(key), owner.baseline_name())
+        state.poll()
+        if state.ready():
+            self._decide(slot)
+            return self.call(owner, key, choice, baseline, probe)
+        side = state.next_side()
+        if side is None:  # calls spent, samples in flight: the baseline, untimed
+            return baseline()
+        start = self.clock.mark()
+        out = choice() if side == CHOICE else baseline()
+        if out is None:  # the choice declined the call: the baseline, and no more confirming
+            self.unrouted.add(slot)
+            self.states.pop(slot, None)
+            return baseline()
+        state.add(side, Sample([(start, self.clock.mark())]))
+        if side == CHOICE and probe is not None and probe():
+            self.waited[slot] = self.waited.get(slot, 0) + 1
+        return out
+
+    def _decide(self, slot: tuple[str, str]) -> Verdict:
+        state = self.states.pop(slot)
+        choice, baseline = self.names[slot]
+        verdict = state.verdict(self.policy.rule(), kind=slot[0], key=slot[1], choice=choice, baseline=baseline)
+        # device events do not see the host's wait: a choice whose calls mostly waited is dropped
+        if verdict.kept and self.waited.get(slot, 0) * 4 > self.slot_calls.get(slot, 0):
+            verdict = dataclasses.replace(verdict, status=DROPPED, reason=WAITED)
+        self.verdicts[slot] = verdict
+        self.log(f"confirm {slot[0]} {slot[1]}: {verdict.text()}")
+        return verdict
+
+    def finish(self) -> list[Verdict]:
+        """Wait for the samples in flight (one synchronize), give every problem still confirming
+        its verdict (unconfirmed when its pairs are too few) and return them all."""
+        self.clock.settle()
+        for slot in list(self.states):
+            self.states[slot].poll()
+            self._decide(slot)
+        return list(self.verdicts.values())
+
+    def routing_pays(self, cost_us: Mapping[str, float], calls: Mapping[str, int]) -> list[Verdict]:
+        """Every verdict, each kind's kept choices checked against what routing costs: every call
+        of a kind pays ``cost_us[kind]`` of host time once any of its problems is routed, so the
+        kept choices stay only where the time they saved over the run (us a call x their calls)
+        exceeds the routing of all the kind's ``calls[kind]``; otherwise they are dropped
+        together (the kind then routes nothing and its override is not installed)."""
+        for kind, each in cost_us.items():
+            kept = [v for v in self.verdicts.values() if v.kind == kind and v.kept]
+            saved = sum((v.saving_us or 0.0) * self.slot_calls.get((v.kind, v.key), 0) for v in kept)
+            cost = each * calls.get(kind, 0)
+            if not kept or saved > cost:
+                continue
+            why = (f"the {len(kept)} kept {kind} choice(s) saved {saved / 1e3:.2f} ms over the run, less than routing"
+                   f" its {calls.get(kind, 0)} calls costs ({each:.1f} us each: {cost / 1e3:.2f} ms)")
+            self.log(f"confirm {kind}: {why}: the baseline kept for every problem")
+            for v in kept:
+                self.verdicts[(v.kind, v.key)] = dataclasses.replace(v, status=DROPPED, reason=why)
+        return list(self.verdicts.values())
+
+    @property
+    def confirming(self) -> int:
+        """Problems still alternating."""
+        return len(self.states)
 
 
 @dataclass
 class ConfirmRow:
-    """One problem: its cache entry before the confirmation (``before``, with its claim; a
-    grouped GEMM shape's first entry), the verdict, and the entry written (None: left as it
-    was)."""
+    """One problem: its cache entry before the confirmation (a grouped shape's first entry), the
+    verdict, and the entry written (None: left as it was)."""
 
     problem: str
     before: CacheEntry | None
@@ -64,9 +173,8 @@ class ConfirmRow:
 
 @dataclass
 class ConfirmRun:
-    """What :func:`confirm_run` did: a row per problem confirmed, how many usable entries
-    were not confirmed (``unseen``: never called, or torch's own choice), the program's
-    exit code."""
+    """What :func:`confirm_run` did: a row per problem confirmed, how many usable entries were
+    not confirmed (``unseen``: never called, or the caller's own choice), the program's exit code."""
 
     cache: str
     rows: list[ConfirmRow] = field(default_factory=list)
@@ -87,9 +195,14 @@ def _label(entry: CacheEntry | None, key: str) -> str:
         return key
 
 
-def apply_verdicts(cache: str | os.PathLike, verdicts: Iterable[Verdict], activation: Any) -> list[ConfirmRow]:
-    """Write each decided verdict (kept or dropped) into its usable cache entry (this
-    device, ``activation.versions``); unconfirmed ones leave their entry as it was."""
+def apply_verdicts(cache: str | os.PathLike, verdicts: Iterable[Verdict], activation: Any,
+                   covers: Mapping[tuple[str, str], list[str]],
+                   baselines: Mapping[tuple[str, str], dict[str, Any] | None]) -> list[ConfirmRow]:
+    """Write each decided verdict (kept or dropped) into the usable cache entries it covers
+    (``covers``: (kind, key) -> entry keys, its dispatch's ``entry_keys``; this device,
+    ``activation.versions``): the in-step figure, and for a dropped choice the baseline's
+    solution (``baselines``: (kind, baseline name) -> solution). Unconfirmed ones leave
+    their entries as they were."""
     store = TuningCache(cache)
     usable: dict[tuple[str, str], CacheEntry] = {}
     entries = store.entries()
@@ -97,41 +210,19 @@ def apply_verdicts(cache: str | os.PathLike, verdicts: Iterable[Verdict], activa
         mine = [e for e in entries if e.kind == kind]
         for key, e in store.select(mine, activation.device, activation.versions.get(kind)).items():
             usable[kind, key] = e
-    shapes: dict[str, list[CacheEntry]] = {}  # a grouped GEMM's verdict is its shape's
-    for (kind, _key), e in usable.items():
-        if kind == kinds.GROUPED.name:
-            try:
-                shapes.setdefault(shape_key(GroupedGemmProblem.from_dict(e.problem)), []).append(e)
-            except (TypeError, ValueError, KeyError):
-                continue
     rows, changed = [], []
     for v in verdicts:
-        mine = shapes.get(v.key, []) if v.kind == kinds.GROUPED.name else \
-            [e for e in (usable.get((v.kind, v.key)),) if e is not None]
+        mine = [usable[v.kind, k] for k in covers.get((v.kind, v.key), [v.key]) if (v.kind, k) in usable]
         before = mine[0] if mine else None
         label = _label(before, v.key) + (f" (+{len(mine) - 1} skew buckets)" if len(mine) > 1 else "")
         row = ConfirmRow(label, before, v, entries=len(mine))
         if mine and v.status in (KEPT, DROPPED):
-            corrected = [confirmed_entry(e, v.figure(), baseline_solution(v.kind, v.baseline)) for e in mine]
+            corrected = [confirmed_entry(e, v.figure(), baselines.get((v.kind, v.baseline))) for e in mine]
             row.after = corrected[0]
             changed += corrected
         rows.append(row)
     store.put_many(changed)
     return rows
-
-
-def _routing_cost_us(confirmer: Confirmer, gemm_path: str) -> float:
-    """What a GEMM call of the run paid for its routing (0 where no GEMM choice was kept:
-    nothing to weigh)."""
-    if confirmer.gemm_device is None or not any(v.kind == GEMM_KIND and v.kept for v in confirmer.verdicts.values()):
-        return 0.0
-    import torch
-
-    from primus_perf.kernels.gemm import torch_mm
-    from primus_perf.runtime import seams
-
-    route = seams.matmul if gemm_path == "seam" else torch.mm
-    return gemm_routing_cost_us(route, torch_mm, confirmer.gemm_device)
 
 
 def confirm_run(
@@ -144,34 +235,51 @@ def confirm_run(
     device_type: str | None = None,
     router_kinds: Any = None,
     log: Callable[[str], None] | None = None,
-    gemm_path: str = "override",
 ) -> ConfirmRun:
-    """Enable ``cache``, confirm its routed choices while ``run(confirmer)`` runs the
-    program (it returns the program's exit code; it may stop early once
-    ``confirmer.confirming`` is 0 after the first steps), then write the verdicts. Ctrl-C
-    stops the program; what was decided is still written. The kept GEMM choices must also
-    pay for routing every GEMM call of the run (``Confirmer.routing_pays``), priced on the
-    path the program's GEMMs take: ``gemm_path`` "override" (``torch.mm`` and friends under
-    ``enable()``) or "seam" (the trainer's ``seams.matmul``)."""
-    from primus_perf.runtime.handle import ALL_KINDS, enable
+    """Enable ``cache``, confirm its routed choices while ``run(confirmer)`` runs the program (it
+    returns the program's exit code; it may stop early once ``confirmer.confirming`` is 0 after
+    the first steps), then write the verdicts. Ctrl-C stops the program; what was decided is
+    still written. Kept choices must also pay for routing every call of their kind
+    (:meth:`Confirmer.routing_pays`, priced on the overrides in place)."""
+    from primus_perf.runtime.handle import enable
 
-    handle = enable(cache, None, ALL_KINDS if kinds_ is None else kinds_, device_type=device_type,
-                    router_kinds=router_kinds, log=None)
+    handle = enable(cache, None, kinds_, device_type=device_type, router_kinds=router_kinds, log=None)
     confirmer = Confirmer(policy, clock, log)
     out = ConfirmRun(str(cache))
-    routes.confirm_with(confirmer)
+    dispatches = [dispatch.of(kind) for kind in handle.routers if kind not in handle.idle]
+    for d in dispatches:
+        d.interpose(confirmer)
     try:
         out.exit_code = run(confirmer)
     except KeyboardInterrupt:
         out.interrupted = True
     finally:
-        routes.confirm_with(None)
+        for d in dispatches:
+            d.interpose(None)
         confirmer.finish()
         try:
-            verdicts = confirmer.routing_pays(_routing_cost_us(confirmer, gemm_path))
+            summary = handle.summary()
+            calls = {k: row.get("routed", 0) + row.get("fallback", 0) for k, row in summary.items()}
+            verdicts = confirmer.routing_pays(_routing_costs(confirmer, dispatches, handle.device_type), calls)
+            covers = {(v.kind, v.key): dispatch.of(v.kind).entry_keys(v.key) for v in verdicts}
+            baselines = {(v.kind, v.baseline): dispatch.of(v.kind).baseline_solution(v.baseline) for v in verdicts}
         finally:
             handle.disable()
-    out.rows = apply_verdicts(cache, verdicts, handle.activation)
+    out.rows = apply_verdicts(cache, verdicts, handle.activation, covers, baselines)
     usable = sum(len(keys) for keys in handle.activation.keys.values())
     out.unseen = max(0, usable - sum(r.entries for r in out.rows))
+    return out
+
+
+def _routing_costs(confirmer: Confirmer, dispatches: list[Any], device_type: str) -> dict[str, float]:
+    """Host us a call of each kind with a kept choice pays for its routing (its dispatch's
+    ``cost_probe``, priced on the overrides in place), for the kinds that price it."""
+    import torch
+
+    kept = {v.kind for v in confirmer.verdicts.values() if v.kept}
+    out = {}
+    for d in dispatches:
+        probe = d.cost_probe() if d.kind in kept else None
+        if probe is not None:
+            out[d.kind] = host_cost_us(*probe, torch.device(device_type))
     return out

@@ -10,27 +10,24 @@ plans, a search where the kind has one), and the core runs:
    and never chosen; if the default itself fails, the problem fails (:class:`TuneError`).
    A candidate a search found carries the error the search measured (``Candidate.error``)
    and is not run against the reference again;
-3. measurement through the injected timer (``tuner.timing``; seconds; without one, the
-   plugin's own ``default_timer()`` where it has one, else ``timing.default_timer()``): a rough pass of
+3. measurement through the injected timer (``tuner.measure``; seconds; without one, the
+   plugin's own ``default_timer()`` where it has one, else ``measure.default_timer()``): a rough pass of
    ``reps.rough`` calls (a searched candidate: the search's own timed calls,
-   ``Candidate.samples``) drops candidates slower than :data:`DROP_RATIO` x the best, then
+   ``Candidate.samples``) drops candidates slower than ``decide.DROP_RATIO`` x the best, then
    the finalists get ``reps.final_min`` to ``reps.final_max`` calls each, as many as the
    problem's time budget allows. A candidate may have several parts (attention: forward
    and backward); its time is the sum of its parts' medians;
-4. selection (:func:`select`, the one policy for every kind): the fastest finalist, unless
-   it is less than :data:`KEEP_DEFAULT_MARGIN` faster than the default, which is then kept
-   (a win inside the noise is not worth leaving torch for);
+4. selection by the one decision rule (``decide``): each finalist paired with the default
+   round by round, kept only where its median ratio clears ``max(margin, noise)`` and it
+   saves ``MIN_SAVING_S`` a call; the best kept one, else the default;
 5. a :class:`~primus_perf.cache.store.CacheEntry` (:func:`cache_entry`; times in ms there,
    as the file keeps them: the isolated figure);
-6. confirmation inside real steps (``runtime.confirm``, run by ``tuner.confirm`` after
-   offline tuning; online tuning races every candidate this way): the choice against the
-   baseline the program had, alternating calls timed where they run; a choice the step does
-   not bear out is replaced by the baseline (:func:`confirmed_entry`).
+6. confirmation inside real steps (``tuner.confirm``; online tuning races every candidate
+   this way): a choice the step does not bear out is replaced by the baseline
+   (:func:`confirmed_entry`).
 
-Validation (:func:`validate`), the drop ratio, the margin and entry building are the same
-for the other timing strategy, tuning inside the program's steps (``tuner.online``: each
-candidate raced against the default in pairs of the real calls, with the confirmation's
-verdict): only the timing differs.
+Validation (:func:`validate`) and entry building are the same for tuning inside the
+program's steps (``tuner.online``): only the timing differs.
 
 :func:`tune` is the loop over problems: dedupe by key, skip problems already cached for
 this device and library versions (resume), write the cache after each problem (one
@@ -55,20 +52,11 @@ from typing import Any, Protocol
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import DeviceIdentity, current_device
 from primus_perf.errors import one_line
-from primus_perf.tuner import timing
-from primus_perf.tuner.timing import Timer
+from primus_perf.tuner import measure
+from primus_perf.tuner.decide import DROP_RATIO, MIN_SAVING_S, Rule, decide, judge, paired
+from primus_perf.tuner.measure import Timer
 
-KEEP_DEFAULT_MARGIN = 0.01  # the default is kept unless a candidate is at least 1% faster
-# ... and saves at least this much per call: a call routed in Python costs more CPU time
-# than torch's own launch (on an H100 the tiny preset's step, CPU-bound, ran 0.91x with 29
-# routed GEMMs of about 6 us each per step, about 40 us more per call), which a busy GPU
-# hides only when the kernel's own saving is not negligible. Online tuning's routers always
-# route in Python; an offline cache's GEMMs take the native dispatch where it builds
-# (runtime/native.py: no measurable host cost), and the confirmation prices the path in use
-MIN_SAVING_S = 5e-6
-# a candidate slower than this times the best after its first samples is dropped: the
-# rough pass here, the early drop of online tuning (one ratio for both strategies)
-DROP_RATIO = 1.25
+OFFLINE_RULE = Rule(min_saving_s=MIN_SAVING_S)  # a kernel choice routed at run time must save the routing
 TIMER_OVERHEAD_S = 1.2e-3  # per timed call beyond the call itself (GPU idle + flush), for the budget
 BUDGET_SHARE = 0.6  # share of the time left in a problem's budget given to the final pass
 
@@ -146,7 +134,7 @@ class CandidateStats:
     status: str
     config: dict[str, Any] = field(default_factory=dict)
     error: float | None = None
-    parts: dict[str, dict[str, float]] = field(default_factory=dict)  # part -> timing.summarize()
+    parts: dict[str, dict[str, float]] = field(default_factory=dict)  # part -> measure.summarize()
     reason: str = ""
 
     @property
@@ -240,18 +228,6 @@ class Progress:
 # ---- one problem ----------------------------------------------------------------------
 
 
-def select(times_s: dict[str, float], default: str, margin: float = KEEP_DEFAULT_MARGIN,
-           min_saving_s: float = MIN_SAVING_S) -> str:
-    """The one selection policy: the fastest, unless it beats ``default`` by less than
-    ``margin`` (a fraction of the default's time) or by less than ``min_saving_s`` per call;
-    then the default."""
-    best = min(times_s, key=lambda n: times_s[n])
-    saving = times_s[default] - times_s[best]
-    if saving < margin * times_s[default] or saving < min_saving_s:
-        return default
-    return best
-
-
 def validate(session: Session, pool: Sequence[Candidate], *, limit: int | None = None,
              reject: Callable[[Candidate, float | None, str], None] | None = None) -> list[tuple[Candidate, float]]:
     """The candidates of ``pool`` (the default first) that pass the session's reference
@@ -298,7 +274,7 @@ def cache_entry(kind: str, version: str, problem: Any, solution: dict[str, Any],
 
 
 def confirmed_entry(entry: CacheEntry, figure: dict[str, Any], baseline: dict[str, Any] | None) -> CacheEntry:
-    """``entry`` as a confirmation inside real steps left it (``runtime.confirm.Verdict``):
+    """``entry`` as a confirmation inside real steps left it (``decide.Verdict``):
     ``in_step`` holds the figure; a choice the step did not bear out ("dropped") is
     replaced by the ``baseline`` solution (torch's own, the caller's backend), its
     ``times`` kept as the isolated figure they are; ``created`` is now, so the corrected
@@ -310,9 +286,9 @@ def confirmed_entry(entry: CacheEntry, figure: dict[str, Any], baseline: dict[st
 
 def timer_for(tuner: Tuner) -> Timer:
     """The timer a plugin's candidates are measured with when none is injected: its own
-    ``default_timer()`` (grouped GEMM: launches counted), else ``timing.default_timer()``."""
+    ``default_timer()`` (grouped GEMM: launches counted), else ``measure.default_timer()``."""
     own = getattr(tuner, "default_timer", None)
-    return own() if own is not None else timing.default_timer()
+    return own() if own is not None else measure.default_timer()
 
 
 def _medians(samples: dict[Any, list[float]], names: Sequence[str], parts: dict[str, list[str]]) -> dict[str, float]:
@@ -372,16 +348,18 @@ def tune_problem(
         finalists = [n for n in valid if med[n] <= DROP_RATIO * best or n == default]
         for n in valid:
             stats[n].status = "measured" if n in finalists else "dropped"
-            stats[n].parts = {part: timing.summarize(rough[(n, part)]) for part in parts[n]}
+            stats[n].parts = {part: measure.summarize(rough[(n, part)]) for part in parts[n]}
         left = budget_s - (time.perf_counter() - t0)
         per_round = sum(med[n] + TIMER_OVERHEAD_S * len(parts[n]) for n in finalists)
         final_reps = int(max(reps.final_min, min(reps.final_max, left / max(per_round, 1e-6) * BUDGET_SHARE)))
         step(f"timing ({final_reps} calls each)")
         final = timer({k: fn for k, fn in calls.items() if k[0] in finalists}, session.n_sets, final_reps, seed=1)
         for n in finalists:
-            stats[n].parts = {part: timing.summarize(final[(n, part)]) for part in parts[n]}
+            stats[n].parts = {part: measure.summarize(final[(n, part)]) for part in parts[n]}
         totals = {n: stats[n].total_s for n in finalists}
-        chosen = select(totals, default)
+        rounds = {n: [sum(t) for t in zip(*(final[(n, part)] for part in parts[n]))] for n in finalists}
+        verdicts = {n: judge(pairs, OFFLINE_RULE) for n, pairs in paired(rounds, default).items()}
+        chosen = decide(default, verdicts)
         stats[chosen].status = "chosen"
         details = dict(session.details)
     finally:

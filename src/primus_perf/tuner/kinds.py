@@ -1,10 +1,7 @@
-"""The tuner's part of each kind: its plugin class (whose ``problem_type`` says which
-problems it takes), attached to the kind's record in ``primus_perf.kinds``. A new kind is
-one plugin module and one entry in :data:`PLUGINS`.
-
-:func:`tune` is the public entry point (``primus_perf.tune``): it takes problems of any
-kinds and runs the core loop with one plugin per kind present, each with its defaults.
-"""
+"""The tuner's entry point over kinds: each kind's ``tuner`` part (``primus_perf.kinds``) is its
+plugin class, whose ``problem_type`` says which problems it takes. :func:`tune` is the public
+entry point (``primus_perf.tune``): it takes problems of any kinds and runs the core loop with
+one plugin per kind present, each with its defaults."""
 
 from __future__ import annotations
 
@@ -15,28 +12,25 @@ from typing import Any
 from primus_perf import kinds as registry
 from primus_perf.errors import UserError
 from primus_perf.tuner import core
-from primus_perf.tuner.attention.plugin import AttentionTuner
-from primus_perf.tuner.gemm.plugin import GemmTuner
-from primus_perf.tuner.grouped.plugin import GroupedGemmTuner
 
-PLUGINS = (GemmTuner, GroupedGemmTuner, AttentionTuner)
-for _plugin in PLUGINS:
-    registry.attach(_plugin.kind, tuner=_plugin)
 
-KINDS: dict[str, type] = registry.with_part("tuner")  # kind name -> plugin class, in the registry's order
+def plugins() -> dict[str, type]:
+    """Kind name -> its plugin class, in the registry's order."""
+    return registry.with_part("tuner")
 
 
 def kind_of(problem: Any) -> str:
     """The kind whose plugin takes ``problem``; UserError for a problem no kind takes."""
-    for kind, cls in KINDS.items():
+    for kind, cls in plugins().items():
         if isinstance(problem, cls.problem_type):
             return kind
     raise UserError(f"no tuner takes problems of type {type(problem).__name__}")
 
 
-def default_tuners(kinds: Iterable[str] = KINDS) -> dict[str, Any]:
+def default_tuners(kinds: Iterable[str] | None = None) -> dict[str, Any]:
     """One plugin with its defaults per kind of ``kinds`` (default: every kind), by kind."""
-    return {kind: KINDS[kind]() for kind in kinds}
+    found = plugins()
+    return {kind: found[kind]() for kind in (found if kinds is None else kinds)}
 
 
 def tune(

@@ -58,7 +58,7 @@ from typing import Any
 
 from primus_perf.errors import UserError, interrupts_caught, one_line
 from primus_perf.tuner import core
-from primus_perf.tuner.timing import Timer
+from primus_perf.tuner.measure import Timer
 
 # the variable that restricts a process to some GPUs, per vendor ("cpu": tests, no effect)
 VISIBLE_DEVICES_ENV = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES", "cpu": "CUDA_VISIBLE_DEVICES"}

@@ -9,12 +9,9 @@ buffer (the plugin's ``error``; a candidate over the tolerance never runs on the
 program's tensors), then races each other candidate (a *contender*) against the default
 on the problem's real calls, in pairs: two consecutive calls of the problem, one run by
 the contender and one by the default, in ABBA order, each between two device events
-(:class:`CudaClock`), read later, when they have completed (``query``, never a synchronize
+(``measure.DeviceClock``), read later, when they have completed (never a synchronize
 inside a step). Every figure is thus measured the way the choice will run: in the step,
-next to its neighbours, against what the call would have run; the round-robin of single
-samples this replaces let the step's phases decide (on an H100, Mixtral's grouped
-problems showed padded bmm 2.2x faster than the loop in the tuning samples and 0.59x in
-the step), and needed a separate confirmation after it.
+next to its neighbours, against what the call would have run.
 
 :class:`ProblemTuning` is the state machine of one problem:
 
@@ -22,16 +19,14 @@ the step), and needed a separate confirmation after it.
    call, the allocator growing);
 2. racing: each pair goes to the live contender with the fewest pairs placed (two calls
    of one kind, ``KindAdapter.pairing``); a contender goes as soon as its pairs show it
-   cannot win: their median ``drop_ratio`` x slower than the default (the core's
-   :data:`~.core.DROP_RATIO`), or not faster by the ``margin`` after ``drop_after``
-   pairs; no contender gets more than ``drop_after`` pairs until the ``finalists``
+   cannot win: their median ``drop_ratio`` x slower than the default, or not faster by the
+   ``margin`` after ``drop_after`` pairs; no contender gets more than ``drop_after`` pairs until the ``finalists``
    fastest are known, and only they go on;
-3. verdict: after ``pairs`` counted pairs a contender gets the confirmation's verdict
-   (``runtime.confirm``: the median of the per-pair ratios must beat 1 by more than
-   ``max(margin, half their interquartile range)``), and must save ``min_saving_s`` a
-   call (the core's :data:`~.core.MIN_SAVING_S`: what routing costs the host, which the
-   device events do not see); a pair whose sample was lost (a forward whose backward did
-   not run) is placed again, ``lost_pairs`` at most;
+3. verdict: after ``pairs`` counted pairs a contender gets the one decision rule's verdict
+   (``decide.judge``: the median per-pair ratio must beat 1 by more than ``max(margin,
+   noise)`` and save ``min_saving_s`` a call, what routing costs the host, which device
+   events do not see); a pair whose sample was lost (a forward whose backward did not run)
+   is placed again, ``lost_pairs`` at most;
 4. lock: once every live contender has its verdict (or none is left), the kept contender
    with the best median, else the default. The problem runs it for the rest of the run,
    and it is written to the cache with its in-step figure (``TuningCache.put``: under the
@@ -60,29 +55,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from primus_perf import kinds as registry
 from primus_perf.cache.store import TuningCache
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError
-from primus_perf.kernels.routing import Router
-from primus_perf.runtime.confirm import (
-    BASELINE,
-    CHOICE,
+from primus_perf.kernels.routing import UNSUPPORTED
+from primus_perf.tuner.core import cache_entry, confirmed_entry, solution_of, validate
+from primus_perf.tuner.decide import (
+    DROP_RATIO,
     DROPPED,
+    MARGIN,
+    MIN_SAVING_S,
     UNCONFIRMED,
-    Clock,
-    ConfirmPolicy,
-    DeviceClock,
-    ProblemConfirmation,
-    Sample,
+    Rule,
     Verdict,
 )
-from primus_perf.tuner.core import (
-    DROP_RATIO,
-    KEEP_DEFAULT_MARGIN,
-    MIN_SAVING_S,
-    cache_entry,
-    confirmed_entry,
-)
+from primus_perf.tuner.measure import CHOICE, Clock, DeviceClock, Pairs, Sample
 
 
 class _Validating:
@@ -126,19 +114,15 @@ class OnlinePolicy:
     """How a problem is tuned (module docstring). Defaults: 5 candidates at most (the
     default and the pool's first 4, in the plugin's order: the library heuristic's
     ranking); 2 warm-up calls; a contender goes when the median of its pairs is
-    :data:`~.core.DROP_RATIO` (1.25) x slower than the default, or not 1% faster after 2
+    ``decide.DROP_RATIO`` (1.25) x slower than the default, or not 1% faster after 2
     pairs; 2 finalists; 6 counted pairs for a verdict, which must also save
-    :data:`~.core.MIN_SAVING_S` (5 us) a call, what a routed call costs the host beyond
+    ``decide.MIN_SAVING_S`` (5 us) a call, what a routed call costs the host beyond
     torch's own launch and device events do not see; up to 2 more pairs for a contender
     whose samples were lost; a bound of 40 timed calls; a problem whose samples are still
-    in flight after 160 calls with nothing left to place locks with what it has.
-
-    Calls of a problem called once a step, 4 contenders, before it locks (the events read
-    a step later add about one step per phase): 10 when every contender is clearly slower
-    (2 warm-up calls, a pair each), 18 when they are within 1.25x (two pairs each), 26 when
-    one wins (its 4 more pairs), 34 when two finalists go on. Before, a round-robin of 3
-    single samples per candidate and then a confirmation of 2 warm-up and 8 counted pairs
-    locked Mixtral's grouped problems, each called once a step, after 33 steps on an H100."""
+    in flight after 160 calls with nothing left to place locks with what it has. A problem
+    called once a step, 4 contenders, locks after 10 calls when every contender is clearly
+    slower, 18 when they are within 1.25x, 26 when one wins, 34 when two finalists go on
+    (events read a step later add about one step per phase)."""
 
     pairs: int = 6
     warmup: int = 2
@@ -147,7 +131,7 @@ class OnlinePolicy:
     finalists: int = 2
     max_calls: int = 40
     max_candidates: int = 5
-    margin: float = KEEP_DEFAULT_MARGIN
+    margin: float = MARGIN
     min_saving_s: float = MIN_SAVING_S
     lost_pairs: int = 2
     lost_after: int = 160
@@ -156,14 +140,13 @@ class OnlinePolicy:
         if self.pairs < 2 or self.drop_after < 1 or self.finalists < 1 or self.max_candidates < 1:
             raise ValueError("OnlinePolicy needs pairs >= 2, drop_after >= 1, finalists >= 1, max_candidates >= 1")
 
-    def race(self) -> ConfirmPolicy:
-        """The confirmation's policy of one contender's pairs (no warm-up of its own: the
-        problem's warm-up calls come first)."""
-        return ConfirmPolicy(samples=self.pairs, warmup=0, margin=self.margin,
-                             max_calls=2 * (self.pairs + self.lost_pairs))
+    def race(self, clock: Clock) -> Pairs:
+        """One contender's pairs against the default (no warm-up of its own: the problem's
+        warm-up calls come first)."""
+        return Pairs(clock, samples=self.pairs, max_calls=2 * (self.pairs + self.lost_pairs))
 
-
-CudaClock = DeviceClock  # CUDA (or HIP) events on torch's current stream, read without waiting
+    def rule(self, least: int | None = None) -> Rule:
+        return Rule(self.margin, self.min_saving_s, self.pairs if least is None else least)
 
 
 @dataclass
@@ -177,8 +160,8 @@ class Pooled:
 
 
 class ProblemTuning:
-    """The state machine of one problem (module docstring): each contender's pairs are a
-    ``runtime.confirm.ProblemConfirmation`` against the default."""
+    """The state machine of one problem (module docstring): each contender's pairs are
+    ``measure.Pairs`` against the default."""
 
     def __init__(self, pool: list[Pooled], policy: OnlinePolicy, clock: Clock) -> None:
         if not pool:
@@ -187,7 +170,7 @@ class ProblemTuning:
         self.default = pool[0].name
         self.policy = policy
         self.clock = clock
-        self.races = {name: ProblemConfirmation(policy.race(), clock) for name in list(self.pool)[1:]}
+        self.races = {name: policy.race(clock) for name in list(self.pool)[1:]}
         self.alive = list(self.races)
         self.dropped: list[str] = []
         self.verdicts: dict[str, Verdict] = {}  # live contenders whose pairs the verdict kept
@@ -260,8 +243,8 @@ class ProblemTuning:
             if med * p.drop_ratio < 1 or (len(ratios) >= p.drop_after and med <= 1 + p.margin):
                 self._drop(name)
             elif len(ratios) >= p.pairs and name not in self.verdicts:
-                verdict = race.verdict("", "", name, self.default)
-                if verdict.kept and (verdict.saving_us or 0.0) >= p.min_saving_s * 1e6:
+                verdict = race.verdict(p.rule(), choice=name, baseline=self.default)
+                if verdict.kept:
                     self.verdicts[name] = verdict
                 else:
                     self._drop(name)
@@ -301,17 +284,16 @@ class ProblemTuning:
         if name in self.verdicts:
             return dataclasses.replace(self.verdicts[name], kind=kind, key=key)
         race = self.races[name]
-        verdict = race.verdict(kind, key, name, self.default, least=max(1, len(race.counted())))
+        verdict = race.verdict(self.policy.rule(max(1, len(race.counted()))), kind=kind, key=key, choice=name,
+                               baseline=self.default)
         if verdict.speedup is None:
             return verdict
-        status = UNCONFIRMED if name in self.alive else DROPPED
-        reason = ""
-        if status == DROPPED and verdict.kept and verdict.pairs >= self.policy.pairs:
-            reason = (f"it saves {verdict.saving_us:.1f} us a call, under the {self.policy.min_saving_s * 1e6:.0f} us"
-                      f" a routed call costs the host")
-        elif status == DROPPED and verdict.kept:
+        if name in self.alive:
+            return dataclasses.replace(verdict, status=UNCONFIRMED, reason="")
+        reason = verdict.reason
+        if verdict.kept:
             reason = f"not among the {self.policy.finalists} fastest after {self.policy.drop_after} pairs each"
-        return dataclasses.replace(verdict, status=status, reason=reason)
+        return dataclasses.replace(verdict, status=DROPPED, reason=reason)
 
     def tried(self) -> list[str]:
         """The contenders with at least one counted pair, the fastest first."""
@@ -321,9 +303,9 @@ class ProblemTuning:
         """Every counted call's seconds by candidate (the default's from every contender's pairs)."""
         out: dict[str, list[float]] = {n: [] for n in self.pool}
         for name, race in self.races.items():
-            for pair in race.counted():
-                out[name].append(pair[CHOICE])
-                out[self.default].append(pair[BASELINE])
+            for base, choice in race.counted():
+                out[name].append(choice)
+                out[self.default].append(base)
         return out
 
     def times(self) -> dict[str, float]:
@@ -344,7 +326,7 @@ class KindAdapter(Protocol):
     kind: str
     tuner_version: str
 
-    def key(self, *args: Any) -> tuple[str, Any] | None: ...  # (problem key, problem) of a call
+    def key(self, *args: Any) -> tuple[str, Any] | None: ...  # (problem key, problem) of a call (its dispatch's arguments)
 
     def pool(self, problem: Any, *args: Any) -> list[Pooled]: ...  # validated, the default first
 
@@ -364,11 +346,13 @@ class _Report:
     host_s: float = 0.0
 
 
-class OnlineRouter(Router):
+class OnlineRouter:
     """A router that tunes what ``offline`` (the cache's router of this kind, holding the
-    problems ``offline_keys``: ``Activation.keys``) does not hold; ``summary()`` adds
-    ``tuning`` (tuning calls per problem) and ``online`` (per locked problem: the final
-    choice, the contender whose figure it states, the in-step figure, the tuning cost)."""
+    problems ``offline_keys``: ``Activation.keys``) does not hold: ``route(*call)`` answers a
+    call as every router does (``kernels.routing``), with the call's candidate for a problem
+    still racing. :meth:`details` gives its dispatch's summary ``tuning`` (tuning calls per
+    problem) and ``online`` (per locked problem: the choice, the contender whose figure it
+    states, the in-step figure, the tuning cost)."""
 
     def __init__(
         self,
@@ -383,7 +367,6 @@ class OnlineRouter(Router):
         clock: Clock | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        super().__init__()
         self.adapter = adapter
         self.offline = offline
         tuned_key = getattr(adapter, "tuned_key", None)
@@ -392,62 +375,63 @@ class OnlineRouter(Router):
         self.device = device
         self.versions = versions
         self.policy = policy or OnlinePolicy()
-        self.clock = clock or CudaClock()
+        self.clock = clock or DeviceClock()
         self.log = log or (lambda _line: None)
         self.tuning: dict[str, ProblemTuning] = {}
         self.locked: dict[str, Pooled] = {}
+        self.failed: set[str] = set()  # problems whose pool could not be built
         self.reports: dict[str, _Report] = {}
         self.tuning_calls: dict[str, int] = {}
         self.online: dict[str, dict[str, Any]] = {}
         self.unusable = getattr(offline, "unusable", set())
 
-    def __call__(self, *args: Any) -> Any:
+    def route(self, *args: Any) -> tuple[str, Any]:
         if _building.depth:  # the validation's own calls (its fp32 reference ...), from any thread
-            return None
+            return UNSUPPORTED, None
         found = self.adapter.key(*args)
         if found is None:
-            self._fall_back("unsupported")
-            return None
+            return UNSUPPORTED, None
         key, problem = found
         if key in self.offline_keys:
-            return self.offline(*args)
+            return self.offline.route(*args)
         cand = self.locked.get(key)
         if cand is not None:
-            return self._run(key, lambda: self.adapter.run(cand, *args))
+            return key, lambda: self.adapter.run(cand, *args)
         if key in self.failed:
-            self._fall_back(key)
-            return None
+            return key, None
         t0 = time.perf_counter()
         state = self.tuning.get(key)
         if state is None:
             state = self._start(key, problem, args)
             if state is None:
-                self._fall_back(key)
-                return None
+                return key, None
         report = self.reports[key]
         state.poll()
         if state.ready():
             report.host_s += time.perf_counter() - t0
             self._lock(key, problem, state)
             cand = self.locked[key]
-            return self._run(key, lambda: self.adapter.run(cand, *args))
+            return key, lambda: self.adapter.run(cand, *args)
         pairing = getattr(self.adapter, "pairing", None)
         placed = state.next(pairing(*args) if pairing is not None else None)
         report.host_s += time.perf_counter() - t0
         if placed is None:  # a warm-up call, or samples in flight: the default's own path
-            self._fall_back(key)
-            return None
+            return key, None
         cand, contender, side = placed
-        try:
-            out, sample = self.adapter.timed(cand, self.clock, *args)
-        except Exception as exc:
-            del self.tuning[key]
-            self.reports.pop(key, None)
-            _close_runs(state.pool.values())
-            return self._failure(key, exc)
-        state.add(contender, side, sample)
-        self.tuning_calls[key] = self.tuning_calls.get(key, 0) + 1
-        return out
+
+        def timed() -> Any:
+            try:
+                out, sample = self.adapter.timed(cand, self.clock, *args)
+            except Exception:  # the dispatch says so once and runs the baseline for it from now on
+                self.tuning.pop(key, None)
+                self.reports.pop(key, None)
+                _close_runs(state.pool.values())
+                raise
+            state.add(contender, side, sample)
+            self.tuning_calls[key] = self.tuning_calls.get(key, 0) + 1
+            return out
+
+        return key, timed
 
     def _start(self, key: str, problem: Any, args: tuple) -> ProblemTuning | None:
         t0 = time.perf_counter()
@@ -517,16 +501,18 @@ class OnlineRouter(Router):
             f" {info['validation_ms']:.1f} ms validation; {written}"
         )
 
-    def summary(self) -> dict[str, Any]:
-        own = super().summary()
-        if self.offline is not None:
-            off = self.offline.summary()
-            for part in ("routed", "fallback"):
-                own[part] = {**off[part], **own[part]}
-            own["failed"] = sorted(set(own["failed"]) | set(off["failed"]))
-        own["tuning"] = dict(self.tuning_calls)
-        own["online"] = {k: dict(v) for k, v in self.online.items()}
-        return own
+    def details(self) -> dict[str, Any]:
+        return {"tuning": dict(self.tuning_calls), "online": {k: dict(v) for k, v in self.online.items()}}
+
+    def label(self, key: str) -> str | None:
+        label = getattr(self.offline, "label", None)
+        return label(key) if label is not None else None
+
+    def may_route(self, *call: Any) -> bool:
+        return True
+
+    def idle(self, baseline: str) -> bool:
+        return False
 
     def close(self) -> None:
         if self.offline is not None:
@@ -545,23 +531,41 @@ def _close_runs(cands: Any) -> None:
             close()
 
 
-def online_routers(
-    routers: Mapping[str, Any],
-    activation: Any,
-    cache: str | Path,
-    *,
-    adapters: Mapping[str, KindAdapter],
-    policy: OnlinePolicy | None = None,
-    clock: Clock | None = None,
-    log: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """The cache's routers (``runtime.activate.Activation``), each of a kind ``adapters``
-    (kind -> adapter) has wrapped in an :class:`OnlineRouter`."""
-    out = dict(routers)
-    for kind, router in routers.items():
-        adapter = adapters.get(kind)
-        if adapter is not None:
-            out[kind] = OnlineRouter(adapter, router, cache, activation.device, activation.versions.get(kind, {}),
-                                     offline_keys=activation.keys.get(kind, set()), policy=policy, clock=clock,
-                                     log=log)
-    return out
+def validated(session: Any, limit: int) -> list[Pooled]:
+    """The session's candidates that pass the core's validation (``core.validate``: the
+    default first, at most ``limit``), pooled with their cache solutions as offline tuning
+    writes them (``core.solution_of``); TuneError when the default fails."""
+    return [Pooled(c.name, solution_of(c), err, c.run) for c, err in validate(session, session.candidates(), limit=limit)]
+
+
+def default_adapters(routers: Mapping[str, Any]) -> dict[str, Any]:
+    """The adapters of the kinds installed: each kind's ``online`` part, made from its router."""
+    return {kind: make(routers[kind]) for kind, make in registry.with_part("online", among=routers).items()}
+
+
+@dataclass
+class InStepTuning:
+    """Online tuning as the runtime takes it (``runtime.handle.OnlineTuning``): the cache's
+    routers of the kinds with an adapter (``adapters``, default: :func:`default_adapters`)
+    wrapped in :class:`OnlineRouter`; ``policy``, ``clock``: theirs (``clock`` None: device
+    events, so a GPU is needed)."""
+
+    adapters: Mapping[str, Any] | None = None
+    policy: OnlinePolicy | None = None
+    clock: Clock | None = None
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.clock is None
+
+    def wrap(self, routers: Mapping[str, Any], activation: Any, cache: str | Path,
+             log: Callable[[str], None] | None) -> dict[str, Any]:
+        adapters = default_adapters(routers) if self.adapters is None else self.adapters
+        out = dict(routers)
+        for kind, router in routers.items():
+            adapter = adapters.get(kind)
+            if adapter is not None:
+                out[kind] = OnlineRouter(adapter, router, cache, activation.device, activation.versions.get(kind, {}),
+                                         offline_keys=activation.keys.get(kind, set()), policy=self.policy,
+                                         clock=self.clock, log=log)
+        return out

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from primus_perf.errors import UserError
 from primus_perf.problems import AttentionProblem, Problem, load_problems
-from primus_perf.tuner.kinds import KINDS
+from primus_perf.tuner.kinds import plugins
 
 _CAUSAL_WORDS = {"causal": True, "1": True, "true": True, "full": False, "0": False, "false": False}
 
@@ -44,7 +44,7 @@ def gather_problems(
     """The unique problems of one kind (a name of ``primus_perf.kinds``): those of the
     traces (most expensive first), then of the problems files, then the attention specs
     (``parse_attention_spec``, in ``dtype``). UserError when there is none."""
-    wanted = KINDS[kind].problem_type
+    wanted = plugins()[kind].problem_type
     found: list[Problem] = []
     if traces:
         from primus_perf.tracelens.shapes import problems_from_traces

@@ -3,8 +3,8 @@
 A cached choice is ``AttentionChoice(backend, config)``: ``backend`` is ``"triton"`` (our
 kernel with ``config``), one SDPA backend (``"sdpa:cudnn"``, ``"sdpa:flash"``, ...) or
 ``"sdpa:default"`` when torch's own choice measured fastest (names: ``backends``). The
-router returns None for problems it has no choice for (and for ``sdpa:default``), and the
-routing point then runs torch's default SDPA. ``summary()``: ``routing.Router``.
+router answers None for problems it has no choice for and :data:`~..routing.OWN` for
+``sdpa:default``: the call then runs torch's SDPA as the program called it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ from primus_perf.kernels.attention.backends import (
     sdpa_implementation,
 )
 from primus_perf.kernels.attention.configs import AttnConfig
-from primus_perf.kernels.routing import CachedChoice, Router, choice_solution, solution_backend
+from primus_perf.kernels.routing import (
+    OWN,
+    UNSUPPORTED,
+    CachedChoice,
+    choice_solution,
+    solution_backend,
+)
 from primus_perf.problems import AttentionProblem, dtype_name
 
 VERSIONED_LIBRARIES = ("torch", "triton", "cudnn")
@@ -79,17 +85,16 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) 
     )
 
 
-class AttentionRouter(Router):
-    """Callable ``(q, k, v, causal) -> Tensor | None`` over a table of cached choices."""
+class AttentionRouter:
+    """``route(q, k, v, causal)`` over a table of cached choices (``kernels.routing``)."""
 
     def __init__(self, choices: Mapping[str, AttentionChoice] | Iterable[tuple[str, AttentionChoice]]):
-        super().__init__()
         self.choices: dict[str, AttentionChoice] = dict(choices)
         self._memo: dict[tuple, tuple[str, AttentionChoice | None]] = {}
         self._impls: dict[AttentionChoice, Any] = {}
 
     @classmethod
-    def from_entries(cls, entries: Iterable[CachedChoice]) -> AttentionRouter | None:
+    def from_entries(cls, entries: Iterable[CachedChoice]) -> AttentionRouter:
         """The router over usable cache entries; CacheError for an unreadable solution."""
         choices: dict[str, AttentionChoice] = {}
         for entry in entries:
@@ -97,13 +102,11 @@ class AttentionRouter(Router):
                 choices[entry.problem_key] = AttentionChoice.from_solution(entry.solution["config"])
             except (KeyError, ValueError) as exc:
                 raise CacheError(f"attention cache entry {entry.problem_key}: {exc}") from None
-        return cls(choices) if choices else None
+        return cls(choices)
 
-    @property
-    def routes_nothing(self) -> bool:
+    def idle(self, baseline: str = DEFAULT) -> bool:
         """True when the cache has choices and every one is torch's default SDPA: every call
-        would be torch's, so nothing need reach the router (``runtime.routes.install`` leaves
-        it out). With no choice at all the router stays: it counts the calls left to torch."""
+        would be torch's. With no choice at all the router stays: its dispatch counts the calls."""
         return bool(self.choices) and all(c.backend == DEFAULT for c in self.choices.values())
 
     def _lookup(self, q, k, causal) -> tuple[str, AttentionChoice | None]:
@@ -113,7 +116,7 @@ class AttentionRouter(Router):
             try:
                 prob = problem_of(q, k, k, causal)
             except ValueError:
-                found = ("unsupported", None)
+                found = (UNSUPPORTED, None)
             else:
                 key = prob.key()
                 choice = self.choices.get(key)
@@ -125,16 +128,15 @@ class AttentionRouter(Router):
             self._memo[sig] = found
         return found
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
+    def route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[str, Any]:
+        """``(key, run)`` of a call in (batch, seq, heads, head_dim) layout."""
         key, choice = self._lookup(q, k, causal)
         if choice is None:
-            self._fall_back(key)
-            return None
+            return key, None
         if choice.backend == DEFAULT:  # torch's own choice measured fastest
-            self.routed[key] += 1
-            return None
+            return key, OWN
         impl = self.implementation(choice)
-        return self._run(key, lambda: impl(q, k, v, causal))
+        return key, lambda: impl(q, k, v, causal)
 
     def may_route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
         """Yes when the cache holds a choice other than torch's default for these shapes, or
@@ -144,9 +146,17 @@ class AttentionRouter(Router):
         _key, choice = self._lookup(q, k, causal)
         return choice is not None and choice.backend != DEFAULT
 
+    def label(self, key: str) -> str | None:
+        choice = self.choices.get(key)
+        return choice.label() if choice is not None else None
+
     def implementation(self, choice: AttentionChoice):
         """``fn(q, k, v, causal)`` running a cached choice (made once per choice)."""
         impl = self._impls.get(choice)
         if impl is None:
             impl = self._impls[choice] = choice.implementation()
         return impl
+
+    def close(self) -> None:
+        self._impls.clear()
+        self._memo.clear()

@@ -1,8 +1,8 @@
 """The two ways a layer runs FP8 (torchao's float8 training does the quantization):
 
-- a weight the trainer passes to ``dispatch.linear``: :func:`tag_weights` gives the weight
-  an ``fp8_linear`` callable (:class:`Fp8Linear`) that ``dispatch.linear`` calls instead of
-  its bf16 GEMMs. A forward pre-hook on the owning module re-tags the module's current
+- a weight the trainer passes to ``trainer.model.linear``: :func:`tag_weights` gives the
+  weight an ``fp8_linear`` callable (:class:`Fp8Linear`) that ``linear`` calls instead of
+  ``F.linear``. A forward pre-hook on the owning module re-tags the module's current
   parameter before every forward, so the tag survives FSDP2 (which swaps the module's
   parameters for their all-gathered copies). Untagged weights keep the bf16 path and its
   GEMM routing.
@@ -26,7 +26,7 @@ from torch import nn
 
 from primus_perf.kernels.fp8.recipes import BF16, torchao_config
 
-TAG = "fp8_linear"  # the weight attribute dispatch.linear looks for
+TAG = "fp8_linear"  # the weight attribute trainer.model.linear looks for
 _HOOK = "_fp8_tag_hook"
 
 
@@ -95,7 +95,7 @@ def _retag(module: nn.Module, _args: Any) -> None:
 
 def tag_weights(module: nn.Module, weights: Mapping[str, Fp8Linear | None]) -> None:
     """Run ``module``'s weights named in ``weights`` (attribute -> :class:`Fp8Linear`, or
-    None for bf16) through FP8 in ``dispatch.linear``."""
+    None for bf16) through FP8 in ``trainer.model.linear``."""
     current: dict[str, Fp8Linear] = dict(getattr(module, "_fp8_weights", {}))
     for attr, fn in weights.items():
         param = getattr(module, attr)

@@ -1,7 +1,7 @@
 """Grouped GEMM (MoE expert layers): backends, the Triton kernel's configs, the router
 built from a tuning cache, and the passes' problems (:func:`problem_of`) with the
-re-entrancy guard every routed grouped GEMM runs inside (:func:`in_grouped`). The routing
-point every expert GEMM goes through is the runtime's (``runtime.seams.grouped_mm``)."""
+re-entrancy guard every routed grouped GEMM runs inside (:func:`in_grouped`). Where a
+program's grouped GEMMs are routed is the runtime's (``runtime.grouped``)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ Backends:
   (:data:`ANY_GROUP_START`); elsewhere the tokens are copied into a zero-padded buffer
   whose group starts are multiples of 16 bytes / element size rows (padding rows add
   nothing to any product) and the result is gathered back. On an H100 that copy halved
-  the backend's speed (``benchmarks/grouped_mm_layouts.py``: 0.99 against 0.46 ms for
+  the backend's speed (``benchmarks/moe/grouped_mm_layouts.py``: 0.99 against 0.46 ms for
   qwen3-30b-a3b's gate/up forward, 1.31 against 0.58 ms for its weight gradient; the
   unpadded results equal to the fp32 product as closely).
 - ``padded_bmm``: every group padded with zero rows to the largest count, one
@@ -298,10 +298,10 @@ AUTO = "auto"  # the configuration value that applies DEFAULT_RULE
 # default config 54.1-55.8 and the loop 98-108, so the rule was Triton from 64 experts.
 # Without the padding (ANY_GROUP_START) torch's kernel runs each expert GEMM 1.7-2.1x faster
 # than Triton's default config and 1.4-1.7x faster than the best online seed config
-# (benchmarks/grouped_mm_layouts.py: qwen3 gate/up forward 0.46 against 0.79 and 0.65 ms;
+# (benchmarks/moe/grouped_mm_layouts.py: qwen3 gate/up forward 0.46 against 0.79 and 0.65 ms;
 # deepseek-v3's 32 experts of 2048, 1.01 against 1.55 and 1.14 ms; mixtral's 8 experts of
 # 14336, 2.81 against 4.44 and 3.07 ms). In the step (every fixed backend in one trainer,
-# benchmarks/never_slower.py) unpadded grouped_mm is the fastest on qwen3-30b-a3b (50.8 ms
+# benchmarks/runtime/never_slower.py) unpadded grouped_mm is the fastest on qwen3-30b-a3b (50.8 ms
 # against Triton's 54.6 and the loop's 90.5; 70.8 against 76.7 and 132.8), while with 32 and
 # 48 experts of 2048 (deepseek-v3) the loop stays as fast (85.9 against 86.5 ms; 116.4
 # against 116.6) and with 8 of 14336 (mixtral-8x7b) faster (62.5 against 64.4; 86.3 against

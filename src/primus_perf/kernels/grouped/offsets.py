@@ -39,6 +39,13 @@ def derived(t: torch.Tensor, tag: str, make: Callable[[torch.Tensor], Any]) -> A
     return value
 
 
+def known_counts(ends: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
+    """``ends`` (made from the host ``counts``), marked as known on the host: a backend that
+    needs the counts takes these instead of reading the device."""
+    derived(ends, "counts", lambda _e: [int(c) for c in counts])
+    return ends
+
+
 def _counts_of(host: list[int]) -> list[int]:
     return [int(e) - int(s) for s, e in zip([0, *host[:-1]], host)]
 

@@ -6,8 +6,7 @@ A pass is ``(phase, a, b, counts)``: fwd ``x[T, K]``, ``w[G, K, N]``; dgrad ``dy
 per group (see :class:`~primus_perf.problems.GroupedGemmProblem`), or an
 :class:`~.offsets.Offsets` (:func:`run_offsets`: the device ``offs`` of an
 ``aten::_grouped_mm`` call, read on the host only by a backend that needs counts). Where a
-program's grouped GEMMs are routed is the runtime's business (``runtime.seams.grouped_mm``,
-``runtime.grouped_intercept``); the re-entrancy
+program's grouped GEMMs are routed is the runtime's business (``runtime.grouped``); the re-entrancy
 guard every routed grouped GEMM runs inside (:data:`inside`, :func:`in_grouped`) lives here,
 below both the runtime and the kernels that read it.
 """
@@ -61,8 +60,8 @@ inside = _Inside()
 
 
 def in_grouped() -> bool:
-    """True while a grouped GEMM runs (the grouped routing point ``runtime.seams.grouped_pass``,
-    or an ``aten::_grouped_mm`` call routed by ``enable()``): the GEMMs its router or backend
+    """True while a grouped GEMM runs (an ``aten::_grouped_mm`` call the runtime's grouped
+    dispatch answers): the GEMMs its router or backend
     calls, ``torch.mm``, ``torch.bmm`` and ``torch._grouped_mm`` alike, are torch's and are
     not routed again. The grouped problem is what was tuned, timed with those GEMMs as torch
     runs them; its pieces (per-expert slices, a zero-padded batch) change shape with every

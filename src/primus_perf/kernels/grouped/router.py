@@ -1,39 +1,25 @@
-"""The grouped-GEMM router: the cached backend per problem, the caller's backend otherwise.
+"""The grouped-GEMM router: the cached backend per problem of a program's grouped GEMM calls.
 
 A cached choice is ``GroupedChoice(backend, config)``: ``backend`` is a row of
 ``backends.BACKENDS`` (``loop``, ``grouped_mm``, ``padded_bmm``, ``triton``), ``config``
 the Triton tiles when it is ``triton``.
 
-Which problems have a choice: a problem's key holds its pass, shapes, dtype, token bucket
-and skew bucket (``passes.problem_of``). Its *shape* is all of that but the skew: the
+A call is a pass whose groups are :class:`~.offsets.Offsets` (the device ``offs`` of an
+``aten::_grouped_mm`` call). A problem's key holds its pass, shapes, dtype, token bucket and
+skew bucket (``passes.problem_of``); its *shape* is all of that but the skew: the
 balanced-split key (skew 1, ``passes.shape_problem_of``), which a call's operands give
-without its token counts. Where every cache entry of a shape (all its skew buckets) names
-the same choice, that choice runs for every call of the shape, whatever its skew; where
-entries of one shape disagree, the call's own key decides. A call whose counts are on the
-device only (:meth:`GroupedGemmRouter.route_offsets`) then takes them from a non-blocking
-copy (``offsets.Offsets.peek``) where it has landed (a layer's backward: its forward
-started the copy); where it has not (a forward), the call runs the choice its call site
-(the shape and the weight) ran last, and only the first call of a site reads its counts
-on the host, waiting for the device: counted in ``summary()["offs_reads"]``. A shape with
-no entry runs the caller's kernel without any host read.
-
-Two entries: ``router(phase, a, b, counts)`` for a pass with host counts (the routing point
-``runtime.seams.grouped_pass``; None: the caller's backend runs), and
-:meth:`~GroupedGemmRouter.route_offsets` for a pass whose groups are the device ``offs`` of
-an ``aten::_grouped_mm`` call (``runtime.grouped_intercept``; None: torch's kernel runs,
-as it does where the choice is torch's own kernel, ``grouped_mm``: counted as routed, the
-cache's choice, with nothing in between).
-``summary()``: ``routing.Router``'s, with ``offs_reads`` (calls that waited for the device
-to read their counts, by problem key). ``route_offsets`` counts a call under its shape's key
-(the counts do not decide it, whether or not they were read for its backend), unless its
-shape's entries differ by skew: then under its own key; the host-counts entry counts every
-call under its own key.
+without its counts. Where every entry of a shape (all its skew buckets) names the same
+choice, that choice runs for every call of the shape, read without the counts; where they
+disagree (:data:`MIXED`), the call's own key decides: its counts are taken from a
+non-blocking copy (``Offsets.peek``) where it has landed (a layer's backward: its forward
+started the copy), else the call runs the choice its call site (shape and weight) ran last,
+and only a site's first call reads its counts on the host, waiting for the device. A shape
+with no entry runs the caller's kernel without any host read.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,13 +29,14 @@ from primus_perf.errors import CacheError
 from primus_perf.kernels.grouped.backends import BACKENDS, Backend, triton_backend
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.offsets import Offsets
-from primus_perf.kernels.grouped.passes import (
-    problem_of,
-    run_backend,
-    run_offsets,
-    shape_problem_of,
+from primus_perf.kernels.grouped.passes import problem_of, run_offsets, shape_problem_of
+from primus_perf.kernels.routing import (
+    OWN,
+    UNSUPPORTED,
+    CachedChoice,
+    choice_solution,
+    solution_backend,
 )
-from primus_perf.kernels.routing import CachedChoice, Router, choice_solution, solution_backend
 from primus_perf.problems import GroupedGemmProblem
 
 VERSIONED_LIBRARIES = ("torch", "cuda", "hip", "triton")
@@ -92,7 +79,7 @@ class GroupedChoice:
     @classmethod
     def of_backend(cls, name: str | None) -> GroupedChoice | None:
         """The choice a caller's fixed backend ``name`` runs (``triton``: its default config,
-        as ``backends.default_backend`` and the seam run it); None for a name no backend has."""
+        as ``backends.default_backend`` runs it); None for a name no backend has."""
         if name not in BACKENDS:
             return None
         return cls(name, GroupedGemmConfig() if name == TRITON else None)
@@ -102,6 +89,7 @@ class GroupedChoice:
 
 
 MIXED = "mixed"  # a shape whose entries name different choices by skew bucket
+BY_SKEW = "its choices by skew bucket"  # how a MIXED shape's choice is named
 TORCH_KERNEL = "grouped_mm"  # the backend that is torch's own kernel: what an aten::_grouped_mm call runs
 
 
@@ -122,20 +110,17 @@ def _shapes(choices: Mapping[str, GroupedChoice]) -> dict[str, GroupedChoice | s
     return out
 
 
-class GroupedGemmRouter(Router):
-    """Callable ``(phase, a, b, counts) -> Tensor | None`` over a table of cached choices;
-    :meth:`route_offsets` for a pass whose counts are on the device."""
+class GroupedGemmRouter:
+    """``route(phase, a, b, offsets, baseline)`` over a table of cached choices (module docstring)."""
 
     def __init__(self, choices: Mapping[str, GroupedChoice] | Iterable[tuple[str, GroupedChoice]]):
-        super().__init__()
         self.choices: dict[str, GroupedChoice] = dict(choices)
         self.shapes = _shapes(self.choices)
-        self.offs_reads: Counter[str] = Counter()
         self._last: dict[tuple[str, int], str] = {}  # call site -> the key it ran last (mixed shapes)
         self._impls: dict[GroupedChoice, Backend] = {}
 
     @classmethod
-    def from_entries(cls, entries: Iterable[CachedChoice]) -> GroupedGemmRouter | None:
+    def from_entries(cls, entries: Iterable[CachedChoice]) -> GroupedGemmRouter:
         """The router over usable cache entries; CacheError for an unreadable solution."""
         choices: dict[str, GroupedChoice] = {}
         for entry in entries:
@@ -143,16 +128,17 @@ class GroupedGemmRouter(Router):
                 choices[entry.problem_key] = GroupedChoice.from_solution(entry.solution["config"])
             except (KeyError, TypeError, ValueError) as exc:
                 raise CacheError(f"{GroupedGemmProblem.kind} cache entry {entry.problem_key}: {exc}") from None
-        return cls(choices) if choices else None
+        return cls(choices)
 
-    @property
-    def intercepts_nothing(self) -> bool:
-        """True when the cache has choices and every one is torch's own kernel
-        (:data:`TORCH_KERNEL`): a program's ``aten::_grouped_mm`` calls would run it either
-        way, so they need no override (primus-train's seam still routes: its own backend may
-        be another). With no choice at all the override stays: it counts the calls left to
-        torch and names each call's problem in a profiler trace."""
-        return bool(self.choices) and all(c.backend == TORCH_KERNEL for c in self.choices.values())
+    def idle(self, baseline: str = TORCH_KERNEL) -> bool:
+        """True when the cache has choices and every one is the ``baseline`` backend: the calls
+        would run it either way. With no choice at all the router is not idle: its dispatch
+        counts the calls left to the caller and names each call's problem in a trace."""
+        own = GroupedChoice.of_backend(baseline)
+        return bool(self.choices) and all(c == own for c in self.choices.values())
+
+    def may_route(self, *call: Any) -> bool:
+        return True
 
     def _choice(self, problem: GroupedGemmProblem) -> GroupedChoice | None:
         found = self.shapes.get(shape_key(problem))
@@ -160,32 +146,23 @@ class GroupedGemmRouter(Router):
             return self.choices.get(problem.key())  # an entry no shape covers (not a problem key)
         return self.choices.get(problem.key()) if found == MIXED else found
 
-    def _impl(self, choice: GroupedChoice) -> Backend:
+    def implementation(self, choice: GroupedChoice) -> Backend:
         impl = self._impls.get(choice)
         if impl is None:
             impl = self._impls[choice] = choice.implementation()
         return impl
 
-    def __call__(self, phase: str, a: torch.Tensor, b: torch.Tensor, counts: Sequence[int]):
-        try:
-            problem = problem_of(phase, a, b, counts)
-        except ValueError:  # a dtype or pass no problem describes
-            self._fall_back("unsupported")
-            return None
-        key = problem.key()
-        choice = self._choice(problem)
-        if choice is None:
-            self._fall_back(key)
-            return None
-        impl = self._impl(choice)
-        return self._run(key, lambda: run_backend(impl, phase, a, b, counts))
+    def label(self, shape: str) -> str | None:
+        """The name of a shape's choice (:data:`BY_SKEW` where its entries differ), None for none."""
+        choice = self.shapes.get(shape)
+        return BY_SKEW if choice == MIXED else (choice.label() if choice is not None else None)
 
-    def route_offsets(self, phase: str, a: torch.Tensor, b: torch.Tensor, offsets: Offsets):
-        """A pass whose groups are :class:`~.offsets.Offsets` (``a``, and a wgrad's ``b``, with
-        ``offsets.rows`` rows): the choice of its shape, read without the counts unless the
-        shape's entries disagree by skew (:meth:`_mixed_key`: a device sync for a call site's
-        first call only). None where no entry applies (torch's kernel runs, nothing read on
-        the host)."""
+    def route(self, phase: str, a: torch.Tensor, b: torch.Tensor, offsets: Offsets,
+              baseline: str = TORCH_KERNEL) -> tuple[str, Any]:
+        """``(key, run)`` of a pass whose groups are ``offsets`` (``a``, and a wgrad's ``b``, with
+        ``offsets.rows`` rows): the key is the shape's, or the call's own where the shape's
+        entries differ by skew (:meth:`_mixed_key`); ``run`` the choice (:data:`OWN` where it
+        is the ``baseline`` backend, None where no entry applies)."""
         try:
             problem = shape_problem_of(phase, a, b, offsets.groups)
             key = problem.key()
@@ -193,27 +170,14 @@ class GroupedGemmRouter(Router):
                 key = self._mixed_key(key, phase, a, b, offsets)
                 problem = GroupedGemmProblem.from_key(key)
         except ValueError:  # a dtype or pass no problem describes, offs that split no rows
-            self._fall_back("unsupported")
-            return None
-        if offsets.read:
-            self.offs_reads[key] += 1
+            return UNSUPPORTED, None
         choice = self._choice(problem)
         if choice is None:
-            self._fall_back(key)
-            return None
-        if choice.backend == TORCH_KERNEL:  # the cached choice is the caller's own kernel: it runs it
-            self.routed[key] += 1
-            return None
-        impl = self._impl(choice)
-        read = offsets.read
-
-        def launch() -> torch.Tensor:
-            out = run_offsets(impl, phase, a, b, offsets)
-            if offsets.read and not read:  # the backend needed the counts
-                self.offs_reads[key] += 1
-            return out
-
-        return self._run(key, launch)
+            return key, None
+        if choice == GroupedChoice.of_backend(baseline):
+            return key, OWN
+        impl = self.implementation(choice)
+        return key, lambda: run_offsets(impl, phase, a, b, offsets)
 
     def _mixed_key(self, shape: str, phase: str, a: torch.Tensor, b: torch.Tensor, offsets: Offsets) -> str:
         """The key of a call whose shape's entries differ by skew: from its counts where they
@@ -227,5 +191,5 @@ class GroupedGemmRouter(Router):
         self._last[site] = key
         return key
 
-    def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "offs_reads": dict(self.offs_reads)}
+    def close(self) -> None:
+        self._impls.clear()

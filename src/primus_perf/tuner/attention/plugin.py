@@ -32,7 +32,7 @@ from primus_perf.tuner.attention.space import STRATEGIES, SearchSpace, default_s
 if TYPE_CHECKING:
     from primus_perf.tuner.attention.search import SearchResult
 from primus_perf.tuner.core import Candidate, Reps, Step
-from primus_perf.tuner.timing import Timer
+from primus_perf.tuner.measure import Timer
 
 TUNER_VERSION = "attention-2"  # 2: the core's validation, timing and selection
 

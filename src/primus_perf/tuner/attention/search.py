@@ -9,7 +9,7 @@ The forward and the backward kernels are separate launches, so a config pair's c
    forward config; dQ/dK/dV for a backward config) and rejected if it fails;
 3. a short measurement; configs clearly slower than the best so far (``prune_ratio``)
    stop there; the others get the full measurement (median of ``reps`` calls). Every
-   measurement goes through the tuner's timer (``tuner.timing``); times here are in ms.
+   measurement goes through the tuner's timer (``tuner.measure``); times here are in ms.
 
 ``grid`` evaluates every forward and every backward config of the space, which covers
 every pair; ``tpe`` runs an optuna study over the pair (one categorical per parameter),
@@ -47,9 +47,9 @@ from primus_perf.kernels.attention.reference import (
     validation_shape,
 )
 from primus_perf.problems import AttentionProblem, torch_dtype
-from primus_perf.tuner import timing
+from primus_perf.tuner import measure
 from primus_perf.tuner.attention.space import STRATEGIES, SearchSpace, grid_size, known_good
-from primus_perf.tuner.timing import Timer
+from primus_perf.tuner.measure import Timer
 
 Progress = Callable[[str], None]
 
@@ -115,7 +115,7 @@ class Evaluator:
         self.prune_ratio = prune_ratio
         self.validate = validate
         self._seed = seed
-        self.timer = timer or timing.default_timer()
+        self.timer = timer or measure.default_timer()
         self.dtype = torch_dtype(problem.dtype)
         if inputs is None:
             p = problem

@@ -15,9 +15,9 @@ from primus_perf.kernels.blaslt.guarded import GUARD_BYTES, GuardedMatrix, Guard
 from primus_perf.kernels.blaslt.layout import layouts, refusal
 from primus_perf.kernels.gemm import WORKSPACE_BYTES, library_versions
 from primus_perf.problems import GemmProblem
-from primus_perf.tuner import timing
+from primus_perf.tuner import measure
 from primus_perf.tuner.core import Candidate, Reps, Step
-from primus_perf.tuner.timing import Timer
+from primus_perf.tuner.measure import Timer
 
 TUNER_VERSION = "gemm-3"  # 3: the core's loop and selection; 2: isolated timing
 TOLERANCE = {"bf16": 2e-2, "f16": 5e-3, "f32": 1e-4, "tf32": 5e-3, "f64": 1e-10}
@@ -40,7 +40,7 @@ class Operands:
         import torch
 
         la, lb, _, ld = layouts(p)
-        self.n = sets or timing.buffer_sets(la.extent_bytes() + lb.extent_bytes() + ld.extent_bytes())
+        self.n = sets or measure.buffer_sets(la.extent_bytes() + lb.extent_bytes() + ld.extent_bytes())
         g = torch.Generator(device=device).manual_seed(seed)
         self.a, self.b, self.d, self.mats = [], [], [], []
         for _ in range(self.n):

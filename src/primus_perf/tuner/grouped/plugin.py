@@ -15,7 +15,7 @@ counts; they are validated on the same operands with :func:`validation_counts` (
 total with the last group empty and the one before it holding one token) against an fp32
 product of each group (relative Frobenius error, per-dtype tolerance).
 
-Timing: :func:`~primus_perf.tuner.timing.time_launch_bound` on a GPU (the
+Timing: :func:`~primus_perf.tuner.measure.time_launch_bound` on a GPU (the
 :meth:`GroupedGemmTuner.default_timer` the core uses when no timer is injected): the loop
 launches one GEMM per expert, and a CPU-bound step pays those launches, which the isolated
 timer of dense GEMMs hides.
@@ -35,10 +35,10 @@ from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.passes import run_backend
 from primus_perf.kernels.grouped.router import TRITON, GroupedChoice, library_versions
 from primus_perf.problems import DTYPE_BYTES, GroupedGemmProblem, torch_dtype
-from primus_perf.tuner import timing
+from primus_perf.tuner import measure
 from primus_perf.tuner.core import Candidate, Reps, Step
 from primus_perf.tuner.grouped.space import SearchSpace, default_space, prune
-from primus_perf.tuner.timing import Timer
+from primus_perf.tuner.measure import Timer
 
 TUNER_VERSION = "grouped-gemm-1"
 TOLERANCE = {"bf16": 2e-2, "f16": 5e-3, "f32": 1e-4}
@@ -113,7 +113,7 @@ class GroupedGemmTuner:
 
     def default_timer(self) -> Timer:
         """What the core times these candidates with when no timer is injected."""
-        return timing.launch_bound_timer()
+        return measure.launch_bound_timer()
 
     def check(self, problem: GroupedGemmProblem) -> None:
         if problem.dtype not in TOLERANCE:
@@ -153,7 +153,7 @@ class GroupedGemmSession:
         self.check_counts = validation_counts(self.counts)
         p = problem
         per_set = (p.tokens * (p.k + p.n) + p.groups * p.k * p.n) * DTYPE_BYTES[p.dtype]
-        self.n_sets = tuner.sets or timing.buffer_sets(per_set, minimum=1)
+        self.n_sets = tuner.sets or measure.buffer_sets(per_set, minimum=1)
         gen = torch.Generator(device=tuner.device).manual_seed(1234)
         self.sets = [_pass_operands(problem, self.dtype, tuner.device, gen) for _ in range(self.n_sets)]
         self.tolerance = TOLERANCE[problem.dtype]

@@ -5,12 +5,15 @@ A *session* is anything that trains step by step with a switchable plan: ``set_f
 (layer -> recipe or ``bf16``), ``train_step()`` returning an object with ``step_time_s`` and
 ``loss``, and ``close()``. The trainer (``trainer.loop.Trainer``) is one; tests pass their own.
 
-1. groups: for each group and candidate recipe, ``blocks`` pairs of blocks of
-   ``block_steps`` timed steps, bf16 and the candidate in turn (``settle`` untimed steps
-   after each switch: compilation, allocation), the rest of the model in bf16
-   (:mod:`.select` chooses);
-2. the plan against all-bf16, interleaved the same way: the stored speedup (a plan no faster
-   than bf16 in the whole step becomes all-bf16);
+1. groups: a group is the layers of one role and shape (every block's ``mlp.w13``); each
+   candidate recipe against bf16 in ``blocks`` pairs of interleaved blocks of ``block_steps``
+   timed steps (``measure.blocks``; ``settle`` untimed steps after each switch: compilation,
+   allocation), the rest of the model in bf16. The one decision rule (``decide.judge`` on the
+   paired blocks, margin ``min_gain`` of the step) keeps a recipe only past the noise; the
+   best kept recipe wins the group, else it stays bf16 (small GEMMs, where the quantization
+   costs more than the FP8 GEMM saves);
+2. the plan against all-bf16, interleaved the same way and judged by the same rule: the
+   stored speedup (a plan the whole step does not bear out becomes all-bf16);
 3. the numerics guard (:func:`loss_check`): two fresh sessions from the same seed, bf16
    and the plan, ``check_steps`` steps each; a plan whose loss differs by more than
    ``threshold`` (relative, on the mean of the last tenth of the steps) is refused with one
@@ -28,7 +31,6 @@ from typing import Any, Protocol
 
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.devices import current_device
-from primus_perf.fp8.select import MIN_GAIN, GroupMeasurement, choose
 from primus_perf.kernels.fp8.plan import (
     KIND,
     Fp8Plan,
@@ -38,6 +40,8 @@ from primus_perf.kernels.fp8.plan import (
     plan_solution,
 )
 from primus_perf.kernels.fp8.recipes import BF16, DEFAULT_CANDIDATES, gemm_shape_ok, recipe
+from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, decide, judge
+from primus_perf.tuner.measure import blocks as measure_blocks
 
 CHECK_STEPS = 50  # default length of the loss A/B
 LOSS_THRESHOLD = 0.015  # default: the plan's loss may differ from bf16's by 1.5% relative
@@ -53,6 +57,50 @@ class Session(Protocol):
 
 
 @dataclass
+class GroupMeasurement:
+    group: str
+    recipe: str
+    bf16_s: list[float]  # per block: median step time with the group in bf16
+    fp8_s: list[float]  # per block: median step time with the group in ``recipe``
+
+    def verdict(self, min_gain: float = STEP_MARGIN) -> Verdict:
+        return judge(list(zip(self.bf16_s, self.fp8_s)), Rule(margin=min_gain, least=1), choice=self.recipe,
+                     baseline=BF16)
+
+    @property
+    def saving_s(self) -> float:
+        return statistics.median(self.bf16_s) - statistics.median(self.fp8_s)
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.bf16_s) / statistics.median(self.fp8_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        v = self.verdict()
+        return {"recipe": self.recipe, "bf16_ms": statistics.median(self.bf16_s) * 1e3,
+                "fp8_ms": statistics.median(self.fp8_s) * 1e3, "saving_ms": self.saving_s * 1e3,
+                "noise": v.threshold, "speedup": self.speedup, "verdict": v.status}
+
+
+def choose(groups: Mapping[str, Iterable[str]], measured: Iterable[GroupMeasurement],
+           *, min_gain: float = STEP_MARGIN) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """(layer -> recipe or bf16, group -> its choice and every candidate's figures)."""
+    by_group: dict[str, list[GroupMeasurement]] = {}
+    for m in measured:
+        by_group.setdefault(m.group, []).append(m)
+    layers: dict[str, str] = {}
+    summary: dict[str, dict[str, Any]] = {}
+    for group, names in groups.items():
+        cands = by_group.get(group, [])
+        choice = decide(BF16, {m.recipe: m.verdict(min_gain) for m in cands})
+        names = list(names)
+        for n in names:
+            layers[n] = choice
+        summary[group] = {"choice": choice, "layers": len(names), "candidates": [m.to_dict() for m in cands]}
+    return layers, summary
+
+
+@dataclass
 class PlanTiming:
     bf16_s: list[float]  # per block medians, all bf16
     plan_s: list[float]  # per block medians, the plan
@@ -60,6 +108,10 @@ class PlanTiming:
     @property
     def speedup(self) -> float:
         return statistics.median(self.bf16_s) / statistics.median(self.plan_s)
+
+    def verdict(self, min_gain: float = STEP_MARGIN) -> Verdict:
+        return judge(list(zip(self.bf16_s, self.plan_s)), Rule(margin=min_gain, least=1), choice="plan",
+                     baseline=BF16)
 
     def times(self) -> dict[str, float]:
         return {"default_ms": statistics.median(self.bf16_s) * 1e3, "tuned_ms": statistics.median(self.plan_s) * 1e3,
@@ -80,7 +132,7 @@ class Fp8TuneResult:
         out = [f"FP8 plan: {self.plan.summary()}"]
         for group, g in self.plan.groups.items():
             cands = ", ".join(f"{c['recipe']} {c['speedup']:.3f}x (saves {c['saving_ms']:.2f} ms, "
-                              f"noise {c['noise_ms']:.2f})" for c in g["candidates"]) or "no FP8 candidate"
+                              f"needs > {1 + c['noise']:.3f}x)" for c in g["candidates"]) or "no FP8 candidate"
             out.append(f"  {group} ({g['layers']} layers): {g['choice']} [{cands}]")
         if self.timing is not None:
             t = self.timing.times()
@@ -92,21 +144,13 @@ class Fp8TuneResult:
         return out
 
 
-def _block(session: Session, layers: dict[str, str], steps: int, settle: int) -> float:
-    session.set_fp8(layers)
-    for _ in range(settle):
-        session.train_step()
-    return statistics.median(session.train_step().step_time_s for _ in range(steps))
-
-
 def interleaved(session: Session, a: dict[str, str], b: dict[str, str], *, blocks: int, block_steps: int,
                 settle: int) -> tuple[list[float], list[float]]:
-    """Per-block median step times of plans ``a`` and ``b``, ``blocks`` blocks each, in turn."""
-    sa, sb = [], []
-    for _ in range(blocks):
-        sa.append(_block(session, a, block_steps, settle))
-        sb.append(_block(session, b, block_steps, settle))
-    return sa, sb
+    """Per-block median step times of plans ``a`` and ``b``, ``blocks`` blocks each, interleaved."""
+    times = measure_blocks({"a": lambda: session.set_fp8(a), "b": lambda: session.set_fp8(b)},
+                           lambda: session.train_step().step_time_s, blocks=blocks, block_steps=block_steps,
+                           settle=settle)
+    return times["a"], times["b"]
 
 
 def layer_groups(problem: Fp8PlanProblem, group_of: Callable[[str], str]) -> dict[str, list[str]]:
@@ -138,8 +182,8 @@ def measure_groups(session: Session, problem: Fp8PlanProblem, groups: Mapping[st
             b, f = interleaved(session, bf16, trial, blocks=blocks, block_steps=block_steps, settle=settle)
             m = GroupMeasurement(group, name, b, f)
             out.append(m)
-            say(f"{group} {name}: {m.speedup:.3f}x of the step (saves {m.saving_s * 1e3:.2f} ms, "
-                f"noise {m.noise_s * 1e3:.2f})")
+            say(f"{group} {name}: {m.speedup:.3f}x of the step (saves {m.saving_s * 1e3:.2f} ms): "
+                f"{m.verdict().status}")
     return out
 
 
@@ -188,7 +232,7 @@ def tune_plan(make_session: Callable[[], Session], problem_of: Callable[[Any], F
               group_of: Callable[[str], str], *, cache: str | Path | None,
               candidates: Iterable[str] = DEFAULT_CANDIDATES, blocks: int = 2, block_steps: int = 3,
               settle: int = 1, plan_blocks: int = 3, check_steps: int = CHECK_STEPS,
-              threshold: float = LOSS_THRESHOLD, min_gain: float = MIN_GAIN,
+              threshold: float = LOSS_THRESHOLD, min_gain: float = STEP_MARGIN,
               say: Say = lambda _m: None) -> Fp8TuneResult:
     """Tune a plan on one session from ``make_session`` (``problem_of(session)``: its layers),
     check its loss on two fresh ones, and write it to ``cache`` unless refused. One session
@@ -209,8 +253,8 @@ def tune_plan(make_session: Callable[[], Session], problem_of: Callable[[Any], F
             b, f = interleaved(session, bf16, layers, blocks=plan_blocks, block_steps=block_steps, settle=settle)
             timing = PlanTiming(b, f)
             say(f"plan vs bf16: {timing.speedup:.3f}x")
-            if timing.speedup <= 1.0:  # the groups' savings did not add up in the whole step
-                say("the plan is not faster than bf16 in the whole step: every layer stays bf16")
+            if not timing.verdict(min_gain).kept:  # the groups' savings did not add up in the whole step
+                say("the whole step does not bear the plan out against bf16: every layer stays bf16")
                 layers = {n: BF16 for n in layers}
                 plan = Fp8Plan(problem, layers, summary)
                 timing = None

@@ -1,0 +1,92 @@
+"""Online tuning of grouped GEMMs: the calls of the grouped dispatch ``(phase, a, b, offsets,
+baseline)``, raced in the step against the caller's backend."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from primus_perf.cache.store import ONLINE_SUFFIX
+from primus_perf.devices import gpu_vendor
+from primus_perf.kernels.grouped.configs import GroupedGemmConfig
+from primus_perf.kernels.grouped.passes import problem_of, run_backend
+from primus_perf.kernels.grouped.router import GroupedChoice, shape_key
+from primus_perf.problems import GroupedGemmProblem
+from primus_perf.tuner.grouped.plugin import TUNER_VERSION, GroupedGemmTuner
+from primus_perf.tuner.grouped.space import ONLINE_SEEDS
+from primus_perf.tuner.measure import Clock, Sample, bracket
+from primus_perf.tuner.online import Pooled, validated
+
+
+class GroupedGemmOnline:
+    """Grouped-GEMM calls of the dispatch ``(phase, a, b, offsets, baseline)``: the problem of
+    the call's shape (at skew 1: the token bucket, not the skew, so the counts of later steps
+    keep one problem; the counts are read on the host); the pool of the grouped plugin without
+    its Triton search plus Triton's default config, the vendor's seed configs and the cache's
+    Triton configs, validated on the bucket's operands, raced against the caller's ``baseline``
+    backend (a lock must beat what the call would have run); each call timed between two marks
+    on the groups' rows (rows past them, an expert-parallel tail, are zeros)."""
+
+    kind = GroupedGemmTuner.kind
+    tuner_version = TUNER_VERSION + ONLINE_SUFFIX
+
+    def __init__(self, triton_configs: list[Any] = (), limit: int = 8) -> None:
+        self.triton_configs = list(triton_configs)
+        self.limit = limit
+
+    def key(self, phase: str, a: Any, b: Any, offsets: Any, baseline: str) -> tuple[str, Any] | None:
+        """The call's shape (its problem at skew 1, ``router.shape_key``): one tuning per shape,
+        so routing that drifts during training (a new skew bucket) starts no new tuning mid-run."""
+        try:
+            p = problem_of(phase, a, b, offsets.counts())
+        except ValueError:
+            return None
+        shape = dataclasses.replace(p, skew=1.0)
+        return shape.key(), shape
+
+    def tuned_key(self, entry_key: str) -> str:
+        """The shape key of a cache entry's problem (entries of other kinds: as they are)."""
+        try:
+            return shape_key(GroupedGemmProblem.from_key(entry_key))
+        except ValueError:
+            return entry_key
+
+    def pool(self, problem: Any, phase: str, a: Any, b: Any, offsets: Any, baseline: str) -> list[Pooled]:
+        """The validated pool: the caller's backend first, then the Triton configs (the default
+        config, the vendor's ``ONLINE_SEEDS``, the cache's), then the other backends: the
+        router keeps the first ``max_candidates``."""
+        vendor = gpu_vendor() if a.is_cuda else "cpu"
+        configs = list(dict.fromkeys([GroupedGemmConfig(), *ONLINE_SEEDS[vendor], *self.triton_configs]))
+        tuner = GroupedGemmTuner(configs=configs, device=a.device.type, sets=1,
+                                 baseline=GroupedChoice.of_backend(baseline))
+        session = tuner.open(problem, None, lambda _label: None)
+        try:
+            found = validated(session, self.limit)
+        finally:
+            session.close()
+        return found[:1] + sorted(found[1:], key=lambda c: not _is_triton(c))
+
+    def run(self, cand: Pooled, phase: str, a: Any, b: Any, offsets: Any, baseline: str) -> Any:
+        counts = offsets.counts()
+        used = sum(counts)
+        if phase == "wgrad":
+            return run_backend(cand.run, phase, a[:used], b[:used], counts)
+        out = run_backend(cand.run, phase, a[:used], b, counts)
+        if used == a.shape[0]:
+            return out
+        full = out.new_zeros(a.shape[0], out.shape[1])
+        full[:used] = out
+        return full
+
+    def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
+        return bracket(clock, lambda: self.run(cand, *args))
+
+
+def _is_triton(c: Pooled) -> bool:
+    return GroupedChoice.from_solution(c.solution["config"]).config is not None
+
+
+def adapter(router: Any) -> GroupedGemmOnline:
+    """The adapter of an installed grouped router (the Triton configs of its choices)."""
+    choices = getattr(router, "choices", {}) or {}
+    return GroupedGemmOnline(list(dict.fromkeys(c.config for c in choices.values() if c.config is not None)))
