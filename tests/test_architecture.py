@@ -22,7 +22,7 @@ GROUND = {"kinds", "problems", "devices", "files", "errors"}
 ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "cache": {"kernels"},
-    # activate (entries -> routers), enable, routes, seams, intercepts; online tuning is
+    # activate (entries -> routers), enable, the dispatches and their overrides; online tuning is
     # handed to enable from above, so never the tuner
     "runtime": {"kernels", "cache"},
     "trainer": {"kernels", "cache", "runtime"},  # the trainer enables a cache as any program does

@@ -15,6 +15,7 @@ def test_tuned_result_matches_reference(dtype: str, shape: tuple) -> None:
     import torch
 
     from primus_perf.kernels.gemm import GemmRouter
+    from primus_perf.runtime.gemm import GemmDispatch
     from primus_perf.tuner.core import tune_problem
     from primus_perf.tuner.gemm.plugin import TOLERANCE, GemmTuner
 
@@ -26,11 +27,12 @@ def test_tuned_result_matches_reference(dtype: str, shape: tuple) -> None:
     a = torch.randn(K, M, device="cuda", dtype=dt).T if at else torch.randn(M, K, device="cuda", dtype=dt)
     b = torch.randn(N, K, device="cuda", dtype=dt).T if bt else torch.randn(K, N, device="cuda", dtype=dt)
     router = GemmRouter([entry])
-    out = router(a, b)
-    got = out if out is not None else torch.mm(a, b)
+    d = GemmDispatch("gemm")  # a dispatch of its own: the router's choice runs on the call
+    d.install(router)
+    got = d.gemm(a, b)
     ref = a.float() @ b.float()
     assert ((got.float() - ref).norm() / ref.norm()).item() <= TOLERANCE[dtype]
-    summary = router.summary()
+    summary = d.summary()
     assert sum(summary["routed"].values()) == 1 and not summary["fallback"] and not summary["failed"]
     router.close()
 
@@ -62,6 +64,7 @@ def test_routed_gemm_is_traced_and_modeled_like_aten_mm(tmp_path) -> None:
     from primus_perf.devices import current_device
     from primus_perf.kernels.blaslt.binding import load
     from primus_perf.kernels.gemm import WORKSPACE_BYTES, GemmRouter
+    from primus_perf.runtime.gemm import GemmDispatch
     from primus_perf.tracelens.analyze import analyze
 
     M, N, K = 1024, 768, 512
@@ -72,13 +75,15 @@ def test_routed_gemm_is_traced_and_modeled_like_aten_mm(tmp_path) -> None:
                        versions={}, solution={"config": {"source": "cublaslt"}, "blob": h.algo},
                        times={"tuned_ms": 1.0, "default_ms": 1.0})
     router = GemmRouter([entry])
+    d = GemmDispatch("gemm")
+    d.install(router)
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-    plain = router(a, w.T)  # outside the profiler: the direct launch
+    plain = d.gemm(a, w.T)  # outside the profiler: the direct launch
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
-        traced = router(a, w.T)
+        traced = d.gemm(a, w.T)
         torch.cuda.synchronize()
-    assert router.summary() == {"routed": {p.key(): 2}, "fallback": {}, "failed": []}
+    assert d.summary() == {"routed": {p.key(): 2}, "fallback": {}, "failed": []}
     torch.testing.assert_close(traced, plain, rtol=0, atol=0)
     ref = a.float() @ w.float().T
     assert ((traced.float() - ref).norm() / ref.norm()).item() < 1e-2
