@@ -1,23 +1,40 @@
 #!/usr/bin/env bash
-# Several GPUs at once, one list of scripts/gpu_check.sh steps per GPU, each GPU's logs and
-# JSON under $OUT/gpu<i>; the environment is installed once first. From the repository root:
-#   bash scripts/gpu_parallel.sh "tests routing" "never-slower-loop" "loop-moe" "enable confirm online"
+# Several GPUs at once: one list of scripts/gpu_check.sh steps per GPU, run detached (they
+# outlive a device call's time limit) with each GPU's logs and JSON under $LANES/gpu<i>. From
+# the repository root of a GPU machine:
+#   bash scripts/gpu_parallel.sh start "tests routing" "never-slower-loop" "loop-moe" "enable confirm"
+#   bash scripts/gpu_parallel.sh collect 540    # wait up to 540 s for every lane, pack them into $OUT
+# `start` installs the environment once (scripts/device_env.sh) and builds the native GEMM
+# dispatch before the lanes start; `collect` prints each lane's last lines and packs every
+# lane's files into $OUT/gpus.tgz (a device call brings back a few files, not folders of them).
 set -uo pipefail
+LANES=${LANES:-/tmp/lanes}
 OUT=${OUT:-out}
-mkdir -p "$OUT"
+mode=${1:?start or collect}
+shift
+mkdir -p "$OUT" "$LANES"
 source scripts/device_env.sh
-python -c "from primus_perf.runtime import native; native.load(print)"  # built once, shared by every job
-pids=()
-i=0
-for steps in "$@"; do
-  mkdir -p "$OUT/gpu$i"
-  CUDA_VISIBLE_DEVICES=$i OUT="$OUT/gpu$i" bash scripts/gpu_check.sh $steps > "$OUT/gpu$i/console.log" 2>&1 &
-  pids+=($!)
-  i=$((i + 1))
+if [ "$mode" = start ]; then
+  python -c "from primus_perf.runtime import native; native.load(print)"  # built once, shared by every lane
+  i=0
+  for steps in "$@"; do
+    mkdir -p "$LANES/gpu$i"
+    CUDA_VISIBLE_DEVICES=$i OUT="$LANES/gpu$i" setsid bash -c \
+      "bash scripts/gpu_check.sh $steps > $LANES/gpu$i/console.log 2>&1; touch $LANES/gpu$i/DONE" &
+    i=$((i + 1))
+  done
+  echo "started $i lanes in $LANES"
+  exit 0
+fi
+deadline=$((SECONDS + ${1:-540}))
+while [ $SECONDS -lt $deadline ]; do
+  left=0
+  for d in "$LANES"/gpu*; do [ -f "$d/DONE" ] || left=$((left + 1)); done
+  [ $left -eq 0 ] && break
+  sleep 10
 done
-status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-for d in "$OUT"/gpu*; do echo "=== $d"; tail -15 "$d/console.log"; done
-# one archive of every GPU's files (a device call brings a few files back, not folders of them)
-tar czf "$OUT/gpus.tgz" -C "$OUT" $(cd "$OUT" && ls -d gpu*) && rm -rf "$OUT"/gpu*
-exit $status
+for d in "$LANES"/gpu*; do
+  echo "=== $d $([ -f "$d/DONE" ] && echo done || echo running)"
+  tail -12 "$d/console.log"
+done
+tar czf "$OUT/gpus.tgz" -C "$LANES" .

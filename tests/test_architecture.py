@@ -32,10 +32,10 @@ ALLOWED: dict[str, set[str]] = {
     # online tuning wraps the runtime's routers; the FP8 plan (and step) tuner measures the trainer's steps
     "tuner": {"kernels", "cache", "runtime", "tracelens", "trainer"},
     # primus_perf.enable: the runtime's enable with the tuner's online tuning plugged in
-    "tuned_kernels": {"runtime", "tuner"},
-    "env_hook": {"tuned_kernels", "runtime"},
+    "enabling": {"runtime", "tuner"},
+    "env_hook": {"enabling", "runtime"},
     # the whole loop: profile, analyze, report, tune, train with the cache
-    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "tuned_kernels"},
+    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "enabling"},
     # the public face of FP8 plans: tuned by tuner.fp8, applied by runtime.fp8
     "fp8": {"runtime", "tuner"},
 }

@@ -100,9 +100,9 @@ def interleaved(config: str, overrides: list[str], caches: dict[str, Path], bloc
 
 
 def _run(config: str, overrides: list[str], steps: int) -> dict[str, Any]:
+    from primus_perf.enabling import online_tuning
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
-    from primus_perf.tuned_kernels import online_tuning
 
     trainer = Trainer(load_config(config, overrides), online=online_tuning())
     try:

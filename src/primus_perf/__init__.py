@@ -54,7 +54,7 @@ _EXPORTS: dict[str, str] = {
     "CacheEntry": "primus_perf.cache.store",
     # tuned kernels in any PyTorch program, the one public way to turn routing on
     # (``python -m primus_perf.launch`` runs a script with it)
-    "enable": "primus_perf.tuned_kernels",
+    "enable": "primus_perf.enabling",
     # the reference trainer and the whole loop
     "load_config": "primus_perf.trainer.config",
     "Trainer": "primus_perf.trainer.loop",

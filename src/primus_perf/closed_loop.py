@@ -102,10 +102,10 @@ def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, block
     """Train ``config`` with the cache enabled and suspended in interleaved blocks of
     ``block_steps`` steps (``tuner.measure.blocks``: one settling step after each switch),
     ``blocks`` blocks a side, one trainer for both."""
+    from primus_perf.enabling import online_tuning
     from primus_perf.runtime.handle import enable
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
-    from primus_perf.tuned_kernels import online_tuning
     from primus_perf.tuner.measure import blocks as measure_blocks
 
     trainer = Trainer(load_config(config, overrides), online=online_tuning())
@@ -177,11 +177,11 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
              say: Say = lambda _m: None, tune_progress: Any = None, fp8: bool = False) -> LoopResult:
     """Profile, analyze, report; on a GPU also tune and measure (see the module docstring);
     ``fp8``: then tune the FP8 plan (``tuner.fp8.tune_trainer``) into the same cache."""
+    from primus_perf.enabling import online_tuning
     from primus_perf.profiler.capture import Schedule, capture_trainer
     from primus_perf.tracelens.analyze import analyze
     from primus_perf.tracelens.report import report_from_analysis
     from primus_perf.tracelens.report_html import write_html
-    from primus_perf.tuned_kernels import online_tuning
 
     out = Path(out_dir)
     run_dir = out / "profile"

@@ -17,9 +17,9 @@ from __future__ import annotations
 import atexit
 import os
 
+from primus_perf.enabling import enable
 from primus_perf.errors import UserError
 from primus_perf.runtime.handle import rank0_stderr
-from primus_perf.tuned_kernels import enable
 
 PTH_LINE = 'import os; os.environ.get("PRIMUS_PERF_CACHE") and __import__("primus_perf.env_hook")'
 

@@ -35,8 +35,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from primus_perf.enabling import enable
     from primus_perf.runtime.handle import rank0_stderr
-    from primus_perf.tuned_kernels import enable
 
     opts, target = _parse(sys.argv[1:] if argv is None else argv)
     chosen = None if opts.kinds is None else [k for k in opts.kinds.split(",") if k]

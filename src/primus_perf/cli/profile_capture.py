@@ -32,8 +32,8 @@ def register(app: typer.Typer) -> None:
         """Train under torch.profiler: one gzipped trace per rank plus manifest.json
         (works under torchrun). Analyze with `primus-profile analyze DIR`. --out must be
         empty (or --overwrite). Ctrl-C keeps the steps already recorded."""
+        from primus_perf.enabling import online_tuning
         from primus_perf.profiler.capture import Schedule, capture_trainer
-        from primus_perf.tuned_kernels import online_tuning
 
         extra = list(overrides or [])
         if layers is not None:

@@ -40,9 +40,9 @@ def train(
     per step. Under torchrun every rank runs it (rank 0 prints and writes the log).
     Exit codes: 0 done, 2 bad config or environment, 3 the loss became NaN or infinite,
     130 interrupted (Ctrl-C or SIGTERM)."""
+    from primus_perf.enabling import online_tuning
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import JsonLog, Trainer
-    from primus_perf.tuned_kernels import online_tuning
 
     extra = list(overrides or [])
     if layers is not None:

@@ -108,11 +108,11 @@ class Trainer:
 
     def __init__(self, cfg: TrainerConfig, online: OnlineTuning | None = None) -> None:
         """``online``: the tuning ``tuning.online=true`` runs inside the steps, given by the
-        program that starts the trainer (``primus_perf.tuned_kernels.online_tuning()``:
+        program that starts the trainer (``primus_perf.enabling.online_tuning()``:
         primus-train and the closed loop give it); the trainer never imports the tuner."""
         if cfg.tuning.online and online is None:
             raise ConfigError("config key 'tuning.online' needs online tuning from the program that starts the"
-                              " trainer: Trainer(cfg, online=primus_perf.tuned_kernels.online_tuning())")
+                              " trainer: Trainer(cfg, online=primus_perf.enabling.online_tuning())")
         self.cfg = cfg
         t = cfg.train
         self.device = self._pick_device(t.device)
