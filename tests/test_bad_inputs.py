@@ -31,7 +31,7 @@ from primus_perf.problems import GemmProblem
 
 TRACE = Path(__file__).parent / "data" / "traces" / "h100_cuda_graph.json.gz"
 APPS = {"profile": profile.app, "tune": tune.app, "train": train.app}
-CASE_TIMEOUT_S = 60
+CASE_TIMEOUT_S = 300  # a hang, not a slow machine: the alarm ends the case
 ON_CPU = not torch.cuda.is_available()
 
 
@@ -438,7 +438,6 @@ def test_bad_input(case: Case, paths: dict[str, str], tmp_path: Path) -> None:
     if "{rofile}" in " ".join(case.argv) and not paths["rofile"]:
         pytest.skip("no read-only folder here (tmpfs mount not permitted)")
     argv = _fill(case.argv, paths, tmp_path)
-    t0 = time.monotonic()
     code, out, err, error = run_cli(argv)
     assert error is None, f"{type(error).__name__}: {error}"
     assert "Traceback" not in out + err, err[-3000:]
@@ -450,7 +449,6 @@ def test_bad_input(case: Case, paths: dict[str, str], tmp_path: Path) -> None:
         assert lines and lines[-1].startswith("error:"), err[-1500:]
         assert sum(x.startswith("error:") for x in lines) == 1, err
         assert re.search(case.pattern, lines[-1]), (case.pattern, lines[-1])
-    assert time.monotonic() - t0 < CASE_TIMEOUT_S
     if paths["rofile"]:
         assert Path(paths["rofile"]).read_bytes() == OLD  # the old file, byte for byte
 
@@ -529,12 +527,14 @@ def _spawn(module: str, *args: str) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _wait_for_lines(proc: subprocess.Popen[str], pattern: str, count: int, timeout: float = 120) -> list[str]:
-    assert proc.stdout is not None
+def _wait_for_lines(proc: subprocess.Popen[str], pattern: str, count: int, timeout: float = 120,
+                    stderr: bool = False) -> list[str]:
+    stream = proc.stderr if stderr else proc.stdout
+    assert stream is not None
     seen: list[str] = []
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        line = proc.stdout.readline()
+        line = stream.readline()
         if not line:
             break
         if re.search(pattern, line):
@@ -601,7 +601,7 @@ def test_profile_run_interrupted_before_recording_says_nothing_was_written(tmp_p
 def test_bench_interrupted_exits_130_and_writes_nothing(tmp_path: Path) -> None:
     samples = tmp_path / "s.json"
     proc = _spawn("primus_perf.cli.profile", "bench", "--config", "tiny", "--repeat", "100000", "-o", str(samples))
-    time.sleep(8)  # past start-up: measuring
+    _wait_for_lines(proc, r"^bench: step", 1, stderr=True)  # past start-up: measuring
     code, err = _stop(proc, signal.SIGINT)
     assert code == 130 and "Traceback" not in err, err[-3000:]
     assert not samples.exists()

@@ -159,7 +159,8 @@ def test_inductor_routes_compiled_gemms(tmp_path: Path) -> None:
 
 def test_dispatch_overhead_per_gemm_is_small(tmp_path: Path) -> None:
     """The per-call cost of the override and a router with no entry for the call (CPU, 8x8
-    GEMMs): printed for the report, bounded loosely for a shared machine."""
+    GEMMs): printed for the report; bounded by the Python calls a GEMM makes (what load on
+    a shared machine cannot change), not by its time."""
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     cache = tmp_path / "cache.json"
     TuningCache(cache).put(gemm_entry(problem_of(torch.randn(3, 3), torch.randn(3, 3)), current_device()))
@@ -173,12 +174,22 @@ def test_dispatch_overhead_per_gemm_is_small(tmp_path: Path) -> None:
             best = min(best, (time.perf_counter() - t0) / n)
         return best
 
-    plain = per_call()
+    def python_calls(n: int = 200) -> float:
+        seen = [0]
+        sys.setprofile(lambda _frame, event, _arg: seen.__setitem__(0, seen[0] + (event in ("call", "c_call"))))
+        try:
+            for _ in range(n):
+                torch.mm(a, b)
+        finally:
+            sys.setprofile(None)
+        return seen[0] / n
+
+    plain, plain_calls = per_call(), python_calls()
     with primus_perf.enable(cache, kinds=("gemm",), device_type="cpu", router_kinds=FAKE_KINDS, log=None):
-        routed = per_call()
+        routed, routed_calls = per_call(), python_calls()
     print(f"\ntorch.mm 8x8: {plain * 1e6:.2f} us plain, {routed * 1e6:.2f} us under enable"
-          f" (+{(routed - plain) * 1e6:.2f} us per GEMM)")
-    assert routed - plain < 100e-6
+          f" (+{(routed - plain) * 1e6:.2f} us per GEMM); Python calls a GEMM {plain_calls:.1f} and {routed_calls:.1f}")
+    assert routed_calls - plain_calls < 10
 
 
 def test_launcher_runs_a_script_with_enable(tmp_path: Path) -> None:

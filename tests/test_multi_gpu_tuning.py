@@ -48,17 +48,20 @@ UNEVEN = [BIG, *PROBLEMS[:10]]
 class SleepyTuner(GemmTuner):
     """The CPU GEMM tuner, after sleeping ``delays[problem key]`` seconds (0 if absent)."""
 
-    def __init__(self, *, delays: dict[str, float], **kwargs: Any) -> None:
+    def __init__(self, *, delays: dict[str, float], slept: Path | None = None, **kwargs: Any) -> None:
         super().__init__(library=None, device="cpu", **kwargs)
-        self.delays = delays
+        self.delays, self.slept = delays, slept
 
     def open(self, problem: GemmProblem, timer: Any, step: Any) -> Any:
-        time.sleep(self.delays.get(problem.key(), 0.0))
+        delay = self.delays.get(problem.key(), 0.0)
+        time.sleep(delay)
+        if delay and self.slept is not None:  # a sleep that ran to its end
+            self.slept.touch()
         return super().open(problem, timer, step)
 
 
-def sleepy(delays: dict[GemmProblem, float]) -> Any:
-    return functools.partial(SleepyTuner, delays={p.key(): s for p, s in delays.items()})
+def sleepy(delays: dict[GemmProblem, float], slept: Path | None = None) -> Any:
+    return functools.partial(SleepyTuner, delays={p.key(): s for p, s in delays.items()}, slept=slept)
 
 
 def logging_worker(job: Any, conn: Any) -> None:
@@ -222,10 +225,10 @@ def test_ctrl_c_twice_stops_the_workers_at_once(tmp_path: Path) -> None:
     cache = tmp_path / "cache.json"
     first = max(PROBLEMS, key=flops_of)  # handed out first; the next takes 30 s
     progress = CtrlCAt(1, twice=True)
-    start = time.monotonic()
-    run = _tune(PROBLEMS, cache, make_tuner=sleepy({p: 30.0 for p in PROBLEMS if p is not first}),
+    slept = tmp_path / "slept"  # touched by a worker whose 30 s sleep ended: the run waited for it
+    run = _tune(PROBLEMS, cache, make_tuner=sleepy({p: 30.0 for p in PROBLEMS if p is not first}, slept),
                 progress=progress, gpus=1)
-    assert time.monotonic() - start < 25
+    assert not slept.exists()
     assert run.interrupted and not run.failures and progress.started == 2
     assert [r.problem for r in run.results] == [first] and len(run.remaining) == 15
     assert [e.problem_key for e in TuningCache(cache).entries()] == [first.key()]
