@@ -54,3 +54,21 @@ def test_wheel_installs_the_enable_hook_at_the_site_root(installed):
 def test_wheel_has_no_tests_or_benchmarks(installed):
     names = {p.name for p in installed.iterdir()}
     assert "tests" not in names and "benchmarks" not in names
+
+
+def test_editable_install_carries_the_enable_hook(tmp_path):
+    """`pip install -e .` (the Quick start's install) installs the hook too: with
+    PRIMUS_PERF_CACHE set, a plain Python process starts with enable() on."""
+    wheels, site_dir = tmp_path / "wheels", tmp_path / "site"
+    build = "import sys; from setuptools import build_meta; build_meta.build_editable(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", build, str(wheels)], cwd=ROOT, check=True, capture_output=True,
+                   timeout=300)
+    (wheel,) = wheels.glob("primus_perf-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                    str(site_dir), str(wheel)], check=True, capture_output=True, timeout=300)
+    cache = ROOT / "benchmarks" / "results" / "closed_loop" / "h100" / "tuning_cache.json"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PRIMUS_PERF_CACHE": str(cache)}
+    out = subprocess.run([sys.executable, "-c", f"import site; site.addsitedir({str(site_dir)!r})"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "primus_perf: tuning cache" in out.stderr, out.stderr[-2000:]

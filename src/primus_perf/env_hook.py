@@ -1,7 +1,9 @@
 """Start-up hook: ``PRIMUS_PERF_CACHE=PATH`` turns ``primus_perf.enable`` on in every Python
 process of the environment, without editing the program and without ``sitecustomize``.
 
-How it is activated: the wheel installs ``primus_perf_enable.pth`` into site-packages. Python
+How it is activated: the wheel, and an editable install (``pip install -e .``: ``setup.py``
+puts the file into the editable wheel too), installs ``primus_perf_enable.pth`` into
+site-packages (an editable install made before that fix lacks it: install again). Python
 runs its one line at start-up (the ``site`` module executes ``.pth`` lines that begin with
 ``import``); the line imports this module only when ``PRIMUS_PERF_CACHE`` is set, so
 other processes pay one environment lookup. This module then calls
