@@ -175,8 +175,9 @@ def test_bench_samples_the_trainer_and_gates_against_itself(tmp_path: Path) -> N
     path = write_samples(data, tmp_path / "s.json")
     loaded = g.load_samples(path)
     result = g.gate(loaded, loaded, metrics=["step_time", "tokens_per_s"])
-    assert result.passed and result.exit_code == 0
-    assert all(v.change == 0.0 for v in result.verdicts)
+    # no regression; 6 samples of a loaded CPU may be too noisy to rule out one past 3%
+    assert result.verdict in ("PASS", "INCONCLUSIVE") and result.exit_code in (0, 3)
+    assert all(v.change == 0.0 and not v.regression for v in result.verdicts)
 
 
 def test_bench_cli_rejects_a_bad_config(tmp_path: Path) -> None:
@@ -264,3 +265,59 @@ def test_each_sides_noise_is_reported_and_a_noisy_side_gets_a_note() -> None:
     assert v.cv_baseline < 0.02 and v.cv_candidate > 0.2
     assert any("candidate is noisy" in n for n in result.notes)
     assert not any("baseline is noisy" in n for n in result.notes)
+
+
+# --------------------------------------------------------------------------- inconclusive, extremes
+
+
+def test_a_slowdown_hidden_by_noise_is_inconclusive_not_a_pass(tmp_path: Path) -> None:
+    """The issue's case: +20.9% slower, p above alpha, CV 38-64%: no regression is shown, and
+    none past the allowed 3% is ruled out."""
+    rng = np.random.default_rng(4)
+    base = list(0.1 * np.exp(0.45 * rng.standard_normal(10)))
+    slow = list(0.1209 * np.exp(0.45 * rng.standard_normal(10)))
+    result = g.gate(_doc(base), _doc(slow))
+    (v,) = result.verdicts
+    assert not v.regression and v.p_value > 0.01 and v.inconclusive
+    assert result.verdict == "INCONCLUSIVE" and not result.passed and result.exit_code == 3
+    assert any("inconclusive" in n and "more samples" in n for n in result.notes)
+    r = _run_cli("--baseline", str(_samples(tmp_path / "b.json", base)),
+                 "--candidate", str(_samples(tmp_path / "c.json", slow)))
+    assert r.returncode == 3 and "INCONCLUSIVE" in r.stdout and "PASS" not in r.stdout, r.stdout + r.stderr
+
+
+def test_quiet_samples_without_a_change_pass_and_rarely_are_inconclusive() -> None:
+    rng = np.random.default_rng(8)
+    verdicts = [g.compare_metric("step_time", 1 + 0.02 * rng.standard_normal(20), 1 + 0.02 * rng.standard_normal(20))
+                for _ in range(200)]
+    assert sum(v.inconclusive for v in verdicts) <= 0.1 * len(verdicts)
+    assert not any(v.regression for v in verdicts)
+
+
+def test_the_bootstrap_medians_follow_resampling() -> None:
+    """The medians drawn from order statistics have the distribution of resampled medians."""
+    from primus_perf.gate.stats import bootstrap_medians
+
+    rng = np.random.default_rng(2)
+    for n in (5, 6, 21):
+        x = rng.standard_normal(n)
+        drawn = bootstrap_medians(x, 100_000, np.random.default_rng(1))
+        resampled = np.median(rng.choice(x, size=(100_000, n)), axis=1)
+        assert np.percentile(drawn, [2.5, 50, 97.5]) == pytest.approx(np.percentile(resampled, [2.5, 50, 97.5]),
+                                                                     abs=0.05)
+
+
+def test_samples_at_the_end_of_the_float_range_give_a_verdict_without_a_warning() -> None:
+    with np.errstate(all="raise"):
+        v = g.compare_metric("step_time", [1e308] * 20, [1.5e308] * 19 + [1e308])
+    assert v.regression and v.change == pytest.approx(0.5)
+    assert g.metric_value("step_time", 1e308) == "1e+308 s"
+    with pytest.raises(g.GateInputError, match="too far apart"):
+        g.compare_metric("step_time", [1e-308] * 20, [1e308] * 20)
+
+
+def test_a_million_samples_a_side_are_gated_in_bounded_memory() -> None:
+    rng = np.random.default_rng(9)
+    v = g.compare_metric("step_time", 1 + 0.02 * rng.standard_normal(1_000_000),
+                         1 + 0.02 * rng.standard_normal(1_000_000))
+    assert v.verdict == "ok" and v.ci_high - v.ci_low < 0.001

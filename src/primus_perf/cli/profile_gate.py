@@ -82,10 +82,13 @@ def register(app: typer.Typer) -> None:
             False, "--allow-mismatch", help="Gate samples of different configs, overrides or devices (else exit 2)."),
         json_out: Optional[str] = typer.Option(None, "--json", help=JSON_HELP),  # noqa: UP045
     ) -> None:
-        """Pass or fail a candidate against a baseline (exit 0 pass, 1 regression, 2 bad input).
+        """Pass or fail a candidate against a baseline (exit 0 pass, 1 regression, 2 bad input,
+        3 inconclusive).
 
         A metric regresses when a one-sided Mann-Whitney U test is significant at --alpha
-        AND the ratio of medians is worse than --max-regression. Refused (exit 2): sample
+        AND the ratio of medians is worse than --max-regression. It is inconclusive when it
+        does not regress but its 95% interval reaches past --max-regression: the noise hides
+        the answer (take more samples or quiet the machine). Refused (exit 2): sample
         sizes that cannot reach significance at --alpha, and samples of different configs,
         overrides or devices unless --allow-mismatch. Each side's noise (CV) is shown.
         """
@@ -100,8 +103,8 @@ def register(app: typer.Typer) -> None:
                     "95% CI", "p (worse)", "CV base/cand", "verdict"):
             table.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
         for v in result.verdicts:
-            verdict = ("[red]REGRESSION[/]" if v.regression else
-                       "[green]improved[/]" if v.improvement else "ok")
+            verdict = {"REGRESSION": "[red]REGRESSION[/]", "INCONCLUSIVE": "[yellow]INCONCLUSIVE[/]",
+                       "improved": "[green]improved[/]"}.get(v.verdict, v.verdict)
             table.add_row(v.metric, f"{v.n_baseline}/{v.n_candidate}", metric_value(v.metric, v.baseline_median),
                           metric_value(v.metric, v.candidate_median), _fmt_pct(v.change),
                           f"[{_fmt_pct(v.ci_low)}, {_fmt_pct(v.ci_high)}]", f"{v.p_value:.3g}",
@@ -109,5 +112,7 @@ def register(app: typer.Typer) -> None:
         print_table(table)
         for note in result.notes:
             console.print(f"[yellow]note:[/] {note}")
-        console.print("[bold green]PASS[/]" if result.passed else "[bold red]FAIL: REGRESSION[/]")
+        console.print({"PASS": "[bold green]PASS[/]", "FAIL": "[bold red]FAIL: REGRESSION[/]",
+                       "INCONCLUSIVE": "[bold yellow]INCONCLUSIVE: the noise is too large to judge the change[/]"}
+                      [result.verdict])
         sys.exit(result.exit_code)

@@ -18,6 +18,12 @@ error rates of this rule are measured by a seeded simulation in the tests: with 
 noise and 20 samples per side, a true 5% regression is caught in >= 95% of trials and a
 no-change pair fails in <= 2%.
 
+**Inconclusive** (neither holds, but the noise hides the answer): a metric that is not a
+regression whose 95% bootstrap interval of the change reaches past ``max_regression`` (or,
+without the interval, whose ratio of medians is past it): a regression beyond the allowed
+one cannot be ruled out. A +20.9% slowdown with p 0.125 and a CV of 38-64% is not a pass:
+the verdict is INCONCLUSIVE (exit code 3), with what to do (more samples, a quieter machine).
+
 Refusals (exit code 2, before any verdict): sample sizes whose smallest possible p
 (every candidate sample worse than every baseline one) is not below ``alpha``, so that no
 regression could ever fail (5 samples a side cannot reach 0.005); samples of different
@@ -27,12 +33,13 @@ side's noise (coefficient of variation) is reported, with a note above
 
 Exit codes of ``primus-profile gate``: 0 pass, 1 regression, 2 bad input (unreadable or
 malformed samples, a missing metric, too few samples, a comparison that cannot reach
-significance, different configs, overrides or devices).
+significance, different configs, overrides or devices), 3 inconclusive.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +52,7 @@ from primus_perf.gate.stats import (
     bootstrap_ratio_ci,
     coefficient_of_variation,
     mann_whitney_greater,
+    median,
     min_p_value,
 )
 
@@ -53,6 +61,7 @@ MIN_SAMPLES = 5
 DEFAULT_ALPHA = 0.01
 DEFAULT_MAX_REGRESSION = 0.03
 NOISY_CV = 0.05  # a side noisier than this gets a note
+EXIT_INCONCLUSIVE = 3
 # The profiled window of ``bench``: the fewest steps whose gpu_time metrics catch a true 5%
 # change in >= 99% of trials at 2% noise (gate.simulation.smallest_window; held by a test).
 DEFAULT_PROFILE_STEPS = 20
@@ -84,6 +93,13 @@ class MetricVerdict:
     regression: bool
     improvement: bool
     higher_is_better: bool
+    inconclusive: bool = False  # not a regression, but one past max_regression is not ruled out
+
+    @property
+    def verdict(self) -> str:
+        if self.regression:
+            return "REGRESSION"
+        return "INCONCLUSIVE" if self.inconclusive else "improved" if self.improvement else "ok"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,15 +118,24 @@ class GateResult:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def verdict(self) -> str:
+        """FAIL (a regression), INCONCLUSIVE (none found, but the noise hides one past the
+        allowed regression) or PASS."""
+        if any(v.regression for v in self.verdicts):
+            return "FAIL"
+        return "INCONCLUSIVE" if any(v.inconclusive for v in self.verdicts) else "PASS"
+
+    @property
     def passed(self) -> bool:
-        return not any(v.regression for v in self.verdicts)
+        return self.verdict == "PASS"
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.passed else 1
+        return {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": EXIT_INCONCLUSIVE}[self.verdict]
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "verdict": self.verdict,
             "passed": self.passed,
             "exit_code": self.exit_code,
             "max_regression": self.max_regression,
@@ -152,10 +177,14 @@ def compare_metric(
             f" or raise --alpha"
         )
     higher = metric in HIGHER_IS_BETTER
-    mb, mc = float(np.median(b)), float(np.median(c))
-    ratio = mc / mb
-    # "worse" direction: slower time, or lower throughput.
-    change = (ratio - 1.0) if not higher else (1.0 / ratio - 1.0)
+    mb, mc = median(b), median(c)
+    with np.errstate(all="ignore"):
+        ratio = mc / mb
+        # "worse" direction: slower time, or lower throughput.
+        change = (ratio - 1.0) if not higher else (1.0 / ratio - 1.0)
+    if not (math.isfinite(ratio) and ratio > 0 and math.isfinite(change)):
+        raise GateInputError(f"metric {metric!r}: the medians {mb:g} and {mc:g} are too far apart to compare"
+                             f" (samples of different units?)")
     if higher:
         p_worse = mann_whitney_greater(b, c)
         p_better = mann_whitney_greater(c, b)
@@ -163,10 +192,13 @@ def compare_metric(
         p_worse = mann_whitney_greater(c, b)
         p_better = mann_whitney_greater(b, c)
     if bootstrap:
-        lo, hi = bootstrap_ratio_ci(b, c)
-        ci = (lo - 1.0, hi - 1.0) if not higher else (1.0 / hi - 1.0, 1.0 / lo - 1.0)
+        with np.errstate(all="ignore"):
+            lo, hi = bootstrap_ratio_ci(b, c)
+            ci = (lo - 1.0, hi - 1.0) if not higher else (1.0 / hi - 1.0, 1.0 / lo - 1.0)
     else:
         ci = (float("nan"), float("nan"))
+    regression = bool(p_worse < alpha and change > max_regression)
+    reach = ci[1] if math.isfinite(ci[1]) else change  # the worst change the samples allow
     return MetricVerdict(
         metric=metric,
         n_baseline=len(b),
@@ -180,9 +212,10 @@ def compare_metric(
         p_value=p_worse,
         cv_baseline=coefficient_of_variation(b),
         cv_candidate=coefficient_of_variation(c),
-        regression=bool(p_worse < alpha and change > max_regression),
+        regression=regression,
         improvement=bool(p_better < alpha and -change > max_regression),
         higher_is_better=higher,
+        inconclusive=not regression and reach > max_regression,
     )
 
 
@@ -221,7 +254,7 @@ def metric_value(metric: str, value: float) -> str:
     """A metric's value with its unit: times in ms (samples hold seconds), rates per second,
     MFU in percent."""
     if metric == "step_time" or metric.startswith("gpu_time."):
-        return f"{value * 1e3:.3f} ms"
+        return f"{value * 1e3:.3f} ms" if value < 1e6 else f"{value:.4g} s"
     if metric == "tokens_per_s":
         return f"{value:,.0f} tok/s"
     if metric == "mfu":
@@ -292,6 +325,12 @@ def gate(
             compare_metric(m, b["metrics"][m], c["metrics"][m], max_regression=max_regression, alpha=alpha)
         )
     for v in verdicts:
+        if v.inconclusive:
+            notes.append(f"{v.metric}: inconclusive: {_fmt_change(v.change)} with p {v.p_value:.3g} and CV"
+                         f" {v.cv_baseline:.0%}/{v.cv_candidate:.0%}; the samples allow a change up to"
+                         f" {_fmt_change(max(v.ci_high, v.change) if math.isfinite(v.ci_high) else v.change)},"
+                         f" past the allowed {max_regression:.1%}: take more samples (bench --repeat) or"
+                         f" quiet the machine")
         for side, cv in (("baseline", v.cv_baseline), ("candidate", v.cv_candidate)):
             if cv > NOISY_CV:
                 notes.append(f"{v.metric}: the {side} is noisy (CV {cv:.1%} > {NOISY_CV:.0%}); the verdict"
@@ -305,6 +344,10 @@ def gate(
         candidate_path=cpath,
         notes=notes,
     )
+
+
+def _fmt_change(v: float) -> str:
+    return f"{v * 100:+.1f}%"
 
 
 def parse_fraction(text: str) -> float:
