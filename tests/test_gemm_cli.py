@@ -90,7 +90,10 @@ def test_tunableop_export_format(tmp_path) -> None:
                                  mk(p2, {"source": "torch"}), mk(p3, {"source": "cublaslt", "name": "heur0"})])
     out = tmp_path / "tunableop_results.csv"
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out)])
-    assert isinstance(res.exception, UserError) and "--torch-version" in str(res.exception)
+    assert res.exit_code == 0, res.output  # for the running torch (this CPU build: its release)
+    import torch
+
+    assert out.read_text().splitlines()[0] == f"Validator,PT_VERSION,{torch.__version__.split('+')[0]}"
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
                                    "--torch-version", "2.14.0"])
     assert res.exit_code == 0, res.output
@@ -130,16 +133,16 @@ def test_tunableop_export_spells_cublaslt_algorithms(tmp_path) -> None:
                                       versions={"cublasLt": "13.1.0"},
                                       solution={"config": {"name": "heur2", "source": "cublaslt", **cfg},
                                                 "blob": b"\x01" * 64}, times={"tuned_ms": 1.25, "default_ms": 1.3})
-    res, out = _export(tmp_path, [mk(p, algo), mk(q, old)], "2.14.0.dev20260101")
+    res, out = _export(tmp_path, [mk(p, algo), mk(q, old)], "2.14.0.dev20260101+cu130")
     cache = tmp_path / "c.json"
     assert out.read_text().splitlines() == [
-        "Validator,PT_VERSION,2.14.0.dev20260101",
+        "Validator,PT_VERSION,2.14.0",  # TORCH_VERSION: major.minor.patch
         "Validator,CUBLASLT_VERSION,13.1.0",
         "GemmTunableOp_BFloat16_TN,tn_4096_8192_4096_ld_4096_4096_4096,"
         "Gemm_Cublaslt_id_66_tile_18_stages_35_splitk_1_red_0_swizzle_1_custom_0_inner_1_cluster_2,1.250000",
     ]
     # cuBLASLt 12+ builds of TunableOp parse only names with the inner and cluster shapes
-    assert "gemm:NN|m1024|n1024|k1024|" in res.output and "INNER_SHAPE_ID, CLUSTER_SHAPE_ID); re-tune" in res.output
+    assert "gemm:NN|m1024|n1024|k1024|" in res.output and "INNER_SHAPE_ID, CLUSTER_SHAPE_ID); export on" in res.output
     # torch 2.13 on CUDA: Default only, and only the PT_VERSION validator (another makes TunableOp drop the file)
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
                                    "--torch-version", "2.13.0"])
@@ -218,3 +221,33 @@ def test_online_tuning_of_a_config_run_writes_gemm_entries(tmp_path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     kinds = {e.kind for e in TuningCache(cache).entries()}
     assert kinds == {"gemm"}, (kinds, res.stdout[-2000:], res.stderr[-2000:])
+
+
+def test_tunableop_export_names_opaque_cublaslt_algos_and_defaults_to_the_running_torch(tmp_path, monkeypatch) -> None:
+    """A cache that stored only the algo (``heur5``, as older tuners did): its attributes are
+    read from the algo where cuBLASLt loads (here a stand-in), so the choice is exported, not
+    skipped; without --torch-version the running torch's validators are written."""
+    from primus_perf.cache import export as ex
+
+    dev = {"name": "NVIDIA H100 80GB HBM3", "vendor": "nvidia", "arch": "sm_90", "compute_units": 132}
+    p = GemmProblem.from_row_major(8192, 4096, 4096, b_transposed=True)
+    entry = CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=dev, versions={"cublasLt": "13.1.0"},
+                       solution={"config": {"name": "heur5", "source": "cublaslt", "workspace": 4},
+                                 "blob": bytes(range(64))}, times={"tuned_ms": 1.0, "default_ms": 1.1})
+    attrs = {"ID": 66, "TILE_ID": 18, "SPLITK_NUM": 1, "REDUCTION_SCHEME": 0, "CTA_SWIZZLING": 1,
+             "CUSTOM_OPTION": 0, "STAGES_ID": 35, "INNER_SHAPE_ID": 1, "CLUSTER_SHAPE_ID": 2}
+    seen = []
+    monkeypatch.setattr(ex, "library_decoder", lambda: lambda blob: (seen.append(blob), attrs)[1])
+    monkeypatch.setattr(ex, "running_validators", lambda: {"PT_VERSION": "2.14.0", "CUBLASLT_VERSION": "130100"})
+    cache, out = tmp_path / "c.json", tmp_path / "t.csv"
+    TuningCache(cache).put(entry)
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert seen == [bytes(range(64))]
+    assert out.read_text().splitlines() == [
+        "Validator,PT_VERSION,2.14.0", "Validator,CUBLASLT_VERSION,130100",
+        "GemmTunableOp_BFloat16_TN,tn_4096_8192_4096_ld_4096_4096_4096,"
+        "Gemm_Cublaslt_id_66_tile_18_stages_35_splitk_1_red_0_swizzle_1_custom_0_inner_1_cluster_2,1.000000"]
+    res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
+                                   "--torch-version", "banana"])
+    assert isinstance(res.exception, UserError) and "'banana' is not a torch release such as 2.14.0" in str(res.exception)

@@ -15,7 +15,12 @@
   ``Default`` and register only the ``PT_VERSION`` validator, so no ``CUBLASLT_VERSION``
   line is written for them: a validator TunableOp does not know makes it drop the file).
   ``PT_VERSION`` is the reading torch's version (TunableOp drops a file whose version
-  differs), given by the caller. Every entry left out is listed with its reason.
+  differs): by default the running torch's, whose own validators (``torch.cuda.tunable.
+  get_validators()`` on a GPU build: exactly the set it checks) are written; an explicit
+  release (``2.14.0``) writes the entries' library versions instead. A cuBLASLt choice
+  stored as an opaque algo only (older caches: ``heur5``) is named from the algo's
+  attributes where cuBLASLt can be loaded (``decode``). Every entry left out is listed
+  with its reason.
 - ``hipblaslt``: a hipBLASLt tuning override file, one line per hipBLASLt entry:
   ``transA,transB,m,n,k,batch,lda,ldb,ldc,ldd,a_type,b_type,c_type,d_type,compute,solution_index``.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from primus_perf.cache.store import CacheEntry
@@ -79,8 +85,42 @@ def _release(version: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def tunableop_solution(e: CacheEntry, p: GemmProblem, torch_version: str) -> tuple[str | None, str]:
-    """TunableOp's name for the entry's choice, or None and why it has none."""
+Decode = Callable[[bytes], dict[str, int]]  # an opaque cuBLASLt algo -> its config attributes
+
+
+def torch_release(version: str) -> str:
+    """TunableOp's ``PT_VERSION`` of a torch version (``2.14.0+cu130`` -> ``2.14.0``);
+    UserError for anything that is not one."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version.strip())
+    if not m:
+        raise UserError(f"--torch-version {version!r} is not a torch release such as 2.14.0")
+    return ".".join(m.groups())
+
+
+def running_validators() -> dict[str, str] | None:
+    """The validators the running torch's TunableOp checks (a CUDA or ROCm build), else None."""
+    try:
+        import torch.cuda.tunable as tunable
+
+        return {str(k): str(v) for k, v in dict(tunable.get_validators()).items()}
+    except Exception:  # a CPU build has no TunableOp
+        return None
+
+
+def library_decoder() -> Decode | None:
+    """Reads a cuBLASLt algo's attributes through the library, where it can be loaded."""
+    try:
+        from primus_perf.kernels.blaslt.binding import load
+
+        return load("nvidia").algo_config
+    except Exception:  # no cuBLASLt (or no GPU) here
+        return None
+
+
+def tunableop_solution(e: CacheEntry, p: GemmProblem, cublaslt: bool, decode: Decode | None = None
+                       ) -> tuple[str | None, str]:
+    """TunableOp's name for the entry's choice, or None and why it has none. ``cublaslt``:
+    the reading TunableOp takes cuBLASLt solutions."""
     source, index = _solution(e)
     config = e.solution.get("config") or {}
     if source == "torch":
@@ -90,24 +130,32 @@ def tunableop_solution(e: CacheEntry, p: GemmProblem, torch_version: str) -> tup
             return None, "hipBLASLt choice without its solution index"
         return f"Gemm_Hipblaslt_{index}", ""
     if source == "cublaslt":
-        if _release(torch_version) <= CUBLASLT_LAST_WITHOUT:
-            return None, (f"chose cuBLASLt algorithm {config.get('name', '?')}; TunableOp of torch {torch_version}"
-                          " on CUDA offers only Default (cuBLASLt solutions are read from the release after"
+        if not cublaslt:
+            return None, (f"chose cuBLASLt algorithm {config.get('name', '?')}; this TunableOp on CUDA offers"
+                          f" only Default (cuBLASLt solutions are read from the release after"
                           f" {CUBLASLT_LAST_WITHOUT[0]}.{CUBLASLT_LAST_WITHOUT[1]})")
         major = _release(e.versions.get("cublasLt", ""))[0]
         name = cublaslt_name(config, major)
+        blob = e.solution.get("blob") or b""
+        if name is None and decode is not None and blob:
+            name = cublaslt_name({**config, **decode(blob)}, major)
         if name is None:
             shapes = ", INNER_SHAPE_ID, CLUSTER_SHAPE_ID" if major >= 12 else ""
             return None, (f"chose cuBLASLt algorithm {config.get('name', '?')}, stored as an opaque algo without"
-                          f" the config attributes TunableOp's name spells (ID, TILE_ID, ...{shapes}); re-tune it"
-                          " to export it")
+                          f" the config attributes TunableOp's name spells (ID, TILE_ID, ...{shapes}); export on"
+                          " a machine with cuBLASLt (it reads them from the algo) or re-tune it")
         return name, ""
     return None, f"choice from {source or 'an unknown source'} ({config.get('name', config.get('backend', '?'))}),"\
                  " which TunableOp has no solution for"
 
 
-def tunableop_rows(entries: list[CacheEntry], torch_version: str) -> Export:
+def tunableop_rows(entries: list[CacheEntry], torch_version: str, validators: dict[str, str] | None = None,
+                   decode: Decode | None = None) -> Export:
+    """The rows of a TunableOp results file for the release ``torch_version``; with
+    ``validators`` (the reading torch's own) those are written as they are."""
     out = Export()
+    cublaslt = ("CUBLASLT_VERSION" in validators if validators is not None
+                else _release(torch_version) > CUBLASLT_LAST_WITHOUT)
     versions: dict[str, str] = {}
     rows = []
     for e in entries:
@@ -122,19 +170,19 @@ def tunableop_rows(entries: list[CacheEntry], torch_version: str) -> Export:
                f"epilogue {p.epilogue}: TunableOp's signature does not tell the activation" if op is None else "")
         sol = None
         if not why:
-            sol, why = tunableop_solution(e, p, torch_version)
+            sol, why = tunableop_solution(e, p, cublaslt, decode)
         if sol is None:
             out.skipped.append((e.problem_key, why))
             continue
-        versions.update({k: v for k, v in e.versions.items()
-                         if k != "cublasLt" or _release(torch_version) > CUBLASLT_LAST_WITHOUT})
+        versions.update({k: v for k, v in e.versions.items() if k != "cublasLt" or cublaslt})
         t = ("T" if p.trans_a else "N") + ("T" if p.trans_b else "N")
         ms = e.times.get("tuned_ms", 0.0)
         rows.append(f"{op}_{TUNABLEOP_DTYPES[p.dtype_a]}_{t},{t.lower()}_{p.m}_{p.n}_{p.k}_ld_{p.lda}_{p.ldb}_{p.ldc},"
                     f"{sol},{ms:.6f}")
     names = {"hipblasLt": "HIPBLASLT_VERSION", "cublasLt": "CUBLASLT_VERSION"}
-    out.lines = [f"Validator,PT_VERSION,{torch_version}"]
-    out.lines += [f"Validator,{names.get(k, k.upper())},{v}" for k, v in sorted(versions.items())]
+    if validators is None:
+        validators = {"PT_VERSION": torch_version, **{names.get(k, k.upper()): v for k, v in versions.items()}}
+    out.lines = [f"Validator,{k},{v}" for k, v in sorted(validators.items(), key=lambda kv: (kv[0] != "PT_VERSION", kv))]
     out.lines += rows
     out.rows = len(rows)
     return out
@@ -161,12 +209,17 @@ def hipblaslt_rows(entries: list[CacheEntry]) -> Export:
 
 def export(entries: list[CacheEntry], fmt: str, out: str | os.PathLike, torch_version: str = "") -> Export:
     """Write ``out`` atomically. Refused (UserError) when no entry maps to the format: a
-    hipBLASLt file of a cache tuned on NVIDIA GPUs, a file of a cache without GEMM entries."""
+    hipBLASLt file of a cache tuned on NVIDIA GPUs, a file of a cache without GEMM entries.
+    ``torch_version`` (tunableop): the release that reads the file; empty: the running
+    torch, with its own validators."""
     if fmt == "tunableop":
-        if not torch_version:
-            raise UserError("--format tunableop needs --torch-version: the torch release that will read the file"
-                            " (TunableOp ignores a file stamped with another version)")
-        result = tunableop_rows(entries, torch_version)
+        if torch_version:
+            result = tunableop_rows(entries, torch_release(torch_version), decode=library_decoder())
+        else:
+            import torch
+
+            result = tunableop_rows(entries, torch_release(torch.__version__), running_validators(),
+                                    library_decoder())
     elif fmt == "hipblaslt":
         gemms = [e for e in entries if e.kind == "gemm"]
         if gemms and not any("hipblasLt" in e.versions for e in gemms):

@@ -65,9 +65,12 @@ def register(app: typer.Typer) -> None:
         torch_version: str = typer.Option(
             "", "--torch-version",
             help="tunableop: the torch release that reads the file, e.g. 2.14.0 (its PT_VERSION must match;"
-                 " cuBLASLt choices are read by releases after 2.13, hipBLASLt ones and Default by all)"),
+                 " cuBLASLt choices are read by releases after 2.13, hipBLASLt ones and Default by all)."
+                 " Default: the running torch, with the validators its TunableOp checks"),
     ) -> None:
-        """Export the entries that map to TunableOp's results CSV or a hipBLASLt override file."""
+        """Export the entries that map to TunableOp's results CSV or a hipBLASLt override file.
+        TunableOp reads the file named by PYTORCH_TUNABLEOP_FILENAME (by default
+        tunableop_results<GPU>.csv, e.g. tunableop_results0.csv) when PYTORCH_TUNABLEOP_ENABLED=1."""
 
         from primus_perf.cache.export import export
         from primus_perf.files import check_writable

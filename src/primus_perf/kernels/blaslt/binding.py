@@ -138,6 +138,23 @@ class BlasLt:
                 self._set("MatmulPreferenceSetAttribute", pref, attr, ctypes.c_uint32(self.t.pointer_alignment))
         return pref
 
+    def algo_config(self, algo: bytes) -> dict[str, int]:
+        """Readable config of a cuBLASLt algo (empty on hipBLASLt): what TunableOp's
+        cuBLASLt solution names spell (``cache.export``)."""
+        t = self.t
+        a = (ctypes.c_uint8 * t.algo_size).from_buffer_copy(algo)
+        out = {}
+        for name, attr in t.algo_config_attr.items():
+            v = ctypes.c_uint64(0)  # every attribute fits; the library writes its own width
+            written = ctypes.c_size_t()
+            try:
+                self.call("MatmulAlgoConfigGetAttribute", ctypes.byref(a), ctypes.c_int(attr),
+                          ctypes.byref(v), ctypes.c_size_t(8), ctypes.byref(written))
+            except BlasLtError:  # an attribute this library version does not have
+                continue
+            out[name] = int(v.value)
+        return out
+
     def plan(self, p: GemmProblem) -> Plan:
         """Descriptors for one problem (kept alive by the returned plan; close it, or use it
         as a context manager). A descriptor that fails destroys the ones made before it."""
@@ -219,20 +236,7 @@ class Plan:
         return out
 
     def algo_config(self, algo: bytes) -> dict[str, int]:
-        """Readable config of a cuBLASLt algo (empty on hipBLASLt)."""
-        t = self.lt.t
-        a = (ctypes.c_uint8 * t.algo_size).from_buffer_copy(algo)
-        out = {}
-        for name, attr in t.algo_config_attr.items():
-            v = ctypes.c_uint64(0)  # every attribute fits; the library writes its own width
-            written = ctypes.c_size_t()
-            try:
-                self.lt.call("MatmulAlgoConfigGetAttribute", ctypes.byref(a), ctypes.c_int(attr),
-                             ctypes.byref(v), ctypes.c_size_t(8), ctypes.byref(written))
-            except BlasLtError:  # an attribute this library version does not have
-                continue
-            out[name] = int(v.value)
-        return out
+        return self.lt.algo_config(algo)
 
     def with_config(self, algo: bytes, **attrs: int) -> tuple[bytes, int] | None:
         """A variant of a cuBLASLt algo with config attributes set, validated with AlgoCheck;
