@@ -259,3 +259,30 @@ def test_environment_variable_hook_enables_through_the_pth_file(tmp_path: Path) 
     bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**env, "PRIMUS_PERF_CACHE": str(tmp_path / "none.json")})
     assert bad.returncode == 0 and "not enabled" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_an_enable_that_fails_leaves_no_router_and_a_disabled_handle_stays_off(tmp_path: Path, monkeypatch) -> None:
+    from enable_fakes import BLOCK_ATTENTION, attention_entry
+    from primus_perf.runtime.attention import AttentionDispatch
+    from primus_perf.runtime.handle import active
+
+    a, b = torch.randn(16, 32), torch.randn(32, 24)
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put_many([gemm_entry(problem_of(a, b), current_device()),
+                                 attention_entry(BLOCK_ATTENTION, current_device())])
+
+    def refused(self, lib, key):
+        raise RuntimeError("override refused")
+
+    with monkeypatch.context() as m:
+        m.setattr(AttentionDispatch, "overrides", refused)
+        with pytest.raises(RuntimeError, match="override refused"):
+            primus_perf.enable(cache, device_type="cpu", router_kinds=FAKE_KINDS, log=None)
+    for kind in ("gemm", "attention"):
+        assert dispatch.of(kind).router is None and not dispatch.of(kind).intercepting
+    assert active() is None
+    handle = primus_perf.enable(cache, device_type="cpu", router_kinds=FAKE_KINDS, log=None)
+    handle.disable()
+    with pytest.raises(UserError, match="cannot be resumed"):
+        handle.resume()
+    assert not dispatch.of("gemm").intercepting

@@ -46,7 +46,7 @@ def test_each_kind_is_a_package_whose_parts_belong_to_their_layers() -> None:
     assert set(kinds.with_part("router")) == routed == set(routable_kinds())
     assert set(kinds.with_part("tuner")) == routed == set(tuner_kinds.plugins())
     assert set(kinds.with_part("online")) == routed
-    assert set(kinds.with_part("intercept")) == routed == set(dispatch.routable_kinds())
+    assert set(kinds.with_part("intercept")) == routed == set(dispatch.kinds_with_dispatch())
     for name in routed:  # a built-in record names each part in the layer that owns it
         kind = kinds.get(name)
         for slot, layer in kinds.PARTS.items():

@@ -336,3 +336,36 @@ def test_gpu_routed_call_costs_no_more_than_torchs(tmp_path, ext) -> None:
             routed.append(per_call())
     overhead_us = (statistics.median(routed) - statistics.median(plain)) * 1e6
     assert overhead_us <= 3.0, (overhead_us, plain, routed)
+
+
+def test_a_router_installed_over_another_is_the_one_the_table_asks(tmp_path, ext, cpu_device) -> None:
+    """The table's routes follow the router in the dispatch: a tool's router installed over the
+    cache's answers its calls, and once it is closed and out no call reaches its kernels."""
+    from enable_fakes import FakeKernel
+    from primus_perf.kernels.gemm import GemmRouter
+    from primus_perf.runtime import dispatch
+
+    a, b = torch.randn(16, 32), torch.randn(32, 24)
+    ran: list[str] = []
+
+    class Tagged(FakeKernel):
+        def __init__(self, problem) -> None:
+            super().__init__(problem)
+            self.closed = False
+
+        def __call__(self, x, y):
+            ran.append("closed" if self.closed else "B")
+            return torch_mm(x, y)
+
+        def close(self) -> None:
+            self.closed = True
+
+    with _enable(_cache(tmp_path, (a, b))) as handle:
+        torch.mm(a, b)  # the cache's router: in the table
+        other = GemmRouter(list(handle.routers["gemm"].entries.values()), {"fakeblas": lambda p, s, d: Tagged(p)})
+        with dispatch.routing({"gemm": other}, "cpu"):
+            torch.mm(a, b)
+        other.close()
+        torch.mm(a, b)
+        assert native.installed() and dispatch.of("gemm").router is handle.routers["gemm"]
+    assert ran == ["B"]

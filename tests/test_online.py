@@ -421,3 +421,27 @@ def test_online_gemm_key_refuses_operands_of_two_devices() -> None:
     assert adapter.key(a, b, torch.randn(8, dtype=torch.float64)) is None
     assert adapter.key(a, b, torch.randn(8))[0] != key  # a bias: the bias epilogue's problem
     assert adapter.key(a, b)[0] == key
+
+
+def test_a_candidate_that_raises_fails_its_problem_once(tmp_path: Path) -> None:
+    """The dispatch says so once and runs torch's kernel for the problem; the pool is not built
+    and validated again on the next call."""
+    from primus_perf.runtime.gemm import GemmDispatch
+
+    clock = FakeClock(lag=0)
+
+    class Breaking(FakeGemmOnline):
+        def pool(self, problem, a, b, bias=None):
+            out = super().pool(problem, a, b, bias)
+            for p in out[1:]:
+                p.run = lambda x, y: (_ for _ in ()).throw(RuntimeError("kernel exploded"))
+            return out
+
+    adapter = Breaking(clock)
+    router = OnlineRouter(adapter, None, tmp_path / "c.json", current_device(), {"fakeblas": "1.0"}, clock=clock)
+    d = GemmDispatch("gemm")
+    d.install(router)
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    for _ in range(30):
+        torch.testing.assert_close(d.gemm(a, b), a @ b)
+    assert adapter.pools == 1 and d.summary()["failed"] == [problem_of(a, b).key()]

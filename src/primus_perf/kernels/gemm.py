@@ -257,6 +257,7 @@ class GemmRouter:
         self._slots: list[GemmKernel] = []  # the kernel of each routed problem
         self._slot_of: dict[str, int] = {}  # problem key -> its slot
         self.unusable: set[str] = set()  # problems whose entry has no kernel here
+        self._routes: dict[tuple, tuple[str, int | None, Any]] = {}  # route()'s signatures
 
     @classmethod
     def from_entries(cls, entries: list[CachedChoice], kernels: Mapping[str, KernelFactory] | None = None
@@ -294,8 +295,14 @@ class GemmRouter:
         return key, slot, kernel if for_call is None else for_call(a, b)
 
     def route(self, a, b, bias=None) -> tuple[str, Any]:
-        """``(key, run)`` of one call (``kernels.routing``), from :meth:`resolve`."""
-        key, slot, run = self.resolve(a, b, bias)
+        """``(key, run)`` of one call (``kernels.routing``), from :meth:`resolve`, once per call
+        signature (an online router asks it for every call of the problems the cache holds)."""
+        sig = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+               None if bias is None else bias.dtype)
+        hit = self._routes.get(sig)
+        if hit is None:
+            hit = self._routes[sig] = self.resolve(a, b, bias)
+        key, slot, run = hit
         if run is None:
             return key, (OWN if slot == TORCH_CHOICE else None)
         return key, (lambda: run(a, b)) if bias is None else (lambda: run(a, b).add_(bias))
@@ -333,5 +340,6 @@ class GemmRouter:
             kernel.close()
         self._slots.clear()
         self._slot_of.clear()
+        self._routes.clear()
         self.entries.clear()
         _live_routers.pop(self.id, None)

@@ -18,6 +18,7 @@ that raises is said once and its problem runs the baseline from then on.
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -52,6 +53,7 @@ class Dispatch:
         self.fallback: Counter[str] = Counter()
         self.failed: set[str] = set()
         self._holders: set[int] = set()
+        self._lock = threading.Lock()  # holds and releases from several threads
         self._lib: Any = None
         self._undo: Callable[[], None] | None = None
         self._pass: Any = None
@@ -139,7 +141,8 @@ class Dispatch:
         """A tuned kernel failed: said once; its problem runs the baseline from now on."""
         if key not in self.failed:
             self.failed.add(key)
-            print(f"tuning cache: tuned kernel for {key} failed ({exc}); using torch for it", file=sys.stderr)
+            print(f"tuning cache: tuned kernel for {key} failed ({exc}); its calls run {self.baseline_name()} from"
+                  " now on", file=sys.stderr)
 
     def label(self, key: str) -> str:
         """The readable name of the router's choice for ``key``."""
@@ -171,23 +174,29 @@ class Dispatch:
         """Keep the overrides installed (on ``device_type``'s kernels) while ``holder`` holds them."""
         if device_type not in BACKEND_KEYS:
             raise ValueError(f"device type {device_type!r}: one of {sorted(BACKEND_KEYS)}")
-        if not self._holders:
-            self._lib = torch.library.Library("aten", "IMPL")
-            try:
-                with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
-                    warnings.simplefilter("ignore", UserWarning)
-                    self._undo = self.overrides(self._lib, BACKEND_KEYS[device_type])
-                self._pass = self.compile_pass()
-            except BaseException:
-                self._remove()  # nothing of a half-made interception stays
-                raise
-        self._holders.add(id(holder))
+        with self._lock:
+            if not self._holders:
+                self._lib = torch.library.Library("aten", "IMPL")
+                try:
+                    with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
+                        warnings.simplefilter("ignore", UserWarning)
+                        self._undo = self.overrides(self._lib, BACKEND_KEYS[device_type])
+                    self._pass = self.compile_pass()
+                except BaseException:
+                    self._remove()  # nothing of a half-made interception stays
+                    raise
+            self._holders.add(id(holder))
 
     def release(self, holder: object) -> None:
         """``holder`` no longer needs the overrides; the last one out removes them."""
-        self._holders.discard(id(holder))
-        if not self._holders:
-            self._remove()
+        self.release_id(id(holder))
+
+    def release_id(self, holder_id: int) -> None:
+        """:meth:`release` by the holder's ``id`` (a finalizer's, once the holder is gone)."""
+        with self._lock:
+            self._holders.discard(holder_id)
+            if not self._holders:
+                self._remove()
 
     def _remove(self) -> None:
         if self._undo is not None:
@@ -230,8 +239,8 @@ def routing(routers: Mapping[str, Any], device_type: str) -> Iterator[None]:
             of(kind).install(router)
 
 
-def routable_kinds() -> tuple[str, ...]:
-    """The kinds a dispatch can route (those with an ``intercept`` part)."""
+def kinds_with_dispatch() -> tuple[str, ...]:
+    """The kinds that have a dispatch (an ``intercept`` part)."""
     return tuple(kinds.with_part("intercept"))
 
 

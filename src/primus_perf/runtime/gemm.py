@@ -50,10 +50,17 @@ class GemmDispatch(Dispatch):
         self._memo: dict[tuple, tuple[str, int | None, Any]] = {}  # signature -> (key, slot, run)
         self._profiler = autograd_profiler()
 
+    def install(self, router: Any) -> None:
+        self._fold(native.attach(None))  # the old router's routes out of the table, counted as its
+        super().install(router)
+
     def changed(self) -> None:
+        """The table follows: its routes are dropped, and it answers again only for a router it
+        may resolve once per signature (not an online router's, nor while a confirmation runs)."""
         self._memo.clear()
-        table = self.router is not None and hasattr(self.router, "resolve") and self.interposer is None
-        self._fold(native.attach(self if table else None))
+        self._fold(native.attach(None))
+        if self.router is not None and hasattr(self.router, "resolve") and self.interposer is None:
+            native.attach(self)
 
     def _fold(self, counts: list) -> None:
         """The native table's ``(key, slot, routed, fallback, unaligned)`` counts, taken in
@@ -63,8 +70,9 @@ class GemmDispatch(Dispatch):
                 self.routed[key] += routed
             if fallback:
                 self.fallback[key] += fallback
-            if unaligned and self.router is not None:
-                self.router.add_unaligned(slot, unaligned)
+            add = getattr(self.router, "add_unaligned", None)
+            if unaligned and add is not None:
+                add(slot, unaligned)
 
     def summary(self) -> dict[str, Any]:
         self._fold(native.take_counts())
@@ -87,9 +95,6 @@ class GemmDispatch(Dispatch):
                 hit = (hit[0], None, None)
             self._memo[sig] = hit
         return hit
-
-    def key_of(self, a: Any, b: Any, bias: Any = None) -> str | None:
-        return self._resolve(a, b, bias)[0] if hasattr(self.router, "resolve") else None
 
     # ---- the Python route --------------------------------------------------------------
 
@@ -116,7 +121,7 @@ class GemmDispatch(Dispatch):
 
         def routed() -> Any:
             out = launch()
-            return out if bias is None else out.add_(bias)
+            return out if out is None or bias is None else out.add_(bias)  # None: the kernel declined
 
         return self.answer(key, routed, lambda: torch_mm(a, b, bias))
 

@@ -142,9 +142,9 @@ class GroupedDispatch(Dispatch):
             self._backends.pop(id(owner), None)
             self._backends[id(owner)] = name
 
-    def release(self, holder: object) -> None:
-        self._backends.pop(id(holder), None)
-        super().release(holder)
+    def release_id(self, holder_id: int) -> None:
+        self._backends.pop(holder_id, None)
+        super().release_id(holder_id)
 
     def baseline_name(self) -> str:
         return self.backend

@@ -36,7 +36,7 @@ def routable_kinds() -> tuple[str, ...]:
     """The kinds enable() routes: those with a router and an intercept (an FP8 plan is applied
     whole, by ``runtime.fp8.apply``)."""
     routers = with_part("router")
-    return tuple(k for k in dispatch.routable_kinds() if k in routers)
+    return tuple(k for k in dispatch.kinds_with_dispatch() if k in routers)
 
 
 class OnlineTuning(Protocol):
@@ -151,17 +151,18 @@ class Handle:
     def suspend(self) -> None:
         """Every call is torch's (the overrides and routers out), until :meth:`resume`."""
         for kind in self.routers:
-            if kind not in self.idle:
-                d = dispatch.of(kind)
-                d.release(self)
-                d.install(None)
+            d = dispatch.of(kind)
+            d.release(self)
+            d.install(None)
 
     def resume(self) -> None:
-        """The routers and overrides back after :meth:`suspend`."""
+        """The routers and overrides back after :meth:`suspend` (not after :meth:`disable`)."""
+        if not self.active:
+            raise UserError("a disabled tuning cache cannot be resumed; enable() it again")
         for kind, router in self.routers.items():
+            d = dispatch.of(kind)
+            d.install(router)
             if kind not in self.idle:
-                d = dispatch.of(kind)
-                d.install(router)
                 d.hold(self, self.device_type)
 
     def disable(self) -> None:
@@ -245,14 +246,14 @@ def enable(
     held = []
     try:
         for kind, router in routers.items():
+            d = dispatch.of(kind)
+            held.append(d)
+            d.reset()
+            d.install(router)  # an idle one too: a program that moves its baseline reaches it
             if kind in handle.idle:
                 continue
-            d = dispatch.of(kind)
-            d.reset()
-            d.install(router)
             d.prepare(log)
             d.hold(handle, device_type)
-            held.append(d)
             path = d.path()
             if path:
                 handle.paths[kind] = path
@@ -260,6 +261,8 @@ def enable(
         for d in held:
             d.release(handle)
             d.install(None)
+        for router in routers.values():
+            router.close()
         raise
     _active = handle
     return handle

@@ -86,6 +86,11 @@ class Confirmer:
         ``choice()`` answers None where it declines the call (or failed)."""
         slot = (owner.kind, key)
         self.slot_calls[slot] = self.slot_calls.get(slot, 0) + 1
+        return self._call(owner, slot, choice, baseline, probe)
+
+    def _call(self, owner: Any, slot: tuple[str, str], choice: Callable[[], Any], baseline: Callable[[], Any],
+              probe: Callable[[], bool] | None) -> Any:
+        key = slot[1]
         verdict = self.verdicts.get(slot)
         if verdict is not None and verdict.status == DROPPED:
             return baseline()
@@ -99,7 +104,7 @@ class Confirmer:
         state.poll()
         if state.ready():
             self._decide(slot)
-            return self.call(owner, key, choice, baseline, probe)
+            return self._call(owner, slot, choice, baseline, probe)
         side = state.next_side()
         if side is None:  # calls spent, samples in flight: the baseline, untimed
             return baseline()
@@ -246,7 +251,7 @@ def confirm_run(
     handle = enable(cache, None, kinds_, device_type=device_type, router_kinds=router_kinds, log=None)
     confirmer = Confirmer(policy, clock, log)
     out = ConfirmRun(str(cache))
-    dispatches = [dispatch.of(kind) for kind in handle.routers if kind not in handle.idle]
+    dispatches = [dispatch.of(kind) for kind in handle.routers]  # an idle one's calls too, where they come
     for d in dispatches:
         d.interpose(confirmer)
     try:

@@ -34,8 +34,8 @@ this device and library versions (resume), write the cache after each problem (o
 problem is :meth:`Runner.handle`), report progress, and on Ctrl-C stop keeping every
 finished entry: the :class:`TuneRun` says which problems are done and which remain.
 
-A new kind is one plugin module with a class of the :class:`Tuner` shape and one entry in
-``tuner/kinds.py`` (which attaches it to the kind's record, ``primus_perf.kinds``).
+A kind's plugin is a class of the :class:`Tuner` shape, its record's ``tuner`` part
+(``primus_perf.kinds``).
 """
 
 from __future__ import annotations
@@ -356,8 +356,8 @@ def tune_problem(
         final = timer({k: fn for k, fn in calls.items() if k[0] in finalists}, session.n_sets, final_reps, seed=1)
         for n in finalists:
             stats[n].parts = {part: measure.summarize(final[(n, part)]) for part in parts[n]}
-        totals = {n: stats[n].total_s for n in finalists}
         rounds = {n: [sum(t) for t in zip(*(final[(n, part)] for part in parts[n]))] for n in finalists}
+        totals = {n: statistics.median(rounds[n]) for n in finalists}  # what the rule judged
         verdicts = {n: judge(pairs, OFFLINE_RULE) for n, pairs in paired(rounds, default).items()}
         chosen = decide(default, verdicts)
         stats[chosen].status = "chosen"

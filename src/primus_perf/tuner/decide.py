@@ -11,6 +11,7 @@ kept candidates the best median wins, else the baseline stays (:func:`decide`).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -121,11 +122,13 @@ class Verdict:
 
 def judge(pairs: Sequence[tuple[float, float]], rule: Rule = Rule(), *, kind: str = "", key: str = "",
           choice: str = "", baseline: str = "", method: str = "") -> Verdict:
-    """The verdict on ``(baseline seconds, candidate seconds)`` pairs under ``rule``."""
+    """The verdict on ``(baseline seconds, candidate seconds)`` pairs under ``rule``; a pair
+    with a time that is not a positive number is left out."""
+    pairs = [(b, c) for b, c in pairs if 0 < b < math.inf and 0 < c < math.inf]
     v = Verdict(kind, key, choice, baseline, UNCONFIRMED, None, None, None, len(pairs), None, None, rule.margin,
                 method, rule.least)
-    ratios = [b / c for b, c in pairs if c > 0]
-    if len(pairs) < rule.least or len(ratios) < len(pairs):
+    ratios = [b / c for b, c in pairs]
+    if len(pairs) < rule.least:
         return v
     q1, med, q3 = quartiles(ratios)
     v.threshold = max(rule.margin, spread(ratios))
@@ -133,7 +136,7 @@ def judge(pairs: Sequence[tuple[float, float]], rule: Rule = Rule(), *, kind: st
     v.baseline_ms = statistics.median(b for b, _ in pairs) * 1e3
     v.choice_ms = statistics.median(c for _, c in pairs) * 1e3
     v.status = KEPT if med > 1 + v.threshold else DROPPED
-    if v.kept and (v.saving_us or 0.0) < rule.min_saving_s * 1e6:
+    if v.kept and rule.min_saving_s and (v.saving_us or 0.0) < rule.min_saving_s * 1e6:
         v.status = DROPPED
         v.reason = f"it saves {v.saving_us:.1f} us a call, under the {rule.min_saving_s * 1e6:.0f} us routing costs"
     return v

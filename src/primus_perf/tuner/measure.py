@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -338,10 +338,6 @@ class Pairs:
         first = CHOICE if (i // 2) % 2 == 0 else BASELINE
         return first if i % 2 == 0 else (BASELINE if first == CHOICE else CHOICE)
 
-    def give_back(self) -> None:
-        """The call just placed ran no sample: the next call takes its turn."""
-        self.calls -= 1
-
     def add(self, side: str, sample: Sample) -> None:
         self.pending.append(((self.calls - 1) // 2, side, sample))
 
@@ -398,8 +394,3 @@ def blocks(sides: Mapping[str, Callable[[], None]], step: Callable[[], float], *
             if say is not None:
                 say(f"block {b + 1}/{blocks} {name}: median {out[name][-1] * 1e3:.2f} ms/step")
     return out
-
-
-def block_pairs(times: Mapping[str, Sequence[float]], baseline: str, candidate: str) -> list[tuple[float, float]]:
-    """(baseline s, candidate s) of each block of :func:`blocks`, paired in order."""
-    return list(zip(times[baseline], times[candidate]))

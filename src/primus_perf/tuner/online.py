@@ -423,6 +423,7 @@ class OnlineRouter:
             try:
                 out, sample = self.adapter.timed(cand, self.clock, *args)
             except Exception:  # the dispatch says so once and runs the baseline for it from now on
+                self.failed.add(key)
                 self.tuning.pop(key, None)
                 self.reports.pop(key, None)
                 _close_runs(state.pool.values())

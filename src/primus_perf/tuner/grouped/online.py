@@ -3,13 +3,12 @@ baseline)``, raced in the step against the caller's backend."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from primus_perf.cache.store import ONLINE_SUFFIX
 from primus_perf.devices import gpu_vendor
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
-from primus_perf.kernels.grouped.passes import problem_of, run_backend
+from primus_perf.kernels.grouped.passes import run_offsets, shape_problem_of
 from primus_perf.kernels.grouped.router import GroupedChoice, shape_key
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tuner.grouped.plugin import TUNER_VERSION, GroupedGemmTuner
@@ -21,11 +20,11 @@ from primus_perf.tuner.online import Pooled, validated
 class GroupedGemmOnline:
     """Grouped-GEMM calls of the dispatch ``(phase, a, b, offsets, baseline)``: the problem of
     the call's shape (at skew 1: the token bucket, not the skew, so the counts of later steps
-    keep one problem; the counts are read on the host); the pool of the grouped plugin without
+    keep one problem); the pool of the grouped plugin without
     its Triton search plus Triton's default config, the vendor's seed configs and the cache's
     Triton configs, validated on the bucket's operands, raced against the caller's ``baseline``
     backend (a lock must beat what the call would have run); each call timed between two marks
-    on the groups' rows (rows past them, an expert-parallel tail, are zeros)."""
+    on the call's groups, the counts read on the host only by a backend that needs them."""
 
     kind = GroupedGemmTuner.kind
     tuner_version = TUNER_VERSION + ONLINE_SUFFIX
@@ -35,13 +34,13 @@ class GroupedGemmOnline:
         self.limit = limit
 
     def key(self, phase: str, a: Any, b: Any, offsets: Any, baseline: str) -> tuple[str, Any] | None:
-        """The call's shape (its problem at skew 1, ``router.shape_key``): one tuning per shape,
-        so routing that drifts during training (a new skew bucket) starts no new tuning mid-run."""
+        """The call's shape (its problem at skew 1, ``router.shape_key``), read without the
+        counts: one tuning per shape, so routing that drifts during training (a new skew
+        bucket) starts no new tuning mid-run."""
         try:
-            p = problem_of(phase, a, b, offsets.counts())
+            shape = shape_problem_of(phase, a, b, offsets.groups)
         except ValueError:
             return None
-        shape = dataclasses.replace(p, skew=1.0)
         return shape.key(), shape
 
     def tuned_key(self, entry_key: str) -> str:
@@ -67,16 +66,7 @@ class GroupedGemmOnline:
         return found[:1] + sorted(found[1:], key=lambda c: not _is_triton(c))
 
     def run(self, cand: Pooled, phase: str, a: Any, b: Any, offsets: Any, baseline: str) -> Any:
-        counts = offsets.counts()
-        used = sum(counts)
-        if phase == "wgrad":
-            return run_backend(cand.run, phase, a[:used], b[:used], counts)
-        out = run_backend(cand.run, phase, a[:used], b, counts)
-        if used == a.shape[0]:
-            return out
-        full = out.new_zeros(a.shape[0], out.shape[1])
-        full[:used] = out
-        return full
+        return run_offsets(cand.run, phase, a, b, offsets)  # the counts read only where it needs them
 
     def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
         return bracket(clock, lambda: self.run(cand, *args))
