@@ -20,6 +20,8 @@
 # cache `confirm` left; never-slower-loop and never-slower-example alone), routing
 # (benchmarks/runtime/routing_overhead.py), hf-moe (the foreign grouped GEMM GPU tests and
 # benchmarks/moe/hf_moe_e2e.py).
+# recipe:PRESET:CONFIGS, recipe-equality and tests-trainer: the trainer's speed knobs at a fixed
+# recipe (benchmarks/trainer/recipe_sweep.py) and the GPU tests of the trainer's paths.
 # On a machine of several GPUs, scripts/gpu_parallel.sh runs a list of steps on each GPU at once.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -42,6 +44,16 @@ for step in "$@"; do
       primus-tune loop --config tiny --out /tmp/loop_tiny 2>&1 | tee "$OUT/loop_tiny.log" | tail -12
       primus-tune loop --config llama3-8b --out /tmp/loop_8b model.n_layers=2 train.seq_len=2048 2>&1 \
         | tee "$OUT/loop_llama3-8b.log" | tail -30 ;;
+    recipe:*)  # recipe:PRESET:config,config,... (benchmarks/trainer/recipe_sweep.py)
+      IFS=: read -r _ preset configs <<< "$step"
+      python benchmarks/trainer/recipe_sweep.py --preset "$preset" --configs ${configs//,/ } \
+        --budget-s "${RECIPE_BUDGET_S:-420}" --out "$OUT/recipe_sweep.json" 2>&1 | tee -a "$OUT/recipe_sweep.log" | tail -20 ;;
+    recipe-equality)
+      python benchmarks/trainer/recipe_sweep.py --equality --out "$OUT/recipe_sweep.json" 2>&1 | tail -3 ;;
+    tests-trainer)
+      TRITON_INTERPRET=0 python -m pytest -m gpu -q -p no:cacheprovider tests/test_trainer.py tests/test_moe.py \
+        tests/test_grouped_default.py tests/test_grouped_gemm.py tests/test_fp8_gpu.py tests/test_recipe.py 2>&1 \
+        | tee "$OUT/gpu_tests_trainer.log" | tail -8 ;;
     routing)
       python benchmarks/runtime/routing_overhead.py --result "$OUT/routing_overhead.json" 2>&1 | tail -4 ;;
     never-slower-loop)

@@ -24,6 +24,11 @@ class ConfigError(UserError):
     """A trainer config that is malformed, has an unknown key or a wrong type."""
 
 
+class OutOfMemory(ConfigError):
+    """A config that did not fit the device: a result to report (one line: the estimate and
+    the peak measured), not a crash."""
+
+
 class TraceError(UserError):
     """A trace file that cannot be read or is not a Kineto trace."""
 

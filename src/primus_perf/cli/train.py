@@ -14,10 +14,12 @@ app = typer.Typer(name="primus-train", add_completion=False)
 
 def format_step(m, total: int) -> str:
     mfu = "n/a" if m.mfu is None else f"{100 * m.mfu:5.1f}%"
+    share = f"  optimizer {100 * m.optimizer_s / m.step_time_s:4.1f}%" if m.optimizer_s is not None else ""
+    micro = f" ({m.micro_batches} x {m.micro_step_s * 1e3:.1f} ms)" if m.micro_batches > 1 else ""
     return (
-        f"step {m.step:>4}/{total}  loss {m.loss:8.4f}  {m.step_time_s * 1e3:8.1f} ms"
+        f"step {m.step:>4}/{total}  loss {m.loss:8.4f}  {m.step_time_s * 1e3:8.1f} ms{micro}"
         f"  {m.tokens_per_s:>10,.0f} tok/s  MFU {mfu}  mem {m.peak_mem_bytes / 2**30:6.2f} GiB"
-        f"  lr {m.lr:.2e}  gnorm {m.grad_norm:.3f}"
+        f"  lr {m.lr:.2e}  gnorm {m.grad_norm:.3f}{share}"
     )
 
 
@@ -64,7 +66,8 @@ def train(
             f"[bold]{m.name}[/]: {m.n_layers} layers, dim {m.dim}, heads {m.n_heads}/{m.n_kv_heads},"
             f" vocab {m.vocab_size} | tp {g.tp} dp {g.dp}{fsdp} | device"
             f" {trainer.device_name} | {'bf16 autocast' if trainer.autocast else 'fp32'} |"
-            f" {trainer.tokens_per_step} tokens/step | {trainer.flops_per_token / 1e9:.3f} GFLOP/token",
+            f" {trainer.tokens_per_step} tokens/step (micro-batch {cfg.train.micro_batch} x {trainer.accumulation}"
+            f" x dp {g.dp}) | {trainer.flops_per_token / 1e9:.3f} GFLOP/token",
             highlight=False,
             soft_wrap=True,
         )

@@ -113,7 +113,10 @@ class ParallelConfig:
 class TrainConfig:
     steps: int = 30
     seq_len: int = 128
-    micro_batch: int = 8  # sequences per data-parallel rank per step
+    micro_batch: int = 8  # sequences per data-parallel rank per forward/backward
+    # sequences per optimizer step over all data-parallel ranks (0: micro_batch x data-parallel
+    # ranks); its gradients accumulate over global / (micro_batch x dp) micro-batches
+    global_batch: int = 0
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup: int = 5
@@ -125,8 +128,15 @@ class TrainConfig:
     seed: int = 1234
     device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda"
     dtype: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU), "bf16", "fp32"
-    recompute: bool = False  # activation recompute per transformer block
-    compile: bool = False  # torch.compile the non-GEMM parts of each block
+    # activation recompute per transformer block: "none"; "selective" (the GEMM and attention
+    # outputs are kept, the norms and elementwise work recomputed); "full" (the block's input kept)
+    recompute: str = "none"
+    # torch.compile: "off"; "pointwise" (RoPE, SwiGLU and RMSNorm, the GEMMs eager); "block" (each
+    # transformer block whole, its GEMMs too: a tuning cache's reach them through the runtime's pass)
+    compile: str = "off"
+    # AdamW: "auto" (fused on a GPU, foreach on a CPU), "fused", "foreach", "bf16" (foreach with
+    # the two moments stored in bf16: 4 bytes a parameter less, the update computed in fp32)
+    optimizer: str = "auto"
     # FP8 linear layers (torchao float8): "off"; "auto": the tuning cache's measured plan;
     # a recipe name: every block's linear layers (not the output head, not MoE routers)
     fp8: str = "off"
@@ -170,9 +180,14 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.dtype": ("auto", "bf16", "fp32"),
     "train.sdpa_backend": ("auto", "cudnn", "flash", "efficient", "math"),
     "train.fp8": ("off", "auto", *FP8_RECIPES),
+    "train.recompute": ("none", "selective", "full"),
+    "train.compile": ("off", "pointwise", "block"),
+    "train.optimizer": ("auto", "fused", "foreach", "bf16"),
 }
 
-_OFF_KEYS = ("train.fp8",)  # string keys where "off" is a value
+_OFF_KEYS = ("train.fp8", "train.compile")  # string keys where "off" is a value
+# string keys an earlier bool spelled: YAML false/true -> these values
+_BOOL_VALUES = {"train.recompute": ("none", "full"), "train.compile": ("off", "pointwise")}
 
 _POSITIVE = (
     "model.vocab_size",
@@ -278,6 +293,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, bool) and key in _BOOL_VALUES:
+            return _BOOL_VALUES[key][value]
         if value is False and key in _OFF_KEYS:  # YAML 1.1 reads off/no/false as False
             return "off"
     else:  # pragma: no cover - internal: an annotation this loader does not know
@@ -379,6 +396,10 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     _validate_moe(cfg)
     if t.warmup < 0:
         raise ConfigError(f"config key 'train.warmup' must be >= 0, got {t.warmup}")
+    if t.global_batch < 0:
+        raise ConfigError(f"config key 'train.global_batch' must be >= 0, got {t.global_batch}")
+    if p.dp:
+        accumulation(t, p.dp)
     if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
         raise ConfigError("config key 'train.lr' must be > 0 and train.min_lr in [0, train.lr]")
     if t.grad_clip < 0:
@@ -442,6 +463,17 @@ def _validate_moe(cfg: TrainerConfig) -> None:
         raise ConfigError(
             f"config key 'model.moe.n_shared_experts' gives a shared width {shared} not divisible by parallel.tp ({cfg.parallel.tp})"
         )
+
+
+def accumulation(t: TrainConfig, dp: int) -> int:
+    """Micro-batches an optimizer step accumulates over ``dp`` data-parallel ranks:
+    global_batch / (micro_batch x dp); a one-line ConfigError where it does not divide."""
+    if not t.global_batch:
+        return 1
+    if t.global_batch % (t.micro_batch * dp):
+        raise ConfigError(f"config key 'train.global_batch' ({t.global_batch}) must be a multiple of train.micro_batch"
+                          f" ({t.micro_batch}) x {dp} data-parallel rank{'s' if dp > 1 else ''}")
+    return t.global_batch // (t.micro_batch * dp)
 
 
 def _check_file(key: str, path: str) -> None:

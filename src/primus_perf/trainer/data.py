@@ -1,8 +1,10 @@
 """Training data: synthetic learnable sequences, or a text file as byte tokens.
 
 Both sources are deterministic functions of ``(seed, step)``: they build the *global*
-batch (``micro_batch * dp`` sequences) and each data-parallel rank takes its own
-consecutive rows, so one process and ``dp`` processes see the same global batch.
+batch of an optimizer step (``micro_batch * accumulation * dp`` sequences), each
+data-parallel rank takes its own consecutive rows and each of its micro-batches the next
+``micro_batch`` of them, so one process and ``dp`` processes, and any split of the global
+batch into micro-batches, see the same global batch.
 
 Synthetic: each sequence is an arithmetic progression modulo the vocabulary,
 ``x[i] = (start + stride * i) % vocab`` with a random start and a stride in 1..4: the next
@@ -70,15 +72,19 @@ class TextData:
 
 
 class Batches:
-    """This rank's (inputs, targets) for a step, each (micro_batch, seq_len) int64 on CPU."""
+    """This rank's (inputs, targets) for a micro-batch of a step, each (micro_batch, seq_len)
+    int64 on CPU."""
 
-    def __init__(self, source: SyntheticData | TextData, micro_batch: int, dp_rank: int) -> None:
+    def __init__(self, source: SyntheticData | TextData, micro_batch: int, accumulation: int, dp_rank: int) -> None:
         self.source, self.micro_batch, self.dp_rank = source, micro_batch, dp_rank
+        self.per_rank = micro_batch * accumulation
+        self._step: tuple[int, torch.Tensor] | None = None
 
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = self.source.global_tokens(step)
-        lo = self.dp_rank * self.micro_batch
-        mine = tokens[lo : lo + self.micro_batch]
+    def batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._step is None or self._step[0] != step:
+            self._step = (step, self.source.global_tokens(step))
+        lo = self.dp_rank * self.per_rank + micro * self.micro_batch
+        mine = self._step[1][lo : lo + self.micro_batch]
         return mine[:, :-1].contiguous(), mine[:, 1:].contiguous()
 
 
@@ -90,11 +96,12 @@ def make_batches(
     dp: int,
     dp_rank: int,
     seed: int,
+    accumulation: int = 1,
 ) -> Batches:
-    global_batch = micro_batch * dp
+    global_batch = micro_batch * accumulation * dp
     source: SyntheticData | TextData
     if path is None:
         source = SyntheticData(vocab_size, seq_len, global_batch, seed)
     else:
         source = TextData(path, seq_len, global_batch, seed)
-    return Batches(source, micro_batch, dp_rank)
+    return Batches(source, micro_batch, accumulation, dp_rank)

@@ -9,13 +9,22 @@ builds the *full* model from the same seed, then :func:`parallelize.parallelize`
 shard and applies TP, EP and FSDP2 or DDP from outside the model, so the initial weights
 do not depend on the parallel sizes.
 
-Precision: bf16 autocast on GPU with fp32 master weights, fp32 on CPU. AdamW (fused on
-GPU), linear warmup then cosine decay to ``min_lr``, global-norm gradient clipping,
-optional activation recompute.
+An optimizer step takes ``train.global_batch`` sequences over all data-parallel ranks: each
+rank runs ``accumulation = global_batch / (micro_batch x dp)`` forward/backward passes of
+``micro_batch`` sequences, their gradients accumulated without a data-parallel reduction
+until the last (DDP's ``no_sync``; FSDP2's gradient sync off), the loss the mean over the
+micro-batches, the learning-rate schedule per optimizer step. So the micro-batch, the
+recompute mode, compile and the optimizer are speed knobs: the recipe stays.
 
-MFU = model FLOPs per step (``flops.flops_per_token`` x global tokens) / step time /
-(dense bf16 datasheet peak of the device x number of GPUs); None ("n/a") on CPU or on a
-device the peak table does not know.
+Precision: bf16 autocast on GPU with fp32 master weights, fp32 on CPU. AdamW
+(``train.optimizer``: ``optim.py``), linear warmup then cosine decay to ``min_lr``,
+global-norm gradient clipping, activation recompute (none, selective, full).
+
+Metrics are per optimizer step: tokens/s of the global batch, MFU = model FLOPs
+(``flops.flops_per_token`` x global tokens) / step time / (dense bf16 datasheet peak of the
+device x number of GPUs; None on CPU or a device the peak table does not know), a
+micro-batch's mean time and the optimizer step's. Running out of device memory is a result:
+one line with the memory estimate and the measured peak (``errors.OutOfMemory``, exit 2).
 """
 
 from __future__ import annotations
@@ -26,20 +35,22 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from primus_perf.errors import ConfigError, DeviceError, DivergedError
+from primus_perf.errors import ConfigError, DeviceError, DivergedError, OutOfMemory
 from primus_perf.files import LineLog
 from primus_perf.kernels.grouped.router import TORCH_KERNEL
 from primus_perf.kinds import GROUPED
 from primus_perf.runtime import Handle, OnlineTuning, dispatch, enable
-from primus_perf.trainer.config import TrainConfig, TrainerConfig
+from primus_perf.trainer.config import TrainConfig, TrainerConfig, accumulation
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.flops import flops_per_token
 from primus_perf.trainer.fp8 import apply_plan, linear_layers, recipe_plan
@@ -50,9 +61,10 @@ from primus_perf.trainer.moe import (
     tokens_per_expert,
     update_router_biases,
 )
+from primus_perf.trainer.optim import make_optimizer
 from primus_perf.trainer.parallel import clip_grad_norm_, make_groups, reduce_expert_grads
 from primus_perf.trainer.parallelize import parallelize
-from primus_perf.trainer.resources import check_fits
+from primus_perf.trainer.resources import check_fits, device_memory, estimate_memory
 
 
 @dataclass
@@ -66,7 +78,10 @@ class StepMetrics:
     lr: float
     grad_norm: float
     aux_loss: float | None = None  # MoE load-balancing loss (not in ``loss``)
-    tokens_per_expert: list[list[int]] | None = None  # MoE: global counts per layer
+    tokens_per_expert: list[list[int]] | None = None  # MoE: global counts per layer, over the step
+    micro_batches: int = 1  # forward/backward passes the step accumulated
+    micro_step_s: float | None = None  # a micro-batch's forward and backward, the step's mean
+    optimizer_s: float | None = None  # the optimizer step's time
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,6 +151,7 @@ class Trainer:
             )
         dp_shard, dp_replicate = data_parallel_degrees(cfg, world // tp)
         self.groups = make_groups(tp, ep, dp_shard, dp_replicate, self.device.type)
+        self.accumulation = accumulation(t, self.groups.dp)  # micro-batches an optimizer step accumulates
         self.is_main = self.groups.rank == 0
         if t.dtype == "bf16" and self.device.type != "cuda":
             raise ConfigError("config key 'train.dtype': bf16 needs a GPU (the CPU path runs fp32)")
@@ -146,14 +162,16 @@ class Trainer:
             model = build_model(cfg.model)
         model.set_sdpa_backend(None if t.sdpa_backend == "auto" else t.sdpa_backend)
         model.recompute = t.recompute
-        if t.compile:
+        if t.compile == "pointwise":
             model.compile_pointwise()
+        elif t.compile == "block":
+            model.compile_blocks()
         self.model = model
         self.fp8: dict[str, str] = {}  # layer name -> FP8 recipe or bf16 (train.fp8)
 
         def apply_fp8(m: torch.nn.Module) -> None:  # after TP and EP (local shapes), before FSDP2/DDP
             if t.fp8 != "off":
-                self.fp8 = apply_plan(m, self._fp8_layers(), self.device, compile=t.compile,
+                self.fp8 = apply_plan(m, self._fp8_layers(), self.device, compile=t.compile == "pointwise",
                                       fsdp_float8_all_gather=dp_shard > 1)
 
         self._forward: torch.nn.Module = parallelize(
@@ -161,29 +179,18 @@ class Trainer:
         )
         params = [p for p in model.parameters() if p.requires_grad]
         self.params = params
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": t.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=lr_at(0, t),
-            betas=(t.beta1, t.beta2),
-            eps=t.eps,
-            fused=self.device.type == "cuda",
-        )
-        self.batches = make_batches(
-            cfg.data.path,
-            cfg.model.vocab_size,
-            t.seq_len,
-            t.micro_batch,
-            self.groups.dp,
-            self.groups.dp_rank,
-            t.seed,
-        )
+        # weight decay on matrices only; FSDP2's DTensors apart from the plain tensors it leaves
+        # out (routed experts): a foreach or fused kernel takes one kind of tensor
+        groups: dict[tuple[bool, bool], list[torch.Tensor]] = {}
+        for p in params:
+            groups.setdefault((p.dim() >= 2, type(p.data).__name__ == "DTensor"), []).append(p)
+        self.optimizer = make_optimizer(
+            [{"params": ps, "weight_decay": t.weight_decay if decay else 0.0} for (decay, _), ps in groups.items()],
+            t.optimizer, self.device, lr=lr_at(0, t), betas=(t.beta1, t.beta2), eps=t.eps)
+        self.batches = make_batches(cfg.data.path, cfg.model.vocab_size, t.seq_len, t.micro_batch, self.groups.dp,
+                                    self.groups.dp_rank, t.seed, self.accumulation)
         self.flops_per_token = flops_per_token(cfg.model, t.seq_len)
-        self.tokens_per_step = t.micro_batch * t.seq_len * self.groups.dp
+        self.tokens_per_step = t.micro_batch * self.accumulation * t.seq_len * self.groups.dp
         self.device_name = (
             torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         )
@@ -200,6 +207,8 @@ class Trainer:
             self._grouped_dispatch.set_backend(self.grouped, owner=self)
             if self.grouped != TORCH_KERNEL:
                 self._grouped_dispatch.hold(self, self.device.type)
+            # a trainer dropped without close() lets go of them too
+            self._grouped_release = weakref.finalize(self, self._grouped_dispatch.release_id, id(self))
         self.tuning: Handle | None = None  # primus_perf.enable's handle, when tuning.cache is set
         if cfg.tuning.cache:
             try:
@@ -248,9 +257,10 @@ class Trainer:
 
     def set_fp8(self, layers: dict[str, str], *, compile: bool | None = None) -> None:
         """Switch the FP8 plan between steps (layer name -> recipe or bf16; the plan tuner
-        measures candidates this way); ``compile`` defaults to train.compile."""
+        measures candidates this way); ``compile`` (each FP8 layer's quantization compiled)
+        defaults to train.compile=pointwise (a compiled block compiles them with it)."""
         self.fp8 = apply_plan(self.model, layers, self.device,
-                              compile=self.cfg.train.compile if compile is None else compile)
+                              compile=self.cfg.train.compile == "pointwise" if compile is None else compile)
 
     # ---- training ----------------------------------------------------------------------
 
@@ -259,36 +269,65 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Gradients reduced over the data-parallel ranks on the step's last micro-batch only:
+        DDP's ``no_sync`` before it, FSDP2's reduce-scatter switched off."""
+        if self.groups.dp_shard > 1:
+            self.model.set_requires_gradient_sync(last)
+        elif self._forward is not self.model and not last:
+            return self._forward.no_sync()
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _fits(self) -> Iterator[None]:
+        """Running out of device memory is a result: one line with the estimate and the peak."""
+        try:
+            yield
+        except torch.OutOfMemoryError:
+            peak = _peak_memory(self.device)
+            have, where = device_memory(self.device.type, self.device.index or 0)
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise OutOfMemory(f"out of memory at step {self.step + 1}: {where} ({have / 2**30:,.1f} GiB) held"
+                              f" {peak / 2**30:,.1f} GiB at its peak, the estimate for this config"
+                              f" {estimate_memory(self.cfg, self.device.type).line()}; lower train.micro_batch,"
+                              " or set train.recompute=selective or full") from None
+
     def train_step(self) -> StepMetrics:
-        """One optimizer step on one micro-batch per data-parallel rank."""
+        """One optimizer step: ``accumulation`` micro-batches per data-parallel rank."""
         t = self.cfg.train
         start = time.perf_counter()
         lr = lr_at(self.step, t)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        inputs, targets = self.batches.batch(self.step)
-        inputs = inputs.to(self.device, non_blocking=True)
-        targets = targets.to(self.device, non_blocking=True)
-        with self._autocast():
-            logits = self._forward(inputs)
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
-            balance = aux_loss(self.model)
-        (loss if balance is None else loss + balance).backward()
-        reduce_expert_grads(self.model, self.groups)
-        grad_norm = clip_grad_norm_(
-            self.params,
-            t.grad_clip,
-            self.groups.tp_group,
-            self.groups.ep_group,
-            self.groups.shard_group,
-        )
-        self.optimizer.step()
-        update_router_biases(self.model)
-        self.optimizer.zero_grad(set_to_none=True)
-        # the language-model loss and the balancing loss, averaged over data-parallel ranks
-        loss_value = torch.stack(
-            [loss.detach(), loss.new_zeros(()) if balance is None else balance.detach()]
-        ).float()
+        sums = torch.zeros(2, device=self.device)  # language-model and balancing losses, summed
+        counts: list[list[int]] | None = None
+        with self._fits():
+            for micro in range(self.accumulation):
+                inputs, targets = self.batches.batch(self.step, micro)
+                inputs = inputs.to(self.device, non_blocking=True)
+                targets = targets.to(self.device, non_blocking=True)
+                with self._grad_sync(micro == self.accumulation - 1):
+                    with self._autocast():
+                        logits = self._forward(inputs)
+                        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+                        balance = aux_loss(self.model)
+                    ((loss if balance is None else loss + balance) / self.accumulation).backward()
+                sums[0] += loss.detach().float()
+                if balance is not None:
+                    sums[1] += balance.detach().float()
+                step_counts = tokens_per_expert(self.model)
+                counts = step_counts if counts is None else [[a + b for a, b in zip(x, y)]
+                                                             for x, y in zip(counts, step_counts)]
+            reduce_expert_grads(self.model, self.groups)
+            grad_norm = clip_grad_norm_(self.params, t.grad_clip, self.groups.tp_group, self.groups.ep_group,
+                                        self.groups.shard_group)
+            optimizer_s = self._timed(self.optimizer.step)
+            update_router_biases(self.model, counts)
+            self.optimizer.zero_grad(set_to_none=True)
+        # the losses of the step, averaged over its micro-batches and the data-parallel ranks
+        loss_value = sums / self.accumulation
         if self.groups.dp_group is not None:
             dist.all_reduce(loss_value, group=self.groups.dp_group)
             loss_value /= self.groups.dp
@@ -302,6 +341,7 @@ class Trainer:
         if self.peak_tflops:
             achieved = self.flops_per_token * self.tokens_per_step / elapsed
             mfu = achieved / (self.peak_tflops * 1e12 * self.groups.world_size)
+        optimizer_s = optimizer_s()
         return StepMetrics(
             step=self.step,
             loss=loss_f,
@@ -311,9 +351,26 @@ class Trainer:
             peak_mem_bytes=_peak_memory(self.device),
             lr=lr,
             grad_norm=norm_f,
-            aux_loss=None if balance is None else balance_f,
-            tokens_per_expert=tokens_per_expert(self.model),
+            aux_loss=balance_f if balance is not None else None,
+            tokens_per_expert=counts,
+            micro_batches=self.accumulation,
+            micro_step_s=(elapsed - optimizer_s) / self.accumulation,
+            optimizer_s=optimizer_s,
         )
+
+    def _timed(self, fn: Callable[[], Any]) -> Callable[[], float]:
+        """Run ``fn``; returns what reads its seconds once the step has synchronized (device
+        events on a GPU, the host clock on a CPU)."""
+        if self.device.type != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            took = time.perf_counter() - t0
+            return lambda: took
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        return lambda: start.elapsed_time(end) / 1e3
 
     def _check_finite(self, loss: float) -> None:
         """Stop at a non-finite loss, naming the step and the last finite loss."""
@@ -327,7 +384,7 @@ class Trainer:
     def _release_grouped(self) -> None:
         """This trainer's hold on the grouped dispatch's override, and its backend, released."""
         if self._grouped_dispatch is not None:
-            self._grouped_dispatch.release(self)  # its backend too
+            self._grouped_release()  # the hold and the backend
             self._grouped_dispatch = None
 
     def close(self) -> None:

@@ -115,6 +115,27 @@ class MLP(nn.Module):
         nn.init.normal_(self.w2, std=out_std)
 
 
+def _saved_ops() -> frozenset:
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "bmm", "_grouped_mm", "_scaled_mm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "_scaled_dot_product_flash_attention_for_cpu")
+    return frozenset(getattr(aten, n).default for n in names if hasattr(aten, n))
+
+
+def _keep_gemm_outputs() -> tuple:
+    """Selective recompute's checkpoint contexts: the GEMMs' and attention's outputs are
+    saved, everything else recomputed (torch's selective activation checkpointing)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    saved = _saved_ops()
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 class Block(nn.Module):
     """Pre-norm attention and MLP with residuals; ``mlp`` replaces the dense SwiGLU MLP
     (an MoE layer: any module with ``forward(x)`` and ``reset_parameters(std, out_std)``)."""
@@ -125,7 +146,7 @@ class Block(nn.Module):
         self.attention = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.mlp = MLP(cfg) if mlp is None else mlp
-        self.recompute = False  # activation recompute (set through Transformer.recompute)
+        self.recompute = "none"  # activation recompute: none, selective, full (Transformer.recompute)
 
     @torch.no_grad()
     def reset_parameters(self, std: float, out_std: float) -> None:
@@ -138,13 +159,16 @@ class Block(nn.Module):
         self.mlp_norm.weight.fill_(1.0)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """With ``recompute``, the block's activations are recomputed in backward. The
-        checkpoint is taken inside the block's call, so hooks on the block (FSDP2's
-        parameter all-gather) run once around it, not again in the recomputation."""
-        if self.recompute and torch.is_grad_enabled():
+        """With ``recompute`` the block's activations are recomputed in backward: all of them
+        (``full``: the block's input is kept), or all but the GEMMs' and attention's outputs
+        (``selective``: the norms and elementwise work are recomputed). The checkpoint is
+        taken inside the block's call, so hooks on the block (FSDP2's parameter all-gather)
+        run once around it, not again in the recomputation."""
+        if self.recompute != "none" and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
 
-            return checkpoint(self._body, x, cos, sin, use_reentrant=False)
+            kw = {"context_fn": _keep_gemm_outputs} if self.recompute == "selective" else {}
+            return checkpoint(self._body, x, cos, sin, use_reentrant=False, **kw)
         return self._body(x, cos, sin)
 
     def _body(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -192,14 +216,17 @@ class Transformer(nn.Module):
         return None
 
     @property
-    def recompute(self) -> bool:
-        """Activation recompute per transformer block."""
-        return all(block.recompute for block in self.layers)
+    def recompute(self) -> str:
+        """Activation recompute per transformer block: none, selective or full."""
+        return self.layers[0].recompute if len(self.layers) else "none"
 
     @recompute.setter
-    def recompute(self, on: bool) -> None:
+    def recompute(self, mode: str | bool) -> None:
+        mode = {True: "full", False: "none"}.get(mode, mode) if isinstance(mode, bool) else mode
+        if mode not in ("none", "selective", "full"):
+            raise ValueError(f"recompute {mode!r}: one of none, selective, full")
         for block in self.layers:
-            block.recompute = on
+            block.recompute = mode
 
     def rope(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (seq_len, device)
@@ -227,6 +254,13 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, Attention):
                 module.sdpa_backend = backend
+
+    def compile_blocks(self) -> None:
+        """torch.compile each transformer block whole, its GEMMs included (where a tuning cache
+        routes them, the runtime's Inductor pass swaps them for its routed ops); an MoE block
+        breaks its graph where it reads the token counts on the host."""
+        for block in self.layers:
+            block.compile(dynamic=False)
 
     def compile_pointwise(self) -> None:
         """torch.compile the non-GEMM parts (RoPE, SwiGLU, RMSNorm); the GEMMs stay eager."""

@@ -52,20 +52,30 @@ from primus_perf.trainer.config import ModelConfig
 from primus_perf.trainer.model import MLP, Transformer, linear, swiglu
 
 
-def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> torch.Tensor:
+def group_ends(counts: list[int], device: torch.device) -> torch.Tensor:
+    """The int32 cumulative row ends of ``counts`` (host ints) on ``device``, copied without
+    waiting for it (pinned memory) and marked known on the host: a backend that needs the
+    counts reads no device memory."""
+    ends = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32)
+    if device.type == "cuda":
+        ends = ends.pin_memory()
+    return known_counts(ends.to(device, non_blocking=True), counts)
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: list[int], ends: torch.Tensor | None = None) -> torch.Tensor:
     """``y[T, N]`` whose rows of group g are ``x_g @ w[g]``: ``x[T, K]`` sorted by group
-    (``counts[g]`` rows each, host ints), ``w[G, K, N]``; ``torch._grouped_mm`` in the autocast
-    dtype, differentiable. The group ends it is given know their host counts (a backend that
-    needs them reads no device memory). ValueError for operands and counts that do not fit."""
+    (``counts[g]`` rows each, host ints; ``ends``: their :func:`group_ends`, made once for a
+    layer's calls), ``w[G, K, N]``; ``torch._grouped_mm`` in the autocast dtype,
+    differentiable. ValueError for operands and counts that do not fit."""
     if x.dim() != 2 or w.dim() != 3:
         raise ValueError(f"grouped_mm needs x[T, K] and w[G, K, N], got {tuple(x.shape)} and {tuple(w.shape)}")
     if len(counts) != w.shape[0] or sum(counts) != x.shape[0] or x.shape[1] != w.shape[1]:
         raise ValueError(f"grouped_mm: {len(counts)} counts summing to {sum(counts)} do not fit"
                          f" x{tuple(x.shape)} and w{tuple(w.shape)}")
     x, w = cast_operands(x, w)
-    ends = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=x.device)
+    ends = group_ends(counts, x.device) if ends is None else ends
     with torch.autocast(x.device.type, enabled=False):
-        return torch._grouped_mm(x, w, offs=known_counts(ends, counts))
+        return torch._grouped_mm(x, w, offs=ends)
 
 
 def permute(
@@ -174,8 +184,9 @@ class MoE(nn.Module):
     def experts(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows sorted by expert, ``counts[e]`` of expert e -> their SwiGLU expert outputs,
         in the same order."""
-        h = grouped_mm(rows, self.w13, counts)
-        return grouped_mm(swiglu(h), self.w2, counts)
+        ends = group_ends(counts, rows.device)
+        h = grouped_mm(rows, self.w13, counts, ends)
+        return grouped_mm(swiglu(h), self.w2, counts, ends)
 
 
 def grouped_backend(model: nn.Module, name: str, device: torch.device, dtype: torch.dtype) -> str | None:
@@ -229,11 +240,13 @@ def tokens_per_expert(model: nn.Module) -> list[list[int]] | None:
 
 
 @torch.no_grad()
-def update_router_biases(model: nn.Module) -> None:
+def update_router_biases(model: nn.Module, counts: list[list[int]] | None = None) -> None:
     """Auxiliary-loss-free balancing (``balance=bias``): move each expert's selection bias
-    by ``bias_update_rate`` towards the mean load of the last forward's global counts."""
-    for m in moe_layers(model):
-        if m.balance != "bias" or not m.tokens_per_expert:
+    by ``bias_update_rate`` towards the mean load of the step's global counts (``counts``: one
+    list per MoE layer, summed over the step's micro-batches; default: the last forward's)."""
+    for i, m in enumerate(moe_layers(model)):
+        load_counts = counts[i] if counts is not None else m.tokens_per_expert
+        if m.balance != "bias" or not load_counts:
             continue
-        load = torch.tensor(m.tokens_per_expert, dtype=torch.float32, device=m.router.bias.device)
+        load = torch.tensor(load_counts, dtype=torch.float32, device=m.router.bias.device)
         m.router.bias += m.bias_rate * torch.sign(load.mean() - load)

@@ -1,7 +1,7 @@
 """Will a config run here? The checks that need the device, made before the model is built:
-the SDPA backend exists on this device, and the memory the config needs (a rough estimate:
-parameters, gradients and AdamW state, plus activations) fits in the device's memory (host
-RAM on a CPU). A config that does not fit is one ConfigError naming the key that costs the
+the SDPA backend exists on this device, and the memory the config needs (an estimate:
+parameters, gradients and optimizer state, one micro-batch's activations as the recompute
+mode keeps them, the logits) fits in the device's memory (host RAM on a CPU). A config that does not fit is one ConfigError naming the key that costs the
 most, instead of an allocation that takes minutes to fail or kills the machine.
 """
 
@@ -12,16 +12,17 @@ from dataclasses import dataclass
 
 from primus_perf.errors import ConfigError
 from primus_perf.trainer.config import TrainerConfig
-from primus_perf.trainer.flops import linear_layers
+from primus_perf.trainer.flops import is_moe_layer, linear_layers
+from primus_perf.trainer.optim import state_bytes_per_param
 
 # Rows of kernels.attention.backends.SDPA_BACKENDS that torch runs on a CPU.
 CPU_SDPA_BACKENDS = ("auto", "flash", "math")
-# fp32 master weight + gradient + AdamW's two moments.
-BYTES_PER_PARAM = 4 + 4 + 8
-# Activation values kept per token and layer, in units of model.dim and model.ffn_dim
-# (inputs of the norms, projections, attention output, SwiGLU's three ffn-wide tensors).
-ACTIVATIONS_PER_DIM = 16
-ACTIVATIONS_PER_FFN = 6
+MASTER_AND_GRAD = 4 + 4  # fp32 master weight and gradient, per parameter
+# Values kept per token and layer for backward, in units of model.dim and of the MLP's width
+# (model.ffn_dim, or top_k x expert_dim for a routed MoE layer): with no recompute, the norms'
+# inputs, the projections, attention's output, SwiGLU's three wide tensors; with selective
+# recompute only the GEMMs' and attention's outputs; with full recompute the block's input.
+ACTIVATIONS = {"none": (16, 6), "selective": (8, 3), "full": (1, 0)}
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class MemoryEstimate:
     """Bytes a config needs on one rank, by part; ``largest_key`` is the config key that
     drives the largest part (what to reduce)."""
 
-    params: int
+    params: int  # weights, gradients and optimizer state (this rank's shard), and cast copies
     activations: int
     logits: int
 
@@ -43,20 +44,55 @@ class MemoryEstimate:
                    key=lambda kv: kv[1])[0]
         return {"params": "model.dim", "activations": "train.micro_batch", "logits": "model.vocab_size"}[part]
 
+    def line(self) -> str:
+        gib = 2**30
+        return (f"about {self.total / gib:,.1f} GiB (parameters and optimizer {self.params / gib:,.1f},"
+                f" activations {self.activations / gib:,.1f}, logits {self.logits / gib:,.1f})")
 
-def estimate_memory(cfg: TrainerConfig, device_type: str = "cpu") -> MemoryEstimate:
-    """A rough estimate of one rank's memory, on the low side (no attention scores, no
-    allocator slack): a config over it cannot run, one under it may still not."""
+
+def _params(cfg: TrainerConfig) -> tuple[int, int]:
+    """(dense parameters of one tensor-parallel rank, routed experts' of one expert-parallel rank)."""
+    m, tp = cfg.model, cfg.parallel.tp
+    dense = sum(layer.out_features * layer.in_features for layer in linear_layers(m, tp))
+    dense += m.vocab_size * m.dim // tp + (2 * m.n_layers + 1) * m.dim  # embedding, norms
+    moe = m.moe
+    layers = sum(is_moe_layer(m, i) for i in range(m.n_layers))
+    experts = layers * moe.n_experts // cfg.parallel.ep * 3 * m.dim * moe.expert_dim
+    return dense, experts
+
+
+def estimate_memory(cfg: TrainerConfig, device_type: str = "cpu", dp_shard: int | None = None) -> MemoryEstimate:
+    """A rough estimate of one rank's memory, on the low side (no allocator slack): a config
+    over it cannot run, one under it may still not. Weights, gradients and the optimizer's
+    moments (``train.optimizer``) sharded over FSDP2's ranks, the bf16 copies autocast or
+    FSDP2 gathers and FP8's casts; one micro-batch's activations (accumulation frees each
+    micro-batch's before the next) as the recompute mode keeps them; the logits."""
     m, t, tp = cfg.model, cfg.train, cfg.parallel.tp
-    params = sum(layer.out_features * layer.in_features for layer in linear_layers(m, tp))
-    params += m.vocab_size * m.dim // tp + (2 * m.n_layers + 1) * m.dim  # embedding, norms
-    value = 2 if device_type == "cuda" and t.dtype in ("auto", "bf16") else 4  # bf16 autocast or fp32
+    shard = cfg.parallel.dp_shard if dp_shard is None else dp_shard
+    bf16 = device_type == "cuda" and t.dtype in ("auto", "bf16")
+    value = 2 if bf16 else 4
+    dense, experts = _params(cfg)
+    total = dense + experts
+    per_param = MASTER_AND_GRAD + state_bytes_per_param(t.optimizer)
+    params = per_param * total // shard
+    if bf16:  # the bf16 copies of the weights a step works with (autocast's casts, FSDP2's gathers)
+        params += 2 * (total if shard == 1 or not cfg.parallel.fsdp_reshard_after_forward else total // m.n_layers)
+    if t.fp8 != "off":  # the FP8 casts of the linear layers' weights, forward and backward
+        params += 2 * dense
     tokens = t.micro_batch * t.seq_len
-    per_layer = tokens * (ACTIVATIONS_PER_DIM * m.dim + ACTIVATIONS_PER_FFN * m.ffn_dim) // tp
-    # recompute keeps each block's input and one block's activations at a time
-    kept = per_layer + tokens * m.dim * m.n_layers if t.recompute else per_layer * m.n_layers
-    logits = value * tokens * m.vocab_size // tp
-    return MemoryEstimate(params * BYTES_PER_PARAM, value * kept, logits)
+    per_dim, per_wide = ACTIVATIONS[t.recompute]
+    full_dim, full_wide = ACTIVATIONS["none"]
+    moe = m.moe
+    kept = 0
+    for i in range(m.n_layers):
+        wide = moe.top_k * moe.expert_dim if is_moe_layer(m, i) else m.ffn_dim
+        kept += tokens * (per_dim * m.dim + per_wide * wide) // tp
+    if t.recompute != "none":  # one block's activations while it is recomputed
+        wide = max(m.ffn_dim, moe.top_k * moe.expert_dim)
+        kept += tokens * (full_dim * m.dim + full_wide * wide) // tp
+    # the logits, and the fp32 log-probabilities and gradient of the loss over them
+    logits = (value + 8) * tokens * m.vocab_size // tp
+    return MemoryEstimate(params, value * kept, logits)
 
 
 def device_memory(device_type: str, index: int = 0) -> tuple[int, str]:
@@ -78,9 +114,5 @@ def check_fits(cfg: TrainerConfig, device_type: str, index: int = 0) -> None:
     need = estimate_memory(cfg, device_type)
     have, where = device_memory(device_type, index)
     if need.total > have:
-        gib = 2**30
-        raise ConfigError(
-            f"config key {need.largest_key!r}: the config needs about {need.total / gib:,.1f} GiB"
-            f" (parameters and optimizer {need.params / gib:,.1f}, activations {need.activations / gib:,.1f},"
-            f" logits {need.logits / gib:,.1f}), more than {where} ({have / gib:,.1f} GiB)"
-        )
+        raise ConfigError(f"config key {need.largest_key!r}: the config needs {need.line()}, more than {where}"
+                          f" ({have / 2**30:,.1f} GiB)")
