@@ -27,7 +27,7 @@ from primus_perf.cli import profile, train, tune
 from primus_perf.cli.common import run_app
 from primus_perf.devices import DeviceIdentity
 from primus_perf.gate.gate import SAMPLES_SCHEMA
-from primus_perf.problems import GemmProblem
+from primus_perf.problems import AttentionProblem, GemmProblem
 
 TRACE = Path(__file__).parent / "data" / "traces" / "h100_cuda_graph.json.gz"
 APPS = {"profile": profile.app, "tune": tune.app, "train": train.app}
@@ -57,9 +57,10 @@ ODD_FILES = {  # kind -> what the one line says (alternatives: each command word
     "directory": r"directory|no trace",
     "fifo": r"FIFO",
     "devzero": r"character device",
-    "huge": r"MiB|is not JSON|corrupt|binary",
-    "binary": r"binary|is not JSON|corrupt|not valid|cannot (read|parse)",
-    "text": r"is not JSON|not valid|corrupt|cannot (read|parse)|must be a mapping|expected a list",
+    "huge": r"MiB|is not JSON|corrupt|binary|not a primus-perf tuning cache",
+    "binary": r"binary|is not JSON|corrupt|not valid|cannot (read|parse)|not a primus-perf tuning cache",
+    "text": r"is not JSON|not valid|corrupt|cannot (read|parse)|must be a mapping|expected a list|not a primus-perf"
+            r" tuning cache",
 }
 FILE_SLOTS = {  # slot -> argv with {X}; kinds it does not treat as bad (a valid input there)
     "analyze": (("profile", "analyze", "{X}"), ()),
@@ -241,7 +242,8 @@ def _cases() -> list[Case]:
                               2, pattern))
     for name in CORRUPT_CACHES:
         for argv in CACHE_READERS:
-            pattern = r"newer primus-perf \(schema 9" if name == "newer-schema" else r"corrupt|is not JSON"
+            pattern = r"newer primus-perf \(schema 9" if name == "newer-schema" else \
+                r"corrupt|is not JSON|is not a primus-perf tuning cache"
             cases.append(Case(f"cache-{name}", tuple(a.replace("{C}", "{cache_" + name + "}") for a in argv),
                               2, pattern))
     for name in BAD_SAMPLES:
@@ -628,8 +630,8 @@ def test_a_tuning_cache_on_a_cpu_trains_with_defaults(tmp_path: Path, hide_trito
     cache = tmp_path / "cache.json"
     gemm = _entry(1)
     gemm.device = current_device().to_dict()
-    attention = CacheEntry("attention", "attn", {"batch": 1, "heads_q": 4, "heads_kv": 2, "seq_q": 64, "seq_kv": 64,
-                                                 "head_dim": 32}, _entry(2).device, {"torch": "2"},
+    attn = AttentionProblem(batch=1, heads_q=4, heads_kv=2, seq_q=64, seq_kv=64, head_dim=32)
+    attention = CacheEntry("attention", attn.key(), attn.to_dict(), _entry(2).device, {"torch": "2"},
                            {"config": {"backend": "triton"}, "blob": b""})
     TuningCache(cache).put_many([gemm, attention])
     code = ("import sys\n" + ("sys.modules['triton'] = None\n" if hide_triton else "") +

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from primus_perf import files
 from primus_perf.cache.store import SCHEMA_VERSION, CacheEntry, TuningCache
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError
@@ -136,11 +137,12 @@ def test_writer_killed_mid_write_leaves_a_loadable_cache(tmp_path: Path) -> None
     assert len(TuningCache(path).entries()) == len(entries) + 1
 
 
-CORRUPT = [b'{"schema": 1, "entries": [', b"\x1f\x8b garbage", b'{"schema": 0, "entries": []}', b"[]",
-           b'{"schema": 1, "entries": {}}']
+CORRUPT = [b'{"schema": 1, "entries": [', b'{"schema": 0, "entries": []}', b'{"schema": 1, "entries": {}}',
+           b'{"schema": 1, "entries": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"]
+NOT_CACHES = [b"\x1f\x8b garbage", b"[]", b'{"name": "app", "version": "1.0.0"}', b"{not json", b"[" * 100_000]
 
 
-@pytest.mark.parametrize("content", CORRUPT, ids=["truncated", "binary", "older-schema", "not-a-cache", "dict"])
+@pytest.mark.parametrize("content", CORRUPT, ids=["truncated", "older-schema", "dict", "nested-100k"])
 def test_a_reader_never_moves_a_corrupt_file(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "c.json"
     path.write_bytes(content)
@@ -150,7 +152,23 @@ def test_a_reader_never_moves_a_corrupt_file(tmp_path: Path, content: bytes) -> 
     assert path.read_bytes() == content and os.listdir(tmp_path) == ["c.json"]
 
 
-@pytest.mark.parametrize("content", CORRUPT, ids=["truncated", "binary", "older-schema", "not-a-cache", "dict"])
+@pytest.mark.parametrize("content", NOT_CACHES, ids=["binary", "list", "package.json", "not-json", "deep"])
+def test_a_file_that_is_no_cache_is_refused_and_never_moved(tmp_path: Path, content: bytes) -> None:
+    """`cache merge package.json good.json` once renamed package.json aside: a file that is no
+    cache is named as such by readers and writers (merge too) and stays as it is."""
+    path, good = tmp_path / "c.json", tmp_path / "good.json"
+    path.write_bytes(content)
+    TuningCache(good).put(entry(1))
+    for action in (lambda: TuningCache(path).entries(), lambda: TuningCache(path).put(entry(2)),
+                   lambda: TuningCache(path).merge_from(good), lambda: TuningCache(good).merge_from(path)):
+        with pytest.raises(CacheError, match="is not a primus-perf tuning cache") as info:
+            action()
+        assert "\n" not in str(info.value)
+    assert path.read_bytes() == content and sorted(os.listdir(tmp_path)) == ["c.json", "c.json.lock", "good.json",
+                                                                           "good.json.lock"]
+
+
+@pytest.mark.parametrize("content", CORRUPT, ids=["truncated", "older-schema", "dict", "nested-100k"])
 def test_a_writer_sets_a_corrupt_file_aside_and_never_overwrites_it(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "c.json"
     path.write_bytes(content)
@@ -193,6 +211,31 @@ BAD_ENTRIES = {
     "created-string": lambda d: d.update(created="yesterday"),
     "not-a-mapping": lambda d: d.clear(),
 }
+# values a measurement cannot have: the one line names the field
+NAMED_BAD = {
+    "tuned-negative": (lambda d: d["times"].update(tuned_ms=-1), "times.tuned_ms must be 0 (not measured) or"),
+    "tuned-1e-300": (lambda d: d["times"].update(tuned_ms=1e-300), "times.tuned_ms"),
+    "in-step-negative": (lambda d: d.update(in_step={"speedup": -1.2, "low": -1.3, "high": -1.1, "samples": 8}),
+                         "in_step.speedup"),
+    "in-step-outside-its-quartiles": (lambda d: d.update(in_step={"speedup": 1.5, "low": 1.0, "high": 1.2}),
+                                      "in_step quartiles must hold the speedup"),
+    "key-of-another-problem": (lambda d: d.update(problem_key=entry(51).problem_key), "is not its problem's key"),
+    "created-1e300": (lambda d: d.update(created=1e300), "created must be a number of 0 to"),
+    "units-negative": (lambda d: d["device"].update(compute_units=-5), "device.compute_units must be an int >= 0"),
+    "error-negative": (lambda d: d.update(error=-0.5), "error must be a number of >= 0"),
+}
+BAD_ENTRIES.update({name: mutate for name, (mutate, _) in NAMED_BAD.items()})
+
+
+@pytest.mark.parametrize("name", list(NAMED_BAD))
+def test_a_value_no_measurement_can_have_is_named_by_its_field(tmp_path: Path, name: str) -> None:
+    mutate, said = NAMED_BAD[name]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"schema": SCHEMA_VERSION, "entries": [entry(1).to_dict(), _bad(mutate)]}))
+    seen: list[str] = []
+    assert [e.problem_key for e in TuningCache(path, report_stale=seen.append).entries()] == [entry(1).problem_key]
+    (line,) = seen
+    assert "skipped invalid gemm entry #1" in line and said in line and "\n" not in line, line
 
 
 @pytest.mark.parametrize("name", list(BAD_ENTRIES))
@@ -259,10 +302,16 @@ def test_the_next_writer_removes_orphaned_temporary_files_only(tmp_path: Path) -
         f.write_bytes(b"partial")
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     os.utime(other, (time.time() - 3600, time.time() - 3600))
+    # named by their writer: this host's killed process (gone at once), this process (live)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = tmp_path / f".c.json.{files._HOST}-{int(dead.stdout)}.x1.tmp"
+    live = tmp_path / f".c.json.{files._HOST}-{os.getpid()}.x2.tmp"
+    for f in (killed, live):
+        f.write_bytes(b"partial")
     TuningCache(path).entries()  # a reader removes nothing
-    assert old.exists()
+    assert old.exists() and killed.exists()
     TuningCache(path).put(entry(2))
-    assert not old.exists() and young.exists() and other.exists()
+    assert not old.exists() and not killed.exists() and young.exists() and other.exists() and live.exists()
 
 
 READER = """

@@ -424,7 +424,7 @@ def test_an_entry_with_a_malformed_in_step_figure_is_skipped_and_named(tmp_path:
     notes: list[str] = []
     entries = TuningCache(tmp_path / "c.json", report_stale=notes.append).entries()
     assert [e.problem_key for e in entries] == [p.key()] and entries[0].in_step["verdict"] == "dropped"
-    assert len(notes) == 1 and "in_step speedup must be a number" in notes[0]
+    assert len(notes) == 1 and "in_step.speedup must be a number" in notes[0]
 
 
 SCRIPT = """

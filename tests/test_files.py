@@ -55,3 +55,58 @@ def test_binary_mode_and_bad_modes(tmp_path: Path) -> None:
     for mode in ("r", "a", "w+"):
         with pytest.raises(ValueError), atomic_open(tmp_path / "c", mode):
             pass
+
+
+# --------------------------------------------------------------------------- reading inputs
+
+
+def test_an_input_that_is_no_regular_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO without a writer, and a symlink to /dev/zero, are refused from the open
+    descriptor: the reader never waits on them (no timeout needed)."""
+    from primus_perf.errors import UserError
+    from primus_perf.files import check_input_file, read_input
+
+    fifo, zero = tmp_path / "fifo.json", tmp_path / "zero.json"
+    os.mkfifo(fifo)
+    zero.symlink_to("/dev/zero")
+    for path, said in ((fifo, r"a FIFO \(named pipe\)"), (zero, "a character device"), (tmp_path, "a directory")):
+        for read in (read_input, check_input_file):
+            with pytest.raises(UserError, match=f"is {said}, not a regular file"):
+                read(path, what="trace")
+    (tmp_path / "ok.json").write_text('{"a": 1}')
+    assert read_input(tmp_path / "ok.json", starts_with=(b"{",)) == b'{"a": 1}'
+
+
+def test_deep_json_and_yaml_bombs_are_value_errors() -> None:
+    from primus_perf.files import load_json, load_yaml
+
+    with pytest.raises(ValueError, match="nested too deeply"):
+        load_json("[" * 100_000 + "]" * 100_000)
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    with pytest.raises(ValueError, match="YAML bomb"):
+        load_yaml(bomb)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        load_yaml("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="recursive alias"):
+        load_yaml("a: &a [1, *a]")
+    assert load_yaml("base: &b {x: 1}\nuse: *b\nmerged: {<<: *b, y: 2}") == {
+        "base": {"x": 1}, "use": {"x": 1}, "merged": {"x": 1, "y": 2}}
+
+
+def test_a_write_removes_the_temporaries_of_writers_killed_on_this_host(tmp_path: Path) -> None:
+    """kill -9 leaves a writer's temporary file; the next write of the same target removes
+    it at once when its process (named in it) is gone, and keeps a live writer's."""
+    import subprocess
+    import sys
+
+    from primus_perf import files
+
+    target = tmp_path / "report.json"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = tmp_path / f".report.json.{files._HOST}-{int(gone.stdout)}.abc.tmp"
+    live = tmp_path / f".report.json.{files._HOST}-{os.getpid()}.def.tmp"
+    for f in (killed, live):
+        f.write_text("partial")
+    write_json(target, {"x": 1})
+    assert not killed.exists() and live.exists() and json.loads(target.read_text()) == {"x": 1}

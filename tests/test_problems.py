@@ -100,3 +100,17 @@ def test_dtype_names() -> None:
     assert dtype_name("float") == "f32"
     with pytest.raises(ValueError):
         dtype_name("int8")
+
+
+def test_a_problems_file_without_problems_or_with_a_yaml_bomb_is_named(tmp_path) -> None:
+    from primus_perf.errors import ConfigError
+    from primus_perf.problems import load_problems
+
+    empty, bomb = tmp_path / "empty.json", tmp_path / "bomb.yaml"
+    empty.write_text('{"problems": []}')
+    bomb.write_text("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")))
+    with pytest.raises(ConfigError, match=f"{empty}: the problems file lists no problem"):
+        load_problems(empty)
+    with pytest.raises(ConfigError, match=f"{bomb}: cannot read the problems file: .*YAML bomb"):
+        load_problems(bomb)

@@ -2,23 +2,36 @@
 
 Writes go to a temporary file in the same directory, renamed over the target: a reader
 never sees a half-written file, a writer killed mid-write leaves the old file (or none),
-and concurrent writers of one directory never share a temporary name. The cache, traces,
+and concurrent writers of one directory never share a temporary name. A temporary name
+says which host and process writes it (``.<name>.<host>-<pid>.<random>.tmp``): the next
+write of the same target removes those whose writer is gone (a process of this host that
+no longer runs, or, of another host, one untouched for :data:`ORPHAN_AGE_S`), so files of
+writers killed with ``kill -9`` do not pile up. The cache, traces,
 manifests, reports, problem and sample files and the trainer's JSON log are written
 through here. A target that cannot be written (read-only, missing folder, permission
 denied, full disk, a directory in the way) is one :class:`~primus_perf.errors.UserError`
 naming the path and the reason, and the old file stays byte-for-byte as it was.
 
-:func:`check_input_file` is the one check before a file is read: it exists, is a regular
-file (not a FIFO, a device or a directory), is not empty, is readable, is not larger
-than a limit and (where the caller says what it must start with) looks like one.
+:func:`read_input` reads an input file after the one check (:func:`check_input_file`
+checks without reading it all): it exists, is a regular file (not a FIFO, a device or a
+directory, also behind a symlink), is not empty, is readable, is not larger than a limit
+and (where the caller says what it must start with) looks like one. The file is opened
+non-blocking and checked on the open descriptor (``fstat``), so the check needs no
+timeout: a FIFO without a writer, or a file swapped for one after a ``stat``, never
+blocks the reader. :func:`load_json` and :func:`load_yaml` parse what was read: a
+document nested too deep for the parser, or YAML aliases that expand past a bound (a
+"billion laughs" bomb), are a ValueError like any other malformed document.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
+import re
+import socket
 import stat
 import tempfile
 import time
@@ -30,6 +43,9 @@ from typing import IO, Any
 from primus_perf.errors import UserError
 
 TEMP_SUFFIX = ".tmp"
+ORPHAN_AGE_S = 3600.0  # a temporary file of another host untouched this long belongs to a killed writer
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+_WRITER = re.compile(r"\.([0-9a-f]{8})-(\d+)\.[^.]*\.tmp$")
 # OS errors a user can cause (and fix) when a file is written; others are bugs.
 USER_ERRNOS = frozenset({
     errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR,
@@ -57,17 +73,36 @@ def temp_prefix(path: str | os.PathLike) -> str:
     return f".{Path(path).name}."
 
 
-def remove_orphaned_temps(path: str | os.PathLike, *, older_than_s: float = 60.0) -> list[Path]:
-    """Remove temporary files of ``path`` (this module's name pattern) left by a writer
-    that was killed, older than ``older_than_s``. Call it only while holding the lock that
-    serializes the writers of ``path``: a live writer's temporary file is younger."""
+def _temp(path: Path) -> tuple[int, str]:
+    """A new temporary file next to ``path``, named after this host and process."""
+    return tempfile.mkstemp(dir=path.parent, prefix=f"{temp_prefix(path)}{_HOST}-{os.getpid()}.", suffix=TEMP_SUFFIX)
+
+
+def _writer_gone(tmp: Path, older_than_s: float, now: float) -> bool:
+    m = _WRITER.search(tmp.name)
+    if m and m.group(1) == _HOST:  # a process of this host: gone when it no longer runs
+        try:
+            os.kill(int(m.group(2)), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, OverflowError):  # another user's live process; a bad number
+            return False
+        return False
+    return now - tmp.stat().st_mtime > older_than_s
+
+
+def remove_orphaned_temps(path: str | os.PathLike, *, older_than_s: float = ORPHAN_AGE_S) -> list[Path]:
+    """Remove temporary files of ``path`` (this module's name pattern) whose writer is gone:
+    a process of this host that no longer runs, or (another host's, or an unnamed writer's)
+    a file untouched for ``older_than_s``. A writer holding the lock that serializes the
+    writers of ``path`` may pass a short age: a live writer's temporary file is younger."""
     p = Path(path)
     removed = []
     now = time.time()
     with contextlib.suppress(OSError):
         for tmp in p.parent.glob(temp_prefix(p) + "*" + TEMP_SUFFIX):
             with contextlib.suppress(OSError):
-                if now - tmp.stat().st_mtime > older_than_s and tmp.is_file():
+                if tmp.is_file() and _writer_gone(tmp, older_than_s, now):
                     tmp.unlink()
                     removed.append(tmp)
     return removed
@@ -87,7 +122,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", *, fsync: bool = False
         if p.is_dir():
             raise IsADirectoryError(errno.EISDIR, "is a directory", str(p))
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=temp_prefix(p), suffix=TEMP_SUFFIX)
+        remove_orphaned_temps(p)
+        fd, tmp = _temp(p)
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
@@ -153,7 +189,8 @@ class LineLog:
             if self.path.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "is a directory", str(self.path))
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=temp_prefix(self.path), suffix=TEMP_SUFFIX)
+            remove_orphaned_temps(self.path)
+            fd, tmp = _temp(self.path)
         except OSError as exc:
             raise write_error(self.path, exc) from None
         self.partial = Path(tmp)
@@ -198,7 +235,7 @@ _KIND_NAMES = (
 )
 
 
-def check_input_file(
+def read_input(
     path: str | os.PathLike,
     *,
     what: str = "file",
@@ -206,34 +243,39 @@ def check_input_file(
     starts_with: Sequence[bytes] | None = None,
     expected: str = "",
     text: bool = False,
-) -> Path:
-    """``path`` if it is a regular, non-empty, readable file, else one UserError naming it.
+    head_only: bool = False,
+) -> bytes:
+    """The bytes of ``path`` if it is a regular, non-empty, readable file, else one
+    UserError naming it (``head_only``: its first 64 KiB, the check alone).
 
     ``max_bytes``: refuse larger files. ``starts_with``: the first non-blank bytes must
     begin with one of these (e.g. ``b"{"`` or the gzip magic; ``expected`` names the format
-    in the message). ``text``: the first 64 KiB
-    must be UTF-8 without NUL bytes. Never blocks: a FIFO or a device is refused from its
-    ``stat``, before it is opened."""
+    in the message). ``text``: the first 64 KiB must be UTF-8 without NUL bytes. Never
+    blocks: the file is opened non-blocking and checked on its descriptor, so a FIFO or a
+    device (also behind a symlink, also swapped in after a ``stat``) is refused unread."""
     p = Path(path)
     try:
-        st = p.stat()
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise UserError(f"{what} not found: {p}") from None
     except OSError as exc:
         raise UserError(f"cannot read {what} {p}: {exc.strerror}") from None
-    for test, name in _KIND_NAMES:
-        if test(st.st_mode):
-            raise UserError(f"{what} {p} is {name}, not a regular file")
-    if st.st_size == 0:
-        raise UserError(f"{what} {p} is empty (0 bytes)")
-    if max_bytes is not None and st.st_size > max_bytes:
-        raise UserError(f"{what} {p} is {st.st_size / 2**20:.1f} MiB, more than the {max_bytes / 2**20:.0f} MiB"
-                        f" a {what} can be")
-    try:
-        with open(p, "rb") as f:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        name = next((name for test, name in _KIND_NAMES if test(st.st_mode)), "a special file")
+        raise UserError(f"{what} {p} is {name}, not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size == 0:
+            raise UserError(f"{what} {p} is empty (0 bytes)")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise UserError(f"{what} {p} is {st.st_size / 2**20:.1f} MiB, more than the {max_bytes / 2**20:.0f} MiB"
+                            f" a {what} can be")
+        try:
             head = f.read(65536)
-    except OSError as exc:
-        raise UserError(f"cannot read {what} {p}: {exc.strerror}") from None
+            rest = b"" if head_only else f.read()
+        except OSError as exc:
+            raise UserError(f"cannot read {what} {p}: {exc.strerror}") from None
     if starts_with is not None and not head.lstrip().startswith(tuple(starts_with)):
         raise UserError(f"{what} {p} is not {expected or 'what it should be'} (it starts with {head[:8]!r})")
     if text:
@@ -245,4 +287,61 @@ def check_input_file(
             codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
         except UnicodeDecodeError:
             raise UserError(f"{what} {p} is a binary file, not text") from None
-    return p
+    return head + rest
+
+
+def check_input_file(path: str | os.PathLike, **checks: Any) -> Path:
+    """``path`` after :func:`read_input`'s check (for a reader that opens it itself)."""
+    read_input(path, head_only=True, **checks)
+    return Path(path)
+
+
+def load_json(raw: bytes | str) -> Any:
+    """``json.loads``; a document nested too deep for the parser is a ValueError."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+MAX_YAML_NODES = 1_000_000
+
+
+def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """``yaml.safe_load`` of a document whose aliases expand to at most ``max_nodes`` nodes
+    (a "billion laughs" document is refused before it is built); ValueError for a document
+    that is not YAML, nested too deep, recursive, or that bomb."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+        open_: set[int] = set()
+        stack: list[tuple[Any, bool]] = [(node, False)]
+        while stack:
+            n, done = stack.pop()
+            if id(n) in sizes:
+                continue
+            kids = [x for pair in n.value for x in pair] if isinstance(n, yaml.MappingNode) else \
+                n.value if isinstance(n, yaml.SequenceNode) else []
+            if done:
+                sizes[id(n)] = 1 + sum(sizes[id(k)] for k in kids)
+                open_.discard(id(n))
+                if sizes[id(n)] > max_nodes:
+                    raise ValueError(f"its aliases expand to more than {max_nodes:,} values (a YAML bomb?)")
+                continue
+            if any(id(k) in open_ for k in kids):
+                raise ValueError("a recursive alias (a value that contains itself)")
+            open_.add(id(n))
+            stack.append((n, True))
+            stack.extend((k, False) for k in kids if id(k) not in sizes)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    finally:
+        loader.dispose()

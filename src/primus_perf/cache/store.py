@@ -34,11 +34,19 @@ writer killed at any point leaves either the old or the new file, never a torn o
 Readers never move or rewrite a file. A file that does not parse is a
 :class:`~primus_perf.errors.CacheError`; a file of a newer schema says so and is left in
 place for the newer primus-perf that wrote it. Only a writer holding the lock, after
-re-reading the file under it, sets a corrupt file aside (``<path>.corrupt-<timestamp>``)
-and reports it; it never overwrites one. Each entry is validated on its own: a bad one
-(bad base64 blob, empty kind, a solution that is not a mapping, a non-numeric time, a
-malformed problem) is skipped and named once, the others stay usable, and merge does not
-carry it.
+re-reading the file under it, sets a corrupt cache aside (``<path>.corrupt-<timestamp>``)
+and reports it; it never overwrites one. A file that is no cache at all (JSON of another
+kind, or anything that does not begin as a cache file does) is refused and left as it is:
+``cache merge package.json good.json`` never moves ``package.json``.
+
+Each entry is validated on its own (:meth:`CacheEntry.from_dict`), against what a
+measurement can be: a bad one is skipped and named once, with the field at fault (``times.
+tuned_ms must be 0 (not measured) or a time of 1e-06 to 1e+07 ms, got -1``), the others stay
+usable, and merge does not carry it. Checked: the fields' types; a known kind's problem,
+and its ``problem_key`` is that problem's key; times are 0 or 1 ns to 3 hours; an in-step
+speedup and its quartiles lie in 0.001-1000x with low <= speedup <= high; the error is
+>= 0; ``created`` is a time no later than a day from now (a ``created`` of 1e300 would win
+every merge); the device's compute units are >= 0.
 
 Merge (:meth:`TuningCache.merge_from`): per slot (kind, problem, hardware, library
 versions) the entry with the newest ``created`` wins, across the target and the sources;
@@ -50,9 +58,9 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import json
 import math
 import os
+import re
 import stat
 import time
 import warnings
@@ -66,7 +74,7 @@ from filelock import FileLock, Timeout
 from primus_perf import kinds
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError
-from primus_perf.files import remove_orphaned_temps, write_json
+from primus_perf.files import load_json, remove_orphaned_temps, write_json
 
 SCHEMA_VERSION = 1
 LOCK_TIMEOUT_S = 120.0
@@ -74,6 +82,14 @@ ORPHAN_AGE_S = 30.0  # a temporary file this old, seen under the lock, belongs t
 READ_RETRIES = 3  # a file replaced while it was read is read again
 _REQUIRED = ("kind", "problem_key", "problem", "device", "versions", "solution")
 ONLINE_SUFFIX = "+online"  # the tuner_version of entries online tuning wrote
+MS_RANGE = (1e-6, 1e7)  # a timed call: 1 ns to about 3 hours
+RATIO_RANGE = (1e-3, 1e3)  # an in-step speedup and its quartiles
+FUTURE_S = 86400.0  # ``created`` at most this far ahead of the clock
+_CACHE_HEAD = re.compile(rb'\s*\{\s*"schema"\s*:')  # how every cache file begins
+
+
+class NotACache(ValueError):
+    """A file that is no tuning cache (writers leave it as it is)."""
 
 
 @dataclass
@@ -189,27 +205,28 @@ class CacheEntry:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in data["versions"].items()):
             raise ValueError("versions must map library names to version strings")
         times = data.get("times", {})
-        if not isinstance(times, dict) or not all(_is_number(v) for v in times.values()):
-            raise ValueError(f"times must map names to numbers, got {times!r}")
-        for key in ("error", "created"):
-            if data.get(key) is not None and not _is_number(data[key]):
-                raise ValueError(f"{key} must be a number, got {data[key]!r}")
-        in_step = data.get("in_step")
-        if in_step is not None and not isinstance(in_step, dict):
-            raise ValueError(f"in_step must be a mapping, got {type(in_step).__name__}")
-        for key in ("speedup", "low", "high", "samples"):
-            value = (in_step or {}).get(key)
-            if value is not None and not _is_number(value):
-                raise ValueError(f"in_step {key} must be a number, got {value!r}")
+        if not isinstance(times, dict):
+            raise ValueError(f"times must be a mapping, got {type(times).__name__}")
+        for key, value in times.items():
+            _check_number(f"times.{key}", value, *MS_RANGE, zero="not measured", unit=" ms")
+        if data.get("error") is not None:
+            _check_number("error", data["error"], 0.0, math.inf)
+        if data.get("created") is not None:
+            _check_number("created", data["created"], 0.0, time.time() + FUTURE_S, unit=" (Unix time, not in the future)")
+        if not isinstance(data.get("tuner_version", ""), str):
+            raise ValueError(f"tuner_version must be a string, got {data['tuner_version']!r}")
+        _check_in_step(data.get("in_step"))
         config = data["solution"].get("config", {})
         if not isinstance(config, dict):
             raise ValueError(f"solution config must be a mapping, got {type(config).__name__}")
         problem_type = kinds.get(data["kind"]).problem_type if data["kind"] in kinds.names() else None
         if problem_type is not None:  # a registered kind's problem dict is checked
             try:
-                problem_type.from_dict(data["problem"])
+                key = problem_type.from_dict(data["problem"]).key()
             except (TypeError, ValueError, KeyError) as exc:
                 raise ValueError(f"malformed {data['kind']} problem ({str(exc).splitlines()[0][:80]})") from None
+            if key != data["problem_key"]:
+                raise ValueError(f"problem_key {data['problem_key'][:60]!r} is not its problem's key {key[:60]!r}")
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -218,12 +235,40 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _check_number(field: str, value: Any, low: float, high: float, *, zero: str = "", unit: str = "") -> None:
+    """ValueError naming ``field`` unless ``value`` is a number in [low, high] (or 0, when
+    ``zero`` says what 0 means)."""
+    if _is_number(value) and (low <= value <= high or (zero and value == 0)):
+        return
+    either = f"0 ({zero}) or " if zero else ""
+    span = f">= {low:g}" if high == math.inf else f"{low:g} to {high:g}"
+    raise ValueError(f"{field} must be {either}a number of {span}{unit}, got {value!r}")
+
+
+def _check_in_step(in_step: Any) -> None:
+    if in_step is None:
+        return
+    if not isinstance(in_step, dict):
+        raise ValueError(f"in_step must be a mapping, got {type(in_step).__name__}")
+    for key in ("speedup", "low", "high"):
+        if in_step.get(key) is not None:
+            _check_number(f"in_step.{key}", in_step[key], *RATIO_RANGE, unit="x")
+    for key in ("choice_ms", "baseline_ms"):
+        if in_step.get(key) is not None:
+            _check_number(f"in_step.{key}", in_step[key], *MS_RANGE, zero="not measured", unit=" ms")
+    if in_step.get("samples") is not None:
+        _check_number("in_step.samples", in_step["samples"], 0, 1e9)
+    low, mid, high = (in_step.get(k) for k in ("low", "speedup", "high"))
+    if None not in (low, mid, high) and not low <= mid <= high:
+        raise ValueError(f"in_step quartiles must hold the speedup: low {low!r} <= speedup {mid!r} <= high {high!r}")
+
+
 def _check_device(device: dict[str, Any]) -> None:
     if not isinstance(device.get("name"), str) or not isinstance(device.get("arch", ""), str):
         raise ValueError("device must have a name and an arch")
     units = device.get("compute_units", 0)
-    if isinstance(units, bool) or not isinstance(units, int):
-        raise ValueError(f"device compute_units must be an int, got {units!r}")
+    if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+        raise ValueError(f"device.compute_units must be an int >= 0, got {units!r}")
 
 
 def _describe(data: Any, index: int) -> str:
@@ -259,19 +304,22 @@ class TuningCache:
     # ---- reading ---------------------------------------------------------------------------
 
     def _read_bytes(self) -> bytes | None:
-        """The file's bytes; None when there is no file. Never blocks on a FIFO or a device."""
+        """The file's bytes; None when there is no file. Never blocks on a FIFO or a device:
+        opened non-blocking and checked on its descriptor."""
         try:
-            st = os.stat(self.path)
-            if not stat.S_ISREG(st.st_mode):
-                kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-                raise CacheError(f"tuning cache {self.given} is {kind}")
-            with open(self.path, "rb") as f:
-                head = f.read(1)
-                if head and head not in b"{ \t\r\n":
-                    return head  # not JSON: reported as corrupt without reading gigabytes
+            with open(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+                    raise CacheError(f"tuning cache {self.given} is {kind}")
+                head = f.read(64)
+                if head.strip() and not head.lstrip().startswith(b"{"):
+                    return head  # not JSON: reported without reading gigabytes
                 return head + f.read()
         except FileNotFoundError:
             return None
+        except IsADirectoryError:
+            raise CacheError(f"tuning cache {self.given} is a directory") from None
         except OSError as exc:
             raise CacheError(f"cannot read tuning cache {self.given}: {exc.strerror}") from None
 
@@ -280,9 +328,14 @@ class TuningCache:
         CacheError for one of a newer schema."""
         if not raw.strip():
             return []  # an empty file (e.g. made by mktemp): an empty cache
-        doc = json.loads(raw)
+        try:
+            doc = load_json(raw)
+        except ValueError:
+            if _CACHE_HEAD.match(raw):
+                raise  # a cache file, corrupt
+            raise NotACache("not a primus-perf tuning cache") from None
         if not isinstance(doc, dict) or "entries" not in doc:
-            raise ValueError("not a primus-perf tuning cache")
+            raise NotACache("not a primus-perf tuning cache")
         schema = doc.get("schema")
         if isinstance(schema, int) and not isinstance(schema, bool) and schema > SCHEMA_VERSION:
             raise CacheError(
@@ -310,7 +363,8 @@ class TuningCache:
             except (ValueError, UnicodeDecodeError) as exc:
                 error = exc
                 if _identity(self.path) == before:
-                    raise ValueError(str(exc).splitlines()[0][:120]) from None
+                    cls = NotACache if isinstance(exc, NotACache) else ValueError
+                    raise cls(str(exc).splitlines()[0][:120]) from None
         else:
             raise ValueError(str(error).splitlines()[0][:120])
         parsed = _Parsed()
@@ -328,6 +382,8 @@ class TuningCache:
         where it is: readers never move files)."""
         try:
             return self._load().entries
+        except NotACache as exc:
+            raise CacheError(f"{self.given} is {exc}") from None
         except ValueError as exc:
             raise CacheError(f"tuning cache {self.given} is corrupt ({exc})") from None
 
@@ -437,10 +493,13 @@ class TuningCache:
             raise CacheError(f"cannot write tuning cache {self.given}: {exc.strerror}") from None
 
     def _load_for_writing(self) -> _Parsed:
-        """The file as a writer holding the lock sees it; a corrupt file (read again under
-        the lock) is set aside and reported, never overwritten."""
+        """The file as a writer holding the lock sees it; a corrupt cache (read again under
+        the lock) is set aside and reported, never overwritten; a file that is no cache is
+        refused and left as it is."""
         try:
             return self._load()
+        except NotACache as exc:
+            raise CacheError(f"{self.given} is {exc}; left as it is (name a tuning cache to write)") from None
         except ValueError as exc:
             aside = self._move_aside()
             raise CacheError(

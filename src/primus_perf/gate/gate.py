@@ -38,7 +38,6 @@ significance, different configs, overrides or devices), 3 inconclusive.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from primus_perf.errors import UserError
-from primus_perf.files import check_input_file
+from primus_perf.files import load_json, read_input
 from primus_perf.gate.stats import (
     bootstrap_ratio_ci,
     coefficient_of_variation,
@@ -227,13 +226,13 @@ MAX_SAMPLES_BYTES = 64 << 20
 
 def load_samples(path: str | Path) -> dict[str, Any]:
     """Read a ``primus-profile bench`` samples file; GateInputError if it is not one."""
+    p = Path(path)
     try:
-        p = check_input_file(path, what="samples file", max_bytes=MAX_SAMPLES_BYTES, starts_with=(b"{",), expected="JSON")
+        data = load_json(read_input(p, what="samples file", max_bytes=MAX_SAMPLES_BYTES, starts_with=(b"{",),
+                                    expected="JSON"))
     except UserError as exc:
         raise GateInputError(str(exc)) from None
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not JSON, or nested too deeply for the parser
         raise GateInputError(f"{p}: not valid JSON ({exc.__class__.__name__})") from None
     if not isinstance(data, dict) or data.get("schema") != SAMPLES_SCHEMA:
         raise GateInputError(f"{p}: not a primus-profile bench samples file (schema {SAMPLES_SCHEMA})")

@@ -3,8 +3,8 @@ tuners read (``--problems``), one item per problem with its kind."""
 
 from __future__ import annotations
 
-import json
 import os
+from pathlib import Path
 from typing import Any
 
 from primus_perf.problems.base import problem_type
@@ -45,27 +45,21 @@ def load_problems(path: str | os.PathLike) -> list[Problem]:
     of problems files: every error is a one-line :class:`~primus_perf.errors.ConfigError`
     naming the file and the item."""
     from primus_perf.errors import ConfigError, UserError
-    from primus_perf.files import check_input_file
+    from primus_perf.files import load_json, load_yaml, read_input
 
+    p = Path(path)
     try:
-        p = check_input_file(path, what="problems file", max_bytes=MAX_PROBLEMS_BYTES, text=True)
+        text = read_input(p, what="problems file", max_bytes=MAX_PROBLEMS_BYTES, text=True).decode("utf-8")
+        data = load_yaml(text) if p.suffix in (".yaml", ".yml") else load_json(text)
     except UserError as exc:
         raise ConfigError(str(exc)) from None
-    try:
-        text = p.read_text(encoding="utf-8")
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"{p}: cannot read the problems file: {str(exc).splitlines()[0]}") from None
-    except Exception as exc:  # yaml.YAMLError and its subclasses
-        raise ConfigError(f"{p}: cannot parse the problems file: {str(exc).splitlines()[0]}") from None
     items = data.get("problems") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise ConfigError(f"{p}: expected a list of problems or {{'problems': [...]}}")
+    if not items:
+        raise ConfigError(f"{p}: the problems file lists no problem")
     out: dict[str, Problem] = {}
     for i, item in enumerate(items):
         try:
