@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -114,3 +115,29 @@ def test_a_problems_file_without_problems_or_with_a_yaml_bomb_is_named(tmp_path)
         load_problems(empty)
     with pytest.raises(ConfigError, match=f"{bomb}: cannot read the problems file: .*YAML bomb"):
         load_problems(bomb)
+
+
+@pytest.mark.parametrize("item,said", [
+    ({"kind": "gemm", "problem": {"M": 2**64, "N": 4, "K": 4}}, "M must be a positive int of at most 2147483647"),
+    ({"kind": "gemm", "problem": {"m": 4, "n": 2**64, "k": 4}}, "GemmProblem.n is 18446744073709551616, more than"),
+    ({"kind": "gemm", "problem": {"m": 4, "n": 4, "k": 4, "trans_a": "yes"}}, "trans_a must be true or false"),
+    ({"kind": "gemm", "problem": {"m": 4.0, "n": 4, "k": 4}}, "GemmProblem.m must be an int, got 4.0"),
+    ({"kind": "attention", "problem": {"batch": 1, "heads_q": 2, "heads_kv": 2, "seq_q": 8, "seq_kv": 8,
+                                       "head_dim": 8, "causal": "maybe"}}, "causal must be true or false, got 'maybe'"),
+    ({"kind": "grouped_gemm", "problem": {"groups": 4, "k": 8, "n": 8, "tokens": 64, "skew": float("nan")}},
+     "skew must be a finite number"),
+])
+def test_every_problem_type_checks_its_fields_types_and_sizes(item, said, tmp_path) -> None:
+    """One check for every problem type (ProblemType runs it before the type's own): a value
+    of the wrong type or past what a kernel takes is named, in a problems file too."""
+    import json
+
+    from primus_perf.errors import ConfigError
+    from primus_perf.problems import load_problems, problem_from_item
+
+    with pytest.raises(ValueError, match=re.escape(said)):
+        problem_from_item(item)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps([item]))
+    with pytest.raises(ConfigError, match=f"{re.escape(str(path))} item 0: .*{re.escape(said)}"):
+        load_problems(path)

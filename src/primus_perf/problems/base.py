@@ -1,11 +1,17 @@
 """What every problem type shares: its kind name (given where the type is defined, which
-also registers it), a reader of one problems-file item, and a dataclass reader that names
+also registers it), the check of its fields' types and sizes (run before the type's own
+``__post_init__``), a reader of one problems-file item, and a dataclass reader that names
 unknown fields."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import fields
 from typing import Any, ClassVar
+
+MAX_SIZE = 2**31 - 1  # a size GPU kernels and BLAS libraries take (int32)
+MAX_STRIDE = 2**62  # a batch stride (elements), products of sizes
 
 _TYPES: dict[str, type[ProblemType]] = {}  # kind name -> problem type, in definition order
 
@@ -23,11 +29,44 @@ class ProblemType:
             raise ValueError(f"two problem types for kind {kind!r}: {_TYPES[kind].__name__}, {cls.__name__}")
         cls.kind = kind
         _TYPES[kind] = cls
+        own = cls.__dict__.get("__post_init__")
+
+        def __post_init__(self: Any) -> None:
+            check_fields(self)
+            if own is not None:
+                own(self)
+
+        cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
 
     @classmethod
     def from_item(cls, data: dict[str, Any]) -> ProblemType:
         """The problem of one problems-file item's fields (types may accept other spellings)."""
         return cls.from_dict(data)  # type: ignore[attr-defined]
+
+
+def check_fields(problem: Any) -> None:
+    """ValueError naming the field for a value of the wrong type or size: an ``int`` field
+    holds an integer (not a bool; numpy's are taken as ints) of at most :data:`MAX_SIZE`
+    (a ``stride`` :data:`MAX_STRIDE`), a ``bool`` field true or false (``"maybe"`` is
+    neither), a ``float`` field a finite number. The type's own ``__post_init__`` checks
+    what the values mean (positive sizes, known dtypes)."""
+    name = type(problem).__name__
+    for f in fields(problem):
+        value = getattr(problem, f.name)
+        if f.type == "int":
+            if isinstance(value, bool) or type(value).__name__ == "bool_" or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name}.{f.name} must be an int, got {value!r}")
+            bound = MAX_STRIDE if f.name.startswith("stride") else MAX_SIZE
+            if value > bound:
+                raise ValueError(f"{name}.{f.name} is {value}, more than {bound} (no kernel takes it)")
+            object.__setattr__(problem, f.name, int(value))
+        elif f.type == "bool":
+            if not isinstance(value, bool) and type(value).__name__ != "bool_":
+                raise ValueError(f"{name}.{f.name} must be true or false, got {value!r}")
+            object.__setattr__(problem, f.name, bool(value))
+        elif f.type == "float" and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                    or not math.isfinite(value)):
+            raise ValueError(f"{name}.{f.name} must be a finite number, got {value!r}")
 
 
 def problem_types() -> dict[str, type[ProblemType]]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from primus_perf.problems.base import ProblemType, dataclass_from_dict
+from primus_perf.problems.base import MAX_SIZE, ProblemType, dataclass_from_dict
 from primus_perf.problems.dtypes import DTYPE_BYTES, canonical_dtype, default_compute
 
 
@@ -233,8 +233,8 @@ class GemmProblem(ProblemType, kind="gemm"):
         if "M" in data:
             for name in ("M", "N", "K"):
                 value = data.get(name)
-                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                    raise ValueError(f"{name} must be a positive int, got {value!r}")
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIZE:
+                    raise ValueError(f"{name} must be a positive int of at most {MAX_SIZE}, got {value!r}")
             return cls.from_row_major(**data)
         return cls.from_dict(data)
 
