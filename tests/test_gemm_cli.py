@@ -24,8 +24,14 @@ def test_problems_file_forms_and_dry_run(tmp_path) -> None:
     res = CliRunner().invoke(app, ["gemm", "--problems", str(f), "--dry-run"])
     assert res.exit_code == 0, res.output
     assert "2 unique GEMM problems" in res.output  # the attention problem is not a GEMM
-    # the label says m, n and k as the key does (BLAS terms), then the torch product it is
-    assert "m4096 n128 k14336 f16 TN (torch [128x14336] @ [14336x4096])  gemm:TN|m4096|n128|k14336|" in res.output
+    # the label every command prints (the torch product's M x N x K, dtype, layout), then the key
+    assert "128x4096x14336 f16 TN  gemm:TN|m4096|n128|k14336|" in res.output
+    # the label, or M,N,K[,layout,dtype], names the same problem on the command line
+    one = CliRunner().invoke(app, ["gemm", "--problem", "4096,6144,4096", "--problem", "128x4096x14336 f16 TN",
+                                   "--problem", "128,4096,14336,TN,f16", "--dry-run"])
+    assert one.exit_code == 0 and one.output == res.output, one.output
+    bad = CliRunner().invoke(app, ["gemm", "--problem", "4096,4096", "--dry-run"])
+    assert isinstance(bad.exception, UserError) and "is not M,N,K[,layout,dtype]" in str(bad.exception)
     offline = CliRunner().invoke(app, ["gemm", "--offline", "--problems", str(f), "--dry-run"])
     assert offline.exit_code == 0 and offline.output == res.output  # --offline spells the default
 
@@ -45,11 +51,7 @@ def test_from_trace_dry_run_lists_the_traces_problems() -> None:
     lines = [line for line in res.output.splitlines() if " bf16 " in line]
     listed = {str(GemmProblem.from_dict({**_fields(key), "dtype_a": "bf16"})) for key in
               (line.split("  ")[1] for line in lines)}
-    assert listed == expected
-    for line in lines:  # the label's m, n, k are the key's
-        label, key = line.split("  ")
-        m, n, k = (int(x[1:]) for x in label.split()[:3])
-        assert f"|m{m}|n{n}|k{k}|" in key, line
+    assert listed == expected == {line.split("  ")[0] for line in lines}  # each line: the label, then its key
 
 
 def test_problem_errors_are_one_line() -> None:
@@ -142,7 +144,7 @@ def test_tunableop_export_spells_cublaslt_algorithms(tmp_path) -> None:
         "Gemm_Cublaslt_id_66_tile_18_stages_35_splitk_1_red_0_swizzle_1_custom_0_inner_1_cluster_2,1.250000",
     ]
     # cuBLASLt 12+ builds of TunableOp parse only names with the inner and cluster shapes
-    assert "gemm:NN|m1024|n1024|k1024|" in res.output and "INNER_SHAPE_ID, CLUSTER_SHAPE_ID); export on" in res.output
+    assert f"{q}: skipped" in res.output and "INNER_SHAPE_ID, CLUSTER_SHAPE_ID); export on" in res.output
     # torch 2.13 on CUDA: Default only, and only the PT_VERSION validator (another makes TunableOp drop the file)
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
                                    "--torch-version", "2.13.0"])
@@ -169,8 +171,8 @@ def test_tunableop_export_skips_what_it_cannot_spell_and_says_why(tmp_path) -> N
         "GemmTunableOp_BFloat16_TN,tn_128_64_32_ld_32_32_128,Default,0.010000",
         "GemmAndBiasTunableOp_BFloat16_TN,tn_128_64_32_ld_32_32_128,Default,0.010000",
     ]
-    assert f"{gelu.key()}: skipped, epilogue gelu_bias" in res.output
-    assert f"{mixed.key()}: skipped, bf16 inputs with a f32 output" in res.output
+    assert f"{gelu}: skipped, epilogue gelu_bias" in res.output
+    assert f"{mixed}: skipped, bf16 inputs with a f32 output" in res.output
     assert "2 rows; 2 GEMM entries skipped" in res.output
 
 
@@ -251,3 +253,12 @@ def test_tunableop_export_names_opaque_cublaslt_algos_and_defaults_to_the_runnin
     res = CliRunner().invoke(app, ["cache", "export", str(cache), "--format", "tunableop", "--out", str(out),
                                    "--torch-version", "banana"])
     assert isinstance(res.exception, UserError) and "'banana' is not a torch release such as 2.14.0" in str(res.exception)
+
+
+def test_grouped_dry_run_of_a_config_lists_each_problem_once() -> None:
+    res = CliRunner().invoke(app, ["grouped-gemm", "--config", "tiny-moe", "model.n_layers=2", "--steps", "1",
+                                   "--device", "cpu", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    keys = [line.split("  ")[1] for line in res.output.splitlines() if "  ggemm:" in line]
+    assert keys and len(keys) == len(set(keys)) and f"{len(keys)} unique grouped GEMM problems" in res.output
+    assert all(line.endswith("calls)") for line in res.output.splitlines() if "  ggemm:" in line)

@@ -108,7 +108,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "bench": ["primus-profile", "bench", "--config", "tiny", "--repeat", "2", "--warmup", "0", "--profile-steps",
                   "0", "model.n_layers=1", "train.seq_len=64", "-o", str(out / "samples.json")],
         "report": ["primus-profile", "report", str(CUDNN), "-o", str(out / "report.html")],
-        "cache show": ["primus-tune", "cache", "show", str(CACHE)],
+        "cache show": ["primus-tune", "cache", "show", str(CACHE), "--keys"],
         "cache merge": ["primus-tune", "cache", "merge", str(out / "merged.json"), str(CACHE)],
         "cache export": ["primus-tune", "cache", "export", str(CACHE), "--format", "tunableop", "--torch-version",
                          "2.14.0", "--out", str(out / "tunableop.csv")],
@@ -209,19 +209,24 @@ def test_gate_prints_medians_in_ms_and_every_verdict_whole(logs: Path) -> None:
     assert "overridess" not in text + (logs / "gate.err").read_text()
 
 
-def test_cache_show_prints_every_key_whole(logs: Path) -> None:
+def test_cache_show_prints_every_label_and_key_whole(logs: Path) -> None:
+    from primus_perf.cache.store import CacheEntry
+
     text = _text(logs, "cache show")
-    entries = json.loads(CACHE.read_text())["entries"]
+    entries = [CacheEntry.from_dict(e) for e in json.loads(CACHE.read_text())["entries"]]
     (_header, rows), = tables(text)
-    assert [r[1] for r in rows] == [e["problem_key"] for e in entries]
+    assert [(r[1], r[2]) for r in rows] == [(e.label(), e.problem_key) for e in entries]
 
 
-def test_dry_run_labels_agree_with_their_keys(logs: Path) -> None:
-    for line in _text(logs, "gemm dry-run").splitlines():
-        if line.startswith("m"):
-            label, key = line.split("  ")
-            m, n, k = (int(x[1:]) for x in label.split()[:3])
-            assert f"|m{m}|n{n}|k{k}|" in key, line
+def test_dry_run_labels_are_the_problems_labels(logs: Path) -> None:
+    from primus_perf.problems import GemmProblem
+
+    lines = [line for line in _text(logs, "gemm dry-run").splitlines() if "  gemm:" in line]
+    assert lines
+    for line in lines:
+        label, key = line.split("  ")
+        assert GemmProblem.from_spec(label).row_major_shapes()[:3] == tuple(int(x) for x in label.split()[0].split("x"))
+        assert key.startswith("gemm:"), line
 
 
 def test_bench_shows_progress_in_a_log(logs: Path) -> None:

@@ -72,13 +72,20 @@ def test_labels_are_unique_over_problems_whose_keys_differ_in_every_field() -> N
     assert _labels(problems[:1] * 2, [problems[0].key()] * 2) == [str(problems[0])] * 2
 
 
-def test_dry_run_labels_say_the_keys_m_n_k() -> None:
-    from primus_perf.cli.tune_run import dry_run_label
+def test_one_label_for_every_command_and_gemm_problem_reads_it_back(capsys) -> None:
+    """--dry-run prints each problem by the label analyze, report, cache show and the tuners
+    print (str(problem)), then its key; `primus-tune gemm --problem LABEL` reads a packed
+    GEMM's label back as the same problem."""
+    from primus_perf.cli.tune_run import list_problems
+    from primus_perf.problems import GemmProblem
 
-    for p in _every_field_differs():
-        label = dry_run_label(p)
-        m, n, k = (int(x[1:]) for x in label.split()[:3])
-        assert (m, n, k) == (p.m, p.n, p.k) and f"|m{m}|n{n}|k{k}|" in p.key(), label
-        M, N, K, _, _ = p.row_major_shapes()
-        assert f"(torch [{M}x{K}] @ [{K}x{N}])" in label
-    assert len({dry_run_label(p) for p in _every_field_differs()}) >= 8
+    problems = _every_field_differs()
+    list_problems(problems + problems[:1], "GEMM")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:len(problems)] == [f"{p}  {p.key()}" for p in problems]
+    for p in problems:
+        M, N, K, a_t, b_t = p.row_major_shapes()
+        packed = GemmProblem.from_row_major(M, N, K, a_transposed=a_t, b_transposed=b_t, dtype=p.dtype_a)
+        if packed == p:
+            assert GemmProblem.from_spec(str(p)) == p
+            assert GemmProblem.from_spec(f"{M},{N},{K},{str(p).split()[2]},{p.dtype_a}") == p

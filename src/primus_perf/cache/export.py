@@ -72,7 +72,7 @@ def cublaslt_name(config: dict, library_major: int = 0) -> str | None:
 @dataclass
 class Export:
     """What an export writes (``lines``: the file's lines, ``rows``: how many of them are
-    results) and what it leaves out (``skipped``: (problem key, why) per entry)."""
+    results) and what it leaves out (``skipped``: (problem label, why) per entry)."""
 
     lines: list[str] = field(default_factory=list)
     rows: int = 0
@@ -172,7 +172,7 @@ def tunableop_rows(entries: list[CacheEntry], torch_version: str, validators: di
         if not why:
             sol, why = tunableop_solution(e, p, cublaslt, decode)
         if sol is None:
-            out.skipped.append((e.problem_key, why))
+            out.skipped.append((e.label(), why))
             continue
         versions.update({k: v for k, v in e.versions.items() if k != "cublasLt" or cublaslt})
         t = ("T" if p.trans_a else "N") + ("T" if p.trans_b else "N")
@@ -195,7 +195,7 @@ def hipblaslt_rows(entries: list[CacheEntry]) -> Export:
             continue
         source, index = _solution(e)
         if source != "hipblaslt" or index is None:
-            out.skipped.append((e.problem_key, "not a hipBLASLt choice" if source != "hipblaslt"
+            out.skipped.append((e.label(), "not a hipBLASLt choice" if source != "hipblaslt"
                                 else "hipBLASLt choice without its solution index"))
             continue
         p = GemmProblem.from_dict(e.problem)

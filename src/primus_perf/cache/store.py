@@ -124,6 +124,14 @@ class CacheEntry:
         elif not isinstance(blob, bytes):
             raise ValueError(f"solution blob must be bytes or base64 text, got {type(blob).__name__}")
 
+    def label(self) -> str:
+        """The problem's label, as every command prints it (the key for a kind this
+        installation does not know)."""
+        try:
+            return str(kinds.get(self.kind).problem_type.from_dict(self.problem))
+        except (KeyError, TypeError, ValueError):
+            return self.problem_key
+
     @property
     def device_identity(self) -> DeviceIdentity:
         return DeviceIdentity.from_dict(self.device)

@@ -25,18 +25,21 @@ def note(message: str) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("show")
-    def show_cmd(path: str = typer.Argument(..., help="Cache file")) -> None:
-        """List the entries of a tuning cache (invalid entries are named and skipped). Each
-        speedup says how it was measured: "in the step" (confirmed against the baseline
-        inside real steps, with the quartiles of the per-pair ratios), else "isolated"
-        (offline tuning: each call alone) or "online samples"."""
+    def show_cmd(path: str = typer.Argument(..., help="Cache file"),
+                 keys: bool = typer.Option(False, "--keys", help="Add each entry's cache key")) -> None:
+        """List the entries of a tuning cache (invalid entries are named and skipped), each
+        problem by the label every command prints. Each speedup says how it was measured:
+        "in the step" (confirmed against the baseline inside real steps, with the quartiles
+        of the per-pair ratios), else "isolated" (offline tuning: each call alone) or
+        "online samples"."""
         from rich.table import Table
 
-        table = Table("kind", "problem", "device", "versions", "choice", "speedup (how measured)")
+        table = Table("kind", "problem", *(["key"] if keys else []), "device", "versions", "choice",
+                      "speedup (how measured)")
         entries = open_cache(path).entries()
         for e in entries:
             cfg = e.solution.get("config") or {}
-            table.add_row(e.kind, e.problem_key, str(e.device.get("name", "?")),
+            table.add_row(e.kind, escape(e.label()), *([e.problem_key] if keys else []), str(e.device.get("name", "?")),
                           ",".join(f"{k}={v}" for k, v in e.versions.items()),
                           str(cfg.get("name", cfg.get("backend", ""))), escape(e.claim()))
         print_table(table)

@@ -25,6 +25,10 @@ def register(app: typer.Typer) -> None:
         config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),  # noqa: UP045
         steps: int = typer.Option(3, "--steps", min=1, help=STEPS_HELP),
         problems: Optional[list[str]] = typer.Option(None, "--problems", help="JSON/YAML problems file(s)"),  # noqa: UP045
+        problem: Optional[list[str]] = typer.Option(  # noqa: UP045
+            None, "--problem", help="A problem M,N,K[,layout,dtype] (torch's [M,K] @ [K,N]; layout TN, dtype bf16 by"
+                                    " default) or its label as analyze prints it, e.g. '8192x4096x14336 bf16 TN'"
+                                    " (repeatable)"),
         from_trace: Optional[list[str]] = typer.Option(None, "--from-trace", "--trace", help="Profiler trace(s) or run directories"),  # noqa: UP045
         budget_s: float = typer.Option(5.0, "--budget-s", min=0.001, help="Time budget per problem"),
         widen: bool = typer.Option(False, "--widen", help="Also try split-K variants of the top heuristics"),
@@ -52,7 +56,7 @@ def register(app: typer.Typer) -> None:
         check_trace_args(from_trace or ())
         n_gpus = resolve_gpus(gpus)
         with console.status("reading the problems"):
-            probs = gather_problems("gemm", traces=from_trace or (), files=problems or ())
+            probs = gather_problems("gemm", traces=from_trace or (), files=problems or (), specs=problem or ())
         if dry_run:
             list_problems(probs, "GEMM")
             return

@@ -76,15 +76,17 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--gpus {gpus} tunes on GPUs; --device cpu tunes in this process")
         n_gpus = resolve_gpus(gpus)
         check_trace_args(from_trace or ())
-        problems = []
+        problems, calls = [], {}
         if problems_file or from_trace:
             with console.status("reading the problems"):
                 problems += gather_problems(GROUPED.name, traces=from_trace or (), files=problems_file or ())
         if config is not None:
-            problems += recorded(config, list(overrides or []), steps)
+            calls = recorded(config, list(overrides or []), steps)
+            problems += [p for p, _ in calls]
         problems = list({p.key(): p for p in problems}.values())
+        if dry_run or calls:  # the problems once, with the calls the run made
+            list_problems(problems, "grouped GEMM", {p.key(): n for p, n in calls})
         if dry_run:
-            list_problems(problems, "grouped GEMM")
             return
         make_tuner = partial(GroupedGemmTuner, triton=triton, max_configs=max_configs, device=device)
         results = []
@@ -98,13 +100,10 @@ def register(app: typer.Typer) -> None:
 
 
 def recorded(config: str, overrides: list[str], steps: int) -> list:
-    """The grouped problems ``steps`` training steps of the config ran (printed)."""
+    """The grouped problems ``steps`` training steps of the config ran, each with its calls."""
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.grouped_problems import record_grouped_problems
 
     cfg = load_config(config, [*overrides, f"train.steps={max(steps, 1)}"])
     with console.status(f"recording the grouped GEMMs of {steps} steps of {config}"):
-        found = record_grouped_problems(cfg, steps)
-    for p, calls in found:
-        console.print(f"{p.key()}  ({calls} calls)", highlight=False)
-    return [p for p, _ in found]
+        return record_grouped_problems(cfg, steps)

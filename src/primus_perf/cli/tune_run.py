@@ -72,25 +72,12 @@ def results_table(results: Sequence[core.TuneResult]) -> Table:
     return table
 
 
-def dry_run_label(problem: Any) -> str:
-    """A problem's label in the terms of its cache key. A GEMM's key is in BLAS
-    (column-major) terms, where m and n are the row-major torch product's N and M: the
-    label says m, n and k as the key does, then the torch shape it is."""
-    if not hasattr(problem, "row_major_shapes"):
-        return str(problem)
-    M, N, K, _, _ = problem.row_major_shapes()
-    t = ("T" if problem.trans_a else "N") + ("T" if problem.trans_b else "N")
-    batch = f" batch {problem.batch}" if problem.batch > 1 else ""
-    epilogue = "" if problem.epilogue == "none" else f" +{problem.epilogue}"
-    return (f"m{problem.m} n{problem.n} k{problem.k} {problem.dtype_a} {t}{batch}{epilogue}"
-            f" (torch [{M}x{K}] @ [{K}x{N}])")
-
-
-def list_problems(problems: Sequence[Any], noun: str) -> None:
-    """``--dry-run``: each problem (its label in the key's terms, two spaces, its cache
-    key), then how many."""
+def list_problems(problems: Sequence[Any], noun: str, calls: dict[str, int] | None = None) -> None:
+    """``--dry-run``: each problem once (its label, as every command prints it, two spaces,
+    its cache key; ``calls``: per key, the calls a recorded run made), then how many."""
     for p in problems:
-        console.print(f"{dry_run_label(p)}  {p.key()}", highlight=False, soft_wrap=True)
+        n = (calls or {}).get(p.key())
+        console.print(f"{p}  {p.key()}" + (f"  ({n} calls)" if n else ""), highlight=False, soft_wrap=True)
     console.print(f"{len(problems)} unique {noun} problems")
 
 

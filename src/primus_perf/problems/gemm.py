@@ -23,6 +23,7 @@ mapping; ``row_major_shapes`` inverts it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -242,6 +243,26 @@ class GemmProblem(ProblemType, kind="gemm"):
     def from_dict(cls, data: dict[str, Any]) -> GemmProblem:
         return dataclass_from_dict(cls, data)
 
+    @classmethod
+    def from_spec(cls, spec: str) -> GemmProblem:
+        """The problem a command line names: ``M,N,K[,layout,dtype]`` (the row-major torch
+        product ``[M, K] @ [K, N]``; layout: the BLAS transposes of the label, TN by default,
+        the layout of ``nn.Linear``'s forward; dtype bf16 by default), or the label itself
+        (``str(problem)``: ``"8192x4096x14336 bf16 TN"``). ValueError naming what is wrong."""
+        parts = [x for x in re.split(r"[\s,]+", spec.strip()) if x]
+        if parts and "x" in parts[0]:
+            parts[:1] = parts[0].split("x")
+        sizes, rest = parts[:3], parts[3:]
+        if len(sizes) != 3 or not all(x.isdigit() for x in sizes) or len(rest) > 2:
+            raise ValueError(f"{spec!r} is not M,N,K[,layout,dtype] (e.g. 8192,4096,14336,TN,bf16)")
+        layout = next((x.upper() for x in rest if re.fullmatch(r"[NTnt]{2}", x)), "TN")
+        dtypes = [x for x in rest if not re.fullmatch(r"[NTnt]{2}", x)]
+        if len(dtypes) > 1:
+            raise ValueError(f"{spec!r}: one layout (NN, NT, TN, TT) and one dtype, got {' '.join(rest)}")
+        M, N, K = (int(x) for x in sizes)
+        return cls.from_item({"M": M, "N": N, "K": K, "a_transposed": layout[1] == "T",
+                              "b_transposed": layout[0] == "T", "dtype": canonical_dtype(dtypes[0] if dtypes else "bf16")})
+
     # ---- performance model ----------------------------------------------------------------
 
     @property
@@ -263,6 +284,8 @@ class GemmProblem(ProblemType, kind="gemm"):
         return self.flops / self.bytes_moved
 
     def __str__(self) -> str:
+        """The one label every command prints (``primus-tune gemm --problem`` reads it
+        back): the torch product's M x N x K, the dtype, the BLAS layout (trans_a, trans_b)."""
         M, N, K, _, _ = self.row_major_shapes()
         t = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
         batch = f"{self.batch}x " if self.batch > 1 else ""

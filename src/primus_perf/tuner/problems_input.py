@@ -1,7 +1,8 @@
 """The problems to tune, from where a user gives them: problems files
 (``problems.load_problems``), profiler traces (``tracelens.shapes.problems_from_traces``,
-ranked by time) and attention specs on the command line. No Triton or GPU work here: the
-CLI checks its input before any."""
+ranked by time) and specs on the command line (``--problem``: attention
+``b,hq,hkv,s,d,causal``, GEMM ``M,N,K[,layout,dtype]`` or its label). No Triton or GPU work
+here: the CLI checks its input before any."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 from collections.abc import Sequence
 
 from primus_perf.errors import UserError
-from primus_perf.problems import AttentionProblem, Problem, load_problems
+from primus_perf.problems import AttentionProblem, GemmProblem, Problem, load_problems
 from primus_perf.tuner.kinds import plugins
 
 _CAUSAL_WORDS = {"causal": True, "1": True, "true": True, "full": False, "0": False, "false": False}
@@ -33,6 +34,16 @@ def parse_attention_spec(spec: str, dtype: str = "bf16") -> AttentionProblem:
         raise UserError(f"--problem {spec!r}: {exc}") from None
 
 
+def parse_spec(kind: str, spec: str, dtype: str = "bf16") -> Problem:
+    """A ``--problem`` of ``kind``: one UserError naming the spec when it is not one."""
+    if kind == "attention":
+        return parse_attention_spec(spec, dtype)
+    try:
+        return GemmProblem.from_spec(spec)
+    except ValueError as exc:
+        raise UserError(f"--problem {exc}") from None
+
+
 def gather_problems(
     kind: str,
     *,
@@ -52,12 +63,12 @@ def gather_problems(
         found += [p for p, _ in problems_from_traces(list(traces))[kind]]
     for path in files:
         found += load_problems(path)
-    found += [parse_attention_spec(s, dtype) for s in specs]
+    found += [parse_spec(kind, s, dtype) for s in specs]
     unique = {p.key(): p for p in found if isinstance(p, wanted)}
     if not unique:
         if not (traces or files or specs):
             raise UserError("nothing to tune: give --problems FILE, --from-trace TRACE"
-                            + (" or --problem SPEC" if kind == "attention" else ""))
+                            + (" or --problem SPEC" if kind in ("attention", "gemm") else ""))
         hint = " (a trace needs record_shapes=True)" if traces else ""
         raise UserError(f"no {kind} problems found{hint}")
     return list(unique.values())
