@@ -247,3 +247,60 @@ def test_out_folder_with_a_run_is_refused_unless_overwrite(tmp_path: Path) -> No
     assert {p.name for p in out.iterdir()} == {"notes.txt"}
     r = _cli(["run", "--config", "tiny", "--out", str(out), *SMALL])  # refused before training
     assert r.returncode == 2 and "--overwrite" in r.stderr and "Traceback" not in r.stderr
+
+
+# --------------------------------------------------------------------------- your own script
+
+SCRIPT = """
+import sys, torch
+import primus_perf
+explicit, steps, code = sys.argv[1] == "explicit", int(sys.argv[2]), int(sys.argv[3])
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+other = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # steps too: not the first
+for step in range(steps):
+    for micro in range(2):  # gradient accumulation: with explicit marks, a micro-step is a step
+        model(torch.randn(16, 32)).sum().backward()
+        if explicit:
+            primus_perf.profile_step()
+    opt.step(); opt.zero_grad(); other.step()
+print("done", steps)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("marks", ["optimizer", "explicit"])
+def test_run_profiles_your_own_script_into_the_same_run_folder(tmp_path: Path, marks: str) -> None:
+    """`primus-profile run -- script.py args`: its steps found from its first optimizer's
+    step() (another optimizer does not count) or its primus_perf.profile_step() marks; the
+    run folder of `run --config` (a trace of the active steps, a manifest with every step)
+    that analyze reads."""
+    script, out = tmp_path / "train.py", tmp_path / "run"
+    script.write_text(SCRIPT)
+    r = _cli(["run", "--out", str(out), "--steps", "2", "--baseline", "2", "--wait", "1", "--warmup", "1", "--after", "1",
+              "--", str(script), marks, "8", "0"])
+    assert r.returncode == 0, r.stderr
+    assert "done 8" in r.stdout and "wrote 1 trace(s)" in r.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [s["phase"] for s in manifest["steps"]] == ["baseline"] * 2 + ["wait", "warmup", "active", "active", "after"]
+    assert manifest["program"] == [str(script), marks, "8", "0"]
+    assert manifest["step_marks"] == ("profile_step" if marks == "explicit" else "optimizer.step")
+    steps = sorted(e["name"] for e in _events(out / trace_name(0)) if e.get("name", "").startswith("ProfilerStep#"))
+    assert len(steps) == 2
+    a = analyze([out])
+    assert len(a.gemm_problems) > 0
+
+
+def test_a_script_with_too_few_steps_or_a_failing_exit_is_said(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    r = _cli(["run", "--out", str(tmp_path / "a"), "--", str(script), "optimizer", "3", "0"])
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        "error: the program marked 3 steps (optimizer.step() calls), and the window needs 7 to record one"), r.stderr
+    r = _cli(["run", "--out", str(tmp_path / "b"), "--steps", "1", "--baseline", "0", "--wait", "0", "--", str(script),
+              "optimizer", "2", "3"])
+    assert r.returncode == 3 and (tmp_path / "b" / "manifest.json").is_file(), r.stderr  # its exit code, after the folder
+    r = _cli(["run", "--config", "tiny", "--out", str(tmp_path / "c"), "--", str(script)])
+    assert r.returncode == 2 and "--config and --layers are the reference trainer's" in r.stderr
+    r = _cli(["run", "--out", str(tmp_path / "d"), "--", str(tmp_path / "missing.py")])
+    assert r.returncode == 2 and "is not a file" in r.stderr

@@ -12,7 +12,9 @@ The loop in a few calls::
         ...
 
 or all of it at once: ``pp.run_loop("tiny")`` (what ``primus-tune loop`` runs). Your own
-step loop is profiled with ``pp.profile_steps`` or ``pp.profile_window``, and
+script is profiled as it is with ``pp.capture_program`` (``primus-profile run -- script.py``;
+``pp.profile_step()`` marks its steps where ``optimizer.step()`` does not), your own step
+loop with ``pp.profile_steps`` or ``pp.profile_window``, and
 ``with pp.enable(cache="tuning_cache.json"):`` runs any PyTorch program's GEMMs and SDPA
 calls on the cache's choices (``online=True`` tunes new problems during the first steps).
 
@@ -42,6 +44,8 @@ _EXPORTS: dict[str, str] = {
     "capture_trainer": "primus_perf.profiler.capture",
     "profile_steps": "primus_perf.profiler.capture",
     "profile_window": "primus_perf.profiler.capture",
+    "capture_program": "primus_perf.profiler.program",
+    "profile_step": "primus_perf.profiler.program",
     "analyze": "primus_perf.tracelens.analyze",
     "Analysis": "primus_perf.tracelens.analyze",
     "build_report": "primus_perf.tracelens.report",

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from primus_perf.cli.common import console
+from primus_perf.errors import UserError
 from primus_perf.tracelens.inputs import MANIFEST
 
 
@@ -16,9 +17,11 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
         overrides: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional)
-            None, help="Config overrides key=value, e.g. train.micro_batch=2 parallel.tp=2"
+            None, help="Config overrides key=value, e.g. train.micro_batch=2 parallel.tp=2; or, after --, your"
+                       " own script and its arguments: -- train.py --lr 3e-4 (or -- -m module args)"
         ),
-        config: str = typer.Option("tiny", "--config", "-c", help="Preset name or YAML path"),
+        config: Optional[str] = typer.Option(None, "--config", "-c",  # noqa: UP045
+                                             help="Preset name or YAML path (default: tiny)"),
         layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Override model.n_layers"),  # noqa: UP045
         steps: int = typer.Option(3, "--steps", min=1, help="Profiled (recorded) steps"),
         warmup: int = typer.Option(1, "--warmup", min=0, help="Profiler warm-up steps before recording"),
@@ -31,13 +34,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train under torch.profiler: one gzipped trace per rank plus manifest.json
         (works under torchrun). Analyze with `primus-profile analyze DIR`. --out must be
-        empty (or --overwrite). Ctrl-C keeps the steps already recorded."""
-        from primus_perf.enabling import online_tuning
-        from primus_perf.profiler.capture import Schedule, capture_trainer
+        empty (or --overwrite). Ctrl-C keeps the steps already recorded.
+
+        The reference trainer (--config PRESET [overrides]), or your own script after --
+        (primus-profile run -- train.py args): its steps end at each optimizer.step() of its
+        first optimizer, or at each primus_perf.profile_step() it calls; the same window
+        and run folder."""
+        from primus_perf.profiler.capture import Schedule
 
         extra = list(overrides or [])
-        if layers is not None:
-            extra.append(f"model.n_layers={layers}")
         sched = Schedule(active=steps, warmup=warmup, wait=wait, baseline=baseline, after=after)
 
         def show(rec: dict) -> None:
@@ -45,13 +50,31 @@ def register(app: typer.Typer) -> None:
             console.print(f"step {rec['index'] + 1:>3}  {rec['phase']:<8} {rec['time_s'] * 1e3:9.1f} ms{loss}",
                           highlight=False)
 
-        res = capture_trainer(config, extra, out, sched, ranks=ranks, on_step=show, overwrite=overwrite,
-                              online=online_tuning())
+        if extra and is_program(extra):
+            from primus_perf.profiler.program import capture_program
+
+            if config is not None or layers is not None:
+                raise UserError("--config and --layers are the reference trainer's; a script after -- is run as it is")
+            res = capture_program(extra, out, sched, ranks=ranks, on_step=show, overwrite=overwrite)
+        else:
+            from primus_perf.enabling import online_tuning
+            from primus_perf.profiler.capture import capture_trainer
+
+            if layers is not None:
+                extra.append(f"model.n_layers={layers}")
+            res = capture_trainer(config or "tiny", extra, out, sched, ranks=ranks, on_step=show, overwrite=overwrite,
+                                  online=online_tuning())
         m = res.manifest
         if not m:
             return  # not rank 0
         console.print(f"wrote {len(m['traced_ranks'])} trace(s) and {res.out_dir / MANIFEST}", highlight=False)
         console.print(overhead_line(m["steps"]), highlight=False, soft_wrap=True)
+
+
+def is_program(args: list[str]) -> bool:
+    """Whether positional arguments name a program (``script.py ...``, ``-m module``) rather
+    than config overrides (``key=value``)."""
+    return args[0] == "-m" or args[0].endswith(".py") or ("=" not in args[0] and Path(args[0]).is_file())
 
 
 MIN_STEPS = 2  # steps on each side before an overhead is claimed

@@ -1,0 +1,180 @@
+"""Capture any training script: ``primus-profile run -- script.py args`` (or
+:func:`capture_program`) runs the script in this process under the schedule of
+:func:`~primus_perf.profiler.capture.profile_steps` and writes the same run folder as
+``run --config``: one gzipped trace per traced rank and ``manifest.json``.
+
+Where a step ends is found, not configured: each ``optimizer.step()`` of the first optimizer
+that steps (a post hook on every ``torch.optim.Optimizer``) ends one, unless the script
+marks its steps itself with :func:`profile_step` (``primus_perf.profile_step()`` at the end of
+each step: gradient accumulation, several optimizers, a loop without an optimizer): from its
+first call on, only its calls count. Outside ``primus-profile run`` it does nothing.
+
+The baseline steps run without the profiler; the profiler starts after them and stops once
+the window's active steps are recorded, so steps after it run unprofiled again. A script that
+stops before its window is recorded keeps the active steps recorded so far; one that stops
+before any is recorded is a one-line error saying how many steps it marked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from primus_perf.errors import Interrupted, UserError
+from primus_perf.profiler.capture import (
+    CaptureResult,
+    Schedule,
+    _sync,
+    base_manifest,
+    parse_ranks,
+    prepare_out_dir,
+    profile_window,
+    trace_name,
+    write_manifest,
+)
+
+_ACTIVE: list[_Steps] = []  # the capture a running script's steps go to
+
+
+def profile_step() -> None:
+    """Mark the end of one step of the running script (``primus-profile run -- script.py``);
+    from its first call on, ``optimizer.step()`` no longer counts. Nothing outside a capture."""
+    if _ACTIVE:
+        _ACTIVE[-1].mark(explicit=True)
+
+
+class _Steps:
+    """The schedule driven by the script's step marks."""
+
+    def __init__(self, out: Path, schedule: Schedule, rank: int, traced: bool,
+                 on_step: Callable[[dict[str, Any]], None] | None) -> None:
+        self.out, self.schedule, self.rank, self.traced, self.on_step = out, schedule, rank, traced, on_step
+        self.phases = schedule.phases()
+        self.records: list[dict[str, Any]] = []
+        self.explicit = False
+        self.optimizer: Any = None
+        self._window: Any = None  # the open profile_window context
+        self.window: Any = None
+        self.trace: Path | None = None
+        self.t0 = time.perf_counter()
+
+    def optimizer_stepped(self, optimizer: Any, *_: Any) -> None:
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        if optimizer is self.optimizer and not self.explicit:
+            self.mark()
+
+    def mark(self, explicit: bool = False) -> None:
+        self.explicit = self.explicit or explicit
+        i = len(self.records)
+        if i >= len(self.phases):
+            return  # past the schedule: the script runs on, unrecorded
+        _sync()
+        rec = {"index": i, "phase": self.phases[i], "time_s": time.perf_counter() - self.t0}
+        self.records.append(rec)
+        if self.on_step is not None:
+            self.on_step(rec)
+        if self.window is not None:
+            self.window.step()
+        s = self.schedule
+        if i + 1 == s.baseline:
+            self.open()
+        elif self._window is not None and i + 1 == s.baseline + s.wait + s.warmup + s.active:
+            self.close()
+        self.t0 = time.perf_counter()
+
+    def open(self) -> None:
+        if not self.traced:
+            return
+        s = self.schedule
+        self._window = profile_window(self.out / trace_name(self.rank), active=s.active, warmup=s.warmup, wait=s.wait)
+        self.window = self._window.__enter__()
+
+    def close(self, *exc: Any) -> None:
+        if self._window is None:
+            return
+        window, self._window, self.window = self._window, None, None
+        window.__exit__(*(exc or (None, None, None)))
+        self.trace = self.out / trace_name(self.rank) if (self.out / trace_name(self.rank)).is_file() else None
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # every traced rank's file is written before rank 0's manifest names it
+
+
+def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedule, *, ranks: str | None = None,
+                    on_step: Callable[[dict[str, Any]], None] | None = None, overwrite: bool = False) -> CaptureResult:
+    """Run ``script.py args`` (or ``-m module args``) in this process, profiling a window of
+    its steps (see the module docstring) into a run folder (an empty one, or ``overwrite``);
+    every rank under torchrun. The script's exit code other than 0 is raised as SystemExit
+    after the run folder is written; Ctrl-C keeps what was recorded (``Interrupted``)."""
+    import torch.optim.optimizer as optim
+
+    from primus_perf.programs import run_target
+
+    if not target or not (target[0] == "-m" or Path(target[0]).is_file()):
+        raise UserError(f"no script to run: {target[0] if target else 'nothing'} after -- is not a file"
+                        " (primus-profile run -- script.py args, or -- -m module args)")
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    traced = parse_ranks(ranks, world)
+    out = prepare_out_dir(out_dir, overwrite=overwrite)
+    steps = _Steps(out, schedule, rank, rank in traced, on_step if rank == 0 else None)
+    if schedule.baseline == 0:
+        steps.open()
+    hook = optim.register_optimizer_step_post_hook(steps.optimizer_stepped)
+    _ACTIVE.append(steps)
+    exit_code: int | None = None
+    try:
+        run_target(target)
+    except SystemExit as exc:
+        from primus_perf.programs import exit_code as code_of
+
+        exit_code = code_of(exc)
+    except UserError:
+        raise
+    except Exception:  # the script's own error: its traceback, as Python prints it; the folder is written
+        traceback.print_exc()
+        exit_code = 1
+    except KeyboardInterrupt:
+        steps.close()
+        _write(steps, world, traced, target, interrupted=True)
+        raise Interrupted(f"after {len(steps.records)} steps; wrote {out}") from None
+    finally:
+        hook.remove()
+        _ACTIVE.remove(steps)
+        with contextlib.suppress(Exception):
+            steps.close()
+    recorded = sum(r["phase"] == "active" for r in steps.records)
+    if not recorded and rank in traced:
+        how = "primus_perf.profile_step() calls" if steps.explicit else "optimizer.step() calls"
+        if exit_code:
+            raise UserError(f"the program exited with code {exit_code} after {len(steps.records)} steps ({how});"
+                            " no step was recorded")
+        raise UserError(f"the program marked {len(steps.records)} steps ({how}), and the window needs"
+                        f" {schedule.baseline + schedule.wait + schedule.warmup + 1} to record one: run more steps,"
+                        " or lower --baseline, --wait or --warmup" + ("" if steps.records else
+                        "; mark each step with primus_perf.profile_step() when the program has no optimizer"))
+    result = CaptureResult(out_dir=out, trace=steps.trace, steps=steps.records, manifest=_write(steps, world, traced,
+                                                                                                 target))
+    if exit_code:
+        raise SystemExit(exit_code)
+    return result
+
+
+def _write(steps: _Steps, world: int, traced: list[int], target: Sequence[str], interrupted: bool = False
+           ) -> dict[str, Any]:
+    if steps.rank != 0:
+        return {}
+    extra: dict[str, Any] = {"program": list(target), "step_marks": "profile_step" if steps.explicit else
+                             "optimizer.step"}
+    if interrupted:
+        extra["interrupted"] = True
+    manifest = base_manifest(steps.schedule, steps.records, world_size=world, traced_ranks=traced, extra=extra)
+    write_manifest(steps.out, manifest)
+    return manifest
+
