@@ -97,3 +97,45 @@ def test_enable_without_a_cache_names_the_flag_and_the_variable(tmp_path) -> Non
     assert res.returncode == 2 and "ran" not in res.stdout
     assert res.stderr.strip().splitlines() == [
         "error: no tuning cache: pass --cache PATH or set PRIMUS_PERF_CACHE (enable(cache=PATH) in Python)"]
+
+
+@pytest.mark.parametrize("argv", [["primus_perf.cli.train"], ["primus_perf.cli.profile", "analyze"],
+                                  ["primus_perf.cli.tune", "cache", "show"], ["primus_perf.launch"],
+                                  ["primus_perf.launch", "--cache", "c.json"]])
+def test_every_command_prints_its_version_and_the_launcher_its_help(argv: list[str]) -> None:
+    from primus_perf import __version__
+
+    r = subprocess.run([sys.executable, "-m", *argv, "--version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(f"primus-perf {__version__} (torch "), r.stdout + r.stderr
+    if argv[0] == "primus_perf.launch":
+        r = subprocess.run([sys.executable, "-m", *argv, "--help"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "-- script.py args" in r.stdout, r.stderr
+        r = subprocess.run([sys.executable, "-m", *argv, "--bogus", "--", "x.py"], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2 and r.stderr.strip().startswith("error: unrecognized arguments: --bogus"), r.stderr
+
+
+def test_the_resolved_config_prints_as_yaml_and_o_is_the_output_everywhere() -> None:
+    import typer.main
+    import yaml
+
+    from primus_perf.cli import profile, train, tune
+
+    r = subprocess.run([sys.executable, "-m", "primus_perf.cli.train", "--config", "tiny", "--layers", "1",
+                        "train.seq_len=64", "--print-config"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(r.stdout)
+    assert cfg["model"]["n_layers"] == 1 and cfg["train"]["seq_len"] == 64 and "tok/s" not in r.stdout
+    # -o is the command's output (a file, or a folder) wherever it exists, spelled --output
+    found = []
+
+    def walk(cmd) -> None:
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+        for param in getattr(cmd, "params", []):
+            if "-o" in param.opts:
+                found.append((cmd.name, param.opts))
+
+    for app in (profile.app, tune.app, train.app):
+        walk(typer.main.get_command(app))
+    assert len(found) >= 8 and all("--output" in opts for _, opts in found), found

@@ -187,6 +187,8 @@ def test_analyze_prints_every_name_and_number_whole(logs: Path) -> None:
         assert f"{row['time_s'] * 1e3:.3f}" in cells
     for row in data["hotspots"][:30]:
         assert row["op"] in cells and row["shape"] in cells, row
+    ops = [row["op"] for row in data["cpu_ops"][:30]]
+    assert any(len(op) > 60 for op in ops) and set(ops) <= cells  # op names whole, past 60 characters too
 
 
 def test_compare_prints_every_shape_whole(logs: Path) -> None:

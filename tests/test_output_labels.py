@@ -37,6 +37,8 @@ def test_profiler_overhead_is_claimed_only_outside_the_spread() -> None:
     assert "recorded steps +30.0%" in clear and "outside the window: not measurable" in clear
     noisy = overhead_line(_steps(baseline=[9.0, 0.5, 2.0], active=[0.3, 1.9], wait=[1.0, 1.1]))
     assert "recorded steps: not measurable, within the step-to-step spread" in noisy and "%" not in noisy
+    faster = overhead_line(_steps(baseline=[9.0, 2.0, 2.1, 1.9], active=[1.2, 1.25], wait=[1.3, 1.28]))
+    assert "%" not in faster and faster.count("not measurable, faster than the unprofiled steps") == 2, faster
     few = overhead_line(_steps(baseline=[2.5], active=[0.5], after=[2.6]))
     assert few.count("not measured (fewer than 2 steps") == 2
 

@@ -163,3 +163,13 @@ def test_preflight_on_this_gpu(tmp_path: Path) -> None:
     assert by_name["HBM copy"].measurement.value > 100
     assert all(c.status != "skipped" or c.reason for c in report.checks)
     assert report.exit_code == (1 if report.failed else 0)
+
+
+def test_free_disk_of_a_folder_not_made_yet_is_where_it_will_be(tmp_path: Path) -> None:
+    from primus_perf.profiler.preflight.host import host_measurements
+
+    later = tmp_path / "runs" / "x"
+    (disk,) = [m for m in host_measurements("node0", later) if m.name == "free disk"]
+    assert disk.value > 0 and f"in {tmp_path.resolve()} (to be made: {later.resolve()})" in disk.expected_note
+    result = CliRunner().invoke(app, ["preflight", "--disk", "/nonexistent/x"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception

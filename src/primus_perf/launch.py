@@ -17,20 +17,26 @@ import sys
 from primus_perf.errors import UserError
 from primus_perf.programs import run_target
 
+USAGE = "python -m primus_perf.launch [--cache PATH] [--online] [--kinds K,..] -- script.py args"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # a usage error is one line and exit 2, as every command's
+        raise UserError(f"{message} (usage: {USAGE})")
+
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    if "--" not in argv:
-        raise UserError("usage: python -m primus_perf.launch [--cache PATH] [--online] -- script.py args")
-    cut = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m primus_perf.launch")
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = _Parser(prog="python -m primus_perf.launch", usage=USAGE,
+                     description="Run a Python script (or -m module) with primus_perf.enable() on, unmodified.")
     parser.add_argument("--cache", default=os.environ.get("PRIMUS_PERF_CACHE"),
                         help="tuning cache (default: $PRIMUS_PERF_CACHE)")
     parser.add_argument("--online", action="store_true", help="tune new problems during the first steps")
     parser.add_argument("--kinds", default=None, help="comma-separated kinds (default: every kind enable() routes)")
-    opts = parser.parse_args(argv[:cut])
+    opts = parser.parse_args(argv[:cut])  # --help prints the help and exits 0
     target = argv[cut + 1:]
     if not target:
-        raise UserError("python -m primus_perf.launch: name the script to run after --")
+        raise UserError(f"name the script to run after -- (usage: {USAGE})")
     return opts, target
 
 

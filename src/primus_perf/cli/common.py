@@ -41,12 +41,35 @@ def error_line(exc: BaseException) -> str:
     return f"[red]error:[/] {escape(' '.join(str(exc).split()))}"
 
 
+VERSION_HELP = "--version (anywhere before --) prints the version of primus-perf, torch and Python."
+
+
+def version_line() -> str:
+    """``primus-perf 0.1.0 (torch 2.13.0, Python 3.11.9)``, without importing torch."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from primus_perf import __version__
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"primus-perf {__version__} (torch {torch_version}, Python {platform.python_version()})"
+
+
 def run_app(app: typer.Typer | Callable[..., object], args: Sequence[str] | None = None) -> None:
     """Run a typer app. Every error a user can cause is one line on stderr: a usage error
     (``error: Invalid value for '--top': ...``, exit 2), a UserError (``error: <message>``,
     its exit code). SIGTERM is handled as Ctrl-C (``finally`` blocks run: logs and partial
     traces are kept); a command that caught it raises :class:`Interrupted` to say what it
-    kept (exit 130). ``--help`` and a command without arguments print the help."""
+    kept (exit 130). ``--help`` and a command without arguments print the help; ``--version``
+    anywhere before ``--`` (a program's own arguments follow it) prints the version, for
+    every command."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if "--version" in (argv[:argv.index("--")] if "--" in argv else argv):
+        print(version_line())
+        sys.exit(0)
     with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
         signal.signal(signal.SIGTERM, _terminate)
     plain_help_off_tty(sys.stdout)

@@ -14,13 +14,14 @@ from primus_perf.cli import (
     profile_preflight,
     profile_report,
 )
-from primus_perf.cli.common import run_app
+from primus_perf.cli.common import VERSION_HELP, run_app
 
 app = typer.Typer(
     name="primus-profile",
     help="Profile training runs and explain their traces.",
     no_args_is_help=True,
     add_completion=False,
+    epilog=VERSION_HELP,
 )
 for module in (profile_capture, profile_analysis, profile_report, profile_gate, profile_preflight):
     module.register(app)

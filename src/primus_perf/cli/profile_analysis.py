@@ -242,7 +242,7 @@ def render_host(a: Analysis, top: int) -> None:
         for col in ("op", "calls", "CPU", "CPU self", "GPU self", "GPU incl."):
             to.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
         for _, r in a.cpu_ops.head(top).iterrows():
-            to.add_row(str(r["op"])[:60], _num(r["calls"], "{:g}"), _ms(r["cpu_s"]), _ms(r["cpu_self_s"]),
+            to.add_row(escape(str(r["op"])), _num(r["calls"], "{:g}"), _ms(r["cpu_s"]), _ms(r["cpu_self_s"]),
                        _ms(r["gpu_self_s"]), _ms(r["gpu_s"]))
         print_table(to)
 
@@ -281,7 +281,7 @@ def render_memory(a: Analysis, top: int) -> None:
     for col in ("op", "allocations", "bytes", "largest"):
         tb.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
     for _, r in by_op.head(top).iterrows():
-        tb.add_row(str(r["op"])[:60], str(int(r["allocations"])), _bytes(r["bytes"]), _bytes(r["largest"]))
+        tb.add_row(escape(str(r["op"])), str(int(r["allocations"])), _bytes(r["bytes"]), _bytes(r["largest"]))
     print_table(tb)
 
 

@@ -28,12 +28,12 @@ def register(app: typer.Typer) -> None:
         wait: int = typer.Option(2, "--wait", min=0, help="Steps with the profiler started but not recording"),
         baseline: int = typer.Option(3, "--baseline", min=0, help="Unprofiled steps before the profiler"),
         after: int = typer.Option(3, "--after", min=0, help="Unprofiled steps after the profiler"),
-        out: Path = typer.Option(Path("runs/profile"), "--out", "-o", help="Run directory to write"),
+        out: Path = typer.Option(Path("runs/profile"), "--output", "-o", "--out", help="Run directory to write"),
         ranks: Optional[str] = typer.Option(None, "--ranks", help="Ranks to trace, e.g. 0,3 (default: all)"),  # noqa: UP045
-        overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in a non-empty --out folder"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in a non-empty -o folder"),
     ) -> None:
         """Train under torch.profiler: one gzipped trace per rank plus manifest.json
-        (works under torchrun). Analyze with `primus-profile analyze DIR`. --out must be
+        (works under torchrun). Analyze with `primus-profile analyze DIR`. -o must be
         empty (or --overwrite). Ctrl-C keeps the steps already recorded.
 
         The reference trainer (--config PRESET [overrides]), or your own script after --
@@ -87,8 +87,9 @@ def _ms_range(times: list[float]) -> str:
 def overhead_line(steps: list[dict]) -> str:
     """The profiler's overhead on the recorded steps and on those outside the window,
     against the unprofiled steps, with each group's spread; a difference within the
-    step-to-step spread (the ranges overlap), or from fewer than :data:`MIN_STEPS` steps a
-    side, is reported as not measurable."""
+    step-to-step spread (the ranges overlap), from fewer than :data:`MIN_STEPS` steps a
+    side, or with the profiled steps faster (no overhead is negative: the steps moved for
+    another reason) is reported as not measurable."""
     def times(*phases: str) -> list[float]:
         return [s["time_s"] for s in steps if s["phase"] in phases]
 
@@ -99,9 +100,12 @@ def overhead_line(steps: list[dict]) -> str:
             parts.append(f"{label}: not measured (fewer than {MIN_STEPS} steps to compare)")
             continue
         spread = f"({_ms_range(group)} vs unprofiled {_ms_range(base)})"
-        if min(group) > max(base) or max(group) < min(base):
+        if min(group) > max(base):
             change = statistics.median(group) / statistics.median(base) - 1
             parts.append(f"{label} {change * 100:+.1f}% {spread}")
+        elif max(group) < min(base):
+            parts.append(f"{label}: not measurable, faster than the unprofiled steps {spread}: they moved for"
+                         " another reason (warm-up, clocks, load)")
         else:
             parts.append(f"{label}: not measurable, within the step-to-step spread {spread}")
     return "profiler overhead: " + "; ".join(parts)

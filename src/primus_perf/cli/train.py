@@ -6,10 +6,10 @@ from typing import Optional
 
 import typer
 
-from primus_perf.cli.common import console, run_app
+from primus_perf.cli.common import VERSION_HELP, console, run_app
 from primus_perf.errors import Interrupted
 
-app = typer.Typer(name="primus-train", add_completion=False)
+app = typer.Typer(name="primus-train", add_completion=False, epilog=VERSION_HELP)
 
 
 def format_step(m, total: int) -> str:
@@ -37,6 +37,9 @@ def train(
         None, "--json-log", help="Write one JSON object per step to this file (JSON lines; it appears under"
         " this name at the end, on Ctrl-C, SIGTERM or an error, holding every finished step)"
     ),
+    print_config: bool = typer.Option(
+        False, "--print-config", help="Print the resolved config (preset, YAML and overrides applied) as YAML"
+        " and exit without training"),
 ) -> None:
     """Train a preset or YAML config; prints loss, step time, tokens/s, MFU and peak memory
     per step. Under torchrun every rank runs it (rank 0 prints and writes the log).
@@ -52,6 +55,11 @@ def train(
     if steps is not None:
         extra.append(f"train.steps={steps}")
     cfg = load_config(config, extra)
+    if print_config:
+        import yaml
+
+        console.print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip(), highlight=False, markup=False)
+        return
     trainer = Trainer(cfg, online=online_tuning() if cfg.tuning.online else None)
     done = 0
     try:

@@ -15,13 +15,14 @@ from primus_perf.cli import (
     tune_grouped,
     tune_loop,
 )
-from primus_perf.cli.common import run_app
+from primus_perf.cli.common import VERSION_HELP, run_app
 
 app = typer.Typer(
     name="primus-tune",
     help="Tune GEMM, grouped-GEMM (MoE) and attention kernels for your exact problems.",
     no_args_is_help=True,
     add_completion=False,
+    epilog=VERSION_HELP,
 )
 tune_loop.register(app)
 tune_gemm.register(app)

@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
     def export_cmd(
         path: str = typer.Argument(..., help="Cache file"),
         fmt: str = typer.Option(..., "--format", help="tunableop | hipblaslt"),
-        out: str = typer.Option(..., "--out", help="File to write"),
+        out: str = typer.Option(..., "--output", "-o", "--out", help="File to write"),
         torch_version: str = typer.Option(
             "", "--torch-version",
             help="tunableop: the torch release that reads the file, e.g. 2.14.0 (its PT_VERSION must match;"

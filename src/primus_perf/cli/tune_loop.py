@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
             None, help="Config overrides key=value, e.g. train.micro_batch=2"
         ),
         config: str = typer.Option("tiny", "--config", "-c", help="Preset name or YAML path"),
-        out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="Folder for the run, report and cache"),
+        out: Path = typer.Option(Path("runs/quickstart"), "--output", "-o", "--out",
+                                 help="Folder for the run, report and cache"),
         steps: int = typer.Option(3, "--steps", help="Profiled steps"),
         budget_s: float = typer.Option(2.0, "--budget-s", help="Tuning time budget per problem (GPU)"),
         blocks: int = typer.Option(4, "--blocks", help="Blocks of steps per side when measuring the speedup (GPU)"),

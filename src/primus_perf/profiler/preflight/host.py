@@ -53,14 +53,30 @@ def host_facts() -> dict[str, object]:
     }
 
 
+def free_disk_gib(path: str | os.PathLike) -> tuple[float, Path]:
+    """Free space (GiB) where ``path`` is or will be made: the file system of its nearest
+    existing folder, and that folder. One UserError when none can be read."""
+    from primus_perf.errors import UserError
+
+    where = Path(path).resolve()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return shutil.disk_usage(where).free / GiB, where
+    except OSError as exc:
+        raise UserError(f"--disk {path}: cannot read the free space of {where}: {exc.strerror}") from None
+
+
 def host_measurements(node: str, disk_path: str | os.PathLike = ".") -> list[Measurement]:
-    """The host's checked figures: free disk where the run writes, available memory, CPUs."""
+    """The host's checked figures: free disk where the run writes (a folder not made yet:
+    where it will be), available memory, CPUs."""
     subject = f"host {node}"
-    free = shutil.disk_usage(disk_path).free / GiB
+    free, where = free_disk_gib(disk_path)
     _, available = memory_bytes()
+    made = "" if where == Path(disk_path).resolve() else f" (to be made: {Path(disk_path).resolve()})"
     return [
         Measurement("host", "free disk", subject, free, "GiB", MIN_FREE_DISK_GIB,
-                    f"room for checkpoints, traces and caches in {Path(disk_path).resolve()}"),
+                    f"room for checkpoints, traces and caches in {where}{made}"),
         Measurement("host", "available memory", subject, None if available is None else available / GiB, "GiB",
                     MIN_AVAILABLE_MEMORY_GIB, "data loading and pinned buffers",
                     reason="" if available is not None else "/proc/meminfo not readable"),
