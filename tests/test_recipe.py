@@ -76,6 +76,18 @@ def test_compiled_blocks_route_their_gemms_through_the_runtimes_pass(tmp_path) -
     assert routed > 0 and sum(launched.values()) == routed
 
 
+def test_compiled_moe_blocks_do_not_recompile_as_the_routing_changes() -> None:
+    """The tokens each expert gets change every step; compiled, they stay outside the graph
+    (a host count compiled in would be a new graph each step, then the recompile limit)."""
+    torch._dynamo.reset()
+    overrides = ("model.n_layers=2", "train.seq_len=32", "train.micro_batch=2")  # layer 2 is MoE
+    eager = _losses("tiny-moe", *overrides)
+    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+        compiled = _losses("tiny-moe", *overrides, "train.compile=block")
+    torch._dynamo.reset()
+    assert compiled == pytest.approx(eager, rel=1e-4)
+
+
 def test_out_of_memory_is_one_line_with_the_estimate_and_the_peak(monkeypatch) -> None:
     trainer = Trainer(load_config("tiny", ["train.micro_batch=2"]))
 

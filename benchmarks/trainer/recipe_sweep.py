@@ -9,7 +9,8 @@ MFU, peak memory, the optimizer's share of the step and the memory estimate, per
 Each config is a set of overrides over the preset's shape (``SHAPES``: llama3-8b 4 layers,
 qwen3-30b-a3b 2 layers, seq 4096, the preset's global batch): one trainer, ``--warmup``
 untimed optimizer steps, then ``--steps`` timed ones (medians, with the quartiles). A config
-that runs out of memory is recorded as such (``errors.OutOfMemory``) and the sweep goes on.
+the memory estimate refuses, or that runs out of memory, is recorded as such and the sweep
+goes on.
 Rows are merged into ``--out`` by (preset, config) after each one, so what finished survives
 a time limit (``--budget-s`` stops starting configs). ``--equality``: llama3-8b with 2 layers,
 seq 1024, a global batch of 8 as 1x8, 2x4, 4x2 and 8x1 over 20 steps, the losses against 8x1.
@@ -30,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.*
 
 from primus_perf.devices import current_device, library_versions
-from primus_perf.errors import OutOfMemory
+from primus_perf.errors import ConfigError, OutOfMemory
 from primus_perf.files import write_json
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
@@ -56,6 +57,9 @@ CONFIGS = {
     "bf16-moments": ["train.optimizer=bf16"],
     "mb8": ["train.micro_batch=8"],
     "mb8-selective": ["train.micro_batch=8", "train.recompute=selective"],
+    "mb8-full": ["train.micro_batch=8", "train.recompute=full"],
+    "mb8-block": ["train.micro_batch=8", "train.compile=block"],
+    "mb4-full-block": ["train.micro_batch=4", "train.recompute=full", "train.compile=block"],
 }
 
 
@@ -83,6 +87,9 @@ def run_config(preset: str, name: str, overrides: list[str], warmup: int, steps:
         row["setup_and_warmup_s"] = time.perf_counter() - t0
     except OutOfMemory as exc:
         row["out_of_memory"] = str(exc)
+        return row
+    except ConfigError as exc:  # the memory estimate says it cannot fit: not built
+        row["does_not_fit"] = str(exc)
         return row
     finally:
         if trainer is not None:
@@ -161,8 +168,8 @@ def main() -> None:
         row = run_config(args.preset, name, CONFIGS[name], args.warmup, args.steps)
         _merge(args.out, "rows", [row], args)
         brief = {k: row.get(k) for k in ("tokens_per_s", "mfu", "peak_gib", "estimate_gib", "optimizer_share")}
-        print(f"{args.preset} {name}: {'out of memory' if 'out_of_memory' in row else json.dumps(brief)}",
-              flush=True)
+        failed = row.get("out_of_memory") or row.get("does_not_fit")
+        print(f"{args.preset} {name}: {failed or json.dumps(brief)}", flush=True)
 
 
 if __name__ == "__main__":

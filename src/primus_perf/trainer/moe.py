@@ -168,7 +168,7 @@ class MoE(nn.Module):
         local, total = self.count_tokens(counts)
         self.tokens_per_expert = total
         if self.balance == "aux_loss" and torch.is_grad_enabled():
-            share = torch.tensor(total, dtype=probs.dtype, device=probs.device) / max(1, sum(total))
+            share = token_share(total, probs)
             self.aux_loss = self.aux_coef * self.n_experts * (share * probs.mean(dim=0)).sum()
         out = unpermute(self.experts(rows, local), order, weights, x2.shape[0])
         if self.shared is not None:
@@ -181,12 +181,19 @@ class MoE(nn.Module):
         local = counts.tolist()
         return local, list(local)
 
+    @torch.compiler.disable  # host counts vary every step: compiled, each split would be a new graph
     def experts(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows sorted by expert, ``counts[e]`` of expert e -> their SwiGLU expert outputs,
         in the same order."""
         ends = group_ends(counts, rows.device)
         h = grouped_mm(rows, self.w13, counts, ends)
         return grouped_mm(swiglu(h), self.w2, counts, ends)
+
+
+@torch.compiler.disable  # host counts vary every step: compiled, each would be a new graph
+def token_share(total: list[int], like: torch.Tensor) -> torch.Tensor:
+    """The share of the global batch's tokens each expert received, on ``like``'s device."""
+    return torch.tensor(total, dtype=like.dtype, device=like.device) / max(1, sum(total))
 
 
 def grouped_backend(model: nn.Module, name: str, device: torch.device, dtype: torch.dtype) -> str | None:
