@@ -86,7 +86,7 @@ from primus_perf.tracelens.analyses.collectives import (
     world_size,
 )
 from primus_perf.tracelens.analyses.expert_load import expert_load
-from primus_perf.tracelens.analyses.extras import read_extras
+from primus_perf.tracelens.analyses.extras import Extras, trace_extras
 from primus_perf.tracelens.analyses.fusion import chains as fusion_chains
 from primus_perf.tracelens.analyses.hotspots import hotspots, in_steps
 from primus_perf.tracelens.analyses.kernel_efficiency import kernel_efficiency
@@ -109,6 +109,7 @@ from primus_perf.tracelens.tables import TraceTables, trace_tables
 
 ANALYSIS_SCHEMA = "primus-perf-analysis/1"
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
+_INPUT = {"export": False}  # a field that is an input of a table, not a table (export.analysis_tables)
 _CATEGORICAL = ("name", "kind", "category", "op", "shape", "leaf_op", "fwd_op")
 
 
@@ -146,6 +147,10 @@ class Analysis:
     syncs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.SYNC_COLUMNS))
     host_replay: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=H.REPLAY_COLUMNS))
     recommendations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RECOMMENDATION_COLUMNS))
+    # what kernel_efficiency() and memory() read (.analyses.extras, every rank): not tables of their own
+    launch_resources: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, metadata=_INPUT)
+    memory_events: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, metadata=_INPUT)
+    memory_ops: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, metadata=_INPUT)
     # kind name -> its problem table (every kind of the registry)
     problems_by_kind: dict[str, pd.DataFrame] = field(
         default_factory=lambda: {name: pd.DataFrame(columns=cols) for name, cols in KIND_COLUMNS.items()})
@@ -178,37 +183,22 @@ class Analysis:
         """The problem tables by kind name (every kind of ``primus_perf.kinds``)."""
         return dict(self.problems_by_kind)
 
-    def _read_extras(self) -> dict[str, Any]:
-        """The second pass's tables, read once (kept outside the dataclass fields, which are
-        the analysis's own tables)."""
-        extras: dict[str, Any] = self.__dict__.setdefault("_extras_cache", {})
-        if not extras:
-            res, mem, ops = [], [], []
-            for path, rank in zip(self.traces, self.trace_ranks or self.ranks, strict=False):
-                x = read_extras(path)
-                res.append(x.kernels.assign(rank=np.int64(rank)))
-                mem.append(x.memory.assign(rank=np.int64(rank)))
-                ops.append(x.ops.assign(rank=np.int64(rank)))
-            extras.update(resources=pd.concat(res, ignore_index=True), memory=pd.concat(mem, ignore_index=True),
-                          ops=pd.concat(ops, ignore_index=True))
-        return extras
-
     def kernel_efficiency(self) -> pd.DataFrame:
         """Per kernel name: launches and time per step, grid, block, registers, shared memory,
         blocks per SM, occupancy and a flag (:mod:`.analyses.kernel_efficiency`); empty when
-        the trace records no launch resources. Reads the traces again on the first call."""
-        x = self._read_extras()
+        the trace records no launch resources."""
+        x = self.__dict__.setdefault("_details", {})
         if "efficiency" not in x:
-            x["efficiency"] = kernel_efficiency(x["resources"], self.kernels, self.rank_steps)
+            x["efficiency"] = kernel_efficiency(self.launch_resources, float(in_steps(self.kernels)["dur_us"].sum()),
+                                                self.rank_steps)
         return x["efficiency"]
 
     def memory(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         """``(curve, peaks, by_op)`` of a trace recorded with ``profile_memory``
-        (:mod:`.analyses.memory`); empty tables otherwise. Reads the traces again on the
-        first call."""
-        x = self._read_extras()
+        (:mod:`.analyses.memory`); empty tables otherwise."""
+        x = self.__dict__.setdefault("_details", {})
         if "memory_view" not in x:
-            x["memory_view"] = memory_view(x["memory"], x["ops"])
+            x["memory_view"] = memory_view(self.memory_events, self.memory_ops)
         return x["memory_view"]
 
     def category_seconds(self) -> pd.Series:
@@ -360,6 +350,8 @@ class _TraceResult:
     walls: pd.DataFrame  # host time per ProfilerStep (``host_steps``)
     host: H.HostTables  # CPU ops, launches, critical path (``trace_host``)
     distributed: dict[str, Any]  # the trace's distributedInfo
+    extras: Extras  # launch resources, memory events (``trace_extras``)
+    dropped: Counter  # reason -> events the loader dropped
 
 
 def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None) -> _TraceResult:
@@ -372,7 +364,8 @@ def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None) -> 
     comm = trace_collectives(rt, lk, tables.kernels)
     pool_variable_sizes(tables.kernels, comm)
     return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, rt.unread, len(rt), comm, host_steps(lk, rank),
-                        H.trace_host(rt, lk, rank, unprofiled_s), dict(rt.distributed))
+                        H.trace_host(rt, lk, rank, unprofiled_s), dict(rt.distributed),
+                        trace_extras(rt, lk, tables.kernels), rt.dropped)
 
 
 def _unprofiled_step(manifest: dict[str, Any]) -> float | None:
@@ -447,6 +440,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     ranks: list[int] = []
     fixes: Counter = Counter()
     unread: Counter = Counter()
+    dropped: Counter = Counter()
     for i, (path, res) in enumerate(zip(inputs.traces, results, strict=True)):
         rank = _rank_of(res.rank, path, i, set(ranks))
         ranks.append(rank)
@@ -456,10 +450,13 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
                       res.host.replay):
             if "rank" in frame:
                 frame["rank"] = np.int64(rank)
+        for frame in (res.extras.kernels, res.extras.memory, res.extras.ops):
+            frame["rank"] = np.int64(rank)
         tables.append(res.tables)
         op_totals.append(res.op_totals)
         fixes.update(res.fixes)
         unread.update(res.unread)
+        dropped.update(res.dropped)
     if not any(t.has_cpu_ops or len(t.kernels) for t in tables):
         raise TraceError(f"nothing to analyze: no operators or GPU events in {', '.join(map(str, inputs.traces))}")
     kernels = pd.concat([t.kernels for t in tables], ignore_index=True)
@@ -469,7 +466,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     steps = sorted({s for t in tables for s in t.steps})
     outside_s, outside_notes = _outside_note(kernels, bool(steps))
     load, load_notes = expert_load(inputs.manifest)
-    notes = [*inputs.notes, *L.fix_notes(fixes), *L.unread_notes(unread), *outside_notes, *_notes(tables, kernels, steps), *load_notes]
+    notes = [*inputs.notes, *L.dropped_notes(dropped), *L.fix_notes(fixes), *L.unread_notes(unread), *outside_notes, *_notes(tables, kernels, steps), *load_notes]
     comm_events = pd.concat([r.collectives for r in results], ignore_index=True)
     if not steps:
         kernels["step"] = 0
@@ -513,6 +510,9 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         critical_path=pd.concat([r.host.critical_path for r in results], ignore_index=True),
         syncs=_concat([r.host.syncs for r in results], H.SYNC_COLUMNS),
         host_replay=_concat([r.host.replay for r in results], H.REPLAY_COLUMNS),
+        launch_resources=pd.concat([r.extras.kernels for r in results], ignore_index=True),
+        memory_events=pd.concat([r.extras.memory for r in results], ignore_index=True),
+        memory_ops=pd.concat([r.extras.ops for r in results], ignore_index=True),
     )
     a.recommendations = recommend(a)
     return a

@@ -51,6 +51,8 @@ def analysis_tables(a: Any) -> dict[str, pd.DataFrame]:
     """Name -> table of every table of an analysis (see the module docstring), in field order."""
     tables: dict[str, pd.DataFrame] = {}
     for f in dataclasses.fields(a):
+        if not f.metadata.get("export", True):
+            continue
         v = getattr(a, f.name)
         if isinstance(v, pd.DataFrame):
             tables[f.name] = _plain(v.reset_index(drop=True))

@@ -99,6 +99,15 @@ def assign_steps(times: np.ndarray, steps: list[int], win: np.ndarray) -> np.nda
     return out
 
 
+def by_step(step: np.ndarray) -> dict[int, np.ndarray]:
+    """The indices of each step number's entries in ``step`` (in index order), in one sort."""
+    if not len(step):
+        return {}
+    order = np.argsort(step, kind="stable")
+    values, starts = np.unique(step[order], return_index=True)
+    return dict(zip(values.tolist(), np.split(order, starts[1:]), strict=True))
+
+
 GROUPED_OPS = ("aten::_grouped_mm", "aten::_scaled_grouped_mm")  # ops whose inner GEMMs are theirs
 OP_TREE_BLOCK = 1 << 20  # host events converted to Python values at a time (bounded memory)
 

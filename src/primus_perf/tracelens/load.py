@@ -26,16 +26,20 @@ gives one :class:`~primus_perf.errors.TraceError` line naming the file.
 from __future__ import annotations
 
 import gzip
+import math
 import re
 import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
+import pandas as pd
 
 from primus_perf.errors import TraceError
 
@@ -71,20 +75,34 @@ IGNORED_CATS = frozenset({"python_function", "Trace", "overhead", "cpu_instant_e
 # host launch -> GPU op flows: CUDA and ROCm ("ac2g"), older names; only their starts are kept
 FLOW_CATS = frozenset({"ac2g", "async_gpu", "async", "async_cpu_to_gpu"})
 GPU_KINDS = (KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET)
-INT_ARGS = ("correlation", "stream", "device", "seq", "nbytes")
+INT_ARGS = ("correlation", "stream", "device", "seq")
+NUM_ARGS = ("registers", "shared", "blocks_per_sm", "occupancy", "alloc", "total", "device_type", "device_id")
 
 
-class _Args(msgspec.Struct, gc=False):
+class _Args(msgspec.Struct, gc=False, frozen=True):
     # -1: absent (an explicit null is not an int: its chunk takes the tolerant decode)
     correlation: int = -1
     stream: int = -1
     device: int = -1
     seq: int = msgspec.field(name="Sequence number", default=-1)
-    nbytes: int = msgspec.field(name="bytes", default=-1)
     dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
     types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
     strides: msgspec.Raw = msgspec.field(name="Input Strides", default=msgspec.Raw(b""))
     concrete: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw(b""))
+    # a kernel's launch resources, a memory event's sizes (NaN: absent)
+    grid: msgspec.Raw = msgspec.Raw(b"")
+    block: msgspec.Raw = msgspec.Raw(b"")
+    registers: float = msgspec.field(name="registers per thread", default=math.nan)
+    shared: float = msgspec.field(name="shared memory", default=math.nan)
+    blocks_per_sm: float = msgspec.field(name="blocks per SM", default=math.nan)
+    occupancy: float = msgspec.field(name="est. achieved occupancy %", default=math.nan)
+    alloc: float = msgspec.field(name="Bytes", default=math.nan)
+    total: float = msgspec.field(name="Total Allocated", default=math.nan)
+    device_type: float = msgspec.field(name="Device Type", default=math.nan)
+    device_id: float = msgspec.field(name="Device Id", default=math.nan)
+
+
+_NO_ARGS = _Args()
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -96,7 +114,7 @@ class _Event(msgspec.Struct, gc=False):
     ts: float = 0.0
     dur: float = 0.0
     id: int | str | None = None
-    args: _Args | None = None
+    args: _Args = _NO_ARGS
 
 
 class _LooseArgs(msgspec.Struct, gc=False):
@@ -106,11 +124,20 @@ class _LooseArgs(msgspec.Struct, gc=False):
     stream: Any = None
     device: Any = None
     seq: Any = msgspec.field(name="Sequence number", default=None)
-    nbytes: Any = msgspec.field(name="bytes", default=None)
     dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
     types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
     strides: msgspec.Raw = msgspec.field(name="Input Strides", default=msgspec.Raw(b""))
     concrete: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw(b""))
+    grid: msgspec.Raw = msgspec.Raw(b"")
+    block: msgspec.Raw = msgspec.Raw(b"")
+    registers: Any = msgspec.field(name="registers per thread", default=None)
+    shared: Any = msgspec.field(name="shared memory", default=None)
+    blocks_per_sm: Any = msgspec.field(name="blocks per SM", default=None)
+    occupancy: Any = msgspec.field(name="est. achieved occupancy %", default=None)
+    alloc: Any = msgspec.field(name="Bytes", default=None)
+    total: Any = msgspec.field(name="Total Allocated", default=None)
+    device_type: Any = msgspec.field(name="Device Type", default=None)
+    device_id: Any = msgspec.field(name="Device Id", default=None)
 
 
 class _LooseEvent(msgspec.Struct, gc=False):
@@ -173,14 +200,16 @@ class RawTrace:
     stream: np.ndarray  # int32/int64, -1 when absent
     device: np.ndarray  # int32/int64, -1 when absent
     seq: np.ndarray  # int32/int64, -1 when absent
-    nbytes: np.ndarray  # int32/int64, -1 when absent
     shape: np.ndarray  # int32 code into ``shape_values``, -1 for events without recorded inputs
-    shape_values: list[tuple[bytes, bytes, bytes, bytes]]  # raw JSON (dims, types, strides, concrete)
+    shape_values: list[bytes]  # raw JSON of dims, types, strides, concrete, joined by a NUL byte
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     distributed: dict[str, Any] = field(default_factory=dict)
     platform: str = "cuda"  # "cuda" or "rocm"
     fixes: Counter = field(default_factory=Counter)  # (field, "converted ..."/"dropped ...") -> count
     unread: Counter = field(default_factory=Counter)  # category -> duration events not read (not ignorable)
+    dropped: Counter = field(default_factory=Counter)  # reason -> events dropped (out of range, duplicated)
+    resources: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=RESOURCE_COLUMNS))
+    memory: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MEMORY_COLUMNS))
 
     @property
     def has_shapes(self) -> bool:
@@ -193,7 +222,7 @@ class RawTrace:
         """The recorded inputs for a ``shape`` code (None for -1)."""
         if code < 0:
             return None
-        values = [_json_or_empty(b) for b in self.shape_values[code]]
+        values = [_json_or_empty(b) for b in self.shape_values[code].split(_SEP)]
         # each is a list, one item per input; anything else was not written by torch.profiler
         return ShapeArgs(*(v if isinstance(v, list) else [] for v in values))
 
@@ -215,6 +244,13 @@ def fix_notes(fixes: Counter) -> list[str]:
         verb, _, kind = what.partition(" ")
         out.append(f"{verb} {n:,} {kind} `{field_name}` value(s) for their events")
     return out
+
+
+def dropped_notes(dropped: Counter) -> list[str]:
+    """One line: the events the loader dropped and why (none: no line)."""
+    if not dropped:
+        return []
+    return [f"dropped {sum(dropped.values()):,} event(s): " + "; ".join(f"{n:,} {why}" for why, n in dropped.most_common())]
 
 
 def unread_notes(unread: Counter) -> list[str]:
@@ -467,7 +503,12 @@ def _as_float(v: Any, name: str, fixes: Counter) -> float:
     if v is None:
         return 0.0
     fixes[(name, f"dropped {type(v).__name__}-typed")] += 1
-    return 0.0
+    return math.nan
+
+
+def _as_num(v: Any, name: str, fixes: Counter) -> float:
+    """An optional number (a launch resource, a memory event's size): NaN when absent."""
+    return math.nan if v is None else _as_float(v, name, fixes)
 
 
 def _as_str(v: Any, name: str, fixes: Counter) -> str:
@@ -492,15 +533,16 @@ def _or_absent(v: int | None) -> int:
 
 def _tighten(ev: _LooseEvent, fixes: Counter) -> _Event:
     """A loosely decoded event as a strict one (see :func:`_as_int`)."""
-    args = None
+    args = _NO_ARGS
     if ev.args:
         try:
             la = _LOOSE_ARGS.decode(ev.args)
         except (msgspec.DecodeError, msgspec.ValidationError):
             fixes[("args", "dropped non-object")] += 1
         else:
-            args = _Args(*(_or_absent(_as_int(getattr(la, f), f"args.{_ARG_LABEL[f]}", fixes)) for f in INT_ARGS),
-                         dims=la.dims, types=la.types, strides=la.strides, concrete=la.concrete)
+            args = _Args(*(_or_absent(_as_int(getattr(la, f), f"args.{_ARG_LABEL.get(f, f)}", fixes)) for f in INT_ARGS),
+                         dims=la.dims, types=la.types, strides=la.strides, concrete=la.concrete, grid=la.grid,
+                         block=la.block, **{f: _as_num(getattr(la, f), f"args.{f}", fixes) for f in NUM_ARGS})
     ident = ev.id if isinstance(ev.id, (int, str)) and not isinstance(ev.id, bool) else None
     return _Event(ph=_as_str(ev.ph, "ph", fixes), cat=_as_str(ev.cat, "cat", fixes),
                   name=_as_str(ev.name, "name", fixes), pid=_as_ident(ev.pid, "pid", fixes),
@@ -508,8 +550,7 @@ def _tighten(ev: _LooseEvent, fixes: Counter) -> _Event:
                   dur=_as_float(ev.dur, "dur", fixes), id=ident, args=args)
 
 
-_ARG_LABEL = {"correlation": "correlation", "stream": "stream", "device": "device", "seq": "Sequence number",
-              "nbytes": "bytes"}
+_ARG_LABEL = {"seq": "Sequence number"}
 
 
 def _decode_piece(text: bytes | memoryview, fixes: Counter) -> list[_Event]:
@@ -585,8 +626,21 @@ def _ident(v: int | str) -> int | str:
     return v
 
 
+_PH, _CAT, _TS, _DUR, _ARGS = map(attrgetter, ("ph", "cat", "ts", "dur", "args"))
+_DIMS = attrgetter("dims")
+_SHAPE = attrgetter("dims", "types", "strides", "concrete")
+_SEP = b"\x00"
+# (ph, cat) -> kind of the kept events: duration events of known categories, launch-flow starts
+_KIND_OF = {**{("X", c): k for c, k in CAT_KIND.items()}, **{("s", c): KIND_FLOW_START for c in FLOW_CATS}}
+TS_MAX_US = 1e17  # about 3,000 years after 1970: a later start is not a time
+DUR_MAX_US = 1e11  # 28 hours: a longer event is not one of a profiled step
+RESOURCE_COLUMNS = ["row", "grid", "block", "registers", "shared_bytes", "blocks_per_sm", "occupancy_pct"]
+MEMORY_COLUMNS = ["ts_us", "bytes", "total_allocated", "device_type", "device_id", "thread"]
+
+
 class _ColumnBuilder:
-    """Collect the duration events ("X") and launch-flow starts of decoded chunks as columns."""
+    """Collect the duration events ("X") and launch-flow starts of decoded chunks as columns,
+    the launch resources of kernels and the ``[memory]`` instant events beside them."""
 
     FIELDS = ("kind", "name", "thread", "ts", "dur", *INT_ARGS, "shape")
 
@@ -595,66 +649,86 @@ class _ColumnBuilder:
         self.shapes = _Interner()
         self.threads = _Interner()
         self.flow_ids = _Interner()
+        self.dims = _Interner()  # a kernel's grid and block, raw JSON
         self.fixes: Counter = Counter()
         self.unread: Counter = Counter()
+        self.dropped: Counter = Counter()  # reason -> events dropped
         self.parts: dict[str, list[np.ndarray]] = {f: [] for f in self.FIELDS}
+        self.resources: list[dict[str, np.ndarray]] = []
+        self.memory: list[tuple] = []
+        self.rows = 0
 
     def add(self, events: list[_Event]) -> None:
-        kinds = CAT_KIND
-        keep: list[_Event] = []
-        kind_list: list[int] = []
-        append, kappend = keep.append, kind_list.append
-        for ev in events:
-            ph = ev.ph
-            if ph == "X":
-                k = kinds.get(ev.cat, KIND_OTHER)
-                if k == KIND_OTHER:
-                    if ev.cat not in IGNORED_CATS:
-                        self.unread[ev.cat] += 1
-                    continue
-                append(ev)
-                kappend(k)
-            elif ph == "s" and ev.cat in FLOW_CATS:
-                append(ev)
-                kappend(KIND_FLOW_START)
+        kind_all = np.fromiter(map(_KIND_OF.get, zip(map(_PH, events), map(_CAT, events)), repeat(-1)),
+                               dtype=np.int8, count=len(events))
+        idx = np.flatnonzero(kind_all >= 0)
+        for ev in map(events.__getitem__, np.flatnonzero(kind_all < 0).tolist()):
+            if ev.ph == "X":
+                if ev.cat not in IGNORED_CATS:
+                    self.unread[ev.cat] += 1
+            elif ev.ph == "i" and ev.name == "[memory]" and ev.args.alloc == ev.args.alloc:
+                a = ev.args
+                self.memory.append((ev.ts, a.alloc, a.total, a.device_type, a.device_id,
+                                    self.threads.code((ev.pid, ev.tid))))
+        keep = list(map(events.__getitem__, idx.tolist()))
+        kind = kind_all[idx]
+        del kind_all, idx
         events.clear()
         n = len(keep)
-        none_args = _Args()
-        args = [ev.args or none_args for ev in keep]
+        ts = np.fromiter(map(_TS, keep), dtype=np.float64, count=n)
+        dur = np.fromiter(map(_DUR, keep), dtype=np.float64, count=n)
+        ok = np.isfinite(ts) & np.isfinite(dur) & (ts >= 0) & (ts < TS_MAX_US) & (dur >= 0) & (dur < DUR_MAX_US)
+        if not ok.all():
+            self.dropped["a negative, non-finite or out-of-range ts or dur"] += int(n - ok.sum())
+            keep = list(map(keep.__getitem__, np.flatnonzero(ok).tolist()))
+            kind, ts, dur, n = kind[ok], ts[ok], dur[ok], len(keep)
+        args = list(map(_ARGS, keep))
 
-        def ints(values: list[int]) -> np.ndarray:
-            return np.array(values, dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
+        def ints(field: str) -> np.ndarray:
+            try:
+                return np.fromiter(map(attrgetter(field), args), dtype=np.int64, count=n)
+            except OverflowError:  # an integer beyond 64 bits: dropped for its event
+                values = [_or_absent(_as_int(v, f"args.{_ARG_LABEL.get(field, field)}", self.fixes))
+                          for v in map(attrgetter(field), args)]
+                return np.array(values, dtype=np.int64)
 
-        kind = np.array(kind_list, dtype=np.int8)
-        correlation = ints([a.correlation for a in args])
-        flow_ids = self.flow_ids  # flow ids that are strings get codes of their own, below -1
-        for i in np.flatnonzero(kind == KIND_FLOW_START):
-            v = keep[i].id
-            correlation[i] = v if isinstance(v, int) and _INT64[0] <= v <= _INT64[1] else -2 - flow_ids.code(("flow", v))
-        # interning: dict.setdefault(value, len(dict)) is the code (a dict keeps insertion order)
-        sd = self.shapes.codes
+        correlation = ints("correlation")
+        for i in np.flatnonzero(kind == KIND_FLOW_START).tolist():
+            v = keep[i].id  # flow ids that are strings or out of range get codes of their own, below -1
+            correlation[i] = v if type(v) is int and _INT64[0] <= v <= _INT64[1] else -2 - self.flow_ids.code(("flow", v))
         shape = np.full(n, -1, dtype=np.int32)
-        with_dims = [i for i, a in enumerate(args) if a.dims]
-        if with_dims:
-            shape[with_dims] = [sd.setdefault((bytes(a.dims), bytes(a.types), bytes(a.strides), bytes(a.concrete)),
-                                              len(sd)) for a in (args[i] for i in with_dims)]
+        with_dims = [i for i, d in enumerate(map(_DIMS, args)) if d]
+        if with_dims:  # the four raw fields in one key (no NUL byte in JSON text)
+            sd = self.shapes.codes
+            shape[with_dims] = [sd.setdefault(_SEP.join(_SHAPE(a)), len(sd)) for a in map(args.__getitem__, with_dims)]
+        self._resources(kind, args)
         nd, td = self.names.codes, self.threads.codes
         cols = {
             "kind": kind,
             "name": np.array([nd.setdefault(ev.name, len(nd)) for ev in keep], dtype=np.int32),
             # codes of the (pid, tid) pairs as written; finish() merges "25738" with 25738
             "thread": np.array([td.setdefault((ev.pid, ev.tid), len(td)) for ev in keep], dtype=np.int32),
-            "ts": np.array([ev.ts for ev in keep], dtype=np.float64),
-            "dur": np.array([ev.dur for ev in keep], dtype=np.float64),
-            "correlation": _narrow(correlation),
-            "stream": _narrow(ints([a.stream for a in args])),
-            "device": _narrow(ints([a.device for a in args])),
-            "seq": _narrow(ints([a.seq for a in args])),
-            "nbytes": _narrow(ints([a.nbytes for a in args])),
+            "ts": ts, "dur": dur, "correlation": _narrow(correlation),
+            **{f: _narrow(ints(f)) for f in INT_ARGS[1:]},
             "shape": shape,
         }
         for f, arr in cols.items():
             self.parts[f].append(arr)
+        self.rows += n
+
+    def _resources(self, kind: np.ndarray, args: list[_Args]) -> None:
+        """The launch resources of the kernels that recorded them (rows numbered across chunks)."""
+        rows = [i for i in np.flatnonzero(kind == KIND_KERNEL).tolist() if args[i].grid]
+        if not rows:
+            return
+        ka = list(map(args.__getitem__, rows))
+        dd = self.dims.codes
+        part = {"row": np.asarray(rows, dtype=np.int64) + self.rows,
+                "grid": np.array([dd.setdefault(bytes(a.grid), len(dd)) for a in ka], dtype=np.int32),
+                "block": np.array([dd.setdefault(bytes(a.block), len(dd)) for a in ka], dtype=np.int32)}
+        for col, f in zip(RESOURCE_COLUMNS[3:], NUM_ARGS[:4], strict=True):
+            part[col] = np.fromiter(map(attrgetter(f), ka), dtype=np.float64, count=len(ka))
+        self.resources.append(part)
 
     def finish(self, header: _Header, path: str) -> RawTrace:
         cols: dict[str, np.ndarray] = {}
@@ -666,19 +740,85 @@ class _ColumnBuilder:
         threads = _Interner()  # the same thread whether its ids were written as numbers or strings
         lut = np.array([threads.code((_ident(p), _ident(t))) for p, t in self.threads.values] or [0], dtype=np.int32)
         cols["thread"] = lut[cols["thread"]]
+        kind, corr = cols["kind"], cols["correlation"]
+        redundant = (kind == KIND_FLOW_START) & np.isin(corr, corr[kind == KIND_RUNTIME])
+        res = pd.DataFrame({c: np.concatenate([p[c] for p in self.resources]) for c in RESOURCE_COLUMNS}) \
+            if self.resources else pd.DataFrame({c: np.zeros(0, dtype=np.int64 if c in ("row", "grid", "block")
+                                                                 else np.float64) for c in RESOURCE_COLUMNS})
+        dup = _duplicates(cols)
+        # two host ops may share name, thread and times (nested, in whole microseconds); launches
+        # and GPU events have a correlation id of their own: a repeat of those was written twice
+        if not (dup & (corr >= 0)).any():
+            dup[:] = False
+        if dup.any():
+            self.dropped["duplicated (the same event written again)"] += int(dup.sum())
+        if dup.any() or redundant.any():  # a launch flow whose launch is in the trace says nothing more
+            keep = ~(dup | redundant)
+            for f in cols:  # one column at a time
+                cols[f] = cols[f][keep]
+            new_row = np.cumsum(keep) - 1
+            res = res[keep[res["row"].to_numpy()]].assign(row=lambda r: new_row[r["row"].to_numpy()])
+        dims = [_dims_text(b) for b in self.dims.values]
+        for c in ("grid", "block"):
+            res[c] = pd.Categorical.from_codes(res[c].to_numpy(dtype=np.int32), categories=pd.Index(dims)) if dims \
+                else pd.Categorical([])
+        memory = pd.DataFrame(self.memory, columns=MEMORY_COLUMNS)
+        memory["thread"] = lut[memory["thread"].to_numpy(dtype=np.int64)] if len(memory) else memory["thread"]
         rt = RawTrace(
             path=path, kind=cols["kind"].astype(np.int8), name=cols["name"].astype(np.int32), names=names,
             thread=cols["thread"].astype(np.int32), ts=cols["ts"].astype(np.float64),
             dur=cols["dur"].astype(np.float64), correlation=cols["correlation"], stream=cols["stream"],
-            device=cols["device"], seq=cols["seq"], nbytes=cols["nbytes"], shape=cols["shape"].astype(np.int32),
+            device=cols["device"], seq=cols["seq"], shape=cols["shape"].astype(np.int32),
             shape_values=self.shapes.values,
             device_properties=[d for d in header.deviceProperties or header.computeProperties or []
                                if isinstance(d, dict)],
             distributed=dict(header.distributedInfo or {}),
             platform="rocm" if header.roctracer_version is not None else "cuda",
-            fixes=self.fixes, unread=self.unread,
+            fixes=self.fixes, unread=self.unread, dropped=self.dropped, resources=res.reset_index(drop=True),
+            memory=memory,
         )
         runtime = {names[c] for c in np.unique(rt.name[rt.kind == KIND_RUNTIME])}
         if any(r.startswith("hip") for r in runtime):
             rt.platform = "rocm"
         return rt
+
+
+def _dims_text(raw: bytes) -> str:
+    """A launch's ``[x, y, z]`` as ``x,y,z`` ("" when it is not a list of ints)."""
+    v = _json_or_empty(raw)
+    ok = isinstance(v, list) and v and all(type(x) is int for x in v)
+    return ",".join(map(str, v)) if ok else ""
+
+
+_HASH = tuple(np.uint64(x) for x in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+                                     0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53))
+_SAME = ("kind", "name", "thread", "ts", "dur", "correlation", "stream")
+
+
+def _duplicates(cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Rows that repeat an earlier row in every field of ``_SAME`` (an event written twice):
+    one sort of a hash of the fields, the rows of equal hashes compared exactly."""
+    n = len(cols["kind"])
+    if n < 2:
+        return np.zeros(n, dtype=bool)
+    with np.errstate(over="ignore"):
+        h = np.zeros(n, dtype=np.uint64)
+        for f, k in zip(_SAME[1:], _HASH, strict=False):
+            v = cols[f]
+            v = v.view(np.uint64) if v.dtype == np.float64 else v.astype(np.int64).view(np.uint64)
+            h = (h ^ v) * k
+        h ^= cols["kind"].astype(np.uint64)
+    order = np.argsort(h, kind="stable")
+    hs = h[order]
+    eq = np.flatnonzero(hs[1:] == hs[:-1])
+    dup = np.zeros(n, dtype=bool)
+    if not len(eq):
+        return dup
+    # runs of equal hashes: each row against the first row of its run with the same fields
+    first = order[eq]
+    later = order[eq + 1]
+    same = np.ones(len(eq), dtype=bool)
+    for f in _SAME:
+        same &= cols[f][first] == cols[f][later]
+    dup[later[same]] = True
+    return dup

@@ -23,9 +23,12 @@ over the groups does not, so the problem takes them as balanced (skew 1) and say
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from primus_perf.problems import (
@@ -363,25 +366,36 @@ INDEXING = {"aten::index_select": (0, 2), "aten::embedding": (0, 1), "aten::gath
 
 def _schema_writes(op_name: str, n_args: int) -> frozenset[int] | None:
     """Positions of the arguments an aten op writes (``Tensor(a!)``: ``self`` of an in-place
-    op, ``out`` of an out= form), from torch's schema of the overload with ``n_args``
-    arguments (the profiler records every argument, keyword-only ``out`` last); None when
-    torch is absent or the overloads with that many disagree). Looked up once per op."""
-    key = (op_name, n_args)
-    if key in _WRITES:
-        return _WRITES[key]
-    try:
-        import torch
-
-        schemas = torch._C._jit_get_schemas_for_operator(op_name)
-    except (ImportError, RuntimeError, AttributeError):
-        schemas = []
-    found = {frozenset(i for i, a in enumerate(sch.arguments) if a.alias_info is not None and a.alias_info.is_write)
-             for sch in schemas if len(sch.arguments) == n_args}
-    _WRITES[key] = found.pop() if len(found) == 1 else None
-    return _WRITES[key]
+    op, ``out`` of an out= form), from the schema of its overload with ``n_args`` arguments
+    (the profiler records every argument, keyword-only ``out`` last); None when the schemas
+    are not found or the overloads with that many disagree. The schemas are read from
+    ``native_functions.yaml`` as torchgen packages it beside torch (no torch import);
+    without it, an in-place op (``name_``) writes ``self``."""
+    found = _aten_writes().get((op_name, n_args))
+    if found is None:
+        return frozenset({0}) if op_name.endswith("_") and not op_name.endswith("__") and not _SCHEMAS else None
+    return next(iter(found)) if len(found) == 1 else None
 
 
-_WRITES: dict[tuple[str, int], frozenset[int] | None] = {}
+_SCHEMAS: dict[tuple[str, int], set[frozenset[int]]] = {}
+_FUNC = re.compile(r"^- func: (\w+)(?:\.\w+)?\((.*)\) ->", re.M)
+
+
+def _aten_writes() -> dict[tuple[str, int], set[frozenset[int]]]:
+    """(``aten::name``, argument count) -> the sets of written positions of its overloads."""
+    if not _SCHEMAS:
+        spec = importlib.util.find_spec("torchgen")
+        path = Path(spec.origin).parent / "packaged" / "ATen" / "native" / "native_functions.yaml" \
+            if spec is not None and spec.origin else None
+        try:
+            text = path.read_text() if path is not None else ""
+        except OSError:
+            text = ""
+        for name, args in _FUNC.findall(text):
+            parts = [a for a in args.split(", ") if a and a != "*"]
+            writes = frozenset(i for i, a in enumerate(parts) if "!)" in a)
+            _SCHEMAS.setdefault((f"aten::{name}", len(parts)), set()).add(writes)
+    return _SCHEMAS
 
 
 def _indexed_bytes(name: str, s: ShapeArgs) -> int | None:

@@ -109,15 +109,15 @@ def kernel_table(rt: L.RawTrace, lk: Linked, rank: int) -> pd.DataFrame:
     attr = np.where(lk.model_op >= 0, lk.model_op, lk.leaf_op)
     attr_name = np.where(attr >= 0, rt.name[np.clip(attr, 0, None)], -1)
     attr_shape = np.where(attr >= 0, rt.shape[np.clip(attr, 0, None)], -1)
-    labels: dict[int, str] = {}
+    op_labels = np.array([op_label(nm) for nm in names] + [""], dtype=object)
+    all_names = np.array([*names, ""], dtype=object)
+    op_col = np.where(attr_name >= 0, op_labels[attr_name], all_names[name])
+    codes, inverse = np.unique(attr_shape, return_inverse=True)
+    shapes = np.array([shape_label(rt.shape_args(int(c))) if c >= 0 else "" for c in codes], dtype=object)
 
-    def label(code: int) -> str:
-        if code not in labels:
-            labels[code] = shape_label(rt.shape_args(code))
-        return labels[code]
+    def names_of(rows: np.ndarray) -> pd.Categorical:
+        return pd.Categorical(all_names[np.where(rows >= 0, rt.name[np.clip(rows, 0, None)], -1)])
 
-    op_col = [op_label(names[a]) if a >= 0 else names[n] for a, n in zip(attr_name.tolist(), name.tolist(),
-                                                                          strict=True)]
     return pd.DataFrame({
         "rank": np.full(len(gpu), rank, dtype=np.int64),
         "step": lk.step,
@@ -126,12 +126,12 @@ def kernel_table(rt: L.RawTrace, lk: Linked, rank: int) -> pd.DataFrame:
         "ts_us": rt.ts[gpu],
         "dur_us": rt.dur[gpu],
         "name": pd.Categorical.from_codes(name, categories=pd.Index(names)) if len(names) else pd.Categorical([]),
-        "kind": pd.Categorical([KIND_NAMES[int(k)] for k in rt.kind[gpu]]),
+        "kind": pd.Categorical(np.array([KIND_NAMES.get(k, "") for k in range(9)], dtype=object)[rt.kind[gpu]]),
         "category": pd.Categorical(_categories(rt, lk)),
         "op": pd.Categorical(op_col),
-        "shape": pd.Categorical([label(c) if c >= 0 else "" for c in attr_shape.tolist()]),
-        "leaf_op": pd.Categorical([names[rt.name[r]] if r >= 0 else "" for r in lk.leaf_op.tolist()]),
-        "fwd_op": pd.Categorical([names[rt.name[r]] if r >= 0 else "" for r in lk.fwd_op.tolist()]),
+        "shape": pd.Categorical(shapes[inverse.ravel()] if len(gpu) else []),
+        "leaf_op": names_of(lk.leaf_op),
+        "fwd_op": names_of(lk.fwd_op),
         "call": attr,
     })
 

@@ -35,14 +35,18 @@ MAX_OPS_LABEL = 6
 ATTAINABLE_BW = 0.88  # of the datasheet HBM bandwidth: an H200's measured device-to-device copy
 
 
-def _label(ops: pd.Series) -> str:
-    names = [str(o).removeprefix("aten::") for o in ops]
-    seen: list[str] = []
-    for n in names:  # consecutive repeats once
-        if not seen or seen[-1] != n:
-            seen.append(n)
-    more = len(seen) - MAX_OPS_LABEL
-    return ", ".join(seen[:MAX_OPS_LABEL]) + (f" (+{more})" if more > 0 else "")
+def _labels(run: np.ndarray, ops: pd.Series) -> pd.Series:
+    """Per run, its ops' names in order (``aten::`` dropped, consecutive repeats once, at
+    most ``MAX_OPS_LABEL`` and a count of the rest)."""
+    names = ops.astype(str).str.removeprefix("aten::").to_numpy(dtype=object)
+    first = np.r_[True, (run[1:] != run[:-1]) | (names[1:] != names[:-1])]
+    seen = pd.Series(names[first]).groupby(run[first], sort=False).agg(list)
+
+    def label(seq: list[str]) -> str:
+        more = len(seq) - MAX_OPS_LABEL
+        return ", ".join(seq[:MAX_OPS_LABEL]) + (f" (+{more})" if more > 0 else "")
+
+    return seen.map(label)
 
 
 def chains(kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
@@ -72,7 +76,8 @@ def chains(kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     g = m.groupby("run", sort=False).agg(rank=("rank", "first"), step=("step", "first"), stream=("stream", "first"),
                                          kernels=("dur_us", "size"), calls=("call_id", "nunique"),
                                          time_us=("dur_us", "sum"), bytes=("bytes", "sum"),
-                                         unmodeled_us=("unmodeled_us", "sum"), ops=("op", _label))
+                                         unmodeled_us=("unmodeled_us", "sum"))
+    g["ops"] = _labels(m["run"].to_numpy(), m["op"])
     return g[g["calls"] >= 2].reset_index(drop=True)[COLUMNS]
 
 

@@ -50,7 +50,7 @@ from primus_perf.tracelens.analyses.host_idle import (
     sync_calls,
     trace_idle,
 )
-from primus_perf.tracelens.link import Linked
+from primus_perf.tracelens.link import Linked, by_step
 from primus_perf.tracelens.tables import op_label
 
 CPU_OP_COLUMNS = ["op", "calls", "cpu_s", "cpu_self_s"]
@@ -209,9 +209,10 @@ def _critical_path(rt: L.RawTrace, lk: Linked, rank: int, walk: _Walk | None) ->
         windows = {0: float(rt.ts[host].min()) if len(host) else float(walk.start.min())}
         steps = np.zeros(len(lk.gpu), dtype=np.int32)
     rows = []
+    per_step = by_step(steps)
     for step, t0 in windows.items():
-        events = np.flatnonzero(steps == step)
-        if not len(events):
+        events = per_step.get(step)
+        if events is None:
             continue
         cpu, launch, gpu, wait, n = walk.step(events, t0)
         total = cpu + launch + gpu + wait

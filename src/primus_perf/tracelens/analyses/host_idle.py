@@ -12,7 +12,7 @@ the queue filled.
   the host op that synchronized (``aten::item``, ``aten::to``, ... : the outermost of the
   copy/scalar ops around the call) and the op or annotation that called it.
 - ``replay`` (per rank and step): the step replayed from the trace, the host's items
-  (launches, synchronizing calls) in their order with the host time between them, each GPU
+  (launches, synchronizing calls, data loading: ``DataLoader.__next__``) in their order with the host time between them, each GPU
   event starting at the later of its launch and the end of its stream's previous event, plus
   the delay it showed after whichever of the two released it (its launch-to-start latency,
   or its gap behind the previous event); four ways:
@@ -20,14 +20,16 @@ the queue filled.
   - ``replay_s``: as recorded (the check: it reproduces the step's span);
   - ``no_sync_s``: without waiting in the synchronizing calls (the counts or values kept
     on the device): what avoiding the syncs could give;
-  - ``no_host_s``: with the host's time between and in launches removed, the syncs kept:
-    the bound of what launching faster could give (CUDA graphs, fewer and larger kernels);
-    syncs still drain the queue, and the host's latency after each and its time from there
-    to its next launch (the work on what it read) stay;
+  - ``no_host_s``: with the host's time between and in launches removed, the syncs and the
+    data loading kept: the bound of what launching faster could give (CUDA graphs, fewer and
+    larger kernels); syncs still drain the queue, and the host's latency after each and its
+    time from there to its next launch (the work on what it read) stay;
   - ``double_gpu_s``: with every GPU event of the forward and backward passes twice as
     long, the optimizer step's as recorded and the host unchanged: a micro-batch twice as
     large (the passes' GPU time linear in the tokens; the optimizer's work is per parameter
-    and the host's per step, the same at any micro-batch).
+    and the host's per step, the same at any micro-batch);
+  - ``no_data_s``: with the data loading taking no time: what a faster input pipeline
+    could give (worker processes, pinned memory, prefetching).
 
   When the run's manifest records the unprofiled step time (``overhead``), the host's
   time is first scaled so the recorded replay lasts that long (or as near as a faster host
@@ -44,17 +46,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from primus_perf.tracelens import load as L
-from primus_perf.tracelens.link import Linked
+from primus_perf.tracelens.link import Linked, by_step
 from primus_perf.tracelens.tables import op_label
 
 SYNC_COLUMNS = ["rank", "step", "site", "call", "calls", "wait_s", "idle_after_s"]
-REPLAY_COLUMNS = ["rank", "step", "span_s", "replay_s", "no_sync_s", "no_host_s", "double_gpu_s", "host_scale"]
+REPLAY_COLUMNS = ["rank", "step", "span_s", "replay_s", "no_sync_s", "no_host_s", "double_gpu_s", "no_data_s",
+                  "host_scale"]
 _SYNC_NAME = re.compile(r"Synchronize")
+_DATA_NAME = re.compile(r"DataLoader.*__next__")
 _MEMCPY_NAME = re.compile(r"Memcpy")
 # host ops that only carry a copy or a scalar to the host: the site is the outermost of them
 _COPY_WINDOW_US = 200.0
@@ -160,28 +165,49 @@ def _syncs(rt: L.RawTrace, lk: Linked, rank: int, rows: np.ndarray) -> pd.DataFr
 
 @dataclass
 class _Step:
-    """One step's host items and GPU events, ready to replay."""
+    """One step's host items (launches, synchronizing calls, data loading) and GPU events,
+    ready to replay: plain Python values, read once per replay."""
 
-    gap: np.ndarray  # host time before each item (not in any earlier item)
-    adv: np.ndarray  # each item's own host time (the part not overlapping earlier items)
-    sync: np.ndarray  # bool: the item synchronized
-    waited: np.ndarray  # for a sync that waited: the GPU event (index into lk.gpu) it waited for, else -1
-    wait_end: np.ndarray  # its recorded end, or -inf
-    ret: np.ndarray  # for a sync that waited: its return latency after that end
-    events: list[np.ndarray]  # GPU events (indices into lk.gpu) each item launched
-    lat: np.ndarray  # per GPU event (indexed like lk.gpu): its launch-to-start delay, when its launch released it
-    after: np.ndarray  # per GPU event: its delay after its stream's previous event, when that released it
-    dur: np.ndarray  # per GPU event
-    per_step: np.ndarray  # per GPU event: bool, its work is per step (the optimizer's), not per token
-    stream: np.ndarray  # per GPU event
+    gap: list[float]  # host time before each item (not in any earlier item)
+    adv: list[float]  # each item's own host time (the part not overlapping earlier items)
+    kind: list[int]  # _LAUNCH, _SYNC or _DATA
+    waited: list[int]  # for a sync that waited: the GPU event (index into lk.gpu) it waited for, else -1
+    wait_end: list[float]  # its recorded end, or -inf
+    ret: list[float]  # for a sync that waited: its return latency after that end
+    # per item, its GPU events: (event, stream, launch-to-start delay when its launch released it,
+    # delay after its stream's previous event when that released it, duration, per step)
+    events: list[list[tuple[int, int, float, float, float, bool]]]
     prior_end: dict[int, float]  # per stream: end of the last event before the step's first
     t0: float
 
 
-def _prepare(rt: L.RawTrace, lk: Linked, events: np.ndarray, syncs: np.ndarray, t0: float,
-             prev: np.ndarray) -> _Step | None:
+_LAUNCH, _SYNC, _DATA = 0, 1, 2
+
+
+class _Events:
+    """Per GPU event of a trace (indexed like ``lk.gpu``), what every step's replay reads:
+    computed once per trace. ``per_step``: events whose work is per parameter, not per token
+    (the optimizer's, unless given)."""
+
+    def __init__(self, rt: L.RawTrace, lk: Linked, prev: np.ndarray, per_step: np.ndarray | None = None) -> None:
+        self.start = rt.ts[lk.gpu]
+        self.end = self.start + rt.dur[lk.gpu]
+        l_ts = np.where(lk.launch >= 0, rt.ts[np.clip(lk.launch, 0, None)], -np.inf)
+        self.p_end = np.where(prev >= 0, self.end[np.clip(prev, 0, None)], -np.inf)
+        by_launch = l_ts >= self.p_end  # its launch released it, not its stream
+        self.lat = np.where(by_launch, np.maximum(self.start - l_ts, 0.0), 0.0)
+        self.after = np.where(by_launch, 0.0, np.maximum(self.start - self.p_end, 0.0))
+        self.by_end = np.argsort(self.end, kind="stable")
+        self.sorted_end = self.end[self.by_end]
+        self.dur = rt.dur[lk.gpu]
+        self.per_step = lk.in_optimizer.astype(bool) if per_step is None else per_step
+        self.stream = rt.stream[lk.gpu].astype(np.int64)
+
+
+def _prepare(rt: L.RawTrace, lk: Linked, events: np.ndarray, syncs: np.ndarray, data: np.ndarray, t0: float,
+             ev: _Events) -> _Step | None:
     launch = lk.launch[events]
-    items = np.union1d(np.unique(launch[launch >= 0]), syncs)
+    items = np.union1d(np.union1d(np.unique(launch[launch >= 0]), syncs), data)
     if not len(items):
         return None
     items = items[np.argsort(rt.ts[items], kind="stable")]
@@ -190,62 +216,68 @@ def _prepare(rt: L.RawTrace, lk: Linked, events: np.ndarray, syncs: np.ndarray, 
     gap = np.maximum(ts - host_end, 0.0)
     adv = np.maximum(end - np.maximum(ts, host_end), 0.0)
     is_sync = np.isin(items, syncs)
+    kind = np.where(is_sync, _SYNC, np.where(np.isin(items, data), _DATA, _LAUNCH))
     pos = {int(r): k for k, r in enumerate(items.tolist())}
-    per_item: list[list[int]] = [[] for _ in items]
-    for e, lr in zip(events.tolist(), launch.tolist(), strict=True):
-        if lr >= 0:
-            per_item[pos[lr]].append(e)
-    g_start = rt.ts[lk.gpu]
-    g_end = g_start + rt.dur[lk.gpu]
-    l_ts = np.where(lk.launch >= 0, rt.ts[np.clip(lk.launch, 0, None)], -np.inf)
-    p_end = np.where(prev >= 0, g_end[np.clip(prev, 0, None)], -np.inf)
-    by_launch = l_ts >= p_end  # its launch released it, not its stream
-    lat = np.where(by_launch, np.maximum(g_start - l_ts, 0.0), 0.0)
-    after = np.where(by_launch, 0.0, np.maximum(g_start - p_end, 0.0))
+    per_item: list[list[tuple[int, int, float, float, float, bool]]] = [[] for _ in items]
+    ok = launch >= 0
+    e_ok = events[ok]
+    for e, lr, st, lat, aft, d, ps in zip(e_ok.tolist(), launch[ok].tolist(), ev.stream[e_ok].tolist(),
+                                          ev.lat[e_ok].tolist(), ev.after[e_ok].tolist(), ev.dur[e_ok].tolist(),
+                                          ev.per_step[e_ok].tolist(), strict=True):
+        per_item[pos[lr]].append((e, st, lat, aft, d, ps))
     # what each sync waited for: the GPU event that ended last before it returned, if that
     # ended during the call (else the call did not wait)
-    by_end = np.argsort(g_end, kind="stable")
-    j = np.searchsorted(g_end[by_end], end, side="right") - 1
-    waited = np.where(j >= 0, by_end[np.clip(j, 0, None)], -1)
-    waited = np.where(is_sync & (waited >= 0) & (g_end[np.clip(waited, 0, None)] > ts), waited, -1)
-    wait_end = np.where(waited >= 0, g_end[np.clip(waited, 0, None)], -np.inf)
+    j = np.searchsorted(ev.sorted_end, end, side="right") - 1
+    waited = np.where(j >= 0, ev.by_end[np.clip(j, 0, None)], -1)
+    waited = np.where(is_sync & (waited >= 0) & (ev.end[np.clip(waited, 0, None)] > ts), waited, -1)
+    wait_end = np.where(waited >= 0, ev.end[np.clip(waited, 0, None)], -np.inf)
     ret = np.where(waited >= 0, np.maximum(end - wait_end, 0.0), 0.0)
     first: dict[int, int] = {}
-    for e in sorted(events.tolist(), key=lambda x: g_start[x]):
-        first.setdefault(int(rt.stream[lk.gpu[e]]), e)
-    prior = {s: float(p_end[e]) for s, e in first.items()}
-    return _Step(gap, adv, is_sync, waited, wait_end, ret, [np.asarray(v, dtype=np.int64) for v in per_item], lat, after,
-                 rt.dur[lk.gpu], lk.in_optimizer.astype(bool), rt.stream[lk.gpu].astype(np.int64), prior, t0)
+    for e in events[np.argsort(ev.start[events], kind="stable")].tolist():
+        first.setdefault(int(ev.stream[e]), e)
+    prior = {s: float(ev.p_end[e]) for s, e in first.items()}
+    return _Step(gap.tolist(), adv.tolist(), kind.tolist(), waited.tolist(), wait_end.tolist(), ret.tolist(),
+                 per_item, prior, t0)
 
 
-def _replay(s: _Step, host: float = 1.0, syncs: bool = True, launches: bool = True, gpu: float = 1.0) -> float:
-    """The end of the step's last GPU event when replayed: host time scaled by
-    ``host``, the per-token GPU events' durations by ``gpu`` (the optimizer's as recorded); ``syncs``: whether the synchronizing calls
-    wait; ``launches``: whether the host's time between and in launches counts."""
+def _replay(s: _Step, host: float = 1.0, syncs: bool = True, launches: bool = True, gpu: float = 1.0,
+            data: bool = True) -> float:
+    """The end of the step's last GPU event when replayed: host time scaled by ``host``, the
+    per-token GPU events' durations by ``gpu`` (the per-step ones as recorded); ``syncs``:
+    whether the synchronizing calls wait; ``launches``: whether the host's time between and in
+    launches counts (data loading's own time does, and the host's after a sync); ``data``:
+    whether data loading takes its time."""
     clock = s.t0
     stream_end = dict(s.prior_end)
     ended: dict[int, float] = {}  # replayed ends of the step's GPU events
     last = s.t0
+    inf = -np.inf
     synced = False  # the previous item was a sync that waited: the host works on what it read
-    for k in range(len(s.gap)):
+    for k, kind in enumerate(s.kind):
         if launches or synced:
             clock += s.gap[k] * host
-        is_sync = bool(s.sync[k])
-        if is_sync and not syncs and not len(s.events[k]):
+        events = s.events[k]
+        if kind == _DATA:
+            synced = False
+            if data:
+                clock += s.adv[k] * host
+            continue
+        is_sync = kind == _SYNC
+        if is_sync and not syncs and not events:
             continue  # a pure synchronize call, removed
         at = clock
-        for e in s.events[k].tolist():
-            st = int(s.stream[e])
-            begin = max(at + s.lat[e], stream_end.get(st, -np.inf) + s.after[e])
-            stream_end[st] = begin + s.dur[e] * (1.0 if s.per_step[e] else gpu)
-            ended[e] = stream_end[st]
-            last = max(last, stream_end[st])
-        synced = is_sync and syncs and bool(np.isfinite(s.wait_end[k]))
+        for e, st, lat, aft, d, per_step in events:
+            begin = max(at + lat, stream_end.get(st, inf) + aft)
+            end = begin + (d if per_step else d * gpu)
+            stream_end[st] = ended[e] = end
+            if end > last:
+                last = end
+        waited = is_sync and s.wait_end[k] != inf
+        synced = waited and syncs
         if synced:
-            w = int(s.waited[k])
-            clock = max(clock + (s.adv[k] * host if launches else 0.0), ended.get(w, s.wait_end[k]) + s.ret[k])
+            clock = max(clock + (s.adv[k] * host if launches else 0.0), ended.get(s.waited[k], s.wait_end[k]) + s.ret[k])
         elif launches:
-            clock += (s.ret[k] if is_sync and np.isfinite(s.wait_end[k]) else s.adv[k]) * host
+            clock += (s.ret[k] if waited else s.adv[k]) * host
     return last
 
 
@@ -264,26 +296,41 @@ def _scale(s: _Step, target: float) -> float:
     return hi
 
 
+def data_calls(rt: L.RawTrace) -> np.ndarray:
+    """Rows of the host spans that fetch a batch (``enumerate(DataLoader)#...__next__``)."""
+    codes = [c for c, n in enumerate(rt.names) if _DATA_NAME.search(n)]
+    host = (rt.kind == L.KIND_CPU_OP) | (rt.kind == L.KIND_ANNOTATION)
+    return np.flatnonzero(host & np.isin(rt.name, codes)) if codes else np.zeros(0, dtype=np.int64)
+
+
 def trace_idle(rt: L.RawTrace, lk: Linked, rank: int, prev: np.ndarray,
-               unprofiled_s: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+               unprofiled_s: float | None = None, per_step: np.ndarray | None = None
+               ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One trace's ``syncs`` and ``replay`` tables (see the module docstring); ``prev``: the
-    previous GPU event of each one's stream (-1 for the first)."""
+    previous GPU event of each one's stream (-1 for the first); ``per_step``: per GPU event,
+    whether its work is per parameter (default: the optimizer's)."""
     rows = sync_calls(rt, lk)
     syncs = _syncs(rt, lk, rank, rows)
     if not len(lk.gpu) or not (lk.launch >= 0).any() or not lk.steps:
         return syncs, pd.DataFrame(columns=REPLAY_COLUMNS)
     out = []
-    g_end = rt.ts[lk.gpu] + rt.dur[lk.gpu]
+    ev = _Events(rt, lk, prev, per_step)
+    g_end = ev.end
+    data = data_calls(rt)
+    per_step_events, sync_steps, data_steps = by_step(lk.step), by_step(lk.op_step[rows]), by_step(lk.op_step[data])
+    none = np.zeros(0, dtype=np.int64)
     for step, t0 in zip(lk.steps, lk.step_windows[:, 0].tolist(), strict=True):
-        events = np.flatnonzero(lk.step == step)
-        if not len(events):
+        events = per_step_events.get(step)
+        if events is None:
             continue
-        s = _prepare(rt, lk, events, rows[lk.op_step[rows] == step], t0, prev)
+        s = _prepare(rt, lk, events, rows[sync_steps.get(step, none)], data[data_steps.get(step, none)], t0, ev)
         if s is None:
             continue
         span = float(g_end[events].max()) - t0
         scale = _scale(s, unprofiled_s * 1e6) if unprofiled_s else 1.0
-        out.append((rank, step, span / 1e6, (_replay(s, scale) - t0) / 1e6,
-                    (_replay(s, scale, syncs=False) - t0) / 1e6, (_replay(s, scale, launches=False) - t0) / 1e6,
-                    (_replay(s, scale, gpu=2.0) - t0) / 1e6, scale))
+        out.append((rank, step, span / 1e6, *((_replay(s, scale, **kw) - t0) / 1e6 for kw in _VARIANTS), scale))
     return syncs, pd.DataFrame(out, columns=REPLAY_COLUMNS)
+
+
+# the replays of REPLAY_COLUMNS, in order
+_VARIANTS: tuple[dict[str, Any], ...] = ({}, {"syncs": False}, {"launches": False}, {"gpu": 2.0}, {"data": False})

@@ -32,18 +32,16 @@ def _mode(s: pd.Series) -> str:
     return str(m.iloc[0]) if len(m) else ""
 
 
-def kernel_efficiency(resources: pd.DataFrame, kernels: pd.DataFrame, rank_steps: int) -> pd.DataFrame:
+def kernel_efficiency(resources: pd.DataFrame, kernel_us: float, rank_steps: int) -> pd.DataFrame:
     """The table (see the module docstring), by time, largest first. ``resources``: the
-    kernels of :func:`.extras.read_extras` with a ``rank`` column; ``kernels``: the
-    analysis's GPU events (their step and category are joined on rank, start and name)."""
-    if resources.empty or kernels.empty:
-        return pd.DataFrame(columns=COLUMNS)
-    k = kernels.loc[(kernels["kind"] == "kernel") & (kernels["step"] >= 0), ["rank", "ts_us", "name", "category"]]
-    k = k.assign(name=k["name"].astype(str), category=k["category"].astype(str))
-    r = resources.merge(k, on=["rank", "ts_us", "name"], how="inner")
+    kernels of :func:`.extras.trace_extras` of every trace; ``kernel_us``: the GPU event time
+    in the steps, the shares' denominator."""
+    r = resources[resources["step"] >= 0] if len(resources) else resources
     if r.empty:
         return pd.DataFrame(columns=COLUMNS)
-    total = float(kernels.loc[kernels["step"] >= 0, "dur_us"].sum()) or 1.0
+    r = r.assign(name=r["name"].astype(str), category=r["category"].astype(str), grid=r["grid"].astype(str),
+                 block=r["block"].astype(str))
+    total = kernel_us or 1.0
     # Kineto writes 0% where its occupancy calculator has no answer (cluster launches, large
     # shared memory): no kernel that ran had no warp resident, so 0 is unknown
     r["occupancy_pct"] = r["occupancy_pct"].where(r["occupancy_pct"] > 0)

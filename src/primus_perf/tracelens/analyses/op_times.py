@@ -35,8 +35,8 @@ def trace_op_times(rt: L.RawTrace, lk: Linked) -> pd.DataFrame:
         keep = up >= 0
         cur, d = up[keep], d[keep]
     rows = np.flatnonzero(incl > 0)
-    names = [op_label(rt.names[c]) for c in rt.name[rows].tolist()]
-    df = pd.DataFrame({"op": names, "self_us": self_t[rows], "inclusive_us": incl[rows]})
+    labels = np.array([op_label(nm) for nm in rt.names] or [""], dtype=object)
+    df = pd.DataFrame({"op": labels[rt.name[rows]], "self_us": self_t[rows], "inclusive_us": incl[rows]})
     return df.groupby("op").agg(calls=("op", "size"), self_us=("self_us", "sum"),
                                 inclusive_us=("inclusive_us", "sum")).reset_index()
 
