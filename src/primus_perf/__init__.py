@@ -24,6 +24,7 @@ Names are imported when first used, so ``import primus_perf`` stays cheap (no to
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 __version__ = "0.1.0"
@@ -39,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "DeviceIdentity": "primus_perf.devices",
     "current_device": "primus_perf.devices",
     "UserError": "primus_perf.errors",
+    "ArgumentTypeError": "primus_perf.arguments",
     # capture and analysis
     "Schedule": "primus_perf.profiler.capture",
     "capture_trainer": "primus_perf.profiler.capture",
@@ -73,6 +75,10 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'primus_perf' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
+    if inspect.isfunction(value):  # its arguments' types checked (primus_perf.arguments)
+        from primus_perf.arguments import checked
+
+        value = checked(value, f"primus_perf.{name}")
     globals()[name] = value
     return value
 
