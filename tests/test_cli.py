@@ -139,3 +139,30 @@ def test_the_resolved_config_prints_as_yaml_and_o_is_the_output_everywhere() -> 
     for app in (profile.app, tune.app, train.app):
         walk(typer.main.get_command(app))
     assert len(found) >= 8 and all("--output" in opts for _, opts in found), found
+
+
+def test_every_numeric_option_has_a_lower_bound_and_a_choice_is_checked() -> None:
+    """--budget-s -1 and --blocks 0 were accepted: each number an option takes is bounded
+    where it is parsed (those checked in their command's body are named here)."""
+    import typer.main
+
+    from primus_perf.cli import profile, train, tune
+
+    checked_in_body = {("gate", "--alpha"), ("preflight", "--threshold")}
+    unbounded = []
+
+    def walk(cmd) -> None:
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+        for p in getattr(cmd, "params", []):
+            ann = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+            if ann in (int, float) or str(ann) in ("typing.Optional[int]", "typing.Optional[float]"):
+                if getattr(p, "min", None) is None and (cmd.name, p.opts[0]) not in checked_in_body:
+                    unbounded.append((cmd.name, p.opts))
+
+    for app in (profile.app, tune.app, train.app):
+        walk(typer.main.get_command(app))
+    assert not unbounded
+    r = subprocess.run([sys.executable, "-m", "primus_perf.cli.tune", "attention", "--strategy", "magic", "--problem",
+                        "1,2,2,64,16,causal", "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--strategy must be one of grid, tpe, got 'magic'" in r.stderr

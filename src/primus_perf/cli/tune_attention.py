@@ -16,6 +16,7 @@ from primus_perf.cli.tune_online import (
     refuse_offline_extras,
     run_online,
 )
+from primus_perf.tuner.attention.space import STRATEGIES
 
 
 def register(app: typer.Typer) -> None:
@@ -36,7 +37,7 @@ def register(app: typer.Typer) -> None:
             None, "--problems", help="Problems file(s) (`primus-profile shapes`): their attention problems"
         ),
         dtype: str = typer.Option("bf16", "--dtype", help="bf16 or f16 (fp16, float16 accepted) for --problem"),
-        strategy: str = typer.Option("grid", "--strategy", help="grid (exhaustive) or tpe (optuna)"),
+        strategy: str = typer.Option("grid", "--strategy", help=f"{' or '.join(STRATEGIES)}: exhaustive, or optuna's TPE"),
         trials: Optional[int] = typer.Option(None, "--trials", min=1, help="tpe trials (default: 20% of the grid)"),  # noqa: UP045
         budget_s: float = typer.Option(5.0, "--budget-s", min=0.001, help="Time budget per problem for the final race"),
         cache: str = typer.Option("tuning_cache.json", "--cache", help="Cache file to write"),
@@ -60,6 +61,8 @@ def register(app: typer.Typer) -> None:
         from primus_perf.tuner.multi_gpu import resolve_gpus
         from primus_perf.tuner.problems_input import gather_problems
 
+        if strategy not in STRATEGIES:
+            raise UserError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         if online:
             run_online("attention", cache, config, steps, args or ())
         refuse_offline_extras(config, args or ())

@@ -21,9 +21,10 @@ def register(app: typer.Typer) -> None:
         config: str = typer.Option("tiny", "--config", "-c", help="Preset name or YAML path"),
         out: Path = typer.Option(Path("runs/quickstart"), "--output", "-o", "--out",
                                  help="Folder for the run, report and cache"),
-        steps: int = typer.Option(3, "--steps", help="Profiled steps"),
-        budget_s: float = typer.Option(2.0, "--budget-s", help="Tuning time budget per problem (GPU)"),
-        blocks: int = typer.Option(4, "--blocks", help="Blocks of steps per side when measuring the speedup (GPU)"),
+        steps: int = typer.Option(3, "--steps", min=1, help="Profiled steps"),
+        budget_s: float = typer.Option(2.0, "--budget-s", min=0.001, help="Tuning time budget per problem (GPU)"),
+        blocks: int = typer.Option(4, "--blocks", min=1,
+                                   help="Blocks of steps per side when measuring the speedup (GPU)"),
         fp8: bool = typer.Option(False, "--fp8", help="Then tune the FP8 plan (per layer group, measured in the step;"
                                  " the loss checked against bf16) into the cache (GPU)"),
     ) -> None:
