@@ -25,6 +25,14 @@ MASTER_AND_GRAD = 4 + 4  # fp32 master weight and gradient, per parameter
 ACTIVATIONS = {"none": (16, 6), "selective": (8, 3), "full": (1, 0)}
 
 
+# The largest part of the estimate -> (the config key that drives it, what reduces it).
+REDUCE = {
+    "params": ("model.dim", "shard it: parallel.dp_shard or parallel.tp"),
+    "activations": ("train.micro_batch", "a smaller train.micro_batch or train.recompute=selective|full"),
+    "logits": ("train.micro_batch", "a smaller train.micro_batch (the logits are micro_batch x seq_len x vocab)"),
+}
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes a config needs on one rank, by part; ``largest_key`` is the config key that
@@ -40,9 +48,17 @@ class MemoryEstimate:
 
     @property
     def largest_key(self) -> str:
-        part = max(("params", self.params), ("activations", self.activations), ("logits", self.logits),
+        return REDUCE[self._largest][0]
+
+    @property
+    def remedy(self) -> str:
+        """What reduces the largest part, in words."""
+        return REDUCE[self._largest][1]
+
+    @property
+    def _largest(self) -> str:
+        return max(("params", self.params), ("activations", self.activations), ("logits", self.logits),
                    key=lambda kv: kv[1])[0]
-        return {"params": "model.dim", "activations": "train.micro_batch", "logits": "model.vocab_size"}[part]
 
     def line(self) -> str:
         gib = 2**30
@@ -115,4 +131,4 @@ def check_fits(cfg: TrainerConfig, device_type: str, index: int = 0) -> None:
     have, where = device_memory(device_type, index)
     if need.total > have:
         raise ConfigError(f"config key {need.largest_key!r}: the config needs {need.line()}, more than {where}"
-                          f" ({have / 2**30:,.1f} GiB)")
+                          f" ({have / 2**30:,.1f} GiB); {need.remedy}")
