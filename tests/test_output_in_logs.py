@@ -267,3 +267,13 @@ def test_columns_never_cuts_a_table_or_a_line(tmp_path: Path) -> None:
     widths = {len(line) for line in res.stdout.splitlines() if line.startswith(("┃", "│"))}
     assert min(widths) > 60  # the table is as wide as its content, not cut to COLUMNS
     assert any(len(line) > 60 and not line.startswith(("┃", "│")) for line in res.stdout.splitlines())
+
+
+def test_report_counts_problems_as_the_tuners_do(logs: Path) -> None:
+    """Problems are unique keys in every command (a problem's fwd and bwd rows are one
+    problem, as shapes and the tuners count it)."""
+    data = json.loads((logs / "analyze.json").read_text())
+    gemm, attention = ({r["key"] for r in data[k]} for k in ("gemm_problems", "attention_problems"))
+    line = _text(logs, "report").strip().splitlines()[-1]
+    assert f"{len(gemm)} GEMM and {len(attention)} attention problems" in line, line
+    assert len(data["attention_problems"]) > len(attention)  # the case that told them apart

@@ -40,10 +40,12 @@ def register(app: typer.Typer) -> None:
         elif json_out is not None:
             write_report_json(data, json_out)
         h = data["header"]
+        gemm, attention = ({r["key"] for r in data[k]} for k in ("gemm", "attention"))  # problems, as tune counts
         console.print(
             f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB): {h['device']}, "
             f"{len(h['ranks'])} rank(s), {h['steps']} step(s), {len(data['hotspots'])} hotspots, "
-            f"{len(data['gemm'])} GEMM and {len(data['attention'])} attention problems"
+            f"{len(gemm)} GEMM and {len(attention)} attention problems"
+            f" ({len(data['gemm'])} and {len(data['attention'])} rows by pass)"
         )
         for note in data["notes"]:
             err_console.print(f"[yellow]note:[/] {note}")
