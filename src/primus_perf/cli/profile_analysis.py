@@ -83,7 +83,7 @@ def render(a: Analysis, top: int) -> None:
     """Rich tables of an analysis: header, breakdowns, hotspots, problems, ranks."""
     t = a.totals
     console.print(
-        f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {len(a.steps) or 1} step(s) · "
+        f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {a.n_steps} step(s) · "
         f"step {_ms(t['step_time_s'])} ms · {_busy(a)} · GEMM {_tflop(t['gemm_flops_per_step'])} · "
         + (f"grouped GEMM {_tflop(t[GROUPED.name + '_flops_per_step'])} · " if len(a.problems_by_kind[GROUPED.name]) else "")
         + f"attention {_tflop(t['attention_flops_per_step'])}"

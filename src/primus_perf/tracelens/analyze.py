@@ -138,6 +138,7 @@ class Analysis:
     world_size: int = 1
     expert_load: pd.DataFrame = field(default_factory=pd.DataFrame)
     trace_ranks: list[int] = field(default_factory=list)  # the rank of each of ``traces``, in order
+    cpu_ranks: list[int] = field(default_factory=list)  # ranks without GPU events beside ranks with them
     chains: pd.DataFrame = field(default_factory=pd.DataFrame)
     cpu_ops: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=[*H.CPU_OP_COLUMNS, "gpu_self_s",
                                                                                 "gpu_s"]))
@@ -171,7 +172,7 @@ class Analysis:
     @property
     def rank_steps(self) -> int:
         """(rank, step) pairs: what every per-step figure is divided by."""
-        return self.n_steps * max(1, len(self.ranks))
+        return self.n_steps * max(1, len(self.ranks) - len(self.cpu_ranks))
 
     @property
     def versions(self) -> dict[str, str]:
@@ -354,11 +355,11 @@ class _TraceResult:
     dropped: Counter  # reason -> events the loader dropped
 
 
-def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None) -> _TraceResult:
+def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None, workers: int = 1) -> _TraceResult:
     """Load, link and tabulate one trace (``rank`` is provisional: :func:`analyze` assigns
     the final ranks once all traces are read; ``unprofiled_s``: the run's step time without
-    the profiler, for the host replays)."""
-    rt = L.load(path)
+    the profiler, for the host replays; ``workers``: processes that decode a big file)."""
+    rt = L.load(path, workers=workers)
     lk = link(rt)
     tables = trace_tables(rt, lk, rank)
     comm = trace_collectives(rt, lk, tables.kernels)
@@ -370,7 +371,8 @@ def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None) -> 
 
 def _unprofiled_step(manifest: dict[str, Any]) -> float | None:
     """The run's median step time without the profiler, when its manifest measured it."""
-    v = (manifest.get("overhead") or {}).get("unprofiled_median_s") if isinstance(manifest, dict) else None
+    overhead = manifest.get("overhead") if isinstance(manifest, dict) else None
+    v = overhead.get("unprofiled_median_s") if isinstance(overhead, dict) else None
     return float(v) if isinstance(v, (int, float)) and v > 0 else None
 
 
@@ -393,7 +395,7 @@ def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None
         out = []
         for i, p in enumerate(paths):
             say(f"analyzing {p}")
-            out.append(_analyze_trace(p, _provisional_rank(p, i), unprofiled_s))
+            out.append(_analyze_trace(p, _provisional_rank(p, i), unprofiled_s, idle_cpus()))
         return out
     gc.freeze()  # forked workers then leave this process's objects (pages) shared instead of copying them
     try:
@@ -407,6 +409,12 @@ def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None
             return out
     finally:
         gc.unfreeze()
+
+
+def idle_cpus() -> int:
+    """CPUs no other work is using now (by the load average), at least 1: the processes
+    that decode one big trace (more than that only compete for a CPU)."""
+    return max(1, (os.cpu_count() or 1) - int(os.getloadavg()[0] + 0.5))
 
 
 def default_jobs(n_traces: int) -> int:
@@ -462,7 +470,11 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     kernels = pd.concat([t.kernels for t in tables], ignore_index=True)
     for c in _CATEGORICAL:
         kernels[c] = kernels[c].astype("category")
-    calls = pd.concat([t.calls for t in tables], ignore_index=True)
+    # ranks without GPU events beside ranks with them (a CPU-only trace among GPU traces): their
+    # CPU times are not GPU times, so they are left out of the per-step figures
+    cpu_ranks = [r for r, t in zip(ranks, tables, strict=True) if not len(t.kernels)] if len(kernels) else []
+    measured = [r for r in ranks if r not in cpu_ranks]
+    calls = pd.concat([t.calls for t, r in zip(tables, ranks, strict=True) if r not in cpu_ranks], ignore_index=True)
     steps = sorted({s for t in tables for s in t.steps})
     outside_s, outside_notes = _outside_note(kernels, bool(steps))
     load, load_notes = expert_load(inputs.manifest)
@@ -473,7 +485,10 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         calls["step"] = 0
     device_name = _device_name(tables, inputs.manifest, kernels.empty)
     peaks = lookup_peaks(device_name)
-    per_step = max(1, len(steps)) * max(1, len(ranks))
+    per_step = max(1, len(steps)) * max(1, len(measured))
+    if cpu_ranks:
+        notes.append(f"rank(s) {', '.join(map(str, cpu_ranks))}: no GPU events (a CPU-only trace beside GPU traces); "
+                     f"left out of the per-step figures, which are over rank(s) {', '.join(map(str, measured))}")
     device_time = not kernels.empty  # roofline figures only from kernel time
     temporal = B.temporal(kernels)
     flops_known = any(t.has_cpu_ops and t.has_shapes for t in tables)
@@ -503,6 +518,7 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         world_size=world_size([r.distributed for r in results], len(ranks)),
         expert_load=load,
         trace_ranks=ranks,
+        cpu_ranks=cpu_ranks,
         chains=fusion_chains(kernels, calls),
         cpu_ops=H.cpu_vs_gpu([r.host.cpu_ops for r in results], ops, per_step),
         launches=pd.concat([r.host.launches for r in results], ignore_index=True),

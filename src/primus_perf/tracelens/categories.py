@@ -10,11 +10,13 @@ event gets the first category that matches
 3. the op it is attributed to (a GEMM, convolution or attention op with a perf model) and
    then the op that launched it (the leaf op: ``aten::native_layer_norm``, ``aten::add``,
    ``vllm::unified_attention``, ``aiter::mha_fwd``, ...),
-4. an optimizer step around it (``Optimizer.step#...`` annotations, fused/foreach ops),
-5. the kernel name (traces without CPU events or with unknown ops: cuBLAS/hipBLASLt/CUTLASS
+4. an optimizer step around it (``Optimizer.step#...`` annotations, fused ops; ``_foreach_``
+   ops in a training trace: in an inference trace they are sampling or other list work),
+5. the kernel name by what it computes (traces without CPU events or with unknown ops:
+   flash/aiter/cuDNN/vLLM/FlashInfer attention, cuDNN/MIOpen convolutions, cuBLAS/hipBLASLt
    GEMMs (``nvjet_*``, ``Cijk_*``), batched, grouped and MoE GEMMs (trtllm-gen ``bmm_*``,
-   Triton ``*mm*`` templates), cuDNN/MIOpen convolutions, flash/aiter/cuDNN/vLLM attention,
-   ``elementwise_kernel``, ...),
+   Triton ``*mm*`` templates), norms, ``elementwise_kernel``, ...), and last the template
+   library a kernel is built on (CUTLASS/CuTe, CK, XMMA: GEMM),
 
 else "other".
 """
@@ -114,16 +116,18 @@ OP_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (cat, re.compile(rx)) for cat, rx in (
         (ATTENTION_BWD, r"^aten::_(scaled_dot_product|flash|efficient|cudnn)\w*attention\w*backward"
                         r"|^(flash_attn|_flash_attn\w*|aiter|transformer_engine\w*|te|sglang|vllm)::\w*"
-                        + _ATTN + r"\w*(bwd|backward)|" + _ATTN + r"\w*(Backward|_bwd)\w*$"),
+                        + _ATTN + r"\w*(bwd|backward)|" + _ATTN + r"\w*(Backward|_bwd)\w*$"
+                        r"|^_?flash_attn\w*::\w*(bwd|backward)"),
         (ATTENTION_FWD, r"^aten::(_?scaled_dot_product\w*attention\w*|_flash_attention_forward"
                         r"|_efficient_attention_forward|_cudnn_attention_forward)$"
                         r"|^(flash_attn|_flash_attn\w*|_vllm_fa\d_C|aiter|transformer_engine\w*|te|sglang|vllm|_C"
-                        r"|cudnn\w*)::\w*" + _ATTN + r"|^(FlashAttnFunc|FusedAttnFunc|FlashAttnVarlenFunc)$"),
+                        r"|cudnn\w*)::\w*" + _ATTN + r"|^(FlashAttnFunc|FusedAttnFunc|FlashAttnVarlenFunc)$"
+                        r"|^_?flash_attn\w*::|^flashinfer::\w*(prefill|decode|attention|mla)"),
         (CONVOLUTION, r"^aten::\w*conv(?!ert)|^(miopen|cudnn)\w*::\w*conv"),
         (GEMM, r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm|addmv|mv|_addmm_activation"
                r"|_int_mm|_grouped_mm|_scaled_grouped_mm|_weight_int\w*mm\w*)$|^primus_perf::gemm$"
                r"|^(?!aten::)\w+::\w*(gemm|gemv|scaled_mm|grouped_mm|_bmm|_matmul)"),
-        (OPTIMIZER, r"^aten::_fused_(adam|adamw|sgd|adagrad)_?|^aten::_foreach_|^Optimizer\.step"),
+        (OPTIMIZER, r"^aten::_fused_(adam|adamw|sgd|adagrad)_?|^Optimizer\.step"),
         (NORMALIZATION, r"(batch|layer|group|instance|rms|l2)_?norm"),
         (REDUCTION, r"^aten::(sum|mean|max|min|amax|amin|argmax|argmin|norm|linalg_vector_norm|prod|std"
                     r"|var|cumsum|logsumexp|_?softmax|_?log_softmax|_softmax_backward_data"
@@ -133,18 +137,23 @@ OP_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 
-# kernel name -> category, for kernels whose op is unknown or missing
+# kernel name -> category, for kernels whose op is unknown or missing: by what the kernel
+# computes, its name's own words first (attention, convolution, GEMM, norm, ...), and only
+# then the template library it is built on (CUTLASS/CuTe, CK, XMMA: FlashAttention-3's
+# ``cutlass::device_kernel<flash::FlashAttnBwd<...>>`` is attention, FlashInfer's CuTe
+# RMSNorm a norm, CK's ``ck_tile::kentry<...Rmsnorm2dFwd...>`` a norm)
 KERNEL_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (cat, re.compile(rx, re.I)) for cat, rx in (
         (ATTENTION_BWD, r"flash_bwd|fmha\w*bwd|bprop\w*sdpa|sdpa\w*bprop|attn_bwd|_bwd_preprocess|_bwd_dkdv"
-                        r"|_bwd_dq|attention_backward|dot_do_o|convert_dq|mha_bwd|" + _ATTN + r"\w*_bwd"),
+                        r"|_bwd_dq|attention_backward|dot_do_o|convert_dq|mha_bwd|" + _ATTN + r"\w*_bwd"
+                        r"|(flash|attn|attention)\w*(bwd|backward)"),
         (ATTENTION_FWD, r"flash_fwd|fmha|fprop\w*sdpa|sdpa|attn_fwd|attention|flash_attn|mha_fwd|paged_attention"
-                        r"|_fwd_kernel_stage|decode_attention|mla_|unified_attention"),
+                        r"|_fwd_kernel_stage|decode_attention|mla_|unified_attention|FlashAttn|flashinfer::\w*(Prefill|Decode)"
+                        r"|BatchPrefill|BatchDecode|\bflash::"),
         (CONVOLUTION, r"conv(?!ert)|scudnn|winograd|wgrad|dgrad|implicit_?gemm|igemm|miopenSp|xdlops_conv"
                       r"|cudnn::cnn|nchwToNhwc|nhwcToNchw|naive_conv"),
-        (GEMM, r"gemm|gemv|nvjet|Cijk_|cutlass|xmma|wgmma|hipblaslt|rocblas|ck_tile|_mm_|matmul|^bmm_|_bmm_"
-               r"|triton_tem_fused\w*mm|mm_kernel|splitKreduce|epilogue::impl|grouped_mm|moe_align_block"
-               r"|fused_moe_kernel"),
+        (GEMM, r"gemm|gemv|nvjet|Cijk_|_mm_|matmul|^bmm_|_bmm_|triton_tem_fused\w*mm|mm_kernel|splitKreduce"
+               r"|grouped_mm|moe_align_block|fused_moe_kernel"),
         (OPTIMIZER, r"adam|FusedOptimizer|fused_sgd|multi_tensor_apply_kernel<\w*::?\w*FusedOptimizer"),
         (NORMALIZATION, r"layer_?norm|rms_?norm|GammaBeta|batch_?norm|group_?norm|bn_fw|bn_bw|triton_(red|per)_\w*rsqrt"),
         (REDUCTION, r"reduce|LpNorm|lpnorm|SoftMax|softmax|nll_loss|cross_entropy|cumsum|topk|pool|cub::Device"
@@ -152,8 +161,13 @@ KERNEL_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         (ELEMENTWISE, r"elementwise|Functor|copy|fill|CatArray|triton_poi|triton__|index|indices|gather|scatter"
                       r"|where|embedding|cast|transpose|permute|quant|rotary|reshape_and_cache|OpTensor"
                       r"|TensorOp|pad|Memcpy|act_and_mul|silu|gelu|relu|dropout|unrolled|vectorized"),
+        # the GEMM libraries' templates, when the name says nothing of what the kernel computes
+        (GEMM, r"cutlass|\bcute|xmma|wgmma|hipblaslt|rocblas|ck_tile|epilogue::impl"),
     )
 )
+
+
+FOREACH = "aten::_foreach_"
 
 
 def _match(rules: tuple[tuple[str, re.Pattern[str]], ...], text: str) -> str | None:
@@ -178,8 +192,10 @@ def kernel_category(kernel_name: str) -> str | None:
 
 
 def classify(kind: str, kernel_name: str, model_op: str | None, leaf_op: str | None,
-             in_optimizer: bool) -> str:
-    """The category of one GPU event (see the module docstring for the order)."""
+             in_optimizer: bool, training: bool = True) -> str:
+    """The category of one GPU event (see the module docstring for the order); ``training``:
+    the trace has a backward pass or an optimizer step (a ``_foreach_`` op is an optimizer's
+    there, and sampling or other per-tensor-list work in an inference trace)."""
     if kind == "memcpy":
         return MEMCPY
     if kind == "memset":
@@ -191,7 +207,7 @@ def classify(kind: str, kernel_name: str, model_op: str | None, leaf_op: str | N
             cat = op_category(op)
             if cat == COMMUNICATION or cat in MODELED:
                 return cat
-    if in_optimizer:
+    if in_optimizer or (training and leaf_op and leaf_op.startswith(FOREACH)):
         return OPTIMIZER
     if leaf_op:
         cat = op_category(leaf_op)

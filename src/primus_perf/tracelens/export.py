@@ -4,7 +4,9 @@ The tables are the :class:`~primus_perf.tracelens.analyze.Analysis` fields that 
 DataFrames (kernels, hotspots, problems, breakdowns, collectives, ...), any list of records
 among them (one row per record), and its scalar dicts (``device``, ``totals``) as
 two-column ``key, value`` tables; a table added to the analysis is exported with no change
-here. Cells that are objects (a problem, a list of kernels) are written as their text.
+here. Cells that are objects (a problem, a list of kernels) are written as their text, and
+text that a spreadsheet would read as a formula (``=``, ``+``, ``-``, ``@`` first) is
+prefixed with ``'``.
 Excel holds at most :data:`XLSX_MAX_ROWS` rows a sheet: a longer table (the per-kernel
 table of a long trace) is cut there and the workbook's ``notes`` sheet says so; its CSV
 file is whole. Writing .xlsx needs openpyxl (the ``xlsx`` extra).
@@ -26,23 +28,33 @@ XLSX_MAX_ROWS = 1_048_575  # Excel's sheet limit, less the header row
 _SHEET_BAD = re.compile(r"[\[\]:*?/\\]")
 
 
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet would read as the start of a formula
+
+
+def _text(v: str) -> str:
+    """Text as a spreadsheet shows it, never as a formula (a name from a trace can start with ``=``)."""
+    return "'" + v if v.startswith(_FORMULA) else v
+
+
 def _cell(v: Any) -> Any:
-    if isinstance(v, (str, int, float, bool)) or v is None:
+    if isinstance(v, str):
+        return _text(v)
+    if isinstance(v, (int, float, bool)) or v is None:
         return v
     if hasattr(v, "key") and callable(v.key):  # a problem
-        return str(v)
+        return _text(str(v))
     if isinstance(v, (list, tuple, dict, set)):
-        return str(v)
-    return v if pd.api.types.is_scalar(v) else str(v)
+        return _text(str(v))
+    return v if pd.api.types.is_scalar(v) else _text(str(v))
 
 
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with categorical columns as their values and object cells as text."""
+    """``df`` with categorical columns as their values and object cells as text (escaped)."""
     out = df.copy()
     for c in out.columns:
         if isinstance(out[c].dtype, pd.CategoricalDtype):
-            out[c] = out[c].astype(str)
-        elif out[c].dtype == object:
+            out[c] = out[c].astype(str).map(_text)
+        elif out[c].dtype == object or pd.api.types.is_string_dtype(out[c].dtype):
             out[c] = out[c].map(_cell)
     return out
 
@@ -64,7 +76,7 @@ def analysis_tables(a: Any) -> dict[str, pd.DataFrame]:
         elif isinstance(v, dict) and v and all(not isinstance(x, (dict, list)) for x in v.values()):
             tables[f.name] = pd.DataFrame({"key": list(v), "value": [_cell(x) for x in v.values()]})
     if getattr(a, "notes", None):
-        tables["notes"] = pd.DataFrame({"note": list(a.notes)})
+        tables["notes"] = pd.DataFrame({"note": [_text(n) for n in a.notes]})
     return tables
 
 

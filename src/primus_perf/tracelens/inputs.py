@@ -1,8 +1,8 @@
 """Which files to analyze: trace files and run folders in, trace files and a manifest out.
 
 A run folder written by ``primus-profile run`` holds ``manifest.json`` whose ``traces``
-field maps each traced rank to its trace file; those files are read, and nothing else in
-the folder (a listed file that is missing is an error, except in a run stopped by Ctrl-C,
+field maps each traced rank to its trace file, a name inside the folder (a path that leaves
+it is an error); those files are read, and nothing else in the folder (a listed file that is missing is an error, except in a run stopped by Ctrl-C,
 whose ranks may stop before writing theirs: a note). A folder without a manifest (or
 whose manifest lists no traces) gives its ``*.json`` and ``*.json.gz`` files. Files named on the command line are read as given,
 except primus-perf's own documents (a manifest, a report's or an analysis's JSON, a
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import zlib
 from collections.abc import Sequence
@@ -97,6 +98,9 @@ def _folder(folder: Path, notes: list[str]) -> tuple[list[Path], dict[str, Any]]
     manifest = read_manifest(folder)
     listed = manifest_traces(manifest)
     if listed:
+        outside = [name for name in listed if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == ".."]
+        if outside:
+            raise TraceError(f"{folder / MANIFEST} lists trace(s) outside its run folder: {', '.join(outside)}")
         files = [folder / name for name in listed]
         missing = [f.name for f in files if not f.is_file()]
         if missing and manifest.get("interrupted") and len(missing) < len(files):

@@ -18,7 +18,9 @@
   anything, so a kernel launched directly inside it (a custom extension's or Triton's
   launcher, a graph replay outside any op) has no op and goes by its kernel name.
 - GPU events (kernels, memcpy, memset) link to their launch by correlation id; all kernels
-  of a CUDA/HIP graph replay carry the graph launch's correlation id.
+  of a CUDA/HIP graph replay carry the graph launch's correlation id. The op around a graph
+  launch did not launch each of its kernels: they have no op (each goes by its own kernel
+  name), and keep the backward pass and optimizer step they ran in.
 - Backward ops link to their forward op through the autograd ``Sequence number``.
 - Steps: a host event belongs to ``ProfilerStep#N`` (an annotation, or a cpu op in 2021
   traces) when it starts inside it. A GPU event belongs to the step of its launch, not of
@@ -40,6 +42,7 @@ from primus_perf.tracelens import load as L
 from primus_perf.tracelens.perf_models import MODELS, annotation_model
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_GRAPH_LAUNCH = re.compile(r"GraphLaunch")  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer.step#"
 
@@ -226,9 +229,15 @@ def link(rt: L.RawTrace) -> Linked:
     if step_names:
         leaf[np.isin(rt.name[np.clip(leaf, 0, None)], step_names) & (leaf >= 0)] = -1
     has_leaf = leaf >= 0
-    model_op = np.where(has_leaf, model[np.clip(leaf, 0, None)], -1)
     in_opt = np.where(has_leaf, optim[np.clip(leaf, 0, None)], False)
     root = np.where(has_leaf, bwd_root[np.clip(leaf, 0, None)], -1)
+    # a graph replay runs many kernels under one launch: the op around the launch did not
+    # launch each of them, so each goes by its own name (its pass and optimizer step kept)
+    graph_codes = [c for c, nm in enumerate(rt.names) if _GRAPH_LAUNCH.search(nm)]
+    if graph_codes:
+        leaf[has & np.isin(rt.name[np.clip(launch, 0, None)], graph_codes)] = -1
+        has_leaf = leaf >= 0
+    model_op = np.where(has_leaf, model[np.clip(leaf, 0, None)], -1)
     fwd_op = np.full(len(gpu), -1, dtype=np.int64)
     in_bwd = root >= 0
     if in_bwd.any():

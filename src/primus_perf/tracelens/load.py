@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import gzip
 import math
+import multiprocessing
 import re
+import sys
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
@@ -171,8 +174,12 @@ _LOOSE_ARGS = msgspec.json.Decoder(_LooseArgs)
 CHUNK_BYTES = 16 << 20  # events are decoded and turned into columns this many bytes at a time
 READ_BYTES = 16 << 20  # bytes read from the file at a time
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+# a \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one, or one of those not after the first
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                             rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*')
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+_MAX_JOINS = 4  # pieces joined after a cut that fell inside a string, before the text is called malformed
 
 
 @dataclass
@@ -222,9 +229,18 @@ class RawTrace:
         """The recorded inputs for a ``shape`` code (None for -1)."""
         if code < 0:
             return None
-        values = [_json_or_empty(b) for b in self.shape_values[code].split(_SEP)]
-        # each is a list, one item per input; anything else was not written by torch.profiler
-        return ShapeArgs(*(v if isinstance(v, list) else [] for v in values))
+        cache = self.__dict__.setdefault("_shape_args", {})
+        if code not in cache:
+            values = [_json_or_empty(b) for b in self.shape_values[code].split(_SEP)]
+            # each is a list, one item per input; anything else was not written by torch.profiler
+            args = ShapeArgs(*(v if isinstance(v, list) else [] for v in values))
+            for i, d in enumerate(args.dims):  # no tensor has more elements than any memory holds
+                if isinstance(d, list) and d and all(type(x) is int for x in d) and not (
+                        min(d) >= 0 and math.prod(d) <= MAX_ELEMENTS):
+                    args.dims[i] = []
+                    self.fixes[("Input Dims", "dropped out-of-range")] += 1
+            cache[code] = args
+        return cache[code]
 
     @property
     def rank(self) -> int | None:
@@ -326,12 +342,14 @@ def _events_error(path: str, exc: Exception) -> TraceError:
 def _split_tail(rest: bytes, path: str) -> tuple[bytes, bytes]:
     """The end of the events array in the last bytes of the file: (events, what follows
     the closing ``]``). Candidates are tried from the end: the tail must close the object
-    and the events before it must be a JSON array."""
+    and the events before it must be a JSON array (else the error of the events before the
+    earliest candidate that closes the object, as the decoder states it)."""
     stripped = rest.rstrip()
     if not stripped.endswith(b"}"):
         raise TraceError(f"{path}: truncated JSON (the trace does not end with '}}')")
     pos = len(stripped)
     tries = 0
+    error: Exception | None = None
     while tries < 64:
         pos = stripped.rfind(b"]", 0, pos)
         if pos < 0:
@@ -341,19 +359,20 @@ def _split_tail(rest: bytes, path: str) -> tuple[bytes, bytes]:
         if t == b"}" or t.startswith(b","):
             try:
                 msgspec.json.decode(b"{" + t[1:] if t.startswith(b",") else b"{}")
-            except (msgspec.DecodeError, UnicodeDecodeError):
+            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
                 pass
             else:
                 body = stripped[:pos]
                 try:
-                    _RAW_ITEMS.decode(b"[" + body + b"]")
+                    _decode_piece(b"[" + body + b"]", Counter())
                     return body, tail
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    pass
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    error = exc
                 except UnicodeDecodeError as exc:
                     raise _events_error(path, exc) from None
         tries += 1
-    raise TraceError(f"{path}: malformed trace events (the traceEvents array is not closed)")
+    raise _events_error(path, error) if error is not None else \
+        TraceError(f"{path}: malformed trace events (the traceEvents array is not closed)")
 
 
 def _last_boundary(buf: bytearray) -> tuple[int, int] | None:
@@ -554,11 +573,21 @@ _ARG_LABEL = {"seq": "Sequence number"}
 
 
 def _decode_piece(text: bytes | memoryview, fixes: Counter) -> list[_Event]:
-    """A JSON array of events: strictly; on a type error, loosely (one pass), else event by event."""
+    """A JSON array of events: strictly; on a type error, loosely (one pass), else event by
+    event; a string with a lone UTF-16 surrogate escape (``"\\ud800"``: no character) is
+    read with U+FFFD in its place."""
     try:
         return _STRICT.decode(text)
     except msgspec.ValidationError:
         pass
+    except msgspec.DecodeError:
+        text, n = _LONE_SURROGATE.subn(rb"\\ufffd", bytes(text))
+        if not n:
+            raise
+        fixes[("string", "replaced lone-surrogate")] += n
+        return _decode_piece(text, fixes)
+    except RecursionError:
+        raise msgspec.DecodeError(f"nested more than {sys.getrecursionlimit()} levels deep") from None
     try:
         loose = _LOOSE.decode(text)
     except msgspec.ValidationError:  # an event that is not an object
@@ -574,27 +603,79 @@ def _decode_piece(text: bytes | memoryview, fixes: Counter) -> list[_Event]:
 # ---------------------------------------------------------------------------- columns
 
 
-def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> RawTrace:
-    """Read and decode one trace file into a :class:`RawTrace` (see the module docstring)."""
+def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, workers: int = 1) -> RawTrace:
+    """Read and decode one trace file into a :class:`RawTrace` (see the module docstring);
+    ``workers`` > 1: the pieces of a big file are decoded in that many processes (the same
+    result)."""
     reader = _Reader(path, chunk_bytes)
     builder = _ColumnBuilder()
     p = str(path)
-    carry, gap, error = b"", b"", None
-    for piece in reader.pieces():
-        if carry:  # the last cut fell inside a string: join the pieces as written and try again
-            piece, carry = carry[:-1] + gap + bytes(piece[1:]), b""
+    carry, gap, error, joined = b"", b"", None, 0
+    for piece, piece_gap, part in _pieces(reader, workers):
+        if carry:  # the last cut fell inside a string: join the pieces as written and decode here
+            joined += 1
+            if joined > _MAX_JOINS:  # no string is that long: the JSON is malformed
+                raise _events_error(p, error or ValueError("malformed"))
+            piece, carry, part = carry[:-1] + gap + bytes(piece[1:]), b"", None
         try:
+            if part is not None:
+                columns = part.result()
+                if columns is not None:
+                    builder.merge(columns)
+                    continue
+                raise msgspec.DecodeError("a cut inside a string")
             events = _decode_piece(piece, builder.fixes)
         except msgspec.DecodeError as exc:
-            carry, gap, error = bytes(piece), reader.gap, exc
+            carry, gap, error = bytes(piece), piece_gap, exc
             continue
         except (msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise _events_error(p, exc) from None
         del piece
+        joined = 0
         builder.add(events)
     if carry:
+        try:  # the real error, where a helper process only said the piece did not parse
+            _decode_piece(carry, Counter())
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+            error = exc
         raise _events_error(p, error or ValueError("malformed"))
     return builder.finish(reader.header(), p)
+
+
+def _pieces(reader: _Reader, workers: int) -> Iterator[tuple[bytes | memoryview, bytes, Future | None]]:
+    """(piece, the text after it, the future of its columns) in file order: from the third
+    piece on, with ``workers`` > 1, each piece is decoded in a pool of processes, a few
+    pieces ahead (None: decode it here)."""
+    pool: ProcessPoolExecutor | None = None
+    ahead: deque[tuple[bytes, bytes, Future]] = deque()
+    try:
+        for i, piece in enumerate(reader.pieces()):
+            if pool is None and workers > 1 and i >= 2:
+                pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+            if pool is None:
+                yield piece, reader.gap, None
+                continue
+            text = bytes(piece)
+            ahead.append((text, reader.gap, pool.submit(_piece_columns, text)))
+            if len(ahead) > 2 * workers:
+                yield ahead.popleft()
+        while ahead:
+            yield ahead.popleft()
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _piece_columns(text: bytes) -> _ColumnBuilder | None:
+    """One piece as columns of their own (a helper process's work); None when it does not
+    parse (a cut inside a string: the caller joins it with the next piece)."""
+    b = _ColumnBuilder()
+    try:
+        events = _decode_piece(text, b.fixes)
+    except msgspec.DecodeError:
+        return None
+    b.add(events)
+    return b
 
 
 def _narrow(a: np.ndarray) -> np.ndarray:
@@ -632,6 +713,7 @@ _SHAPE = attrgetter("dims", "types", "strides", "concrete")
 _SEP = b"\x00"
 # (ph, cat) -> kind of the kept events: duration events of known categories, launch-flow starts
 _KIND_OF = {**{("X", c): k for c, k in CAT_KIND.items()}, **{("s", c): KIND_FLOW_START for c in FLOW_CATS}}
+MAX_ELEMENTS = 1 << 40  # elements of one tensor: 2 TB of bf16
 TS_MAX_US = 1e17  # about 3,000 years after 1970: a later start is not a time
 DUR_MAX_US = 1e11  # 28 hours: a longer event is not one of a profiled step
 RESOURCE_COLUMNS = ["row", "grid", "block", "registers", "shared_bytes", "blocks_per_sm", "occupancy_pct"]
@@ -715,6 +797,36 @@ class _ColumnBuilder:
         for f, arr in cols.items():
             self.parts[f].append(arr)
         self.rows += n
+
+    def merge(self, other: _ColumnBuilder) -> None:
+        """Append the columns another builder made of the next piece, its codes made ours."""
+
+        def lut(mine: _Interner, theirs: _Interner) -> np.ndarray:
+            return np.array([mine.code(v) for v in theirs.codes] or [0], dtype=np.int32)
+
+        names, threads, shapes = lut(self.names, other.names), lut(self.threads, other.threads), lut(self.shapes,
+                                                                                                     other.shapes)
+        parts = other.parts
+        for f in self.FIELDS:
+            for arr in parts[f]:
+                if f == "name":
+                    arr = names[arr]
+                elif f == "thread":
+                    arr = threads[arr]
+                elif f == "shape":
+                    arr = np.where(arr >= 0, shapes[arr], -1)
+                elif f == "correlation" and len(arr) and arr.min() < -1:  # flow ids of their own
+                    flows = np.array([-2 - self.flow_ids.code(v) for v in other.flow_ids.codes] or [0], dtype=np.int64)
+                    arr = np.where(arr < -1, flows[np.clip(-2 - arr, 0, None)], arr)
+                self.parts[f].append(arr)
+        dims = lut(self.dims, other.dims)
+        for r in other.resources:
+            self.resources.append({**r, "row": r["row"] + self.rows, "grid": dims[r["grid"]], "block": dims[r["block"]]})
+        self.memory += [(*m[:-1], int(threads[m[-1]])) for m in other.memory]
+        self.fixes.update(other.fixes)
+        self.unread.update(other.unread)
+        self.dropped.update(other.dropped)
+        self.rows += other.rows
 
     def _resources(self, kind: np.ndarray, args: list[_Args]) -> None:
         """The launch resources of the kernels that recorded them (rows numbered across chunks)."""

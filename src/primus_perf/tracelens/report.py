@@ -386,7 +386,7 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "versions": a.versions,
         "traces": a.traces,
         "ranks": a.ranks,
-        "steps": len(a.steps),
+        "steps": a.n_steps,
         "step_time_ms": _ms(a.totals["step_time_s"]),
         "gpu_kernel_ms": None if cpu_only else kernel_s * 1e3,
         "cpu_only": cpu_only,
