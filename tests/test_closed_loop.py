@@ -110,5 +110,17 @@ def test_the_loops_measurement_and_confirmation_run_a_cache_in_the_trainers_step
     assert run.exit_code == 0 and not run.rows  # attention is not confirmed in the step (its backward)
     m = measure_speedup("tiny", OVERRIDES, cache, blocks=2, block_steps=2)
     assert len(m.default_s) == len(m.tuned_s) == 2 and m.losses_match
+    assert m.loss_tuned == pytest.approx(m.loss_default, rel=1e-5)  # one batch, the same weights
     # routed: the 2 warm-up steps (enabled) and the tuned blocks' (settling + 2) steps, a call a layer
     assert m.routed_calls == (2 + 2 * 3) * cfg.model.n_layers
+
+
+def test_the_loss_check_compares_one_batch_and_fails_a_kernel_that_computes_something_else() -> None:
+    from primus_perf.closed_loop import SpeedupMeasurement
+
+    def m(default: float, tuned: float) -> SpeedupMeasurement:
+        return SpeedupMeasurement([1.0], [1.0], 1, 0, default, tuned)
+
+    assert m(10.0, 10.05).losses_match  # bf16 kernels summing in another order
+    assert not m(10.0, 10.2).losses_match  # 2%: a different result
+    assert not m(10.0, float("nan")).losses_match

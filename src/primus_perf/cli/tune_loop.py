@@ -81,7 +81,9 @@ def register(app: typer.Typer) -> None:
             highlight=False, soft_wrap=True,
         )
         if not m.losses_match:
-            err_console.print("[red]warning:[/] the losses with and without the cache differ by more than 5%")
+            err_console.print(f"[red]warning:[/] one batch's loss with the cache, {m.loss_tuned:.6g}, is not"
+                              f" within {m.LOSS_TOLERANCE:.0%} of the loss without it, {m.loss_default:.6g}"
+                              " (the same weights and data): a tuned kernel computes something else")
         if res.fp8 is not None:
             for line in res.fp8.lines():
                 console.print(line, highlight=False, soft_wrap=True)

@@ -358,6 +358,19 @@ class Trainer:
             optimizer_s=optimizer_s,
         )
 
+    @torch.no_grad()
+    def batch_loss(self, step: int = 0) -> float:
+        """The loss of the first micro-batch of ``step`` under the current weights, forward
+        only (no update): two sides of an A/B compared on the same data and weights."""
+        inputs, targets = self.batches.batch(step, 0)
+        with self._autocast():
+            logits = self._forward(inputs.to(self.device))
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.to(self.device).view(-1))
+        if self.groups.dp_group is not None:
+            dist.all_reduce(loss, group=self.groups.dp_group)
+            loss /= self.groups.dp
+        return float(loss)
+
     def _timed(self, fn: Callable[[], Any]) -> Callable[[], float]:
         """Run ``fn``; returns what reads its seconds once the step has synchronized (device
         events on a GPU, the host clock on a CPU)."""
