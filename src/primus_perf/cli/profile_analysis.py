@@ -200,8 +200,12 @@ def render_recommendations(a: Analysis) -> None:
         return
     console.print("[bold]what to do next[/] (ranked by estimated saving per step; FP8 last: it changes the numerics)")
     for i, r in enumerate(a.recommendations.itertuples(index=False), 1):
-        console.print(f"{i}. [bold]{r.category}[/]: save ~{r.estimated_saving_ms:.2f} ms per step", highlight=False)
-        lines = [("evidence", r.evidence), ("do", r.action), ("run", r.command), ("estimate", r.method)]
+        measured = (f" (measured by the step tuner: {r.measured_saving_ms:.2f} ms)"
+                    if r.measured_saving_ms == r.measured_saving_ms else "")
+        console.print(f"{i}. [bold]{r.category}[/]: save ~{r.estimated_saving_ms:.2f} ms per step{measured}",
+                      highlight=False)
+        lines = [("evidence", r.evidence), ("because", r.condition), ("do", r.action), ("run", r.command),
+                 ("estimate", r.method)]
         for label, text in lines:
             if text:
                 console.print(f"   {label}: {escape(text)}", highlight=False, soft_wrap=True)

@@ -77,6 +77,7 @@ from primus_perf.tracelens import load as L
 from primus_perf.tracelens.analyses import breakdown as B
 from primus_perf.tracelens.analyses import host as H
 from primus_perf.tracelens.analyses.collectives import (
+    PARAMETERS,
     bandwidth,
     collective_skew,
     pool_variable_sizes,
@@ -96,9 +97,11 @@ from primus_perf.tracelens.analyses.problems import KIND_COLUMNS, problem_table
 from primus_perf.tracelens.analyses.recommendations import COLUMNS as RECOMMENDATION_COLUMNS
 from primus_perf.tracelens.analyses.recommendations import recommend
 from primus_perf.tracelens.analyses.step_times import host_steps
+from primus_perf.tracelens.analyses.workload import trace_markers, workload
 from primus_perf.tracelens.categories import (
     ATTENTION_BWD,
     ATTENTION_FWD,
+    COMMUNICATION,
     COMPUTE,
     CONVOLUTION,
     GEMM,
@@ -139,6 +142,7 @@ class Analysis:
     expert_load: pd.DataFrame = field(default_factory=pd.DataFrame)
     trace_ranks: list[int] = field(default_factory=list)  # the rank of each of ``traces``, in order
     cpu_ranks: list[int] = field(default_factory=list)  # ranks without GPU events beside ranks with them
+    workload: dict[str, Any] = field(default_factory=dict)  # .analyses.workload
     chains: pd.DataFrame = field(default_factory=pd.DataFrame)
     cpu_ops: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=[*H.CPU_OP_COLUMNS, "gpu_self_s",
                                                                                 "gpu_s"]))
@@ -152,6 +156,9 @@ class Analysis:
     launch_resources: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, metadata=_INPUT)
     memory_events: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, metadata=_INPUT)
     memory_ops: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, metadata=_INPUT)
+    calls: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, metadata=_INPUT)  # modeled op calls
+    # the step tuner's measurements of this run (inputs.STEP_PLAN, or the manifest's "measured")
+    measured: list[Any] = field(default_factory=list)
     # kind name -> its problem table (every kind of the registry)
     problems_by_kind: dict[str, pd.DataFrame] = field(
         default_factory=lambda: {name: pd.DataFrame(columns=cols) for name, cols in KIND_COLUMNS.items()})
@@ -235,6 +242,7 @@ class Analysis:
             "collective_bandwidth": records(unknown_as_null(self.collective_bandwidth, COLLECTIVE_SIZES)),
             "collective_ranks": records(unknown_as_null(self.collective_ranks, COLLECTIVE_SIZES)),
             "expert_load": records(self.expert_load),
+            "workload": self.workload,
             "recommendations": records(self.recommendations),
             "cpu_ops": records(self.cpu_ops.head(top)),
             "launches": records(self.launches),
@@ -353,6 +361,7 @@ class _TraceResult:
     distributed: dict[str, Any]  # the trace's distributedInfo
     extras: Extras  # launch resources, memory events (``trace_extras``)
     dropped: Counter  # reason -> events the loader dropped
+    markers: Counter  # the workload's markers (``workload.trace_markers``)
 
 
 def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None, workers: int = 1) -> _TraceResult:
@@ -364,9 +373,14 @@ def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None, wor
     tables = trace_tables(rt, lk, rank)
     comm = trace_collectives(rt, lk, tables.kernels)
     pool_variable_sizes(tables.kernels, comm)
+    # per-parameter GPU work (the optimizer's, data-parallel collectives): the same at any micro-batch
+    per_param = lk.in_optimizer.astype(bool)
+    if len(comm):
+        rows = np.flatnonzero((tables.kernels["category"] == COMMUNICATION).to_numpy())
+        per_param[rows[(comm["role"] == PARAMETERS).to_numpy()]] = True
     return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, rt.unread, len(rt), comm, host_steps(lk, rank),
-                        H.trace_host(rt, lk, rank, unprofiled_s), dict(rt.distributed),
-                        trace_extras(rt, lk, tables.kernels), rt.dropped)
+                        H.trace_host(rt, lk, rank, unprofiled_s, per_param), dict(rt.distributed),
+                        trace_extras(rt, lk, tables.kernels), rt.dropped, trace_markers(rt, lk))
 
 
 def _unprofiled_step(manifest: dict[str, Any]) -> float | None:
@@ -529,6 +543,17 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         launch_resources=pd.concat([r.extras.kernels for r in results], ignore_index=True),
         memory_events=pd.concat([r.extras.memory for r in results], ignore_index=True),
         memory_ops=pd.concat([r.extras.ops for r in results], ignore_index=True),
+        calls=calls,
+        measured=inputs.measured,
     )
+    markers: Counter = Counter()
+    for r in results:
+        for key, v in r.markers.items():  # counts add up; a marker's example name is the first one
+            if isinstance(v, str):
+                markers.setdefault(key, v)
+            else:
+                markers[key] += v
+    a.workload = workload(markers, inputs.manifest, kernels, comm_events,
+                          len(calls[calls["kind"] == kinds.GROUPED.name]), a.world_size, per_step)
     a.recommendations = recommend(a)
     return a

@@ -26,6 +26,9 @@ from typing import Any
 from primus_perf.errors import TraceError
 
 MANIFEST = "manifest.json"
+# the step tuner's measurements of a run, beside its traces: {"schema": "primus-perf-step-plan/1",
+# "measured": [{"lever": "train.compile", "value": "true", "estimate_ms": 9.5, "measured_ms": 9.1}, ...]}
+STEP_PLAN = "step_plan.json"
 TRACE_SUFFIXES = (".json", ".json.gz")
 _OWN_DOCUMENT = re.compile(rb'^\s*\{\s*"schema"\s*:\s*"primus-perf-')
 _SNIFF_BYTES = 256
@@ -38,6 +41,7 @@ class Inputs:
     traces: list[Path]
     manifest: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    measured: list[Any] = field(default_factory=list)  # the step tuner's rows (STEP_PLAN), as written
 
 
 def _head(path: Path) -> bytes:
@@ -57,7 +61,7 @@ def is_own_document(path: Path) -> bool:
     """A file primus-perf wrote that is not a trace (manifest, report, samples, ...), or one
     of its HTML pages (a report, a diff, a preflight page)."""
     head = _head(path)
-    return path.name == MANIFEST or bool(_OWN_DOCUMENT.match(head)) or (
+    return path.name in (MANIFEST, STEP_PLAN) or bool(_OWN_DOCUMENT.match(head)) or (
         head.lstrip().startswith(_PAGE_START) and _OWN_PAGE in _read_some(path))
 
 
@@ -74,9 +78,10 @@ def _read_some(path: Path) -> bytes:
         return b""
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The folder's ``manifest.json`` ({} when absent or unreadable)."""
-    m = folder / MANIFEST
+def read_manifest(folder: Path, name: str = MANIFEST) -> dict[str, Any]:
+    """The folder's ``manifest.json`` (or another of its JSON documents; {} when absent or
+    unreadable)."""
+    m = folder / name
     if not m.is_file():
         return {}
     try:
@@ -84,6 +89,12 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def read_measured(folder: Path) -> list[Any]:
+    """The rows of the folder's ``step_plan.json`` (the step tuner's measurements; [] when absent)."""
+    rows = read_manifest(folder, STEP_PLAN).get("measured")
+    return rows if isinstance(rows, list) else []
 
 
 def manifest_traces(manifest: dict[str, Any]) -> list[str]:
@@ -137,11 +148,13 @@ def discover(paths: Sequence[str | Path] | str | Path) -> Inputs:
     traces: list[Path] = []
     manifest: dict[str, Any] = {}
     notes: list[str] = []
+    measured: list[Any] = []
     for p in map(Path, paths):
         if p.is_dir():
             files, m = _folder(p, notes)
             traces += files
             manifest = manifest or m
+            measured = measured or read_measured(p)
         elif not p.exists():
             raise TraceError(f"trace not found: {p}")
         elif is_own_document(p):
@@ -149,6 +162,7 @@ def discover(paths: Sequence[str | Path] | str | Path) -> Inputs:
         else:
             traces.append(p)
             manifest = manifest or read_manifest(p.parent)
+            measured = measured or read_measured(p.parent)
     if not traces:
         raise TraceError(f"no trace among {', '.join(map(str, paths))}" if paths else "no trace given")
-    return Inputs(traces=list(dict.fromkeys(traces)), manifest=manifest, notes=notes)
+    return Inputs(traces=list(dict.fromkeys(traces)), manifest=manifest, notes=notes, measured=measured)

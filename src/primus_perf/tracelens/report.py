@@ -253,7 +253,7 @@ def timeline(kernels: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) 
 
 def recommendations(a: Analysis) -> list[dict[str, Any]]:
     """What to do next, ranked (:mod:`.analyses.recommendations`)."""
-    return [{k: (_num(v) if k == "estimated_saving_ms" else v) for k, v in r.items()}
+    return [{k: (_num(v) if k in ("estimated_saving_ms", "measured_saving_ms") else v) for k, v in r.items()}
             for r in a.recommendations.to_dict(orient="records")]
 
 

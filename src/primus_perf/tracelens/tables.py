@@ -96,7 +96,8 @@ def _categories(rt: L.RawTrace, lk: Linked) -> np.ndarray:
                       lk.in_optimizer.astype(np.int64)])
     uniq, inverse = np.unique(combo, axis=1, return_inverse=True)
     nm = [*names, ""]
-    cats = [classify(KIND_NAMES[int(k)], nm[int(n)], nm[int(m)] or None, nm[int(lf)] or None, bool(o))
+    training = bool(lk.op_backward.any() or lk.in_optimizer.any())  # a _foreach_ op is an optimizer's
+    cats = [classify(KIND_NAMES[int(k)], nm[int(n)], nm[int(m)] or None, nm[int(lf)] or None, bool(o), training)
             for k, n, m, lf, o in uniq.T]
     return np.array(cats, dtype=object)[inverse.ravel()]
 

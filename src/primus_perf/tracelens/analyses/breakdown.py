@@ -28,10 +28,8 @@ TEMPORAL_COLUMNS = ["rank", "step", "span_s", "busy_s", "compute_s", "exposed_co
                     "idle_s"]
 
 
-def union_length(start: np.ndarray, end: np.ndarray) -> float:
-    """Total length covered by the intervals [start, end)."""
-    if len(start) == 0:
-        return 0.0
+def _segments(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals [start, end) merged into disjoint segments, in order."""
     order = np.argsort(start, kind="stable")
     s, e = start[order], end[order]
     reach = np.maximum.accumulate(e)
@@ -39,10 +37,32 @@ def union_length(start: np.ndarray, end: np.ndarray) -> float:
     new = np.ones(len(s), dtype=bool)
     new[1:] = s[1:] > reach[:-1]
     seg = np.cumsum(new) - 1
-    seg_start = s[new]
     seg_end = np.zeros(seg[-1] + 1)
     np.maximum.at(seg_end, seg, e)
+    return s[new], seg_end
+
+
+def union_length(start: np.ndarray, end: np.ndarray) -> float:
+    """Total length covered by the intervals [start, end)."""
+    if len(start) == 0:
+        return 0.0
+    seg_start, seg_end = _segments(start, end)
     return float((seg_end - seg_start).sum())
+
+
+def covered(start: np.ndarray, end: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each window [a, b), how much of it the intervals [start, end) cover."""
+    if len(start) == 0:
+        return np.zeros(len(a))
+    s, e = _segments(start, end)
+    before = np.r_[0.0, np.cumsum(e - s)]  # covered length before each segment
+
+    def upto(t: np.ndarray) -> np.ndarray:  # covered length of (-inf, t)
+        i = np.searchsorted(s, t, side="right") - 1
+        j = np.clip(i, 0, None)
+        return np.where(i >= 0, before[j] + np.clip(t - s[j], 0.0, e[j] - s[j]), 0.0)
+
+    return upto(b) - upto(a)
 
 
 def temporal(kernels: pd.DataFrame) -> pd.DataFrame:

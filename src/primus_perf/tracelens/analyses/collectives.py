@@ -19,7 +19,11 @@ Per communication GPU event (:func:`trace_collectives`, one trace at a time):
   output of different sizes;
 - the group size: the last argument of ``record_param_comms`` (its group size), else the
   output/input ratio of a ``c10d`` all-gather or reduce-scatter, else the one process-group
-  size of the trace's ``distributedInfo`` (its world size when groups differ); -1 unknown.
+  size of the trace's ``distributedInfo`` (its world size when groups differ); -1 unknown;
+- its ``role``: ``tokens`` (an all-to-all, an expert-parallel dispatch or combine),
+  ``activations`` (launched inside a model's op: tensor or sequence parallelism) or
+  ``parameters`` (data-parallel gradient reduction, FSDP's gathers, the optimizer's, or
+  outside every op): what the collective's size follows, tokens or parameters.
 
 From those (:func:`bandwidth`): per (collective, bytes, group size), calls and time per
 step, algorithm bandwidth (bytes / kernel time) and bus bandwidth (algorithm bandwidth times
@@ -47,7 +51,13 @@ import pandas as pd
 
 from primus_perf.problems import DTYPE_BYTES, dtype_name
 from primus_perf.tracelens import load as L
-from primus_perf.tracelens.categories import COMBINE, COMMUNICATION, DISPATCH, expert_parallel_kind
+from primus_perf.tracelens.categories import (
+    COMBINE,
+    COMMUNICATION,
+    COMMUNICATION_OP,
+    DISPATCH,
+    expert_parallel_kind,
+)
 from primus_perf.tracelens.link import Linked
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
@@ -90,7 +100,15 @@ _CHAIN_DEPTH = 6  # ops above a communication kernel's launch that are searched
 _GROUP_OP = "record_param_comms"
 
 EVENT_COLUMNS = ["rank", "step", "ts_us", "dur_us", "name", "collective", "bytes", "group_size", "in_bytes",
-                 "out_bytes"]
+                 "out_bytes", "role"]
+# what a collective moves, by the first op around its launch that is not a communication op:
+# tokens (an all-to-all, an expert-parallel dispatch or combine), activations (inside a model's
+# op: tensor/sequence parallelism), else parameters and their gradients (data-parallel
+# reduction, FSDP's gathers, the optimizer's; or launched outside every op): per-parameter
+# work, the same at any micro-batch
+TOKENS, ACTIVATIONS, PARAMETERS = "tokens", "activations", "parameters"
+_PARAMETER_OPS = re.compile(r"AccumulateGrad|DistributedDataParallel|Reducer|^FSDP|FullyShardedDataParallel|fsdp"
+                            r"|^Optimizer\.|DeepSpeed|[Zz]ero|clip_grad|^ProfilerStep#")
 COLLECTIVE_COLUMNS = ["name", "calls", "mean_skew_us", "max_skew_us", "mean_dur_us", "last_rank"]
 BANDWIDTH_COLUMNS = ["collective", "bytes", "group_size", "ranks", "calls", "time_s", "mean_us", "algbw_gbs",
                      "busbw_gbs", "min_busbw_gbs", "max_busbw_gbs", "slowest_rank", "sizes", "mean_skew_us",
@@ -164,6 +182,7 @@ class Described(NamedTuple):
     group: int  # ranks in the group, -1 unknown
     in_bytes: int  # this rank's input (an all-to-all's send buffer), -1 unknown
     out_bytes: int  # this rank's output (an all-to-all's receive buffer), -1 unknown
+    role: str = PARAMETERS  # TOKENS, ACTIVATIONS or PARAMETERS
 
 
 def _has_splits(args: L.ShapeArgs | None) -> bool:
@@ -176,10 +195,12 @@ def _has_splits(args: L.ShapeArgs | None) -> bool:
 
 def _describe(rt: L.RawTrace, lk: Linked, leaf: int, kernel_name: str, default_group: int) -> Described:
     """What a communication kernel launched under op ``leaf`` moved."""
-    kind, group, in_bytes, pair, splits = None, -1, -1, None, False
+    kind, group, in_bytes, pair, splits, caller = None, -1, -1, None, False, None
     r, depth = leaf, 0
     while r >= 0 and depth < _CHAIN_DEPTH:
         name = rt.names[rt.name[r]]
+        if caller is None and not (name == _GROUP_OP or COMMUNICATION_OP.search(name)):
+            caller = name
         args = rt.shape_args(int(rt.shape[r]))
         splits = splits or _has_splits(args)
         if name == _GROUP_OP:
@@ -201,13 +222,15 @@ def _describe(rt: L.RawTrace, lk: Linked, leaf: int, kernel_name: str, default_g
         group = max(pair) // min(pair)
     if group < 0:
         group = default_group
+    role = TOKENS if kind in (ALL_TO_ALL, ALL_TO_ALLV, DISPATCH, COMBINE) else \
+        ACTIVATIONS if caller is not None and not _PARAMETER_OPS.search(caller) else PARAMETERS
     if pair is not None:
-        return Described(kind, max(pair), group, pair[1], pair[0])
+        return Described(kind, max(pair), group, pair[1], pair[0], role)
     same = in_bytes if kind in (ALL_REDUCE, ALL_TO_ALL) else -1  # output as large as the input
     if in_bytes >= 0 and kind == ALL_GATHER:
         gathered = in_bytes * group if group > 0 else -1
-        return Described(kind, gathered, group, in_bytes, gathered)
-    return Described(kind, in_bytes, group, in_bytes, same)
+        return Described(kind, gathered, group, in_bytes, gathered, role)
+    return Described(kind, in_bytes, group, in_bytes, same, role)
 
 
 def trace_collectives(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame) -> pd.DataFrame:
@@ -224,7 +247,7 @@ def trace_collectives(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame) -> pd.D
         if key not in seen:
             seen[key] = _describe(rt, lk, leaf, kname, default_group)
         described.append(seen[key])
-    kind, nbytes, group, in_bytes, out_bytes = zip(*described, strict=True)
+    kind, nbytes, group, in_bytes, out_bytes, role = zip(*described, strict=True)
     sub = kernels.iloc[comm]
 
     def ints(values: tuple[int, ...]) -> np.ndarray:
@@ -233,7 +256,7 @@ def trace_collectives(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame) -> pd.D
     return pd.DataFrame({"rank": sub["rank"].to_numpy(), "step": sub["step"].to_numpy(),
                          "ts_us": sub["ts_us"].to_numpy(), "dur_us": sub["dur_us"].to_numpy(), "name": names,
                          "collective": list(kind), "bytes": ints(nbytes), "group_size": ints(group),
-                         "in_bytes": ints(in_bytes), "out_bytes": ints(out_bytes)})
+                         "in_bytes": ints(in_bytes), "out_bytes": ints(out_bytes), "role": list(role)})
 
 
 SIZES_VARY = "sizes vary by call"  # the shape of a variable-size collective's GPU events

@@ -220,14 +220,16 @@ def _critical_path(rt: L.RawTrace, lk: Linked, rank: int, walk: _Walk | None) ->
     return pd.DataFrame(rows, columns=PATH_COLUMNS)
 
 
-def trace_host(rt: L.RawTrace, lk: Linked, rank: int, unprofiled_s: float | None = None) -> HostTables:
+def trace_host(rt: L.RawTrace, lk: Linked, rank: int, unprofiled_s: float | None = None,
+               per_param: np.ndarray | None = None) -> HostTables:
     """One trace's host tables (``rank`` is provisional until :func:`combine` sets it);
     ``unprofiled_s``: the run's step time without the profiler, when its manifest has it
-    (the replays are scaled to it)."""
+    (the replays are scaled to it); ``per_param``: per GPU event, whether its work is per
+    parameter (the optimizer's, data-parallel collectives: the same at any micro-batch)."""
     launches, counts = _launches(rt, lk, rank)
     walk = _Walk(rt, lk) if len(lk.gpu) and (lk.launch >= 0).any() else None
     prev = walk.prev if walk is not None else np.full(len(lk.gpu), -1, dtype=np.int64)
-    syncs, replay = trace_idle(rt, lk, rank, prev, unprofiled_s)
+    syncs, replay = trace_idle(rt, lk, rank, prev, unprofiled_s, per_param)
     return HostTables(_cpu_ops(rt, lk), launches, counts, _critical_path(rt, lk, rank, walk), syncs, replay)
 
 

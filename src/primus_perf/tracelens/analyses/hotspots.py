@@ -41,7 +41,7 @@ def in_steps(kernels: pd.DataFrame) -> pd.DataFrame:
     return kernels[kernels["step"] >= 0]
 
 
-def _problem_keys(k: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
+def problem_keys(k: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
     """Per GPU event of a GEMM or attention category: its op call's problem key, else ""."""
     out = np.full(len(k), "", dtype=object)
     m = (k["category"].isin(MODELED) & (k["call"] >= 0)).to_numpy()
@@ -68,7 +68,7 @@ def hotspots(kernels: pd.DataFrame, calls: pd.DataFrame, peaks: DevicePeaks | No
     k = in_steps(kernels)
     if k.empty:
         return pd.DataFrame(columns=COLUMNS)
-    k = k.assign(problem_key=pd.Categorical(_problem_keys(k, calls)))
+    k = k.assign(problem_key=pd.Categorical(problem_keys(k, calls)))
     # one groupby, no reindexing between groupings of different subsets: pandas cannot
     # reindex a categorical MultiIndex whose level codes differ in width (int8 for up to 127
     # categories, int16 above), which crashed traces with many distinct shapes

@@ -1,39 +1,51 @@
 """What to do next: one recommendation per kind of waste the trace shows, each with the time
-it could save per step and how that estimate was made.
+it could save per step, how that estimate was made, and the facts about the workload it
+rests on (:mod:`.workload`): a recommendation whose condition does not hold is not made.
 
-Each row: ``category``, ``evidence`` (what the trace shows), ``action`` (what to change:
-the trainer's config key when the trace's manifest says it came from ``primus-train``,
-else code advice), ``command`` (a tuner command, when one applies), ``estimated_saving_ms``
-(per step), ``method`` and ``changes_numerics``. Rows are ranked by the estimated saving,
-except that changes of the numerics (FP8) come after every change that keeps them, whatever
-their saving: they need a convergence check before they count.
+Each row: ``category``, ``lever`` (the setting it changes, ``train.compile=true`` for a
+``primus-train`` run, else a short name: the key of a measured row), ``evidence`` (what the
+trace shows), ``condition`` (what it rests on: training or inference, the parallel layout,
+torch.compile, what the step waits on), ``action`` (the trainer's config key when the
+manifest says the run came from ``primus-train``, else code advice), ``command`` (a tuner
+command, when one applies), ``estimated_saving_ms`` (per step), ``measured_saving_ms`` (the
+step tuner's measurement of the same lever, where the run has one: :data:`MEASURED`),
+``method`` and ``changes_numerics``. Rows are ranked by the estimated saving, except that
+changes of the numerics (FP8) come after every change that keeps them.
 
 The estimates, one per category (each the saving of that change alone; they do not add up
 when they touch the same kernels):
 
 - ``fusion``: chains of elementwise and normalization kernels (:mod:`.fusion`): measured
   time minus the time their bytes take at the bandwidth a device reaches (88% of its peak).
-- ``optimizer``: a per-parameter or foreach optimizer step -> a fused one: a third of its
-  time (a rule of thumb: fused Adam(W) is commonly 1.5x the foreach one); a fused step on
-  many data-parallel ranks -> sharding (each rank updates 1/N of the parameters).
-- ``host: syncs``: the calls that made the host wait for the GPU (:mod:`.host_idle`): the
-  step replayed without those waits against the recorded replay.
-- ``host: launches``: a host too slow to keep the queue filled: for the trainer, a
-  micro-batch twice as large (the replay with GPU events twice as long, halved: per step
-  of the original tokens); otherwise the replay without the host's launch time (CUDA
-  graphs' bound). Both replays keep the host time the profiler did not add when the
-  manifest measured the unprofiled step.
-- ``communication``: the exposed communication (:mod:`.breakdown`), all of it: the upper
-  bound of overlapping it with compute.
-- ``tuning`` (GEMM, grouped GEMM, attention; the rows and commands of :mod:`.tune_next`):
-  per problem ``time * (1 - roofline fraction / ATTAINABLE)``: tuning reaches the best
-  kernel available, not the datasheet peak.
+- ``optimizer`` (training only): a per-parameter or foreach step -> a fused one (a third of
+  its time, a rule of thumb); a fused step on many data-parallel ranks that do not shard it
+  -> sharding (each rank updates 1/N); nothing where FSDP or ZeRO already shards it.
+- ``data loading``: the host fetching batches (``DataLoader.__next__``) while the GPU
+  idles: the step replayed without it (:mod:`.host_idle`), at most the GPU's idle time.
+- ``host: syncs``: the step replayed without the syncs' waits.
+- ``host: launches``: a host too slow to keep the queue filled (the data loading and the
+  syncs kept): for the trainer, a micro-batch twice as large (the replay with the per-token
+  GPU events twice as long, per-parameter ones (optimizer, data-parallel collectives) as
+  recorded, halved); otherwise the replay without the host's launch time (CUDA graphs'
+  bound).
+- ``communication``: the exposed communication (:mod:`.breakdown`), all of it (the upper
+  bound), with advice by what the collectives move (:mod:`.collectives` roles): data-parallel
+  gradients (DDP buckets, FSDP prefetch), tensor-parallel activations, MoE tokens
+  (expert-parallel dispatch/combine), embedding lookups (DLRM-style all-to-all).
+- ``tuning`` (GEMM, grouped GEMM, attention; :mod:`.tune_next`): per problem ``time *
+  (1 - roofline fraction / ATTAINABLE)`` over the time its kernels run alone (a kernel
+  beside a communication kernel shares the GPU: its speed is not the kernel's choice);
+  dense bf16/f16 GEMMs on NVIDIA at most :data:`GEMM_TUNING_GAIN` of their time.
 - ``fp8``: bf16/f16 GEMMs with every dimension at least ``FP8_MIN_DIM`` on a device with an
-  FP8 peak: ``time * (1 - 1 / FP8_GEMM_SPEEDUP)``.
+  FP8 peak: training: ``time * (1 - 1/FP8_GEMM_SPEEDUP)`` minus the casts (:func:`fp8_casts`:
+  weights per step, activations and gradients per token, at :data:`CAST_BYTES` a element),
+  not advised where the data-parallel ranks shard the model (FSDP2 measured slower);
+  inference: the forward GEMMs, activations cast per token, weights once offline.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -44,45 +56,68 @@ import pandas as pd
 from primus_perf import kinds
 from primus_perf.devices import DevicePeaks, lookup_peaks
 from primus_perf.problems import GemmProblem
+from primus_perf.tracelens.analyses.breakdown import covered
 from primus_perf.tracelens.analyses.fusion import ATTAINABLE_BW, MEMORY_BOUND, fusion_estimate
-from primus_perf.tracelens.analyses.hotspots import in_steps
+from primus_perf.tracelens.analyses.hotspots import MODELED, in_steps, problem_keys
 from primus_perf.tracelens.analyses.tune_next import tune_next
-from primus_perf.tracelens.categories import OPTIMIZER
+from primus_perf.tracelens.categories import COMMUNICATION, OPTIMIZER
 
 # ``tracelens.analyze.Analysis``, which imports this module: no import back
 Analysis = Any
 
-COLUMNS = ["category", "evidence", "action", "command", "estimated_saving_ms", "method", "changes_numerics"]
+COLUMNS = ["category", "lever", "evidence", "condition", "action", "command", "estimated_saving_ms",
+           "measured_saving_ms", "method", "changes_numerics"]
 MIN_SAVING_MS = 0.01  # below this a recommendation is noise
 # fraction of the datasheet peak the best available kernels reach (H100: the best cuBLASLt
 # candidate for dense bf16 GEMMs runs at ~0.75-0.82 of it; cuDNN attention, the fastest
 # backend measured, 0.56 forward and 0.50 backward; grouped GEMMs between)
 ATTAINABLE = {kinds.GEMM.name: 0.8, kinds.GROUPED.name: 0.7, kinds.ATTENTION.name: 0.55}
+# dense bf16 GEMMs on NVIDIA: the cuBLASLt heuristic's choice within ~2% of the best candidate
+# (H100, cuBLASLt 13.1); tuned caches ran 0.995-1.013x on six held-out programs
+GEMM_TUNING_GAIN = 0.02
 FOREACH_TO_FUSED = 1.5
-# torchao float8 (tensorwise) under torch.compile on an H100, Llama 8B dims, 4 layers, seq
-# 4096, micro-batch 2: 146.0 -> 126.1 ms per step with ~88 ms of bf16 GEMMs: the GEMMs
-# 1.29x faster, the casts and scaling included
-FP8_GEMM_SPEEDUP = 1.29
+# FP8 (torchao float8 tensorwise, under torch.compile): the GEMMs alone 1.5x their bf16 time,
+# the casts apart (:func:`fp8_casts`): with them this reproduces the 19.9 ms an H100 llama3-8b
+# step (4 layers, seq 4096, micro-batch 2; 88.1 ms of candidate GEMMs) measured (146.0 -> 126.1 ms)
+FP8_GEMM_SPEEDUP = 1.5
+CAST_BYTES = 3  # per element cast: read bf16, write fp8 (the amax read fused by torch.compile)
 FP8_MIN_DIM = 1024
 _FP8_DTYPES = ("bf16", "f16")
+# step-tuner measurements a run may carry: rows of {"lever", "value"?, "estimate_ms"?, "measured_ms", "kept"?}
+MEASURED = "measured"
+_OPTIMIZER_CLASS = re.compile(r"^Optimizer\.step#(\w+)\.step")
+_FUSED = re.compile(r"fused_adam|FusedAdam|AdamFunctor|FusedOptimizer|fused_sgd|\bFused", re.I)
+_TORCH_FUSED = ("Adam", "AdamW", "SGD", "Adagrad")  # torch.optim classes with fused=True
 
 
 def trainer_config(manifest: dict[str, Any]) -> dict[str, Any] | None:
     """The trainer's config when the run came from ``primus-train`` (its manifest records the
     config with ``train`` and ``model`` sections), else None."""
-    cfg = manifest.get("config")
+    cfg = manifest.get("config") if isinstance(manifest, dict) else None
     if isinstance(cfg, dict) and isinstance(cfg.get("train"), dict) and isinstance(cfg.get("model"), dict):
         return cfg
     return None
 
 
-def _row(category: str, evidence: str, action: str, saving_ms: float, method: str, command: str = "",
-         numerics: bool = False) -> dict[str, Any]:
-    return {"category": category, "evidence": evidence, "action": action, "command": command,
-            "estimated_saving_ms": float(saving_ms), "method": method, "changes_numerics": numerics}
+def _row(category: str, lever: str, evidence: str, condition: str, action: str, saving_ms: float, method: str,
+         command: str = "", numerics: bool = False) -> dict[str, Any]:
+    return {"category": category, "lever": lever, "evidence": evidence, "condition": condition, "action": action,
+            "command": command, "estimated_saving_ms": float(saving_ms), "measured_saving_ms": np.nan,
+            "method": method, "changes_numerics": numerics}
 
 
-def _fusion(a: Analysis, peaks: DevicePeaks | None, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _mode(w: dict[str, Any]) -> str:
+    return f"a {w.get('mode', 'unknown')} trace ({w.get('mode_evidence', '')})"
+
+
+def _compile_text(w: dict[str, Any]) -> str:
+    c = w.get("compiled")
+    return "torch.compile on" + (f" ({w['compiled_by']})" if w.get("compiled_by") else "") if c else \
+        "torch.compile off (train.compile)" if c is False else "torch.compile not seen in the trace"
+
+
+def _fusion(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict[str, Any] | None
+            ) -> list[dict[str, Any]]:
     k = in_steps(a.kernels)
     mem_s = float(k.loc[k["category"].isin(MEMORY_BOUND), "dur_us"].sum()) / 1e6 / a.rank_steps
     ch = a.chains
@@ -99,15 +134,17 @@ def _fusion(a: Analysis, peaks: DevicePeaks | None, cfg: dict[str, Any] | None) 
     evidence = (f"elementwise and normalization kernels take {mem_s * 1e3:.1f} ms per step "
                 f"({mem_s / total:.0%} of GPU time); {len(ch) / per:.0f} chains of 2+ ops take {chain_ms:.1f} ms "
                 f"and move {gb:.1f} GB ({gb / (peaks.hbm_tb_s * ATTAINABLE_BW):.1f} ms at {ATTAINABLE_BW:.0%} of the "
-                f"{peaks.hbm_tb_s:g} TB/s peak)"
-                + (f"; most to gain: {top}" if top else ""))
-    train = cfg["train"] if cfg else None
-    if train is not None and not train.get("compile", False):
+                f"{peaks.hbm_tb_s:g} TB/s peak)" + (f"; most to gain: {top}" if top else ""))
+    compiled = w.get("compiled")
+    if cfg is not None and not compiled:
+        lever = "train.compile=true"
         action = "set train.compile=true (Inductor fuses RoPE, SwiGLU and RMSNorm into one kernel each)"
-    elif train is not None:
-        action = ("train.compile is on: the chains left run outside the compiled RoPE, SwiGLU and RMSNorm; "
-                  "fuse them (compile the code around them, or a fused kernel)")
+    elif compiled:
+        lever = "fusion"
+        action = ("torch.compile is on: the chains left run outside the compiled regions; compile the code around "
+                  "them (a whole block), or use fused kernels")
     else:
+        lever = "torch.compile"
         action = ("torch.compile the model's elementwise and norm code (a block, or the regions around the "
                   "chains), or use fused kernels (fused RMSNorm/LayerNorm, SwiGLU, RoPE)")
     bw = peaks.hbm_tb_s * ATTAINABLE_BW
@@ -117,42 +154,52 @@ def _fusion(a: Analysis, peaks: DevicePeaks | None, cfg: dict[str, Any] | None) 
               "none modeled: not improvable); no intermediate tensor between modeled ops is assumed removed (the "
               "trace records no dataflow), which under-counts; checked against an H100 llama3-8b run (4 layers, "
               "seq 4096, mb 2) where train.compile=true measured 9.5 ms per step")
-    return [_row("fusion", evidence, action, saving_ms, method)] if saving_ms >= MIN_SAVING_MS else []
+    condition = f"chains of 2+ memory-bound op calls on one stream with no other kernel between them; {_compile_text(w)}"
+    return [_row("fusion", lever, evidence, condition, action, saving_ms, method)] if saving_ms >= MIN_SAVING_MS else []
 
 
-def _optimizer(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _optimizer(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
     k = in_steps(a.kernels)
     k = k[k["category"] == OPTIMIZER]
-    if k.empty:
+    if k.empty or w.get("mode") != "training":
         return []
     per = a.rank_steps
     t_s = float(k["dur_us"].sum()) / 1e6 / per
-    names = " ".join(map(str, k["name"].unique())).lower()
-    ops = " ".join(map(str, k["op"].unique())).lower()
+    names = " ".join(map(str, k["name"].unique()))
+    ops = " ".join(map(str, k["op"].unique()))
     n = len(k) / per
-    if "fused_adam" in ops or "fused_adam" in names or "fusedadam" in names or "_fused_sgd" in ops:
+    m = _OPTIMIZER_CLASS.search(str(w.get("optimizer") or ""))
+    cls = m.group(1) if m else ""
+    if _FUSED.search(f"{names} {ops} {cls}"):
         style = "fused"
     elif "multi_tensor_apply" in names or "_foreach_" in ops:
         style = "foreach"
     else:
         style = "per-parameter"
-    evidence = f"optimizer kernels take {t_s * 1e3:.1f} ms per step ({n:.0f} kernels per step, a {style} step)"
+    evidence = (f"optimizer kernels take {t_s * 1e3:.1f} ms per step ({n:.0f} kernels per step, a {style} "
+                f"{cls or 'optimizer'} step)")
     if style != "fused":
-        fused = "torch.optim.AdamW(..., fused=True)" if style == "foreach" else "fused=True (or foreach=True)"
+        if cls not in _TORCH_FUSED and not (cfg is not None and not cls):
+            return []  # no fused implementation in torch to point at
         saving = t_s * (1 - 1 / FOREACH_TO_FUSED)
-        return [_row("optimizer", evidence, f"use a fused optimizer step: {fused}", saving * 1e3,
+        lever = "train.optimizer=fused" if cfg is not None else "optimizer: fused"
+        action = ("set train.optimizer=fused" if cfg is not None
+                  else f"use a fused optimizer step: torch.optim.{cls or 'AdamW'}(..., fused=True)")
+        return [_row("optimizer", lever, evidence, f"{_mode(w)}; a {style} {cls or 'optimizer'} step, which torch "
+                     "also implements fused", action, saving * 1e3,
                      f"rule of thumb, not measured on this trace: a fused step {FOREACH_TO_FUSED:g}x the {style} one "
                      "(one pass over each parameter's state instead of one per op)")]
-    dp = a.world_size
-    if cfg is not None:
-        tp = int(cfg.get("parallel", {}).get("tp", 1) or 1)
-        dp = max(1, a.world_size // max(tp, 1))
-    if dp <= 1:
+    dp = int(w.get("data_parallel") or 1)
+    if dp <= 1 or w.get("sharded"):  # nothing to shard, or already sharded (FSDP, ZeRO)
         return []
     saving = t_s * (1 - 1 / dp)
-    action = ("shard the optimizer state over the data-parallel ranks (ZeRO-1 / FSDP: each rank updates 1/N "
-              "of the parameters)")
-    return [_row("optimizer", evidence, action, saving * 1e3,
+    action = ("set parallel.dp_shard=" + str(dp) + " (FSDP2: parameters, gradients and optimizer state sharded)"
+              if cfg is not None else "shard the optimizer state over the data-parallel ranks (ZeRO-1 / FSDP: each "
+              "rank updates 1/N of the parameters)")
+    condition = (f"{_mode(w)}; {dp} data-parallel ranks, each updating every parameter (no FSDP/ZeRO sharding "
+                 "seen" + (", DDP" if w.get("ddp") else "") + ")")
+    return [_row("optimizer", f"parallel.dp_shard={dp}" if cfg is not None else "sharding", evidence, condition,
+                 action, saving * 1e3,
                  f"the fused step's time divided by the {dp} data-parallel ranks (the update itself shrinks N times; "
                  "the added reduce-scatter/all-gather replace an all-reduce of the same bytes)")]
 
@@ -174,16 +221,41 @@ def _replay_note(rp: pd.DataFrame) -> str:
 
 def _replayed(a: Analysis) -> pd.DataFrame:
     """The host replays with each step's GPU idle time (``idle_s``): what no host-side change
-    can exceed."""
+    can exceed; ``idle_before_s``: the idle in the replay itself, from the step's start on the
+    host (the data loading before a step's first kernel is idle there, and in the step before
+    it by the temporal breakdown)."""
     if a.host_replay.empty or a.temporal.empty:
         return pd.DataFrame()
-    m = a.host_replay.merge(a.temporal[["rank", "step", "idle_s"]], on=["rank", "step"], how="left")
+    m = a.host_replay.merge(a.temporal[["rank", "step", "idle_s", "busy_s"]], on=["rank", "step"], how="left")
     m["idle_s"] = m["idle_s"].fillna(0.0)
+    m["idle_before_s"] = (m["replay_s"] - m["busy_s"].fillna(0.0)).clip(lower=0.0)
     return m
 
 
-def _capped(m: pd.DataFrame, saving: pd.Series) -> float:
-    return float(np.minimum(saving.clip(lower=0.0), m["idle_s"]).mean())
+def _capped(m: pd.DataFrame, saving: pd.Series, idle: str = "idle_s") -> float:
+    return float(np.minimum(saving.clip(lower=0.0), m[idle]).mean())
+
+
+_REPLAY = ("per step, the step replayed from the trace (the host's launches, syncs and data loading in order, each "
+           "GPU event at the later of its launch and its stream's previous event) ")
+
+
+def _data_loading(a: Analysis, w: dict[str, Any]) -> list[dict[str, Any]]:
+    rp = _replayed(a)
+    data_s = float(w.get("data_loading_s") or 0.0)
+    if rp.empty or data_s <= 0:
+        return []
+    saving = _capped(rp, rp["replay_s"] - rp["no_data_s"], "idle_before_s")
+    if saving * 1e3 < MIN_SAVING_MS:
+        return []
+    idle = float(rp["idle_s"].mean())
+    evidence = (f"the host spends {data_s * 1e3:.1f} ms per step in DataLoader.__next__ while the GPU idles "
+                f"{idle * 1e3:.1f} ms per step")
+    action = ("load batches in worker processes ahead of the step: DataLoader(num_workers=N > 0, pin_memory=True, "
+              "persistent_workers=True, prefetch_factor=2), and .to(device, non_blocking=True)")
+    return [_row("data loading", "data loading", evidence, "the step waits for the next batch on the host", action,
+                 saving * 1e3, _REPLAY + "with the data loading taking no time, against the recorded replay, at most "
+                 f"the step's GPU idle time; {_replay_note(rp)}; mean over steps")]
 
 
 def _host_syncs(a: Analysis) -> list[dict[str, Any]]:
@@ -209,20 +281,27 @@ def _host_syncs(a: Analysis) -> list[dict[str, Any]]:
                      "and the group offsets copied in, a sync each, in every MoE layer, forward and backward")
         action += ("; for the grouped GEMM: pass the group offsets as a device tensor (the cumulative sum of "
                    "the device counts: torch._grouped_mm takes them so), so no count reaches the host")
-    return [_row("host: syncs", evidence, action, saving * 1e3,
-                 "per step, the step replayed from the trace (the host's launches and syncs in order, each GPU event at "
-                 "the later of its launch and its stream's previous event) with the syncs not waiting, against the "
-                 f"same replay with them, at most the step's GPU idle time; {_replay_note(rp)}; mean over steps")]
+    return [_row("host: syncs", "syncs", evidence, "the GPU idles after calls that make the host wait for it", action,
+                 saving * 1e3, _REPLAY + "with the syncs not waiting, against the same replay with them, at most the "
+                 f"step's GPU idle time; {_replay_note(rp)}; mean over steps")]
 
 
-def _host_launch(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _accumulates(cfg: dict[str, Any], w: dict[str, Any]) -> bool:
+    """The run accumulates gradients over micro-batches (its global batch is more than one
+    micro-batch per data-parallel rank): the micro-batch is then not the optimizer's batch."""
+    t = cfg["train"]
+    gb, mb = t.get("global_batch"), t.get("micro_batch")
+    return isinstance(gb, int) and isinstance(mb, int) and gb > mb * int(w.get("data_parallel") or 1)
+
+
+def _host_launch(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
     rp = _replayed(a)
     if rp.empty:
         return []
     bound = _capped(rp, rp["replay_s"] - rp["no_host_s"])
     doubled = _capped(rp, rp["replay_s"] - rp["double_gpu_s"] / 2)
     mb = cfg["train"].get("micro_batch") if cfg is not None else None
-    use_mb = isinstance(mb, int) and mb > 0
+    use_mb = isinstance(mb, int) and mb > 0 and w.get("mode") == "training" and not _accumulates(cfg, w)
     saving = doubled if use_mb else bound
     if saving * 1e3 < MIN_SAVING_MS:
         return []
@@ -235,53 +314,78 @@ def _host_launch(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]
                    f"{lt['queue_p50'].median():.0f}" if len(lt) else "")
                 + (f"; {(cp['cpu_s'] + cp['launch_s']).mean() * 1e3:.1f} ms of the {cp['path_s'].mean() * 1e3:.1f} ms "
                    "critical path is on the host" if len(cp) else "")
-                + f"; with the host's launch time gone (syncs kept) the step would be {bound * 1e3:.1f} ms shorter")
-    method = ("per step, the step replayed from the trace (the host's launches and syncs in order, each GPU event at "
-              "the later of its launch and its stream's previous event) ")
+                + f"; with the host's launch time gone (syncs and data loading kept) the step would be "
+                  f"{bound * 1e3:.1f} ms shorter")
+    waits = "the GPU idles while the host launches (not waiting on syncs or data loading)"
     if use_mb:
         action = (f"set train.micro_batch={2 * mb} (now {mb}): the host's work per step stays, each launch carries "
                   "twice the work (if it fits in memory); CUDA graphs (torch.compile mode='reduce-overhead') need the "
                   "syncs gone first")
-        method += ("with every GPU event twice as long and the host unchanged, halved (per step of the original "
-                   f"tokens), against the recorded replay, at most the step's GPU idle time; {_replay_note(rp)}; mean over "
-                   "steps")
-    else:
-        action = ("capture the step in CUDA graphs (torch.cuda.graphs, torch.compile(mode='reduce-overhead'); a "
-                  "sync in the step breaks the capture) or run a larger micro-batch so each launch carries more work")
-        method += (f"with the host's time between and in launches removed, the syncs kept, against the recorded "
-                   f"replay, at most the step's GPU idle time: the bound for launching faster; {_replay_note(rp)}; mean "
-                   "over steps")
-    return [_row("host: launches", evidence, action, saving * 1e3, method)]
+        method = (_REPLAY + "with every per-token GPU event twice as long, the per-parameter ones (optimizer, "
+                  "data-parallel collectives) as recorded and the host unchanged, halved (per step of the original "
+                  f"tokens), against the recorded replay, at most the step's GPU idle time; {_replay_note(rp)}; mean "
+                  "over steps")
+        return [_row("host: launches", f"train.micro_batch={2 * mb}", evidence,
+                     f"{_mode(w)} without gradient accumulation (the micro-batch is the optimizer's batch); {waits}",
+                     action, saving * 1e3, method)]
+    action = ("capture the step in CUDA graphs (torch.cuda.graphs, torch.compile(mode='reduce-overhead'); a "
+              "sync in the step breaks the capture) or run a larger batch so each launch carries more work")
+    method = (_REPLAY + "with the host's time between and in launches removed, the syncs and the data loading kept, "
+              f"against the recorded replay, at most the step's GPU idle time: the bound for launching faster; "
+              f"{_replay_note(rp)}; mean over steps")
+    return [_row("host: launches", "cuda graphs", evidence, waits, action, saving * 1e3, method)]
 
 
-def _communication(a: Analysis, cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _communication(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
     if a.temporal.empty:
         return []
     exposed = float(a.temporal["exposed_comm_s"].mean())
     if exposed * 1e3 < MIN_SAVING_MS:
         return []
-    cb = a.collective_bandwidth
-    top = ""
-    collectives: set[str] = set()
-    if len(cb):
-        by = cb.groupby("collective")["time_s"].sum().sort_values(ascending=False)
-        collectives = set(by.index[:3])
-        top = "; ".join(f"{c} {t * 1e3:.1f} ms" for c, t in by.head(3).items())
+    ev = a.collective_events
+    by = pd.Series(dtype=np.float64)
+    if len(ev):
+        e = ev[ev["step"] >= 0]
+        by = e.groupby(["role", "collective"])["dur_us"].sum().sort_values(ascending=False) / 1e3 / a.rank_steps
+    top = "; ".join(f"{coll} ({role}) {ms:.1f} ms" for (role, coll), ms in by.head(3).items())
+    roles = {role for role, _ in by.index} if len(by) else set()
     evidence = (f"{exposed * 1e3:.1f} ms per step of communication is not overlapped by compute "
-                f"({exposed / float(a.temporal['span_s'].mean()):.0%} of the step)" + (f"; by collective: {top}" if top else ""))
-    actions = []
-    if collectives & {"all_to_all", "all_to_allv"}:
+                f"({exposed / float(a.temporal['span_s'].mean()):.0%} of the step)" + (f"; by collective: {top}" if top
+                                                                                         else ""))
+    actions, facts = [], []
+    if "tokens" in roles and w.get("expert_parallel"):
+        facts.append("MoE token exchange (expert parallelism)")
         actions.append("keep expert-parallel groups inside a node (NVLink/xGMI) and overlap dispatch/combine with "
                        "the shared expert or the next micro-batch")
-    if collectives & {"all_reduce", "reduce_scatter", "all_gather"}:
-        actions.append("overlap gradient reduction with the backward pass (DDP bucket_cap_mb, FSDP prefetch) and "
-                       "keep tensor parallelism inside a node")
+    elif "tokens" in roles and w.get("embedding_all_to_all"):
+        facts.append(f"an embedding all-to-all beside embedding-table ops ({w.get('embedding_ops')}), no MoE")
+        actions.append("pipeline the sparse all-to-all with the dense compute (TorchRec's TrainPipelineSparseDist "
+                       "fetches and distributes the next batch's embeddings during this one) and balance the tables' "
+                       "sharding plan (row-wise for the large tables) so no rank's all-to-all waits for another's")
+    elif "tokens" in roles:
+        facts.append("an all-to-all that is neither MoE nor embedding lookups")
+        actions.append("overlap the all-to-all with independent compute (a separate stream, the next micro-batch)")
+    if "parameters" in roles and w.get("mode") == "training":
+        if w.get("sharded"):
+            facts.append(f"sharded data parallelism ({w['sharded_by']})")
+            actions.append("prefetch the next blocks' all-gathers (FSDP2 set_modules_to_forward_prefetch / "
+                           "parallel.fsdp_prefetch) and keep the last blocks gathered after forward "
+                           "(reshard_after_forward=False / parallel.fsdp_reshard_after_forward=false)")
+        else:
+            facts.append(f"{w.get('data_parallel', 1)} data-parallel ranks reducing gradients")
+            actions.append("overlap gradient reduction with the backward pass (DDP bucket_cap_mb, no "
+                           "find_unused_parameters; with gradient accumulation, no_sync on all but the last micro-batch)")
+    if "activations" in roles:
+        facts.append("collectives inside the model's ops (tensor or sequence parallelism)")
+        actions.append("keep tensor parallelism inside a node and overlap its collectives with compute "
+                       "(sequence parallelism, async TP)")
     if not actions:
         actions.append("overlap communication with compute (separate streams, larger buckets)")
     if cfg is not None:
-        actions.append(f"check the layout: parallel.tp={cfg.get('parallel', {}).get('tp', 1)} over "
-                       f"{a.world_size} ranks")
-    return [_row("communication", evidence, "; ".join(actions), exposed * 1e3,
+        tp = (cfg.get("parallel") or {}).get("tp", 1) if isinstance(cfg.get("parallel"), dict) else 1
+        actions.append(f"check the layout: parallel.tp={tp} over {a.world_size} ranks")
+    condition = "; ".join(facts) or "communication kernels that run with no compute beside them"
+    return [_row("communication", "communication", evidence, condition, "; ".join(actions), exposed * 1e3,
                  "all of the exposed communication: the upper bound, reached only when it is hidden entirely")]
 
 
@@ -293,61 +397,173 @@ def _trace_arg(a: Analysis) -> str:
     return " ".join(shlex.quote(str(p)) for p in paths)
 
 
-def _tuning(a: Analysis) -> list[dict[str, Any]]:
+def _alone(a: Analysis) -> pd.Series:
+    """Per problem key: the fraction of its kernels' time with no communication kernel running
+    beside them (a GEMM that shares the GPU with NCCL is slowed by it, whatever its choice)."""
+    k = in_steps(a.kernels)
+    k = k[k["category"].isin((*MODELED, COMMUNICATION))]
+    if k.empty or a.calls.empty or not (k["category"] == COMMUNICATION).any():
+        return pd.Series(dtype=np.float64)
+    out: dict[str, list[float]] = {}
+    for _, kr in k.groupby("rank"):
+        comm = kr[kr["category"] == COMMUNICATION]
+        work = kr[kr["category"] != COMMUNICATION]
+        start = work["ts_us"].to_numpy(dtype=np.float64)
+        overlap = covered(comm["ts_us"].to_numpy(dtype=np.float64), (comm["ts_us"] + comm["dur_us"]).to_numpy(np.float64),
+                          start, start + work["dur_us"].to_numpy(dtype=np.float64))
+        for kk, d, o in zip(problem_keys(work, a.calls), work["dur_us"].to_numpy(), overlap, strict=True):
+            t = out.setdefault(kk, [0.0, 0.0])
+            t[0] += d
+            t[1] += o
+    return pd.Series({kk: 1.0 - o / d if d > 0 else 1.0 for kk, (d, o) in out.items() if kk})
+
+
+def _tuning(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None) -> list[dict[str, Any]]:
     t = tune_next(a.problem_tables(), top=1_000_000)
     if t.empty or in_steps(a.kernels).empty:
         return []
     att = t["kind"].map(ATTAINABLE).astype(np.float64)
-    t = t.assign(saving=t["time_s"] * (1 - t["pct_roofline"].astype(np.float64) / att).clip(lower=0.0).fillna(0.0))
+    alone = _alone(a).reindex(t["key"]).fillna(1.0).to_numpy()
+    gap = (1 - t["pct_roofline"].astype(np.float64) / att).clip(lower=0.0).fillna(0.0)
+    t = t.assign(alone=alone, saving=t["time_s"] * alone * gap)
+    nvidia = peaks is not None and peaks.vendor == "nvidia"
     out = []
     for kind, g in t.groupby("kind", sort=False):
         saving = float(g["saving"].sum())
+        capped = ""
+        if kind == kinds.GEMM.name and nvidia:
+            dense = float((g["time_s"] * g["alone"]).sum()) * GEMM_TUNING_GAIN
+            if saving > dense:
+                saving, capped = dense, (f"; at most {GEMM_TUNING_GAIN:.0%} of the GEMMs' time on NVIDIA (the cuBLASLt "
+                                         "heuristic's choice is within ~2% of the best candidate on an H100; tuned "
+                                         "caches ran 0.995-1.013x)")
         if saving * 1e3 < MIN_SAVING_MS:
             continue
         g = g.sort_values("saving", ascending=False)
         below = g[g["saving"] > 0]
         best = below.iloc[0]
         label = kinds.get(str(kind)).title if str(kind) in kinds.names() else str(kind)
+        shared = float((g["time_s"] * (1 - g["alone"])).sum())
         evidence = (f"{len(below)} {label} problem(s) below {ATTAINABLE[str(kind)]:.0%} of the roofline take "
                     f"{below['time_s'].sum() * 1e3:.1f} ms per step; most to gain: {best['label']} at "
-                    f"{best['pct_roofline']:.0%} ({best['time_s'] * 1e3:.2f} ms); one problem alone: {best['command']}")
-        out.append(_row(f"tuning: {kind}", evidence, f"tune the trace's {label} problems",
+                    f"{best['pct_roofline']:.0%} ({best['time_s'] * 1e3:.2f} ms); one problem alone: {best['command']}"
+                    + (f"; {shared * 1e3:.1f} ms of their time runs beside communication kernels and is left out"
+                       if shared * 1e3 >= MIN_SAVING_MS else ""))
+        condition = f"{label} kernels that run alone on the GPU below what the best kernels reach"
+        out.append(_row(f"tuning: {kind}", f"tuning: {kind}", evidence, condition, f"tune the trace's {label} problems",
                         saving * 1e3,
-                        f"per problem: time x (1 - roofline fraction / {ATTAINABLE[str(kind)]:g}), the fraction of the "
-                        "datasheet peak the best available kernels reach; problems without a roof count 0",
+                        f"per problem: time its kernels run with no communication beside them x (1 - roofline fraction "
+                        f"/ {ATTAINABLE[str(kind)]:g}), the fraction of the datasheet peak the best available kernels "
+                        "reach; problems without a roof count 0" + capped,
                         command=f"primus-tune {str(kind).replace('_', '-')} --trace {_trace_arg(a)}"))
     return out
 
 
-def _fp8(a: Analysis, peaks: DevicePeaks | None) -> list[dict[str, Any]]:
+def fp8_casts(g: pd.DataFrame, training: bool = True) -> tuple[float, float]:
+    """Elements cast to FP8 per step for GEMM problems ``g`` (rows of a GEMM problem table):
+    (per parameter, per token). For each forward GEMM ``x[M, K] @ W[N, K]^T``: in training the
+    weight (N*K, per step), the input (M*K) and the output's gradient (M*N), each once and once
+    transposed; in inference the input only (the weights are cast once, offline)."""
+    fwd = g[g["direction"] == "fwd"]
+    weights = tokens = 0.0
+    for p, calls in zip(fwd["problem"], fwd["calls"].astype(np.float64), strict=True):
+        m, n, k = p.row_major_shapes()[:3]
+        weights += calls * n * k
+        tokens += calls * (m * k + m * n if training else m * k)
+    return (2 * weights, 2 * tokens) if training else (0.0, tokens)
+
+
+def _fp8(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict[str, Any] | None
+         ) -> list[dict[str, Any]]:
     g = a.gemm_problems
     if peaks is None or peaks.peak_tflops("f8e4m3") is None or g.empty or in_steps(a.kernels).empty:
         return []
-    big = [isinstance(p, GemmProblem) and min(p.m, p.n, p.k) >= FP8_MIN_DIM for p in g["problem"]]
-    c = g[np.asarray(big, dtype=bool) & g["dtype"].isin(_FP8_DTYPES)]
-    if c.empty:
+    big = np.array([isinstance(p, GemmProblem) and min(p.m, p.n, p.k) >= FP8_MIN_DIM for p in g["problem"]], dtype=bool)
+    c = g[big & g["dtype"].isin(_FP8_DTYPES).to_numpy()]
+    training = w.get("mode") == "training"
+    if not training:
+        c = c[c["direction"] == "fwd"]
+    if c.empty or (training and w.get("sharded")):
+        # sharded data parallelism: FSDP2 over 2 H100s (llama3-8b, 8 layers) measured compile + FP8
+        # tensorwise 0.82x of compile alone at micro-batch 1, no gain at micro-batch 2 (the casts of the
+        # gathered weights and the amax reduction cost more than the GEMMs save)
         return []
     t_s = float(c["time_s"].sum())
-    saving = t_s * (1 - 1 / FP8_GEMM_SPEEDUP)
+    per_param, per_token = fp8_casts(c, training)
+    bw = peaks.hbm_tb_s * ATTAINABLE_BW * 1e12
+    cast_s = (per_param + per_token) * CAST_BYTES / bw
+    saving = t_s * (1 - 1 / FP8_GEMM_SPEEDUP) - cast_s
+    if saving * 1e3 < MIN_SAVING_MS:
+        return []
+    ratio = peaks.peak_tflops("f8e4m3") / (peaks.peak_tflops(str(c["dtype"].iloc[0])) or 1)
     evidence = (f"{len(c)} bf16/f16 GEMM problem(s) with every dimension >= {FP8_MIN_DIM} take {t_s * 1e3:.1f} ms "
-                f"per step on a device with an FP8 peak of {peaks.peak_tflops('f8e4m3'):g} TFLOP/s "
-                f"({peaks.peak_tflops('f8e4m3') / (peaks.peak_tflops(str(c['dtype'].iloc[0])) or 1):.0f}x bf16)")
-    return [_row("fp8", evidence, "try the FP8 path (FP8 GEMMs change the numerics: compare the loss curve)",
-                 saving * 1e3,
-                 f"the candidates' time x (1 - 1/{FP8_GEMM_SPEEDUP:g}): torchao float8 tensorwise under torch.compile "
-                 "made an H100 Llama 8B (4 layers) step's GEMMs 1.29x faster, casts included",
-                 command="primus-tune loop --fp8", numerics=True)]
+                f"per step on a device with an FP8 peak of {peaks.peak_tflops('f8e4m3'):g} TFLOP/s ({ratio:.0f}x bf16); "
+                f"their FP8 casts move {(per_param + per_token) * CAST_BYTES / 1e9:.2f} GB per step "
+                f"({cast_s * 1e3:.1f} ms; {per_param / max(per_param + per_token, 1):.0%} of it per parameter, the same "
+                "at any micro-batch)")
+    method = (f"the candidates' time x (1 - 1/{FP8_GEMM_SPEEDUP:g}) (the FP8 GEMMs alone) minus the casts at "
+              f"{CAST_BYTES} bytes an element and {ATTAINABLE_BW:.0%} of the HBM peak: this reproduces the 19.9 ms an H100 "
+              "llama3-8b step measured with torchao float8 tensorwise under torch.compile")
+    if not training:
+        return [_row("fp8", "fp8 inference", evidence, f"{_mode(w)}: forward GEMMs, the weights cast once offline",
+                     "serve FP8 weights (an FP8 checkpoint, or the engine's FP8 quantization such as vLLM's "
+                     "quantization='fp8'); FP8 changes the numerics: check the outputs against an evaluation set",
+                     saving * 1e3, method, numerics=True)]
+    compiled = w.get("compiled")
+    condition = f"{_mode(w)}; no data-parallel sharding; {_compile_text(w)}"
+    if compiled is False:
+        lever = "train.fp8=tensorwise train.compile=true" if cfg is not None else "fp8 + torch.compile"
+        action = ("set train.compile=true train.fp8=tensorwise: FP8 pays only with its casts fused (in eager, FP8 "
+                  "layer groups measured 0.82-0.95x of bf16); FP8 changes the numerics: compare the loss curve"
+                  if cfg is not None else "torch.compile the model and train its linear layers in FP8 (torchao "
+                  "float8 tensorwise): in eager the casts cost more than the GEMMs save; compare the loss curve")
+    else:
+        lever = "train.fp8=tensorwise" if cfg is not None else "fp8"
+        action = ("set train.fp8=tensorwise (FP8 GEMMs change the numerics: compare the loss curve)" if cfg is not None
+                  else "train the linear layers in FP8 (torchao float8 under torch.compile; FP8 GEMMs change the "
+                  "numerics: compare the loss curve)")
+    return [_row("fp8", lever, evidence, condition, action, saving * 1e3, method + "; the estimate assumes the casts "
+                 "fused by torch.compile", command="primus-tune loop --fp8", numerics=True)]
+
+
+def measured_rows(manifest: dict[str, Any], measured: list[Any]) -> list[dict[str, Any]]:
+    """The step tuner's measurements of a run (``measured``: rows read beside the trace,
+    :func:`..inputs.read_measured`), each with a lever and a measured saving in ms per step."""
+    rows = list(measured) + (list(manifest.get(MEASURED)) if isinstance(manifest.get(MEASURED), list) else [])
+    out = []
+    for r in rows:
+        if isinstance(r, dict) and isinstance(r.get("lever"), str) and isinstance(r.get("measured_ms"), (int, float)):
+            v = r.get("value")
+            out.append({"lever": r["lever"] if v is None else f"{r['lever']}={v}".lower(),
+                        "measured_ms": float(r["measured_ms"])})
+    return out
+
+
+def _with_measured(df: pd.DataFrame, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """``measured_saving_ms`` of each recommendation whose lever the step tuner measured: the
+    whole lever (``train.compile=true``), else its one measured setting."""
+    if not rows or df.empty:
+        return df
+    by = {r["lever"]: r["measured_ms"] for r in rows}
+
+    def measured(lever: str) -> float:
+        whole = lever.lower()
+        hits = [by[p] for p in whole.split() if p in by]
+        return by.get(whole, hits[0] if len(hits) == 1 else np.nan)
+
+    return df.assign(measured_saving_ms=[measured(str(v)) for v in df["lever"]])
 
 
 def recommend(a: Analysis) -> pd.DataFrame:
     """The recommendations of an analysis, ranked (see the module docstring)."""
     peaks = lookup_peaks(str(a.device.get("name", "")))
     cfg = trainer_config(a.manifest)
-    rows = [*_fusion(a, peaks, cfg), *_optimizer(a, cfg), *_host_syncs(a), *_host_launch(a, cfg),
-            *_communication(a, cfg), *_tuning(a),
-            *_fp8(a, peaks)]
+    w = a.workload
+    rows = [*_fusion(a, w, peaks, cfg), *_optimizer(a, w, cfg), *_data_loading(a, w), *_host_syncs(a),
+            *_host_launch(a, w, cfg), *_communication(a, w, cfg), *_tuning(a, w, peaks), *_fp8(a, w, peaks, cfg)]
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     df = pd.DataFrame(rows, columns=COLUMNS)
+    df = _with_measured(df, measured_rows(a.manifest, a.measured))
     return df.sort_values(["changes_numerics", "estimated_saving_ms"], ascending=[True, False], kind="stable",
                           ignore_index=True)

@@ -376,8 +376,10 @@
     const list = el("ol", { cls: "recs" });
     rows.forEach((r) => {
       const items = [el("div", {}, [el("b", { text: r.category }), " · save ~" + F.ms(r.estimated_saving_ms) + " per step" +
+        (r.measured_saving_ms !== null && r.measured_saving_ms !== undefined ? " · measured " + F.ms(r.measured_saving_ms) : "") +
         (r.changes_numerics ? " · changes the numerics" : "")]),
-        el("div", { text: "evidence: " + r.evidence }), el("div", {}, [el("b", { text: "do: " }), r.action])];
+        el("div", { text: "evidence: " + r.evidence }), el("div", { text: "because: " + r.condition }),
+        el("div", {}, [el("b", { text: "do: " }), r.action])];
       if (r.command) items.push(el("div", {}, ["run: ", commandCell(r.command)]));
       items.push(el("div", { cls: "muted", text: "estimate: " + r.method }));
       list.appendChild(el("li", {}, items));

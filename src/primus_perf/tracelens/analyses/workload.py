@@ -1,0 +1,140 @@
+"""What the trace's workload is, before any advice is given: training or inference, the
+parallel layout, whether torch.compile ran, and what each step waits on. Every
+recommendation (:mod:`.recommendations`) reads it, and states the facts it rests on.
+
+From the host events of each trace (:func:`trace_markers`: names matched by
+:data:`MARKERS`, counted inside the steps) and the analysis's tables:
+
+- ``mode``: ``training`` when the steps run a backward pass (ops inside autograd's
+  backward nodes, or backward attention/convolution kernels) or an optimizer step
+  (``Optimizer.step#``, fused Adam/SGD), or the run is ``primus-train``'s; ``inference`` when the trace has host ops and
+  neither (forward only: serving, evaluation; decode/prefill/sampling annotations are named
+  as evidence); ``unknown`` for a trace of GPU events alone without backward kernels.
+- ``sharded``: parameters, gradients or optimizer state sharded over the data-parallel
+  ranks: FSDP (``FSDP::`` annotations, ``FullyShardedDataParallel``), DeepSpeed ZeRO, or the
+  run's ``parallel.dp_shard`` > 1; ``data_parallel``: the ranks the model is replicated or
+  sharded over (the world size over the tensor-parallel size); ``tensor_parallel``: the
+  run's ``parallel.tp``, else "yes" (-1) when collectives run inside the model's ops
+  (``role`` activations: :mod:`.collectives`), else 1.
+- ``expert_parallel``: MoE token exchange (an expert-parallel library's dispatch/combine,
+  or an all-to-all in a trace with MoE ops or grouped GEMMs); ``embedding_all_to_all``: an
+  all-to-all beside embedding-table ops and no MoE (DLRM-style model-parallel embeddings).
+- ``compiled``: the run's ``train.compile``, else True when compiled regions or Inductor
+  kernels ran, else None (not known: absent from a trace does not mean off).
+- ``data_loading_s``: host time per step fetching batches (``DataLoader.__next__``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from primus_perf.tracelens import load as L
+from primus_perf.tracelens.categories import ATTENTION_BWD, OPTIMIZER
+from primus_perf.tracelens.link import Linked
+
+MARKERS: dict[str, re.Pattern[str]] = {k: re.compile(rx, re.I) for k, rx in {
+    "optimizer_step": r"^Optimizer\.step#|^aten::_fused_(adam|adamw|sgd|adagrad)",
+    "inference": r"decode|prefill|generat|sampl|execute_model|forward_batch|model_runner|LLMEngine|graph_runner"
+                 r"|spec_decode|^vllm::|^sglang::",
+    "fsdp": r"^FSDP::|FullyShardedDataParallel|^fsdp::|fully_shard",
+    "zero": r"DeepSpeedZero|ZeroOptimizer|^zero::|partition_grad",
+    "ddp": r"DistributedDataParallel",
+    "embedding": r"embedding_bag|SplitLookupFunction|split_embedding|\bTBE\b|torchrec|EmbeddingBag|sparse_lengths",
+    "moe": r"\bmoe|moe_|_moe|expert|grouped_mm|deep_ep|token_dispatch|topk_gating|GroupedGemm",
+    "compiled": r"CompiledFunction|Torch-Compiled Region|torch_compile|TorchDynamo|^triton_(poi|red|per|tem)_",
+}.items()}
+_DATA_LOADING = re.compile(r"DataLoader.*__next__")
+EXAMPLE = "example:"  # trace_markers keys of a marker's first name seen
+
+
+def trace_markers(rt: L.RawTrace, lk: Linked) -> Counter:
+    """One trace's host events and kernels by marker (:data:`MARKERS`, inside the steps when
+    the trace has steps), its backward ops, and the host time of data loading (us)."""
+    host = (rt.kind == L.KIND_CPU_OP) | (rt.kind == L.KIND_ANNOTATION)
+    gpu_kernel = rt.kind == L.KIND_KERNEL
+    rows = (host | gpu_kernel) & ((lk.op_step >= 0) | ~host if lk.steps else True)
+    counts = np.bincount(rt.name[rows], minlength=len(rt.names))
+    out: Counter = Counter()
+    for code in np.flatnonzero(counts).tolist():
+        name = rt.names[code]
+        for marker, rx in MARKERS.items():
+            if rx.search(name):
+                out[marker] += int(counts[code])
+                out.setdefault(f"{EXAMPLE}{marker}", name)  # type: ignore[arg-type]
+        if _DATA_LOADING.search(name):
+            out["data_loading_us"] += float(rt.dur[rows & (rt.name == code)].sum())
+    out["backward_ops"] += int((lk.op_backward & host & rows).sum())
+    out["host_ops"] += int((host & (rt.kind == L.KIND_CPU_OP)).sum())
+    return out
+
+
+def _cfg(manifest: dict[str, Any], section: str, key: str) -> Any:
+    cfg = manifest.get("config") if isinstance(manifest, dict) else None
+    part = cfg.get(section) if isinstance(cfg, dict) else None
+    return part.get(key) if isinstance(part, dict) else None
+
+
+def compile_on(value: Any) -> bool | None:
+    """A run's ``train.compile`` (``"off"``, ``"pointwise"``, ``"block"``, or a bool in older
+    runs) as on/off; None when absent."""
+    if value is None:
+        return None
+    return str(value).strip().lower() not in ("off", "false", "0", "none", "")
+
+
+def workload(markers: Counter, manifest: dict[str, Any], kernels: Any, collective_events: Any,
+             grouped_calls: int, world_size: int, rank_steps: int) -> dict[str, Any]:
+    """The workload of an analysis (see the module docstring), as a JSON-ready dict with the
+    evidence of each fact."""
+    k = kernels[kernels["step"] >= 0] if len(kernels) else kernels
+    cats = set(k["category"].astype(str)) if len(k) else set()
+    ex = {m: markers.get(f"{EXAMPLE}{m}") for m in MARKERS}
+    backward = markers["backward_ops"] > 0 or ATTENTION_BWD in cats or (
+        len(k) and k["name"].astype(str).str.contains(r"backward|bwd|wgrad|dgrad", case=False, regex=True).any())
+    stepping = markers["optimizer_step"] > 0 or OPTIMIZER in cats
+    trainer = isinstance(_cfg(manifest, "train", "micro_batch"), int)  # a primus-train run
+    if backward or stepping or trainer:
+        mode = "training"
+        evidence = ", ".join(x for x in ("a backward pass" if backward else "",
+                                          f"an optimizer step ({ex['optimizer_step'] or 'optimizer kernels'})"
+                                          if stepping else "", "a primus-train run" if trainer else "") if x)
+    elif markers["host_ops"]:
+        mode = "inference"
+        evidence = "no backward pass and no optimizer step" + (
+            f" ({ex['inference']})" if ex["inference"] else "")
+    else:
+        mode, evidence = "unknown", "GPU events only, no backward kernels"
+    c = collective_events if len(collective_events) else None
+    roles = Counter(zip(c["collective"], c["role"])) if c is not None else Counter()
+    tp = _cfg(manifest, "parallel", "tp")
+    activations = sum(n for (_, role), n in roles.items() if role == "activations")
+    tensor_parallel = int(tp) if isinstance(tp, int) and tp > 0 else (-1 if activations else 1)
+    dp = max(1, world_size // max(1, tensor_parallel))
+    shard = _cfg(manifest, "parallel", "dp_shard")
+    sharded_by = ("parallel.dp_shard=" + str(shard) if isinstance(shard, int) and shard > 1 else
+                  ex["fsdp"] or ex["zero"] or "")
+    tokens = sum(n for (_, role), n in roles.items() if role == "tokens")
+    moe_cfg = _cfg(manifest, "model", "moe")
+    n_experts = moe_cfg.get("n_experts") if isinstance(moe_cfg, dict) else None
+    moe = bool(grouped_calls or markers["moe"] or (isinstance(n_experts, int) and n_experts > 0)
+               or roles.get(("dispatch", "tokens")) or roles.get(("combine", "tokens")))
+    compiled = compile_on(_cfg(manifest, "train", "compile"))
+    if compiled is None and markers["compiled"]:
+        compiled = True
+    return {
+        "mode": mode, "mode_evidence": evidence,
+        "sharded": bool(sharded_by), "sharded_by": sharded_by,
+        "data_parallel": dp, "tensor_parallel": tensor_parallel,
+        "expert_parallel": bool(tokens and moe), "moe": moe,
+        "embedding_all_to_all": bool(tokens and not moe and markers["embedding"]),
+        "embedding_ops": ex["embedding"] or "",
+        "compiled": compiled, "compiled_by": "train.compile" if _cfg(manifest, "train", "compile") is not None
+        else (ex["compiled"] or ""),
+        "ddp": bool(markers["ddp"]),
+        "optimizer": ex["optimizer_step"] or "",
+        "data_loading_s": markers["data_loading_us"] / 1e6 / max(1, rank_steps),
+    }

@@ -1,0 +1,261 @@
+"""Advice that fits the workload: each recommendation states the condition it rests on and is
+not made where it does not hold. Synthetic traces built from real kernel and op names, one
+class each: inference (decode, prefill) against training, sharded against replicated data
+parallelism, an embedding all-to-all against MoE token exchange, a step that waits on its
+DataLoader, GEMMs beside NCCL kernels, per-parameter work at a larger micro-batch, FP8's
+casts, and the step tuner's measured savings beside the estimates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from primus_perf.cli.profile import app
+from primus_perf.tracelens.analyses.recommendations import CAST_BYTES, FP8_GEMM_SPEEDUP, fp8_casts
+from primus_perf.tracelens.analyze import analyze
+from test_analysis_next import BF16, _kernel, _launch, _op, _step, _write, _x
+
+GEMM = "nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNN"
+BIG = [[8192, 4096], [4096, 4096]]  # an FP8 candidate: every dimension >= 1024
+MUL = "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<c10::BFloat16>>(int, Fn)"
+FOREACH = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+           "TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>>")
+FUSED_ADAM = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>>"
+ALL_TO_ALL = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+REDUCE_SCATTER = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+class Trace:
+    """Events of one rank: ops each launching one kernel, numbered launches."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.corr = 0
+
+    def call(self, op: str | None, host: float, gpu: float, dur: float, kernel: str, stream: int = 7,
+             dims: list | None = None, under: list[str] = ()) -> Trace:
+        """``op`` (inside the annotations ``under``) launching ``kernel`` at ``gpu`` for ``dur`` us."""
+        self.corr += 1
+        for i, name in enumerate(under):
+            self.events.append(_x("user_annotation", name, host - 5 + i, 20 - 2 * i))
+        if op is not None:
+            self.events.append(_op(op, host, 10, dims, [BF16] * len(dims) if dims else None))
+        self.events += [_launch(self.corr, host + 1), _kernel(self.corr, gpu, dur, kernel, stream=stream)]
+        return self
+
+    def add(self, *events: dict[str, Any]) -> Trace:
+        self.events += events
+        return self
+
+    def write(self, path: Path, **head: Any) -> Path:
+        return _write(path, self.events, **head)
+
+
+def _cats(a: Any) -> set[str]:
+    return set(a.recommendations["category"])
+
+
+# --------------------------------------------------------------------------- inference
+
+def _decode(t0: float = 0) -> Trace:
+    """A decode step: GEMMs, then sampling with _foreach_ ops (no backward, no optimizer)."""
+    tr = Trace().add(_x("user_annotation", "execute_model", t0, 900))
+    for i in range(4):
+        tr.call("aten::mm", t0 + 10 + 10 * i, t0 + 100 + 150 * i, 140, GEMM, dims=BIG)
+    tr.call("aten::_foreach_mul_", t0 + 60, t0 + 720, 40, FOREACH)
+    tr.call("aten::_foreach_add_", t0 + 70, t0 + 770, 40, FOREACH)
+    return tr
+
+
+def test_an_inference_trace_gets_no_training_advice(tmp_path: Path) -> None:
+    a = analyze([_decode().write(tmp_path / "decode.json.gz")])
+    assert a.workload["mode"] == "inference"
+    k = a.kernels
+    assert set(k.loc[k["name"] == FOREACH, "category"].astype(str)) == {"elementwise"}  # sampling, not an optimizer
+    assert "optimizer" not in _cats(a)
+    fp8 = a.recommendations.set_index("category").loc["fp8"]
+    assert "loss curve" not in fp8["action"] and "evaluation set" in fp8["action"]
+    assert "inference" in fp8["condition"]
+    text = " ".join(a.recommendations["action"])
+    assert "micro_batch" not in text and "AdamW" not in text
+
+
+def test_foreach_ops_of_a_training_step_are_the_optimizers(tmp_path: Path) -> None:
+    tr = _decode().add(_x("cpu_op", "autograd::engine::evaluate_function: MmBackward0", 300, 20))
+    tr.call("aten::mm", 305, 850, 10, GEMM, dims=BIG)
+    a = analyze([tr.write(tmp_path / "train.json.gz")])
+    assert a.workload["mode"] == "training"
+    assert set(a.kernels.loc[a.kernels["name"] == FOREACH, "category"].astype(str)) == {"optimizer"}
+
+
+# --------------------------------------------------------------------------- the parallel layout
+
+def _data_parallel(path: Path, rank: int, fsdp: bool) -> Path:
+    """One training step on 2 ranks: forward and backward GEMMs, a fused AdamW step, and the
+    data-parallel collectives, exposed: FSDP2's all-gather and reduce-scatter (under its
+    annotations) or DDP's all-reduce in the backward pass."""
+    tr = Trace().add(_step(0, 5000))
+    if fsdp:
+        tr.call("c10d::_allgather_base_", 10, 100, 400, ALL_GATHER, stream=9, under=["FSDP::pre_forward"])
+    tr.call("aten::mm", 40, 500, 800, GEMM, dims=BIG)
+    tr.add(_x("cpu_op", "autograd::engine::evaluate_function: MmBackward0", 60, 30))
+    tr.call("aten::mm", 62, 1300, 800, GEMM, dims=BIG)
+    grads = ["FSDP::post_backward_reduce"] if fsdp else ["autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"]
+    tr.call("c10d::reduce_scatter_" if fsdp else "c10d::allreduce_", 100, 2100, 600,
+            REDUCE_SCATTER if fsdp else ALL_REDUCE, stream=9, under=grads)
+    tr.add(_x("user_annotation", "Optimizer.step#AdamW.step", 200, 40))
+    tr.call("aten::_fused_adamw_", 205, 2800, 900, FUSED_ADAM)
+    return tr.write(path, distributedInfo={"rank": rank, "world_size": 2})
+
+
+@pytest.mark.parametrize("fsdp", [True, False])
+def test_sharding_is_advised_only_where_the_ranks_do_not_shard(tmp_path: Path, fsdp: bool) -> None:
+    a = analyze([_data_parallel(tmp_path / f"rank{r}.json.gz", r, fsdp) for r in (0, 1)])
+    w = a.workload
+    assert w["mode"] == "training" and w["data_parallel"] == 2 and w["sharded"] == fsdp
+    r = a.recommendations.set_index("category")
+    comm = r.loc["communication"]
+    if fsdp:
+        assert "optimizer" not in r.index  # FSDP already shards the optimizer state
+        assert "prefetch" in comm["action"] and "FSDP::" in comm["condition"]
+        assert "fp8" not in r.index  # FSDP2 + FP8 measured slower: not advised
+    else:
+        assert "shard the optimizer state" in r.loc["optimizer", "action"]
+        assert "2 data-parallel ranks" in r.loc["optimizer", "condition"]
+        assert "bucket_cap_mb" in comm["action"]
+    assert "expert" not in comm["action"]
+
+
+def _all_to_all(path: Path, moe: bool) -> Path:
+    """A step whose all-to-all nothing overlaps: DLRM's embedding lookup (fbgemm's table-batched
+    embedding) or an MoE layer's token exchange (a grouped GEMM beside it)."""
+    tr = Trace().add(_step(0, 3000))
+    if moe:
+        tr.call("aten::_grouped_mm", 10, 100, 500, "void cutlass::device_kernel<GroupedGemmKernel>(Params)",
+                dims=[[4096, 2048], [8, 2048, 1024], [8]])
+    else:
+        tr.call("fbgemm::split_embedding_codegen_lookup_rowwise_adagrad_function", 10, 100, 500,
+                "void split_embedding_codegen_forward_unweighted_kernel<float, c10::Half, int>(Params)")
+    tr.call("c10d::alltoall_base_", 40, 700, 800, ALL_TO_ALL, stream=9,
+            under=["## sparse_data_dist ##"] if not moe else ["MoE.dispatch"])
+    tr.call("aten::mm", 60, 1600, 400, GEMM, dims=BIG)
+    return tr.write(path, distributedInfo={"rank": 0, "world_size": 8})
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_moe_advice_only_for_an_moe_all_to_all(tmp_path: Path, moe: bool) -> None:
+    a = analyze([_all_to_all(tmp_path / "a2a.json.gz", moe)])
+    comm = a.recommendations.set_index("category").loc["communication"]
+    assert a.workload["embedding_all_to_all"] == (not moe) and a.workload["expert_parallel"] == moe
+    if moe:
+        assert "expert-parallel" in comm["action"] and "MoE" in comm["condition"]
+    else:
+        assert "expert" not in comm["action"] and "shared expert" not in comm["action"]
+        assert "TrainPipelineSparseDist" in comm["action"] and "embedding" in comm["condition"]
+
+
+# --------------------------------------------------------------------------- what the step waits on
+
+def test_a_dataloader_bound_step_is_not_told_to_capture_cuda_graphs(tmp_path: Path) -> None:
+    """ResNet-50 with num_workers=0 (the Kineto sample's shape): the host spends 50 ms of each
+    step in DataLoader.__next__, then launches the convolutions."""
+    tr = Trace()
+    for s in range(3):
+        t = s * 70_000
+        tr.add(_step(t, 70_000, s + 1),
+               _x("user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t + 10, 50_000))
+        for i in range(20):
+            tr.call("aten::cudnn_convolution", t + 50_100 + 50 * i, t + 50_200 + 800 * i, 700,
+                    "sm80_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x64")
+    a = analyze([tr.write(tmp_path / "resnet.json.gz")])
+    assert a.workload["data_loading_s"] == pytest.approx(0.05)
+    r = a.recommendations
+    assert r.iloc[0]["category"] == "data loading" and r.iloc[0]["estimated_saving_ms"] == pytest.approx(50, rel=0.1)
+    assert "num_workers" in r.iloc[0]["action"]
+    launches = r[r["category"] == "host: launches"]
+    assert launches.empty or (launches["estimated_saving_ms"] < 5).all()
+
+
+def test_per_parameter_work_stays_at_a_larger_micro_batch(tmp_path: Path) -> None:
+    """A GPU-bound step on 2 data-parallel ranks: 1 ms of GEMM per micro-batch, then 0.5 ms of
+    gradient all-reduce and 0.3 ms of optimizer: twice the micro-batch doubles the GEMM only."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in (0, 1):
+        tr = Trace().add(_step(0, 3000))
+        tr.call("aten::mm", 10, 100, 1000, GEMM, dims=BIG)
+        tr.add(_x("cpu_op", "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 20, 10))
+        tr.call("c10d::allreduce_", 22, 1100, 500, ALL_REDUCE)
+        tr.add(_x("user_annotation", "Optimizer.step#AdamW.step", 40, 10))
+        tr.call("aten::_fused_adamw_", 42, 1600, 300, FUSED_ADAM)
+        tr.write(run / f"rank{rank}.json.gz", distributedInfo={"rank": rank, "world_size": 2})
+    a = analyze([run])
+    rp = a.host_replay
+    assert (rp["double_gpu_s"] - rp["replay_s"]).to_numpy() == pytest.approx([1000e-6] * 2, abs=1e-9)
+
+
+# --------------------------------------------------------------------------- costs
+
+def test_gemms_beside_nccl_kernels_are_left_out_of_tuning(tmp_path: Path) -> None:
+    """Two GEMMs at a low fraction of the roofline on an MI300X (no tuning cap), one of them
+    under an all-reduce on another stream: only the lone one counts."""
+    tr = Trace().add(_step(0, 5000))
+    tr.call("aten::mm", 10, 100, 1000, "Cijk_Ailk_Bljk_BBS_BH_MT128x128x64", dims=BIG)
+    tr.call("aten::mm", 20, 1200, 1000, "Cijk_Ailk_Bljk_BBS_BH_MT128x128x64", dims=BIG)
+    tr.call("c10d::allreduce_", 30, 1150, 1200, "rcclDevKernel_AllReduce_Sum_bf16_RING_LL", stream=9)
+    a = analyze([tr.write(tmp_path / "t.json.gz", deviceProperties=[{"id": 0, "name": "AMD Instinct MI300X"}])])
+    tuning = a.recommendations.set_index("category").loc["tuning: gemm"]
+    g = a.gemm_problems.iloc[0]
+    assert tuning["estimated_saving_ms"] == pytest.approx(1.0 * (1 - g["pct_roofline"] / 0.8), rel=0.01)
+    assert "1.0 ms of their time runs beside communication kernels and is left out" in tuning["evidence"]
+
+
+def test_fp8_estimate_counts_the_casts_and_needs_compile(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    tr = Trace().add(_step(0, 20_000))
+    tr.call("aten::mm", 10, 100, 4000, GEMM, dims=BIG)
+    tr.write(run / "rank0.json.gz")
+    config = {"model": {"name": "llama3-8b"}, "train": {"compile": "off", "micro_batch": 2}, "parallel": {"tp": 1}}
+    (run / "manifest.json").write_text(json.dumps({"traces": {"0": "rank0.json.gz"}, "config": config}))
+    a = analyze([run])
+    fp8 = a.recommendations.set_index("category").loc["fp8"]
+    per_param, per_token = fp8_casts(a.gemm_problems)
+    assert per_param == 2 * 4096 * 4096 and per_token == 2 * (8192 * 4096 + 8192 * 4096)
+    cast_ms = (per_param + per_token) * CAST_BYTES / (3.35e12 * 0.88) * 1e3
+    assert fp8["estimated_saving_ms"] == pytest.approx(4.0 * (1 - 1 / FP8_GEMM_SPEEDUP) - cast_ms)
+    assert fp8["action"].startswith("set train.compile=true train.fp8=tensorwise") and "0.82-0.95x" in fp8["action"]
+    assert "torch.compile off" in fp8["condition"] and "per parameter" in fp8["evidence"]
+
+
+# --------------------------------------------------------------------------- measured beside estimated
+
+def test_the_step_tuners_measurements_are_shown_beside_the_estimates(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    tr = Trace().add(_step(0, 20_000))
+    tr.call("aten::mm", 10, 100, 4000, GEMM, dims=BIG)
+    for i in range(6):  # a chain of elementwise ops
+        tr.call("aten::mul", 20 + i, 4200 + 300 * i, 280, MUL, dims=BIG[:1] * 2)
+    tr.write(run / "rank0.json.gz")
+    config = {"model": {"name": "llama3-8b"}, "train": {"compile": False, "micro_batch": 2}, "parallel": {"tp": 1}}
+    (run / "manifest.json").write_text(json.dumps({"traces": {"0": "rank0.json.gz"}, "config": config}))
+    (run / "step_plan.json").write_text(json.dumps({"schema": "primus-perf-step-plan/1", "measured": [
+        {"lever": "train.compile", "value": True, "estimate_ms": 1.4, "measured_ms": 1.1, "kept": True},
+        {"lever": "train.fp8", "value": "tensorwise", "measured_ms": -31.0, "kept": False}, {"lever": 3}]}))
+    a = analyze([run])
+    r = a.recommendations.set_index("category")
+    assert r.loc["fusion", "lever"] == "train.compile=true" and r.loc["fusion", "measured_saving_ms"] == 1.1
+    # FP8 is advised with compile (train.fp8=tensorwise train.compile=true): not what the tuner measured alone
+    assert r.loc["fp8", "lever"] == "train.fp8=tensorwise train.compile=true" and r.loc["fp8", "measured_saving_ms"] != \
+        r.loc["fp8", "measured_saving_ms"]
+    assert a.to_json()["recommendations"][0]["measured_saving_ms"] == 1.1
+    out = CliRunner().invoke(app, ["analyze", str(run)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "measured by the step tuner: 1.10 ms" in out.output and "because: " in out.output
