@@ -214,7 +214,7 @@ def _cache_for(problem_row: pd.Series, device: str, path: Path, speedup: float) 
                    times={"tuned_ms": 1.0, "default_ms": speedup}, tuner_version="test")
     other = CacheEntry(kind="gemm", problem_key=p.key(), problem=p.to_dict(), device=mi300,
                        versions={"hipblaslt": "1"}, solution={"config": {}, "blob": b""},
-                       times={"tuned_ms": 1.0, "default_ms": 9.0}, tuner_version="test", created=1e10)
+                       times={"tuned_ms": 1.0, "default_ms": 9.0}, tuner_version="test", created=1.7e9)
     TuningCache(path).put_many([e, other])
     return path
 

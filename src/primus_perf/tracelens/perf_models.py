@@ -419,13 +419,50 @@ def _indexed_bytes(name: str, s: ShapeArgs) -> int | None:
     return int(2 * out * DTYPE_BYTES[st] + n_idx * (8 if it in ("long", "long int") else 4))
 
 
+_INDEX_TYPES = {"long int": 8, "long": 8, "int": 4}  # the element types of index tensors
+_BYTE_TYPES = {"unsigned char": 1, "signed char": 1, "bool": 1}  # data types dtype_name does not name (an fp8 KV cache)
+TABLE_GAP = 8  # a tensor this many times larger than every smaller one is a table, read or written by rows
+
+
+def _table_bytes(s: ShapeArgs) -> int | None:
+    """An op that reads or writes rows of tables selected by an index tensor (vLLM's
+    ``reshape_and_cache_flash`` writing keys and values into the paged KV cache at their
+    slots, a rotary embedding reading its cos/sin cache at the positions, a scatter into a
+    buffer): the other tensors read, the index read, and of each table only the rows the
+    index selects (a row: the trailing dims it shares with a smaller tensor, else all but the
+    first), never the whole table. None when no index tensor or no table."""
+    idx = [_numel(d) * _INDEX_TYPES[t] for d, t in zip(s.dims, s.types, strict=False)
+           if t in _INDEX_TYPES and _int_list(d)]
+    data = []
+    for i, d in enumerate(s.dims):
+        t = s.types[i] if i < len(s.types) else ""
+        size = _BYTE_TYPES.get(t) or (DTYPE_BYTES[dt] if (dt := _dtype(s.types, i)) else 0)
+        if size and _int_list(d) and t not in _INDEX_TYPES:
+            data.append((d, size))
+    if not idx or len(data) < 2:
+        return None
+    data.sort(key=lambda x: -_numel(x[0]))
+    cut = next((i for i in range(1, len(data)) if _numel(data[i - 1][0]) >= TABLE_GAP * _numel(data[i][0])), None)
+    if cut is None:
+        return None
+    rows = max(_numel(d) for d, t in zip(s.dims, s.types, strict=False) if t in _INDEX_TYPES and _int_list(d))
+    total = sum(idx) + sum(_numel(d) * e for d, e in data[cut:])
+    for d, e in data[:cut]:
+        row = next((_numel(r[1:]) for r, _ in data[cut:] if 1 < len(r) <= len(d) and d[len(d) - len(r) + 1:] == r[1:]),
+                   _numel(d[1:]))
+        total += min(rows * row, _numel(d)) * e
+    return int(total)
+
+
 def model_bytes(s: ShapeArgs, name: str = "") -> OpModel | None:
     """A memory-bound op (norms, elementwise): bytes read and written; FLOPs not counted.
 
     Read: every tensor input except the ones the op only writes (an ``out=`` argument, the
     ``self`` of :data:`OVERWRITES_SELF`); an indexing op (:data:`INDEXING`) only the rows it
-    selects. Written: the arguments the op writes (its schema's ``Tensor(a!)``, each in its
-    own dtype), else one output the size of the largest input, in its dtype."""
+    selects; an op on rows of a table picked by an index tensor (:func:`_table_bytes`: a
+    paged KV cache, a cos/sin cache, a scatter's buffer) only those rows. Written: the
+    arguments the op writes (its schema's ``Tensor(a!)``, each in its own dtype), else one
+    output the size of the largest input, in its dtype."""
     tensors = [(i, d, _dtype(s.types, i)) for i, d in enumerate(s.dims) if _int_list(d) or d == []]
     tensors = [(i, d, t) for i, d, t in tensors if t is not None and (d or len(tensors) == 1)]
     if not tensors:
@@ -435,6 +472,9 @@ def model_bytes(s: ShapeArgs, name: str = "") -> OpModel | None:
         nbytes = _indexed_bytes(name, s)
         if nbytes is not None:
             return OpModel("memory", None, "fwd", None, nbytes, tensors[0][2], label)
+    table = _table_bytes(s)
+    if table is not None:
+        return OpModel("memory", None, "fwd", None, table, tensors[0][2], label)
     writes = _schema_writes(name, len(s.dims)) if name.startswith("aten::") else None
     written_args = [(i, d, t) for i, d, t in tensors if writes and i in writes]
     if written_args:

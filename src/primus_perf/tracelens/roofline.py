@@ -3,7 +3,8 @@ for memory-bound ops with a bytes model only (no FLOPs), achieved TB/s against t
 
 A figure above 100% is not real: :func:`explain_over` says, per row, which ceiling the
 counted work cannot be measured against (:data:`OVER_NOTES`), so tables show it flagged
-with its reason instead of as an achievement."""
+with its reason instead of as an achievement; above :data:`SHOWN_MAX` it is not shown as a
+fraction at all (NaN), only its reason."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from primus_perf.devices import DevicePeaks
 
+SHOWN_MAX = 1.1  # a fraction of the roofline above this is not printed as one
 # why a row's fraction of the roofline is above 1, by what its inputs show (first that applies)
 OVER_NOTES = {
     "tf32": "above the fp32 peak: fp32 math on TF32 tensor cores (allow_tf32) assumed, % of the TF32 roof",
@@ -50,7 +52,7 @@ def explain_over(pct: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, time_s:
     row above 1 keeps its figure and gets the reason it is not real (:data:`OVER_NOTES`):
     a convolution above its peak (``kinds`` "convolution"), data that fits in L2 (bytes per
     call, ``calls`` per row, within the device's L2), else the counted work itself.
-    Returns (fractions, notes; "" for rows at or below 1)."""
+    Returns (fractions, NaN above :data:`SHOWN_MAX`; notes, "" for rows at or below 1)."""
     pct = np.array(pct, dtype=np.float64)
     notes = [""] * len(pct)
     if peaks is None:
@@ -71,4 +73,4 @@ def explain_over(pct: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, time_s:
             notes[i] = OVER_NOTES["cache"]
         else:
             notes[i] = OVER_NOTES["model"]
-    return pct, notes
+    return np.where(np.nan_to_num(pct, nan=0.0) > SHOWN_MAX, np.nan, pct), notes
