@@ -5,7 +5,7 @@ For one trainer config: (1) a profiled run (a run folder the analyzer reads: its
 the actions the trainer can apply in place, in one process, sides switched per block of
 ``--block-steps`` steps (one settling step after each switch), ``--blocks`` blocks a side:
 
-- ``compile``: ``train.compile=true``'s effect (``Model.compile_pointwise``: RoPE, SwiGLU and
+- ``compile``: ``train.compile=true``'s effect (``Transformer.set_compile``: RoPE, SwiGLU and
   RMSNorm compiled, GEMMs still dispatched) against the eager step.
 
 The JSON holds each side's step times (median, spread) and the saving in ms per step; the
@@ -21,34 +21,12 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
 from primus_perf.profiler.capture import Schedule, capture_trainer
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
-
-
-class CompileSwitch:
-    """Switch a model between its eager non-GEMM parts and ``compile_pointwise``'s, in place
-    (the same parameters and optimizer on both sides)."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.eager = {id(m): dict(m.__dict__) for m in model.modules()}
-        model.compile_pointwise()
-        self.compiled = {id(m): dict(m.__dict__) for m in model.modules()}
-
-    def set(self, compiled: bool) -> None:
-        table = self.compiled if compiled else self.eager
-        for m in self.model.modules():
-            saved = table[id(m)]
-            for name in ("rope", "act", "forward"):
-                if name in saved:
-                    m.__dict__[name] = saved[name]
-                else:
-                    m.__dict__.pop(name, None)
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -75,13 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(load_config(args.config, args.overrides))
     times: dict[str, list[float]] = {"eager": [], "compile": []}
     try:
-        switch = CompileSwitch(trainer.model)
         for side in ("compile", "eager", "compile"):  # warm-up: compile, allocate
-            switch.set(side == "compile")
+            trainer.model.set_compile("pointwise" if side == "compile" else "off")
             trainer.train_step()
         for i in range(2 * args.blocks):
             side = ("eager", "compile")[i % 2]
-            switch.set(side == "compile")
+            trainer.model.set_compile("pointwise" if side == "compile" else "off")
             trainer.train_step()
             for _ in range(args.block_steps):
                 times[side].append(trainer.train_step().step_time_s)

@@ -74,9 +74,7 @@ def shard_model(
     # the root holds the final norm and the head, used right after forward: keep them gathered
     fully_shard(model, reshard_after_forward=False, **common)
     if prefetch > 0:
-        for i, block in enumerate(blocks):
-            block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + prefetch])
-            block.set_modules_to_backward_prefetch(blocks[max(0, i - prefetch) : i][::-1])
+        set_prefetch(blocks, prefetch)
     for name, p in model.named_parameters():  # FSDP2 made new (DTensor) parameters
         for flag, value in flags.get(name, {}).items():
             setattr(p, flag, value)
@@ -89,3 +87,11 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def set_prefetch(blocks: list[nn.Module], prefetch: int) -> None:
+    """Each sharded block all-gathers the next ``prefetch`` blocks in forward and the previous
+    ``prefetch`` in backward; 0: FSDP2's own schedule (callable again between steps)."""
+    for i, block in enumerate(blocks):
+        block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + prefetch] if prefetch else [])
+        block.set_modules_to_backward_prefetch(blocks[max(0, i - prefetch) : i][::-1] if prefetch else [])

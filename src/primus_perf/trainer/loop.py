@@ -162,10 +162,7 @@ class Trainer:
             model = build_model(cfg.model)
         model.set_sdpa_backend(None if t.sdpa_backend == "auto" else t.sdpa_backend)
         model.recompute = t.recompute
-        if t.compile == "pointwise":
-            model.compile_pointwise()
-        elif t.compile == "block":
-            model.compile_blocks()
+        model.set_compile(t.compile)
         self.model = model
         self.fp8: dict[str, str] = {}  # layer name -> FP8 recipe or bf16 (train.fp8)
 
@@ -199,24 +196,16 @@ class Trainer:
         self.last_finite_loss: tuple[int, float] | None = None  # (step, loss)
         # the MoE layers' torch._grouped_mm calls run the configured backend: the grouped
         # dispatch's, held while this trainer lives (a tuning cache's choices go first)
-        self.grouped = grouped_backend(model, cfg.model.moe.grouped_gemm_backend, self.device,
-                                       torch.bfloat16 if self.autocast else torch.float32)
+        self.grouped: str | None = None
         self._grouped_dispatch = None
-        if self.grouped is not None:
-            self._grouped_dispatch = dispatch.of(GROUPED.name)
-            self._grouped_dispatch.set_backend(self.grouped, owner=self)
-            if self.grouped != TORCH_KERNEL:
-                self._grouped_dispatch.hold(self, self.device.type)
-            # a trainer dropped without close() lets go of them too
-            self._grouped_release = weakref.finalize(self, self._grouped_dispatch.release_id, id(self))
+        self.use_grouped_backend(cfg.model.moe.grouped_gemm_backend)
         self.tuning: Handle | None = None  # primus_perf.enable's handle, when tuning.cache is set
-        if cfg.tuning.cache:
-            try:
-                self.tuning = enable(cfg.tuning.cache, online if cfg.tuning.online else None,
-                                     device_type=self.device.type)
-            except BaseException:  # no trainer to close: the grouped backend goes back now
-                self._release_grouped()
-                raise
+        self._online = online
+        try:
+            self.use_tuning_cache(cfg.tuning.cache)
+        except BaseException:  # no trainer to close: the grouped backend goes back now
+            self._release_grouped()
+            raise
 
     # ---- set-up ------------------------------------------------------------------------
 
@@ -254,6 +243,38 @@ class Trainer:
 
         layers = [(n, o, i) for n, (_, _, o, i) in linear_layers(self.model).items()]
         return find_plan(self.cfg.tuning.cache, layers, t.micro_batch * t.seq_len).layers
+
+    def use_grouped_backend(self, name: str) -> None:
+        """The MoE layers' ``torch._grouped_mm`` calls run ``name`` (``auto``: the default
+        rule's), through the grouped dispatch held while this trainer lives (a tuning cache's
+        choices go first); callable again between steps."""
+        backend = grouped_backend(self.model, name, self.device, torch.bfloat16 if self.autocast else torch.float32)
+        self._release_grouped()
+        self.grouped = backend
+        if backend is None:
+            return
+        self._grouped_dispatch = dispatch.of(GROUPED.name)
+        self._grouped_dispatch.set_backend(backend, owner=self)
+        if backend != TORCH_KERNEL:
+            self._grouped_dispatch.hold(self, self.device.type)
+        # a trainer dropped without close() lets go of them too
+        self._grouped_release = weakref.finalize(self, self._grouped_dispatch.release_id, id(self))
+
+    def use_tuning_cache(self, cache: str | None) -> None:
+        """Run the tuned kernels of ``cache`` (``primus_perf.enable``; None: none), with the
+        online tuning ``tuning.online`` asks for; callable again between steps."""
+        if self.tuning is not None:
+            self.tuning.disable()
+            self.tuning = None
+        if cache:
+            self.tuning = enable(cache, self._online if self.cfg.tuning.online else None,
+                                 device_type=self.device.type)
+
+    def reconfigure(self, cfg: TrainerConfig) -> list[str]:
+        """Switch to ``cfg``'s speed knobs between steps, in place (``knobs.reconfigure``)."""
+        from primus_perf.trainer.knobs import reconfigure
+
+        return reconfigure(self, cfg)
 
     def set_fp8(self, layers: dict[str, str], *, compile: bool | None = None) -> None:
         """Switch the FP8 plan between steps (layer name -> recipe or bf16; the plan tuner

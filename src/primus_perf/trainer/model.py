@@ -255,21 +255,38 @@ class Transformer(nn.Module):
             if isinstance(module, Attention):
                 module.sdpa_backend = backend
 
-    def compile_blocks(self) -> None:
-        """torch.compile each transformer block whole, its GEMMs included (where a tuning cache
-        routes them, the runtime's Inductor pass swaps them for its routed ops); an MoE block
-        breaks its graph where it reads the token counts on the host."""
-        for block in self.layers:
-            block.compile(dynamic=False)
+    @property
+    def compile_scope(self) -> str:
+        """What is compiled: off, pointwise or block (``train.compile``)."""
+        return getattr(self, "_compile_scope", "off")
 
-    def compile_pointwise(self) -> None:
-        """torch.compile the non-GEMM parts (RoPE, SwiGLU, RMSNorm); the GEMMs stay eager."""
-        rope = torch.compile(apply_rope, dynamic=False)
-        act = torch.compile(swiglu, dynamic=False)
+    def set_compile(self, scope: str) -> None:
+        """Compile ``block`` (each transformer block whole, its GEMMs included: where a tuning
+        cache routes them, the runtime's Inductor pass swaps them for its routed ops; an MoE
+        block breaks its graph where it reads the token counts on the host), ``pointwise``
+        (RoPE, SwiGLU and RMSNorm; the GEMMs stay eager) or nothing (``off``). Switchable
+        between steps: each scope's compiled callables are made once and kept, so switching
+        back compiles nothing again."""
+        if scope not in ("off", "pointwise", "block"):
+            raise ValueError(f"compile {scope!r}: one of off, pointwise, block")
+        kept = self.__dict__.setdefault("_compiled", {})
+        if scope == "block" and "block" not in kept:
+            kept["block"] = [torch.compile(b._call_impl, dynamic=False) for b in self.layers]
+        if scope == "pointwise" and "pointwise" not in kept:
+            norms = [m for m in self.modules() if isinstance(m, RMSNorm)]
+            kept["pointwise"] = (torch.compile(apply_rope, dynamic=False), torch.compile(swiglu, dynamic=False),
+                                 {id(m): torch.compile(m.forward, dynamic=False) for m in norms})
+        for i, block in enumerate(self.layers):
+            block._compiled_call_impl = kept["block"][i] if scope == "block" else None
+        rope, act, norms = kept["pointwise"] if scope == "pointwise" else (apply_rope, swiglu, {})
         for module in self.modules():
             if isinstance(module, Attention):
                 module.rope = rope
             elif isinstance(module, MLP):
                 module.act = act
             elif isinstance(module, RMSNorm):
-                module.forward = torch.compile(module.forward, dynamic=False)  # type: ignore[method-assign]
+                if id(module) in norms:
+                    module.forward = norms[id(module)]  # type: ignore[method-assign]
+                else:
+                    module.__dict__.pop("forward", None)  # the class's own
+        self._compile_scope = scope
