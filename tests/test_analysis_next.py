@@ -363,8 +363,9 @@ def test_critical_path_parts_add_up_on_real_traces() -> None:
         assert len(rp), path
         same = rp["host_scale"] == 1.0
         assert rp.loc[same, "replay_s"].to_numpy() == pytest.approx(rp.loc[same, "span_s"].to_numpy(), rel=1e-6)
-        assert (rp["replay_s"] <= rp["span_s"] * (1 + 1e-9)).all(), path
-        assert (rp[["no_sync_s", "no_host_s"]].to_numpy() <= rp[["replay_s"]].to_numpy() * (1 + 1e-9)).all(), path
+        # within a nanosecond (timestamps since the epoch are floats of a quarter-microsecond resolution)
+        assert (rp["replay_s"] <= rp["span_s"] + 1e-9).all(), path
+        assert (rp[["no_sync_s", "no_host_s"]].to_numpy() <= rp[["replay_s"]].to_numpy() + 1e-9).all(), path
 
 
 # --------------------------------------------------------------------------- the report

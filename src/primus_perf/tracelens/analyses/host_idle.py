@@ -165,19 +165,25 @@ def _syncs(rt: L.RawTrace, lk: Linked, rank: int, rows: np.ndarray) -> pd.DataFr
 
 @dataclass
 class _Step:
-    """One step's host items (launches, synchronizing calls, data loading) and GPU events,
-    ready to replay: plain Python values, read once per replay."""
+    """One step's host items (launches, synchronizing calls, data loading), in order, and the
+    GPU events they launched, in the order the replay releases them (by item, then as
+    recorded), as arrays."""
 
-    gap: list[float]  # host time before each item (not in any earlier item)
-    adv: list[float]  # each item's own host time (the part not overlapping earlier items)
-    kind: list[int]  # _LAUNCH, _SYNC or _DATA
-    waited: list[int]  # for a sync that waited: the GPU event (index into lk.gpu) it waited for, else -1
-    wait_end: list[float]  # its recorded end, or -inf
-    ret: list[float]  # for a sync that waited: its return latency after that end
-    # per item, its GPU events: (event, stream, launch-to-start delay when its launch released it,
-    # delay after its stream's previous event when that released it, duration, per step)
-    events: list[list[tuple[int, int, float, float, float, bool]]]
-    prior_end: dict[int, float]  # per stream: end of the last event before the step's first
+    gap: np.ndarray  # per item: host time before it (not in any earlier item)
+    adv: np.ndarray  # per item: its own host time (the part not overlapping earlier items)
+    kind: np.ndarray  # per item: _LAUNCH, _SYNC or _DATA
+    wait_end: np.ndarray  # per item: for a sync that waited, the recorded end of the GPU event it waited for, else -inf
+    # (times of the step from t0, its start on the host)
+    waited: np.ndarray  # per item: that event's position among the step's events, -1 if not one of them
+    ret: np.ndarray  # per item: for a sync that waited, its return latency after that end
+    n_events: np.ndarray  # per item: GPU events it launched
+    item: np.ndarray  # per event: its item
+    stream: np.ndarray  # per event: its stream, numbered from 0 in the step
+    lat: np.ndarray  # per event: its launch-to-start delay, when its launch released it
+    after: np.ndarray  # per event: its delay after its stream's previous event, when that released it
+    dur: np.ndarray  # per event
+    per_step: np.ndarray  # per event: its work is per parameter (not doubled with the tokens)
+    prior: np.ndarray  # per stream: the end of its last event before the step's first (from t0), or -inf
     t0: float
 
 
@@ -204,6 +210,15 @@ class _Events:
         self.stream = rt.stream[lk.gpu].astype(np.int64)
 
 
+def _position(values: np.ndarray, of: np.ndarray) -> np.ndarray:
+    """The position in ``of`` of each of ``values`` (-1 where absent)."""
+    if not len(of):
+        return np.full(len(values), -1, dtype=np.int64)
+    sorter = np.argsort(of, kind="stable")
+    pos = sorter[np.clip(np.searchsorted(of, values, sorter=sorter), 0, len(of) - 1)]
+    return np.where(of[pos] == values, pos, -1)
+
+
 def _prepare(rt: L.RawTrace, lk: Linked, events: np.ndarray, syncs: np.ndarray, data: np.ndarray, t0: float,
              ev: _Events) -> _Step | None:
     launch = lk.launch[events]
@@ -213,18 +228,12 @@ def _prepare(rt: L.RawTrace, lk: Linked, events: np.ndarray, syncs: np.ndarray, 
     items = items[np.argsort(rt.ts[items], kind="stable")]
     ts, end = rt.ts[items], rt.ts[items] + rt.dur[items]
     host_end = np.maximum.accumulate(np.r_[t0, end[:-1]])
-    gap = np.maximum(ts - host_end, 0.0)
-    adv = np.maximum(end - np.maximum(ts, host_end), 0.0)
     is_sync = np.isin(items, syncs)
-    kind = np.where(is_sync, _SYNC, np.where(np.isin(items, data), _DATA, _LAUNCH))
-    pos = {int(r): k for k, r in enumerate(items.tolist())}
-    per_item: list[list[tuple[int, int, float, float, float, bool]]] = [[] for _ in items]
+    kind = np.where(is_sync, _SYNC, np.where(np.isin(items, data), _DATA, _LAUNCH)).astype(np.int8)
     ok = launch >= 0
-    e_ok = events[ok]
-    for e, lr, st, lat, aft, d, ps in zip(e_ok.tolist(), launch[ok].tolist(), ev.stream[e_ok].tolist(),
-                                          ev.lat[e_ok].tolist(), ev.after[e_ok].tolist(), ev.dur[e_ok].tolist(),
-                                          ev.per_step[e_ok].tolist(), strict=True):
-        per_item[pos[lr]].append((e, st, lat, aft, d, ps))
+    item = _position(launch[ok], items)
+    order = np.argsort(item, kind="stable")  # by item, then as recorded
+    e_ok, item = events[ok][order], item[order]
     # what each sync waited for: the GPU event that ended last before it returned, if that
     # ended during the call (else the call did not wait)
     j = np.searchsorted(ev.sorted_end, end, side="right") - 1
@@ -232,64 +241,72 @@ def _prepare(rt: L.RawTrace, lk: Linked, events: np.ndarray, syncs: np.ndarray, 
     waited = np.where(is_sync & (waited >= 0) & (ev.end[np.clip(waited, 0, None)] > ts), waited, -1)
     wait_end = np.where(waited >= 0, ev.end[np.clip(waited, 0, None)], -np.inf)
     ret = np.where(waited >= 0, np.maximum(end - wait_end, 0.0), 0.0)
-    first: dict[int, int] = {}
-    for e in events[np.argsort(ev.start[events], kind="stable")].tolist():
-        first.setdefault(int(ev.stream[e]), e)
-    prior = {s: float(ev.p_end[e]) for s, e in first.items()}
-    return _Step(gap.tolist(), adv.tolist(), kind.tolist(), waited.tolist(), wait_end.tolist(), ret.tolist(),
-                 per_item, prior, t0)
+    streams, stream = np.unique(ev.stream[e_ok], return_inverse=True)
+    by_start = events[np.argsort(ev.start[events], kind="stable")]
+    seen, first = np.unique(ev.stream[by_start], return_index=True)  # each stream's first event of the step
+    prior = ev.p_end[by_start[first]][_position(streams, seen)]
+    return _Step(np.maximum(ts - host_end, 0.0), np.maximum(end - np.maximum(ts, host_end), 0.0), kind, wait_end - t0,
+                 np.where(waited >= 0, _position(waited, e_ok), -1), ret, np.bincount(item, minlength=len(items)),
+                 item, stream.ravel(), ev.lat[e_ok], ev.after[e_ok], ev.dur[e_ok], ev.per_step[e_ok], prior - t0, t0)
 
 
 def _replay(s: _Step, host: float = 1.0, syncs: bool = True, launches: bool = True, gpu: float = 1.0,
             data: bool = True) -> float:
-    """The end of the step's last GPU event when replayed: host time scaled by ``host``, the
-    per-token GPU events' durations by ``gpu`` (the per-step ones as recorded); ``syncs``:
+    """The end of the step's last GPU event when replayed, from the step's start: host time
+    scaled by ``host``, the per-token GPU events' durations by ``gpu`` (the per-step ones as
+    recorded); ``syncs``:
     whether the synchronizing calls wait; ``launches``: whether the host's time between and in
     launches counts (data loading's own time does, and the host's after a sync); ``data``:
-    whether data loading takes its time."""
-    clock = s.t0
-    stream_end = dict(s.prior_end)
-    ended: dict[int, float] = {}  # replayed ends of the step's GPU events
-    last = s.t0
-    inf = -np.inf
-    synced = False  # the previous item was a sync that waited: the host works on what it read
-    for k, kind in enumerate(s.kind):
-        if launches or synced:
-            clock += s.gap[k] * host
-        events = s.events[k]
-        if kind == _DATA:
-            synced = False
-            if data:
-                clock += s.adv[k] * host
+    whether data loading takes its time.
+
+    Between two syncs that wait, the host's clock does not depend on the GPU: each item's
+    time is a running sum, and on each stream an event ends at ``max(its launch + delay, the
+    previous end + its gap) + its duration``, a running maximum (``E = S + cummax(A + D - S)``
+    with ``S`` the running sum of gaps and durations); a sync that waits then sets the clock
+    to the replayed end of the event it waited for."""
+    n = len(s.kind)
+    waits = (s.kind == _SYNC) & np.isfinite(s.wait_end)
+    synced = waits & syncs
+    skip = (s.kind == _SYNC) & (s.n_events == 0) & (not syncs)  # a pure synchronize call, removed
+    is_data = s.kind == _DATA
+    pre = s.gap * host * (launches | np.r_[False, synced[:-1]])
+    post = np.where(is_data, s.adv * host * data,
+                    np.where(skip | synced, 0.0, np.where(waits, s.ret, s.adv) * host * launches))
+    dur = np.where(s.per_step, s.dur, s.dur * gpu)
+    stream_end = s.prior.copy()
+    ended = np.full(len(s.item), np.nan)
+    last, clock, a = 0.0, 0.0, 0
+    for b in [*np.flatnonzero(synced).tolist(), n - 1]:
+        if b < a:
             continue
-        is_sync = kind == _SYNC
-        if is_sync and not syncs and not events:
-            continue  # a pure synchronize call, removed
-        at = clock
-        for e, st, lat, aft, d, per_step in events:
-            begin = max(at + lat, stream_end.get(st, inf) + aft)
-            end = begin + (d if per_step else d * gpu)
-            stream_end[st] = ended[e] = end
-            if end > last:
-                last = end
-        waited = is_sync and s.wait_end[k] != inf
-        synced = waited and syncs
-        if synced:
-            clock = max(clock + (s.adv[k] * host if launches else 0.0), ended.get(s.waited[k], s.wait_end[k]) + s.ret[k])
-        elif launches:
-            clock += (s.ret[k] if waited else s.adv[k]) * host
+        at = clock + np.cumsum(pre[a:b + 1] + np.r_[0.0, post[a:b]])  # each item's clock after its own gap
+        lo, hi = np.searchsorted(s.item, [a, b + 1])
+        for st in np.unique(s.stream[lo:hi]).tolist():
+            idx = lo + np.flatnonzero(s.stream[lo:hi] == st)
+            d = dur[idx]
+            acc = np.cumsum(s.after[idx] + d)
+            end = acc + np.maximum(np.maximum.accumulate(at[s.item[idx] - a] + s.lat[idx] + d - acc), stream_end[st])
+            ended[idx], stream_end[st] = end, end[-1]
+            last = max(last, float(end.max()))
+        if synced[b]:
+            w = s.waited[b]
+            done = s.wait_end[b] if w < 0 or np.isnan(ended[w]) else ended[w]
+            clock = max(float(at[-1]) + (s.adv[b] * host if launches else 0.0), done + s.ret[b])
+        else:
+            clock = float(at[-1]) + post[b]
+        a = b + 1
     return last
 
 
 def _scale(s: _Step, target: float) -> float:
     """The host scale at which the recorded replay lasts ``target`` (1 when it cannot be
     reached by slowing the host down less)."""
-    if _replay(s) - s.t0 <= target:
+    if _replay(s) <= target:
         return 1.0
     lo, hi = 0.0, 1.0
     for _ in range(_SCALE_STEPS):
         mid = (lo + hi) / 2
-        if _replay(s, host=mid) - s.t0 > target:
+        if _replay(s, host=mid) > target:
             hi = mid
         else:
             lo = mid
@@ -328,7 +345,12 @@ def trace_idle(rt: L.RawTrace, lk: Linked, rank: int, prev: np.ndarray,
             continue
         span = float(g_end[events].max()) - t0
         scale = _scale(s, unprofiled_s * 1e6) if unprofiled_s else 1.0
-        out.append((rank, step, span / 1e6, *((_replay(s, scale, **kw) - t0) / 1e6 for kw in _VARIANTS), scale))
+        base, kinds = _replay(s, scale), set(s.kind.tolist())
+        # a variant that changes nothing in this step (no syncs, no data loading) is the replay itself
+        same = [not kw or ("syncs" in kw and _SYNC not in kinds) or ("data" in kw and _DATA not in kinds)
+                for kw in _VARIANTS]
+        values = [base if eq else _replay(s, scale, **kw) for kw, eq in zip(_VARIANTS, same, strict=True)]
+        out.append((rank, step, span / 1e6, *(v / 1e6 for v in values), scale))
     return syncs, pd.DataFrame(out, columns=REPLAY_COLUMNS)
 
 
