@@ -92,14 +92,18 @@ def _categories(rt: L.RawTrace, lk: Linked) -> np.ndarray:
     nonames = len(names)
     model_name = np.where(lk.model_op >= 0, rt.name[np.clip(lk.model_op, 0, None)], nonames)
     leaf_name = np.where(lk.leaf_op >= 0, rt.name[np.clip(lk.leaf_op, 0, None)], nonames)
-    combo = np.stack([rt.kind[gpu].astype(np.int64), rt.name[gpu], model_name, leaf_name,
-                      lk.in_optimizer.astype(np.int64)])
-    uniq, inverse = np.unique(combo, axis=1, return_inverse=True)
+    cols = [rt.kind[gpu].astype(np.int64), rt.name[gpu].astype(np.int64), model_name, leaf_name,
+            lk.in_optimizer.astype(np.int64)]
+    code = np.zeros(len(gpu), dtype=np.int64)
+    for c in cols:  # the combination's code, one column at a time (hashing, not sorting)
+        code = pd.factorize(code * (int(c.max()) + 1) + c)[0]
+    first = np.full(int(code.max()) + 1, -1, dtype=np.int64)
+    first[code[::-1]] = np.arange(len(code))[::-1]  # a GPU event of each combination
     nm = [*names, ""]
     training = bool(lk.op_backward.any() or lk.in_optimizer.any())  # a _foreach_ op is an optimizer's
     cats = [classify(KIND_NAMES[int(k)], nm[int(n)], nm[int(m)] or None, nm[int(lf)] or None, bool(o), training)
-            for k, n, m, lf, o in uniq.T]
-    return np.array(cats, dtype=object)[inverse.ravel()]
+            for k, n, m, lf, o in zip(*(c[first].tolist() for c in cols), strict=True)]
+    return np.array(cats, dtype=object)[code]
 
 
 def kernel_table(rt: L.RawTrace, lk: Linked, rank: int) -> pd.DataFrame:
@@ -147,18 +151,20 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
         modeled = modeled[lk.op_step[modeled] >= 0]
     gpu_time = kernels[kernels["call"] >= 0].groupby("call")["dur_us"].sum()
     cpu_only = len(kernels) == 0
-    models: dict[tuple[int, int, bool], OpModel | None] = {}
+    times = rt.dur[modeled] if cpu_only else gpu_time.reindex(modeled, fill_value=0.0).to_numpy(dtype=np.float64)
+    models: dict[tuple[int, int, bool], tuple[OpModel | None, str]] = {}
     rows = []
-    for r in modeled.tolist():
-        key = (int(rt.name[r]), int(rt.shape[r]), bool(lk.op_backward[r]))
+    for r, name, shape, bwd, t in zip(modeled.tolist(), rt.name[modeled].tolist(), rt.shape[modeled].tolist(),
+                                      lk.op_backward[modeled].tolist(), times.tolist(), strict=True):
+        key = (name, shape, bwd)
         if key not in models:
-            models[key] = model_op(rt.names[key[0]], rt.shape_args(key[1]), key[2])
-        m = models[key]
+            m = model_op(rt.names[name], rt.shape_args(shape), bwd)
+            models[key] = (m, m.key() if m is not None else "")
+        m, problem_key = models[key]
         if m is None:
             continue
-        t = float(rt.dur[r]) if cpu_only else float(gpu_time.get(r, 0.0))
-        direction = "bwd" if m.kind == "gemm" and key[2] else m.direction  # a GEMM's pass: see problems
-        rows.append((rank, int(lk.op_step[r]), r, m.kind, m.key(), m.problem, direction,
+        direction = "bwd" if m.kind == "gemm" and bwd else m.direction  # a GEMM's pass: see problems
+        rows.append((rank, int(lk.op_step[r]), r, m.kind, problem_key, m.problem, direction,
                      m.flops, m.bytes, m.dtype, t, m.assumed))
     calls = pd.DataFrame(rows, columns=CALL_COLUMNS)
     memory = _memory_calls(rt, lk, kernels, rank, gpu_time)
