@@ -540,7 +540,8 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         critical_path=pd.concat([r.host.critical_path for r in results], ignore_index=True),
         syncs=_concat([r.host.syncs for r in results], H.SYNC_COLUMNS),
         host_replay=_concat([r.host.replay for r in results], H.REPLAY_COLUMNS),
-        launch_resources=pd.concat([r.extras.kernels for r in results], ignore_index=True),
+        launch_resources=pd.concat([r.extras.kernels for r in results], ignore_index=True).astype(
+            dict.fromkeys(("name", "category", "grid", "block"), "category")),
         memory_events=pd.concat([r.extras.memory for r in results], ignore_index=True),
         memory_ops=pd.concat([r.extras.ops for r in results], ignore_index=True),
         calls=calls,

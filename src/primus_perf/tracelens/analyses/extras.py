@@ -50,9 +50,9 @@ def trace_extras(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame) -> Extras:
     at = pos[res["row"].to_numpy(dtype=np.int64)] if len(res) else np.zeros(0, dtype=np.int64)
     res = res[at >= 0]
     k = kernels.iloc[at[at >= 0]]
-    out = pd.DataFrame({
-        "step": k["step"].to_numpy(), "dur_us": k["dur_us"].to_numpy(), "name": k["name"].to_numpy(),
-        "category": k["category"].to_numpy(), "grid": res["grid"].to_numpy(), "block": res["block"].to_numpy(),
+    out = pd.DataFrame({  # names and launch shapes stay categorical (codes, not a string per kernel)
+        "step": k["step"].to_numpy(), "dur_us": k["dur_us"].to_numpy(), "name": k["name"].array,
+        "category": k["category"].array, "grid": res["grid"].array, "block": res["block"].array,
         "threads": _volume(res["block"]), "grid_blocks": _volume(res["grid"]),
         **{c: res[c].to_numpy(dtype=np.float64) for c in ("registers", "shared_bytes", "blocks_per_sm",
                                                            "occupancy_pct")},

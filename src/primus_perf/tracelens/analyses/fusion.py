@@ -36,17 +36,18 @@ ATTAINABLE_BW = 0.88  # of the datasheet HBM bandwidth: an H200's measured devic
 
 
 def _labels(run: np.ndarray, ops: pd.Series) -> pd.Series:
-    """Per run, its ops' names in order (``aten::`` dropped, consecutive repeats once, at
-    most ``MAX_OPS_LABEL`` and a count of the rest)."""
+    """Per run (``run`` sorted), its ops' names in order (``aten::`` dropped, consecutive
+    repeats once, at most ``MAX_OPS_LABEL`` and a count of the rest)."""
     names = ops.astype(str).str.removeprefix("aten::").to_numpy(dtype=object)
-    first = np.r_[True, (run[1:] != run[:-1]) | (names[1:] != names[:-1])]
-    seen = pd.Series(names[first]).groupby(run[first], sort=False).agg(list)
+    new_run = np.r_[True, run[1:] != run[:-1]]
+    first = new_run | np.r_[True, names[1:] != names[:-1]]
+    kept, starts = names[first], np.flatnonzero(new_run[first])
 
-    def label(seq: list[str]) -> str:
+    def label(seq: np.ndarray) -> str:
         more = len(seq) - MAX_OPS_LABEL
-        return ", ".join(seq[:MAX_OPS_LABEL]) + (f" (+{more})" if more > 0 else "")
+        return ", ".join(seq[:MAX_OPS_LABEL].tolist()) + (f" (+{more})" if more > 0 else "")
 
-    return seen.map(label)
+    return pd.Series([label(x) for x in np.split(kept, starts[1:])], index=run[new_run])
 
 
 def chains(kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:

@@ -27,9 +27,14 @@ MIN_SHARE = 0.01
 LOW_OCCUPANCY_PCT = 25.0
 
 
-def _mode(s: pd.Series) -> str:
-    m = s[s != ""].mode()
-    return str(m.iloc[0]) if len(m) else ""
+def _modes(r: pd.DataFrame, col: str) -> pd.Series:
+    """Per kernel name, the most common non-empty value of ``col`` ("" when none)."""
+    c = r.loc[r[col].astype(str) != "", ["name", col]].groupby(["name", col], observed=True).size()
+    if c.empty:
+        return pd.Series(dtype=object)
+    top = c.rename("count").reset_index().astype({"name": str, col: str})
+    top = top.sort_values(["name", "count", col], ascending=[True, False, True], kind="stable")
+    return top.drop_duplicates("name").set_index("name")[col]
 
 
 def kernel_efficiency(resources: pd.DataFrame, kernel_us: float, rank_steps: int) -> pd.DataFrame:
@@ -39,19 +44,21 @@ def kernel_efficiency(resources: pd.DataFrame, kernel_us: float, rank_steps: int
     r = resources[resources["step"] >= 0] if len(resources) else resources
     if r.empty:
         return pd.DataFrame(columns=COLUMNS)
-    r = r.assign(name=r["name"].astype(str), category=r["category"].astype(str), grid=r["grid"].astype(str),
-                 block=r["block"].astype(str))
+    r = r.copy()
     total = kernel_us or 1.0
     # Kineto writes 0% where its occupancy calculator has no answer (cluster launches, large
     # shared memory): no kernel that ran had no warp resident, so 0 is unknown
     r["occupancy_pct"] = r["occupancy_pct"].where(r["occupancy_pct"] > 0)
     r["occ_w"] = r["occupancy_pct"] * r["dur_us"]
     r["occ_t"] = r["dur_us"].where(r["occupancy_pct"].notna(), 0.0)
-    g = r.groupby("name", sort=False).agg(
-        category=("category", "first"), launches=("dur_us", "size"), dur=("dur_us", "sum"), grid=("grid", _mode),
-        block=("block", _mode), threads=("threads", "median"), registers=("registers", "median"),
+    g = r.groupby("name", sort=False, observed=True).agg(
+        category=("category", "first"), launches=("dur_us", "size"), dur=("dur_us", "sum"),
+        threads=("threads", "median"), registers=("registers", "median"),
         shared_bytes=("shared_bytes", "median"), blocks_per_sm=("blocks_per_sm", "median"),
         occ_w=("occ_w", "sum"), occ_t=("occ_t", "sum")).reset_index()
+    g = g.astype({"name": str, "category": str})
+    for col in ("grid", "block"):
+        g[col] = g["name"].map(_modes(r, col)).fillna("")
     with np.errstate(invalid="ignore", divide="ignore"):
         g["occupancy_pct"] = np.where(g["occ_t"] > 0, g["occ_w"] / g["occ_t"], np.nan)
     g["time_s"] = g["dur"] / 1e6 / rank_steps

@@ -31,6 +31,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.categories import ATTENTION_BWD, OPTIMIZER
@@ -91,10 +92,11 @@ def workload(markers: Counter, manifest: dict[str, Any], kernels: Any, collectiv
     """The workload of an analysis (see the module docstring), as a JSON-ready dict with the
     evidence of each fact."""
     k = kernels[kernels["step"] >= 0] if len(kernels) else kernels
-    cats = set(k["category"].astype(str)) if len(k) else set()
+    cats = set(map(str, k["category"].unique())) if len(k) else set()
     ex = {m: markers.get(f"{EXAMPLE}{m}") for m in MARKERS}
-    backward = markers["backward_ops"] > 0 or ATTENTION_BWD in cats or (
-        len(k) and k["name"].astype(str).str.contains(r"backward|bwd|wgrad|dgrad", case=False, regex=True).any())
+    names = pd.Series(k["name"].unique().astype(str)) if len(k) else pd.Series([], dtype=str)
+    backward = markers["backward_ops"] > 0 or ATTENTION_BWD in cats or bool(
+        names.str.contains(r"backward|bwd|wgrad|dgrad", case=False, regex=True).any())
     stepping = markers["optimizer_step"] > 0 or OPTIMIZER in cats
     trainer = isinstance(_cfg(manifest, "train", "micro_batch"), int)  # a primus-train run
     if backward or stepping or trainer:
