@@ -233,3 +233,99 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
         say(f"FP8: tuning the plan (layer groups in the step, then the loss check) -> {cache}")
         result.fp8 = tune_trainer(config, overrides, cache, say=say)
     return result
+
+
+# ---- the step tuner from a profile ---------------------------------------------------------------
+
+
+def step_advice(config: str, overrides: Sequence[str], recommendations: Any) -> list[Any]:
+    """The analyzer's recommendations that name a lever of the step tuner, as ``Advice`` in
+    their rank: each ``key=value`` of a recommendation's lever, its value as the config reads it
+    (``train.compile=true`` is ``pointwise``); the estimate goes with the first."""
+    from primus_perf.errors import ConfigError
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.knobs import flat
+    from primus_perf.tuner.step import Advice
+    from primus_perf.tuner.step.levers import lever_of
+    from primus_perf.tuner.step.session import text
+
+    out: list[Any] = []
+    if recommendations is None or len(recommendations) == 0:
+        return out
+    for _, rec in recommendations.iterrows():
+        estimate = rec.get("estimated_saving_ms")
+        for i, part in enumerate(str(rec.get("lever", "")).split()):
+            key, sep, _ = part.partition("=")
+            if not sep or lever_of(key) is None:
+                continue
+            try:
+                value = text(flat(load_config(config, [*overrides, part]))[key])
+            except ConfigError:
+                continue
+            est = float(estimate) if i == 0 and estimate is not None and estimate == estimate else None
+            out.append(Advice(key, value, est, str(rec.get("action", ""))))
+    return out
+
+
+def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, profile: bool = True,
+              profile_steps: int = 3, overwrite: bool = False, say: Say = lambda _m: None, **kwargs: Any) -> Any:
+    """``primus-tune step``: profile the config into ``out_dir`` (a run folder) and read the
+    analyzer's advice from it, then ``tuner.step.tune_step`` ordered by that advice, its plan
+    and measurements written beside the trace (``primus-profile analyze out_dir`` then shows
+    each estimate beside its measurement). Under torchrun every rank runs it, in lockstep, and
+    rank 0 decides and writes. Returns the ``StepTuneResult``."""
+    import torch.distributed as dist
+
+    from primus_perf.tuner.step import tune_step
+
+    owns_group = _init_distributed()
+    try:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        advice: list[Any] = []
+        out = Path(out_dir)
+        if profile:
+            from primus_perf.profiler.capture import Schedule, capture_trainer
+            from primus_perf.tracelens.analyze import analyze
+
+            say(f"profiling {config} ({profile_steps} steps) -> {out}")
+            capture_trainer(config, list(overrides), out, Schedule(active=profile_steps, warmup=1, wait=1),
+                            overwrite=overwrite)
+            if rank == 0:
+                analysis = analyze([out])
+                advice = step_advice(config, overrides, analysis.recommendations)
+                for a in advice:
+                    say(f"advised: {a.key}={a.value}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
+                                                         if a.estimate_ms is not None else ""))
+            advice = _agree(advice)
+        return tune_step(config, overrides, out=out, advice=advice, say=say if rank == 0 else (lambda _m: None),
+                         agree=_agree, is_main=rank == 0, **kwargs)
+    finally:
+        if owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _init_distributed() -> bool:
+    """Under torchrun, the process group for every trainer the step tuner builds (one at a
+    time): made here so that none of them owns it."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return False
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    return True
+
+
+def _agree(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (itself in one process)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

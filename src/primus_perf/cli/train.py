@@ -37,6 +37,8 @@ def train(
         None, "--json-log", help="Write one JSON object per step to this file (JSON lines; it appears under"
         " this name at the end, on Ctrl-C, SIGTERM or an error, holding every finished step)"
     ),
+    plan: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--plan", help="A step plan (primus-tune step's plan.yaml): its keys before the overrides"),
     print_config: bool = typer.Option(
         False, "--print-config", help="Print the resolved config (preset, YAML and overrides applied) as YAML"
         " and exit without training"),
@@ -49,7 +51,9 @@ def train(
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import JsonLog, Trainer
 
-    extra = list(overrides or [])
+    from primus_perf.trainer.config import plan_overrides
+
+    extra = (plan_overrides(plan) if plan else []) + list(overrides or [])
     if layers is not None:
         extra.append(f"model.n_layers={layers}")
     if steps is not None:

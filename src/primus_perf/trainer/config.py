@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from primus_perf.errors import ConfigError, UserError
-from primus_perf.files import check_input_file
+from primus_perf.files import check_input_file, load_yaml
 from primus_perf.kernels.fp8.recipes import RECIPES as FP8_RECIPES
 from primus_perf.kernels.grouped.backends import AUTO as GROUPED_GEMM_AUTO
 from primus_perf.kernels.grouped.backends import BACKENDS as GROUPED_GEMM_BACKENDS
@@ -510,3 +510,34 @@ def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> TrainerConf
     for override in overrides:
         _apply_override(data, override)
     return config_from_dict(data)
+
+
+def plan_overrides(path: str | Path) -> list[str]:
+    """A step plan (``primus-tune step``'s ``plan.yaml``: a YAML overlay of config sections) as
+    ``key=value`` overrides, applied before the command line's. A key the config does not have
+    is the usual one line when the config loads."""
+    p = Path(path)
+    try:
+        check_input_file(p, what="step plan", max_bytes=MAX_CONFIG_BYTES, text=True)
+        data = load_yaml(p.read_text(encoding="utf-8"))
+    except UserError as exc:
+        raise ConfigError(str(exc)) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not a step plan ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: a step plan is a mapping of config sections (train:, parallel:, ...)")
+    out: list[str] = []
+
+    def walk(prefix: str, node: Any) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(f"{prefix}{key}.", value)
+            elif isinstance(value, bool):
+                out.append(f"{prefix}{key}={'true' if value else 'false'}")
+            else:
+                out.append(f"{prefix}{key}={'' if value is None else value}")
+
+    walk("", data)
+    return out

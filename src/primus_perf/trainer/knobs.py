@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -27,8 +27,7 @@ from primus_perf.trainer.fp8 import BF16, linear_layers, recipe_plan
 from primus_perf.trainer.optim import make_optimizer
 from primus_perf.trainer.resources import check_fits
 
-if TYPE_CHECKING:
-    from primus_perf.trainer.loop import Trainer
+Trainer = Any  # a trainer.loop.Trainer (which calls this module: no import back)
 
 
 class NotSwitchable(ConfigError):

@@ -1,0 +1,62 @@
+"""``primus-tune step``: the whole training step searched at a fixed recipe
+(``closed_loop.step_tune``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from primus_perf.cli.common import console, err_console
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("step")
+    def step_cmd(
+        overrides: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional)
+            None, help="Config overrides key=value, e.g. parallel.dp_shard=2 (the recipe stays as given)"
+        ),
+        config: str = typer.Option(..., "--config", "-c", help="Preset name or YAML path"),
+        out: Path = typer.Option(..., "--out", "-o", help="Folder for the profile, plan.yaml and step_plan.json"),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out"),
+        budget_min: float = typer.Option(20.0, "--budget-min", min=0.1, max=24 * 60,
+                                         help="Minutes for the whole search, the check and the measurement"),
+        levers: Optional[str] = typer.Option(  # noqa: UP045
+            None, "--levers", help="Comma-separated levers to search (default: every one that applies here)"),
+        cache: Optional[Path] = typer.Option(  # noqa: UP045
+            None, "--cache", help="A kernel cache (primus-tune gemm/loop) to try as a lever"),
+        blocks: int = typer.Option(2, "--blocks", min=2, max=100, help="Pairs of blocks per candidate"),
+        block_steps: int = typer.Option(2, "--block-steps", min=1, max=1000, help="Timed steps per block"),
+        final_blocks: int = typer.Option(3, "--final-blocks", min=2, max=100,
+                                         help="Pairs of blocks for the plan against the default"),
+        check_steps: int = typer.Option(50, "--check-steps", min=2, max=100_000,
+                                        help="Steps of the loss guard (the default and the plan from one seed)"),
+        profile: bool = typer.Option(True, "--profile/--no-profile",
+                                     help="Profile the config first: the analyzer's advice orders the search"),
+    ) -> None:
+        """Search the step's levers (micro-batch at the fixed global batch, recompute, compile,
+        FP8, optimizer, FSDP2 knobs, grouped-GEMM backend, a kernel cache): every candidate
+        measured in the running step against the best so far, kept only past the noise; the
+        plan checked against the default's loss and measured against it, interleaved; written
+        to --out/plan.yaml for primus-train --plan. Under torchrun every rank runs it."""
+        from primus_perf.closed_loop import step_tune
+        from primus_perf.profiler.capture import prepare_out_dir
+        from primus_perf.tuner.step.levers import pick
+
+        chosen = pick(levers)
+        if cache is not None and not cache.is_file():
+            raise typer.BadParameter(f"{cache}: no such file", param_hint="--cache")
+        prepare_out_dir(out, overwrite=overwrite)
+
+        def say(message: str) -> None:
+            console.print(message, highlight=False, soft_wrap=True, markup=False)
+
+        res = step_tune(config, list(overrides or []), out, profile=profile, say=say, levers=chosen,
+                        cache=str(cache.resolve()) if cache else None, budget_min=budget_min, blocks=blocks,
+                        block_steps=block_steps, final_blocks=final_blocks, check_steps=check_steps,
+                        overwrite=overwrite)
+        for line in res.lines():
+            console.print(line, highlight=False, soft_wrap=True, markup=False)
+        if res.guard is not None and not res.guard.passed:
+            err_console.print("[yellow]note:[/] the loss guard dropped what changes the numerics", highlight=False)

@@ -1,0 +1,13 @@
+"""The step tuner: the whole training step searched at a fixed recipe (``primus-tune step``).
+
+``levers`` (each a registered dimension: the values, the legality and memory rules), ``session``
+(one trainer switched between settings), ``search`` (the coordinate search with interaction
+passes, every candidate measured in the step against the incumbent through ``tuner.measure`` and
+judged by ``tuner.decide``), ``tune`` (the plan measured against the default, the loss guard,
+``plan.yaml`` and ``step_plan.json``)."""
+
+from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, register, unregister
+from primus_perf.tuner.step.search import Advice
+from primus_perf.tuner.step.tune import StepTuneResult, tune_step
+
+__all__ = ["LEVERS", "Advice", "Lever", "Setting", "StepTuneResult", "Where", "register", "tune_step", "unregister"]

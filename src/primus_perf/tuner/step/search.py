@@ -1,0 +1,252 @@
+"""The step search: a coordinate search over the levers with interaction passes, every
+candidate measured in the real step against the incumbent.
+
+Order: the levers the analyzer advised (:class:`Advice`, most saving first), their advised
+value first; then the rest in registry order. For each lever, each value it can take here is
+a candidate: the incumbent with that one key changed (with the lever's companions where the
+value alone does not fit the memory estimate). A candidate runs in blocks of steps interleaved
+with the incumbent (``measure.blocks``: one session, switched in place between blocks), judged
+by the one rule (``decide.judge``, ``STEP_MARGIN`` of the step, at least two pairs of blocks);
+the best kept value of a lever becomes the incumbent's.
+
+Interaction: the levers interact and flip sign between settings (FP8 pays only compiled; a
+recompute mode pays only where it lets a larger micro-batch fit). After a pass that changed
+the incumbent, each lever measured against an older incumbent is measured again (every value
+other than the incumbent's, the default included), until a pass changes nothing, ``passes``
+passes ran, or the budget ends. A candidate that does not fit, cannot run here, or runs out of
+memory is recorded as such and the search goes on.
+
+Under torchrun every rank runs the same search (the same switches and steps, in lockstep);
+rank 0's times decide, and ``agree`` hands its verdicts to every rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from primus_perf.errors import ConfigError, OutOfMemory
+from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
+from primus_perf.tuner.measure import blocks as measure_blocks
+from primus_perf.tuner.step.levers import Lever, Setting, Where
+
+Say = Callable[[str], None]
+# what became of a candidate besides the rule's kept / dropped / unconfirmed
+DOES_NOT_FIT, CANNOT_RUN, OUT_OF_MEMORY = "does not fit", "cannot run", "out of memory"
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One of the analyzer's recommendations that names a lever's value: its estimated saving
+    (ms per step) and its words."""
+
+    key: str
+    value: str
+    estimate_ms: float | None
+    text: str = ""
+
+
+@dataclass
+class Trial:
+    """One candidate against the incumbent of its time."""
+
+    lever: str
+    key: str
+    value: str
+    changes: dict[str, str]  # the keys it set (the lever's, and a companion's)
+    against: str  # the incumbent's label
+    status: str
+    incumbent_s: list[float] = field(default_factory=list)  # per block, median step seconds
+    candidate_s: list[float] = field(default_factory=list)
+    speedup: float | None = None
+    low: float | None = None
+    high: float | None = None
+    threshold: float | None = None
+    estimate_ms: float | None = None  # the analyzer's, where it advised this value
+    reason: str = ""
+    seconds: float = 0.0  # wall time the trial took
+
+    @property
+    def kept(self) -> bool:
+        return self.status == KEPT
+
+    @property
+    def measured_ms(self) -> float | None:
+        """The saving per step (ms): the incumbent's median block minus the candidate's."""
+        if not self.incumbent_s or not self.candidate_s:
+            return None
+        return (statistics.median(self.incumbent_s) - statistics.median(self.candidate_s)) * 1e3
+
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.changes.items())
+
+    def line(self) -> str:
+        if self.speedup is None:
+            return f"{self.label()}: {self.status}" + (f" ({self.reason})" if self.reason else "")
+        return (f"{self.label()}: {self.speedup:.3f}x [{self.low:.3f}-{self.high:.3f}] of {self.against}"
+                f" ({self.measured_ms:+.2f} ms a step saved; needs > {1 + (self.threshold or 0):.3f}x): {self.status}")
+
+    def row(self) -> dict[str, Any]:
+        """A row of step_plan.json's ``measured`` (what the analyzer shows beside its advice)."""
+        return {"lever": self.key, "value": self.value, "changes": dict(self.changes), "against": self.against,
+                "status": self.status, "kept": self.kept, "speedup": self.speedup, "low": self.low,
+                "high": self.high, "threshold": self.threshold, "estimate_ms": self.estimate_ms,
+                "measured_ms": self.measured_ms, "incumbent_ms": [t * 1e3 for t in self.incumbent_s],
+                "candidate_ms": [t * 1e3 for t in self.candidate_s], "reason": self.reason,
+                "seconds": round(self.seconds, 1)}
+
+
+@dataclass
+class SearchResult:
+    default: Setting
+    best: Setting
+    trials: list[Trial]
+    passes: int
+    skipped: dict[str, str]  # lever -> why it does not apply here
+    stopped: str = ""  # why the search stopped before it converged (the budget)
+
+
+def _order(levers: Sequence[Lever], advice: Sequence[Advice]) -> list[Lever]:
+    advised = [a.key for a in advice]
+    rank = {lv.name: (advised.index(lv.key) if lv.key in advised else len(advised) + i)
+            for i, lv in enumerate(levers)}
+    return sorted(levers, key=lambda lv: rank[lv.name])
+
+
+def _values(lever: Lever, where: Where, current: str, advice: Sequence[Advice]) -> list[str]:
+    values = [v for v in lever.values(where) if v != current]
+    first = [a.value for a in advice if a.key == lever.key and a.value in values]
+    return first[:1] + [v for v in values if v not in first[:1]]
+
+
+def _estimate(advice: Sequence[Advice], key: str, value: str) -> float | None:
+    return next((a.estimate_ms for a in advice if a.key == key and a.value == value), None)
+
+
+class Search:
+    def __init__(self, session: Any, levers: Sequence[Lever], where: Where, *, advice: Sequence[Advice] = (),
+                 blocks: int = 2, block_steps: int = 2, settle: int = 1, passes: int = 3,
+                 deadline: float = float("inf"), reserve_steps: int = 0, say: Say = lambda _m: None,
+                 agree: Callable[[Any], Any] = lambda x: x, fits: Callable[[Setting], str | None] | None = None) -> None:
+        self.session, self.where, self.advice = session, where, list(advice)
+        self.levers = _order(levers, advice)
+        self.blocks, self.block_steps, self.settle, self.passes = blocks, block_steps, settle, passes
+        self.deadline, self.reserve_steps = deadline, reserve_steps
+        self.say, self.agree = say, agree
+        self.fits = fits or self._fits
+        self.trials: list[Trial] = []
+        self._default = Setting()
+        self.chosen: list[Trial] = []  # the trials that changed the incumbent
+        self.step_s: float | None = None  # the incumbent's latest median step
+
+    # ---- one candidate ---------------------------------------------------------------------
+
+    def _fits(self, setting: Setting) -> str | None:
+        from primus_perf.trainer.resources import check_fits
+
+        try:
+            check_fits(self.session.cfg_of(setting), self.where.device_type)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    def _trial_cost_s(self) -> float:
+        """About what a trial takes: its steps at the incumbent's pace, plus switching."""
+        steps = 2 * self.blocks * (self.settle + self.block_steps)
+        spent = [t.seconds for t in self.trials if t.candidate_s]
+        return max(steps * (self.step_s or 0.0), max(spent[-3:], default=0.0))
+
+    def over_budget(self) -> bool:
+        reserve = self.reserve_steps * (self.step_s or 0.0)
+        return bool(self.agree(time.monotonic() + self._trial_cost_s() + reserve > self.deadline))
+
+    def measure(self, lever: Lever, incumbent: Setting, value: str) -> Trial:
+        changes = {lever.key: value}
+        why = self.fits(incumbent.with_(changes))
+        if why is not None:
+            for extra in lever.companions:
+                if all(incumbent.values.get(k) != v for k, v in extra.items()) and self.fits(
+                        incumbent.with_({**changes, **extra})) is None:
+                    changes, why = {**changes, **extra}, None
+                    break
+        trial = Trial(lever.name, lever.key, value, changes, incumbent.label(self._default.values), DOES_NOT_FIT,
+                      estimate_ms=_estimate(self.advice, lever.key, value))
+        if why is not None:
+            trial.reason = why
+            return trial
+        candidate = incumbent.with_(changes)
+        t0 = time.monotonic()
+        try:
+            times = measure_blocks({"incumbent": lambda: self.session.switch(incumbent),
+                                    "candidate": lambda: self.session.switch(candidate)},
+                                   self.session.step, blocks=self.blocks, block_steps=self.block_steps,
+                                   settle=self.settle)
+        except OutOfMemory as exc:
+            trial.status, trial.reason = OUT_OF_MEMORY, str(exc)
+            self.session.recover(incumbent)
+        except ConfigError as exc:  # the trainer cannot run it here
+            trial.status, trial.reason = CANNOT_RUN, str(exc)
+            self.session.recover(incumbent)
+        else:
+            trial.incumbent_s, trial.candidate_s = self.agree((times["incumbent"], times["candidate"]))
+            v = judge(list(zip(trial.incumbent_s, trial.candidate_s)), Rule(margin=STEP_MARGIN, least=2),
+                      choice=trial.label(), baseline=trial.against)
+            trial.status, trial.speedup, trial.low, trial.high, trial.threshold = (
+                v.status, v.speedup, v.low, v.high, v.threshold)
+            self.step_s = statistics.median(trial.incumbent_s)
+        trial.seconds = time.monotonic() - t0
+        return trial
+
+    # ---- the search ----------------------------------------------------------------------------
+
+    def run(self, start: Setting) -> SearchResult:
+        self._default = start
+        incumbent = start
+        skipped = {lv.name: why for lv in self.levers if (why := lv.legal(self.where)) is not None}
+        levers = [lv for lv in self.levers if lv.name not in skipped]
+        for name, why in skipped.items():
+            self.say(f"{name}: not here ({why})")
+        version, measured_at = 0, {}  # lever -> the incumbent version it was last measured against
+        stopped, passes = "", 0
+        for passes in range(1, self.passes + 1):
+            before = version
+            for lever in levers:
+                if measured_at.get(lever.name, -1) == version:
+                    continue  # measured against this incumbent already
+                current = incumbent.values[lever.key]
+                kept: list[Trial] = []
+                for value in _values(lever, self.where, current, self.advice):
+                    if self.over_budget():
+                        stopped = f"the budget ran out in pass {passes}, at {lever.name}={value}"
+                        break
+                    trial = self.measure(lever, incumbent, value)
+                    self.trials.append(trial)
+                    self.say(f"[pass {passes}] {trial.line()}{self._best_so_far()}")
+                    if trial.kept:
+                        kept.append(trial)
+                if stopped:
+                    break
+                measured_at[lever.name] = version
+                if kept:
+                    best = max(kept, key=lambda t: t.speedup or 0.0)
+                    incumbent = incumbent.with_(best.changes)
+                    self.chosen.append(best)
+                    self.step_s = statistics.median(best.candidate_s)
+                    version += 1
+                    measured_at[lever.name] = version
+                    self.say(f"incumbent: {incumbent.label(start.values)}")
+            if stopped or version == before:
+                break
+        self.session.switch(incumbent)
+        return SearchResult(start, incumbent, self.trials, passes, skipped, stopped)
+
+    def _best_so_far(self) -> str:
+        """The kept trials' speedups chained: a rough figure of the incumbent against the
+        default (the final measurement is the one that counts)."""
+        chain = 1.0
+        for t in self.chosen:
+            chain *= t.speedup or 1.0
+        return f"; best so far about {chain:.2f}x the default" if self.chosen else ""

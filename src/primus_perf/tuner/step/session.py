@@ -1,0 +1,97 @@
+"""One trainer the step tuner measures on: switched between settings between steps, in place
+where the trainer can (``Trainer.reconfigure``), else by a new trainer of the setting (the same
+seed: the same weights), one alive at a time.
+
+Under torchrun every rank runs the same session in lockstep: the same switches, the same steps.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Sequence
+from typing import Any
+
+from primus_perf.errors import OutOfMemory
+from primus_perf.tuner.step.levers import Setting
+
+
+def text(value: Any) -> str:
+    """A config value as an override writes it (``true``, ``4``, ``block``; None: empty)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class StepSession:
+    """``switch(setting)`` then ``step()`` (one optimizer step's seconds). ``rebuilds`` counts
+    the settings that needed a new trainer."""
+
+    def __init__(self, config: str, base: Sequence[str], setting: Setting) -> None:
+        from primus_perf.trainer.config import load_config
+        from primus_perf.trainer.loop import Trainer
+
+        self._load, self._make = load_config, Trainer
+        self.config, self.base = config, list(base)
+        self.setting = setting
+        self.trainer: Any = Trainer(self.cfg_of(setting))
+        self.rebuilds = 0
+
+    def cfg_of(self, setting: Setting) -> Any:
+        return self._load(self.config, [*self.base, *setting.overrides()])
+
+    def value(self, key: str) -> str:
+        """The running value of a config key, as text."""
+        from primus_perf.trainer.knobs import flat
+
+        return text(flat(self.trainer.cfg)[key])
+
+    def switch(self, setting: Setting) -> None:
+        """Run ``setting`` from the next step. A ConfigError (it does not fit, it cannot run
+        here) leaves the session as it was."""
+        from primus_perf.trainer.knobs import NotSwitchable
+
+        if setting.values == self.setting.values:
+            return
+        cfg = self.cfg_of(setting)
+        try:
+            self.trainer.reconfigure(cfg)
+        except NotSwitchable:
+            self._rebuild(cfg)
+        self.setting = setting
+
+    def _rebuild(self, cfg: Any) -> None:
+        from primus_perf.trainer.resources import check_fits
+
+        check_fits(cfg, self.trainer.device.type, self.trainer.device.index or 0)
+        self.close()
+        self.trainer = self._make(cfg)
+        self.rebuilds += 1
+
+    def step(self) -> float:
+        return float(self.trainer.train_step().step_time_s)
+
+    def recover(self, setting: Setting) -> None:
+        """After an out-of-memory step: the gradients dropped, back to ``setting``."""
+        self.trainer.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        self._empty_cache()
+        try:
+            self.switch(setting)
+        except OutOfMemory:  # pragma: no cover - the incumbent ran before
+            self._rebuild(self.cfg_of(setting))
+            self.setting = setting
+
+    def _empty_cache(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
+            gc.collect()
+            self._empty_cache()

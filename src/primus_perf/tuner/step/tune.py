@@ -1,0 +1,309 @@
+"""``primus-tune step``: search the whole training step at a fixed recipe, then check and
+measure the plan, and write it.
+
+1. the search (:mod:`.search`) on one session of the config, from its own settings;
+2. the plan against the default in one session, interleaved (``final_blocks`` pairs of blocks):
+   the speedup that is reported and stored, judged by the one rule (a plan the step does not
+   bear out is no plan: the default is written);
+3. the loss guard: the default and the plan from one seed in two fresh trainers,
+   ``check_steps`` steps each, the means of the last tenth within ``threshold`` (the FP8 rule);
+   a plan beyond it loses the levers that change the numerics (FP8, bf16 moments), and what
+   remains is measured again;
+4. ``DIR/plan.yaml`` (the config keys the plan sets: ``primus-train --plan``) and
+   ``DIR/step_plan.json`` (every trial, the per-lever table, the figures; the analyzer shows its
+   ``measured`` rows beside its advice when it reads ``DIR`` as a run folder).
+
+Under torchrun all ranks run it in lockstep; rank 0 decides and writes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
+from primus_perf.tuner.fp8 import CHECK_STEPS, LOSS_THRESHOLD
+from primus_perf.tuner.measure import blocks as measure_blocks
+from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, lever_of
+from primus_perf.tuner.step.search import Advice, Search, SearchResult
+from primus_perf.tuner.step.session import StepSession
+
+Say = Callable[[str], None]
+SCHEMA = "primus-perf-step-plan/1"
+PLAN_FILE, RESULT_FILE = "plan.yaml", "step_plan.json"
+
+
+@dataclass
+class LossGuard:
+    steps: int
+    window: int
+    loss_default: float
+    loss_plan: float
+    threshold: float
+
+    @property
+    def rel_diff(self) -> float:
+        return abs(self.loss_plan - self.loss_default) / max(abs(self.loss_default), 1e-12)
+
+    @property
+    def passed(self) -> bool:
+        return self.rel_diff <= self.threshold
+
+    def line(self) -> str:
+        return (f"loss guard over {self.steps} steps from one seed: default {self.loss_default:.4f}, plan "
+                f"{self.loss_plan:.4f} ({self.rel_diff:.2%} relative, {'within' if self.passed else 'beyond'} the"
+                f" {self.threshold:.1%} threshold)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "window": self.window, "loss_default": self.loss_default,
+                "loss_plan": self.loss_plan, "threshold": self.threshold, "rel_diff": self.rel_diff,
+                "passed": self.passed}
+
+
+@dataclass
+class StepTuneResult:
+    config: str
+    overrides: list[str]
+    search: SearchResult
+    plan: Setting  # the keys the plan sets (those that differ from the default)
+    verdict: Verdict | None  # the plan against the default, interleaved
+    default_s: list[float] = field(default_factory=list)
+    plan_s: list[float] = field(default_factory=list)
+    tokens_per_step: int = 0
+    guard: LossGuard | None = None
+    dropped_by_guard: dict[str, str] = field(default_factory=dict)
+    minutes: float = 0.0
+    device: str = ""
+    out: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float:
+        return self.verdict.speedup if self.verdict is not None and self.verdict.speedup else 1.0
+
+    def tokens_s(self, side: str) -> float | None:
+        times = self.default_s if side == "default" else self.plan_s
+        return self.tokens_per_step / statistics.median(times) if times else None
+
+    def lever_table(self) -> list[dict[str, Any]]:
+        """Per lever: the advised value and estimate, each value measured, what the plan keeps."""
+        rows = []
+        for name in dict.fromkeys(t.lever for t in self.search.trials):
+            trials = [t for t in self.search.trials if t.lever == name]
+            key = trials[0].key
+            advised = next((t for t in trials if t.estimate_ms is not None), None)
+            rows.append({"lever": name, "key": key, "plan": self.plan.values.get(key, self.search.default.values[key]),
+                         "advised": advised.value if advised else None,
+                         "estimate_ms": advised.estimate_ms if advised else None,
+                         "measured": [{"value": t.value, "status": t.status, "speedup": t.speedup,
+                                       "measured_ms": t.measured_ms} for t in trials]})
+        for name, why in self.search.skipped.items():
+            rows.append({"lever": name, "key": LEVERS[name].key if name in LEVERS else "", "plan": None,
+                         "advised": None, "estimate_ms": None, "measured": [], "skipped": why})
+        return rows
+
+    def lines(self) -> list[str]:
+        out = [f"step plan for {self.config}{' ' + ' '.join(self.overrides) if self.overrides else ''}:"
+               f" {self.plan.label()}"]
+        for row in self.lever_table():
+            if "skipped" in row:
+                out.append(f"  {row['lever']:<15} not here: {row['skipped']}")
+                continue
+            est = f"advised {row['advised']} (saves ~{row['estimate_ms']:.1f} ms)" if row["advised"] else "not advised"
+            meas = ", ".join(f"{m['value']} {m['speedup']:.3f}x {m['status']}" if m["speedup"] else
+                             f"{m['value']} {m['status']}" for m in row["measured"])
+            out.append(f"  {row['lever']:<15} {row['plan']!s:<10} {est}; measured: {meas}")
+        if self.verdict is not None and self.verdict.speedup is not None:
+            d, p = self.tokens_s("default"), self.tokens_s("plan")
+            out.append(f"plan vs default, interleaved: {self.verdict.speedup:.3f}x [{self.verdict.low:.3f}-"
+                       f"{self.verdict.high:.3f}] tokens/s ({d:,.0f} -> {p:,.0f}): {self.verdict.status}")
+        if self.guard is not None:
+            out.append(self.guard.line())
+        for key, why in self.dropped_by_guard.items():
+            out.append(f"  dropped {key}: {why}")
+        if self.search.stopped:
+            out.append(f"search stopped early: {self.search.stopped}")
+        out.extend(self.notes)
+        out.append(f"search took {self.minutes:.1f} min ({len(self.search.trials)} trials,"
+                   f" {self.search.passes} pass(es))" + (f"; plan written to {self.out}" if self.out else ""))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "config": self.config, "overrides": self.overrides, "device": self.device,
+            "plan": dict(self.plan.values), "speedup": self.speedup,
+            "verdict": self.verdict.figure() if self.verdict is not None else None,
+            "default_tokens_s": self.tokens_s("default"), "tuned_tokens_s": self.tokens_s("plan"),
+            "default_ms": [t * 1e3 for t in self.default_s], "plan_ms": [t * 1e3 for t in self.plan_s],
+            "search_min": round(self.minutes, 2), "passes": self.search.passes, "stopped": self.search.stopped,
+            "loss_guard": self.guard.to_dict() if self.guard else None, "dropped_by_guard": self.dropped_by_guard,
+            "levers": self.lever_table(), "measured": [t.row() for t in self.search.trials], "notes": self.notes,
+        }
+
+
+# ---- the pieces ----------------------------------------------------------------------------------
+
+
+def where_of(session: StepSession, cache: str | None) -> Where:
+    from primus_perf.errors import UserError
+    from primus_perf.kernels.fp8.recipes import running_formats
+
+    tr = session.trainer
+    try:
+        running_formats(tr.device)
+        fp8 = True
+    except UserError:
+        fp8 = False
+    return Where(tr.cfg, tr.device.type, tr.groups.dp, tr.groups.dp_shard, tr.grouped is not None, cache, fp8)
+
+
+def start_setting(session: StepSession, levers: Sequence[Lever]) -> Setting:
+    """Every lever's key at the config's own value (what the search starts from)."""
+    return Setting({lv.key: session.value(lv.key) for lv in levers})
+
+
+def interleave(session: StepSession, default: Setting, plan: Setting, *, blocks: int, block_steps: int,
+               settle: int, agree: Callable[[Any], Any]) -> tuple[list[float], list[float], Verdict]:
+    times = measure_blocks({"default": lambda: session.switch(default), "plan": lambda: session.switch(plan)},
+                           session.step, blocks=blocks, block_steps=block_steps, settle=settle)
+    d, p = agree((times["default"], times["plan"]))
+    return d, p, judge(list(zip(d, p)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
+
+
+def loss_guard(make: Callable[[Setting], StepSession], default: Setting, plan: Setting, *, steps: int,
+               threshold: float) -> LossGuard:
+    """The default and the plan from one seed, ``steps`` optimizer steps each (fresh trainers,
+    one alive at a time)."""
+    losses = {}
+    for side, setting in (("default", default), ("plan", plan)):
+        session = make(setting)
+        try:
+            losses[side] = [float(session.trainer.train_step().loss) for _ in range(steps)]
+        finally:
+            session.close()
+    window = max(1, steps // 10)
+    return LossGuard(steps, window, statistics.fmean(losses["default"][-window:]),
+                     statistics.fmean(losses["plan"][-window:]), threshold)
+
+
+def numerics_changes(plan: Setting, default: Setting) -> dict[str, str]:
+    """The plan's keys whose values change the numerics (FP8, bf16 moments)."""
+    out = {}
+    for key, value in plan.values.items():
+        lever = lever_of(key)
+        if value != default.values.get(key) and lever is not None and lever.changes_numerics(value):
+            out[key] = value
+    return out
+
+
+def write_plan(out: Path, result: StepTuneResult) -> None:
+    from primus_perf.files import write_json, write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    nested: dict[str, Any] = {}
+    for key, value in result.plan.values.items():
+        *path, leaf = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = _yaml_value(value)
+    import yaml
+
+    head = (f"# primus-perf step plan for {result.config} {' '.join(result.overrides)}".rstrip() +
+            f" on {result.device}: {result.speedup:.3f}x tokens/s over the default (interleaved).\n"
+            "# primus-train --config CONFIG --plan plan.yaml (the same overrides); details: step_plan.json\n")
+    body = yaml.safe_dump(nested, sort_keys=False) if nested else "{}\n"
+    write_text(out / PLAN_FILE, head + body)
+    write_json(out / RESULT_FILE, result.to_dict())
+
+
+def _yaml_value(value: str) -> Any:
+    if value in ("true", "false"):
+        return value == "true"
+    if value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+# ---- the whole ------------------------------------------------------------------------------------
+
+
+def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | None = None,
+              levers: Sequence[Lever] | None = None, advice: Sequence[Advice] = (), cache: str | None = None,
+              budget_min: float = 20.0, blocks: int = 2, block_steps: int = 2, settle: int = 1,
+              final_blocks: int = 3, passes: int = 3, check_steps: int = CHECK_STEPS,
+              threshold: float = LOSS_THRESHOLD, say: Say = lambda _m: None,
+              agree: Callable[[Any], Any] = lambda x: x, is_main: bool = True) -> StepTuneResult:
+    """Search ``config`` + ``overrides``'s step over ``levers`` (default: every registered one)
+    within ``budget_min`` minutes, check the plan's loss, measure it against the default and
+    write it to ``out``."""
+    from primus_perf.devices import current_device
+
+    t0 = time.monotonic()
+    levers = list(LEVERS.values()) if levers is None else list(levers)
+    base = list(overrides)
+
+    def make(setting: Setting) -> StepSession:
+        return StepSession(config, base, setting)
+
+    session = StepSession(config, base, Setting())
+    try:
+        start = start_setting(session, levers)
+        session.setting = start
+        where = where_of(session, cache)
+        tokens = session.trainer.tokens_per_step
+        # steps kept back for the plan's measurement and the loss guard
+        reserve = 2 * final_blocks * (settle + block_steps) + 2 * check_steps
+        search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=block_steps,
+                        settle=settle, passes=passes, deadline=t0 + budget_min * 60, reserve_steps=reserve,
+                        say=say, agree=agree)
+        found = search.run(start)
+        plan = found.best
+        result = StepTuneResult(config, base, found, Setting(), None, tokens_per_step=tokens,
+                                device=current_device().name)
+        if plan.values != start.values:
+            d, p, v = interleave(session, start, plan, blocks=final_blocks, block_steps=block_steps, settle=settle,
+                                 agree=agree)
+            say(f"plan vs default: {v.speedup:.3f}x [{v.low:.3f}-{v.high:.3f}] ({v.status})")
+            result.default_s, result.plan_s, result.verdict = d, p, v
+            if not v.kept:
+                result.notes.append("the whole step did not bear the plan out against the default: the default stays")
+                plan = start
+    finally:
+        session.close()
+    if plan.values != start.values:
+        guard = loss_guard(make, start, plan, steps=check_steps, threshold=threshold)
+        say(guard.line())
+        result.guard = guard
+        if not guard.passed:
+            numeric = numerics_changes(plan, start)
+            result.dropped_by_guard = {k: f"{v}: the loss beyond the threshold" for k, v in numeric.items()}
+            plan = plan.with_({k: start.values[k] for k in numeric})
+            if numeric and plan.values != start.values:
+                session = make(start)
+                try:
+                    d, p, v = interleave(session, start, plan, blocks=final_blocks, block_steps=block_steps,
+                                         settle=settle, agree=agree)
+                finally:
+                    session.close()
+                result.default_s, result.plan_s, result.verdict = d, p, v
+                if not v.kept:
+                    plan = start
+            else:
+                plan = start
+    result.plan = Setting({k: v for k, v in plan.values.items() if v != start.values.get(k)})
+    result.minutes = (time.monotonic() - t0) / 60
+    if out is not None and is_main:
+        result.out = Path(out)
+        write_plan(result.out, result)
+    return result
+
+
+
