@@ -857,11 +857,12 @@ class _ColumnBuilder:
         res = pd.DataFrame({c: np.concatenate([p[c] for p in self.resources]) for c in RESOURCE_COLUMNS}) \
             if self.resources else pd.DataFrame({c: np.zeros(0, dtype=np.int64 if c in ("row", "grid", "block")
                                                                  else np.float64) for c in RESOURCE_COLUMNS})
-        dup = _duplicates(cols)
         # two host ops may share name, thread and times (nested, in whole microseconds); launches
-        # and GPU events have a correlation id of their own: a repeat of those was written twice
-        if not (dup & (corr >= 0)).any():
-            dup[:] = False
+        # and GPU events have a correlation id of their own: a repeat of those was written twice,
+        # and then so was the rest
+        dup = _duplicates(cols, np.flatnonzero(corr >= 0))
+        if dup.any():
+            dup = _duplicates(cols, np.arange(len(corr)))
         if dup.any():
             self.dropped["duplicated (the same event written again)"] += int(dup.sum())
         if dup.any() or redundant.any():  # a launch flow whose launch is in the trace says nothing more
@@ -907,28 +908,22 @@ _HASH = tuple(np.uint64(x) for x in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x1
 _SAME = ("kind", "name", "thread", "ts", "dur", "correlation", "stream")
 
 
-def _duplicates(cols: dict[str, np.ndarray]) -> np.ndarray:
-    """Rows that repeat an earlier row in every field of ``_SAME`` (an event written twice):
-    one sort of a hash of the fields, the rows of equal hashes compared exactly."""
-    n = len(cols["kind"])
-    if n < 2:
-        return np.zeros(n, dtype=bool)
+def _duplicates(cols: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` repeat an earlier one of them in every field of ``_SAME`` (an event
+    written twice): one sort of a hash of the fields, equal hashes compared exactly."""
+    dup = np.zeros(len(cols["kind"]), dtype=bool)
+    if len(rows) < 2:
+        return dup
     with np.errstate(over="ignore"):
-        h = np.zeros(n, dtype=np.uint64)
+        h = cols["kind"][rows].astype(np.uint64)
         for f, k in zip(_SAME[1:], _HASH, strict=False):
-            v = cols[f]
-            v = v.view(np.uint64) if v.dtype == np.float64 else v.astype(np.int64).view(np.uint64)
-            h = (h ^ v) * k
-        h ^= cols["kind"].astype(np.uint64)
+            v = cols[f][rows]
+            h = (h ^ (v.view(np.uint64) if v.dtype == np.float64 else v.astype(np.int64).view(np.uint64))) * k
     order = np.argsort(h, kind="stable")
-    hs = h[order]
-    eq = np.flatnonzero(hs[1:] == hs[:-1])
-    dup = np.zeros(n, dtype=bool)
+    eq = np.flatnonzero(h[order][1:] == h[order][:-1])
     if not len(eq):
         return dup
-    # runs of equal hashes: each row against the first row of its run with the same fields
-    first = order[eq]
-    later = order[eq + 1]
+    first, later = rows[order[eq]], rows[order[eq + 1]]  # each row against the one before it of an equal hash
     same = np.ones(len(eq), dtype=bool)
     for f in _SAME:
         same &= cols[f][first] == cols[f][later]
