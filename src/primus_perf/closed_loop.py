@@ -281,6 +281,8 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
     owns_group = _init_distributed()
     try:
         rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank != 0:
+            say = lambda _m: None  # noqa: E731 (rank 0 speaks for every rank)
         advice: list[Any] = []
         out = Path(out_dir)
         if profile:
@@ -297,8 +299,8 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
                     say(f"advised: {a.key}={a.value}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
                                                          if a.estimate_ms is not None else ""))
             advice = _agree(advice)
-        return tune_step(config, overrides, out=out, advice=advice, say=say if rank == 0 else (lambda _m: None),
-                         agree=_agree, is_main=rank == 0, **kwargs)
+        return tune_step(config, overrides, out=out, advice=advice, say=say, agree=_agree, is_main=rank == 0,
+                         **kwargs)
     finally:
         if owns_group and dist.is_initialized():
             dist.destroy_process_group()

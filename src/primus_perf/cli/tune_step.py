@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -56,6 +57,8 @@ def register(app: typer.Typer) -> None:
                         cache=str(cache.resolve()) if cache else None, budget_min=budget_min, blocks=blocks,
                         block_steps=block_steps, final_blocks=final_blocks, check_steps=check_steps,
                         overwrite=overwrite)
+        if int(os.environ.get("RANK", "0")) != 0:
+            return  # rank 0 speaks for every rank
         for line in res.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
         if res.guard is not None and not res.guard.passed:

@@ -1,0 +1,197 @@
+"""The step tuner (``primus-tune step``): the search's order, interaction passes, memory rule,
+out-of-memory and budget on a step whose time is a known function of its setting; then the
+real thing on the CPU: the tiny trainer searched, its plan written, checked and loaded by
+``primus-train --plan``, and two gloo ranks under FSDP2 in lockstep."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from primus_perf.errors import OutOfMemory
+from primus_perf.trainer.config import load_config, plan_overrides
+from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, pick
+from primus_perf.tuner.step.search import CANNOT_RUN, DOES_NOT_FIT, OUT_OF_MEMORY, Advice, Search
+from test_trainer import CLI, _free_port
+
+TINY = ["train.global_batch=4", "train.micro_batch=1", "model.n_layers=1", "train.seq_len=32"]
+
+
+class ModelStep:
+    """A session whose step time is a function of the setting, with 0.2% noise: FP8 pays only
+    with compiled blocks (tensorwise more than rowwise); micro-batch 4 fits only with full recompute, which costs 5%;
+    optimizer=bf16 runs out of memory."""
+
+    def __init__(self, setting: Setting) -> None:
+        self.setting = setting
+        self.rng = random.Random(0)
+        self.switches = 0
+
+    def cfg_of(self, setting: Setting) -> Setting:
+        return setting
+
+    def switch(self, setting: Setting) -> None:
+        self.switches += setting.values != self.setting.values
+        self.setting = setting
+
+    def step(self) -> float:
+        v = self.setting.values
+        if v["train.optimizer"] == "bf16":
+            raise OutOfMemory("out of memory at step 3: modelled")
+        t = 100.0
+        t *= {"off": 1.0, "pointwise": 0.97, "block": 0.90}[v["train.compile"]]
+        fp8 = {"off": 1.0, "tensorwise": 0.85, "rowwise": 0.88}[v["train.fp8"]]
+        t *= fp8 if v["train.compile"] == "block" or fp8 == 1.0 else 1.10
+        t *= {"1": 1.0, "2": 0.9, "4": 0.8}[v["train.micro_batch"]]
+        t *= {"none": 1.0, "selective": 1.02, "full": 1.05}[v["train.recompute"]]
+        return t * (1 + self.rng.uniform(-0.001, 0.001))
+
+    def recover(self, setting: Setting) -> None:
+        self.setting = setting
+
+
+def _fits(s: Setting) -> str | None:
+    v = s.values
+    return "needs about 90 GiB" if v["train.micro_batch"] == "4" and v["train.recompute"] != "full" else None
+
+
+START = Setting({"train.micro_batch": "1", "train.compile": "off", "train.recompute": "none", "train.fp8": "off",
+                 "train.optimizer": "fused"})
+WHERE = Where(load_config("tiny", ["train.global_batch=4", "train.micro_batch=1"]), "cuda", 1, 1, False,
+              fp8_formats=True)
+
+
+def _search(advice=(), deadline=float("inf"), levers=("micro_batch", "compile", "recompute", "fp8", "optimizer")):
+    session = ModelStep(START)
+    search = Search(session, [LEVERS[n] for n in levers], WHERE, advice=advice, blocks=2, block_steps=2,
+                    deadline=deadline, fits=_fits)
+    return search.run(START), session
+
+
+def test_the_search_finds_what_pays_together_through_interaction_passes() -> None:
+    """FP8 advised first loses against eager blocks (1.10x slower); once blocks are compiled a
+    second pass measures it again and keeps it; micro-batch 4 comes with full recompute."""
+    res, session = _search(advice=[Advice("train.fp8", "tensorwise", 15.4, "fp8")])
+    assert res.best.values == {"train.micro_batch": "4", "train.compile": "block", "train.recompute": "full",
+                               "train.fp8": "tensorwise", "train.optimizer": "fused"}
+    first = res.trials[0]
+    assert (first.key, first.value, first.status, first.estimate_ms) == ("train.fp8", "tensorwise", "dropped", 15.4)
+    assert [t.status for t in res.trials if t.key == "train.fp8" and t.value == "tensorwise"] == ["dropped", "kept"]
+    mb4 = next(t for t in res.trials if t.value == "4")
+    assert mb4.changes == {"train.micro_batch": "4", "train.recompute": "full"} and mb4.kept
+    assert res.passes == 3 and not res.stopped  # the third re-measures the rest against FP8: no change
+    oom = [t for t in res.trials if t.value == "bf16"]
+    assert oom and all(t.status == OUT_OF_MEMORY and "modelled" in t.reason for t in oom)
+    assert session.setting.values == res.best.values  # left on the plan
+    # every kept trial beat the rule; every row is what the analyzer reads
+    for t in res.trials:
+        row = t.row()
+        assert row["lever"] == t.key and (row["measured_ms"] is None) == (not t.incumbent_s)
+        assert not t.kept or t.speedup > 1 + t.threshold
+
+
+def test_a_value_that_does_not_fit_even_with_its_companions_is_recorded_unmeasured() -> None:
+    session = ModelStep(START)
+    search = Search(session, [LEVERS["micro_batch"]], WHERE, blocks=2, block_steps=1, fits=lambda s: "never fits")
+    res = search.run(START)
+    assert {t.value: t.status for t in res.trials} == {"2": DOES_NOT_FIT, "4": DOES_NOT_FIT}
+    assert all(t.reason == "never fits" and not t.incumbent_s for t in res.trials) and session.switches == 0
+
+
+def test_the_budget_stops_the_search_and_says_where() -> None:
+    res, _ = _search(deadline=time.monotonic() - 1)
+    assert res.trials == [] and res.best.values == START.values
+    assert res.stopped.startswith("the budget ran out in pass 1, at micro_batch=")
+
+
+def test_levers_say_why_they_do_not_apply_here() -> None:
+    cpu = Where(load_config("tiny"), "cpu", 1, 1, False)
+    why = {lv.name: lv.legal(cpu) for lv in LEVERS.values()}
+    assert "train.global_batch is 0" in why["micro_batch"]
+    assert why["fsdp_reshard"] == why["fsdp_prefetch"] == "FSDP2 is off (parallel.dp_shard=1)"
+    assert why["grouped_backend"] == "the model has no MoE layers" and why["fp8"] == "this device has no FP8 GEMMs"
+    assert why["kernel_cache"].startswith("no kernel cache") and why["compile"] is None
+    assert LEVERS["micro_batch"].values(Where(load_config("tiny", ["train.global_batch=24"]), "cpu", 2, 1, False)) \
+        == ["1", "2", "4", "12"]
+    with pytest.raises(Exception, match="unknown lever nope"):
+        pick("compile,nope")
+    assert [lv.name for lv in pick("recompute,compile")] == ["compile", "recompute"]
+
+
+def test_a_lever_is_one_registered_record() -> None:
+    from primus_perf.tuner.step import register, unregister
+
+    lever = register(Lever("log_every", "train.log_every", lambda w: ["1", "2"]))
+    try:
+        res, _ = _search(levers=("compile",))
+        assert "log_every" in LEVERS and res.trials
+        with pytest.raises(ValueError, match="registered already"):
+            register(lever)
+    finally:
+        unregister("log_every")
+    assert "log_every" not in LEVERS
+
+
+def test_a_candidate_the_trainer_cannot_run_is_recorded_and_the_search_goes_on() -> None:
+    from primus_perf.errors import ConfigError
+
+    class Refusing(ModelStep):
+        def switch(self, setting: Setting) -> None:
+            if setting.values["train.compile"] == "block":
+                raise ConfigError("config key 'train.compile': modelled refusal")
+            super().switch(setting)
+
+    session = Refusing(START)
+    res = Search(session, [LEVERS["compile"]], WHERE, blocks=2, block_steps=1, fits=_fits).run(START)
+    statuses = {t.value: t.status for t in res.trials}
+    assert statuses["block"] == CANNOT_RUN and statuses["pointwise"] == "kept"
+
+
+def _cli(args: list[str], nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+               "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "-m", "primus_perf.cli.tune", *args]
+    else:
+        cmd = [sys.executable, "-m", "primus_perf.cli.tune", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_primus_tune_step_on_the_cpu_writes_a_plan_primus_train_runs(tmp_path) -> None:
+    out = tmp_path / "step"
+    r = _cli(["step", "--config", "tiny", "--out", str(out), "--levers", "micro_batch,optimizer",
+              "--blocks", "2", "--block-steps", "1", "--final-blocks", "2", "--check-steps", "4", *TINY])
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((out / "step_plan.json").read_text())
+    assert doc["schema"] == "primus-perf-step-plan/1" and (out / "manifest.json").is_file()
+    values = {(m["lever"], m["value"]) for m in doc["measured"]}
+    assert {("train.micro_batch", "2"), ("train.micro_batch", "4"), ("train.optimizer", "foreach")} <= values
+    assert "step plan for tiny" in r.stdout and "search took" in r.stdout
+    overrides = plan_overrides(out / "plan.yaml")
+    assert set(overrides) == {f"{k}={v}" for k, v in doc["plan"].items()}
+    if doc["plan"]:  # a plan that changed something was checked against the default's loss
+        assert doc["loss_guard"]["steps"] == 4
+    t = subprocess.run([*CLI, "--config", "tiny", "--plan", str(out / "plan.yaml"), "--steps", "1", *TINY],
+                       capture_output=True, text=True, timeout=300)
+    assert t.returncode == 0, t.stderr[-2000:]
+    a = subprocess.run([sys.executable, "-m", "primus_perf.cli.profile", "analyze", str(out), "--json",
+                        str(tmp_path / "a.json")], capture_output=True, text=True, timeout=300)
+    assert a.returncode == 0, a.stderr[-2000:]
+
+
+def test_two_ranks_search_fsdp2_in_lockstep_and_rank_0_writes(tmp_path) -> None:
+    out = tmp_path / "step"
+    r = _cli(["step", "--config", "tiny", "--out", str(out), "--no-profile", "--levers", "fsdp_reshard,fsdp_prefetch",
+              "--blocks", "2", "--block-steps", "1", "--final-blocks", "2", "--check-steps", "3",
+              "parallel.dp_shard=2", *TINY], nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((out / "step_plan.json").read_text())
+    measured = {(m["lever"], m["value"]) for m in doc["measured"]}
+    assert {("parallel.fsdp_reshard_after_forward", "false"), ("parallel.fsdp_prefetch", "1"),
+            ("parallel.fsdp_prefetch", "2")} <= measured
+    assert r.stdout.count("step plan for tiny") == 1  # rank 0 speaks
