@@ -5,9 +5,12 @@ before anything changed."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from primus_perf.cache.store import SCHEMA_VERSION
 from primus_perf.errors import ConfigError
 from primus_perf.trainer import resources
 from primus_perf.trainer.config import load_config
@@ -70,13 +73,13 @@ def test_the_optimizer_takes_over_the_state_in_the_dtype_it_keeps() -> None:
 
 def test_what_cannot_change_in_place_is_one_line_before_anything_changed(tmp_path, monkeypatch) -> None:
     torch.set_num_threads(1)
-    (tmp_path / "cache.json").write_text('{"schema": 1, "entries": {}}')
+    (tmp_path / "cache.json").write_text(json.dumps({"schema": SCHEMA_VERSION, "entries": []}))
     trainer = Trainer(load_config("tiny", BASE))
     try:
         cfg = trainer.cfg
         with pytest.raises(NotSwitchable, match="config key 'model.dim' cannot change while the trainer runs"):
             trainer.reconfigure(load_config("tiny", [*BASE, "model.dim=64", "train.micro_batch=4"]))
-        with pytest.raises(NotSwitchable, match="'train.fp8': auto is set up when the trainer starts"):
+        with pytest.raises(ConfigError, match="'train.fp8': tuning cache .* has no FP8 plan"):
             trainer.reconfigure(load_config("tiny", [*BASE, "train.fp8=auto", "train.micro_batch=4",
                                                      f"tuning.cache={tmp_path / 'cache.json'}"]))
         monkeypatch.setattr(resources, "device_memory", lambda *_: (2**20, "host RAM"))

@@ -195,3 +195,21 @@ def test_two_ranks_search_fsdp2_in_lockstep_and_rank_0_writes(tmp_path) -> None:
     assert {("parallel.fsdp_reshard_after_forward", "false"), ("parallel.fsdp_prefetch", "1"),
             ("parallel.fsdp_prefetch", "2")} <= measured
     assert r.stdout.count("step plan for tiny") == 1  # rank 0 speaks
+
+
+def test_the_fp8_plan_per_layer_group_is_measured_under_the_plans_settings(tmp_path) -> None:
+    """On the CPU FP8 loses everywhere (its quantization is slow there): each recipe for the
+    whole model is dropped, then each layer group in the better one against bf16, none kept."""
+    import torch
+
+    from primus_perf.tuner.step import tune_step
+
+    torch.set_num_threads(1)
+    said: list[str] = []
+    res = tune_step("tiny", [*TINY, "model.dim=64", "model.ffn_dim=128"], out=tmp_path, levers=[LEVERS["fp8"]],
+                    blocks=2, block_steps=1, final_blocks=2, check_steps=3, say=said.append)
+    assert {t.value: t.status for t in res.search.trials} == {"tensorwise": "dropped", "rowwise": "dropped"}
+    groups = [line for line in said if line.startswith(("attention.", "mlp.", "output "))]
+    assert len(groups) == 5 and all(line.endswith("dropped") for line in groups)
+    assert any("no group pays" in line for line in said) and res.plan.values == {}
+    assert not (tmp_path / "tuning_cache.json").exists()

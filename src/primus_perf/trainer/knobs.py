@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from primus_perf.errors import ConfigError
+from primus_perf.errors import ConfigError, UserError
 from primus_perf.trainer.config import TrainerConfig, accumulation
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.fp8 import BF16, linear_layers, recipe_plan
@@ -77,12 +77,23 @@ def _compile(trainer: Trainer, cfg: TrainerConfig) -> None:
 
 
 def _fp8(trainer: Trainer, cfg: TrainerConfig) -> None:
-    recipe = cfg.train.fp8
-    if recipe == "auto" or trainer.groups.dp_shard > 1:
-        raise NotSwitchable(f"config key 'train.fp8': {recipe} is set up when the trainer starts"
-                            + (" (FSDP2's FP8 all-gather)" if trainer.groups.dp_shard > 1 else " (the cache's plan)"))
-    layers = {n: BF16 for n in linear_layers(trainer.model)} if recipe == "off" else recipe_plan(trainer.model, recipe)
-    trainer.set_fp8(layers, compile=cfg.train.compile == "pointwise")
+    recipe, t = cfg.train.fp8, cfg.train
+    if trainer.groups.dp_shard > 1:
+        raise NotSwitchable(f"config key 'train.fp8': {recipe} is set up when the trainer starts under FSDP2"
+                            " (its FP8 all-gather)")
+    if recipe == "auto":  # the cache's plan for this model at this micro-batch
+        from primus_perf.runtime.fp8 import find_plan
+
+        found = [(n, o, i) for n, (_, _, o, i) in linear_layers(trainer.model).items()]
+        try:
+            layers = find_plan(cfg.tuning.cache, found, t.micro_batch * t.seq_len).layers
+        except UserError as exc:
+            raise ConfigError(f"config key 'train.fp8': {exc}") from None
+    elif recipe == "off":
+        layers = {n: BF16 for n in linear_layers(trainer.model)}
+    else:
+        layers = recipe_plan(trainer.model, recipe)
+    trainer.set_fp8(layers, compile=t.compile == "pointwise")
 
 
 def _optimizer(trainer: Trainer, cfg: TrainerConfig) -> None:
@@ -153,18 +164,26 @@ FREE = ("train.steps", "train.log_every")
 def reconfigure(trainer: Trainer, cfg: TrainerConfig) -> list[str]:
     """Switch ``trainer`` to ``cfg`` in place; returns the keys that changed. Raises
     :class:`NotSwitchable` for a key that cannot change while it runs, and the memory
-    estimate's ConfigError for a config that does not fit, both before anything changed."""
+    estimate's ConfigError for a config that does not fit, before anything changed; a switch
+    that fails (no FP8 plan in the cache, a backend this device lacks) undoes those before it."""
     keys = changed(trainer.cfg, cfg)
     fixed = [k for k in keys if k not in SWITCHES and k not in FREE]
     if fixed:
         raise NotSwitchable(f"config key {fixed[0]!r} cannot change while the trainer runs (in place:"
                             f" {', '.join(SWITCHES)})")
-    if "train.fp8" in keys and (cfg.train.fp8 == "auto" or trainer.groups.dp_shard > 1):
+    if "train.fp8" in keys and trainer.groups.dp_shard > 1:
         _fp8(trainer, cfg)  # raises: set up at start-up
     check_fits(cfg, trainer.device.type, trainer.device.index or 0)
-    for key, switch in SWITCHES.items():
-        if key in keys:
-            switch(trainer, cfg)
+    old, applied = trainer.cfg, []
+    try:
+        for key, switch in SWITCHES.items():
+            if key in keys:
+                switch(trainer, cfg)
+                applied.append(key)
+    except BaseException:  # what had switched goes back: the trainer runs the old config
+        for key in reversed(applied):
+            SWITCHES[key](trainer, old)
+        raise
     trainer.cfg = cfg
     gc.collect()
     if trainer.device.type == "cuda":

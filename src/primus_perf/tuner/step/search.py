@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from primus_perf.errors import ConfigError, OutOfMemory
+from primus_perf.errors import ConfigError, OutOfMemory, UserError
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
 from primus_perf.tuner.measure import blocks as measure_blocks
 from primus_perf.tuner.step.levers import Lever, Setting, Where
@@ -172,8 +172,13 @@ class Search:
                         incumbent.with_({**changes, **extra})) is None:
                     changes, why = {**changes, **extra}, None
                     break
-        trial = Trial(lever.name, lever.key, value, changes, incumbent.label(self._default.values), DOES_NOT_FIT,
-                      estimate_ms=_estimate(self.advice, lever.key, value))
+        return self.measure_changes(lever.name, lever.key, value, incumbent, changes, why)
+
+    def measure_changes(self, lever: str, key: str, value: str, incumbent: Setting, changes: dict[str, str],
+                        why: str | None = None) -> Trial:
+        """``incumbent`` with ``changes`` against ``incumbent`` (``why``: it does not fit)."""
+        trial = Trial(lever, key, value, changes, incumbent.label(self._default.values), DOES_NOT_FIT,
+                      estimate_ms=_estimate(self.advice, key, value))
         if why is not None:
             trial.reason = why
             return trial
@@ -187,7 +192,7 @@ class Search:
         except OutOfMemory as exc:
             trial.status, trial.reason = OUT_OF_MEMORY, str(exc)
             self.session.recover(incumbent)
-        except ConfigError as exc:  # the trainer cannot run it here
+        except UserError as exc:  # the trainer cannot run it here
             trial.status, trial.reason = CANNOT_RUN, str(exc)
             self.session.recover(incumbent)
         else:

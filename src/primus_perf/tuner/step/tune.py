@@ -77,6 +77,7 @@ class StepTuneResult:
     guard: LossGuard | None = None
     dropped_by_guard: dict[str, str] = field(default_factory=dict)
     minutes: float = 0.0
+    fp8_minutes: float = 0.0  # of which the FP8 plan per layer group
     device: str = ""
     out: Path | None = None
     notes: list[str] = field(default_factory=list)
@@ -129,7 +130,9 @@ class StepTuneResult:
             out.append(f"search stopped early: {self.search.stopped}")
         out.extend(self.notes)
         out.append(f"search took {self.minutes:.1f} min ({len(self.search.trials)} trials,"
-                   f" {self.search.passes} pass(es))" + (f"; plan written to {self.out}" if self.out else ""))
+                   f" {self.search.passes} pass(es)" + (f"; the FP8 plan {self.fp8_minutes:.1f} min" if self.fp8_minutes
+                                                        else "") + ")"
+                   + (f"; plan written to {self.out}" if self.out else ""))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,7 +142,7 @@ class StepTuneResult:
             "verdict": self.verdict.figure() if self.verdict is not None else None,
             "default_tokens_s": self.tokens_s("default"), "tuned_tokens_s": self.tokens_s("plan"),
             "default_ms": [t * 1e3 for t in self.default_s], "plan_ms": [t * 1e3 for t in self.plan_s],
-            "search_min": round(self.minutes, 2), "passes": self.search.passes, "stopped": self.search.stopped,
+            "search_min": round(self.minutes, 2), "fp8_plan_min": round(self.fp8_minutes, 2), "passes": self.search.passes, "stopped": self.search.stopped,
             "loss_guard": self.guard.to_dict() if self.guard else None, "dropped_by_guard": self.dropped_by_guard,
             "levers": self.lever_table(), "measured": [t.row() for t in self.search.trials], "notes": self.notes,
         }
@@ -188,6 +191,58 @@ def loss_guard(make: Callable[[Setting], StepSession], default: Setting, plan: S
     window = max(1, steps // 10)
     return LossGuard(steps, window, statistics.fmean(losses["default"][-window:]),
                      statistics.fmean(losses["plan"][-window:]), threshold)
+
+
+def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: Path, *, blocks: int,
+                   block_steps: int, settle: int, say: Say, agree: Callable[[Any], Any]) -> Any:
+    """The FP8 plan per layer group, tuned under the plan's own settings (its compile scope and
+    micro-batch): each group in the best FP8 recipe the search measured, against the rest in
+    bf16 (``tuner.fp8.measure_groups``), the groups that pay kept (``tuner.fp8.choose``); where
+    that differs from one recipe for every layer, the plan with it (``train.fp8=auto`` from
+    ``cache``, a copy of the plan's kernel cache with the FP8 entry added) is one more trial
+    against the plan. None where FP8 was not measured or no group pays."""
+    from primus_perf.cache.store import TuningCache
+    from primus_perf.kernels.fp8.plan import Fp8Plan
+    from primus_perf.trainer.fp8 import BF16, group_of, recipe_plan
+    from primus_perf.tuner.fp8 import (
+        choose,
+        layer_groups,
+        measure_groups,
+        plan_entry,
+        trainer_problem,
+    )
+
+    measured = [t for t in search.trials if t.key == "train.fp8" and t.speedup and t.value not in ("off", "auto")]
+    current = plan.values.get("train.fp8", "off")
+    recipe = current if current not in ("off", "auto") else (
+        max(measured, key=lambda t: t.speedup or 0.0).value if measured else None)
+    if recipe is None:
+        return None
+    base = plan.with_({"train.fp8": "off"})
+    session.switch(base)
+    trainer = session.trainer
+    problem = trainer_problem(trainer)
+    groups = layer_groups(problem, group_of)
+    say(f"FP8 plan: {len(groups)} layer groups in {recipe}, each against bf16 under {base.label(search._default.values)}")
+    found = measure_groups(trainer, problem, groups, [recipe], blocks=blocks, block_steps=block_steps,
+                           settle=settle, say=say)
+    layers, summary = agree(choose(groups, found))
+    trainer.set_fp8({n: BF16 for n in layers})  # back to the session's setting
+    if not any(r != BF16 for r in layers.values()) or layers == recipe_plan(trainer.model, recipe):
+        say(f"FP8 plan: {'no group pays' if not any(r != BF16 for r in layers.values()) else 'every group'}"
+            f" in {recipe}: nothing beyond one recipe")
+        return None
+    if search.agree(True):
+        store = TuningCache(cache)
+        kernels = plan.values.get("tuning.cache")
+        if kernels:
+            store.merge_from(kernels)
+        store.put(plan_entry(Fp8Plan(problem, layers, summary), None, None))
+    changes = {"train.fp8": "auto", "tuning.cache": str(cache)}
+    trial = search.measure_changes("fp8", "train.fp8", "plan", plan, changes, search.fits(plan.with_(changes)))
+    search.trials.append(trial)
+    say(f"[FP8 plan] {trial.line()}")
+    return trial
 
 
 def numerics_changes(plan: Setting, default: Setting) -> dict[str, str]:
@@ -266,8 +321,19 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
                         say=say, agree=agree)
         found = search.run(start)
         plan = found.best
+        fp8 = LEVERS.get("fp8")
+        if out is not None and fp8 in levers and fp8.legal(where) is None and where.dp_shard == 1 \
+                and not search.over_budget():
+            t_fp8 = time.monotonic()
+            trial = fp8_plan_trial(search, session, plan, Path(out) / "tuning_cache.json", blocks=blocks,
+                                   block_steps=block_steps, settle=settle, say=say, agree=agree)
+            if trial is not None and trial.kept:
+                plan = plan.with_(trial.changes)
+            fp8_minutes = (time.monotonic() - t_fp8) / 60
+        else:
+            fp8_minutes = 0.0
         result = StepTuneResult(config, base, found, Setting(), None, tokens_per_step=tokens,
-                                device=current_device().name)
+                                device=current_device().name, fp8_minutes=fp8_minutes)
         if plan.values != start.values:
             d, p, v = interleave(session, start, plan, blocks=final_blocks, block_steps=block_steps, settle=settle,
                                  agree=agree)
