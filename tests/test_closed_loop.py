@@ -28,7 +28,8 @@ OVERRIDES = ["model.n_layers=2", "train.seq_len=64", "train.micro_batch=2", "tra
 def test_loop_on_cpu_writes_the_report_and_says_tuning_needs_a_gpu(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     out = tmp_path / "quickstart"
-    res = CliRunner().invoke(app, ["loop", "--config", "tiny", "--out", str(out), "--steps", "2", *OVERRIDES])
+    res = CliRunner().invoke(app, ["loop", "--config", "tiny", "--out", str(out), "--steps", "2", "--step",
+                                   "--step-budget-min", "0.1", *OVERRIDES])
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     assert "no tuning: tuning measures GPU kernels and needs a CUDA or ROCm GPU" in text
@@ -42,6 +43,9 @@ def test_loop_on_cpu_writes_the_report_and_says_tuning_needs_a_gpu(tmp_path: Pat
     assert len(data["gemm"]) == n_gemm and all(r["time_ms"] > 0 for r in data["gemm"])
     assert (out / "profile" / "manifest.json").is_file()
     assert not (out / "tuning_cache.json").exists()
+    # --step: the step tuner after the kernels (here with no cache: a CPU), in its own run folder
+    assert (out / "step" / "plan.yaml").is_file() and (out / "step" / "manifest.json").is_file()
+    assert "step plan for tiny" in text and "kernel_cache not here: no kernel cache given" in text
 
 
 def _op(name: str, dims: list, dtype: str, ts: int, dur: int, causal: tuple[int, str] | None = None) -> dict:

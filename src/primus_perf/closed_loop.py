@@ -72,6 +72,7 @@ class LoopResult:
     measurement: SpeedupMeasurement | None = None
     fp8: Any = None  # tuner.fp8.Fp8TuneResult (with fp8=True)
     confirmation: Any = None  # tuner.confirm.ConfirmRun: the choices checked inside the steps
+    step: Any = None  # tuner.step.StepTuneResult (with step=True)
 
 
 def _host_step(analysis: Any) -> float | None:
@@ -175,9 +176,25 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
 
 def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str | Path = "runs/quickstart",
              *, steps: int = 3, budget_s: float = 2.0, blocks: int = 4, block_steps: int = 5,
-             say: Say = lambda _m: None, tune_progress: Any = None, fp8: bool = False) -> LoopResult:
+             say: Say = lambda _m: None, tune_progress: Any = None, fp8: bool = False, step: bool = False,
+             step_budget_min: float = 20.0) -> LoopResult:
     """Profile, analyze, report; on a GPU also tune and measure (see the module docstring);
-    ``fp8``: then tune the FP8 plan (``tuner.fp8.tune_trainer``) into the same cache."""
+    ``fp8``: then tune the FP8 plan (``tuner.fp8.tune_trainer``) into the same cache; ``step``:
+    then the step tuner (:func:`step_tune` into ``out_dir/step``, the kernel cache one of its
+    levers), on a CPU too."""
+    result = _kernel_loop(config, overrides, out_dir, steps=steps, budget_s=budget_s, blocks=blocks,
+                          block_steps=block_steps, say=say, tune_progress=tune_progress, fp8=fp8)
+    interrupted = result.tune_run is not None and result.tune_run.interrupted
+    if step and not interrupted:
+        cache = result.cache if result.cache is not None and result.cache.is_file() else None
+        say(f"step: searching the step's levers{' with the kernel cache' if cache else ''} -> {result.out_dir / 'step'}")
+        result.step = step_tune(config, overrides, result.out_dir / "step", overwrite=True, say=say,
+                                cache=str(cache) if cache else None, budget_min=step_budget_min)
+    return result
+
+
+def _kernel_loop(config: str, overrides: Sequence[str], out_dir: str | Path, *, steps: int, budget_s: float,
+                 blocks: int, block_steps: int, say: Say, tune_progress: Any, fp8: bool) -> LoopResult:
     from primus_perf.enabling import online_tuning
     from primus_perf.profiler.capture import Schedule, capture_trainer
     from primus_perf.tracelens.analyze import analyze

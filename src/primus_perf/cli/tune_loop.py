@@ -27,6 +27,10 @@ def register(app: typer.Typer) -> None:
                                    help="Blocks of steps per side when measuring the speedup (GPU)"),
         fp8: bool = typer.Option(False, "--fp8", help="Then tune the FP8 plan (per layer group, measured in the step;"
                                  " the loss checked against bf16) into the cache (GPU)"),
+        step: bool = typer.Option(False, "--step", help="Then search the step's levers (primus-tune step) into"
+                                  " OUT/step, the kernel cache one of them"),
+        step_budget_min: float = typer.Option(20.0, "--step-budget-min", min=0.1, max=24 * 60,
+                                              help="Minutes for the step search"),
     ) -> None:
         """Train under the profiler, analyze the trace and write the HTML report; on a GPU
         also tune the trace's GEMM and attention problems and train again with the cache,
@@ -43,13 +47,14 @@ def register(app: typer.Typer) -> None:
         from primus_perf.closed_loop import run_loop
 
         def say(message: str) -> None:
-            console.print(message, highlight=False, soft_wrap=True)
+            console.print(message, highlight=False, soft_wrap=True, markup=False)
 
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
                       transient=True) as bar:
             res = run_loop(config, list(overrides or []), out, steps=steps, budget_s=budget_s, blocks=blocks,
-                           say=say, tune_progress=RichProgress(bar, lambda _r: None), fp8=fp8)
+                           say=say, tune_progress=RichProgress(bar, lambda _r: None), fp8=fp8, step=step,
+                           step_budget_min=step_budget_min)
         step = f"{res.step_time_s * 1e3:.2f} ms/step" if res.step_time_s else "step time n/a"
         counts = [f"{n} {kinds.get(kind).title}" for kind, n in res.problems.items()
                   if n or kind in (kinds.GEMM.name, kinds.ATTENTION.name)]
@@ -57,6 +62,9 @@ def register(app: typer.Typer) -> None:
         console.print(f"{res.device}: {step}; {listed} problems; report: {res.report}", highlight=False, soft_wrap=True)
         for note in res.notes:
             err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        if res.step is not None:
+            for line in res.step.lines():
+                console.print(line, highlight=False, soft_wrap=True, markup=False)
         if res.tuning_skipped:
             console.print(f"no tuning: {res.tuning_skipped}", highlight=False, soft_wrap=True)
             return

@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
             None, help="Config overrides key=value, e.g. parallel.dp_shard=2 (the recipe stays as given)"
         ),
         config: str = typer.Option(..., "--config", "-c", help="Preset name or YAML path"),
-        out: Path = typer.Option(..., "--out", "-o", help="Folder for the profile, plan.yaml and step_plan.json"),
+        out: Path = typer.Option(..., "--output", "-o", "--out",
+                                 help="Folder for the profile, plan.yaml and step_plan.json"),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out"),
         budget_min: float = typer.Option(20.0, "--budget-min", min=0.1, max=24 * 60,
                                          help="Minutes for the whole search, the check and the measurement"),

@@ -229,7 +229,7 @@ class Search:
                         break
                     trial = self.measure(lever, incumbent, value)
                     self.trials.append(trial)
-                    self.say(f"[pass {passes}] {trial.line()}{self._best_so_far()}")
+                    self.say(f"(pass {passes}) {trial.line()}{self._best_so_far()}")
                     if trial.kept:
                         kept.append(trial)
                 if stopped:

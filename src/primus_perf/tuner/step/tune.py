@@ -241,7 +241,7 @@ def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: P
     changes = {"train.fp8": "auto", "tuning.cache": str(cache)}
     trial = search.measure_changes("fp8", "train.fp8", "plan", plan, changes, search.fits(plan.with_(changes)))
     search.trials.append(trial)
-    say(f"[FP8 plan] {trial.line()}")
+    say(f"(FP8 plan) {trial.line()}")
     return trial
 
 
