@@ -48,10 +48,8 @@ def train(
     Exit codes: 0 done, 2 bad config or environment, 3 the loss became NaN or infinite,
     130 interrupted (Ctrl-C or SIGTERM)."""
     from primus_perf.enabling import online_tuning
-    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.config import load_config, plan_overrides
     from primus_perf.trainer.loop import JsonLog, Trainer
-
-    from primus_perf.trainer.config import plan_overrides
 
     extra = (plan_overrides(plan) if plan else []) + list(overrides or [])
     if layers is not None:
