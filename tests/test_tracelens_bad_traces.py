@@ -109,7 +109,7 @@ BAD_VALUES = [[], "x", 3, None, {"a": []}, [1, "2"], -1.5]
 
 
 @pytest.mark.parametrize("key", ["overhead", "config", "steps", "device", "versions", "world_size", "traces",
-                                 "step_time_s", "tokens_per_s", "mfu", "interrupted", "measured"])
+                                 "step_time_s", "tokens_per_s", "mfu", "interrupted", "measured", "fp8_layers"])
 def test_manifest_fields_of_any_type_give_an_analysis(tmp_path: Path, key: str) -> None:
     _h100(tmp_path / "rank0.json.gz", _steps(2))
     for value in BAD_VALUES:

@@ -16,6 +16,7 @@ from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console
 from primus_perf.cli.render import print_table
 from primus_perf.files import write_output
 from primus_perf.tracelens.analyses.expert_load import summary_line
+from primus_perf.tracelens.analyses.workload import summary as workload_summary
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.export import write_csv, write_xlsx
 from primus_perf.tracelens.report import sync_sites
@@ -88,6 +89,8 @@ def render(a: Analysis, top: int) -> None:
         + (f"grouped GEMM {_tflop(t[GROUPED.name + '_flops_per_step'])} · " if len(a.problems_by_kind[GROUPED.name]) else "")
         + f"attention {_tflop(t['attention_flops_per_step'])}"
     )
+    if a.workload:
+        console.print(f"workload: {workload_summary(a.workload)}", highlight=False, soft_wrap=True)
     cat = a.category_seconds()
     total = float(cat.sum()) or 1.0
     if not len(cat) and a.hotspots.empty:

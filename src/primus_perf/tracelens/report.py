@@ -26,6 +26,7 @@ from primus_perf.errors import UserError
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyses.hotspots import in_steps
 from primus_perf.tracelens.analyses.tune_next import tune_next
+from primus_perf.tracelens.analyses.workload import summary as workload_summary
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.colors import TEMPORAL_PARTS, category_colors
 
@@ -396,7 +397,9 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "tokens_per_s": _num(m.get("tokens_per_s")),
         "mfu": _num(m.get("mfu")),
         # the trainer's FP8 layers (layer -> recipe), from the run's manifest; {} without FP8
-        "fp8_layers": {k: v for k, v in (m.get("fp8_layers") or {}).items() if v != "bf16"},
+        "fp8_layers": {k: v for k, v in m["fp8_layers"].items() if v != "bf16"}
+        if isinstance(m.get("fp8_layers"), dict) else {},
+        "workload": workload_summary(a.workload),
     }
     hot, kernel_names = hotspots(a)
     return {

@@ -65,32 +65,50 @@ def covered(start: np.ndarray, end: np.ndarray, a: np.ndarray, b: np.ndarray) ->
     return upto(b) - upto(a)
 
 
+def _union_by_group(group: np.ndarray, start: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
+    """Per group code (0..n-1), the length covered by its intervals [start, end)."""
+    out = np.zeros(n)
+    if not len(group):
+        return out
+    order = np.lexsort((start, group))
+    g, s, e = group[order], start[order], end[order]
+    reach = pd.Series(e).groupby(g).cummax().to_numpy()  # the end of all intervals so far, per group
+    first = np.r_[True, g[1:] != g[:-1]]
+    new = first | (s > np.r_[-np.inf, reach[:-1]])  # a new covered segment starts
+    seg = np.cumsum(new) - 1
+    seg_end = np.zeros(int(seg[-1]) + 1)
+    np.maximum.at(seg_end, seg, e)
+    np.add.at(out, g[new], seg_end - s[new])
+    return out
+
+
 def temporal(kernels: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, step): span (the step time), busy, compute, exposed communication, exposed
     memcpy and idle, in seconds."""
     k = kernels[kernels["step"] >= 0]
     if len(k) == 0:
         return pd.DataFrame(columns=TEMPORAL_COLUMNS)
-    rows = []
-    for rank, kr in k.groupby("rank", sort=True):
-        firsts = kr.groupby("step")["ts_us"].min().sort_index()
-        nexts = dict(zip(firsts.index[:-1], firsts.to_numpy()[1:], strict=True))
-        for step, ks in kr.groupby("step", sort=True):
-            s = ks["ts_us"].to_numpy(dtype=np.float64)
-            e = s + ks["dur_us"].to_numpy(dtype=np.float64)
-            cat = ks["category"].to_numpy().astype(str)
-            comm = cat == COMMUNICATION
-            copy = (cat == MEMCPY) | (cat == MEMSET)
-            comp = ~(comm | copy)
-            t0 = float(s.min())
-            t1 = max(float(e.max()), float(nexts.get(step, -np.inf)))
-            c = union_length(s[comp], e[comp])
-            cm = union_length(s[comp | comm], e[comp | comm])
-            everything = union_length(s, e)
-            span = t1 - t0
-            rows.append((int(rank), int(step), span / 1e6, everything / 1e6, c / 1e6, (cm - c) / 1e6,
-                         (everything - cm) / 1e6, max(0.0, span - everything) / 1e6))
-    return pd.DataFrame(rows, columns=TEMPORAL_COLUMNS)
+    rank, step = k["rank"].to_numpy(dtype=np.int64), k["step"].to_numpy(dtype=np.int64)
+    code, keys = pd.factorize(pd.MultiIndex.from_arrays([rank, step]), sort=True)
+    n = len(keys)
+    s = k["ts_us"].to_numpy(dtype=np.float64)
+    e = s + k["dur_us"].to_numpy(dtype=np.float64)
+    cat = k["category"].astype(str).to_numpy()
+    comm = cat == COMMUNICATION
+    comp = ~(comm | (cat == MEMCPY) | (cat == MEMSET))
+    c = _union_by_group(code[comp], s[comp], e[comp], n)
+    cm = _union_by_group(code[comp | comm], s[comp | comm], e[comp | comm], n)
+    everything = _union_by_group(code, s, e, n)
+    t0 = pd.Series(s).groupby(code).min().to_numpy()
+    last = pd.Series(e).groupby(code).max().to_numpy()
+    ranks = keys.get_level_values(0).to_numpy()
+    same_rank_next = np.r_[ranks[1:] == ranks[:-1], False]  # keys sorted: the rank's next step follows
+    t1 = np.maximum(last, np.where(same_rank_next, np.r_[t0[1:], np.inf], -np.inf))
+    span = t1 - t0
+    return pd.DataFrame({"rank": ranks, "step": keys.get_level_values(1).to_numpy(), "span_s": span / 1e6,
+                         "busy_s": everything / 1e6, "compute_s": c / 1e6, "exposed_comm_s": (cm - c) / 1e6,
+                         "exposed_memcpy_s": (everything - cm) / 1e6,
+                         "idle_s": np.maximum(0.0, span - everything) / 1e6}, columns=TEMPORAL_COLUMNS)
 
 
 def categories(kernels: pd.DataFrame) -> pd.DataFrame:

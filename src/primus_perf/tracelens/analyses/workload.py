@@ -140,3 +140,30 @@ def workload(markers: Counter, manifest: dict[str, Any], kernels: Any, collectiv
         "optimizer": ex["optimizer_step"] or "",
         "data_loading_s": markers["data_loading_us"] / 1e6 / max(1, rank_steps),
     }
+
+
+def summary(w: dict[str, Any]) -> str:
+    """The workload in one line: ``training (a backward pass, ...); 2 data-parallel ranks,
+    sharded (FSDP::pre_forward); torch.compile off; data loading 52.0 ms/step``."""
+    if not w:
+        return ""
+    parts = [f"{w['mode']} ({w['mode_evidence']})"]
+    layout = []
+    if w.get("data_parallel", 1) > 1:
+        layout.append(f"{w['data_parallel']} data-parallel ranks" + (f", sharded ({w['sharded_by']})"
+                                                                     if w.get("sharded") else ""))
+    tp = w.get("tensor_parallel", 1)
+    if tp != 1:
+        layout.append(f"tensor parallel {tp}" if tp > 1 else "tensor-parallel collectives")
+    if w.get("expert_parallel"):
+        layout.append("MoE token exchange")
+    elif w.get("moe"):
+        layout.append("MoE")
+    if w.get("embedding_all_to_all"):
+        layout.append("embedding all-to-all")
+    parts += layout
+    c = w.get("compiled")
+    parts.append("torch.compile " + ("on" if c else "off" if c is False else "not seen"))
+    if w.get("data_loading_s"):
+        parts.append(f"data loading {w['data_loading_s'] * 1e3:.1f} ms/step")
+    return "; ".join(parts)

@@ -277,6 +277,7 @@
       ["FP8 layers", Object.keys(h.fp8_layers || {}).length ? Object.entries(h.fp8_layers).map(([k, v]) => `${k} ${v}`).join(", ") : null]]);
     const vers = Object.entries(h.versions || {}).map(([k, v]) => `${k} ${v}`).join(" · ");
     document.querySelector(".sub").textContent = (vers ? vers + " · " : "") + (h.traces || []).join(", ");
+    if (h.workload) document.querySelector("header").appendChild(el("div", { cls: "muted", text: "workload: " + h.workload }));
     (DATA.notes || []).forEach((n) => document.querySelector("header").appendChild(el("div", { cls: "muted", text: "note: " + n })));
 
     const parts = Object.keys(TEMPORAL_LABELS);
