@@ -132,6 +132,17 @@ def test_sharding_is_advised_only_where_the_ranks_do_not_shard(tmp_path: Path, f
     assert "expert" not in comm["action"]
 
 
+def test_tensor_parallel_ranks_are_not_data_parallel() -> None:
+    """The committed 2-rank tensor-parallel H200 run (llama3-8b, tp=2): its collectives run
+    inside the model's ops, in groups of 2: one data-parallel rank, nothing to shard."""
+    a = analyze([Path(__file__).parent / "data" / "traces" / "h200_tp2"])
+    assert a.workload["tensor_parallel"] == 2 and a.workload["data_parallel"] == 1
+    r = a.recommendations.set_index("category")
+    assert "optimizer" not in r.index
+    assert "tensor or sequence parallelism" in r.loc["communication", "condition"]
+    assert "gradient" not in r.loc["communication", "action"]
+
+
 def _all_to_all(path: Path, moe: bool) -> Path:
     """A step whose all-to-all nothing overlaps: DLRM's embedding lookup (fbgemm's table-batched
     embedding) or an MoE layer's token exchange (a grouped GEMM beside it)."""

@@ -365,7 +365,7 @@ def _communication(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -
     elif "tokens" in roles:
         facts.append("an all-to-all that is neither MoE nor embedding lookups")
         actions.append("overlap the all-to-all with independent compute (a separate stream, the next micro-batch)")
-    if "parameters" in roles and w.get("mode") == "training":
+    if "parameters" in roles and w.get("mode") == "training" and (w.get("sharded") or w.get("data_parallel", 1) > 1):
         if w.get("sharded"):
             facts.append(f"sharded data parallelism ({w['sharded_by']})")
             actions.append("prefetch the next blocks' all-gathers (FSDP2 set_modules_to_forward_prefetch / "

@@ -113,8 +113,10 @@ def workload(markers: Counter, manifest: dict[str, Any], kernels: Any, collectiv
     c = collective_events if len(collective_events) else None
     roles = Counter(zip(c["collective"], c["role"])) if c is not None else Counter()
     tp = _cfg(manifest, "parallel", "tp")
+    groups = c.loc[(c["role"] == "activations") & (c["group_size"] > 1), "group_size"] if c is not None else []
     activations = sum(n for (_, role), n in roles.items() if role == "activations")
-    tensor_parallel = int(tp) if isinstance(tp, int) and tp > 0 else (-1 if activations else 1)
+    tensor_parallel = (int(tp) if isinstance(tp, int) and tp > 0 else int(groups.mode().iloc[0]) if len(groups)
+                       else -1 if activations else 1)
     dp = max(1, world_size // max(1, tensor_parallel))
     shard = _cfg(manifest, "parallel", "dp_shard")
     sharded_by = ("parallel.dp_shard=" + str(shard) if isinstance(shard, int) and shard > 1 else
