@@ -18,6 +18,8 @@ from primus_perf.tracelens import load as L
 from primus_perf.tracelens.analyze import analyze
 from primus_perf.tracelens.perf_models import model_op
 
+TRACES = Path(__file__).parent / "data" / "traces"
+
 
 def _write(path: Path, events: list[dict[str, Any]], **head: Any) -> Path:
     path.write_bytes(gzip.compress(json.dumps({"schemaVersion": 1, **head, "traceEvents": events}).encode()))
@@ -75,6 +77,12 @@ def test_a_piece_cut_inside_a_string_is_joined_with_the_next(tmp_path: Path, mon
     small = L.load(path, chunk_bytes=256)
     assert len(whole) == len(small) and np.array_equal(whole.ts, small.ts)
     assert whole.names == small.names and tricky in small.names
+    # the pieces decoded in helper processes (a big file where CPUs are idle): the same trace
+    helped = L.load(path, chunk_bytes=256, workers=2)
+    for col in ("kind", "name", "thread", "ts", "dur", "correlation", "stream", "device", "seq", "shape"):
+        assert np.array_equal(getattr(helped, col), getattr(whole, col)), col
+    assert helped.names == whole.names and helped.shape_values == whole.shape_values
+    assert helped.fixes == whole.fixes and helped.dropped == whole.dropped
 
 
 def test_kineto_2021_categories_and_step_ops(tmp_path: Path) -> None:
@@ -251,3 +259,18 @@ def test_an_unnamed_rocm_device_is_known_by_its_properties_when_only_one_fits(
     events = [_step(1, 0, 100), *_launch(1, 10, "aten::add"), _kernel(1, 20, 30)]
     a = analyze([_write(tmp_path / "t.json.gz", events, deviceProperties=props, roctracer_version=4)])
     assert a.device["name"] == device and a.device["peaks"] == peaks
+
+
+def test_analysis_imports_no_torch() -> None:
+    """A trace is analyzed (the details too) without importing torch: op schemas come from
+    torchgen's native_functions.yaml (mul's out= form writes its third argument)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from primus_perf.tracelens.analyze import analyze; "
+            "from primus_perf.tracelens.perf_models import _schema_writes as w; "
+            f"analyze([{str(TRACES / 'h100_llama3-8b_l2_s1024_cudnn.json.gz')!r}]).to_json(details=True); "
+            "assert w('aten::mul', 3) == {2} and w('aten::add_', 3) == {0}, (w('aten::mul', 3), w('aten::add_', 3)); "
+            "assert 'torch' not in sys.modules, [m for m in sys.modules if m.startswith('torch')][:5]")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
