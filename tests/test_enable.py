@@ -116,6 +116,35 @@ def test_enable_errors_are_one_line(tmp_path: Path) -> None:
         primus_perf.enable(cache, device_type="cpu", router_kinds=FAKE_KINDS, log=None)
 
 
+def test_enable_from_six_threads_at_once_enables_once(tmp_path: Path) -> None:
+    """One thread enables; the five others get the one line that it is already active (the check
+    and the install are one step under a lock: without it two could both find none active)."""
+    import threading
+
+    cache = tmp_path / "c.json"
+    TuningCache(cache).put(gemm_entry(problem_of(torch.randn(2, 2), torch.randn(2, 2)), H100))
+    start, handles, errors = threading.Barrier(6), [], []
+
+    def go() -> None:
+        start.wait()
+        try:
+            handles.append(primus_perf.enable(cache, device_type="cpu", router_kinds=FAKE_KINDS, log=None))
+        except UserError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=go) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert len(handles) == 1 and len(errors) == 5 and all("already active" in e for e in errors)
+    finally:
+        for h in handles:
+            h.disable()
+    assert primus_perf.runtime.handle.active() is None
+
+
 def test_compile_has_no_graph_break_and_routes(tmp_path: Path, model_and_input) -> None:
     model, x = model_and_input
     x2 = x.reshape(-1, 32)

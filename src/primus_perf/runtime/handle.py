@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,9 @@ from primus_perf.runtime import dispatch
 from primus_perf.runtime.activate import NOT_INSTALLED, Activation, activate
 
 _active: Handle | None = None
+# enable() and a handle's disable/suspend/resume, one at a time in a process: two threads that
+# enable at once must not both find no active handle
+_LOCK = threading.RLock()
 # online tuning times candidates with device events inside the real steps
 ONLINE_NEEDS_GPU = "off: it times kernels with CUDA/ROCm events and this process has no GPU"
 NO_ENTRIES = "no usable entry of this kind in a tuned cache: its calls stay torch's, with no override"
@@ -150,6 +154,10 @@ class Handle:
 
     def suspend(self) -> None:
         """Every call is torch's (the overrides and routers out), until :meth:`resume`."""
+        with _LOCK:
+            self._suspend()
+
+    def _suspend(self) -> None:
         for kind in self.routers:
             d = dispatch.of(kind)
             d.release(self)
@@ -157,26 +165,28 @@ class Handle:
 
     def resume(self) -> None:
         """The routers and overrides back after :meth:`suspend` (not after :meth:`disable`)."""
-        if not self.active:
-            raise UserError("a disabled tuning cache cannot be resumed; enable() it again")
-        for kind, router in self.routers.items():
-            d = dispatch.of(kind)
-            d.install(router)
-            if kind not in self.idle:
-                d.hold(self, self.device_type)
+        with _LOCK:
+            if not self.active:
+                raise UserError("a disabled tuning cache cannot be resumed; enable() it again")
+            for kind, router in self.routers.items():
+                d = dispatch.of(kind)
+                d.install(router)
+                if kind not in self.idle:
+                    d.hold(self, self.device_type)
 
     def disable(self) -> None:
         """Remove the overrides and routers: every call is torch's again."""
         global _active
-        if not self.active:
-            return
-        self._final = self.summary()
-        self.active = False
-        self.suspend()
-        for router in self.routers.values():
-            router.close()
-        if _active is self:
-            _active = None
+        with _LOCK:
+            if not self.active:
+                return
+            self._final = self.summary()
+            self.active = False
+            self._suspend()
+            for router in self.routers.values():
+                router.close()
+            if _active is self:
+                _active = None
 
     def __enter__(self) -> Handle:
         return self
@@ -205,7 +215,17 @@ def enable(
     file is then created); ``online``: the tuning to run inside the steps; ``device_type``:
     whose kernels are overridden ("cuda"; "cpu" where there is no GPU); ``router_kinds``: kind
     -> router part (tests pass fake kernels); ``log``: where online tuning's reports go.
-    Nothing else is printed: ``Handle.start_lines()`` and ``end_lines()`` say what happened."""
+    Nothing else is printed: ``Handle.start_lines()`` and ``end_lines()`` say what happened.
+    One at a time: from several threads at once, one enables and the others get the one line
+    that it is already active."""
+    with _LOCK:
+        return _enable(cache, online, kinds, device_type=device_type, device=device, router_kinds=router_kinds,
+                       log=log)
+
+
+def _enable(cache: str | os.PathLike | None, online: OnlineTuning | None, kinds: Iterable[str] | None, *,
+            device_type: str | None, device: DeviceIdentity | None, router_kinds: Mapping[str, RouterPart] | None,
+            log: Callable[[str], None] | None) -> Handle:
     global _active
     import torch
 

@@ -24,10 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from primus_perf.errors import ConfigError, UserError
-from primus_perf.files import check_input_file, load_yaml
+from primus_perf.files import check_input_file, load_yaml, read_input
 from primus_perf.kernels.fp8.recipes import RECIPES as FP8_RECIPES
 from primus_perf.kernels.grouped.backends import AUTO as GROUPED_GEMM_AUTO
 from primus_perf.kernels.grouped.backends import BACKENDS as GROUPED_GEMM_BACKENDS
@@ -207,6 +205,8 @@ _POSITIVE = (
 
 
 SEED_MAX = 2**32 - 1
+SIZE_MAX = 2**31 - 1  # a size past a 32-bit index is no model (and the estimate must stay quick)
+_MOST = {"model.n_layers": 100_000}  # the model's layers are walked one by one
 # Float keys that must be finite and > 0; and those in [0, 1) (Adam's betas).
 _POSITIVE_FLOATS = ("model.rope_theta", "model.norm_eps", "model.init_std", "train.lr", "train.eps")
 _UNIT_INTERVAL = ("train.beta1", "train.beta2")
@@ -336,8 +336,8 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
     if len(parts) < 2 or not all(parts):
         raise ConfigError(f"override key {key!r} must be dotted, e.g. train.steps=50")
     try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
+        value = load_yaml(text) if text.strip() else None
+    except ValueError:  # not YAML (or a bomb): the text itself, which the key's type then checks
         value = text
     node = data
     for part in parts[:-1]:
@@ -359,6 +359,9 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     for key in _POSITIVE:
         if flat[key] <= 0:
             raise ConfigError(f"config key {key!r} must be positive, got {flat[key]}")
+        most = _MOST.get(key, SIZE_MAX)
+        if flat[key] > most:
+            raise ConfigError(f"config key {key!r} must be at most {most:,}, got {flat[key]:,}")
     for key, choices in _CHOICES.items():
         if flat[key] not in choices:
             raise ConfigError(
@@ -487,22 +490,29 @@ def config_from_dict(data: dict[str, Any]) -> TrainerConfig:
     return validate(_build(TrainerConfig, data, ""))
 
 
-def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> TrainerConfig:
-    """Load a preset (by name) or a YAML file, apply ``key=value`` overrides, validate."""
-    path = resolve_config_path(name_or_path)
-    if isinstance(path, Path):
-        try:
-            check_input_file(path, what="config file", max_bytes=MAX_CONFIG_BYTES, text=True)
-        except UserError as exc:
-            raise ConfigError(str(exc)) from None
+def _read_yaml(path: Any, what: str) -> Any:
+    """A YAML file read like every input (a FIFO, a device or a binary refused unread; aliases
+    past a million values refused), or a packaged preset; one ConfigError line otherwise."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if isinstance(path, Path):
+            raw = read_input(path, what=what, max_bytes=MAX_CONFIG_BYTES, text=True).decode("utf-8")
+        else:  # a preset inside the package
+            raw = path.read_text(encoding="utf-8")
+        return load_yaml(raw)
+    except UserError as exc:
+        raise ConfigError(str(exc)) from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: a binary file, not a YAML config") from None
-    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: a binary file, not YAML") from None
+    except ValueError as exc:
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> TrainerConfig:
+    """Load a preset (by name) or a YAML file, apply ``key=value`` overrides, validate."""
+    path = resolve_config_path(name_or_path)
+    data = _read_yaml(path, "config file")
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -517,13 +527,7 @@ def plan_overrides(path: str | Path) -> list[str]:
     ``key=value`` overrides, applied before the command line's. A key the config does not have
     is the usual one line when the config loads."""
     p = Path(path)
-    try:
-        check_input_file(p, what="step plan", max_bytes=MAX_CONFIG_BYTES, text=True)
-        data = load_yaml(p.read_text(encoding="utf-8"))
-    except UserError as exc:
-        raise ConfigError(str(exc)) from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: not a step plan ({str(exc).splitlines()[0]})") from None
+    data = _read_yaml(p, "step plan")
     if data is None:
         return []
     if not isinstance(data, dict):

@@ -7,6 +7,8 @@ most, instead of an allocation that takes minutes to fail or kills the machine.
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from dataclasses import dataclass
 
@@ -54,6 +56,11 @@ class MemoryEstimate:
     def remedy(self) -> str:
         """What reduces the largest part, in words."""
         return REDUCE[self._largest][1]
+
+    @property
+    def model_key(self) -> str:
+        """The model's key behind the largest part (when no micro-batch fits)."""
+        return {"params": "model.dim", "activations": "train.seq_len", "logits": "model.vocab_size"}[self._largest]
 
     @property
     def _largest(self) -> str:
@@ -117,7 +124,25 @@ def device_memory(device_type: str, index: int = 0) -> tuple[int, str]:
         import torch
 
         return int(torch.cuda.get_device_properties(index).total_memory), "the GPU"
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "host RAM"
+    physical = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    limit = _cgroup_limit()
+    return (limit, "this container's memory limit") if limit and limit < physical else (physical, "host RAM")
+
+
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v2, v1
+
+
+def _cgroup_limit() -> int | None:
+    """The memory limit of this process's cgroup (a container's), None where there is none."""
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return int(text)
+    return None
 
 
 def check_fits(cfg: TrainerConfig, device_type: str, index: int = 0) -> None:
@@ -130,5 +155,9 @@ def check_fits(cfg: TrainerConfig, device_type: str, index: int = 0) -> None:
     need = estimate_memory(cfg, device_type)
     have, where = device_memory(device_type, index)
     if need.total > have:
-        raise ConfigError(f"config key {need.largest_key!r}: the config needs {need.line()}, more than {where}"
-                          f" ({have / 2**30:,.1f} GiB); {need.remedy}")
+        key, remedy = need.largest_key, need.remedy
+        one = estimate_memory(dataclasses.replace(cfg, train=dataclasses.replace(t, micro_batch=1)), device_type)
+        if one.total > have:  # no micro-batch fits: the model (or its sequence) is what to change
+            key, remedy = one.model_key, "it does not fit at micro-batch 1 either: shard it or make it smaller"
+        raise ConfigError(f"config key {key!r}: the config needs {need.line()}, more than {where}"
+                          f" ({have / 2**30:,.1f} GiB); {remedy}")
