@@ -92,6 +92,7 @@ BAD_OVERRIDES = [  # (override, the key the line names)
     ("model.dim=abc", "model.dim"), ("model.dim=1.5", "model.dim"), ("model.dim=true", "model.dim"),
     ("model.dim=", "model.dim"), ("train.micro_batch=100000", "train.micro_batch"),
     ("train.micro_batch=0", "train.micro_batch"), ("model.vocab_size=1e11", "model.vocab_size"),
+    ("model.n_layers=1000000000000", "model.n_layers"), ("model.dim=4294967296", "model.dim"),
     ("model.vocab_size=100000000000", "model.dim|model.vocab_size"),
     ("train.lr=.nan", "train.lr"), ("train.lr=nan", "train.lr"), ("train.lr=.inf", "train.lr"),
     ("train.lr=-.inf", "train.lr"), ("train.lr=0", "train.lr"), ("train.lr=-1", "train.lr"),
@@ -131,6 +132,10 @@ BAD_OPTIONS = [  # (argv, what the line names)
     *[(("profile", "bench", "--config", "tiny", "-o", "{out}", opt, v), opt) for opt, v in (
         ("--repeat", "0"), ("--repeat", "x"), ("--warmup", "-1"), ("--profile-steps", "-1"))],
     (("profile", "bench", "--config", "tiny", "--set", "model.dim=64"), "--set"),
+    *[(("tune", "step", "--config", "tiny", "--out", "{outdir}", *extra), text) for extra, text in (
+        (("--levers", "compile,nope"), "unknown lever nope"), (("--budget-min", "0"), "--budget-min"),
+        (("--blocks", "1"), "--blocks"), (("--cache", "/nonexistent/c.json"), "--cache"),
+        (("model.n_layers=1000000000000",), "model.n_layers"), (("train.global_batch=3",), "train.global_batch"))],
     *[((*GATE, "--alpha", v), "alpha") for v in ("0", "0.7", "-1", "nan", "abc")],
     *[((*GATE, "--max-regression", v), "max regression|percentage") for v in ("abc", "150%", "-3%")],
     ((*GATE, "--metric", "nope"), "nope"),
