@@ -24,6 +24,19 @@ def text(value: Any) -> str:
     return str(value)
 
 
+RECOMPILES = 64  # compiled code kept per function: micro-batch shapes x recompute modes x FP8 plans
+
+
+def _allow_recompiles() -> None:
+    """One session compiles each block (or pointwise op) once per setting it runs: a shape per
+    micro-batch, a graph per recompute mode and FP8 plan; past Dynamo's default limit of 8 it
+    would fall back to eager and time that as the compiled side."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILES)
+
+
 class StepSession:
     """``switch(setting)`` then ``step()`` (one optimizer step's seconds). ``rebuilds`` counts
     the settings that needed a new trainer."""
@@ -33,6 +46,7 @@ class StepSession:
         from primus_perf.trainer.loop import Trainer
 
         self._load, self._make = load_config, Trainer
+        _allow_recompiles()
         self.config, self.base = config, list(base)
         self.setting = setting
         self.trainer: Any = Trainer(self.cfg_of(setting))
