@@ -34,7 +34,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.*
 
-from benchmarks.analyzer.advice_check import CompileSwitch
 from primus_perf.devices import current_device, library_versions
 from primus_perf.files import write_json
 from primus_perf.kernels.fp8.plan import library_versions as fp8_versions
@@ -63,13 +62,12 @@ def throughput(preset: str, overrides: list[str], plan: dict[str, str], *, compi
                block_steps: int, say: Any) -> dict[str, Any]:
     """Tokens/s of the three sides, one trainer switched in place, interleaved blocks."""
     trainer = Trainer(load_config(preset, [*overrides, "train.compile=false", "train.fp8=off"]))
-    switch = CompileSwitch(trainer.model) if compile else None
     times: dict[str, list[float]] = {s: [] for s in SIDES}
 
     def use(side: str) -> None:
         compiled = side.endswith("compile")
-        if switch is not None:
-            switch.set(compiled)
+        if compile:  # the model's pointwise scope, its compiled callables kept between switches
+            trainer.model.set_compile("pointwise" if compiled else "off")
         trainer.set_fp8(plan if side.startswith("fp8") else {}, compile=compiled and compile)
 
     try:

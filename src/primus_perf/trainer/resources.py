@@ -145,6 +145,10 @@ def _cgroup_limit() -> int | None:
     return None
 
 
+def _micro_batch_1(cfg: TrainerConfig) -> TrainerConfig:
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch=1))
+
+
 def check_fits(cfg: TrainerConfig, device_type: str, index: int = 0) -> None:
     """ConfigError naming the key when the config cannot run on this device."""
     t = cfg.train
@@ -156,8 +160,12 @@ def check_fits(cfg: TrainerConfig, device_type: str, index: int = 0) -> None:
     have, where = device_memory(device_type, index)
     if need.total > have:
         key, remedy = need.largest_key, need.remedy
-        one = estimate_memory(dataclasses.replace(cfg, train=dataclasses.replace(t, micro_batch=1)), device_type)
+        one = estimate_memory(_micro_batch_1(cfg), device_type)
         if one.total > have:  # no micro-batch fits: the model (or its sequence) is what to change
             key, remedy = one.model_key, "it does not fit at micro-batch 1 either: shard it or make it smaller"
+            one_cfg = _micro_batch_1(cfg)
+            layer = dataclasses.replace(one_cfg, model=dataclasses.replace(one_cfg.model, n_layers=1))
+            if cfg.model.n_layers > 1 and estimate_memory(layer, device_type).total <= have:
+                key = "model.n_layers"  # one layer would fit: the depth is what does not
         raise ConfigError(f"config key {key!r}: the config needs {need.line()}, more than {where}"
                           f" ({have / 2**30:,.1f} GiB); {remedy}")
