@@ -241,7 +241,7 @@ def test_fp8_estimate_counts_the_casts_and_needs_compile(tmp_path: Path) -> None
     assert per_param == 2 * 4096 * 4096 and per_token == 2 * (8192 * 4096 + 8192 * 4096)
     cast_ms = (per_param + per_token) * CAST_BYTES / (3.35e12 * 0.88) * 1e3
     assert fp8["estimated_saving_ms"] == pytest.approx(4.0 * (1 - 1 / FP8_GEMM_SPEEDUP) - cast_ms)
-    assert fp8["action"].startswith("set train.compile=true train.fp8=tensorwise") and "0.82-0.95x" in fp8["action"]
+    assert fp8["action"].startswith("set train.compile=pointwise train.fp8=tensorwise") and "0.82-0.95x" in fp8["action"]
     assert "torch.compile off" in fp8["condition"] and "per parameter" in fp8["evidence"]
 
 
@@ -258,13 +258,15 @@ def test_the_step_tuners_measurements_are_shown_beside_the_estimates(tmp_path: P
     config = {"model": {"name": "llama3-8b"}, "train": {"compile": False, "micro_batch": 2}, "parallel": {"tp": 1}}
     (run / "manifest.json").write_text(json.dumps({"traces": {"0": "rank0.json.gz"}, "config": config}))
     (run / "step_plan.json").write_text(json.dumps({"schema": "primus-perf-step-plan/1", "measured": [
-        {"lever": "train.compile", "value": True, "estimate_ms": 1.4, "measured_ms": 1.1, "kept": True},
+        {"lever": "train.compile", "value": "block", "estimate_ms": 1.4, "measured_ms": 1.1, "kept": True},
+        {"lever": "train.compile", "value": "pointwise", "measured_ms": 0.5, "kept": True},
         {"lever": "train.fp8", "value": "tensorwise", "measured_ms": -31.0, "kept": False}, {"lever": 3}]}))
     a = analyze([run])
     r = a.recommendations.set_index("category")
-    assert r.loc["fusion", "lever"] == "train.compile=true" and r.loc["fusion", "measured_saving_ms"] == 1.1
-    # FP8 is advised with compile (train.fp8=tensorwise train.compile=true): not what the tuner measured alone
-    assert r.loc["fp8", "lever"] == "train.fp8=tensorwise train.compile=true" and r.loc["fp8", "measured_saving_ms"] != \
+    # the advice is the scope the estimate counts (block), matched to that scope's measurement only
+    assert r.loc["fusion", "lever"] == "train.compile=block" and r.loc["fusion", "measured_saving_ms"] == 1.1
+    # FP8 is advised with compile (train.fp8=tensorwise train.compile=pointwise): not what the tuner measured alone
+    assert r.loc["fp8", "lever"] == "train.fp8=tensorwise train.compile=pointwise" and r.loc["fp8", "measured_saving_ms"] != \
         r.loc["fp8", "measured_saving_ms"]
     assert a.to_json()["recommendations"][0]["measured_saving_ms"] == 1.1
     out = CliRunner().invoke(app, ["analyze", str(run)], env={"COLUMNS": "200"})
