@@ -80,7 +80,9 @@ def run_case(name: str, case: dict[str, Any], workdir: Path, budget_min: float) 
     with open(log, "w") as f:
         proc = subprocess.run(_command(case, folder, budget_min), stdout=f, stderr=subprocess.STDOUT, env=env)
     row: dict[str, Any] = {"case": name, "gpus": case["gpus"], "config": case["config"],
-                           "overrides": case["overrides"], "exit_code": proc.returncode}
+                           "overrides": case["overrides"], "budget_min": budget_min,
+                           "tune_args": [*case.get("args", []), *(["--levers", case["levers"]] if "levers" in case else [])],
+                           "exit_code": proc.returncode}
     doc_path = folder / "step_plan.json"
     if proc.returncode != 0 or not doc_path.is_file():
         row["error"] = log.read_text()[-2000:]
@@ -111,10 +113,14 @@ def main() -> None:
     ap.add_argument("--budget-min", type=float, default=20.0)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/step_tuner"))
     ap.add_argument("--smoke", action="store_true", help="the tiny preset on the CPU, two levers")
+    ap.add_argument("--levers", help="search only these levers (comma-separated), every case")
+    ap.add_argument("--tune-args", default="", help="more primus-tune step options, every case ('--blocks 2')")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     cases = SMOKE if args.smoke else {n: CASES[n] for n in args.cases}
     for name, case in cases.items():
+        case = {**case, "args": [*case.get("args", []), *args.tune_args.split()],
+                **({"levers": args.levers} if args.levers else {})}
         row = run_case(name, case, args.workdir, args.budget_min)
         _merge(args.out, row, args.smoke)
         brief = {k: row.get(k) for k in ("speedup", "default_tokens_s", "tuned_tokens_s", "search_min", "plan")}
