@@ -255,3 +255,30 @@ def test_analyze_jobs_option_runs_ranks_in_processes_with_the_same_result(tmp_pa
     assert results["1"]["ranks"] == results["2"]["ranks"] == [0, 1]
     assert results["1"]["totals"] == results["2"]["totals"] and results["1"]["breakdown"] == results["2"]["breakdown"]
     assert CliRunner().invoke(app, ["analyze", str(H100_CUDNN), "-j", "0"]).exit_code == 2
+
+
+def test_attention_on_the_math_path_is_one_attention_problem_not_its_bmms(tmp_path: Path) -> None:
+    """SDPA's math path runs bmm, softmax, bmm inside the attention op: those bmms are part of
+    its call (as a grouped GEMM's per-group GEMMs are of its), so the forward is one attention
+    problem with the causal FLOPs and no batched 64x64x32 GEMM of its own."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 64, 32, requires_grad=True)
+    w = torch.randn(32, 32, requires_grad=True)
+
+    def step() -> None:
+        with sdpa_kernel(SDPBackend.MATH):
+            o = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        (o @ w).sum().backward()
+
+    profile_steps(step, tmp_path, Schedule(active=2, warmup=1, wait=0, baseline=0, after=0))
+    tables = analyze([tmp_path]).problem_tables()
+    attn = tables["attention"]
+    assert list(attn["key"]) == ["attn|b2|hq4|hkv4|sq64|skv64|d32|f32|causal|bshd"], attn["key"].tolist()
+    assert attn.loc[0, "direction"] == "fwd" and attn.loc[0, "flops"] == pytest.approx(4 * 2 * 4 * 64 * 64 * 32 / 2,
+                                                                                          rel=0.05)
+    gemm = tables["gemm"]
+    # the forward's bmms are attention's; the backward's (autograd's own ops) stay GEMMs
+    assert not ((gemm["direction"] == "fwd") & gemm["key"].str.contains(r"\|b8\|")).any(), gemm["key"].tolist()
+    assert ((gemm["direction"] == "fwd") & gemm["key"].str.contains(r"\|b1\|")).any()  # o @ w

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from primus_perf.tracelens import load as L
-from primus_perf.tracelens.perf_models import MODELS, annotation_model
+from primus_perf.tracelens.perf_models import ATTENTION_MODELS, MODELS, annotation_model
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GRAPH_LAUNCH = re.compile(r"GraphLaunch")  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
@@ -112,6 +112,9 @@ def by_step(step: np.ndarray) -> dict[int, np.ndarray]:
 
 
 GROUPED_OPS = ("aten::_grouped_mm", "aten::_scaled_grouped_mm")  # ops whose inner GEMMs are theirs
+# ops whose modeled ops inside are part of their call: a grouped GEMM's per-group fallback GEMMs,
+# an attention op's math-path bmms (an attention op inside one, its dispatch, is still its own)
+OWNS_INSIDE = frozenset(GROUPED_OPS) | frozenset(ATTENTION_MODELS)
 OP_TREE_BLOCK = 1 << 20  # host events converted to Python values at a time (bounded memory)
 
 
@@ -126,7 +129,8 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     names = rt.names
     modeled_name = np.array([nm in MODELS for nm in names] + [False], dtype=bool)
     owner_name = np.array([annotation_model(nm) is not None for nm in names] + [False], dtype=bool)
-    grouped_name = np.array([nm in GROUPED_OPS for nm in names] + [False], dtype=bool)
+    owns_name = np.array([nm in OWNS_INSIDE for nm in names] + [False], dtype=bool)
+    attention_name = np.array([nm in ATTENTION_MODELS for nm in names] + [False], dtype=bool)
     is_opt_name = np.array([nm.startswith(OPTIMIZER_PREFIX) for nm in names] + [False], dtype=bool)
     is_bwd_name = np.array([nm.startswith(BACKWARD_PREFIX) for nm in names] + [False], dtype=bool)
 
@@ -143,6 +147,7 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
         blk = order[b0:b0 + OP_TREE_BLOCK]
         name_of = rt.name[blk]
         modeled = (modeled_name[name_of] & (rt.shape[blk] >= 0)).tolist()
+        attention = attention_name[name_of].tolist()
         owner = owner_name[name_of].tolist()
         opt_flag = is_opt_name[name_of].tolist()
         bwd_flag = is_bwd_name[name_of].tolist()
@@ -168,8 +173,10 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             if not op_like[j]:
                 continue
             r = rows[j]
-            # a GEMM inside a grouped GEMM op (torch's per-group fallback) is part of its call
-            if not owned and (owner[j] or (modeled[j] and not (pm >= 0 and grouped_name[rt.name[pm]]))):
+            # a GEMM inside a grouped GEMM op (torch's per-group fallback) or an attention op (the
+            # math path) is part of its call; an attention op inside an attention op takes over
+            inside = pm >= 0 and owns_name[rt.name[pm]] and not (attention[j] and attention_name[rt.name[pm]])
+            if not owned and (owner[j] or (modeled[j] and not inside)):
                 mr = r
                 owned = owner[j]
                 if pm >= 0:

@@ -538,16 +538,8 @@ def _attn(q_at: int, causal_at: int | None, layout: str, direction: str) -> Call
 
 # Op name -> model. Argument positions follow torch's native_functions.yaml signatures
 # (checked against H100 traces of torch 2.11: is_causal's position in Concrete Inputs).
-MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
-    "aten::mm": model_mm,
-    "primus_perf::gemm": model_mm,  # a tuned GEMM routed by kernels/gemm.py
-    "aten::addmm": model_addmm,
-    "aten::_addmm_activation": model_addmm,
-    "aten::bmm": model_bmm,
-    "aten::baddbmm": lambda s: model_bmm(s, first=1),
-    "aten::matmul": model_matmul,
-    "aten::linear": model_linear,
-    "aten::_scaled_mm": model_scaled_mm,
+# attention ops: what runs inside one (the math path's bmm and softmax) is part of its call
+ATTENTION_MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "aten::scaled_dot_product_attention": _attn(0, 5, "bhsd", "fwd"),
     "aten::_scaled_dot_product_flash_attention": _attn(0, 4, "bhsd", "fwd"),
     "aten::_scaled_dot_product_flash_attention_for_cpu": _attn(0, 4, "bhsd", "fwd"),
@@ -561,6 +553,19 @@ MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "flash_attn::_flash_attn_backward": _attn(1, 11, "bshd", "bwd"),
     "aiter::mha_fwd": _attn(0, 5, "bshd", "fwd"),
     "aiter::mha_bwd": _attn(1, 8, "bshd", "bwd"),
+}
+
+MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
+    "aten::mm": model_mm,
+    "primus_perf::gemm": model_mm,  # a tuned GEMM routed by kernels/gemm.py
+    "aten::addmm": model_addmm,
+    "aten::_addmm_activation": model_addmm,
+    "aten::bmm": model_bmm,
+    "aten::baddbmm": lambda s: model_bmm(s, first=1),
+    "aten::matmul": model_matmul,
+    "aten::linear": model_linear,
+    "aten::_scaled_mm": model_scaled_mm,
+    **ATTENTION_MODELS,
     "aten::_grouped_mm": model_grouped_mm,
     "aten::_scaled_grouped_mm": model_grouped_mm,
     "_C::cutlass_scaled_mm": lambda s: model_scaled_mm(s, first=1),
