@@ -259,7 +259,11 @@ def test_the_step_tuners_measurements_are_shown_beside_the_estimates(tmp_path: P
     (run / "manifest.json").write_text(json.dumps({"traces": {"0": "rank0.json.gz"}, "config": config}))
     (run / "step_plan.json").write_text(json.dumps({"schema": "primus-perf-step-plan/1", "measured": [
         {"lever": "train.compile", "value": "block", "estimate_ms": 1.4, "measured_ms": 1.1, "kept": True},
+        {"lever": "train.compile", "value": "block", "against": "train.micro_batch=4", "measured_ms": 9.0},
         {"lever": "train.compile", "value": "pointwise", "measured_ms": 0.5, "kept": True},
+        # measured alone against another incumbent: not the FP8 advice's compile + FP8
+        {"lever": "train.compile", "value": "pointwise", "changes": {"train.compile": "pointwise"},
+         "against": "train.compile=block", "measured_ms": -24.0},
         {"lever": "train.fp8", "value": "tensorwise", "measured_ms": -31.0, "kept": False}, {"lever": 3}]}))
     a = analyze([run])
     r = a.recommendations.set_index("category")

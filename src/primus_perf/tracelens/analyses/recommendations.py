@@ -530,32 +530,40 @@ def _fp8(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict[st
                  "fused by torch.compile", command="primus-tune loop --fp8", numerics=True)]
 
 
+def _parts(text: str) -> frozenset[str]:
+    return frozenset(text.lower().split())
+
+
 def measured_rows(manifest: dict[str, Any], measured: list[Any]) -> list[dict[str, Any]]:
     """The step tuner's measurements of a run (``measured``: rows read beside the trace,
-    :func:`..inputs.read_measured`), each with a lever and a measured saving in ms per step."""
+    :func:`..inputs.read_measured`), each with its lever (every ``key=value`` the candidate
+    changed, a companion included), the setting it was measured against and the measured
+    saving in ms per step."""
     rows = list(measured) + (list(manifest.get(MEASURED)) if isinstance(manifest.get(MEASURED), list) else [])
     out = []
     for r in rows:
         if isinstance(r, dict) and isinstance(r.get("lever"), str) and isinstance(r.get("measured_ms"), (int, float)):
-            v = r.get("value")
-            out.append({"lever": r["lever"] if v is None else f"{r['lever']}={v}".lower(),
+            changes, v = r.get("changes"), r.get("value")
+            if isinstance(changes, dict) and changes:
+                lever = " ".join(f"{k}={val}" for k, val in changes.items()).lower()
+            else:
+                lever = r["lever"] if v is None else f"{r['lever']}={v}".lower()
+            out.append({"lever": lever, "against": str(r.get("against") or "the default"),
                         "measured_ms": float(r["measured_ms"])})
     return out
 
 
 def _with_measured(df: pd.DataFrame, rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """``measured_saving_ms`` of each recommendation whose lever the step tuner measured: the
-    whole lever (``train.compile=block``), else its one measured setting."""
+    """``measured_saving_ms`` of each recommendation whose lever the step tuner measured as it
+    stands (the same ``key=value`` settings, none missing, none more: FP8 with compile is not
+    compile measured alone), against the default where it was (the setting the trace ran),
+    else against the first incumbent it was measured on."""
     if not rows or df.empty:
         return df
-    by = {r["lever"]: r["measured_ms"] for r in rows}
-
-    def measured(lever: str) -> float:
-        whole = lever.lower()
-        hits = [by[p] for p in whole.split() if p in by]
-        return by.get(whole, hits[0] if len(hits) == 1 else np.nan)
-
-    return df.assign(measured_saving_ms=[measured(str(v)) for v in df["lever"]])
+    by: dict[frozenset[str], float] = {}
+    for r in sorted(rows, key=lambda r: r["against"] != "the default"):
+        by.setdefault(_parts(r["lever"]), r["measured_ms"])
+    return df.assign(measured_saving_ms=[by.get(_parts(str(v)), np.nan) for v in df["lever"]])
 
 
 def recommend(a: Analysis) -> pd.DataFrame:
