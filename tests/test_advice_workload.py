@@ -211,6 +211,57 @@ def test_per_parameter_work_stays_at_a_larger_micro_batch(tmp_path: Path) -> Non
     assert (rp["double_gpu_s"] - rp["replay_s"]).to_numpy() == pytest.approx([1000e-6] * 2, abs=1e-9)
 
 
+COPY = ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+        "::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}>(int)")
+ADD_F32 = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
+WEIGHT = [4096, 4096]
+
+
+def _accumulating(path: Path, global_batch: int, micro_batch: int) -> Path:
+    """One step of 4 micro-batches: per micro-batch a linear (autocast's weight cast, then the
+    GEMM), a per-token mul and the gradient's accumulation into the fp32 grad; then fused
+    AdamW over the two parameters. The cast (200 us) and the accumulation (100 us) are on
+    the weight's shape; the mul (50 us) on the tokens'."""
+    path.mkdir()
+    tr = Trace().add(_step(0, 20000))
+    for i in range(4):
+        h, g = 10 + 400 * i, 100 + 3000 * i
+        tr.add(_op("aten::linear", h, 60, [[1, 8192, 4096], WEIGHT], [BF16, "float"]))
+        tr.call("aten::copy_", h + 2, g, 200, COPY, dims=[WEIGHT, WEIGHT])
+        tr.call("aten::mm", h + 20, g + 210, 1500, GEMM, dims=BIG)
+        tr.call("aten::mul", h + 80, g + 1720, 50, MUL, dims=[[8192, 4096], [8192, 4096]])
+        tr.add(_x("cpu_op", "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", h + 200, 40))
+        tr.call("aten::add_", h + 210, g + 1800, 100, ADD_F32, dims=[WEIGHT, WEIGHT])
+    tr.add(_x("user_annotation", "Optimizer.step#AdamW.step", 1800, 40))
+    tr.call("aten::_fused_adamw_", 1805, 13000, 300, FUSED_ADAM, dims=[[WEIGHT, [4096]], [WEIGHT, [4096]]])
+    tr.write(path / "rank0.json.gz")
+    config = {"model": {"name": "llama3-8b"}, "train": {"compile": "block", "micro_batch": micro_batch,
+                                                         "global_batch": global_batch}, "parallel": {"tp": 1}}
+    (path / "manifest.json").write_text(json.dumps({"traces": {"0": "rank0.json.gz"}, "config": config}))
+    return path
+
+
+def test_a_run_that_accumulates_gradients_is_advised_a_larger_micro_batch(tmp_path: Path) -> None:
+    a = analyze([_accumulating(tmp_path / "acc", global_batch=8, micro_batch=2)])
+    k = a.kernels
+    # the cast under the linear is elementwise, not the GEMM's; on the weight's shape, as the accumulation
+    assert set(k.loc[k["name"] == COPY, "category"].astype(str)) == {"elementwise"}
+    assert k.loc[k["name"].isin([COPY, ADD_F32]), "param_shaped"].all()
+    assert not k.loc[k["name"].isin([MUL, GEMM, FUSED_ADAM]), "param_shaped"].any()
+    assert a.gemm_problems["time_s"].sum() == pytest.approx(4 * 1500e-6)  # the cast is not GEMM time
+    acc = a.recommendations.set_index("category").loc["accumulation"]
+    assert acc["lever"] == "train.micro_batch=4" and acc["action"].startswith("set train.micro_batch=4 (now 2; 2 ")
+    assert acc["estimated_saving_ms"] == pytest.approx(4 * (0.2 + 0.1) / 2)
+    assert "4 micro-batches a step (global batch 8 = micro-batch 2 x 4)" in acc["evidence"]
+
+
+@pytest.mark.parametrize("global_batch, micro_batch", [(2, 2), (6, 2)], ids=["no accumulation", "4 does not divide 6"])
+def test_no_micro_batch_advice_where_nothing_accumulates_or_twice_does_not_divide(
+        tmp_path: Path, global_batch: int, micro_batch: int) -> None:
+    a = analyze([_accumulating(tmp_path / "acc", global_batch, micro_batch)])
+    assert "accumulation" not in _cats(a)
+
+
 # --------------------------------------------------------------------------- costs
 
 def test_gemms_beside_nccl_kernels_are_left_out_of_tuning(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ event gets the first category that matches
    ``c10d::``/``nccl:`` ops),
 3. the op it is attributed to (a GEMM, convolution or attention op with a perf model) and
    then the op that launched it (the leaf op: ``aten::native_layer_norm``, ``aten::add``,
-   ``vllm::unified_attention``, ``aiter::mha_fwd``, ...),
+   ``vllm::unified_attention``, ``aiter::mha_fwd``, ...); an elementwise kernel of an
+   elementwise op inside a GEMM op (autocast's weight cast under ``aten::linear``) is
+   elementwise, not the GEMM's,
 4. an optimizer step around it (``Optimizer.step#...`` annotations, fused ops; ``_foreach_``
    ops in a training trace: in an inference trace they are sampling or other list work),
 5. the kernel name by what it computes (traces without CPU events or with unknown ops:
@@ -205,6 +207,9 @@ def classify(kind: str, kernel_name: str, model_op: str | None, leaf_op: str | N
     for op in (model_op, leaf_op):
         if op:
             cat = op_category(op)
+            if cat == GEMM and leaf_op and leaf_op != op and op_category(leaf_op) == ELEMENTWISE \
+                    and kernel_category(kernel_name) == ELEMENTWISE:
+                return ELEMENTWISE  # a cast or a copy inside a GEMM op (autocast's weight cast): not the GEMM
             if cat == COMMUNICATION or cat in MODELED:
                 return cat
     if in_optimizer or (training and leaf_op and leaf_op.startswith(FOREACH)):

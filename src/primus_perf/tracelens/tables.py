@@ -5,7 +5,10 @@
   to: the nearest op with a perf model, else the op that launched it, else the kernel
   name), shape (that op's input shapes), leaf_op, fwd_op (backward events), and ``call``:
   the trace row of the op call it is attributed to (-1: none), which makes "calls" op
-  calls everywhere.
+  calls everywhere; ``param_shaped``: outside the optimizer step, launched by an op whose
+  first input has the shape of a parameter (the shapes the optimizer step's ops take, of at
+  least :data:`MIN_PARAM_ELEMENTS` elements): work done per parameter (a weight's cast,
+  a gradient's accumulation), not per token.
 - ``calls``: every call of a modeled op (:mod:`.perf_models`: GEMM, grouped GEMM,
   convolution, attention) that has no modeled op inside it (a grouped GEMM call owns the
   ops inside it: :mod:`.link`), in a step (or all calls when the trace has no step
@@ -18,8 +21,11 @@
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -149,9 +155,12 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
     modeled = modeled[~lk.shadowed[modeled]]
     if lk.steps:
         modeled = modeled[lk.op_step[modeled] >= 0]
-    gpu_time = kernels[kernels["call"] >= 0].groupby("call")["dur_us"].sum()
+    called = kernels[kernels["call"] >= 0]
+    gpu_time = called.groupby("call")["dur_us"].sum()
+    # a modeled call's time: its kernels, less the casts inside it (autocast's weight cast under a linear)
+    own_time = called[called["category"] != ELEMENTWISE].groupby("call")["dur_us"].sum()
     cpu_only = len(kernels) == 0
-    times = rt.dur[modeled] if cpu_only else gpu_time.reindex(modeled, fill_value=0.0).to_numpy(dtype=np.float64)
+    times = rt.dur[modeled] if cpu_only else own_time.reindex(modeled, fill_value=0.0).to_numpy(dtype=np.float64)
     models: dict[tuple[int, int, bool], tuple[OpModel | None, str]] = {}
     rows = []
     for r, name, shape, bwd, t in zip(modeled.tolist(), rt.name[modeled].tolist(), rt.shape[modeled].tolist(),
@@ -212,8 +221,49 @@ def _memory_calls(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int, 
     })
 
 
+MIN_PARAM_ELEMENTS = 1 << 16  # smaller parameters (norm weights, biases) share shapes with per-token tensors
+
+
+def _tensor_dims(d: Any) -> Iterator[tuple[int, ...]]:
+    """The tensor shapes in one recorded input: a tensor's dims, or a tensor list's."""
+    if isinstance(d, list) and d and all(type(x) is int for x in d):
+        yield tuple(d)
+    elif isinstance(d, list):
+        for x in d:
+            if isinstance(x, list):
+                yield from _tensor_dims(x)
+
+
+def _first_input(rt: L.RawTrace, code: int) -> tuple[int, ...] | None:
+    args = rt.shape_args(code)
+    first = args.dims[0] if args is not None and args.dims else None
+    return tuple(first) if isinstance(first, list) and first and all(type(x) is int for x in first) else None
+
+
+def param_shaped(rt: L.RawTrace, lk: Linked) -> np.ndarray:
+    """Per GPU event: launched outside the optimizer step by an op whose first input has a
+    parameter's shape (see the module docstring)."""
+    leaf = lk.leaf_op
+    out = np.zeros(len(leaf), dtype=bool)
+    opt = np.unique(leaf[lk.in_optimizer & (leaf >= 0)])
+    params: set[tuple[int, ...]] = set()
+    for code in np.unique(rt.shape[opt]).tolist():
+        args = rt.shape_args(int(code))
+        if args is not None and args.dims:
+            params.update(t for t in _tensor_dims(args.dims[0]) if math.prod(t) >= MIN_PARAM_ELEMENTS)
+    if not params:
+        return out
+    rows = np.flatnonzero(~lk.in_optimizer & (leaf >= 0))
+    codes = rt.shape[leaf[rows]]
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    hit = np.array([c >= 0 and _first_input(rt, int(c)) in params for c in uniq.tolist()], dtype=bool)
+    out[rows] = hit[inverse.ravel()]
+    return out
+
+
 def trace_tables(rt: L.RawTrace, lk: Linked, rank: int) -> TraceTables:
     kernels = kernel_table(rt, lk, rank)
+    kernels["param_shaped"] = param_shaped(rt, lk)
     return TraceTables(
         kernels=kernels,
         calls=call_table(rt, lk, kernels, rank),

@@ -298,6 +298,43 @@ def _accumulates(cfg: dict[str, Any], w: dict[str, Any]) -> bool:
     return isinstance(gb, int) and isinstance(mb, int) and gb > mb * int(w.get("data_parallel") or 1)
 
 
+def _accumulation(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A larger micro-batch at the same global batch where the run accumulates gradients:
+    the per-parameter work outside the optimizer (the weights' casts, the gradients'
+    accumulation) runs once per micro-batch, so half the micro-batches do half of it."""
+    if cfg is None or w.get("mode") != "training" or not _accumulates(cfg, w):
+        return []
+    t = cfg["train"]
+    gb, mb, dp = int(t["global_batch"]), int(t["micro_batch"]), int(w.get("data_parallel") or 1)
+    if gb % (2 * mb * dp):
+        return []  # a doubled micro-batch does not divide the global batch
+    k = in_steps(a.kernels)
+    if "param_shaped" not in k.columns:
+        return []
+    k = k[k["param_shaped"].to_numpy(dtype=bool) & k["category"].isin(MEMORY_BOUND).to_numpy()]
+    per_step_ms = float(k["dur_us"].sum()) / 1e3 / a.rank_steps
+    saving = per_step_ms / 2
+    if saving < MIN_SAVING_MS:
+        return []
+    micro = gb // (mb * dp)
+    by_op = k.groupby("leaf_op", observed=True)["dur_us"].sum().sort_values(ascending=False) / 1e3 / a.rank_steps
+    top = ", ".join(f"{str(op).removeprefix('aten::')} {ms:.1f} ms" for op, ms in by_op.head(3).items())
+    evidence = (f"{micro} micro-batches a step (global batch {gb} = micro-batch {mb} x {micro}"
+                + (f" x {dp} data-parallel ranks" if dp > 1 else "") + f"); kernels of ops on a parameter's shape "
+                f"outside the optimizer take {per_step_ms:.1f} ms per step ({top}): the weights' casts and the "
+                "gradients' accumulation, once per micro-batch")
+    condition = (f"{_mode(w)} that accumulates gradients over {micro} micro-batches (the global batch, the "
+                 "optimizer's, stays the same)")
+    action = (f"set train.micro_batch={2 * mb} (now {mb}; {micro // 2} micro-batches of the same global batch): the "
+              "per-parameter work per step halves; each doubling that fits in memory halves what is left "
+              "(primus-tune step measures which fits)")
+    method = ("per step: the time of the memory-bound kernels, outside the optimizer step, of ops whose first "
+              "input has a parameter's shape (the shapes the optimizer step's ops take, of at least "
+              "65,536 elements), halved: that work runs once per micro-batch; the per-token work is assumed to "
+              "take as long in half as many micro-batches of twice the size")
+    return [_row("accumulation", f"train.micro_batch={2 * mb}", evidence, condition, action, saving, method)]
+
+
 def _host_launch(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
     rp = _replayed(a)
     if rp.empty:
@@ -572,7 +609,7 @@ def recommend(a: Analysis) -> pd.DataFrame:
     cfg = trainer_config(a.manifest)
     w = a.workload
     rows = [*_fusion(a, w, peaks, cfg), *_optimizer(a, w, cfg), *_data_loading(a, w), *_host_syncs(a),
-            *_host_launch(a, w, cfg), *_communication(a, w, cfg), *_tuning(a, peaks), *_fp8(a, w, peaks, cfg)]
+            *_host_launch(a, w, cfg), *_accumulation(a, w, cfg), *_communication(a, w, cfg), *_tuning(a, peaks), *_fp8(a, w, peaks, cfg)]
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     df = pd.DataFrame(rows, columns=COLUMNS)
