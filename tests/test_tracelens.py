@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 from pathlib import Path
 
@@ -282,3 +283,12 @@ def test_attention_on_the_math_path_is_one_attention_problem_not_its_bmms(tmp_pa
     # the forward's bmms are attention's; the backward's (autograd's own ops) stay GEMMs
     assert not ((gemm["direction"] == "fwd") & gemm["key"].str.contains(r"\|b8\|")).any(), gemm["key"].tolist()
     assert ((gemm["direction"] == "fwd") & gemm["key"].str.contains(r"\|b1\|")).any()  # o @ w
+
+
+def test_cpus_busy_are_the_tasks_running_now_where_the_load_average_still_counts_ended_work() -> None:
+    from primus_perf.tracelens.analyze import busy_cpus, idle_cpus
+
+    assert busy_cpus(1.8, "1.80 1.10 0.90 1/80 4242") == 0  # only this process runs: the load is past work
+    assert busy_cpus(0.4, "0.40 0.30 0.20 3/80 4242") == 0.4  # two more run now, briefly: the average
+    assert busy_cpus(1.5, None) == busy_cpus(1.5, "garbage") == 1.5  # no /proc: the load average
+    assert 1 <= idle_cpus() <= (os.cpu_count() or 1)

@@ -426,9 +426,25 @@ def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None
 
 
 def idle_cpus() -> int:
-    """CPUs no other work is using now (by the load average), at least 1: the processes
-    that decode one big trace (more than that only compete for a CPU)."""
-    return max(1, (os.cpu_count() or 1) - int(os.getloadavg()[0] + 0.5))
+    """CPUs no other work is using now, at least 1: the processes that decode one big trace
+    (more than that only compete for a CPU)."""
+    try:
+        with open("/proc/loadavg") as f:
+            text: str | None = f.read()
+    except OSError:
+        text = None
+    return max(1, (os.cpu_count() or 1) - int(busy_cpus(os.getloadavg()[0], text) + 0.5))
+
+
+def busy_cpus(load_1min: float, proc_loadavg: str | None) -> float:
+    """CPUs other work uses: the lesser of the 1-minute load average and the tasks running
+    now besides this one (Linux's ``/proc/loadavg``, its fourth field ``running/total``), so
+    that work which has just ended does not count for a minute."""
+    try:
+        running = int(str(proc_loadavg).split()[3].split("/")[0]) - 1
+    except (ValueError, IndexError):
+        return load_1min
+    return min(load_1min, max(0, running))
 
 
 def default_jobs(n_traces: int) -> int:

@@ -639,7 +639,26 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, workers: int = 1) -> 
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             error = exc
         raise _events_error(p, error or ValueError("malformed"))
-    return builder.finish(reader.header(), p)
+    rt = builder.finish(reader.header(), p)
+    del builder
+    if len(rt) >= TRIM_EVENTS:
+        trim_heap()
+    return rt
+
+
+TRIM_EVENTS = 1_000_000  # events from which the decoding's freed heap is handed back
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere
+    nothing): decoding leaves hundreds of MB freed but held, which the analysis after it
+    would otherwise add to (a 1.06 GB trace: 0.65 -> 0.54 GB peak RSS)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _pieces(reader: _Reader, workers: int) -> Iterator[tuple[bytes | memoryview, bytes, Future | None]]:
