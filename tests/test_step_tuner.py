@@ -152,6 +152,74 @@ def test_a_candidate_the_trainer_cannot_run_is_recorded_and_the_search_goes_on()
     assert statuses["block"] == CANNOT_RUN and statuses["pointwise"] == "kept"
 
 
+class ModelLane:
+    """A lane (``tuner.step.lanes.Lane``'s calls) whose GPU is a :class:`ModelStep` of its own;
+    ``broken``: its process died (a traceback instead of times)."""
+
+    def __init__(self, name: str, broken: bool = False) -> None:
+        self.name, self.broken, self.closed = name, broken, False
+        self.session = ModelStep(START)
+        self.pending: tuple | None = None
+        self.measured: list[dict[str, str]] = []
+
+    def submit(self, incumbent, candidate, blocks, block_steps, settle) -> None:
+        self.pending = (Setting(dict(incumbent)), Setting(dict(candidate)), blocks, block_steps, settle)
+
+    def result(self, timeout_s=None):
+        from primus_perf.tuner.measure import blocks as measure_blocks
+
+        if self.broken:
+            return "broken", "Traceback (most recent call last):\nRuntimeError: CUDA error: modelled"
+        inc, cand, blocks, block_steps, settle = self.pending
+        self.measured.append(cand.values)
+        try:
+            t = measure_blocks({"incumbent": lambda: self.session.switch(inc),
+                                "candidate": lambda: self.session.switch(cand)},
+                               self.session.step, blocks=blocks, block_steps=block_steps, settle=settle)
+        except OutOfMemory as exc:
+            self.session.recover(inc)
+            return "oom", str(exc)
+        return "ok", (t["incumbent"], t["candidate"])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_lanes_measure_a_levers_values_at_once_and_a_broken_lane_leaves_the_search() -> None:
+    """A lever's values at once: the session's, then a lane's; the first lane breaks on its
+    first candidate (measured again on the session, the lane closed), the other measures on;
+    a lane's out-of-memory is recorded. The plan is the one the session alone finds."""
+    broken, good = ModelLane("GPU 2", broken=True), ModelLane("GPU 1")
+    session = ModelStep(START)
+    said: list[str] = []
+    search = Search(session, [LEVERS[n] for n in ("micro_batch", "compile", "recompute", "fp8", "optimizer")],
+                    WHERE, blocks=2, block_steps=2, fits=_fits, lanes=[broken, good], say=said.append)
+    res = search.run(START)
+    alone, _ = _search()
+    assert res.best.values == alone.best.values
+    assert broken.closed and search.lanes == [good] and any("GPU 2 left the search" in m for m in said)
+    on_lane = [t for t in res.trials if t.measured_on == "GPU 1"]
+    assert on_lane and len(good.measured) == len(on_lane)
+    bf16 = [t for t in res.trials if t.value == "bf16"]
+    assert bf16 and all(t.status == OUT_OF_MEMORY for t in bf16)
+    # the same trials in the same order with the same verdicts, whichever device measured each
+    assert [(t.key, t.value, t.status) for t in res.trials] == [(t.key, t.value, t.status) for t in alone.trials]
+
+
+def test_primus_tune_step_lanes_on_the_cpu_measure_in_a_second_process(tmp_path) -> None:
+    out = tmp_path / "step"
+    r = _cli(["step", "--config", "tiny", "--out", str(out), "--no-profile", "--levers", "micro_batch",
+              "--lanes", "2", "--blocks", "2", "--block-steps", "1", "--final-blocks", "2", "--check-steps", "3",
+              *TINY])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "measuring on 2 devices at once: the session's and lane 1" in r.stdout
+    doc = json.loads((out / "step_plan.json").read_text())
+    by = {m["value"]: m for m in doc["measured"]}
+    assert set(by) >= {"2", "4"} and by["4"]["measured_on"] == "lane 1" and by["2"]["measured_on"] == "", by
+    assert "train.micro_batch=4: " in r.stdout and "(on lane 1)" in r.stdout
+    assert by["4"]["speedup"] and by["4"]["candidate_ms"]
+
+
 def _cli(args: list[str], nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",

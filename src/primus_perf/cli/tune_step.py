@@ -34,6 +34,9 @@ def register(app: typer.Typer) -> None:
                                          help="Pairs of blocks for the plan against the default"),
         check_steps: int = typer.Option(50, "--check-steps", min=2, max=100_000,
                                         help="Steps of the loss guard (the default and the plan from one seed)"),
+        lanes: int = typer.Option(0, "--lanes", min=0, max=1024,
+                                  help="Devices measuring candidates at once for a one-GPU config: 0 every GPU "
+                                       "visible, 1 the session's alone (on a CPU: processes sharing its cores)"),
         profile: bool = typer.Option(True, "--profile/--no-profile",
                                      help="Profile the config first: the analyzer's advice orders the search"),
     ) -> None:
@@ -57,7 +60,7 @@ def register(app: typer.Typer) -> None:
         res = step_tune(config, list(overrides or []), out, profile=profile, say=say, levers=chosen,
                         cache=str(cache.resolve()) if cache else None, budget_min=budget_min, blocks=blocks,
                         block_steps=block_steps, final_blocks=final_blocks, check_steps=check_steps,
-                        overwrite=overwrite)
+                        overwrite=overwrite, lanes=lanes)
         if int(os.environ.get("RANK", "0")) != 0:
             return  # rank 0 speaks for every rank
         for line in res.lines():

@@ -7,7 +7,9 @@ a candidate: the incumbent with that one key changed (with the lever's companion
 value alone does not fit the memory estimate). A candidate runs in blocks of steps interleaved
 with the incumbent (``measure.blocks``: one session, switched in place between blocks), judged
 by the one rule (``decide.judge``, ``STEP_MARGIN`` of the step, at least two pairs of blocks);
-the best kept value of a lever becomes the incumbent's.
+the best kept value of a lever becomes the incumbent's. With lanes (:mod:`.lanes`: a
+single-GPU config on a machine with more GPUs), a lever's values run at the same time, one on
+the session's GPU and one on each lane's, each against the incumbent on its own GPU.
 
 Interaction: the levers interact and flip sign between settings (FP8 pays only compiled; a
 recompute mode pays only where it lets a larger micro-batch fit). After a pass that changed
@@ -31,11 +33,13 @@ from typing import Any
 from primus_perf.errors import ConfigError, OutOfMemory, UserError
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
 from primus_perf.tuner.measure import blocks as measure_blocks
+from primus_perf.tuner.step import lanes as lanes_mod
 from primus_perf.tuner.step.levers import Lever, Setting, Where
 
 Say = Callable[[str], None]
 # what became of a candidate besides the rule's kept / dropped / unconfirmed
 DOES_NOT_FIT, CANNOT_RUN, OUT_OF_MEMORY = "does not fit", "cannot run", "out of memory"
+LANE_TIMEOUT_S = 1800.0  # a lane's trial (blocks of steps, a first compile) answers within this
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class Trial:
     estimate_ms: float | None = None  # the analyzer's, where it advised this value
     reason: str = ""
     seconds: float = 0.0  # wall time the trial took
+    measured_on: str = ""  # the lane that measured it ("": the session's device)
 
     @property
     def kept(self) -> bool:
@@ -84,10 +89,12 @@ class Trial:
         return " ".join(f"{k}={v}" for k, v in self.changes.items())
 
     def line(self) -> str:
+        on = f" (on {self.measured_on})" if self.measured_on else ""
         if self.speedup is None:
-            return f"{self.label()}: {self.status}" + (f" ({self.reason})" if self.reason else "")
+            return f"{self.label()}: {self.status}" + (f" ({self.reason})" if self.reason else "") + on
         return (f"{self.label()}: {self.speedup:.3f}x [{self.low:.3f}-{self.high:.3f}] of {self.against}"
-                f" ({self.measured_ms:+.2f} ms a step saved; needs > {1 + (self.threshold or 0):.3f}x): {self.status}")
+                f" ({self.measured_ms:+.2f} ms a step saved; needs > {1 + (self.threshold or 0):.3f}x): {self.status}"
+                + on)
 
     def row(self) -> dict[str, Any]:
         """A row of step_plan.json's ``measured`` (what the analyzer shows beside its advice)."""
@@ -96,7 +103,7 @@ class Trial:
                 "high": self.high, "threshold": self.threshold, "estimate_ms": self.estimate_ms,
                 "measured_ms": self.measured_ms, "incumbent_ms": [t * 1e3 for t in self.incumbent_s],
                 "candidate_ms": [t * 1e3 for t in self.candidate_s], "reason": self.reason,
-                "seconds": round(self.seconds, 1)}
+                "seconds": round(self.seconds, 1), "measured_on": self.measured_on}
 
 
 @dataclass
@@ -130,8 +137,10 @@ class Search:
     def __init__(self, session: Any, levers: Sequence[Lever], where: Where, *, advice: Sequence[Advice] = (),
                  blocks: int = 2, block_steps: int = 2, settle: int = 1, passes: int = 3,
                  deadline: float = float("inf"), reserve_steps: int = 0, say: Say = lambda _m: None,
-                 agree: Callable[[Any], Any] = lambda x: x, fits: Callable[[Setting], str | None] | None = None) -> None:
+                 agree: Callable[[Any], Any] = lambda x: x, fits: Callable[[Setting], str | None] | None = None,
+                 lanes: Sequence[Any] = ()) -> None:
         self.session, self.where, self.advice = session, where, list(advice)
+        self.lanes = list(lanes)  # other GPUs measuring candidates at the same time (.lanes)
         self.levers = _order(levers, advice)
         self.blocks, self.block_steps, self.settle, self.passes = blocks, block_steps, settle, passes
         self.deadline, self.reserve_steps = deadline, reserve_steps
@@ -163,22 +172,78 @@ class Search:
         reserve = self.reserve_steps * (self.step_s or 0.0)
         return bool(self.agree(time.monotonic() + self._trial_cost_s() + reserve > self.deadline))
 
-    def measure(self, lever: Lever, incumbent: Setting, value: str) -> Trial:
+    def _changes(self, lever: Lever, incumbent: Setting, value: str) -> tuple[dict[str, str], str | None]:
+        """The keys a candidate sets (the lever's, with a companion where the value alone does
+        not fit the memory estimate), and why it does not fit (None: it does)."""
         changes = {lever.key: value}
         why = self.fits(incumbent.with_(changes))
         if why is not None:
             for extra in lever.companions:
                 if all(incumbent.values.get(k) != v for k, v in extra.items()) and self.fits(
                         incumbent.with_({**changes, **extra})) is None:
-                    changes, why = {**changes, **extra}, None
-                    break
+                    return {**changes, **extra}, None
+        return changes, why
+
+    def measure(self, lever: Lever, incumbent: Setting, value: str) -> Trial:
+        changes, why = self._changes(lever, incumbent, value)
         return self.measure_changes(lever.name, lever.key, value, incumbent, changes, why)
+
+    def _trial(self, lever: str, key: str, value: str, incumbent: Setting, changes: dict[str, str]) -> Trial:
+        return Trial(lever, key, value, changes, incumbent.label(self._default.values), DOES_NOT_FIT,
+                     estimate_ms=_estimate(self.advice, key, value))
+
+    def _judge(self, trial: Trial, incumbent_s: list[float], candidate_s: list[float]) -> None:
+        trial.incumbent_s, trial.candidate_s = incumbent_s, candidate_s
+        v = judge(list(zip(trial.incumbent_s, trial.candidate_s)), Rule(margin=STEP_MARGIN, least=2),
+                  choice=trial.label(), baseline=trial.against)
+        trial.status, trial.speedup, trial.low, trial.high, trial.threshold = (
+            v.status, v.speedup, v.low, v.high, v.threshold)
+        self.step_s = statistics.median(trial.incumbent_s)
+
+    def measure_batch(self, lever: Lever, incumbent: Setting, values: Sequence[str]) -> list[Trial]:
+        """``values`` of one lever against ``incumbent``: with lanes, the first that fits on the
+        session and the others each on a lane, at the same time; in ``values``' order."""
+        plans = [(v, *self._changes(lever, incumbent, v)) for v in values]
+        runnable = [(v, ch) for v, ch, why in plans if why is None]
+        sent: dict[str, tuple[Any, dict[str, str], float]] = {}
+        for lane, (v, ch) in zip(list(self.lanes), runnable[1:]):
+            try:
+                lane.submit(incumbent.values, incumbent.with_(ch).values, self.blocks, self.block_steps, self.settle)
+            except OSError:
+                self._drop(lane, "its pipe closed")
+                continue
+            sent[v] = (lane, ch, time.monotonic())
+        trials = {v: self.measure_changes(lever.name, lever.key, v, incumbent, ch, why)
+                  for v, ch, why in plans if v not in sent}
+        for v, (lane, ch, t0) in sent.items():
+            # past the budget by 5 minutes, a lane that has not answered is taken for broken
+            status, payload = lane.result(timeout_s=min(LANE_TIMEOUT_S, max(120.0, self.deadline - time.monotonic()
+                                                                                 + 300.0)))
+            if status == lanes_mod.BROKEN:
+                self._drop(lane, str(payload))
+                trials[v] = self.measure_changes(lever.name, lever.key, v, incumbent, ch)
+                continue
+            trial = self._trial(lever.name, lever.key, v, incumbent, ch)
+            if status == lanes_mod.OK:
+                self._judge(trial, *payload)
+            else:
+                trial.status = OUT_OF_MEMORY if status == lanes_mod.OOM else CANNOT_RUN
+                trial.reason = str(payload)
+            trial.measured_on = lane.name
+            trial.seconds = time.monotonic() - t0
+            trials[v] = trial
+        return [trials[v] for v in values]
+
+    def _drop(self, lane: Any, why: str) -> None:
+        self.lanes.remove(lane)
+        lane.close()
+        self.say(f"{lane.name} left the search ({why.strip().splitlines()[-1] if why.strip() else '?'}); "
+                 f"{len(self.lanes) + 1} GPU(s) measure on")
 
     def measure_changes(self, lever: str, key: str, value: str, incumbent: Setting, changes: dict[str, str],
                         why: str | None = None) -> Trial:
         """``incumbent`` with ``changes`` against ``incumbent`` (``why``: it does not fit)."""
-        trial = Trial(lever, key, value, changes, incumbent.label(self._default.values), DOES_NOT_FIT,
-                      estimate_ms=_estimate(self.advice, key, value))
+        trial = self._trial(lever, key, value, incumbent, changes)
         if why is not None:
             trial.reason = why
             return trial
@@ -196,12 +261,7 @@ class Search:
             trial.status, trial.reason = CANNOT_RUN, str(exc)
             self.session.recover(incumbent)
         else:
-            trial.incumbent_s, trial.candidate_s = self.agree((times["incumbent"], times["candidate"]))
-            v = judge(list(zip(trial.incumbent_s, trial.candidate_s)), Rule(margin=STEP_MARGIN, least=2),
-                      choice=trial.label(), baseline=trial.against)
-            trial.status, trial.speedup, trial.low, trial.high, trial.threshold = (
-                v.status, v.speedup, v.low, v.high, v.threshold)
-            self.step_s = statistics.median(trial.incumbent_s)
+            self._judge(trial, *self.agree((times["incumbent"], times["candidate"])))
         trial.seconds = time.monotonic() - t0
         return trial
 
@@ -223,15 +283,17 @@ class Search:
                     continue  # measured against this incumbent already
                 current = incumbent.values[lever.key]
                 kept: list[Trial] = []
-                for value in _values(lever, self.where, current, self.advice):
+                values = _values(lever, self.where, current, self.advice)
+                while values:
                     if self.over_budget():
-                        stopped = f"the budget ran out in pass {passes}, at {lever.name}={value}"
+                        stopped = f"the budget ran out in pass {passes}, at {lever.name}={values[0]}"
                         break
-                    trial = self.measure(lever, incumbent, value)
-                    self.trials.append(trial)
-                    self.say(f"(pass {passes}) {trial.line()}{self._best_so_far()}")
-                    if trial.kept:
-                        kept.append(trial)
+                    batch, values = values[:1 + len(self.lanes)], values[1 + len(self.lanes):]
+                    for trial in self.measure_batch(lever, incumbent, batch):
+                        self.trials.append(trial)
+                        self.say(f"(pass {passes}) {trial.line()}{self._best_so_far()}")
+                        if trial.kept:
+                            kept.append(trial)
                 if stopped:
                     break
                 measured_at[lever.name] = version

@@ -28,6 +28,7 @@ from typing import Any
 from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.fp8 import CHECK_STEPS, LOSS_THRESHOLD
 from primus_perf.tuner.measure import blocks as measure_blocks
+from primus_perf.tuner.step.lanes import start_lanes, visible_devices
 from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, lever_of
 from primus_perf.tuner.step.search import Advice, Search, SearchResult
 from primus_perf.tuner.step.session import StepSession
@@ -164,6 +165,25 @@ def where_of(session: StepSession, cache: str | None) -> Where:
     return Where(tr.cfg, tr.device.type, tr.groups.dp, tr.groups.dp_shard, tr.grouped is not None, cache, fp8)
 
 
+def lane_devices(session: StepSession, lanes: int) -> list[str | None]:
+    """The devices of the lanes (:mod:`.lanes`) beside the session's: under torchrun none; on
+    GPUs every other one (``lanes`` 0) or up to ``lanes`` in all; on a CPU ``lanes`` - 1
+    processes sharing its cores (for tests: they time each other's load)."""
+    import os
+
+    import torch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return []
+    device = session.trainer.device
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        wanted = count if lanes == 0 else min(lanes, count)
+        mine = device.index or 0
+        return [d for i, d in enumerate(visible_devices(count)) if i != mine][:max(0, wanted - 1)]
+    return [None] * max(0, lanes - 1)
+
+
 def start_setting(session: StepSession, levers: Sequence[Lever]) -> Setting:
     """Every lever's key at the config's own value (what the search starts from)."""
     return Setting({lv.key: session.value(lv.key) for lv in levers})
@@ -295,10 +315,10 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
               budget_min: float = 20.0, blocks: int = 2, block_steps: int = 2, settle: int = 1,
               final_blocks: int = 3, passes: int = 3, check_steps: int = CHECK_STEPS,
               threshold: float = LOSS_THRESHOLD, say: Say = lambda _m: None,
-              agree: Callable[[Any], Any] = lambda x: x, is_main: bool = True) -> StepTuneResult:
+              agree: Callable[[Any], Any] = lambda x: x, is_main: bool = True, lanes: int = 0) -> StepTuneResult:
     """Search ``config`` + ``overrides``'s step over ``levers`` (default: every registered one)
     within ``budget_min`` minutes, check the plan's loss, measure it against the default and
-    write it to ``out``."""
+    write it to ``out``. ``lanes``: devices measuring candidates at once (:func:`lane_devices`)."""
     from primus_perf.devices import current_device
 
     t0 = time.monotonic()
@@ -316,10 +336,19 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
         tokens = session.trainer.tokens_per_step
         # steps kept back for the plan's measurement and the loss guard
         reserve = 2 * final_blocks * (settle + block_steps) + 2 * check_steps
+        devices = lane_devices(session, lanes)
+        running = start_lanes(config, base, start.values, devices, say) if devices else []
+        if running:
+            say(f"measuring on {len(running) + 1} devices at once: the session's and "
+                + ", ".join(lane.name for lane in running))
         search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=block_steps,
                         settle=settle, passes=passes, deadline=t0 + budget_min * 60, reserve_steps=reserve,
-                        say=say, agree=agree)
-        found = search.run(start)
+                        say=say, agree=agree, lanes=running)
+        try:
+            found = search.run(start)
+        finally:
+            for lane in search.lanes:
+                lane.close()
         plan = found.best
         fp8 = LEVERS.get("fp8")
         if out is not None and fp8 in levers and fp8.legal(where) is None and where.dp_shard == 1 \

@@ -1,0 +1,162 @@
+"""Lanes: a single-GPU config's candidates measured on every GPU of the machine at once.
+
+The search's session runs on one GPU; each other GPU gets a lane: a process with a session of
+its own (the same config, the same seed), which measures the candidate it is handed against the
+incumbent it is handed, in blocks interleaved on its own GPU (``tuner.measure.blocks``, as the
+session does). A candidate's ratio is thus always of two settings on one GPU; different
+candidates of one lever run on different GPUs at the same time. A lane that cannot start or
+breaks is closed and its candidates go back to the session.
+
+The lanes are spawned processes (CUDA does not survive a fork), each seeing only its own GPU
+(``CUDA_VISIBLE_DEVICES`` set for it, one rank of one process: no process group).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+OK, OOM, USER_ERROR, BROKEN = "ok", "oom", "user error", "broken"  # a lane's replies
+_ENV_LOCK = threading.Lock()
+START_TIMEOUT_S = 900.0  # a lane's trainer is built (and the first compile may come) within this
+
+
+def _serve(conn: Any, config: str, base: list[str], values: dict[str, str]) -> None:
+    """A lane's process: one session, then (incumbent, candidate) pairs measured until told
+    to stop. Replies: (OK, (incumbent seconds, candidate seconds)), (OOM, why), (USER_ERROR,
+    why: the trainer cannot run it here) or (BROKEN, traceback)."""
+    session = None
+    try:
+        from primus_perf.errors import OutOfMemory, UserError
+        from primus_perf.tuner.measure import blocks as measure_blocks
+        from primus_perf.tuner.step.levers import Setting
+        from primus_perf.tuner.step.session import StepSession
+
+        session = StepSession(config, base, Setting(dict(values)))
+        conn.send((OK, None))
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                return
+            incumbent, candidate, blocks, block_steps, settle = msg
+            inc, cand = Setting(dict(incumbent)), Setting(dict(candidate))
+            try:
+                times = measure_blocks({"incumbent": lambda: session.switch(inc),
+                                        "candidate": lambda: session.switch(cand)},
+                                       session.step, blocks=blocks, block_steps=block_steps, settle=settle)
+            except OutOfMemory as exc:
+                session.recover(inc)
+                conn.send((OOM, str(exc)))
+            except UserError as exc:
+                session.recover(inc)
+                conn.send((USER_ERROR, str(exc)))
+            else:
+                conn.send((OK, (times["incumbent"], times["candidate"])))
+    except (EOFError, KeyboardInterrupt):
+        return
+    except BaseException:  # noqa: BLE001 - the coordinator reads it and closes the lane
+        try:
+            conn.send((BROKEN, traceback.format_exc()))
+        except OSError:
+            pass
+    finally:
+        if session is not None:
+            session.close()
+
+
+class Lane:
+    def __init__(self, index: int, visible: str | None, config: str, base: Sequence[str],
+                 values: dict[str, str]) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.index, self.visible = index, visible
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, config, list(base), dict(values)), daemon=True,
+                                   name=f"primus-step-lane-{index}")
+        with _ENV_LOCK:  # the child inherits the environment at its start: its GPU alone, no ranks
+            saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK", "WORLD_SIZE")}
+            try:
+                if visible is not None:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+                for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+                    os.environ.pop(k, None)
+                self.process.start()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        child.close()
+        self.busy_since: float | None = None
+        self.error = ""
+
+    @property
+    def name(self) -> str:
+        return f"GPU {self.visible}" if self.visible is not None else f"lane {self.index}"
+
+    def ready(self, timeout_s: float = START_TIMEOUT_S) -> bool:
+        """Whether the lane's session started; else ``error`` says why."""
+        reply = self._reply(timeout_s)
+        if reply[0] != OK:
+            self.error = str(reply[1])
+            self.close()
+            return False
+        return True
+
+    def submit(self, incumbent: dict[str, str], candidate: dict[str, str], blocks: int, block_steps: int,
+               settle: int) -> None:
+        self.conn.send((dict(incumbent), dict(candidate), blocks, block_steps, settle))
+        self.busy_since = time.monotonic()
+
+    def result(self, timeout_s: float | None = None) -> tuple[str, Any]:
+        reply = self._reply(timeout_s)
+        self.busy_since = None
+        if reply[0] == BROKEN:
+            self.error = str(reply[1])
+            self.close()
+        return reply
+
+    def _reply(self, timeout_s: float | None) -> tuple[str, Any]:
+        try:
+            if not self.conn.poll(timeout_s):
+                return BROKEN, f"{self.name}: no answer in {timeout_s:.0f} s"
+            return self.conn.recv()
+        except (EOFError, OSError):
+            return BROKEN, f"{self.name}: its process ended (exit code {self.process.exitcode})"
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.process.join(timeout=60)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=10)
+        self.conn.close()
+
+
+def visible_devices(count: int) -> list[str]:
+    """The device ids, as ``CUDA_VISIBLE_DEVICES`` names them, of the first ``count`` GPUs
+    torch sees."""
+    names = [s.strip() for s in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if s.strip()]
+    return [names[i] if i < len(names) else str(i) for i in range(count)]
+
+
+def start_lanes(config: str, base: Sequence[str], values: dict[str, str], visible: Sequence[str | None],
+                say: Any = lambda _m: None) -> list[Lane]:
+    """A lane per entry of ``visible`` (a device id, or None: the machine's own devices, for a
+    CPU), started together; those that fail to start are left out, with a line saying why."""
+    lanes = [Lane(i + 1, v, config, base, values) for i, v in enumerate(visible)]
+    ready = []
+    for lane in lanes:
+        if lane.ready():
+            ready.append(lane)
+        else:
+            say(f"lane {lane.name} did not start: {lane.error.strip().splitlines()[-1] if lane.error else '?'}")
+    return ready
