@@ -25,6 +25,7 @@ gives one :class:`~primus_perf.errors.TraceError` line naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import math
 import multiprocessing
@@ -655,10 +656,8 @@ def trim_heap() -> None:
     would otherwise add to (a 1.06 GB trace: 0.65 -> 0.54 GB peak RSS)."""
     import ctypes
 
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _pieces(reader: _Reader, workers: int) -> Iterator[tuple[bytes | memoryview, bytes, Future | None]]:

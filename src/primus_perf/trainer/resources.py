@@ -8,7 +8,6 @@ most, instead of an allocation that takes minutes to fail or kills the machine.
 from __future__ import annotations
 
 import dataclasses
-
 import os
 from dataclasses import dataclass
 

@@ -13,6 +13,7 @@ The lanes are spawned processes (CUDA does not survive a fork), each seeing only
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import threading
@@ -46,8 +47,8 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str]) -> N
             incumbent, candidate, blocks, block_steps, settle = msg
             inc, cand = Setting(dict(incumbent)), Setting(dict(candidate))
             try:
-                times = measure_blocks({"incumbent": lambda: session.switch(inc),
-                                        "candidate": lambda: session.switch(cand)},
+                times = measure_blocks({"incumbent": lambda s=inc: session.switch(s),
+                                        "candidate": lambda s=cand: session.switch(s)},
                                        session.step, blocks=blocks, block_steps=block_steps, settle=settle)
             except OutOfMemory as exc:
                 session.recover(inc)
@@ -59,11 +60,9 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str]) -> N
                 conn.send((OK, (times["incumbent"], times["candidate"])))
     except (EOFError, KeyboardInterrupt):
         return
-    except BaseException:  # noqa: BLE001 - the coordinator reads it and closes the lane
-        try:
+    except BaseException:  # the coordinator reads it and closes the lane
+        with contextlib.suppress(OSError):
             conn.send((BROKEN, traceback.format_exc()))
-        except OSError:
-            pass
     finally:
         if session is not None:
             session.close()
@@ -130,10 +129,8 @@ class Lane:
             return BROKEN, f"{self.name}: its process ended (exit code {self.process.exitcode})"
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.conn.send(None)
-        except OSError:
-            pass
         self.process.join(timeout=60)
         if self.process.is_alive():
             self.process.kill()
