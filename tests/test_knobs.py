@@ -92,8 +92,9 @@ def test_what_cannot_change_in_place_is_one_line_before_anything_changed(tmp_pat
         trainer.close()
 
 
-def test_compile_scopes_switch_back_without_compiling_again() -> None:
+def test_compile_scopes_switch_back_without_compiling_again(tmp_path) -> None:
     torch.set_num_threads(1)
+    (tmp_path / "cache.json").write_text(json.dumps({"schema": SCHEMA_VERSION, "entries": []}))
     torch._dynamo.reset()
     trainer = Trainer(load_config("tiny", [*BASE, "train.compile=block"]))
     try:
@@ -107,6 +108,10 @@ def test_compile_scopes_switch_back_without_compiling_again() -> None:
         trainer.reconfigure(load_config("tiny", [*BASE, "train.compile=block"]))
         assert [b._compiled_call_impl for b in model.layers] == compiled  # the same compiled callables
         assert "forward" not in model.norm.__dict__
+        # a kernel cache routes a block's GEMMs when Inductor compiles it: not switched in place
+        # once blocks are compiled (the step tuner builds a trainer of that setting instead)
+        with pytest.raises(NotSwitchable, match="'tuning.cache' cannot change in place once blocks are compiled"):
+            trainer.reconfigure(load_config("tiny", [*BASE, "train.compile=off", f"tuning.cache={tmp_path / 'cache.json'}"]))
     finally:
         trainer.close()
         torch._dynamo.reset()

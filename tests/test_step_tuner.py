@@ -54,6 +54,9 @@ class ModelStep:
     def recover(self, setting: Setting) -> None:
         self.setting = setting
 
+    def reset(self, setting: Setting) -> None:
+        self.setting = setting
+
 
 def _fits(s: Setting) -> str | None:
     v = s.values
@@ -152,6 +155,44 @@ def test_a_candidate_the_trainer_cannot_run_is_recorded_and_the_search_goes_on()
     assert statuses["block"] == CANNOT_RUN and statuses["pointwise"] == "kept"
 
 
+def test_a_candidate_that_diverges_leaves_a_fresh_trainer_and_the_search_goes_on() -> None:
+    """optimizer=bf16 makes the loss non-finite and leaves the weights so: every later step
+    would diverge too, until the session is rebuilt from its seed."""
+    from primus_perf.errors import DivergedError
+
+    class Diverging(ModelStep):
+        poisoned, resets = False, 0
+
+        def step(self) -> float:
+            if self.poisoned or self.setting.values["train.optimizer"] == "bf16":
+                self.poisoned = True
+                raise DivergedError("loss became nan at step 4")
+            return super().step()
+
+        def reset(self, setting: Setting) -> None:
+            self.poisoned, self.resets = False, self.resets + 1
+            super().reset(setting)
+
+    session = Diverging(START)
+    res = Search(session, [LEVERS["optimizer"], LEVERS["compile"]], WHERE, blocks=2, block_steps=1,
+                 fits=_fits).run(START)
+    statuses = {(t.key, t.value): t.status for t in res.trials}
+    bf16 = [t for t in res.trials if t.value == "bf16"]  # measured again in the interaction pass
+    assert {t.status for t in bf16} == {CANNOT_RUN} and session.resets == len(bf16)
+    assert statuses[("train.compile", "block")] == "kept"  # measured on the fresh trainer
+
+
+def test_under_torchrun_a_failure_inside_a_step_stops_the_search_in_one_line() -> None:
+    """One rank's out-of-memory leaves the others in a collective: no rank goes on."""
+    from primus_perf.errors import UserError
+
+    search = Search(ModelStep(START), [LEVERS["optimizer"]], WHERE, blocks=2, block_steps=1, fits=_fits,
+                    distributed=True)
+    with pytest.raises(UserError, match=r"train.optimizer=bf16 failed on this rank \(OutOfMemory: out of memory"
+                                        r".*leave its lever out \(--levers\)"):
+        search.run(START)
+
+
 class ModelLane:
     """A lane (``tuner.step.lanes.Lane``'s calls) whose GPU is a :class:`ModelStep` of its own;
     ``broken``: its process died (a traceback instead of times)."""
@@ -247,6 +288,8 @@ def test_primus_tune_step_on_the_cpu_writes_a_plan_primus_train_runs(tmp_path) -
     t = subprocess.run([*CLI, "--config", "tiny", "--plan", str(out / "plan.yaml"), "--steps", "1", *TINY],
                        capture_output=True, text=True, timeout=300)
     assert t.returncode == 0, t.stderr[-2000:]
+    if "train.micro_batch" in doc["plan"]:  # the plan's keys win over the overrides it was tuned with
+        assert f"(micro-batch {doc['plan']['train.micro_batch']} x" in t.stdout, t.stdout[:500]
     a = subprocess.run([sys.executable, "-m", "primus_perf.cli.profile", "analyze", str(out), "--json",
                         str(tmp_path / "a.json")], capture_output=True, text=True, timeout=300)
     assert a.returncode == 0, a.stderr[-2000:]
@@ -281,3 +324,26 @@ def test_the_fp8_plan_per_layer_group_is_measured_under_the_plans_settings(tmp_p
     assert len(groups) == 5 and all(line.endswith("dropped") for line in groups)
     assert any("no group pays" in line for line in said) and res.plan.values == {}
     assert not (tmp_path / "tuning_cache.json").exists()
+
+
+def test_a_trainer_that_cannot_be_built_leaves_the_sessions_own_running() -> None:
+    """A candidate run by a new trainer (what cannot switch in place) that fails to build: the
+    session's setting is built again before the error goes on, and the session steps on."""
+    from primus_perf.tuner.step.session import StepSession
+
+    session = StepSession("tiny", [*TINY, "train.device=cpu"], Setting())
+    try:
+        make = session._make
+
+        def failing(cfg):
+            if cfg.train.micro_batch == 2:
+                raise RuntimeError("modelled: the build ran out of memory")
+            return make(cfg)
+
+        session._make = failing
+        with pytest.raises(RuntimeError, match="modelled"):
+            session._rebuild(session.cfg_of(Setting({"train.micro_batch": "2"})))
+        assert session.trainer is not None and session.trainer.cfg.train.micro_batch == 1
+        assert session.step() > 0
+    finally:
+        session.close()

@@ -38,7 +38,8 @@ def train(
         " this name at the end, on Ctrl-C, SIGTERM or an error, holding every finished step)"
     ),
     plan: Optional[str] = typer.Option(  # noqa: UP045
-        None, "--plan", help="A step plan (primus-tune step's plan.yaml): its keys before the overrides"),
+        None, "--plan", help="A step plan (primus-tune step's plan.yaml): its keys over the overrides' (it was "
+                             "tuned with them)"),
     print_config: bool = typer.Option(
         False, "--print-config", help="Print the resolved config (preset, YAML and overrides applied) as YAML"
         " and exit without training"),
@@ -51,7 +52,7 @@ def train(
     from primus_perf.trainer.config import load_config, plan_overrides
     from primus_perf.trainer.loop import JsonLog, Trainer
 
-    extra = (plan_overrides(plan) if plan else []) + list(overrides or [])
+    extra = list(overrides or []) + (plan_overrides(plan) if plan else [])
     if layers is not None:
         extra.append(f"model.n_layers={layers}")
     if steps is not None:

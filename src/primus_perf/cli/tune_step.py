@@ -66,4 +66,7 @@ def register(app: typer.Typer) -> None:
         for line in res.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)
         if res.guard is not None and not res.guard.passed:
-            err_console.print("[yellow]note:[/] the loss guard dropped what changes the numerics", highlight=False)
+            err_console.print("[yellow]note:[/] " + ("the loss guard dropped what changes the numerics"
+                                                     if res.dropped_by_guard else
+                                                     "the loss guard failed and nothing in the plan changes the "
+                                                     "numerics: the default stays"), highlight=False)

@@ -524,8 +524,9 @@ def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> TrainerConf
 
 def plan_overrides(path: str | Path) -> list[str]:
     """A step plan (``primus-tune step``'s ``plan.yaml``: a YAML overlay of config sections) as
-    ``key=value`` overrides, applied before the command line's. A key the config does not have
-    is the usual one line when the config loads."""
+    ``key=value`` overrides, applied after the command line's (the plan was tuned with those:
+    ``train.micro_batch=1`` on the command line does not undo its micro-batch). A key the
+    config does not have is the usual one line when the config loads."""
     p = Path(path)
     data = _read_yaml(p, "step plan")
     if data is None:

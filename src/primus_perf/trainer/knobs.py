@@ -173,6 +173,10 @@ def reconfigure(trainer: Trainer, cfg: TrainerConfig) -> list[str]:
                             f" {', '.join(SWITCHES)})")
     if "train.fp8" in keys and trainer.groups.dp_shard > 1:
         _fp8(trainer, cfg)  # raises: set up at start-up
+    if "tuning.cache" in keys and (cfg.train.compile == "block" or "block" in trainer.model.__dict__.get("_compiled", {})):
+        # the cache routes a compiled block's GEMMs when Inductor compiles it: blocks compiled
+        # (kept) under another cache would run without its routes
+        raise NotSwitchable("config key 'tuning.cache' cannot change in place once blocks are compiled")
     check_fits(cfg, trainer.device.type, trainer.device.index or 0)
     old, applied = trainer.cfg, []
     try:

@@ -27,18 +27,19 @@ _ENV_LOCK = threading.Lock()
 START_TIMEOUT_S = 900.0  # a lane's trainer is built (and the first compile may come) within this
 
 
-def _serve(conn: Any, config: str, base: list[str], values: dict[str, str]) -> None:
+def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm_up: int) -> None:
     """A lane's process: one session, then (incumbent, candidate) pairs measured until told
     to stop. Replies: (OK, (incumbent seconds, candidate seconds)), (OOM, why), (USER_ERROR,
     why: the trainer cannot run it here) or (BROKEN, traceback)."""
     session = None
     try:
-        from primus_perf.errors import OutOfMemory, UserError
+        from primus_perf.errors import DivergedError, OutOfMemory, UserError
         from primus_perf.tuner.measure import blocks as measure_blocks
         from primus_perf.tuner.step.levers import Setting
         from primus_perf.tuner.step.session import StepSession
 
         session = StepSession(config, base, Setting(dict(values)))
+        session.warm_up(warm_up)
         conn.send((OK, None))
         while True:
             msg = conn.recv()
@@ -53,9 +54,15 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str]) -> N
             except OutOfMemory as exc:
                 session.recover(inc)
                 conn.send((OOM, str(exc)))
+            except DivergedError as exc:  # non-finite weights: a fresh trainer from the seed
+                session.reset(inc)
+                conn.send((USER_ERROR, str(exc)))
             except UserError as exc:
                 session.recover(inc)
                 conn.send((USER_ERROR, str(exc)))
+            except Exception as exc:  # a library's error in the step, as the session records it
+                session.reset(inc)
+                conn.send((USER_ERROR, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"))
             else:
                 conn.send((OK, (times["incumbent"], times["candidate"])))
     except (EOFError, KeyboardInterrupt):
@@ -70,11 +77,11 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str]) -> N
 
 class Lane:
     def __init__(self, index: int, visible: str | None, config: str, base: Sequence[str],
-                 values: dict[str, str]) -> None:
+                 values: dict[str, str], warm_up: int = 0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.index, self.visible = index, visible
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, config, list(base), dict(values)), daemon=True,
+        self.process = ctx.Process(target=_serve, args=(child, config, list(base), dict(values), warm_up), daemon=True,
                                    name=f"primus-step-lane-{index}")
         with _ENV_LOCK:  # the child inherits the environment at its start: its GPU alone, no ranks
             saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK", "WORLD_SIZE")}
@@ -146,10 +153,11 @@ def visible_devices(count: int) -> list[str]:
 
 
 def start_lanes(config: str, base: Sequence[str], values: dict[str, str], visible: Sequence[str | None],
-                say: Any = lambda _m: None) -> list[Lane]:
+                say: Any = lambda _m: None, warm_up: int = 0) -> list[Lane]:
     """A lane per entry of ``visible`` (a device id, or None: the machine's own devices, for a
-    CPU), started together; those that fail to start are left out, with a line saying why."""
-    lanes = [Lane(i + 1, v, config, base, values) for i, v in enumerate(visible)]
+    CPU), started together, each session run ``warm_up`` untimed steps; those that fail to
+    start are left out, with a line saying why."""
+    lanes = [Lane(i + 1, v, config, base, values, warm_up) for i, v in enumerate(visible)]
     ready = []
     for lane in lanes:
         if lane.ready():

@@ -16,7 +16,10 @@ recompute mode pays only where it lets a larger micro-batch fit). After a pass t
 the incumbent, each lever measured against an older incumbent is measured again (every value
 other than the incumbent's, the default included), until a pass changes nothing, ``passes``
 passes ran, or the budget ends. A candidate that does not fit, cannot run here, or runs out of
-memory is recorded as such and the search goes on.
+memory is recorded as such and the search goes on (a candidate that made the loss non-finite,
+or whose step raised a library's error, leaves a fresh trainer of the incumbent behind). Under
+torchrun, a failure inside a step is one rank's while the others wait in a collective: it
+stops the search with one line naming the candidate.
 
 Under torchrun every rank runs the same search (the same switches and steps, in lockstep);
 rank 0's times decide, and ``agree`` hands its verdicts to every rank.
@@ -30,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from primus_perf.errors import ConfigError, OutOfMemory, UserError
+from primus_perf.errors import ConfigError, DivergedError, OutOfMemory, UserError
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
 from primus_perf.tuner.measure import blocks as measure_blocks
 from primus_perf.tuner.step import lanes as lanes_mod
@@ -138,8 +141,9 @@ class Search:
                  blocks: int = 2, block_steps: int = 2, settle: int = 1, passes: int = 3,
                  deadline: float = float("inf"), reserve_steps: int = 0, say: Say = lambda _m: None,
                  agree: Callable[[Any], Any] = lambda x: x, fits: Callable[[Setting], str | None] | None = None,
-                 lanes: Sequence[Any] = ()) -> None:
+                 lanes: Sequence[Any] = (), distributed: bool = False) -> None:
         self.session, self.where, self.advice = session, where, list(advice)
+        self.distributed = distributed  # under torchrun: a failure inside a step stops the search
         self.lanes = list(lanes)  # other GPUs measuring candidates at the same time (.lanes)
         self.levers = _order(levers, advice)
         self.blocks, self.block_steps, self.settle, self.passes = blocks, block_steps, settle, passes
@@ -234,6 +238,14 @@ class Search:
             trials[v] = trial
         return [trials[v] for v in values]
 
+    def _alone(self, trial: Trial, exc: BaseException) -> None:
+        """Under torchrun a failure inside a step is one rank's: the others wait in a collective
+        that never comes, so it stops the search (torchrun ends every rank) with one line."""
+        if self.distributed:
+            raise UserError(f"{trial.label()} failed on this rank ({type(exc).__name__}: "
+                            f"{(str(exc).splitlines() or [''])[0]}); under torchrun that stops the search on "
+                            "every rank: leave its lever out (--levers) and run again") from exc
+
     def _drop(self, lane: Any, why: str) -> None:
         self.lanes.remove(lane)
         lane.close()
@@ -255,11 +267,21 @@ class Search:
                                    self.session.step, blocks=self.blocks, block_steps=self.block_steps,
                                    settle=self.settle)
         except OutOfMemory as exc:
+            self._alone(trial, exc)
             trial.status, trial.reason = OUT_OF_MEMORY, str(exc)
             self.session.recover(incumbent)
-        except UserError as exc:  # the trainer cannot run it here
+        except DivergedError as exc:  # the weights are non-finite now: a fresh trainer from the seed
+            self._alone(trial, exc)
+            trial.status, trial.reason = CANNOT_RUN, str(exc)
+            self.session.reset(incumbent)
+        except UserError as exc:  # the trainer cannot run it here (the same answer on every rank)
             trial.status, trial.reason = CANNOT_RUN, str(exc)
             self.session.recover(incumbent)
+        except Exception as exc:  # a library's error in the step: recorded, the search goes on
+            self._alone(trial, exc)
+            trial.status = CANNOT_RUN
+            trial.reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            self.session.reset(incumbent)
         else:
             self._judge(trial, *self.agree((times["incumbent"], times["candidate"])))
         trial.seconds = time.monotonic() - t0

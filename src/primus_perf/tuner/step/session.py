@@ -70,24 +70,55 @@ class StepSession:
             return
         cfg = self.cfg_of(setting)
         try:
-            self.trainer.reconfigure(cfg)
-        except NotSwitchable:
-            self._rebuild(cfg)
+            try:
+                self.trainer.reconfigure(cfg)
+            except NotSwitchable:
+                self._rebuild(cfg)
+        except Exception as exc:  # torch's own out-of-memory (allocating the new setting's state)
+            if type(exc).__name__ != "OutOfMemoryError":
+                raise
+            raise OutOfMemory(f"out of memory switching to {setting.label()}: "
+                              f"{(str(exc).splitlines() or [''])[0]}") from None
         self.setting = setting
 
     def _rebuild(self, cfg: Any) -> None:
+        """A new trainer of ``cfg`` (one alive at a time); where it cannot be built, the
+        session's own setting is built again before the error goes on."""
         from primus_perf.trainer.resources import check_fits
 
         check_fits(cfg, self.trainer.device.type, self.trainer.device.index or 0)
+        previous = self.cfg_of(self.setting)
         self.close()
-        self.trainer = self._make(cfg)
+        try:
+            self.trainer = self._make(cfg)
+        except BaseException:
+            self.trainer = self._make(previous)
+            raise
         self.rebuilds += 1
+
+    def reset(self, setting: Setting) -> None:
+        """A fresh trainer of ``setting`` from the seed (after a candidate left the weights
+        non-finite, or failed in a way that leaves the trainer's state unknown)."""
+        self.close()
+        gc.collect()
+        self._empty_cache()
+        self.trainer = self._make(self.cfg_of(setting))
+        self.setting = setting
+        self.rebuilds += 1
+
+    def warm_up(self, steps: int) -> None:
+        """Untimed steps: allocator, autotuning and the first compile settle before any block."""
+        for _ in range(steps):
+            self.step()
 
     def step(self) -> float:
         return float(self.trainer.train_step().step_time_s)
 
     def recover(self, setting: Setting) -> None:
         """After an out-of-memory step: the gradients dropped, back to ``setting``."""
+        if self.trainer is None:  # a rebuild that failed past its own recovery
+            self.reset(setting)
+            return
         self.trainer.optimizer.zero_grad(set_to_none=True)
         gc.collect()
         self._empty_cache()

@@ -36,6 +36,7 @@ from primus_perf.tuner.step.session import StepSession
 Say = Callable[[str], None]
 SCHEMA = "primus-perf-step-plan/1"
 PLAN_FILE, RESULT_FILE = "plan.yaml", "step_plan.json"
+WARM_UP_STEPS = 3  # untimed steps of a new session (a fresh CPU session's steps 2-8 ran 15-100x the steady ones)
 
 
 @dataclass
@@ -165,15 +166,19 @@ def where_of(session: StepSession, cache: str | None) -> Where:
     return Where(tr.cfg, tr.device.type, tr.groups.dp, tr.groups.dp_shard, tr.grouped is not None, cache, fp8)
 
 
+def _world_size() -> int:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def lane_devices(session: StepSession, lanes: int) -> list[str | None]:
     """The devices of the lanes (:mod:`.lanes`) beside the session's: under torchrun none; on
     GPUs every other one (``lanes`` 0) or up to ``lanes`` in all; on a CPU ``lanes`` - 1
     processes sharing its cores (for tests: they time each other's load)."""
-    import os
-
     import torch
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if _world_size() > 1:
         return []
     device = session.trainer.device
     if device.type == "cuda":
@@ -288,9 +293,12 @@ def write_plan(out: Path, result: StepTuneResult) -> None:
         node[leaf] = _yaml_value(value)
     import yaml
 
+    figure = (f"{result.speedup:.3f}x tokens/s over the default (interleaved)" if result.plan.values
+              else "no plan, the default stays")
     head = (f"# primus-perf step plan for {result.config} {' '.join(result.overrides)}".rstrip() +
-            f" on {result.device}: {result.speedup:.3f}x tokens/s over the default (interleaved).\n"
-            "# primus-train --config CONFIG --plan plan.yaml (the same overrides); details: step_plan.json\n")
+            f" on {result.device}: {figure}.\n"
+            "# primus-train --config CONFIG --plan plan.yaml [the same overrides: the plan's keys win]; details:"
+            " step_plan.json\n")
     body = yaml.safe_dump(nested, sort_keys=False) if nested else "{}\n"
     write_text(out / PLAN_FILE, head + body)
     write_json(out / RESULT_FILE, result.to_dict())
@@ -336,14 +344,15 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
         tokens = session.trainer.tokens_per_step
         # steps kept back for the plan's measurement and the loss guard
         reserve = 2 * final_blocks * (settle + block_steps) + 2 * check_steps
+        session.warm_up(WARM_UP_STEPS)
         devices = lane_devices(session, lanes)
-        running = start_lanes(config, base, start.values, devices, say) if devices else []
+        running = start_lanes(config, base, start.values, devices, say, WARM_UP_STEPS) if devices else []
         if running:
             say(f"measuring on {len(running) + 1} devices at once: the session's and "
                 + ", ".join(lane.name for lane in running))
         search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=block_steps,
                         settle=settle, passes=passes, deadline=t0 + budget_min * 60, reserve_steps=reserve,
-                        say=say, agree=agree, lanes=running)
+                        say=say, agree=agree, lanes=running, distributed=_world_size() > 1)
         try:
             found = search.run(start)
         finally:
@@ -354,7 +363,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
         if out is not None and fp8 in levers and fp8.legal(where) is None and where.dp_shard == 1 \
                 and not search.over_budget():
             t_fp8 = time.monotonic()
-            trial = fp8_plan_trial(search, session, plan, Path(out) / "tuning_cache.json", blocks=blocks,
+            trial = fp8_plan_trial(search, session, plan, Path(out).resolve() / "tuning_cache.json", blocks=blocks,
                                    block_steps=block_steps, settle=settle, say=say, agree=agree)
             if trial is not None and trial.kept:
                 plan = plan.with_(trial.changes)
@@ -392,6 +401,9 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
                 if not v.kept:
                     plan = start
             else:
+                if not numeric:
+                    result.notes.append("the loss guard failed and nothing in the plan changes the numerics: "
+                                        "the default stays")
                 plan = start
     result.plan = Setting({k: v for k, v in plan.values.items() if v != start.values.get(k)})
     result.minutes = (time.monotonic() - t0) / 60
