@@ -92,3 +92,44 @@ def test_fsdp2_bf16_matches_ddp_on_two_gpus(tmp_path: Path, compile_: bool) -> N
     assert len(a) == len(b) == 10
     for x, y in zip(a, b):
         assert abs(x - y) <= 2e-2 * abs(x), (a, b)
+
+
+GROUPS_SCRIPT = """
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from primus_perf.trainer.config import load_config
+from primus_perf.trainer.loop import Trainer
+
+dist.init_process_group("gloo")  # made once, as the step tuner does: no trainer owns it
+counts = []
+for mb in (1, 2, 1):  # three trainers one after another, the same layout
+    t = Trainer(load_config("tiny", ["parallel.dp_shard=2", "train.global_batch=4", f"train.micro_batch={mb}",
+                                     "model.n_layers=1", "train.seq_len=16", "train.device=cpu"]))
+    t.train_step()
+    t.close()
+    counts.append(len(c10d._world.pg_map))
+print("groups", counts)
+dist.destroy_process_group()
+"""
+
+
+def test_trainers_made_one_after_another_share_their_process_groups(tmp_path: Path) -> None:
+    """The step tuner builds trainers of one layout one after another over one default group:
+    they share the groups of that layout (each trainer had made a set of its own, left alive)."""
+    import ast
+    import os
+    import subprocess
+    import sys
+
+    from test_trainer import _free_port
+
+    script = tmp_path / "groups.py"
+    script.write_text(GROUPS_SCRIPT)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                        "--master-addr=127.0.0.1", f"--master-port={_free_port()}", str(script)],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("groups")]
+    assert len(lines) == 2, r.stdout
+    counts = ast.literal_eval(lines[0].split(" ", 1)[1])
+    assert counts[0] == counts[1] == counts[2], counts

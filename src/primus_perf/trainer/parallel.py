@@ -57,15 +57,32 @@ class ProcessGroups:
     shard_group: Any = None  # the dp_shard ranks of mesh; None when dp_shard == 1
 
 
+# the groups made over a default group, per layout: the trainers one process makes over one
+# default group (the step tuner's, one after another) share them instead of leaving a set of
+# communicators alive per trainer
+_MADE: dict[tuple, ProcessGroups] = {}
+_MADE_OVER: list[Any] = [None]  # the default group they were made over (held: its id stays its own)
+
+
 def make_groups(
     tp: int, ep: int = 1, dp_shard: int = 1, dp_replicate: int = 1, device_type: str = "cpu"
 ) -> ProcessGroups:
     """Tensor-, data- and expert-parallel groups over the initialised default group (or
     none), and with ``dp_shard > 1`` the (dp_replicate, dp_shard, tp) device mesh of
     ``device_type`` for FSDP2. Data-parallel rank d is in expert-parallel group ``d // ep``
-    at position ``d % ep``."""
+    at position ``d % ep``. Made once per layout and default group (:data:`_MADE`)."""
     if not (dist.is_available() and dist.is_initialized()):
         return ProcessGroups()
+    if _MADE_OVER[0] is not dist.group.WORLD:  # a new default group: the old one's groups went with it
+        _MADE.clear()
+        _MADE_OVER[0] = dist.group.WORLD
+    key = (tp, ep, dp_shard, dp_replicate, device_type)
+    if key not in _MADE:
+        _MADE[key] = _make_groups(tp, ep, dp_shard, dp_replicate, device_type)
+    return _MADE[key]
+
+
+def _make_groups(tp: int, ep: int, dp_shard: int, dp_replicate: int, device_type: str) -> ProcessGroups:
     world, rank = dist.get_world_size(), dist.get_rank()
     dp = world // tp
     groups = ProcessGroups(world, rank, tp, dp, rank % tp, rank // tp)
