@@ -347,3 +347,14 @@ def test_a_trainer_that_cannot_be_built_leaves_the_sessions_own_running() -> Non
         assert session.step() > 0
     finally:
         session.close()
+
+
+def test_the_budget_counts_several_trials_and_what_is_kept_back() -> None:
+    """The FP8 plan asks for a trial per layer group at once; the loss guard's trainer builds
+    are kept back besides its steps."""
+    search = Search(ModelStep(START), [LEVERS["compile"]], WHERE, blocks=2, block_steps=2, settle=1,
+                    deadline=time.monotonic() + 100.0, reserve_s=20.0)
+    search.step_s = 1.0  # a trial: 2 pairs of blocks of 3 steps each side = 12 s
+    assert search.trial_cost_s() == 12.0
+    assert not search.over_budget() and not search.over_budget(trials=6)  # 72 + 20 < 100
+    assert search.over_budget(trials=7)  # 84 + 20 > 100

@@ -139,7 +139,8 @@ def _estimate(advice: Sequence[Advice], key: str, value: str) -> float | None:
 class Search:
     def __init__(self, session: Any, levers: Sequence[Lever], where: Where, *, advice: Sequence[Advice] = (),
                  blocks: int = 2, block_steps: int = 2, settle: int = 1, passes: int = 3,
-                 deadline: float = float("inf"), reserve_steps: int = 0, say: Say = lambda _m: None,
+                 deadline: float = float("inf"), reserve_steps: int = 0, reserve_s: float = 0.0,
+                 say: Say = lambda _m: None,
                  agree: Callable[[Any], Any] = lambda x: x, fits: Callable[[Setting], str | None] | None = None,
                  lanes: Sequence[Any] = (), distributed: bool = False) -> None:
         self.session, self.where, self.advice = session, where, list(advice)
@@ -148,6 +149,7 @@ class Search:
         self.levers = _order(levers, advice)
         self.blocks, self.block_steps, self.settle, self.passes = blocks, block_steps, settle, passes
         self.deadline, self.reserve_steps = deadline, reserve_steps
+        self.reserve_s = reserve_s  # kept back besides the steps (the loss guard's trainer builds)
         self.say, self.agree = say, agree
         self.fits = fits or self._fits
         self.trials: list[Trial] = []
@@ -166,15 +168,16 @@ class Search:
             return str(exc)
         return None
 
-    def _trial_cost_s(self) -> float:
+    def trial_cost_s(self) -> float:
         """About what a trial takes: its steps at the incumbent's pace, plus switching."""
         steps = 2 * self.blocks * (self.settle + self.block_steps)
         spent = [t.seconds for t in self.trials if t.candidate_s]
         return max(steps * (self.step_s or 0.0), max(spent[-3:], default=0.0))
 
-    def over_budget(self) -> bool:
-        reserve = self.reserve_steps * (self.step_s or 0.0)
-        return bool(self.agree(time.monotonic() + self._trial_cost_s() + reserve > self.deadline))
+    def over_budget(self, trials: int = 1) -> bool:
+        """Whether ``trials`` more would leave too little for what is kept back."""
+        reserve = self.reserve_steps * (self.step_s or 0.0) + self.reserve_s
+        return bool(self.agree(time.monotonic() + trials * self.trial_cost_s() + reserve > self.deadline))
 
     def _changes(self, lever: Lever, incumbent: Setting, value: str) -> tuple[dict[str, str], str | None]:
         """The keys a candidate sets (the lever's, with a companion where the value alone does

@@ -248,6 +248,11 @@ def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: P
     trainer = session.trainer
     problem = trainer_problem(trainer)
     groups = layer_groups(problem, group_of)
+    if search.over_budget(trials=len(groups) + 1):  # a trial per group, then the plan against the plan
+        say(f"FP8 plan: {len(groups)} layer groups would need about "
+            f"{(len(groups) + 1) * search.trial_cost_s() / 60:.1f} min: more than the budget leaves")
+        session.switch(plan)
+        return None
     say(f"FP8 plan: {len(groups)} layer groups in {recipe}, each against bf16 under {base.label(search._default.values)}")
     found = measure_groups(trainer, problem, groups, [recipe], blocks=blocks, block_steps=block_steps,
                            settle=settle, say=say)
@@ -336,7 +341,9 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
     def make(setting: Setting) -> StepSession:
         return StepSession(config, base, setting)
 
+    t_build = time.monotonic()
     session = StepSession(config, base, Setting())
+    build_s = time.monotonic() - t_build
     try:
         start = start_setting(session, levers)
         session.setting = start
@@ -352,6 +359,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
                 + ", ".join(lane.name for lane in running))
         search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=block_steps,
                         settle=settle, passes=passes, deadline=t0 + budget_min * 60, reserve_steps=reserve,
+                        reserve_s=2 * build_s,
                         say=say, agree=agree, lanes=running, distributed=_world_size() > 1)
         try:
             found = search.run(start)
