@@ -341,6 +341,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
     def make(setting: Setting) -> StepSession:
         return StepSession(config, base, setting)
 
+    fp8_cache = Path(out).resolve() / "tuning_cache.json" if out is not None else None
     t_build = time.monotonic()
     session = StepSession(config, base, Setting())
     build_s = time.monotonic() - t_build
@@ -371,7 +372,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
         if out is not None and fp8 in levers and fp8.legal(where) is None and where.dp_shard == 1 \
                 and not search.over_budget():
             t_fp8 = time.monotonic()
-            trial = fp8_plan_trial(search, session, plan, Path(out).resolve() / "tuning_cache.json", blocks=blocks,
+            trial = fp8_plan_trial(search, session, plan, fp8_cache, blocks=blocks,
                                    block_steps=block_steps, settle=settle, say=say, agree=agree)
             if trial is not None and trial.kept:
                 plan = plan.with_(trial.changes)
@@ -397,6 +398,8 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
         if not guard.passed:
             numeric = numerics_changes(plan, start)
             result.dropped_by_guard = {k: f"{v}: the loss beyond the threshold" for k, v in numeric.items()}
+            if numeric.get("train.fp8") == "auto" and plan.values.get("tuning.cache") == str(fp8_cache):
+                numeric["tuning.cache"] = str(fp8_cache)  # the FP8 plan's cache goes with it
             plan = plan.with_({k: start.values[k] for k in numeric})
             if numeric and plan.values != start.values:
                 session = make(start)
