@@ -293,6 +293,7 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
     rank 0 decides and writes. Returns the ``StepTuneResult``."""
     import torch.distributed as dist
 
+    from primus_perf.trainer.parallel import forget_groups
     from primus_perf.tuner.step import tune_step
 
     owns_group = _init_distributed()
@@ -321,6 +322,7 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
     finally:
         if owns_group and dist.is_initialized():
             dist.destroy_process_group()
+            forget_groups()
 
 
 def _init_distributed() -> bool:

@@ -62,7 +62,12 @@ from primus_perf.trainer.moe import (
     update_router_biases,
 )
 from primus_perf.trainer.optim import make_optimizer
-from primus_perf.trainer.parallel import clip_grad_norm_, make_groups, reduce_expert_grads
+from primus_perf.trainer.parallel import (
+    clip_grad_norm_,
+    forget_groups,
+    make_groups,
+    reduce_expert_grads,
+)
 from primus_perf.trainer.parallelize import parallelize
 from primus_perf.trainer.resources import check_fits, device_memory, estimate_memory
 
@@ -439,6 +444,7 @@ class Trainer:
             gc.collect()
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
+            forget_groups()
             self._owns_process_group = False
 
 

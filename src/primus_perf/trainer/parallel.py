@@ -14,6 +14,7 @@ and FSDP2 leave out.
 
 from __future__ import annotations
 
+import atexit
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,14 @@ _MADE: dict[tuple, ProcessGroups] = {}
 _MADE_OVER: list[Any] = [None]  # the default group they were made over (held: its id stays its own)
 
 
+def forget_groups() -> None:
+    """Drop the groups made over the default group, once it is destroyed (and at exit): held
+    in this module past it, gloo's threads were torn down at the interpreter's exit (an abort:
+    "terminate called without an active exception")."""
+    _MADE.clear()
+    _MADE_OVER[0] = None
+
+
 def make_groups(
     tp: int, ep: int = 1, dp_shard: int = 1, dp_replicate: int = 1, device_type: str = "cpu"
 ) -> ProcessGroups:
@@ -74,6 +83,8 @@ def make_groups(
     if not (dist.is_available() and dist.is_initialized()):
         return ProcessGroups()
     if _MADE_OVER[0] is not dist.group.WORLD:  # a new default group: the old one's groups went with it
+        if _MADE_OVER[0] is None and not _MADE:
+            atexit.register(forget_groups)  # before the interpreter tears down (see forget_groups)
         _MADE.clear()
         _MADE_OVER[0] = dist.group.WORLD
     key = (tp, ep, dp_shard, dp_replicate, device_type)

@@ -90,6 +90,8 @@ def preflight(
     wait (see the module docstring)."""
     import torch.distributed as dist
 
+    from primus_perf.trainer.parallel import forget_groups
+
     owns = _init_distributed()
     try:
         job = _job()
@@ -123,3 +125,4 @@ def preflight(
     finally:
         if owns and dist.is_initialized():
             dist.destroy_process_group()
+            forget_groups()
