@@ -34,9 +34,8 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm
     session = None
     try:
         from primus_perf.errors import DivergedError, OutOfMemory, UserError
-        from primus_perf.tuner.measure import blocks as measure_blocks
         from primus_perf.tuner.step.levers import Setting
-        from primus_perf.tuner.step.session import StepSession
+        from primus_perf.tuner.step.session import StepSession, interleaved
 
         session = StepSession(config, base, Setting(dict(values)))
         session.warm_up(warm_up)
@@ -48,9 +47,7 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm
             incumbent, candidate, blocks, block_steps, settle = msg
             inc, cand = Setting(dict(incumbent)), Setting(dict(candidate))
             try:
-                times = measure_blocks({"incumbent": lambda s=inc: session.switch(s),
-                                        "candidate": lambda s=cand: session.switch(s)},
-                                       session.step, blocks=blocks, block_steps=block_steps, settle=settle)
+                times = interleaved(session, inc, cand, blocks=blocks, block_steps=block_steps, settle=settle)
             except OutOfMemory as exc:
                 session.recover(inc)
                 conn.send((OOM, str(exc)))
@@ -64,7 +61,7 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm
                 session.reset(inc)
                 conn.send((USER_ERROR, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"))
             else:
-                conn.send((OK, (times["incumbent"], times["candidate"])))
+                conn.send((OK, times))
     except (EOFError, KeyboardInterrupt):
         return
     except BaseException:  # the coordinator reads it and closes the lane

@@ -35,9 +35,9 @@ from typing import Any
 
 from primus_perf.errors import ConfigError, DivergedError, OutOfMemory, UserError
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
-from primus_perf.tuner.measure import blocks as measure_blocks
 from primus_perf.tuner.step import lanes as lanes_mod
 from primus_perf.tuner.step.levers import Lever, Setting, Where
+from primus_perf.tuner.step.session import interleaved
 
 Say = Callable[[str], None]
 # what became of a candidate besides the rule's kept / dropped / unconfirmed
@@ -191,10 +191,6 @@ class Search:
                     return {**changes, **extra}, None
         return changes, why
 
-    def measure(self, lever: Lever, incumbent: Setting, value: str) -> Trial:
-        changes, why = self._changes(lever, incumbent, value)
-        return self.measure_changes(lever.name, lever.key, value, incumbent, changes, why)
-
     def _trial(self, lever: str, key: str, value: str, incumbent: Setting, changes: dict[str, str]) -> Trial:
         return Trial(lever, key, value, changes, incumbent.label(self._default.values), DOES_NOT_FIT,
                      estimate_ms=_estimate(self.advice, key, value))
@@ -265,10 +261,8 @@ class Search:
         candidate = incumbent.with_(changes)
         t0 = time.monotonic()
         try:
-            times = measure_blocks({"incumbent": lambda: self.session.switch(incumbent),
-                                    "candidate": lambda: self.session.switch(candidate)},
-                                   self.session.step, blocks=self.blocks, block_steps=self.block_steps,
-                                   settle=self.settle)
+            times = interleaved(self.session, incumbent, candidate, blocks=self.blocks,
+                                block_steps=self.block_steps, settle=self.settle)
         except OutOfMemory as exc:
             self._alone(trial, exc)
             trial.status, trial.reason = OUT_OF_MEMORY, str(exc)
@@ -286,7 +280,7 @@ class Search:
             trial.reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
             self.session.reset(incumbent)
         else:
-            self._judge(trial, *self.agree((times["incumbent"], times["candidate"])))
+            self._judge(trial, *self.agree(times))
         trial.seconds = time.monotonic() - t0
         return trial
 

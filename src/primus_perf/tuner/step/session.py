@@ -37,6 +37,17 @@ def _allow_recompiles() -> None:
     config.recompile_limit = max(config.recompile_limit, RECOMPILES)
 
 
+def interleaved(session: Any, base: Setting, other: Setting, *, blocks: int, block_steps: int,
+                settle: int) -> tuple[list[float], list[float]]:
+    """Per block, the median step seconds of ``base`` and of ``other`` on one session (any
+    object with ``switch`` and ``step``), their blocks interleaved (``tuner.measure.blocks``)."""
+    from primus_perf.tuner.measure import blocks as measure_blocks
+
+    times = measure_blocks({"base": lambda: session.switch(base), "other": lambda: session.switch(other)},
+                           session.step, blocks=blocks, block_steps=block_steps, settle=settle)
+    return times["base"], times["other"]
+
+
 class StepSession:
     """``switch(setting)`` then ``step()`` (one optimizer step's seconds). ``rebuilds`` counts
     the settings that needed a new trainer."""

@@ -27,11 +27,10 @@ from typing import Any
 
 from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.fp8 import CHECK_STEPS, LOSS_THRESHOLD
-from primus_perf.tuner.measure import blocks as measure_blocks
 from primus_perf.tuner.step.lanes import start_lanes, visible_devices
 from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, lever_of
 from primus_perf.tuner.step.search import Advice, Search, SearchResult
-from primus_perf.tuner.step.session import StepSession
+from primus_perf.tuner.step.session import StepSession, interleaved
 
 Say = Callable[[str], None]
 SCHEMA = "primus-perf-step-plan/1"
@@ -196,9 +195,7 @@ def start_setting(session: StepSession, levers: Sequence[Lever]) -> Setting:
 
 def interleave(session: StepSession, default: Setting, plan: Setting, *, blocks: int, block_steps: int,
                settle: int, agree: Callable[[Any], Any]) -> tuple[list[float], list[float], Verdict]:
-    times = measure_blocks({"default": lambda: session.switch(default), "plan": lambda: session.switch(plan)},
-                           session.step, blocks=blocks, block_steps=block_steps, settle=settle)
-    d, p = agree((times["default"], times["plan"]))
+    d, p = agree(interleaved(session, default, plan, blocks=blocks, block_steps=block_steps, settle=settle))
     return d, p, judge(list(zip(d, p)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
 
 
