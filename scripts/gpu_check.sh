@@ -22,7 +22,8 @@
 # benchmarks/moe/hf_moe_e2e.py).
 # recipe:PRESET:CONFIGS, recipe-equality and tests-trainer: the trainer's speed knobs at a fixed
 # recipe (benchmarks/trainer/recipe_sweep.py) and the GPU tests of the trainer's paths.
-# step:CASE,...: primus-tune step on benchmarks/trainer/step_tuner.py's cases (STEP_BUDGET_MIN each).
+# step:CASE,...[:MINUTES]: primus-tune step on benchmarks/trainer/step_tuner.py's cases (MINUTES, else
+# STEP_BUDGET_MIN, each).
 # On a machine of several GPUs, scripts/gpu_parallel.sh runs a list of steps on each GPU at once.
 set -uo pipefail
 OUT=${OUT:-out}
@@ -49,9 +50,10 @@ for step in "$@"; do
       IFS=: read -r _ preset configs <<< "$step"
       python benchmarks/trainer/recipe_sweep.py --preset "$preset" --configs ${configs//,/ } \
         --budget-s "${RECIPE_BUDGET_S:-420}" --out "$OUT/recipe_sweep.json" 2>&1 | tee -a "$OUT/recipe_sweep.log" | tail -20 ;;
-    step:*)  # step:CASE[,CASE...] (benchmarks/trainer/step_tuner.py: primus-tune step, its plan against the default)
-      cases=${step#step:}
-      python benchmarks/trainer/step_tuner.py --cases ${cases//,/ } --budget-min "${STEP_BUDGET_MIN:-18}" \
+    step:*)  # step:CASE[,CASE...][:MINUTES] (benchmarks/trainer/step_tuner.py: primus-tune step, its plan against the default)
+      IFS=: read -r _ cases minutes <<< "$step"
+      python benchmarks/trainer/step_tuner.py --cases ${cases//,/ } --budget-min "${minutes:-${STEP_BUDGET_MIN:-18}}" \
+        --tune-args "${STEP_TUNE_ARGS:-}" \
         --workdir "$OUT/step_tuner" --out "$OUT/step_tuner.json" 2>&1 | tee -a "$OUT/step_tuner.log" | tail -8 ;;
     recipe-equality)
       python benchmarks/trainer/recipe_sweep.py --equality --out "$OUT/recipe_sweep.json" 2>&1 | tail -3 ;;

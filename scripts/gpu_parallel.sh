@@ -3,6 +3,7 @@
 # outlive a device call's time limit) with each GPU's logs and JSON under $LANES/gpu<i>. From
 # the repository root of a GPU machine:
 #   bash scripts/gpu_parallel.sh start "tests routing" "never-slower-loop" "loop-moe" "enable confirm"
+#   bash scripts/gpu_parallel.sh start "0,1=step:llama3-8b-1gpu:16" "2,3=step:llama3-8b-fsdp2-2gpu:10"
 #   bash scripts/gpu_parallel.sh collect 540    # wait up to 540 s for every lane, pack them into $OUT
 # `start` installs the environment once (scripts/device_env.sh) and builds the native GEMM
 # dispatch before the lanes start; `collect` prints each lane's last lines and packs every
@@ -18,9 +19,12 @@ if [ "$mode" = start ]; then
   python -c "from primus_perf.runtime import native; native.load(print)"  # built once, shared by every lane
   i=0
   for steps in "$@"; do
+    gpus=$i  # "2,3=steps" gives a lane several GPUs (a torchrun case, or the step tuner's own lanes)
+    if [[ "$steps" =~ ^([0-9,]+)=(.*)$ ]]; then gpus=${BASH_REMATCH[1]}; steps=${BASH_REMATCH[2]}; fi
     mkdir -p "$LANES/gpu$i"
-    CUDA_VISIBLE_DEVICES=$i OUT="$LANES/gpu$i" setsid bash -c \
+    CUDA_VISIBLE_DEVICES=$gpus OUT="$LANES/gpu$i" setsid bash -c \
       "bash scripts/gpu_check.sh $steps > $LANES/gpu$i/console.log 2>&1; touch $LANES/gpu$i/DONE" &
+    echo "lane $i: GPUs $gpus: $steps"
     i=$((i + 1))
   done
   echo "started $i lanes in $LANES"
@@ -37,4 +41,4 @@ for d in "$LANES"/gpu*; do
   echo "=== $d $([ -f "$d/DONE" ] && echo done || echo running)"
   tail -12 "$d/console.log"
 done
-tar czf "$OUT/gpus.tgz" -C "$LANES" .
+tar czf "$OUT/gpus.tgz" --exclude='*.pt.trace.json*' -C "$LANES" .  # traces stay: one can pass 16 MiB

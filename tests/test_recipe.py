@@ -54,6 +54,37 @@ def test_optimizer_choices_train_alike_and_bf16_keeps_its_moments_in_bf16() -> N
     assert states and all(s["exp_avg"].dtype == s["exp_avg_sq"].dtype == torch.bfloat16 for s in states)
 
 
+def test_bf16_moments_step_fsdp2_shards_as_it_steps_whole_tensors(monkeypatch) -> None:
+    """Under FSDP2 the parameters are DTensors, for which torch has no sharding rule of
+    ``_foreach_copy_`` (seen on 2 H100s: train.optimizer=bf16 failed in the step): each rank
+    steps its own shard, bit for bit the step of the whole tensor."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from primus_perf.trainer.optim import Bf16StateAdamW
+    from test_trainer import _free_port
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        w = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+        whole = torch.nn.Parameter(w.clone())
+        shard = torch.nn.Parameter(distribute_tensor(w.clone(), mesh, [Shard(0)]))
+        for p in (whole, shard):
+            opt = Bf16StateAdamW([p], lr=0.1, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+            for i in range(3):
+                g = torch.full_like(w, 0.5 + i)
+                p.grad = distribute_tensor(g, mesh, [Shard(0)]) if p is shard else g
+                opt.step()
+        assert torch.equal(whole.detach(), shard.detach().full_tensor()) and not torch.equal(whole.detach(), w)
+        assert opt.state[shard]["exp_avg"].to_local().dtype == torch.bfloat16
+    finally:
+        dist.destroy_process_group()
+
+
 def test_compiled_blocks_route_their_gemms_through_the_runtimes_pass(tmp_path) -> None:
     """``train.compile=block`` compiles each block with its GEMMs; an enabled cache still routes
     them (the Inductor pass swaps them for the routed op), with the eager losses."""

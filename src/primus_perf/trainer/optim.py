@@ -53,9 +53,14 @@ class Bf16StateAdamW(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
         step = self.state[params[0]]["step"]
-        grads = [p.grad.float() for p in params]
-        m = [self.state[p]["exp_avg"].float() for p in params]
-        v = [self.state[p]["exp_avg_sq"].float() for p in params]
+        # FSDP2's parameters are DTensors sharded by rows: every op here is elementwise, so each
+        # rank updates its own shard (the foreach ops have no DTensor sharding rule of their own)
+        exp_avg = [_local(self.state[p]["exp_avg"]) for p in params]
+        exp_avg_sq = [_local(self.state[p]["exp_avg_sq"]) for p in params]
+        grads = [_local(p.grad).float() for p in params]
+        params = [_local(p) for p in params]
+        m = [t.float() for t in exp_avg]
+        v = [t.float() for t in exp_avg_sq]
         torch._foreach_lerp_(m, grads, 1 - beta1)
         torch._foreach_mul_(v, beta2)
         torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
@@ -66,8 +71,13 @@ class Bf16StateAdamW(torch.optim.Optimizer):
         torch._foreach_div_(denom, bias2**0.5)
         torch._foreach_add_(denom, eps)
         torch._foreach_addcdiv_(params, m, denom, value=-lr / bias1)
-        torch._foreach_copy_([self.state[p]["exp_avg"] for p in params], m)
-        torch._foreach_copy_([self.state[p]["exp_avg_sq"] for p in params], v)
+        torch._foreach_copy_(exp_avg, m)
+        torch._foreach_copy_(exp_avg_sq, v)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's own shard (the tensor itself under no_grad), else ``t``."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def make_optimizer(param_groups: list[dict[str, Any]], kind: str, device: torch.device, *, lr: float,

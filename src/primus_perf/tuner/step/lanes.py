@@ -46,22 +46,23 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm
                 return
             incumbent, candidate, blocks, block_steps, settle = msg
             inc, cand = Setting(dict(incumbent)), Setting(dict(candidate))
+            reply: tuple[str, Any]
+            back = None  # how the session gets back to the incumbent, after the except block
             try:
                 times = interleaved(session, inc, cand, blocks=blocks, block_steps=block_steps, settle=settle)
             except OutOfMemory as exc:
-                session.recover(inc)
-                conn.send((OOM, str(exc)))
+                reply, back = (OOM, str(exc)), session.recover
             except DivergedError as exc:  # non-finite weights: a fresh trainer from the seed
-                session.reset(inc)
-                conn.send((USER_ERROR, str(exc)))
+                reply, back = (USER_ERROR, str(exc)), session.reset
             except UserError as exc:
-                session.recover(inc)
-                conn.send((USER_ERROR, str(exc)))
+                reply, back = (USER_ERROR, str(exc)), session.recover
             except Exception as exc:  # a library's error in the step, as the session records it
-                session.reset(inc)
-                conn.send((USER_ERROR, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"))
+                reply, back = (USER_ERROR, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"), session.reset
             else:
-                conn.send((OK, times))
+                reply = (OK, times)
+            if back is not None:  # the error (its traceback holds the failed step's tensors) is gone by now
+                back(inc)
+            conn.send(reply)
     except (EOFError, KeyboardInterrupt):
         return
     except BaseException:  # the coordinator reads it and closes the lane

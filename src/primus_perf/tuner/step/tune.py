@@ -29,7 +29,7 @@ from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.fp8 import CHECK_STEPS, LOSS_THRESHOLD
 from primus_perf.tuner.step.lanes import start_lanes, visible_devices
 from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, lever_of
-from primus_perf.tuner.step.search import Advice, Search, SearchResult
+from primus_perf.tuner.step.search import OUT_OF_MEMORY, Advice, Search, SearchResult
 from primus_perf.tuner.step.session import StepSession, interleaved
 
 Say = Callable[[str], None]
@@ -251,8 +251,23 @@ def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: P
         session.switch(plan)
         return None
     say(f"FP8 plan: {len(groups)} layer groups in {recipe}, each against bf16 under {base.label(search._default.values)}")
-    found = measure_groups(trainer, problem, groups, [recipe], blocks=blocks, block_steps=block_steps,
-                           settle=settle, say=say)
+    failed = ""
+    try:
+        found = measure_groups(trainer, problem, groups, [recipe], blocks=blocks, block_steps=block_steps,
+                               settle=settle, say=say)
+    except Exception as exc:  # out of memory (the layers' FP8 copies beside the compiled graphs), a library's error
+        from primus_perf.errors import OutOfMemory
+
+        if not isinstance(exc, OutOfMemory):
+            search._alone("the FP8 plan per layer group", exc)
+        elif search.distributed:
+            search.agree(OUT_OF_MEMORY)  # every rank ran out at the same step (Search.out_of_memory)
+        failed = f"{type(exc).__name__} measuring the layer groups ({(str(exc).splitlines() or [''])[0]})"
+    if failed:  # after the except block: the error held the failed step's tensors
+        say(f"FP8 plan: {failed}: one recipe for every layer stays")
+        del trainer
+        session.reset(plan)  # the layers were switched one group at a time: a fresh trainer from the seed
+        return None
     layers, summary = agree(choose(groups, found))
     trainer.set_fp8({n: BF16 for n in layers})  # back to the session's setting
     if not any(r != BF16 for r in layers.values()) or layers == recipe_plan(trainer.model, recipe):
