@@ -156,9 +156,9 @@ def test_every_numeric_option_has_a_lower_bound_and_a_choice_is_checked() -> Non
             walk(sub)
         for p in getattr(cmd, "params", []):
             ann = getattr(getattr(p, "type_descriptor", None), "annotation", None)
-            if ann in (int, float) or str(ann) in ("typing.Optional[int]", "typing.Optional[float]"):
-                if getattr(p, "min", None) is None and (cmd.name, p.opts[0]) not in checked_in_body:
-                    unbounded.append((cmd.name, p.opts))
+            numeric = ann in (int, float) or str(ann) in ("typing.Optional[int]", "typing.Optional[float]")
+            if numeric and getattr(p, "min", None) is None and (cmd.name, p.opts[0]) not in checked_in_body:
+                unbounded.append((cmd.name, p.opts))
 
     for app in (profile.app, tune.app, train.app):
         walk(typer.main.get_command(app))

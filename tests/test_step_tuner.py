@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -440,7 +441,7 @@ def test_the_failed_steps_tensors_are_released_before_the_session_gets_back() ->
 
     class Failing(ModelStep):
         held: weakref.ref | None = None
-        alive_at_recover: list[bool] = []
+        alive_at_recover: ClassVar[list[bool]] = []
 
         def step(self) -> float:
             if self.setting.values["train.optimizer"] == "bf16":

@@ -68,7 +68,7 @@ def _advice_vs_measured(folder: Path) -> list[dict[str, Any]]:
     from primus_perf.tracelens.analyze import analyze
 
     recs = analyze([folder]).recommendations
-    keep = ["category", "lever", "estimated_saving_ms", "measured_saving_ms", "method"]
+    keep = ["category", "lever", "estimated_saving_ms", "measured_saving_ms", "measured_against", "method"]
     return json.loads(recs[[c for c in keep if c in recs.columns]].head(3).to_json(orient="records"))
 
 

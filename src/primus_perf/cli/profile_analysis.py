@@ -203,7 +203,8 @@ def render_recommendations(a: Analysis) -> None:
         return
     console.print("[bold]what to do next[/] (ranked by estimated saving per step; FP8 last: it changes the numerics)")
     for i, r in enumerate(a.recommendations.itertuples(index=False), 1):
-        measured = (f" (measured by the step tuner: {r.measured_saving_ms:.2f} ms)"
+        against = "" if r.measured_against in (None, "the default") else f" against {r.measured_against}"
+        measured = (f" (measured by the step tuner: {r.measured_saving_ms:.2f} ms{against})"
                     if r.measured_saving_ms == r.measured_saving_ms else "")
         console.print(f"{i}. [bold]{r.category}[/]: save ~{r.estimated_saving_ms:.2f} ms per step{measured}",
                       highlight=False)

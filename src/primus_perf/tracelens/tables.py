@@ -6,9 +6,10 @@
   name), shape (that op's input shapes), leaf_op, fwd_op (backward events), and ``call``:
   the trace row of the op call it is attributed to (-1: none), which makes "calls" op
   calls everywhere; ``param_shaped``: outside the optimizer step, launched by an op whose
-  first input has the shape of a parameter (the shapes the optimizer step's ops take, of at
-  least :data:`MIN_PARAM_ELEMENTS` elements): work done per parameter (a weight's cast,
-  a gradient's accumulation), not per token.
+  first input has the shape of a parameter (the shapes the optimizer step's ops take, the
+  weights of linear and embedding ops, of at least :data:`MIN_PARAM_ELEMENTS` elements), or
+  by FSDP2's all-gather copy-out: work done per parameter (a weight's cast, a gradient's
+  accumulation, an all-gathered layer's copy), not per token.
 - ``calls``: every call of a modeled op (:mod:`.perf_models`: GEMM, grouped GEMM,
   convolution, attention) that has no modeled op inside it (a grouped GEMM call owns the
   ops inside it: :mod:`.link`), in a step (or all calls when the trace has no step
@@ -240,24 +241,55 @@ def _first_input(rt: L.RawTrace, code: int) -> tuple[int, ...] | None:
     return tuple(first) if isinstance(first, list) and first and all(type(x) is int for x in first) else None
 
 
-def param_shaped(rt: L.RawTrace, lk: Linked) -> np.ndarray:
-    """Per GPU event: launched outside the optimizer step by an op whose first input has a
-    parameter's shape (see the module docstring)."""
-    leaf = lk.leaf_op
-    out = np.zeros(len(leaf), dtype=bool)
-    opt = np.unique(leaf[lk.in_optimizer & (leaf >= 0)])
+# ops whose input ``index`` is a parameter: their weights are the parameters as the forward
+# sees them (FSDP2's all-gathered, unsharded ones, where the optimizer steps shards of them)
+WEIGHT_INPUTS = {"aten::linear": 1, "aten::embedding": 0}
+# FSDP2's all-gather copy-out: once per layer and micro-batch, on the flat all-gathered buffer
+PER_PARAMETER_OPS = frozenset({"aten::split_with_sizes_copy"})
+
+
+def _parameter_shapes(rt: L.RawTrace, lk: Linked, opt: np.ndarray) -> set[tuple[int, ...]]:
+    """The shapes of the parameters (of at least :data:`MIN_PARAM_ELEMENTS` elements): the
+    optimizer step's first inputs, the weights of linear and embedding ops, and a 2-D
+    weight's transpose (a gradient laid out as the GEMM wrote it)."""
     params: set[tuple[int, ...]] = set()
     for code in np.unique(rt.shape[opt]).tolist():
         args = rt.shape_args(int(code))
         if args is not None and args.dims:
             params.update(t for t in _tensor_dims(args.dims[0]) if math.prod(t) >= MIN_PARAM_ELEMENTS)
-    if not params:
+    index = {i: WEIGHT_INPUTS[n] for i, n in enumerate(rt.names) if n in WEIGHT_INPUTS}
+    if index:
+        rows = np.flatnonzero(np.isin(rt.name, np.fromiter(index, dtype=np.int64)) & (rt.shape >= 0))
+        pairs = np.unique(np.stack([rt.name[rows], rt.shape[rows]], axis=1), axis=0) if len(rows) else []
+        for name, code in pairs:
+            args = rt.shape_args(int(code))
+            at = index[int(name)]
+            if args is not None and args.dims and len(args.dims) > at and isinstance(args.dims[at], list):
+                dims = args.dims[at]
+                if dims and all(type(x) is int for x in dims) and math.prod(dims) >= MIN_PARAM_ELEMENTS:
+                    params.add(tuple(dims))
+    params.update(t[::-1] for t in list(params) if len(t) == 2)
+    return params
+
+
+def param_shaped(rt: L.RawTrace, lk: Linked) -> np.ndarray:
+    """Per GPU event: launched outside the optimizer step by an op whose first input has a
+    parameter's shape (:func:`_parameter_shapes`), or by FSDP2's all-gather copy-out: work
+    done per parameter once per micro-batch (see the module docstring)."""
+    leaf = lk.leaf_op
+    out = np.zeros(len(leaf), dtype=bool)
+    opt = np.unique(leaf[lk.in_optimizer & (leaf >= 0)])
+    params = _parameter_shapes(rt, lk, opt)
+    per_param = {i for i, n in enumerate(rt.names) if n in PER_PARAMETER_OPS}
+    if not params and not per_param:
         return out
     rows = np.flatnonzero(~lk.in_optimizer & (leaf >= 0))
     codes = rt.shape[leaf[rows]]
     uniq, inverse = np.unique(codes, return_inverse=True)
     hit = np.array([c >= 0 and _first_input(rt, int(c)) in params for c in uniq.tolist()], dtype=bool)
     out[rows] = hit[inverse.ravel()]
+    if per_param:
+        out[rows] |= np.isin(rt.name[leaf[rows]], np.fromiter(per_param, dtype=np.int64))
     return out
 
 

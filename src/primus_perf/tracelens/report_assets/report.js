@@ -377,7 +377,8 @@
     const list = el("ol", { cls: "recs" });
     rows.forEach((r) => {
       const items = [el("div", {}, [el("b", { text: r.category }), " · save ~" + F.ms(r.estimated_saving_ms) + " per step" +
-        (r.measured_saving_ms !== null && r.measured_saving_ms !== undefined ? " · measured " + F.ms(r.measured_saving_ms) : "") +
+        (r.measured_saving_ms !== null && r.measured_saving_ms !== undefined ? " · measured " + F.ms(r.measured_saving_ms) +
+          (r.measured_against && r.measured_against !== "the default" ? " against " + r.measured_against : "") : "") +
         (r.changes_numerics ? " · changes the numerics" : "")]),
         el("div", { text: "evidence: " + r.evidence }), el("div", { text: "because: " + r.condition }),
         el("div", {}, [el("b", { text: "do: " }), r.action])];
