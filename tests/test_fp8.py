@@ -258,6 +258,10 @@ SMALL = ["model.dim=64", "model.n_heads=4", "model.n_kv_heads=2", "model.ffn_dim
          "train.micro_batch=2"]
 
 
+# the FP8 GEMMs run on the CPU at about 70 tokens/s: the trainer tests take few tokens a step
+FEW_TOKENS = ["train.seq_len=32"]
+
+
 def _train(args: list[str], nproc: int = 1) -> subprocess.CompletedProcess:
     from test_trainer import _run
 
@@ -344,9 +348,9 @@ def test_fsdp_float8_all_gather_wraps_tensorwise_weights() -> None:
 
 def test_fsdp2_with_fp8_reproduces_one_process(tmp_path: Path) -> None:
     one, many = tmp_path / "one.jsonl", tmp_path / "many.jsonl"
-    common = ["--config", "tiny", "--steps", "3", "train.fp8=tensorwise"]
-    r1 = _train([*common, "train.micro_batch=8", "--json-log", str(one)])
-    r2 = _train([*common, "train.micro_batch=4", "parallel.dp_shard=2", "--json-log", str(many)], nproc=2)
+    common = ["--config", "tiny", "--steps", "3", "train.fp8=tensorwise", *FEW_TOKENS]
+    r1 = _train([*common, "train.micro_batch=4", "--json-log", str(one)])
+    r2 = _train([*common, "train.micro_batch=2", "parallel.dp_shard=2", "--json-log", str(many)], nproc=2)
     assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
     assert "FP8: 8 of 9 linear layers (tensorwise)" in r2.stdout
     a = [json.loads(x)["loss"] for x in one.read_text().splitlines()]
@@ -488,7 +492,7 @@ def test_fp8_gemm_counts_against_the_fp8_peak() -> None:
 ], ids=["recompute", "tp2"])
 def test_train_fp8_composes_with_recompute_and_tp(tmp_path: Path, extra: list[str], nproc: int, tol: float) -> None:
     base, other = tmp_path / "base.jsonl", tmp_path / "other.jsonl"
-    common = ["--config", "tiny", "--steps", "3", "train.fp8=tensorwise"]
+    common = ["--config", "tiny", "--steps", "3", "train.fp8=tensorwise", *FEW_TOKENS, "train.micro_batch=2"]
     r1 = _train([*common, "--json-log", str(base)])
     r2 = _train([*common, *extra, "--json-log", str(other)], nproc=nproc)
     assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
