@@ -140,14 +140,16 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     bwd_root = np.full(n, -1, dtype=np.int32)
     shadowed = np.zeros(n, dtype=bool)
     shadow_rows: list[int] = []
-    # (end, row, model, optimizer, backward root, inside an op that owns its inside)
-    stack: list[tuple[float, int, int, bool, int, bool]] = []
+    # (end, row, model, optimizer, backward root, inside an op that owns its inside, the model
+    # owns its inside, the model is an attention op)
+    stack: list[tuple[float, int, int, bool, int, bool, bool, bool]] = []
     cur = -1
     for b0 in range(0, len(order), OP_TREE_BLOCK):
         blk = order[b0:b0 + OP_TREE_BLOCK]
         name_of = rt.name[blk]
         modeled = (modeled_name[name_of] & (rt.shape[blk] >= 0)).tolist()
         attention = attention_name[name_of].tolist()
+        owns = owns_name[name_of].tolist()
         owner = owner_name[name_of].tolist()
         opt_flag = is_opt_name[name_of].tolist()
         bwd_flag = is_bwd_name[name_of].tolist()
@@ -166,27 +168,28 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             while stack and stack[-1][0] <= t:
                 stack.pop()
             if stack:
-                _, p, pm, po, pb, owned = stack[-1]
+                _, p, pm, po, pb, owned, pm_owns, pm_attention = stack[-1]
             else:
-                p, pm, po, pb, owned = -1, -1, False, -1, False
+                p, pm, po, pb, owned, pm_owns, pm_attention = -1, -1, False, -1, False, False, False
             b_up[j] = p
             if not op_like[j]:
                 continue
             r = rows[j]
             # a GEMM inside a grouped GEMM op (torch's per-group fallback) or an attention op (the
             # math path) is part of its call; an attention op inside an attention op takes over
-            inside = pm >= 0 and owns_name[rt.name[pm]] and not (attention[j] and attention_name[rt.name[pm]])
+            inside = pm_owns and not (attention[j] and pm_attention)
             if not owned and (owner[j] or (modeled[j] and not inside)):
                 mr = r
                 owned = owner[j]
                 if pm >= 0:
                     shadow_rows.append(pm)
+                pm_owns, pm_attention = owns[j], attention[j]
             else:
                 mr = pm
             o = opt_flag[j] or po
             br = r if bwd_flag[j] else pb
             b_model[j], b_opt[j], b_bwd[j] = mr, o, br
-            stack.append((ends[j], r, mr, o, br, owned))
+            stack.append((ends[j], r, mr, o, br, owned, pm_owns, pm_attention))
         up[blk] = b_up
         model[blk] = b_model
         optim[blk] = b_opt

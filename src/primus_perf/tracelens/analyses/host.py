@@ -112,10 +112,12 @@ def _launches(rt: L.RawTrace, lk: Linked, rank: int) -> tuple[pd.DataFrame, np.n
     queue = np.maximum(np.searchsorted(launched, l_ts, side="left") - np.searchsorted(ended, l_ts, side="right"), 0)
     counts += np.histogram(delay, bins=np.asarray(DELAY_BINS_US))[0]
     df = pd.DataFrame({"step": step, "dur": rt.dur[rows], "delay": delay, "queue": queue})
-    g = df.groupby("step").agg(launches=("dur", "size"), launch_us=("dur", "sum"), launch_p50_us=("dur", "median"),
-                               delay_p50_us=("delay", "median"), delay_p90_us=("delay", lambda s: s.quantile(0.9)),
-                               delay_max_us=("delay", "max"), queue_p50=("queue", "median"),
-                               queue_max=("queue", "max")).reset_index()
+    by = df.groupby("step")
+    g = by.agg(launches=("dur", "size"), launch_us=("dur", "sum"), launch_p50_us=("dur", "median"),
+               delay_p50_us=("delay", "median"), delay_max_us=("delay", "max"), queue_p50=("queue", "median"),
+               queue_max=("queue", "max"))
+    g["delay_p90_us"] = by["delay"].quantile(0.9)  # one vectorized pass (a lambda per step: 0.36 s per GB)
+    g = g.reset_index()
     g["rank"] = rank
     g["launch_s"] = g.pop("launch_us") / 1e6
     return g[LAUNCH_COLUMNS], counts
