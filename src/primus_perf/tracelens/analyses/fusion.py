@@ -10,7 +10,10 @@ has no bytes model (no recorded shapes).
 The estimate (:func:`fusion_estimate`): fused, a chain would move its bytes at the
 bandwidth a device reaches in practice, ``ATTAINABLE_BW`` of its datasheet peak (measured:
 a device-to-device copy on an H200 ran at 4.23 of its 4.8 TB/s, ``primus-profile
-preflight``); the saving is the measured time minus that, never below zero. The bytes are
+preflight``); the saving is the measured time minus that, never below zero, counted only in
+the share of the chain's time with no communication kernel beside it (``shared_us``: a
+kernel sharing the GPU with NCCL is slowed by it, and what fusing it saves there is not
+known; GEMM tuning leaves such time out the same way). The bytes are
 those of the modeled ops as they run now: the trace records no dataflow, so no
 intermediate tensor between them is assumed to disappear (which under-counts what fusion
 saves). A kernel whose op has no bytes model (a ``cat`` of a tensor list, ops without
@@ -30,9 +33,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from primus_perf.tracelens.categories import ELEMENTWISE, MODELED, NORMALIZATION, op_category
+from primus_perf.tracelens.analyses.breakdown import covered
+from primus_perf.tracelens.categories import (
+    COMMUNICATION,
+    ELEMENTWISE,
+    MODELED,
+    NORMALIZATION,
+    op_category,
+)
 
-COLUMNS = ["rank", "step", "stream", "kernels", "calls", "time_us", "bytes", "unmodeled_us", "ops"]
+COLUMNS = ["rank", "step", "stream", "kernels", "calls", "time_us", "bytes", "unmodeled_us", "shared_us", "ops"]
 MEMORY_BOUND = (ELEMENTWISE, NORMALIZATION)
 MAX_OPS_LABEL = 6
 ATTAINABLE_BW = 0.88  # of the datasheet HBM bandwidth: an H200's measured device-to-device copy
@@ -84,11 +94,19 @@ def chains(kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         m["bytes"] = np.where(np.isfinite(b) & (t > 0), b * m["dur_us"].to_numpy() / t, 0.0)
     m["unmodeled_us"] = np.where(np.isfinite(b), 0.0, m["dur_us"].to_numpy())
+    m["shared_us"] = 0.0
+    comm = kernels[(kernels["category"] == COMMUNICATION).to_numpy()]
+    for rank, c in comm.groupby("rank", sort=False):  # each kernel's time beside its rank's communication kernels
+        mine = (m["rank"] == rank).to_numpy()
+        start = m.loc[mine, "ts_us"].to_numpy(dtype=np.float64)
+        cs = c["ts_us"].to_numpy(dtype=np.float64)
+        m.loc[mine, "shared_us"] = covered(cs, cs + c["dur_us"].to_numpy(dtype=np.float64), start,
+                                           start + m.loc[mine, "dur_us"].to_numpy(dtype=np.float64))
     m["call_id"] = np.where(m["call"] >= 0, m["call"], -1 - np.arange(len(m)))
     g = m.groupby("run", sort=False).agg(rank=("rank", "first"), step=("step", "first"), stream=("stream", "first"),
                                          kernels=("dur_us", "size"), calls=("call_id", "nunique"),
                                          time_us=("dur_us", "sum"), bytes=("bytes", "sum"),
-                                         unmodeled_us=("unmodeled_us", "sum"))
+                                         unmodeled_us=("unmodeled_us", "sum"), shared_us=("shared_us", "sum"))
     g["ops"] = _labels(m["run"].to_numpy(), m["op"])
     return g[g["calls"] >= 2].reset_index(drop=True)[COLUMNS]
 
@@ -100,4 +118,5 @@ def fusion_estimate(ch: pd.DataFrame, hbm_tb_s: float) -> pd.Series:
         return pd.Series(0.0, index=ch.index)
     unmodeled = ch["unmodeled_us"].where(ch["bytes"] <= 0, 0.0)  # a chain without a modeled op: not improvable
     fused = ch["bytes"] / (hbm_tb_s * ATTAINABLE_BW * 1e12) * 1e6 + unmodeled
-    return (ch["time_us"] - fused).clip(lower=0.0)
+    alone = 1.0 - (ch["shared_us"] / ch["time_us"].where(ch["time_us"] > 0)).fillna(0.0).clip(0.0, 1.0)
+    return ((ch["time_us"] - fused) * alone).clip(lower=0.0)
