@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -235,6 +236,7 @@ def test_a_program_that_exits_enabled_exits_cleanly(tmp_path, ext) -> None:
     (they are released while Python runs, not by C++ destructors after it)."""
     code = f"""
 import sys
+import time
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 import torch
 import primus_perf
@@ -369,3 +371,26 @@ def test_a_router_installed_over_another_is_the_one_the_table_asks(tmp_path, ext
         torch.mm(a, b)
         assert native.installed() and dispatch.of("gemm").router is handle.routers["gemm"]
     assert ran == ["B"]
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_not_waited_on_for_ever(tmp_path, capsys) -> None:
+    """torch's build lock outlives a build that was killed (seen: a suite stopped mid-build left
+    the next one waiting with no end): one older than a build takes is removed, with a line;
+    a fresh one is waited on until its build ends."""
+    import threading
+
+    from primus_perf.runtime import native
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = time.time() - native.STALE_BUILD_LOCK_S - 60
+    os.utime(lock, (old, old))
+    native._clear_stale_lock(lock, None, poll_s=0.001)
+    assert not lock.exists() and "removed the build lock" in capsys.readouterr().err
+
+    lock.touch()  # a live build: released by its owner
+    done = threading.Event()
+    threading.Thread(target=lambda: (done.wait(5), lock.unlink())).start()
+    done.set()
+    native._clear_stale_lock(lock, None, poll_s=0.001)
+    assert not lock.exists()

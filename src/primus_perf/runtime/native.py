@@ -25,6 +25,7 @@ import hashlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ SOURCE = Path(__file__).with_name("native_gemm.cpp")
 # devices.gpu_vendor() -> the compiler's defines: which stream header native_gemm.cpp includes
 DEFINES = {"nvidia": ["-DPRIMUS_CUDA"], "amd": ["-DPRIMUS_ROCM", "-D__HIP_PLATFORM_AMD__"], "cpu": []}
 
+# torch's build lock (``BUILD_DIR/lock``) left by a build that was killed makes every later
+# build wait for ever; one that lives longer than a build takes (under a minute) is removed
+STALE_BUILD_LOCK_S = 300.0
 _lock = threading.Lock()
 _ext: Any = None
 _why_not: str | None = None
@@ -56,11 +60,28 @@ def _build(log: Callable[[str], None] | None) -> Any:
     tag = hashlib.sha256(SOURCE.read_bytes() + repr((torch.__version__, defines, sys.version_info[:2])).encode())
     name = f"primus_perf_native_gemm_{tag.hexdigest()[:12]}"
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    _clear_stale_lock(build_dir / "lock", log)
     if log is not None and not any(build_dir.glob(f"{name}*.so")):
         log(f"primus-perf: building the native GEMM dispatch in {build_dir} (once per torch version; under a minute)")
     # with_cuda: torch's GPU libraries (c10_cuda or c10_hip, the stream) and the runtime's headers
     return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=["-O2", *defines],
                               with_cuda=vendor != "cpu", build_directory=str(build_dir), verbose=False)
+
+
+def _clear_stale_lock(lock: Path, log: Callable[[str], None] | None, poll_s: float = 0.5) -> None:
+    """Wait while another process holds the build lock; remove it once it is older than
+    :data:`STALE_BUILD_LOCK_S` (its build was killed: nothing will release it)."""
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > STALE_BUILD_LOCK_S:
+            lock.unlink(missing_ok=True)
+            (log or (lambda m: print(m, file=sys.stderr)))(
+                f"primus-perf: removed the build lock {lock}, left {age / 60:.0f} min ago by a build that did not end")
+            return
+        time.sleep(poll_s)
 
 
 def load(log: Callable[[str], None] | None = None) -> Any:
