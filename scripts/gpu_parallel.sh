@@ -7,7 +7,8 @@
 #   bash scripts/gpu_parallel.sh collect 540    # wait up to 540 s for every lane, pack them into $OUT
 # `start` installs the environment once (scripts/device_env.sh) and builds the native GEMM
 # dispatch before the lanes start; `collect` prints each lane's last lines and packs every
-# lane's files into $OUT/gpus.tgz (a device call brings back a few files, not folders of them).
+# lane's files into $OUT/gpus.tgz (a device call brings back a few files, not folders of them), the
+# traces of the step tuner's cases beside it (rank 0's, up to 7).
 set -uo pipefail
 LANES=${LANES:-/tmp/lanes}
 OUT=${OUT:-out}
@@ -41,4 +42,13 @@ for d in "$LANES"/gpu*; do
   echo "=== $d $([ -f "$d/DONE" ] && echo done || echo running)"
   tail -12 "$d/console.log"
 done
-tar czf "$OUT/gpus.tgz" --exclude='*.pt.trace.json*' -C "$LANES" .  # traces stay: one can pass 16 MiB
+tar czf "$OUT/gpus.tgz" --exclude='*.pt.trace.json*' -C "$LANES" .  # traces apart: one can pass 16 MiB
+# rank 0's trace of each step-tuner case as its own file (the analyzer's advice checked again here), at most 7
+n=0
+for t in "$LANES"/gpu*/step_tuner/*/rank0*.json.gz; do
+  [ -f "$t" ] && [ $n -lt 7 ] && [ "$(stat -c %s "$t")" -lt 16000000 ] || continue
+  case_dir=$(dirname "$t")
+  lane=$(basename "$(dirname "$(dirname "$case_dir")")")
+  cp "$t" "$OUT/${lane}_$(basename "$case_dir")_$(basename "$t")"
+  n=$((n + 1))
+done
