@@ -248,7 +248,7 @@ WEIGHT_INPUTS = {"aten::linear": 1, "aten::embedding": 0}
 PER_PARAMETER_OPS = frozenset({"aten::split_with_sizes_copy"})
 
 
-def _parameter_shapes(rt: L.RawTrace, lk: Linked, opt: np.ndarray) -> set[tuple[int, ...]]:
+def _parameter_shapes(rt: L.RawTrace, opt: np.ndarray) -> set[tuple[int, ...]]:
     """The shapes of the parameters (of at least :data:`MIN_PARAM_ELEMENTS` elements): the
     optimizer step's first inputs, the weights of linear and embedding ops, and a 2-D
     weight's transpose (a gradient laid out as the GEMM wrote it)."""
@@ -279,7 +279,7 @@ def param_shaped(rt: L.RawTrace, lk: Linked) -> np.ndarray:
     leaf = lk.leaf_op
     out = np.zeros(len(leaf), dtype=bool)
     opt = np.unique(leaf[lk.in_optimizer & (leaf >= 0)])
-    params = _parameter_shapes(rt, lk, opt)
+    params = _parameter_shapes(rt, opt)
     per_param = {i for i, n in enumerate(rt.names) if n in PER_PARAMETER_OPS}
     if not params and not per_param:
         return out

@@ -33,7 +33,7 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm
     why: the trainer cannot run it here) or (BROKEN, traceback)."""
     session = None
     try:
-        from primus_perf.errors import DivergedError, OutOfMemory, UserError
+        from primus_perf.errors import DivergedError, OutOfMemory, UserError, one_line
         from primus_perf.tuner.step.levers import Setting
         from primus_perf.tuner.step.session import StepSession, interleaved
 
@@ -57,7 +57,7 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm
             except UserError as exc:
                 reply, back = (USER_ERROR, str(exc)), session.recover
             except Exception as exc:  # a library's error in the step, as the session records it
-                reply, back = (USER_ERROR, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"), session.reset
+                reply, back = (USER_ERROR, one_line(exc)), session.reset
             else:
                 reply = (OK, times)
             if back is not None:  # the error (its traceback holds the failed step's tensors) is gone by now

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from primus_perf.errors import ConfigError, DivergedError, OutOfMemory, UserError
+from primus_perf.errors import ConfigError, DivergedError, OutOfMemory, UserError, one_line
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
 from primus_perf.tuner.step import lanes as lanes_mod
 from primus_perf.tuner.step.levers import Lever, Setting, Where
@@ -251,13 +251,12 @@ class Search:
             trials[v] = trial
         return [trials[v] for v in values]
 
-    def _alone(self, label: str, exc: BaseException) -> None:
+    def stop_under_torchrun(self, label: str, exc: BaseException) -> None:
         """Under torchrun a failure inside a step other than running out of memory is one
         rank's: the others wait in a collective that never comes, so it stops the search
         (torchrun ends every rank) with one line."""
         if self.distributed:
-            raise UserError(f"{label} failed on this rank ({type(exc).__name__}: "
-                            f"{(str(exc).splitlines() or [''])[0]}); under torchrun that stops the search on "
+            raise UserError(f"{label} failed on this rank ({one_line(exc)}); under torchrun that stops the search on "
                             "every rank: leave its lever out (--levers) and run again") from exc
 
     def out_of_memory(self, setting: Setting) -> None:
@@ -296,16 +295,16 @@ class Search:
             trial.status, trial.reason = OUT_OF_MEMORY, str(exc)
             back = self.out_of_memory
         except DivergedError as exc:  # the weights are non-finite now: a fresh trainer from the seed
-            self._alone(trial.label(), exc)
+            self.stop_under_torchrun(trial.label(), exc)
             trial.status, trial.reason = CANNOT_RUN, str(exc)
             back = self.session.reset
         except UserError as exc:  # the trainer cannot run it here (the same answer on every rank)
             trial.status, trial.reason = CANNOT_RUN, str(exc)
             back = self.session.recover
         except Exception as exc:  # a library's error in the step: recorded, the search goes on
-            self._alone(trial.label(), exc)
+            self.stop_under_torchrun(trial.label(), exc)
             trial.status = CANNOT_RUN
-            trial.reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            trial.reason = one_line(exc)
             back = self.session.reset
         else:
             self._judge(trial, *self.agree(times))

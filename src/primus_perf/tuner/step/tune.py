@@ -256,15 +256,15 @@ def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: P
         found = measure_groups(trainer, problem, groups, [recipe], blocks=blocks, block_steps=block_steps,
                                settle=settle, say=say)
     except Exception as exc:  # out of memory (the layers' FP8 copies beside the compiled graphs), a library's error
-        from primus_perf.errors import OutOfMemory
+        from primus_perf.errors import OutOfMemory, one_line
 
         if not isinstance(exc, OutOfMemory):
-            search._alone("the FP8 plan per layer group", exc)
+            search.stop_under_torchrun("the FP8 plan per layer group", exc)
         elif search.distributed:
             search.agree(OUT_OF_MEMORY)  # every rank ran out at the same step (Search.out_of_memory)
-        failed = f"{type(exc).__name__} measuring the layer groups ({(str(exc).splitlines() or [''])[0]})"
+        failed = one_line(exc)
     if failed:  # after the except block: the error held the failed step's tensors
-        say(f"FP8 plan: {failed}: one recipe for every layer stays")
+        say(f"FP8 plan: measuring the layer groups failed ({failed}): one recipe for every layer stays")
         del trainer
         session.reset(plan)  # the layers were switched one group at a time: a fresh trainer from the seed
         return None
