@@ -2,7 +2,8 @@
 same global batch (interleaved, in the tuner's own final measurement), the search's minutes.
 
 Cases (``CASES``): llama3-8b 4 layers seq 4096 global batch 16 on one GPU; llama3-8b 8 layers
-under FSDP2 over 2 and 4 GPUs at 16 sequences a GPU; qwen3-30b-a3b 2 layers and mixtral-8x7b
+under FSDP2 over 2 and 4 GPUs at 16 sequences a GPU, and on one GPU for their scaling (tokens/s
+against one GPU's, and that over the GPUs: ``scaling_vs_1gpu``); qwen3-30b-a3b 2 layers and mixtral-8x7b
 1 layer at global batch 32. A multi-GPU case runs under torchrun. Each case is a run folder
 ``<workdir>/<case>`` (the profile, plan.yaml, step_plan.json); its row is merged into ``--out``
 as soon as it ends::
@@ -34,10 +35,13 @@ CASES: dict[str, dict[str, Any]] = {
     "llama3-8b-1gpu": {"config": "llama3-8b", "gpus": 1,
                        "overrides": ["model.n_layers=4", "train.seq_len=4096", "train.global_batch=16",
                                      "train.micro_batch=1"]},
-    "llama3-8b-fsdp2-2gpu": {"config": "llama3-8b", "gpus": 2,
+    "llama3-8b-8l-1gpu": {"config": "llama3-8b", "gpus": 1,  # the FSDP2 cases' model on one GPU: their scaling
+                          "overrides": ["model.n_layers=8", "train.seq_len=4096", "train.global_batch=16",
+                                        "train.micro_batch=1"]},
+    "llama3-8b-fsdp2-2gpu": {"config": "llama3-8b", "gpus": 2, "one_gpu": "llama3-8b-8l-1gpu",
                              "overrides": ["model.n_layers=8", "train.seq_len=4096", "train.global_batch=32",
                                            "train.micro_batch=1", "parallel.dp_shard=2"]},
-    "llama3-8b-fsdp2-4gpu": {"config": "llama3-8b", "gpus": 4,
+    "llama3-8b-fsdp2-4gpu": {"config": "llama3-8b", "gpus": 4, "one_gpu": "llama3-8b-8l-1gpu",
                              "overrides": ["model.n_layers=8", "train.seq_len=4096", "train.global_batch=64",
                                            "train.micro_batch=1", "parallel.dp_shard=4"]},
     "qwen3-30b-a3b-1gpu": {"config": "qwen3-30b-a3b", "gpus": 1,
@@ -99,10 +103,25 @@ def run_case(name: str, case: dict[str, Any], workdir: Path, budget_min: float) 
     return row
 
 
+def _scaling(rows: dict[str, dict[str, Any]]) -> None:
+    """Each multi-GPU row's tokens/s against its model's one-GPU case (same sequences a GPU),
+    default against default and plan against plan, where both rows have them: the ratio and the
+    ratio over the GPUs (1.0: linear scaling)."""
+    for name, row in rows.items():
+        one = rows.get(CASES.get(name, {}).get("one_gpu", ""), {})
+        pairs = {k: (row.get(k), one.get(k)) for k in ("default_tokens_s", "tuned_tokens_s")}
+        if all(a and b for a, b in pairs.values()):
+            row["scaling_vs_1gpu"] = {"one_gpu_case": one["case"], "gpus": row["gpus"],
+                                      **{k.removesuffix("_tokens_s"): round(a / b, 3) for k, (a, b) in pairs.items()},
+                                      **{k.removesuffix("_tokens_s") + "_per_gpu": round(a / b / row["gpus"], 3)
+                                         for k, (a, b) in pairs.items()}}
+
+
 def _merge(out: Path, row: dict[str, Any], smoke: bool) -> None:
     doc = json.loads(out.read_text()) if out.is_file() else {}
     rows = {r["case"]: r for r in doc.get("rows", [])}
     rows[row["case"]] = row
+    _scaling(rows)
     write_json(out, {"benchmark": "step_tuner", "device": current_device().to_dict(), "versions": library_versions(),
                      "smoke": smoke, "rows": list(rows.values())}, indent=1)
 
