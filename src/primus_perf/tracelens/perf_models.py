@@ -60,6 +60,7 @@ class OpModel:
     input_dtype: str = ""
     label: str = ""
     assumed: str = ""
+    written: int | None = None  # a memory-bound op: the bytes it writes (of ``bytes``)
 
     @property
     def dtype(self) -> str:
@@ -485,7 +486,7 @@ def model_bytes(s: ShapeArgs, name: str = "") -> OpModel | None:
         read = sum(_numel(d) * DTYPE_BYTES[t] for _, d, t in tensors)
         _, big, bt = max(tensors, key=lambda dt: _numel(dt[1]))
         written = _numel(big) * DTYPE_BYTES[bt]
-    return OpModel("memory", None, "fwd", None, int(read + written), tensors[0][2], label)
+    return OpModel("memory", None, "fwd", None, int(read + written), tensors[0][2], label, written=int(written))
 
 
 # ---------------------------------------------------------------------------- attention

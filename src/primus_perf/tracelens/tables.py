@@ -17,7 +17,8 @@
   (kind "memory", bytes only): rank, step, row, kind, key, problem (None for ops without a
   problem type), direction (a GEMM: ``bwd`` inside a backward node, else ``fwd``), flops (None: unknown), bytes, dtype, time_us (GPU time of its
   kernels, or its CPU time in a trace without GPU events), assumed (what the problem takes
-  for granted that the trace does not record, "" when nothing).
+  for granted that the trace does not record, "" when nothing), written (a memory-bound
+  call: the bytes it writes, of ``bytes``; NaN where unknown).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ _DTYPE_SHORT = {"c10::BFloat16": "bf16", "c10::Half": "f16", "float": "f32", "do
 _NOT_TENSOR_TYPES = frozenset({"Scalar", "GenericList", "ScalarList", "TensorList", "Device", "Layout",
                                "ScalarType", "MemoryFormat", "String", "None"})
 CALL_COLUMNS = ["rank", "step", "row", "kind", "key", "problem", "direction", "flops", "bytes", "dtype",
-                "time_us", "assumed"]
+                "time_us", "assumed", "written"]
 
 
 def op_label(name: str) -> str:
@@ -175,7 +176,7 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
             continue
         direction = "bwd" if m.kind == "gemm" and bwd else m.direction  # a GEMM's pass: see problems
         rows.append((rank, int(lk.op_step[r]), r, m.kind, problem_key, m.problem, direction,
-                     m.flops, m.bytes, m.dtype, t, m.assumed))
+                     m.flops, m.bytes, m.dtype, t, m.assumed, m.written))
     calls = pd.DataFrame(rows, columns=CALL_COLUMNS)
     memory = _memory_calls(rt, lk, kernels, rank, gpu_time)
     return pd.concat([calls, memory], ignore_index=True) if len(memory) else calls
@@ -212,6 +213,7 @@ def _memory_calls(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int, 
     keys = np.array([f"{rt.names[int(n)]} {m.label}" if m else "" for n, m in zip(uniq[0], ms, strict=True)],
                     dtype=object)
     nbytes = np.array([m.bytes if m else 0 for m in ms], dtype=np.float64)
+    written = np.array([m.written if m and m.written is not None else np.nan for m in ms], dtype=np.float64)
     dtypes = np.array([m.dtype if m else "" for m in ms], dtype=object)
     n = len(rows)
     return pd.DataFrame({
@@ -219,6 +221,7 @@ def _memory_calls(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int, 
         "kind": "memory", "key": keys[inverse], "problem": None, "direction": "fwd",
         "flops": np.full(n, np.nan), "bytes": nbytes[inverse], "dtype": dtypes[inverse],
         "time_us": gpu_time.reindex(rows, fill_value=0.0).to_numpy(dtype=np.float64), "assumed": "",
+        "written": written[inverse],
     })
 
 

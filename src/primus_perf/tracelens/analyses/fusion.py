@@ -7,25 +7,40 @@ move (:func:`~..perf_models.model_bytes`: every input read, one output written; 
 bytes are shared among its kernels by their time), and the time of the kernels whose op
 has no bytes model (no recorded shapes).
 
-The estimate (:func:`fusion_estimate`): fused, a chain would move its bytes at the
-bandwidth a device reaches in practice, ``ATTAINABLE_BW`` of its datasheet peak (measured:
-a device-to-device copy on an H200 ran at 4.23 of its 4.8 TB/s, ``primus-profile
-preflight``); the saving is the measured time minus that, never below zero, counted only in
-the share of the chain's time with no communication kernel beside it (``shared_us``: a
-kernel sharing the GPU with NCCL is slowed by it, and what fusing it saves there is not
-known; GEMM tuning leaves such time out the same way). The bytes are
-those of the modeled ops as they run now: the trace records no dataflow, so no
-intermediate tensor between them is assumed to disappear (which under-counts what fusion
-saves). A kernel whose op has no bytes model (a ``cat`` of a tensor list, ops without
-recorded shapes) adds no bytes to a chain that has modeled ops (it moves what its
-neighbours wrote and read: an intermediate once fused); a chain with no modeled op at all
-is not estimated (its time counts as not improvable). A cast inside a GEMM op (autocast's
-weight cast under ``aten::linear``) is elementwise but no intermediate: it stays out of the
-chains, as the GEMM does; so does per-parameter work (``tables.param_shaped``: a gradient's
-accumulation, FSDP2's all-gather copy-out), which runs outside any compiled region. Checked against an H100 llama3-8b
-run (4 layers, seq 4096, micro-batch 2) where compiling RoPE, SwiGLU and RMSNorm
-(``train.compile=true``) measured 9.5 ms per step: the estimate is held within 30% of it
-(``tests/test_analysis_next.py``).
+The estimate (:func:`fusion_estimate`): fused, a chain would move its bytes less its
+intermediates at the bandwidth a device reaches in practice, ``ATTAINABLE_BW`` of its
+datasheet peak (measured: a device-to-device copy on an H200 ran at 4.23 of its 4.8 TB/s,
+``primus-profile preflight``); the saving is the measured time minus that, never below
+zero, counted only in the share of the chain's time with no communication kernel beside it
+(``shared_us``: a kernel sharing the GPU with NCCL is slowed by it, and what fusing it saves
+there is not known; GEMM tuning leaves such time out the same way). The trace records no
+dataflow, so the intermediates are assumed: each call of a chain after the first reads what
+the call before it wrote (``intermediate``: the smaller of the two, from the calls'
+``written`` bytes), and fused, that tensor is not read back; its write is kept (the eager
+autograd saves many such tensors for the backward, and a compiler keeps some). A kernel
+whose op has no bytes model (a ``cat`` of a tensor list, ops without recorded shapes) adds
+no bytes to a chain that has modeled ops (it moves what its neighbours wrote and read: an
+intermediate once fused); a chain with no modeled op at all is not estimated (its time
+counts as not improvable). A cast inside a GEMM op (autocast's weight cast under
+``aten::linear``) is elementwise but no intermediate: it stays out of the chains, as the
+GEMM does; so does per-parameter work (``tables.param_shaped``: a gradient's accumulation,
+FSDP2's all-gather copy-out), which runs outside any compiled region, and an indexed op
+(:data:`INDEXED`: a scatter must finish before what reads it, a gather reads at its index's
+pace) ends a chain as a GEMM does. A chain between two grouped GEMMs (``experts``: the
+GEMMs nearest it on its stream are both grouped) is an expert's activation on rows whose
+count per expert changes every step: compiled code leaves it eager (the reference trainer
+disables compilation there; a compiled region would recompile for every split), so it is
+estimated at nothing.
+
+Checked against ``train.compile=block`` measured by ``primus-tune step`` on H100s
+(llama3-8b, seq 4096, 16 sequences a GPU, 8 layers): one GPU 187.8 ms estimated, 215.9
+measured; FSDP2 over 2 GPUs 173.1 against 143.5-159.7; over 4 GPUs 111.7 against 159.6 (the
+share beside communication grows with the GPUs); 4 layers at micro-batch 2, 12.6 ms a step
+against 12.7 (101.7 ms over 16 sequences) and 9.5 for ``train.compile=pointwise``, which
+fuses less (``tests/test_analysis_next.py``). On MoE runs the GPU time is estimated, not the
+step's: one GPU, qwen3-30b-a3b 54.3 ms against 57.0 ms less GPU time compiled, mixtral-8x7b
+35.5 against 54.0, while their steps saved 32.6 and 20.7 ms (the host's syncs in every
+layer, where compiled regions break their graphs: the advice says so).
 """
 
 from __future__ import annotations
@@ -33,16 +48,26 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from primus_perf import kinds
 from primus_perf.tracelens.analyses.breakdown import covered
 from primus_perf.tracelens.categories import (
     COMMUNICATION,
     ELEMENTWISE,
+    GEMM,
     MODELED,
     NORMALIZATION,
     op_category,
 )
 
-COLUMNS = ["rank", "step", "stream", "kernels", "calls", "time_us", "bytes", "unmodeled_us", "shared_us", "ops"]
+COLUMNS = ["rank", "step", "stream", "kernels", "calls", "time_us", "bytes", "intermediate", "unmodeled_us",
+           "shared_us", "experts", "ops"]
+# indexed ops: a scatter writes where an index says (what reads its output waits for all of it:
+# a compiler runs it as a kernel of its own) and a gather reads rows at an index's pace, which
+# fusing does not change; either ends a chain, as a GEMM does
+INDEXED = frozenset({"aten::index_add", "aten::index_add_", "aten::index_put", "aten::index_put_",
+                     "aten::_index_put_impl_", "aten::scatter", "aten::scatter_", "aten::scatter_add",
+                     "aten::scatter_add_", "aten::scatter_reduce", "aten::scatter_reduce_", "aten::index",
+                     "aten::index_select", "aten::gather", "aten::take", "aten::embedding_dense_backward"})
 MEMORY_BOUND = (ELEMENTWISE, NORMALIZATION)
 MAX_OPS_LABEL = 6
 ATTAINABLE_BW = 0.88  # of the datasheet HBM bandwidth: an H200's measured device-to-device copy
@@ -78,6 +103,7 @@ def chains(kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     mem &= ~modeled[op.cat.codes.to_numpy()]  # code -1 (no op): the appended False
     if "param_shaped" in k.columns:  # per-parameter work (a gradient's accumulation, FSDP2's copies): no compiler fuses it
         mem &= ~k["param_shaped"].to_numpy(dtype=bool)
+    mem &= ~op.isin(INDEXED).to_numpy()
     group = k[["rank", "step", "stream"]].to_numpy()
     new_group = np.r_[True, (group[1:] != group[:-1]).any(axis=1)]
     run = np.cumsum(new_group | np.r_[True, mem[1:] != mem[:-1]])
@@ -85,8 +111,24 @@ def chains(kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     if m.empty:
         return pd.DataFrame(columns=COLUMNS)
     m["run"] = run[mem]
+    # between two grouped GEMMs (the GEMMs nearest before and after it on its stream in its step):
+    # an expert's activation on rows whose count per expert changes every step (see the docstring)
+    grouped_rows = calls.loc[calls["kind"] == kinds.GROUPED.name, ["rank", "row"]]
+    grouped = (pd.MultiIndex.from_frame(k[["rank", "call"]]).isin(pd.MultiIndex.from_frame(grouped_rows))
+               if len(grouped_rows) else np.zeros(len(k), dtype=bool))
+    idx = np.arange(len(k))
+    gemm = (k["category"] == GEMM).to_numpy()
+    group_id = np.cumsum(new_group)
+    prev_gemm = np.maximum.accumulate(np.where(gemm, idx, -1))
+    next_gemm = np.minimum.accumulate(np.where(gemm, idx, len(k))[::-1])[::-1]
+    ok = (prev_gemm >= 0) & (next_gemm < len(k))
+    p, n = np.clip(prev_gemm, 0, len(k) - 1), np.clip(next_gemm, 0, len(k) - 1)
+    experts = ok & grouped[p] & grouped[n] & (group_id[p] == group_id) & (group_id[n] == group_id)
+    m["experts"] = experts[mem]
     memory = calls[calls["kind"] == "memory"]
     call_bytes = memory.groupby(["rank", "row"])["bytes"].first()
+    call_written = (memory.groupby(["rank", "row"])["written"].first() if "written" in memory.columns
+                    else pd.Series(np.nan, index=call_bytes.index))
     call_time = k[k["call"] >= 0].groupby(["rank", "call"])["dur_us"].sum()
     idx = pd.MultiIndex.from_arrays([m["rank"], m["call"]])
     b = call_bytes.reindex(idx).to_numpy(dtype=np.float64)
@@ -103,10 +145,23 @@ def chains(kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
         m.loc[mine, "shared_us"] = covered(cs, cs + c["dur_us"].to_numpy(dtype=np.float64), start,
                                            start + m.loc[mine, "dur_us"].to_numpy(dtype=np.float64))
     m["call_id"] = np.where(m["call"] >= 0, m["call"], -1 - np.arange(len(m)))
+    m["intermediate"] = 0.0
+    # each call after the first reads what the call before it wrote (up to what it reads): fused, that
+    # tensor is not read back (the trace records no dataflow: assumed, see the module docstring)
+    first = m.drop_duplicates(["run", "call_id"])
+    w = call_written.reindex(pd.MultiIndex.from_arrays([first["rank"], first["call"]])).to_numpy(dtype=np.float64)
+    b = call_bytes.reindex(pd.MultiIndex.from_arrays([first["rank"], first["call"]])).to_numpy(dtype=np.float64)
+    same_run = np.r_[False, first["run"].to_numpy()[1:] == first["run"].to_numpy()[:-1]]
+    link = np.zeros(len(first))
+    if len(first) > 1:
+        link[1:] = np.fmin(w[:-1], b[1:] - w[1:])  # NaN (a call without a bytes model) where either is unknown
+    link = np.where(same_run & np.isfinite(link), np.maximum(link, 0.0), 0.0)
+    m.loc[first.index, "intermediate"] = link
     g = m.groupby("run", sort=False).agg(rank=("rank", "first"), step=("step", "first"), stream=("stream", "first"),
                                          kernels=("dur_us", "size"), calls=("call_id", "nunique"),
                                          time_us=("dur_us", "sum"), bytes=("bytes", "sum"),
-                                         unmodeled_us=("unmodeled_us", "sum"), shared_us=("shared_us", "sum"))
+                                         intermediate=("intermediate", "sum"), unmodeled_us=("unmodeled_us", "sum"),
+                                         shared_us=("shared_us", "sum"), experts=("experts", "first"))
     g["ops"] = _labels(m["run"].to_numpy(), m["op"])
     return g[g["calls"] >= 2].reset_index(drop=True)[COLUMNS]
 
@@ -117,6 +172,8 @@ def fusion_estimate(ch: pd.DataFrame, hbm_tb_s: float) -> pd.Series:
     if ch.empty or hbm_tb_s <= 0:
         return pd.Series(0.0, index=ch.index)
     unmodeled = ch["unmodeled_us"].where(ch["bytes"] <= 0, 0.0)  # a chain without a modeled op: not improvable
-    fused = ch["bytes"] / (hbm_tb_s * ATTAINABLE_BW * 1e12) * 1e6 + unmodeled
+    moved = (ch["bytes"] - ch.get("intermediate", 0.0)).clip(lower=0.0)  # an intermediate is not read back
+    fused = moved / (hbm_tb_s * ATTAINABLE_BW * 1e12) * 1e6 + unmodeled
     alone = 1.0 - (ch["shared_us"] / ch["time_us"].where(ch["time_us"] > 0)).fillna(0.0).clip(0.0, 1.0)
-    return ((ch["time_us"] - fused) * alone).clip(lower=0.0)
+    eager = ch["experts"].astype(bool) if "experts" in ch.columns else False
+    return ((ch["time_us"] - fused) * alone).clip(lower=0.0).where(~eager, 0.0)

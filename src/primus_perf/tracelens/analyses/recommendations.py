@@ -69,6 +69,9 @@ Analysis = Any
 COLUMNS = ["category", "lever", "evidence", "condition", "action", "command", "estimated_saving_ms",
            "measured_saving_ms", "measured_against", "method", "changes_numerics"]
 MIN_SAVING_MS = 0.01  # below this a recommendation is noise
+# the syncs' cost (the replay without them), as a share of the step, above which the fusion estimate is an
+# upper bound of the step's saving (H100: MoE runs with a sync per layer 1.0-3.1%, dense runs under 0.01%)
+SYNC_BOUND = 0.005
 # fraction of the datasheet peak the best available kernels reach (H100: the best cuBLASLt
 # candidate for dense bf16 GEMMs runs at ~0.75-0.82 of it; cuDNN attention, the fastest
 # backend measured, 0.56 forward and 0.50 backward; grouped GEMMs between)
@@ -135,12 +138,23 @@ def _fusion(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict
     by_ops = save.groupby(ch["ops"]).sum().sort_values(ascending=False) / 1e3 / per
     top = "; ".join(f"{ops} ({ms:.2f} ms)" for ops, ms in by_ops.head(3).items() if ms > 0)
     shared_ms = float(ch["shared_us"].sum()) / 1e3 / per
+    experts_ms = float(ch.loc[ch["experts"].astype(bool), "time_us"].sum()) / 1e3 / per if "experts" in ch else 0.0
+    rp = _replayed(a)
+    syncs = float(a.syncs["calls"].sum()) / per if len(a.syncs) else 0.0
+    sync_bound = not rp.empty and _capped(rp, rp["replay_s"] - rp["no_sync_s"]) >= SYNC_BOUND * float(rp["span_s"].mean())
     evidence = (f"elementwise and normalization kernels take {mem_s * 1e3:.1f} ms per step "
                 f"({mem_s / total:.0%} of GPU time); {len(ch) / per:.0f} chains of 2+ ops take {chain_ms:.1f} ms "
                 f"and move {gb:.1f} GB ({gb / (peaks.hbm_tb_s * ATTAINABLE_BW):.1f} ms at {ATTAINABLE_BW:.0%} of the "
                 f"{peaks.hbm_tb_s:g} TB/s peak)"
                 + (f"; {shared_ms:.1f} ms of the chains' time runs beside communication kernels and is left out"
-                   if shared_ms >= MIN_SAVING_MS else "") + (f"; most to gain: {top}" if top else ""))
+                   if shared_ms >= MIN_SAVING_MS else "")
+                + (f"; {experts_ms:.1f} ms runs between grouped GEMMs (the experts' activations, on rows whose count "
+                   "per expert changes every step: compiled code leaves them eager; a grouped GEMM with the "
+                   "activation fused would take them) and is left out" if experts_ms >= MIN_SAVING_MS else "")
+                + (f"; most to gain: {top}" if top else ""))
+    if sync_bound:
+        evidence += (f"; the host makes {syncs:.0f} synchronizing calls a step: a compiled region's graph breaks at each and "
+                     "adds host time there, while the GPU waits, so the step saves less than this GPU time")
     compiled = w.get("compiled")
     if cfg is not None and str(cfg["train"].get("compile", "off")).lower() != "block":
         lever = "train.compile=block"
@@ -157,14 +171,19 @@ def _fusion(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict
                   "chains), or use fused kernels (fused RMSNorm/LayerNorm, SwiGLU, RoPE)")
     bw = peaks.hbm_tb_s * ATTAINABLE_BW
     method = ("per chain: measured kernel time minus the time its modeled ops' bytes (every input read, one "
-              f"output written) take at {bw:.2f} TB/s ({ATTAINABLE_BW:.0%} of the {peaks.hbm_tb_s:g} TB/s peak, "
-              "what a device copy measured); kernels without a bytes model count as intermediates (a chain with "
-              "none modeled: not improvable); no intermediate tensor between modeled ops is assumed removed (the "
-              "trace records no dataflow), which under-counts; only the share of a chain's time with no "
-              "communication kernel beside it counts (FSDP2 over 2 H100s, llama3-8b 8 layers: 143.5 ms estimated, "
-              "143.5-154.2 measured); checked against an H100 llama3-8b run (4 layers, "
-              "seq 4096, mb 2) where train.compile=true measured 9.5 ms per step, and an H200 one (mb 1, 16 micro-batches "
-              "a step) where the estimate was 117.6 ms, train.compile=block measured 105.7 and pointwise 53.2")
+              "output written), less the intermediates a fused kernel does not read back (each call is assumed to "
+              f"read what the call before it wrote: the trace records no dataflow), take at {bw:.2f} TB/s "
+              f"({ATTAINABLE_BW:.0%} of the {peaks.hbm_tb_s:g} TB/s peak, what a device copy measured); kernels "
+              "without a bytes model count as intermediates (a chain with none modeled: not improvable); only the "
+              "share of a chain's time with no communication kernel beside it counts; checked against "
+              "train.compile=block on H100s (llama3-8b, seq 4096, 16 sequences a GPU, 8 layers): one GPU 187.8 ms "
+              "estimated, 215.9 measured; FSDP2 over 2 GPUs 173.1 against 143.5-159.7; over 4 GPUs 111.7 against "
+              "159.6; 4 layers at micro-batch 2: 12.6 ms a step against 12.7"
+              + ("; an upper bound here: the step waits on the host's syncs, where compiled regions break their "
+                 "graphs and add host time that the uncompiled trace cannot show (on H100 MoE runs, one GPU, "
+                 "train.compile=block cut the GPU time 57.0 ms a step on qwen3-30b-a3b, estimated 54.3, and 54.0 on "
+                 "mixtral-8x7b, estimated 35.5, while the step saved 32.6 and 20.7 ms: its GPU idled longer)"
+                 if sync_bound else ""))
     condition = f"chains of 2+ memory-bound op calls on one stream with no other kernel between them; {_compile_text(w)}"
     return [_row("fusion", lever, evidence, condition, action, saving_ms, method)] if saving_ms >= MIN_SAVING_MS else []
 
