@@ -470,3 +470,19 @@ def test_top_recommendations_of_the_h100_trainer_runs_agree_with_their_measured_
         assert abs(top["estimated_saving_ms"] - saved_ms) <= 0.3 * saved_ms, (name, top["estimated_saving_ms"], saved_ms)
         if name == "dense":
             assert top["estimated_saving_ms"] >= pointwise
+
+
+def test_attention_tuning_is_capped_where_the_kernels_are_already_cudnns() -> None:
+    """The same H100 llama3-8b step with cuDNN's and with flash attention's kernels: tuning
+    chose cuDNN again at 1.000x on such a problem, so the cuDNN run's advice is at most 2% of
+    its attention time (here below the noise: none); the flash run's is not capped."""
+    for name, capped in (("cudnn", True), ("flash", False)):
+        a = analyze([TRACES / f"h100_llama3-8b_l2_s1024_{name}.json.gz"])
+        k = a.kernels[a.kernels["category"].astype(str).str.startswith("attention") & (a.kernels["step"] >= 0)]
+        attention_ms = float(k["dur_us"].sum()) / 1e3 / a.rank_steps
+        rows = a.recommendations[a.recommendations["category"] == "tuning: attention"]
+        saving = float(rows["estimated_saving_ms"].sum())
+        if capped:
+            assert saving <= 0.02 * attention_ms
+        else:
+            assert saving > 0.5 * attention_ms and "cuDNN" not in rows["method"].iloc[0]
