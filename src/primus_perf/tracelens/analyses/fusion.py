@@ -16,7 +16,8 @@ zero, counted only in the share of the chain's time with no communication kernel
 there is not known; GEMM tuning leaves such time out the same way). The trace records no
 dataflow, so the intermediates are assumed: each call of a chain after the first reads what
 the call before it wrote (``intermediate``: the smaller of the two, from the calls'
-``written`` bytes), and fused, that tensor is not read back; its write is kept (the eager
+``written`` bytes; next to a call without a bytes model, the other's figure), and fused,
+that tensor is not read back; its write is kept (the eager
 autograd saves many such tensors for the backward, and a compiler keeps some). A kernel
 whose op has no bytes model (a ``cat`` of a tensor list, ops without recorded shapes) adds
 no bytes to a chain that has modeled ops (it moves what its neighbours wrote and read: an
@@ -154,7 +155,9 @@ def chains(kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     same_run = np.r_[False, first["run"].to_numpy()[1:] == first["run"].to_numpy()[:-1]]
     link = np.zeros(len(first))
     if len(first) > 1:
-        link[1:] = np.fmin(w[:-1], b[1:] - w[1:])  # NaN (a call without a bytes model) where either is unknown
+        # a call without a bytes model (NaN) takes its neighbour's figure: it moves what they wrote and
+        # read (an intermediate once fused, as above); NaN only where neither is known
+        link[1:] = np.fmin(w[:-1], b[1:] - w[1:])
     link = np.where(same_run & np.isfinite(link), np.maximum(link, 0.0), 0.0)
     m.loc[first.index, "intermediate"] = link
     g = m.groupby("run", sort=False).agg(rank=("rank", "first"), step=("step", "first"), stream=("stream", "first"),
