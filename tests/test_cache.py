@@ -89,14 +89,14 @@ def _writer(path: str, worker: int, n: int) -> None:
 def test_eight_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     path = str(tmp_path / "c.json")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(path, w, 200)) for w in range(8)]
+    procs = [ctx.Process(target=_writer, args=(path, w, 80)) for w in range(8)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=300)
         assert p.exitcode == 0
     keys = {e.problem_key for e in TuningCache(path).entries()}
-    assert len(keys) == 8 * 200
+    assert len(keys) == 8 * 80
 
 
 KILLED_WRITER = """
