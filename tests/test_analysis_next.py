@@ -486,3 +486,23 @@ def test_attention_tuning_is_capped_where_the_kernels_are_already_cudnns() -> No
             assert saving <= 0.02 * attention_ms
         else:
             assert saving > 0.5 * attention_ms and "cuDNN" not in rows["method"].iloc[0]
+
+
+def test_host_tables_made_in_a_forked_process_are_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big trace analyzed with a CPU to spare has its host tables made in a forked process
+    while the rest of the analysis goes on: the same tables as made in this process."""
+    import pandas as pd
+
+    import primus_perf.tracelens.analyze as A
+
+    monkeypatch.setattr(A, "idle_cpus", lambda: 2)
+    monkeypatch.setattr(A, "HOST_ASIDE_EVENTS", 10**12)
+    here = analyze([RUN])
+    monkeypatch.setattr(A, "HOST_ASIDE_EVENTS", 0)
+    forks, fork = [], A._host_aside
+    monkeypatch.setattr(A, "_host_aside", lambda *args: forks.append(1) or fork(*args))
+    aside = analyze([RUN])
+    assert forks == [1]
+    for name in ("cpu_ops", "launches", "launch_delays", "critical_path", "syncs", "host_replay", "recommendations"):
+        pd.testing.assert_frame_equal(getattr(here, name), getattr(aside, name))
+    assert len(aside.host_replay) and len(aside.critical_path)
