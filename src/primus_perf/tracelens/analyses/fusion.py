@@ -117,11 +117,11 @@ def chains(kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     grouped_rows = calls.loc[calls["kind"] == kinds.GROUPED.name, ["rank", "row"]]
     grouped = (pd.MultiIndex.from_frame(k[["rank", "call"]]).isin(pd.MultiIndex.from_frame(grouped_rows))
                if len(grouped_rows) else np.zeros(len(k), dtype=bool))
-    idx = np.arange(len(k))
+    at = np.arange(len(k))
     gemm = (k["category"] == GEMM).to_numpy()
     group_id = np.cumsum(new_group)
-    prev_gemm = np.maximum.accumulate(np.where(gemm, idx, -1))
-    next_gemm = np.minimum.accumulate(np.where(gemm, idx, len(k))[::-1])[::-1]
+    prev_gemm = np.maximum.accumulate(np.where(gemm, at, -1))
+    next_gemm = np.minimum.accumulate(np.where(gemm, at, len(k))[::-1])[::-1]
     ok = (prev_gemm >= 0) & (next_gemm < len(k))
     p, n = np.clip(prev_gemm, 0, len(k) - 1), np.clip(next_gemm, 0, len(k) - 1)
     experts = ok & grouped[p] & grouped[n] & (group_id[p] == group_id) & (group_id[n] == group_id)

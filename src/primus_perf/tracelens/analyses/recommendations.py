@@ -61,7 +61,7 @@ from primus_perf.tracelens.analyses.breakdown import covered
 from primus_perf.tracelens.analyses.fusion import ATTAINABLE_BW, MEMORY_BOUND, fusion_estimate
 from primus_perf.tracelens.analyses.hotspots import MODELED, in_steps, problem_keys
 from primus_perf.tracelens.analyses.tune_next import tune_next
-from primus_perf.tracelens.categories import COMMUNICATION, OPTIMIZER
+from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, COMMUNICATION, OPTIMIZER
 
 # ``tracelens.analyze.Analysis``, which imports this module: no import back
 Analysis = Any
@@ -537,7 +537,7 @@ def _tuning(a: Analysis, peaks: DevicePeaks | None) -> list[dict[str, Any]]:
                                          "caches ran 0.995-1.013x)")
         if kind == kinds.ATTENTION.name and nvidia:
             k = in_steps(a.kernels)
-            k = k[k["category"].astype(str).str.startswith("attention")]
+            k = k[k["category"].isin((ATTENTION_FWD, ATTENTION_BWD))]
             cudnn = float(k.loc[k["name"].astype(str).str.contains(_CUDNN), "dur_us"].sum())
             bound = float((g["time_s"] * g["alone"]).sum()) * ATTENTION_TUNING_GAIN
             if cudnn >= 0.9 * float(k["dur_us"].sum()) > 0 and saving > bound:
