@@ -23,10 +23,13 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.*
+
+import contextlib
 
 from benchmarks import RESULTS, ROOT
 from benchmarks.analyzer.trace_replicate import replicate
@@ -60,13 +63,53 @@ print(json.dumps({"seconds": t2 - t0, "load_seconds": t1 - t0, "kernel_rows": in
 """
 
 
+def _tree(pid: int) -> list[int]:
+    """A process and its descendants (Linux: /proc/PID/task/TID/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in task.read_text().split()]
+    return out
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class _PssPeak(threading.Thread):
+    """The peak of a process tree's memory, summed over its processes at each sample: their
+    proportional set sizes (pages shared after a fork counted once), every ``every`` s."""
+
+    def __init__(self, pid: int, every: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.every, self.peak_kb, self.done = pid, every, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.every):
+            self.peak_kb = max(self.peak_kb, sum(map(_pss_kb, _tree(self.pid))))
+
+
 def run_measured(python: str, code: str, arg: str, env: dict[str, str] | None = None) -> dict:
-    """Run ``code`` in a fresh interpreter; its JSON result plus wall time and its own peak RSS."""
+    """Run ``code`` in a fresh interpreter; its JSON result plus wall time, its own peak RSS
+    and (Linux) the peak of its processes' memory summed (helpers' included, sampled)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen([python, "-c", code, arg], stdout=out, stderr=err, env=env)
+        sampler = _PssPeak(proc.pid)
+        if Path("/proc/self/smaps_rollup").exists():
+            sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
+        sampler.done.set()
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
@@ -75,6 +118,8 @@ def run_measured(python: str, code: str, arg: str, env: dict[str, str] | None = 
         return {"ok": False, "error": (stderr.strip().splitlines() or ["?"])[-1], "wall_s": wall}
     result = json.loads(stdout.strip().splitlines()[-1])
     result.update(ok=True, wall_s=wall, peak_rss_gb=usage.ru_maxrss / 1e6)  # Linux: ru_maxrss in KiB
+    if sampler.peak_kb:
+        result["peak_pss_sum_gb"] = sampler.peak_kb / 1e6
     return result
 
 

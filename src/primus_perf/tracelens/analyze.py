@@ -408,12 +408,15 @@ def _host_aside(rt: L.RawTrace, lk: Linked, rank: int, unprofiled_s: float | Non
     """:func:`.host.trace_host` in a forked process: a future of its tables (see HOST_ASIDE_EVENTS)."""
     global _ASIDE
     _ASIDE = (rt, lk, rank, unprofiled_s, per_param)
+    L.trim_heap()  # freed pages handed back first: shared after the fork, they would be copied on reuse
+    gc.freeze()  # and the collector would write to every object's page
     pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
     try:
         future = pool.submit(_host_from_fork)  # forks now: the child sees _ASIDE
     finally:
         _ASIDE = ()
         pool.shutdown(wait=False)
+        gc.unfreeze()
     return future
 
 

@@ -107,7 +107,9 @@ def by_step(step: np.ndarray) -> dict[int, np.ndarray]:
     if not len(step):
         return {}
     order = np.argsort(step, kind="stable")
-    values, starts = np.unique(step[order], return_index=True)
+    s = step[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    values = s[starts]
     return dict(zip(values.tolist(), np.split(order, starts[1:]), strict=True))
 
 
@@ -115,90 +117,145 @@ GROUPED_OPS = ("aten::_grouped_mm", "aten::_scaled_grouped_mm")  # ops whose inn
 # ops whose modeled ops inside are part of their call: a grouped GEMM's per-group fallback GEMMs,
 # an attention op's math-path bmms (an attention op inside one, its dispatch, is still its own)
 OWNS_INSIDE = frozenset(GROUPED_OPS) | frozenset(ATTENTION_MODELS)
-OP_TREE_BLOCK = 1 << 20  # host events converted to Python values at a time (bounded memory)
+def _nearest(flag: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """For each node of a forest (``up``: its parent, -1 for a root), the nearest node at or
+    above it with ``flag`` set (-1 if none), by pointer doubling: log(depth) vector passes."""
+    nxt = np.where(flag, np.arange(len(flag), dtype=up.dtype), up)
+    todo = np.flatnonzero(nxt >= 0)
+    todo = todo[~flag[nxt[todo]]]
+    while len(todo):
+        nxt[todo] = nxt[nxt[todo]]
+        todo = todo[nxt[todo] >= 0]
+        todo = todo[~flag[nxt[todo]]]
+    return nxt
+
+
+def _stack_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, pushed: np.ndarray) -> np.ndarray:
+    """The stack pass's parent of each event (sorted by thread, start, -length): per thread,
+    pop the stack's top while it has ended by the event's start, then the top is its parent;
+    ``pushed`` events are pushed after. That top is the first event that has not ended in
+    the chain (previous pushed event, its parent, its parent's parent, ...), so each event's
+    candidate starts at the previous pushed event and jumps to its candidate's candidate
+    while it has ended: every candidate on the way ended before the event, or is on its
+    chain (earlier events start no later), so the candidates converge on the stack's answer,
+    in about log(depth) vector passes."""
+    n = len(start)
+    if not n:
+        return np.zeros(0, dtype=np.int32)
+    pos = np.arange(n, dtype=np.int32)
+    last = np.maximum.accumulate(np.where(pushed, pos, -1))
+    up = np.r_[np.int32(-1), last[:-1]].astype(np.int32)
+    first = np.maximum.accumulate(np.where(np.r_[True, thread[1:] != thread[:-1]], pos, 0))
+    up[up < first] = -1  # the stack is empty at a thread's first event
+    del pos, last, first
+    todo = np.flatnonzero(up >= 0)
+    todo = todo[end[up[todo]] <= start[todo]]
+    while len(todo):
+        up[todo] = up[up[todo]]
+        todo = todo[up[todo] >= 0]
+        todo = todo[end[up[todo]] <= start[todo]]
+    return up
+
+
+def _host_order(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """The order of host events by (thread, start, -length), ties kept as recorded: what
+    ``np.lexsort((-dur, start, thread))`` gives, sooner on events recorded nearly in time
+    order (a stable sort of the starts runs over the sorted runs; only the events that share
+    a start are sorted by length; few threads: a radix sort by thread)."""
+    order = np.argsort(start, kind="stable")
+    s = start[order]
+    tie = np.r_[s[1:] == s[:-1], False] | np.r_[False, s[1:] == s[:-1]]
+    if tie.any():  # each run of equal starts sorted by -length, in its own places
+        at = np.flatnonzero(tie)
+        order[at] = order[at][np.lexsort((-dur[order[at]], s[at]))]
+    del s, tie
+    th = thread[order]
+    if len(th) and th.min() >= 0 and th.max() < (1 << 16):
+        th = th.astype(np.uint16)
+    return order[np.argsort(th, kind="stable")]
 
 
 def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The stack pass: (parent, model, shadowed, optimizer, backward root, launch op) per row."""
+    """The stack pass: (parent, model, shadowed, optimizer, backward root, launch op) per row,
+    in vector passes (:func:`_stack_parents`, :func:`_nearest`).
+
+    An op inherits from its parent the nearest model (an op with a perf model and shapes,
+    or an annotation that names its problem), whether it is in an optimizer step and its
+    backward node. An op that could be a model becomes one unless the model above it is
+    an annotation (it owns its inside), or owns its inside (a grouped GEMM op, an attention
+    op; an attention op inside an attention op takes over); the model above a new model
+    is shadowed by it."""
     n = len(rt)
     kind = rt.kind
     host = np.flatnonzero((kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION) | (kind == L.KIND_RUNTIME)
                           | (kind == L.KIND_FLOW_START))
-    order = host[np.lexsort((-rt.dur[host], rt.ts[host], rt.thread[host]))]
+    order = host[_host_order(rt.thread[host], rt.ts[host], rt.dur[host])]
     del host
     names = rt.names
-    modeled_name = np.array([nm in MODELS for nm in names] + [False], dtype=bool)
-    owner_name = np.array([annotation_model(nm) is not None for nm in names] + [False], dtype=bool)
-    owns_name = np.array([nm in OWNS_INSIDE for nm in names] + [False], dtype=bool)
-    attention_name = np.array([nm in ATTENTION_MODELS for nm in names] + [False], dtype=bool)
-    is_opt_name = np.array([nm.startswith(OPTIMIZER_PREFIX) for nm in names] + [False], dtype=bool)
-    is_bwd_name = np.array([nm.startswith(BACKWARD_PREFIX) for nm in names] + [False], dtype=bool)
+    flags = {key: np.array([test(nm) for nm in names] + [False], dtype=bool) for key, test in (
+        ("modeled", MODELS.__contains__), ("owner", lambda nm: annotation_model(nm) is not None),
+        ("owns", OWNS_INSIDE.__contains__), ("attention", ATTENTION_MODELS.__contains__),
+        ("optimizer", lambda nm: nm.startswith(OPTIMIZER_PREFIX)),
+        ("backward", lambda nm: nm.startswith(BACKWARD_PREFIX)))}
+    k = kind[order]
+    op_like = (k == L.KIND_CPU_OP) | (k == L.KIND_ANNOTATION)
+    del k
+    start = rt.ts[order]
+    up = _stack_parents(rt.thread[order], start, start + rt.dur[order], op_like)
+    del start
+    name_of = rt.name[order]
 
-    up = np.full(n, -1, dtype=np.int32)  # parent op of an op; the op around a launch
+    def flag(key: str) -> np.ndarray:
+        return flags[key][name_of] & op_like
+
+    optim = _nearest(flag("optimizer"), up) >= 0
+    bwd = _nearest(flag("backward"), up)
+    owner = flag("owner")
+    # which candidates become models, resolved from the top: each against the model above it
+    cand = np.flatnonzero(owner | (flag("modeled") & (rt.shape[order] >= 0)))
+    is_model = np.zeros(len(order), dtype=bool)
+    model_above = np.full(len(order), -1, dtype=np.int32)  # per candidate, once resolved
+    if len(cand):
+        is_cand = np.zeros(len(order), dtype=bool)
+        is_cand[cand] = True
+        cand_up = _nearest(is_cand, up)[np.clip(up[cand], 0, None)]  # the nearest candidate above
+        cand_up[up[cand] < 0] = -1
+        owns_of, att_of = flags["owns"][name_of], flags["attention"][name_of]
+        done = np.zeros(len(order), dtype=bool)
+        todo = np.arange(len(cand))
+        while len(todo):
+            ready = todo[(cand_up[todo] < 0) | done[np.clip(cand_up[todo], 0, None)]]
+            j, c = cand[ready], cand_up[ready]
+            m = np.where(c < 0, -1, np.where(is_model[np.clip(c, 0, None)], c, model_above[np.clip(c, 0, None)]))
+            has, mm = m >= 0, np.clip(m, 0, None)
+            inside = has & owns_of[mm] & ~(att_of[j] & att_of[mm])
+            is_model[j] = ~(has & owner[mm]) & (owner[j] | ~inside)
+            model_above[j] = m
+            done[j] = True
+            todo = todo[~done[cand[todo]]]
+        shadow = model_above[cand[is_model[cand]]]
+    else:
+        shadow = np.zeros(0, dtype=np.int32)
+    model_pos = _nearest(is_model, up)
+
+    def rows(p: np.ndarray) -> np.ndarray:
+        return np.where(p >= 0, order[np.clip(p, 0, None)], -1).astype(np.int32)
+
+    ops = order[op_like]
+    up_row = np.full(n, -1, dtype=np.int32)
+    up_row[order] = rows(up)
     model = np.full(n, -1, dtype=np.int32)
-    optim = np.zeros(n, dtype=bool)
+    model[ops] = rows(model_pos[op_like])
     bwd_root = np.full(n, -1, dtype=np.int32)
+    bwd_root[ops] = rows(bwd[op_like])
+    optim_row = np.zeros(n, dtype=bool)
+    optim_row[ops] = optim[op_like]
     shadowed = np.zeros(n, dtype=bool)
-    shadow_rows: list[int] = []
-    # (end, row, model, optimizer, backward root, inside an op that owns its inside, the model
-    # owns its inside, the model is an attention op)
-    stack: list[tuple[float, int, int, bool, int, bool, bool, bool]] = []
-    cur = -1
-    for b0 in range(0, len(order), OP_TREE_BLOCK):
-        blk = order[b0:b0 + OP_TREE_BLOCK]
-        name_of = rt.name[blk]
-        modeled = (modeled_name[name_of] & (rt.shape[blk] >= 0)).tolist()
-        attention = attention_name[name_of].tolist()
-        owns = owns_name[name_of].tolist()
-        owner = owner_name[name_of].tolist()
-        opt_flag = is_opt_name[name_of].tolist()
-        bwd_flag = is_bwd_name[name_of].tolist()
-        op_like = ((kind[blk] == L.KIND_CPU_OP) | (kind[blk] == L.KIND_ANNOTATION)).tolist()
-        starts = rt.ts[blk].tolist()
-        ends = (rt.ts[blk] + rt.dur[blk]).tolist()
-        threads = rt.thread[blk].tolist()
-        rows = blk.tolist()
-        m = len(rows)
-        b_up, b_model, b_opt, b_bwd = [-1] * m, [-1] * m, [False] * m, [-1] * m
-        for j in range(m):
-            t = starts[j]
-            if threads[j] != cur:
-                cur = threads[j]
-                stack.clear()
-            while stack and stack[-1][0] <= t:
-                stack.pop()
-            if stack:
-                _, p, pm, po, pb, owned, pm_owns, pm_attention = stack[-1]
-            else:
-                p, pm, po, pb, owned, pm_owns, pm_attention = -1, -1, False, -1, False, False, False
-            b_up[j] = p
-            if not op_like[j]:
-                continue
-            r = rows[j]
-            # a GEMM inside a grouped GEMM op (torch's per-group fallback) or an attention op (the
-            # math path) is part of its call; an attention op inside an attention op takes over
-            inside = pm_owns and not (attention[j] and pm_attention)
-            if not owned and (owner[j] or (modeled[j] and not inside)):
-                mr = r
-                owned = owner[j]
-                if pm >= 0:
-                    shadow_rows.append(pm)
-                pm_owns, pm_attention = owns[j], attention[j]
-            else:
-                mr = pm
-            o = opt_flag[j] or po
-            br = r if bwd_flag[j] else pb
-            b_model[j], b_opt[j], b_bwd[j] = mr, o, br
-            stack.append((ends[j], r, mr, o, br, owned, pm_owns, pm_attention))
-        up[blk] = b_up
-        model[blk] = b_model
-        optim[blk] = b_opt
-        bwd_root[blk] = b_bwd
-    shadowed[shadow_rows] = True
+    shadowed[order[shadow[shadow >= 0]]] = True
     op_like_all = (kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)
-    parent = np.where(op_like_all, up, -1).astype(np.int32)
-    launch_op = np.where(op_like_all, -1, up).astype(np.int32)
-    return parent, model, shadowed, optim, bwd_root, launch_op
+    parent = np.where(op_like_all, up_row, -1).astype(np.int32)
+    launch_op = np.where(op_like_all, -1, up_row).astype(np.int32)
+    return parent, model, shadowed, optim_row, bwd_root, launch_op
 
 
 def _lookup(keys: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:

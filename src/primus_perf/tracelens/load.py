@@ -29,6 +29,7 @@ import contextlib
 import gzip
 import math
 import multiprocessing
+import os
 import re
 import sys
 import zlib
@@ -46,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from primus_perf.errors import TraceError
+from primus_perf.tracelens.arrays import member, unique
 
 # ---- event kinds (a small int per event; "cat" spellings of CUDA, ROCm and 2021 traces) --
 
@@ -401,15 +403,20 @@ class _Reader:
         self.gap = b","
         self.array = False  # the file is one JSON array of events (no header)
 
-    def pieces(self) -> Iterator[bytes | memoryview]:
+    def pieces(self, spans: bool = False) -> Iterator[bytes | memoryview | _Span]:
         """The events array as JSON arrays of whole events, about ``chunk_bytes`` each;
         ``prefix`` and ``tail`` are set once it is exhausted. Each piece is cut after the
         last event boundary of the text read so far, and bracketed in place (the bytes
-        between two events become ``]`` and ``[``), so the text is copied once."""
+        between two events become ``]`` and ``[``), so the text is copied once. With
+        ``spans``, an uncompressed file's pieces are given by their place in the file
+        (:class:`_Span`), read by whoever decodes them; only the text around each cut and
+        the end of the file are read here."""
         buf = bytearray()
         key = None
+        read = 0  # bytes of the file read so far
         for block in self.blocks:
             buf += block
+            read += len(block)
             if not buf.strip():
                 continue
             if buf.lstrip()[:1] == b"[":  # the JSON Array Format: the events are the whole file
@@ -431,10 +438,17 @@ class _Reader:
             if block is None:
                 raise TraceError(f"{self.path}: truncated JSON (nothing after traceEvents)")
             buf += block
+            read += len(block)
         i = len(buf) - len(buf.lstrip())
         if buf[i:i + 1] != b"[":
             raise TraceError(f"{self.path}: not a Kineto trace (traceEvents is not a list)")
         del buf[:i]  # keep the "[": every piece starts with one
+        if spans and self.plain:
+            start = read - len(buf) + 1  # the first event's place in the file
+            del buf
+            self.blocks.close()
+            yield from self._spans(start)
+            return
         for block in self.blocks:
             buf += block
             if len(buf) < self.chunk:
@@ -457,10 +471,77 @@ class _Reader:
         if body.strip():
             yield b"[" + body + b"]"
 
+    @property
+    def plain(self) -> bool:
+        """Whether the file is uncompressed (its pieces can be read by their place in it)."""
+        with open(self.path, "rb") as f:
+            return f.read(2) != b"\x1f\x8b"
+
+    def _spans(self, start: int) -> Iterator[bytes | _Span]:
+        """The pieces of an uncompressed file from ``start`` (the first event): each cut at the
+        first event boundary ``chunk`` bytes on, found by reading the text there; the last
+        piece (up to two chunks) read here, as :meth:`pieces` ends."""
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            while start + 2 * self.chunk < size:
+                at = start + self.chunk
+                f.seek(at)
+                window, m = b"", None
+                while m is None and (more := f.read(SPAN_WINDOW)):
+                    window += more
+                    m = _BOUNDARY.search(window)
+                if m is None:  # no boundary before the end: the rest is one piece
+                    break
+                self.gap = window[m.start() + 1:m.end() - 1]
+                yield _Span(self.path, start, at + m.start() + 1)
+                start = at + m.end() - 1
+            f.seek(start)
+            rest = f.read()
+        if self.array:
+            body = _array_body(rest, self.path)
+        else:
+            body, self.tail = _split_tail(rest, self.path)
+        del rest
+        if body.strip():
+            yield b"[" + body + b"]"
+
     def header(self) -> _Header:
         if self.array:
             return _Header()
         return _header(self.prefix + b'"traceEvents": []' + self.tail, self.path)
+
+
+SPAN_WINDOW = 1 << 16  # bytes read at a time to find the event boundary at a cut
+
+
+class _Span:
+    """A piece of the events array of an uncompressed file, by its place there: whoever
+    decodes it reads it (a helper process: the text is not sent between processes)."""
+
+    __slots__ = ("end", "path", "start")
+
+    def __init__(self, path: str, start: int, end: int) -> None:
+        self.path, self.start, self.end = path, start, end
+
+    def text(self) -> bytearray:
+        """``[`` + the events + ``]``, as the other pieces are."""
+        n = self.end - self.start
+        buf = bytearray(n + 2)
+        buf[0], buf[-1] = 0x5B, 0x5D
+        view = memoryview(buf)[1:-1]
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(self.start)
+            got = 0
+            while got < n and (k := f.readinto(view[got:])):
+                got += k
+        view.release()
+        if got < n:
+            raise TraceError(f"{self.path}: the file became shorter while it was read")
+        return buf
+
+
+def _text(piece: bytes | memoryview | _Span) -> bytes | memoryview | bytearray:
+    return piece.text() if isinstance(piece, _Span) else piece
 
 
 def _array_body(rest: bytes, path: str) -> bytes:
@@ -617,7 +698,7 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, workers: int = 1) -> 
             joined += 1
             if joined > _MAX_JOINS:  # no string is that long: the JSON is malformed
                 raise _events_error(p, error or ValueError("malformed"))
-            piece, carry, part = carry[:-1] + gap + bytes(piece[1:]), b"", None
+            piece, carry, part = carry[:-1] + gap + bytes(_text(piece)[1:]), b"", None
         try:
             if part is not None:
                 columns = part.result()
@@ -625,9 +706,9 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, workers: int = 1) -> 
                     builder.merge(columns)
                     continue
                 raise msgspec.DecodeError("a cut inside a string")
-            events = _decode_piece(piece, builder.fixes)
+            events = _decode_piece(_text(piece), builder.fixes)
         except msgspec.DecodeError as exc:
-            carry, gap, error = bytes(piece), piece_gap, exc
+            carry, gap, error = bytes(_text(piece)), piece_gap, exc
             continue
         except (msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise _events_error(p, exc) from None
@@ -660,21 +741,25 @@ def trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _pieces(reader: _Reader, workers: int) -> Iterator[tuple[bytes | memoryview, bytes, Future | None]]:
+def _pieces(reader: _Reader, workers: int) -> Iterator[tuple[bytes | memoryview | _Span, bytes, Future | None]]:
     """(piece, the text after it, the future of its columns) in file order: from the third
     piece on, with ``workers`` > 1, each piece is decoded in a pool of processes, a few
-    pieces ahead (None: decode it here)."""
+    pieces ahead (None: decode it here). An uncompressed file's pieces are read by the
+    helper processes themselves (:class:`_Span`): this one only merges their columns."""
     pool: ProcessPoolExecutor | None = None
-    ahead: deque[tuple[bytes, bytes, Future]] = deque()
+    ahead: deque[tuple[bytes | _Span, bytes, Future]] = deque()
     try:
-        for i, piece in enumerate(reader.pieces()):
+        for i, piece in enumerate(reader.pieces(spans=workers > 1)):
             if pool is None and workers > 1 and i >= 2:
                 pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
             if pool is None:
                 yield piece, reader.gap, None
                 continue
-            text = bytes(piece)
-            ahead.append((text, reader.gap, pool.submit(_piece_columns, text)))
+            if isinstance(piece, _Span):
+                ahead.append((piece, reader.gap, pool.submit(_span_columns, piece)))
+            else:
+                text = bytes(piece)
+                ahead.append((text, reader.gap, pool.submit(_piece_columns, text)))
             if len(ahead) > 2 * workers:
                 yield ahead.popleft()
         while ahead:
@@ -684,7 +769,12 @@ def _pieces(reader: _Reader, workers: int) -> Iterator[tuple[bytes | memoryview,
             pool.shutdown(cancel_futures=True)
 
 
-def _piece_columns(text: bytes) -> _ColumnBuilder | None:
+def _span_columns(span: _Span) -> _ColumnBuilder | None:
+    """:func:`_piece_columns` of a piece read from the file here."""
+    return _piece_columns(span.text())
+
+
+def _piece_columns(text: bytes | bytearray) -> _ColumnBuilder | None:
     """One piece as columns of their own (a helper process's work); None when it does not
     parse (a cut inside a string: the caller joins it with the next piece)."""
     b = _ColumnBuilder()
@@ -871,7 +961,8 @@ class _ColumnBuilder:
         lut = np.array([threads.code((_ident(p), _ident(t))) for p, t in self.threads.values] or [0], dtype=np.int32)
         cols["thread"] = lut[cols["thread"]]
         kind, corr = cols["kind"], cols["correlation"]
-        redundant = (kind == KIND_FLOW_START) & np.isin(corr, corr[kind == KIND_RUNTIME])
+        redundant = kind == KIND_FLOW_START
+        redundant[redundant] = member(corr[redundant], corr[kind == KIND_RUNTIME])
         res = pd.DataFrame({c: np.concatenate([p[c] for p in self.resources]) for c in RESOURCE_COLUMNS}) \
             if self.resources else pd.DataFrame({c: np.zeros(0, dtype=np.int64 if c in ("row", "grid", "block")
                                                                  else np.float64) for c in RESOURCE_COLUMNS})
@@ -896,10 +987,11 @@ class _ColumnBuilder:
         memory = pd.DataFrame(self.memory, columns=MEMORY_COLUMNS)
         memory["thread"] = lut[memory["thread"].to_numpy(dtype=np.int64)] if len(memory) else memory["thread"]
         rt = RawTrace(
-            path=path, kind=cols["kind"].astype(np.int8), name=cols["name"].astype(np.int32), names=names,
-            thread=cols["thread"].astype(np.int32), ts=cols["ts"].astype(np.float64),
-            dur=cols["dur"].astype(np.float64), correlation=cols["correlation"], stream=cols["stream"],
-            device=cols["device"], seq=cols["seq"], shape=cols["shape"].astype(np.int32),
+            path=path, kind=cols["kind"].astype(np.int8, copy=False), name=cols["name"].astype(np.int32, copy=False),
+            names=names, thread=cols["thread"].astype(np.int32, copy=False),
+            ts=cols["ts"].astype(np.float64, copy=False), dur=cols["dur"].astype(np.float64, copy=False),
+            correlation=cols["correlation"], stream=cols["stream"], device=cols["device"], seq=cols["seq"],
+            shape=cols["shape"].astype(np.int32, copy=False),
             shape_values=self.shapes.values,
             device_properties=[d for d in header.deviceProperties or header.computeProperties or []
                                if isinstance(d, dict)],
@@ -908,7 +1000,7 @@ class _ColumnBuilder:
             fixes=self.fixes, unread=self.unread, dropped=self.dropped, resources=res.reset_index(drop=True),
             memory=memory,
         )
-        runtime = {names[c] for c in np.unique(rt.name[rt.kind == KIND_RUNTIME])}
+        runtime = {names[c] for c in unique(rt.name[rt.kind == KIND_RUNTIME])}
         if any(r.startswith("hip") for r in runtime):
             rt.platform = "rocm"
         return rt
@@ -937,6 +1029,10 @@ def _duplicates(cols: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
         for f, k in zip(_SAME[1:], _HASH, strict=False):
             v = cols[f][rows]
             h = (h ^ (v.view(np.uint64) if v.dtype == np.float64 else v.astype(np.int64).view(np.uint64))) * k
+    sorted_h = np.sort(h)  # a fast sort of the values first: most traces have no equal hashes
+    if not (sorted_h[1:] == sorted_h[:-1]).any():
+        return dup
+    del sorted_h
     order = np.argsort(h, kind="stable")
     eq = np.flatnonzero(h[order][1:] == h[order][:-1])
     if not len(eq):

@@ -35,6 +35,7 @@ import pandas as pd
 from primus_perf.devices import name_from_properties
 from primus_perf.problems import GROUPED_TRACE_OP
 from primus_perf.tracelens import load as L
+from primus_perf.tracelens.arrays import unique, unique_pairs
 from primus_perf.tracelens.categories import ELEMENTWISE, NORMALIZATION, classify
 from primus_perf.tracelens.link import Linked
 from primus_perf.tracelens.perf_models import OpModel, model_bytes, model_op
@@ -196,21 +197,19 @@ def _memory_calls(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int, 
     k = kernels[kernels["category"].isin((NORMALIZATION, ELEMENTWISE)) & (kernels["call"] >= 0)]
     if lk.steps:
         k = k[k["step"] >= 0]
-    rows = np.unique(k["call"].to_numpy(dtype=np.int64))
+    rows = unique(k["call"].to_numpy(dtype=np.int64))
     rows = rows[(rt.shape[rows] >= 0) & (lk.op_model[rows] != rows)]
     region = np.array([bool(_REGION.search(nm)) for nm in rt.names] + [False], dtype=bool)
     rows = rows[~region[rt.name[rows]]]
     if not len(rows):
         return pd.DataFrame(columns=CALL_COLUMNS)
-    combo = np.stack([rt.name[rows].astype(np.int64), rt.shape[rows].astype(np.int64)])
-    uniq, inverse = np.unique(combo, axis=1, return_inverse=True)
-    inverse = inverse.ravel()
-    ms = [model_bytes(rt.shape_args(int(c)), rt.names[int(n)]) for n, c in zip(uniq[0], uniq[1], strict=True)]
+    u_name, u_shape, inverse = unique_pairs(rt.name[rows], rt.shape[rows])
+    ms = [model_bytes(rt.shape_args(int(c)), rt.names[int(n)]) for n, c in zip(u_name, u_shape, strict=True)]
     ok = np.array([m is not None for m in ms], dtype=bool)[inverse]
     rows, inverse = rows[ok], inverse[ok]
     if not len(rows):
         return pd.DataFrame(columns=CALL_COLUMNS)
-    keys = np.array([f"{rt.names[int(n)]} {m.label}" if m else "" for n, m in zip(uniq[0], ms, strict=True)],
+    keys = np.array([f"{rt.names[int(n)]} {m.label}" if m else "" for n, m in zip(u_name, ms, strict=True)],
                     dtype=object)
     nbytes = np.array([m.bytes if m else 0 for m in ms], dtype=np.float64)
     written = np.array([m.written if m and m.written is not None else np.nan for m in ms], dtype=np.float64)
@@ -256,15 +255,14 @@ def _parameter_shapes(rt: L.RawTrace, opt: np.ndarray) -> set[tuple[int, ...]]:
     optimizer step's first inputs, the weights of linear and embedding ops, and a 2-D
     weight's transpose (a gradient laid out as the GEMM wrote it)."""
     params: set[tuple[int, ...]] = set()
-    for code in np.unique(rt.shape[opt]).tolist():
+    for code in unique(rt.shape[opt]).tolist():
         args = rt.shape_args(int(code))
         if args is not None and args.dims:
             params.update(t for t in _tensor_dims(args.dims[0]) if math.prod(t) >= MIN_PARAM_ELEMENTS)
     index = {i: WEIGHT_INPUTS[n] for i, n in enumerate(rt.names) if n in WEIGHT_INPUTS}
     if index:
         rows = np.flatnonzero(np.isin(rt.name, np.fromiter(index, dtype=np.int64)) & (rt.shape >= 0))
-        pairs = np.unique(np.stack([rt.name[rows], rt.shape[rows]], axis=1), axis=0) if len(rows) else []
-        for name, code in pairs:
+        for name, code in zip(*unique_pairs(rt.name[rows], rt.shape[rows])[:2], strict=True):
             args = rt.shape_args(int(code))
             at = index[int(name)]
             if args is not None and args.dims and len(args.dims) > at and isinstance(args.dims[at], list):
@@ -281,7 +279,7 @@ def param_shaped(rt: L.RawTrace, lk: Linked) -> np.ndarray:
     done per parameter once per micro-batch (see the module docstring)."""
     leaf = lk.leaf_op
     out = np.zeros(len(leaf), dtype=bool)
-    opt = np.unique(leaf[lk.in_optimizer & (leaf >= 0)])
+    opt = unique(leaf[lk.in_optimizer & (leaf >= 0)])
     params = _parameter_shapes(rt, opt)
     per_param = {i for i, n in enumerate(rt.names) if n in PER_PARAMETER_OPS}
     if not params and not per_param:

@@ -50,6 +50,7 @@ from primus_perf.tracelens.analyses.host_idle import (
     sync_calls,
     trace_idle,
 )
+from primus_perf.tracelens.arrays import unique
 from primus_perf.tracelens.link import Linked, by_step
 from primus_perf.tracelens.tables import op_label
 
@@ -143,7 +144,7 @@ class _Walk:
         self.sorted_end = self.end[self.by_end]
         syncs = sync_calls(rt, lk)
         self.syncs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for th in np.unique(rt.thread[syncs]).tolist():
+        for th in unique(rt.thread[syncs]).tolist():
             s = syncs[rt.thread[syncs] == th]
             e = rt.ts[s] + rt.dur[s]
             o = np.argsort(e)

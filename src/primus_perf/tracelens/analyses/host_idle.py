@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 
 from primus_perf.tracelens import load as L
+from primus_perf.tracelens.arrays import member, unique
 from primus_perf.tracelens.link import Linked, by_step
 from primus_perf.tracelens.tables import op_label
 
@@ -74,12 +75,13 @@ def sync_calls(rt: L.RawTrace, lk: Linked) -> np.ndarray:
     """Rows of the runtime calls that synchronized with the GPU (see the module docstring)."""
     runtime = rt.kind == L.KIND_RUNTIME
     sync = runtime & np.isin(rt.name, [c for c, n in enumerate(rt.names) if _SYNC_NAME.search(n)])
-    copy = runtime & np.isin(rt.name, [c for c, n in enumerate(rt.names) if _MEMCPY_NAME.search(n)])
-    ok = lk.launch >= 0
-    ends = np.full(len(rt), -np.inf)
-    np.maximum.at(ends, lk.launch[ok], rt.ts[lk.gpu[ok]] + rt.dur[lk.gpu[ok]])
-    blocking = copy & np.isfinite(ends) & (ends <= rt.ts + rt.dur)
-    return np.flatnonzero(sync | blocking)
+    copies = np.flatnonzero(runtime & np.isin(rt.name, [c for c, n in enumerate(rt.names) if _MEMCPY_NAME.search(n)]))
+    if len(copies):  # a copy call that returned after its copy ended waited for it
+        mine = member(lk.launch, copies)
+        ends = np.full(len(copies), -np.inf)
+        np.maximum.at(ends, np.searchsorted(copies, lk.launch[mine]), rt.ts[lk.gpu[mine]] + rt.dur[lk.gpu[mine]])
+        sync[copies[np.isfinite(ends) & (ends <= rt.ts[copies] + rt.dur[copies])]] = True
+    return np.flatnonzero(sync)
 
 
 def _site(rt: L.RawTrace, lk: Linked, row: int, by_thread: dict[int, tuple[np.ndarray, np.ndarray]]) -> str:
@@ -125,7 +127,7 @@ def _syncs(rt: L.RawTrace, lk: Linked, rank: int, rows: np.ndarray) -> pd.DataFr
     steps = lk.op_step[rows] if lk.steps else np.zeros(len(rows), dtype=np.int32)
     ops = lk.op_rows
     by_thread = {}
-    for th in np.unique(rt.thread[rows]).tolist():
+    for th in unique(rt.thread[rows]).tolist():
         o = ops[rt.thread[ops] == th]
         o = o[np.lexsort((-rt.dur[o], rt.ts[o]))]
         by_thread[th] = (rt.ts[o], o)
@@ -222,12 +224,14 @@ def _position(values: np.ndarray, of: np.ndarray) -> np.ndarray:
 def _prepare(rt: L.RawTrace, lk: Linked, events: np.ndarray, syncs: np.ndarray, data: np.ndarray, t0: float,
              ev: _Events) -> _Step | None:
     launch = lk.launch[events]
-    items = np.union1d(np.union1d(np.unique(launch[launch >= 0]), syncs), data)
+    items = unique(np.concatenate([launch[launch >= 0], syncs, data]))
     if not len(items):
         return None
     items = items[np.argsort(rt.ts[items], kind="stable")]
     ts, end = rt.ts[items], rt.ts[items] + rt.dur[items]
-    host_end = np.maximum.accumulate(np.r_[t0, end[:-1]])
+    host_end = np.empty(len(end))
+    host_end[0], host_end[1:] = t0, end[:-1]
+    host_end = np.maximum.accumulate(host_end)
     is_sync = np.isin(items, syncs)
     kind = np.where(is_sync, _SYNC, np.where(np.isin(items, data), _DATA, _LAUNCH)).astype(np.int8)
     ok = launch >= 0
@@ -269,7 +273,9 @@ def _replay(s: _Step, host: float = 1.0, syncs: bool = True, launches: bool = Tr
     synced = waits & syncs
     skip = (s.kind == _SYNC) & (s.n_events == 0) & (not syncs)  # a pure synchronize call, removed
     is_data = s.kind == _DATA
-    pre = s.gap * host * (launches | np.r_[False, synced[:-1]])
+    after_sync = np.zeros(n, dtype=bool)
+    after_sync[1:] = synced[:-1]
+    pre = s.gap * host * (launches | after_sync)
     post = np.where(is_data, s.adv * host * data,
                     np.where(skip | synced, 0.0, np.where(waits, s.ret, s.adv) * host * launches))
     dur = np.where(s.per_step, s.dur, s.dur * gpu)
@@ -279,9 +285,11 @@ def _replay(s: _Step, host: float = 1.0, syncs: bool = True, launches: bool = Tr
     for b in [*np.flatnonzero(synced).tolist(), n - 1]:
         if b < a:
             continue
-        at = clock + np.cumsum(pre[a:b + 1] + np.r_[0.0, post[a:b]])  # each item's clock after its own gap
+        gaps = pre[a:b + 1].copy()
+        gaps[1:] += post[a:b]
+        at = clock + np.cumsum(gaps)  # each item's clock after its own gap
         lo, hi = np.searchsorted(s.item, [a, b + 1])
-        for st in np.unique(s.stream[lo:hi]).tolist():
+        for st in unique(s.stream[lo:hi]).tolist():
             idx = lo + np.flatnonzero(s.stream[lo:hi] == st)
             d = dur[idx]
             acc = np.cumsum(s.after[idx] + d)
