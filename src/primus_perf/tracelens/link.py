@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from primus_perf.tracelens import load as L
+from primus_perf.tracelens.arrays import order_by_start
 from primus_perf.tracelens.perf_models import ATTENTION_MODELS, MODELS, annotation_model
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -157,24 +158,6 @@ def _stack_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, pushe
     return up
 
 
-def _host_order(thread: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
-    """The order of host events by (thread, start, -length), ties kept as recorded: what
-    ``np.lexsort((-dur, start, thread))`` gives, sooner on events recorded nearly in time
-    order (a stable sort of the starts runs over the sorted runs; only the events that share
-    a start are sorted by length; few threads: a radix sort by thread)."""
-    order = np.argsort(start, kind="stable")
-    s = start[order]
-    tie = np.r_[s[1:] == s[:-1], False] | np.r_[False, s[1:] == s[:-1]]
-    if tie.any():  # each run of equal starts sorted by -length, in its own places
-        at = np.flatnonzero(tie)
-        order[at] = order[at][np.lexsort((-dur[order[at]], s[at]))]
-    del s, tie
-    th = thread[order]
-    if len(th) and th.min() >= 0 and th.max() < (1 << 16):
-        th = th.astype(np.uint16)
-    return order[np.argsort(th, kind="stable")]
-
-
 def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The stack pass: (parent, model, shadowed, optimizer, backward root, launch op) per row,
     in vector passes (:func:`_stack_parents`, :func:`_nearest`).
@@ -189,7 +172,7 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     kind = rt.kind
     host = np.flatnonzero((kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION) | (kind == L.KIND_RUNTIME)
                           | (kind == L.KIND_FLOW_START))
-    order = host[_host_order(rt.thread[host], rt.ts[host], rt.dur[host])]
+    order = host[order_by_start(rt.ts[host], rt.dur[host], rt.thread[host])]
     del host
     names = rt.names
     flags = {key: np.array([test(nm) for nm in names] + [False], dtype=bool) for key, test in (
@@ -274,7 +257,7 @@ def _lookup(keys: np.ndarray, rows: np.ndarray, wanted: np.ndarray) -> np.ndarra
 def _forward_ops(rt: L.RawTrace, bwd_root: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sequence numbers of forward ops and, for each, the outermost (earliest) op with it."""
     ops = np.flatnonzero((rt.kind == L.KIND_CPU_OP) & (rt.seq >= 0) & (bwd_root == -1))
-    ops = ops[np.lexsort((-rt.dur[ops], rt.ts[ops]))]
+    ops = ops[order_by_start(rt.ts[ops], rt.dur[ops])]
     seqs, first = np.unique(rt.seq[ops], return_index=True)
     return seqs, ops[first]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from primus_perf.tracelens.arrays import order_by_start, unique_pairs
 from primus_perf.tracelens.categories import COMMUNICATION, MEMCPY, MEMSET
 
 TEMPORAL_COLUMNS = ["rank", "step", "span_s", "busy_s", "compute_s", "exposed_comm_s", "exposed_memcpy_s",
@@ -70,7 +71,7 @@ def _union_by_group(group: np.ndarray, start: np.ndarray, end: np.ndarray, n: in
     out = np.zeros(n)
     if not len(group):
         return out
-    order = np.lexsort((start, group))
+    order = order_by_start(start, group=group)
     g, s, e = group[order], start[order], end[order]
     reach = pd.Series(e).groupby(g).cummax().to_numpy()  # the end of all intervals so far, per group
     first = np.r_[True, g[1:] != g[:-1]]
@@ -89,23 +90,22 @@ def temporal(kernels: pd.DataFrame) -> pd.DataFrame:
     if len(k) == 0:
         return pd.DataFrame(columns=TEMPORAL_COLUMNS)
     rank, step = k["rank"].to_numpy(dtype=np.int64), k["step"].to_numpy(dtype=np.int64)
-    code, keys = pd.factorize(pd.MultiIndex.from_arrays([rank, step]), sort=True)
-    n = len(keys)
+    ranks, steps, code = unique_pairs(rank, step)  # sorted by rank, then step
+    n = len(ranks)
     s = k["ts_us"].to_numpy(dtype=np.float64)
     e = s + k["dur_us"].to_numpy(dtype=np.float64)
-    cat = k["category"].astype(str).to_numpy()
-    comm = cat == COMMUNICATION
-    comp = ~(comm | (cat == MEMCPY) | (cat == MEMSET))
+    cat = k["category"]
+    comm = (cat == COMMUNICATION).to_numpy()
+    comp = ~(comm | (cat == MEMCPY).to_numpy() | (cat == MEMSET).to_numpy())
     c = _union_by_group(code[comp], s[comp], e[comp], n)
     cm = _union_by_group(code[comp | comm], s[comp | comm], e[comp | comm], n)
     everything = _union_by_group(code, s, e, n)
     t0 = pd.Series(s).groupby(code).min().to_numpy()
     last = pd.Series(e).groupby(code).max().to_numpy()
-    ranks = keys.get_level_values(0).to_numpy()
     same_rank_next = np.r_[ranks[1:] == ranks[:-1], False]  # keys sorted: the rank's next step follows
     t1 = np.maximum(last, np.where(same_rank_next, np.r_[t0[1:], np.inf], -np.inf))
     span = t1 - t0
-    return pd.DataFrame({"rank": ranks, "step": keys.get_level_values(1).to_numpy(), "span_s": span / 1e6,
+    return pd.DataFrame({"rank": ranks, "step": steps, "span_s": span / 1e6,
                          "busy_s": everything / 1e6, "compute_s": c / 1e6, "exposed_comm_s": (cm - c) / 1e6,
                          "exposed_memcpy_s": (everything - cm) / 1e6,
                          "idle_s": np.maximum(0.0, span - everything) / 1e6}, columns=TEMPORAL_COLUMNS)

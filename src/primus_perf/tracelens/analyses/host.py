@@ -50,7 +50,7 @@ from primus_perf.tracelens.analyses.host_idle import (
     sync_calls,
     trace_idle,
 )
-from primus_perf.tracelens.arrays import unique
+from primus_perf.tracelens.arrays import order_by_start, unique
 from primus_perf.tracelens.link import Linked, by_step
 from primus_perf.tracelens.tables import op_label
 
@@ -135,7 +135,7 @@ class _Walk:
         self.l_thread = np.where(lk.launch >= 0, rt.thread[np.clip(lk.launch, 0, None)], -1)
         # the previous GPU event of each one's stream (by start), -1 for the first
         stream = rt.stream[lk.gpu].astype(np.int64)
-        order = np.lexsort((self.start, stream))
+        order = order_by_start(self.start, group=stream)
         prev = np.full(len(order), -1, dtype=np.int64)
         same = np.r_[False, stream[order][1:] == stream[order][:-1]]
         prev[order[1:]] = np.where(same[1:], order[:-1], -1)

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from primus_perf.tracelens import load as L
-from primus_perf.tracelens.arrays import member, unique
+from primus_perf.tracelens.arrays import member, order_by_start, unique
 from primus_perf.tracelens.link import Linked, by_step
 from primus_perf.tracelens.tables import op_label
 
@@ -129,7 +129,7 @@ def _syncs(rt: L.RawTrace, lk: Linked, rank: int, rows: np.ndarray) -> pd.DataFr
     by_thread = {}
     for th in unique(rt.thread[rows]).tolist():
         o = ops[rt.thread[ops] == th]
-        o = o[np.lexsort((-rt.dur[o], rt.ts[o]))]
+        o = o[order_by_start(rt.ts[o], rt.dur[o])]
         by_thread[th] = (rt.ts[o], o)
     mem = np.flatnonzero((rt.kind[lk.gpu] == L.KIND_MEMCPY) & (lk.launch >= 0))
     m_rows = lk.launch[mem]
