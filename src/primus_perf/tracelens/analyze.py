@@ -49,10 +49,10 @@ analysis.
   GPU work outside the steps, missing shapes or CPU ops.
 
 Many traces (ranks) are analyzed in parallel processes (``jobs``). One big trace is decoded
-by as many processes as there are idle CPUs, and with a CPU to spare its host tables (the
-critical path, the replays) are made in a forked process while this one goes on with the
-rest (``HOST_ASIDE_EVENTS``, up to ``HOST_ASIDE_MAX_EVENTS``): the same tables, about 1.2 s
-sooner on a 1 GB trace on 2 cores.
+by as many processes as there are idle CPUs (each reads its pieces of an uncompressed file
+itself), and with a CPU to spare its host tables (the critical path, the replays) are made
+in a forked process while this one makes the others (``HOST_ASIDE_EVENTS``, up to
+``HOST_ASIDE_MAX_EVENTS``): the same tables, sooner (a 1 GB trace on 2 cores: 6.7-7.9 s).
 
 A trace recorded without shapes still gives categories (from kernel names) with FLOPs
 unknown; a CPU-only trace (no GPU events) gives its problems with the ops' CPU time.
@@ -113,7 +113,7 @@ from primus_perf.tracelens.categories import (
 )
 from primus_perf.tracelens.inputs import discover
 from primus_perf.tracelens.link import Linked, link
-from primus_perf.tracelens.tables import TraceTables, trace_tables
+from primus_perf.tracelens.tables import TraceTables, kernel_table, trace_tables
 
 ANALYSIS_SCHEMA = "primus-perf-analysis/1"
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
@@ -375,26 +375,31 @@ def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None, wor
     the profiler, for the host replays; ``workers``: processes that decode a big file)."""
     rt = L.load(path, workers=workers)
     lk = link(rt)
-    tables = trace_tables(rt, lk, rank)
-    comm = trace_collectives(rt, lk, tables.kernels)
-    pool_variable_sizes(tables.kernels, comm)
+    kernels = kernel_table(rt, lk, rank)
+    comm = trace_collectives(rt, lk, kernels)
     # per-parameter GPU work (the optimizer's, data-parallel collectives): the same at any micro-batch
     per_param = lk.in_optimizer.astype(bool)
     if len(comm):
-        rows = np.flatnonzero((tables.kernels["category"] == COMMUNICATION).to_numpy())
+        rows = np.flatnonzero((kernels["category"] == COMMUNICATION).to_numpy())
         per_param[rows[(comm["role"] == PARAMETERS).to_numpy()]] = True
-    host: H.HostTables | Future = (_host_aside(rt, lk, rank, unprofiled_s, per_param)
-                                   if workers > 1 and HOST_ASIDE_EVENTS <= len(rt) <= HOST_ASIDE_MAX_EVENTS
-                                   else H.trace_host(rt, lk, rank, unprofiled_s, per_param))
-    return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, rt.unread, len(rt), comm, host_steps(lk, rank),
-                        host, dict(rt.distributed), trace_extras(rt, lk, tables.kernels), rt.dropped,
-                        trace_markers(rt, lk))
+    aside = workers > 1 and HOST_ASIDE_EVENTS <= len(rt) <= HOST_ASIDE_MAX_EVENTS
+    host: H.HostTables | Future | None = _host_aside(rt, lk, rank, unprofiled_s, per_param) if aside else None
+    tables = trace_tables(rt, lk, rank, kernels)
+    pool_variable_sizes(tables.kernels, comm)
+    result = _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, rt.unread, len(rt), comm,
+                          host_steps(lk, rank), host, dict(rt.distributed), trace_extras(rt, lk, tables.kernels),
+                          rt.dropped, trace_markers(rt, lk))
+    if host is None:
+        result.host = H.trace_host(rt, lk, rank, unprofiled_s, per_param)
+    return result
 
 
-# a trace of at least this many events, analyzed in this process with a CPU to spare, has its
-# host tables made in a forked process while this one goes on with the rest of the analysis; not
-# above the maximum, where that process's own memory counts (a 10 GB trace, 31.8 M events: 104.8 s
-# instead of 111.3, but 5.0 GB in all, the two processes' proportional sets, against 3.9)
+# a trace of at least this many kept events, analyzed in this process with a CPU to spare, has
+# its host tables made in a forked process while this one makes the others and goes on; not
+# above the maximum, where the two processes' memory counts (a 10 GB trace, 21.7 M kept events:
+# the forked process keeps its own copy of the columns once this one lets them go, 5.2 GB summed
+# over the two; waiting for it before letting them go, 3.8 GB and 89.5 s, against 3.4 GB and
+# 91.3 s in one process)
 HOST_ASIDE_EVENTS = 1_000_000
 HOST_ASIDE_MAX_EVENTS = 8_000_000
 _ASIDE: tuple = ()  # what the forked process reads (inherited, not pickled)
@@ -408,15 +413,12 @@ def _host_aside(rt: L.RawTrace, lk: Linked, rank: int, unprofiled_s: float | Non
     """:func:`.host.trace_host` in a forked process: a future of its tables (see HOST_ASIDE_EVENTS)."""
     global _ASIDE
     _ASIDE = (rt, lk, rank, unprofiled_s, per_param)
-    L.trim_heap()  # freed pages handed back first: shared after the fork, they would be copied on reuse
-    gc.freeze()  # and the collector would write to every object's page
     pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
     try:
         future = pool.submit(_host_from_fork)  # forks now: the child sees _ASIDE
     finally:
         _ASIDE = ()
         pool.shutdown(wait=False)
-        gc.unfreeze()
     return future
 
 

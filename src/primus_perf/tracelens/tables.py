@@ -294,8 +294,9 @@ def param_shaped(rt: L.RawTrace, lk: Linked) -> np.ndarray:
     return out
 
 
-def trace_tables(rt: L.RawTrace, lk: Linked, rank: int) -> TraceTables:
-    kernels = kernel_table(rt, lk, rank)
+def trace_tables(rt: L.RawTrace, lk: Linked, rank: int, kernels: pd.DataFrame | None = None) -> TraceTables:
+    """One trace's tables (``kernels``: its :func:`kernel_table`, when made already)."""
+    kernels = kernel_table(rt, lk, rank) if kernels is None else kernels
     kernels["param_shaped"] = param_shaped(rt, lk)
     return TraceTables(
         kernels=kernels,
