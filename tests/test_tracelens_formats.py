@@ -63,15 +63,23 @@ def test_fields_of_unexpected_types_are_converted_and_reported_once(tmp_path: Pa
     assert (a.kernels["step"] == 1).all()
 
 
-def test_a_piece_cut_inside_a_string_is_joined_with_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                            ) -> None:
-    """Read 100 bytes at a time and cut every 256: some cuts fall inside the name below."""
+@pytest.mark.parametrize("form", ["gzip", "plain", "plain array"])
+def test_a_piece_cut_inside_a_string_is_joined_with_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            form: str) -> None:
+    """Read 100 bytes at a time and cut every 256: some cuts fall inside the name below. An
+    uncompressed file's pieces are read by the helper processes themselves (by their place
+    in the file), a compressed one's are sent to them."""
     tricky = "op}, {with braces"
     events = [_step(1, 0, 1000)]
     for i in range(200):
         events += _launch(i, 10 + i, tricky if i % 7 == 0 else "aten::add")
         events.append(_kernel(i, 20 + 4 * i, 2))
-    path = _write(tmp_path / "t.json.gz", events)
+    if form == "gzip":
+        path = _write(tmp_path / "t.json.gz", events)
+    else:
+        path = tmp_path / "t.json"
+        text = json.dumps(events if form == "plain array" else {"schemaVersion": 1, "traceEvents": events})
+        path.write_text(text)
     whole = L.load(path)
     monkeypatch.setattr(L, "READ_BYTES", 100)
     small = L.load(path, chunk_bytes=256)
@@ -83,6 +91,23 @@ def test_a_piece_cut_inside_a_string_is_joined_with_the_next(tmp_path: Path, mon
         assert np.array_equal(getattr(helped, col), getattr(whole, col)), col
     assert helped.names == whole.names and helped.shape_values == whole.shape_values
     assert helped.fixes == whole.fixes and helped.dropped == whole.dropped
+
+
+def test_an_uncompressed_trace_with_an_event_longer_than_the_search_window(tmp_path: Path) -> None:
+    """The helper processes read their pieces by place; the boundary after a cut is searched
+    past an event of 200 kB (three search windows) and past the last one to the end."""
+    events = [_step(1, 0, 1000)]
+    for i in range(40):
+        events += _launch(i, 10 + i, "aten::" + ("x" * 200_000 if i == 20 else "add"))
+        events.append(_kernel(i, 20 + 4 * i, 2))
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0, "name": "NVIDIA H100"}]}))
+    whole = L.load(path)
+    helped = L.load(path, chunk_bytes=512, workers=2)
+    for col in ("kind", "name", "thread", "ts", "dur", "correlation"):
+        assert np.array_equal(getattr(helped, col), getattr(whole, col)), col
+    assert helped.names == whole.names and helped.device_properties == whole.device_properties == [
+        {"id": 0, "name": "NVIDIA H100"}]
 
 
 def test_kineto_2021_categories_and_step_ops(tmp_path: Path) -> None:
