@@ -110,6 +110,21 @@ def test_an_uncompressed_trace_with_an_event_longer_than_the_search_window(tmp_p
         {"id": 0, "name": "NVIDIA H100"}]
 
 
+def test_a_piece_whose_file_went_away_is_one_error_line(tmp_path: Path) -> None:
+    from primus_perf.errors import TraceError
+
+    path = tmp_path / "gone.json"
+    path.write_text('{"traceEvents": [{"ph": "X"}, {"ph": "X"}]}')
+    span = L._Span(str(path), 17, 28)
+    assert bytes(span.text()) == b'[{"ph": "X"}]'
+    path.write_text('{"traceEvents": []}')  # shorter now
+    with pytest.raises(TraceError, match="became shorter"):
+        span.text()
+    path.unlink()
+    with pytest.raises(TraceError, match="cannot read trace"):
+        span.text()
+
+
 def test_kineto_2021_categories_and_step_ops(tmp_path: Path) -> None:
     events = [_step(5, 0, 100, cat="Operator"),
               {"ph": "X", "cat": "Operator", "name": "aten::conv2d", "pid": 1, "tid": "1", "ts": 9, "dur": 5},

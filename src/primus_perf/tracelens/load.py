@@ -529,12 +529,16 @@ class _Span:
         buf = bytearray(n + 2)
         buf[0], buf[-1] = 0x5B, 0x5D
         view = memoryview(buf)[1:-1]
-        with open(self.path, "rb", buffering=0) as f:
-            f.seek(self.start)
-            got = 0
-            while got < n and (k := f.readinto(view[got:])):
-                got += k
-        view.release()
+        got = 0
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                f.seek(self.start)
+                while got < n and (k := f.readinto(view[got:])):
+                    got += k
+        except OSError as exc:  # removed or replaced while it was read
+            raise TraceError(f"cannot read trace {self.path}: {exc.strerror or exc}") from None
+        finally:
+            view.release()
         if got < n:
             raise TraceError(f"{self.path}: the file became shorter while it was read")
         return buf
