@@ -17,6 +17,7 @@ run's own):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -28,8 +29,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.*
-
-import contextlib
 
 from benchmarks import RESULTS, ROOT
 from benchmarks.analyzer.trace_replicate import replicate

@@ -386,12 +386,11 @@ def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None, wor
     host: H.HostTables | Future | None = _host_aside(rt, lk, rank, unprofiled_s, per_param) if aside else None
     tables = trace_tables(rt, lk, rank, kernels)
     pool_variable_sizes(tables.kernels, comm)
-    result = _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, rt.unread, len(rt), comm,
-                          host_steps(lk, rank), host, dict(rt.distributed), trace_extras(rt, lk, tables.kernels),
-                          rt.dropped, trace_markers(rt, lk))
     if host is None:
-        result.host = H.trace_host(rt, lk, rank, unprofiled_s, per_param)
-    return result
+        host = H.trace_host(rt, lk, rank, unprofiled_s, per_param)
+    return _TraceResult(tables, trace_op_times(rt, lk), rt.rank, rt.fixes, rt.unread, len(rt), comm,
+                        host_steps(lk, rank), host, dict(rt.distributed), trace_extras(rt, lk, tables.kernels),
+                        rt.dropped, trace_markers(rt, lk))
 
 
 # a trace of at least this many kept events, analyzed in this process with a CPU to spare, has

@@ -294,9 +294,9 @@ def param_shaped(rt: L.RawTrace, lk: Linked) -> np.ndarray:
     return out
 
 
-def trace_tables(rt: L.RawTrace, lk: Linked, rank: int, kernels: pd.DataFrame | None = None) -> TraceTables:
-    """One trace's tables (``kernels``: its :func:`kernel_table`, when made already)."""
-    kernels = kernel_table(rt, lk, rank) if kernels is None else kernels
+def trace_tables(rt: L.RawTrace, lk: Linked, rank: int, kernels: pd.DataFrame) -> TraceTables:
+    """One trace's tables around its :func:`kernel_table` (made first: the host tables are
+    forked off once it is known)."""
     kernels["param_shaped"] = param_shaped(rt, lk)
     return TraceTables(
         kernels=kernels,
