@@ -1,7 +1,8 @@
 """Fakes shared by the enable and online tests: a kernel table whose one row ("fakeblas")
 computes the product in float64 and counts its calls, a kind table that uses it (so GEMM
 routing runs on the CPU), an attention router whose every cached choice runs the fp32
-reference as a kernel counting its forward and backward launches, a device clock that
+reference as a kernel counting its forward and backward launches, one whose choices lose only
+in their backward (``slow_backward_kinds``), a device clock that
 advances only when a fake kernel runs, and the model these tests run (plain nn.Linear and
 F.scaled_dot_product_attention, not the trainer's)."""
 
@@ -25,10 +26,12 @@ from primus_perf.kernels.attention.router import (
 from primus_perf.kernels.gemm import GemmRouter, torch_mm
 from primus_perf.kinds import ATTENTION, RouterPart
 from primus_perf.problems import AttentionProblem, GemmProblem
+from primus_perf.runtime.attention import torch_attention
 
 FAKE_SOURCE = "fakeblas"
 FAKE_VERSIONS = {"fakeblas": "1.0"}
 H100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 132)
+SLOW_REPEAT = 16  # the extra work of a slow fake choice
 launched: Counter[str] = Counter()  # problem key -> calls of the fake kernel
 attention_launched: Counter[tuple[str, str]] = Counter()  # (problem key, "forward"/"backward") -> launches
 
@@ -168,3 +171,32 @@ def run(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Ten
     y = model(x)
     y.square().mean().backward()
     return y.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+class SlowBackwardAttention(torch.autograd.Function):
+    """torch's attention whose backward does the work ``SLOW_REPEAT`` times: a choice that loses only
+    in its backward (confirming its forward alone would keep it)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):  # type: ignore[override]
+        ctx.save_for_backward(q, k, v)
+        ctx.causal = causal
+        return torch_attention(q, k, v, causal)
+
+    @staticmethod
+    def backward(ctx, do):  # type: ignore[override]
+        leaves = [t.detach().requires_grad_() for t in ctx.saved_tensors]
+        for _ in range(SLOW_REPEAT):
+            with torch.enable_grad():
+                grads = torch.autograd.grad(torch_attention(*leaves, ctx.causal), leaves, do)
+        return (*grads, None)
+
+
+def slow_backward_kinds():
+    """Router kinds whose attention choices all run :class:`SlowBackwardAttention`."""
+
+    class SlowBackwardRouter(AttentionRouter):
+        def implementation(self, choice):
+            return lambda q, k, v, causal: SlowBackwardAttention.apply(q, k, v, causal)
+
+    return {"attention": RouterPart(lambda es: SlowBackwardRouter.from_entries(list(es)), library_versions)}

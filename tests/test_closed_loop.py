@@ -111,12 +111,47 @@ def test_the_loops_measurement_and_confirmation_run_a_cache_in_the_trainers_step
                                       device=current_device().to_dict(), versions=library_versions(),
                                       solution={"config": {"backend": "sdpa:math"}, "blob": b""}))
     run = confirm_trainer("tiny", OVERRIDES, cache, steps=3)
-    assert run.exit_code == 0 and not run.rows  # attention is not confirmed in the step (its backward)
+    # attention is confirmed with its backward; 2 steps of 2 layers are too few pairs for a verdict
+    assert run.exit_code == 0 and [r.verdict.status for r in run.rows] == ["unconfirmed"]
     m = measure_speedup("tiny", OVERRIDES, cache, blocks=2, block_steps=2)
     assert len(m.default_s) == len(m.tuned_s) == 2 and m.losses_match
     assert m.loss_tuned == pytest.approx(m.loss_default, rel=1e-5)  # one batch, the same weights
     # routed: the 2 warm-up steps (enabled) and the tuned blocks' (settling + 2) steps, a call a layer
     assert m.routed_calls == (2 + 2 * 3) * cfg.model.n_layers
+
+
+def test_the_final_check_leaves_a_cache_that_loses_the_step_routing_nothing(tmp_path: Path) -> None:
+    """The loop's last stage is a gate: an attention choice whose backward is slower loses the
+    tiny trainer's step, so its entry becomes torch's own SDPA and the cache routes nothing
+    (no measurement of it: "1.00x: torch's own kernels kept")."""
+    import dataclasses
+
+    from enable_fakes import slow_backward_kinds
+
+    from primus_perf.cache.store import CacheEntry, TuningCache
+    from primus_perf.closed_loop import check_cache
+    from primus_perf.devices import current_device
+    from primus_perf.kernels.attention.router import library_versions
+    from primus_perf.runtime.activate import activate
+    from primus_perf.trainer.flops import attention_problem
+    from primus_perf.tuner.final_check import NOTHING_KEPT
+
+    torch.set_num_threads(1)
+    cfg = load_config("tiny", OVERRIDES)
+    p = dataclasses.replace(attention_problem(cfg.model, 2, 64, dtype="f32"), heads_kv=cfg.model.n_heads)
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(CacheEntry(kind="attention", problem_key=p.key(), problem=p.to_dict(),
+                                      device=current_device().to_dict(), versions=library_versions(),
+                                      solution={"config": {"backend": "sdpa:math"}, "blob": b""}))
+    said: list[str] = []
+    check, measurement = check_cache("tiny", OVERRIDES, cache, blocks=2, block_steps=2,
+                                     router_kinds=slow_backward_kinds(), say=said.append)
+    assert measurement is None and check.kept == () and check.dropped == {"attention": 1}
+    assert [r.kinds for r in check.rounds] == [("attention",)] and not check.rounds[0].verdict.kept
+    assert check.lines()[-1] == f"speedup with the cache: {NOTHING_KEPT}" and said
+    entry = TuningCache(cache).entries("attention")[0]
+    assert entry.solution["config"] == {"backend": "sdpa:default"} and entry.in_step["scope"] == "step"
+    assert activate(cache).routers["attention"].idle()  # the next run installs no override
 
 
 def test_the_loss_check_compares_one_batch_and_fails_a_kernel_that_computes_something_else() -> None:

@@ -33,6 +33,8 @@ from primus_perf.tuner.confirm import Confirmer, ConfirmPolicy, confirm_run
 from primus_perf.tuner.decide import DROPPED, KEPT, Verdict
 from primus_perf.tuner.measure import HostClock, Sample
 
+from enable_fakes import slow_backward_kinds
+
 REPEAT = 16  # the extra work of the slow side: the same product this many times
 VERSIONS = {"fakeblas": "1.0"}
 POLICY = ConfirmPolicy(samples=12, warmup=2)  # the host clock on a busy 2-core machine: more pairs
@@ -529,3 +531,30 @@ def test_a_dropped_grouped_choice_is_corrected_to_the_callers_backend_even_trito
                                          "blob": b""}, library_versions())
     fixed = confirmed_entry(e, {"verdict": "dropped"}, sol)
     assert GroupedChoice.from_solution(fixed.solution["config"]) == GroupedChoice("triton", GroupedGemmConfig())
+
+
+def test_the_tiny_trainers_attention_is_confirmed_with_its_backward_and_a_slow_choice_dropped(tmp_path: Path) -> None:
+    """The attention kind is confirmed in the tiny trainer's steps, each timed call with its
+    backward: a choice whose forward is torch's and whose backward is slower is dropped and its
+    entry becomes torch's own SDPA, so the next run routes nothing."""
+    import dataclasses
+
+    from primus_perf.closed_loop import confirm_trainer
+    from primus_perf.kernels.attention.router import library_versions as attention_versions
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.flops import attention_problem
+
+    overrides = ["model.n_layers=2", "train.seq_len=64", "train.micro_batch=2", "train.device=cpu"]
+    torch.set_num_threads(1)
+    cfg = load_config("tiny", overrides)
+    p = dataclasses.replace(attention_problem(cfg.model, 2, 64, dtype="f32"), heads_kv=cfg.model.n_heads)
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(_entry("attention", p, {"config": {"backend": "sdpa:math"}, "blob": b""},
+                                  attention_versions()))
+    run = confirm_trainer("tiny", overrides, cache, steps=14, policy=ConfirmPolicy(samples=8, warmup=1),
+                          router_kinds=slow_backward_kinds())
+    assert [(r.verdict.kind, r.verdict.status) for r in run.rows] == [("attention", DROPPED)], run.rows
+    v = run.rows[0].verdict
+    assert v.speedup is not None and v.speedup < 0.5 and v.pairs >= 8  # the backward's work is in the samples
+    entry = TuningCache(cache).entries("attention")[0]
+    assert entry.solution["config"] == {"backend": "sdpa:default"} and entry.in_step["verdict"] == DROPPED

@@ -5,12 +5,14 @@
 2. analyze the trace (``tracelens.analyze``) and write the HTML report (``OUT/report.html``);
 3. on a GPU, tune the trace's problems of every kind (``tuner.kinds.tune``) into
    ``OUT/tuning_cache.json``;
-4. on a GPU, confirm the choices inside real steps (:func:`confirm_trainer`): each tuned
-   problem's choice against torch's, alternating calls; the cache keeps only the choices
-   that win where they run;
-5. on a GPU, train again with the cache and measure the speedup: one trainer, blocks of
-   steps with the cache enabled and suspended in turn (interleaved, so both sides see the
-   same clocks, memory and data), medians of the step times.
+4. on a GPU, confirm the choices inside real steps (:func:`confirm_trainer`): each routed
+   problem's choice (GEMM, grouped GEMM, attention with its backward) against the baseline,
+   alternating calls; the cache keeps only the choices that win where they run (in a
+   host-bound step, ``decide.host_bound``, with their host time counted);
+5. on a GPU, the final check (:func:`check_cache`, ``tuner.final_check``): one trainer, blocks
+   of steps with the cache's routers on and off in turn (interleaved, so both sides see the
+   same clocks, memory and data); a cache that does not win the step past the noise loses the
+   kinds that do not win it alone, down to none ("1.00x: torch's own kernels kept").
 
 On a machine without a GPU the loop stops after the report and says why: tuning measures
 GPU kernels. Everything the CLI prints comes from the returned :class:`LoopResult`.
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from primus_perf.devices import gpu_vendor
+from primus_perf.tuner.decide import host_bound
 
 Say = Callable[[str], None]
 
@@ -69,9 +72,11 @@ class LoopResult:
     tuning_skipped: str | None = None  # why the loop stopped after the report
     tune_run: Any = None  # tuner.core.TuneRun
     cache: Path | None = None
-    measurement: SpeedupMeasurement | None = None
+    measurement: SpeedupMeasurement | None = None  # of the cache the final check kept (None: nothing kept)
     fp8: Any = None  # tuner.fp8.Fp8TuneResult (with fp8=True)
     confirmation: Any = None  # tuner.confirm.ConfirmRun: the choices checked inside the steps
+    final: Any = None  # tuner.final_check.FinalCheck: the step with the cache against without
+    host_bound: float | None = None  # the GPU's busy share of a host-bound profiled step
     step: Any = None  # tuner.step.StepTuneResult (with step=True)
 
 
@@ -107,50 +112,109 @@ def tunable_problems(problems: Sequence[Any], tuners: Mapping[str, Any]) -> tupl
     return tunable, notes
 
 
+class CacheSteps:
+    """One trainer of ``config`` with the cache enabled: :meth:`measure` interleaves blocks of
+    its steps with the cache's routers of some kinds on and with none (``tuner.measure.blocks``:
+    one settling step after each switch), both sides in one trainer (the same clocks, memory and
+    data); :meth:`losses` is one batch's loss without and with them."""
+
+    def __init__(self, config: str, overrides: Sequence[str], cache: Path | str, *, blocks: int = 4,
+                 block_steps: int = 5, router_kinds: Any = None, say: Say = lambda _m: None) -> None:
+        from primus_perf.enabling import online_tuning
+        from primus_perf.runtime.handle import enable
+        from primus_perf.trainer.config import load_config
+        from primus_perf.trainer.loop import Trainer
+
+        self.blocks, self.block_steps, self.say = blocks, block_steps, say
+        self.trainer = Trainer(load_config(config, overrides), online=online_tuning())
+        try:
+            self.handle = enable(cache, None, device_type=self.trainer.device.type, router_kinds=router_kinds, log=None)
+        except BaseException:
+            self.trainer.close()
+            raise
+        try:
+            for _ in range(2):  # warm-up: compile, allocate, plan
+                self.trainer.train_step()
+        except BaseException:
+            self.close()
+            raise
+
+    def measure(self, kinds: Sequence[str] | None = None) -> tuple[list[float], list[float]]:
+        """Per block, the median step seconds without the cache and with its ``kinds`` (None: all)."""
+        from primus_perf.tuner.measure import blocks as measure_blocks
+
+        times = measure_blocks({"default": self.handle.suspend, "tuned": lambda: self.handle.resume(kinds)},
+                               lambda: self.trainer.train_step().step_time_s, blocks=self.blocks,
+                               block_steps=self.block_steps, say=self.say)
+        return times["default"], times["tuned"]
+
+    def losses(self, kinds: Sequence[str] | None = None) -> tuple[float, float]:
+        """One batch's loss through the same weights without the cache and with its ``kinds``
+        (the training losses of the two sides are of different data)."""
+        self.handle.suspend()
+        loss_default = self.trainer.batch_loss(self.trainer.step)
+        self.handle.resume(kinds)
+        loss_tuned = self.trainer.batch_loss(self.trainer.step)
+        return loss_default, loss_tuned
+
+    def calls(self) -> tuple[int, int]:
+        """Calls routed to a cached choice, and calls that fell back, so far."""
+        summary = self.handle.summary()
+        return (sum(row.get("routed", 0) for row in summary.values()),
+                sum(row.get("fallback", 0) for row in summary.values()))
+
+    def close(self) -> None:
+        self.handle.disable()
+        self.trainer.close()
+
+
 def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, blocks: int = 4,
                     block_steps: int = 5, say: Say = lambda _m: None) -> SpeedupMeasurement:
     """Train ``config`` with the cache enabled and suspended in interleaved blocks of
-    ``block_steps`` steps (``tuner.measure.blocks``: one settling step after each switch),
-    ``blocks`` blocks a side, one trainer for both."""
-    from primus_perf.enabling import online_tuning
-    from primus_perf.runtime.handle import enable
-    from primus_perf.trainer.config import load_config
-    from primus_perf.trainer.loop import Trainer
-    from primus_perf.tuner.measure import blocks as measure_blocks
-
-    trainer = Trainer(load_config(config, overrides), online=online_tuning())
-    handle = enable(cache, None, device_type=trainer.device.type, log=None)
-    def switch(name: str) -> Callable[[], None]:
-        return handle.resume if name == "tuned" else handle.suspend
-
+    ``block_steps`` steps, ``blocks`` blocks a side, one trainer for both (:class:`CacheSteps`)."""
+    steps = CacheSteps(config, overrides, cache, blocks=blocks, block_steps=block_steps, say=say)
     try:
-        for _ in range(2):  # warm-up: compile, allocate, plan
-            trainer.train_step()
-        times = measure_blocks({"default": switch("default"), "tuned": switch("tuned")},
-                               lambda: trainer.train_step().step_time_s, blocks=blocks,
-                               block_steps=block_steps, say=say)
-        summary = handle.summary()
-        # the training losses of the two sides are of different data; the check of the
-        # numerics is one batch through both sides with the same weights
-        handle.suspend()
-        loss_default = trainer.batch_loss(trainer.step)
-        handle.resume()
-        loss_tuned = trainer.batch_loss(trainer.step)
+        default_s, tuned_s = steps.measure()
+        routed, fallback = steps.calls()
+        loss_default, loss_tuned = steps.losses()
     finally:
-        handle.disable()
-        trainer.close()
-    routed = sum(row.get("routed", 0) for row in summary.values())
-    fallback = sum(row.get("fallback", 0) for row in summary.values())
-    return SpeedupMeasurement(times["default"], times["tuned"], routed, fallback, loss_default, loss_tuned)
+        steps.close()
+    return SpeedupMeasurement(default_s, tuned_s, routed, fallback, loss_default, loss_tuned)
+
+
+def check_cache(config: str, overrides: Sequence[str], cache: Path, *, blocks: int = 4, block_steps: int = 5,
+                host_bound: float | None = None, router_kinds: Any = None,
+                say: Say = lambda _m: None) -> tuple[Any, SpeedupMeasurement | None]:
+    """The final check (``tuner.final_check``) of ``cache`` in ``config``'s steps: the kinds that
+    do not win the step are reset to their baseline in the cache. Returns the check and the
+    measurement of what it kept (None: nothing kept)."""
+    from primus_perf.tuner.final_check import drop, final_check
+
+    steps = CacheSteps(config, overrides, cache, blocks=blocks, block_steps=block_steps, router_kinds=router_kinds)
+    try:
+        routed = steps.handle.routing
+        check = final_check(steps.measure, routed, host_bound=host_bound, say=say)
+        kept = check.figure
+        measurement = None
+        if kept is not None:
+            routed_calls, fallback = steps.calls()
+            measurement = SpeedupMeasurement(kept.default_s, kept.tuned_s, routed_calls, fallback,
+                                             *steps.losses(kept.kinds))
+        activation = steps.handle.activation
+    finally:
+        steps.close()
+    return drop(check, routed, str(cache), activation), measurement
 
 
 def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *, steps: int = 30,
-                    policy: Any = None, clock: Any = None, say: Say = lambda _m: None) -> Any:
+                    policy: Any = None, clock: Any = None, busy: float | None = None, router_kinds: Any = None,
+                    say: Say = lambda _m: None) -> Any:
     """Confirm the cache's choices inside ``steps`` training steps of ``config`` at most
     (``tuner.confirm.confirm_run``: each routed problem's choice against the baseline,
-    alternating calls, from the second step on; it stops once every problem has its
-    verdict) and correct the cache.
+    alternating calls, from the second step on; it stops once every problem has its verdict)
+    and correct the cache. ``busy``: the GPU's busy share of a host-bound step.
     Returns the ``tuner.confirm.ConfirmRun``."""
+    from primus_perf.enabling import online_tuning
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
     from primus_perf.tuner.confirm import confirm_run
@@ -158,7 +222,7 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
     cfg = load_config(config, overrides)
 
     def run(confirmer: Any) -> int:
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, online=online_tuning())  # built as the final check builds it
         try:
             confirmer.timing = False  # the first step (allocation, library set-up) is not timed
             trainer.train_step()
@@ -171,7 +235,7 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
             trainer.close()
         return 0
 
-    return confirm_run(cache, run, policy=policy, clock=clock, log=say)
+    return confirm_run(cache, run, policy=policy, clock=clock, log=say, busy=busy, router_kinds=router_kinds)
 
 
 def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str | Path = "runs/quickstart",
@@ -216,7 +280,11 @@ def _kernel_loop(config: str, overrides: Sequence[str], out_dir: str | Path, *, 
         step_time_s=analysis.totals.get("step_time_s") or _host_step(analysis),
         problems={kind: int(df["key"].nunique()) for kind, df in analysis.problem_tables().items()},
         notes=list(analysis.notes),
+        host_bound=host_bound(analysis.totals.get("gpu_busy_s_per_step"), analysis.totals.get("step_time_s")),
     )
+    if result.host_bound is not None:
+        say(f"the step is host-bound: the GPU is busy {result.host_bound:.0%} of its {result.step_time_s * 1e3:.2f} ms;"
+            " a routed call's host time counts in full, its kernel's saving at that share")
     if gpu_vendor() == "cpu":
         result.tuning_skipped = ("tuning measures GPU kernels and needs a CUDA or ROCm GPU; "
                                  "on this machine the loop ends with the report")
@@ -241,9 +309,10 @@ def _kernel_loop(config: str, overrides: Sequence[str], out_dir: str | Path, *, 
     if result.tune_run.interrupted:
         return result
     say("4/5 confirming the choices inside the steps (each against the baseline, alternating calls)")
-    result.confirmation = confirm_trainer(config, overrides, cache, say=say)
-    say("5/5 training with and without the cache, interleaved")
-    result.measurement = measure_speedup(config, overrides, cache, blocks=blocks, block_steps=block_steps, say=say)
+    result.confirmation = confirm_trainer(config, overrides, cache, busy=result.host_bound, say=say)
+    say("5/5 the final check: training with and without the cache, interleaved (a cache never ships slower)")
+    result.final, result.measurement = check_cache(config, overrides, cache, blocks=blocks, block_steps=block_steps,
+                                                   host_bound=result.host_bound, say=say)
     if fp8:
         from primus_perf.tuner.fp8 import tune_trainer
 

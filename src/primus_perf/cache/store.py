@@ -159,6 +159,10 @@ class CacheEntry:
         own = self.speedup
         own_text = f"{own:.3f}x {self.measured_by}" if own else f"- ({self.measured_by})"
         s = self.in_step
+        if s and s.get("scope") == "step" and s.get("verdict") == "dropped":  # the final check's
+            step = s.get("step_speedup")
+            ran = f": the step with the cache ran {float(step):.3f}x" if _is_number(step) else ""
+            return f"{s.get('baseline', 'torch')} kept{ran} ({s.get('choice', '?')} dropped by the final check)"
         if not s or s.get("speedup") is None:
             return own_text
         speedup, base = float(s["speedup"]), str(s.get("baseline", "torch"))
@@ -258,7 +262,7 @@ def _check_in_step(in_step: Any) -> None:
         return
     if not isinstance(in_step, dict):
         raise ValueError(f"in_step must be a mapping, got {type(in_step).__name__}")
-    for key in ("speedup", "low", "high"):
+    for key in ("speedup", "low", "high", "step_speedup"):
         if in_step.get(key) is not None:
             _check_number(f"in_step.{key}", in_step[key], *RATIO_RANGE, unit="x")
     for key in ("choice_ms", "baseline_ms"):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from primus_perf import kinds
 from primus_perf.cli.common import console, err_console
@@ -78,20 +80,23 @@ def register(app: typer.Typer) -> None:
             from primus_perf.cli.tune_confirm import print_confirmation
 
             print_confirmation(res.confirmation)
+        for line in res.final.lines():
+            bold = line.startswith("speedup with the cache")
+            console.print(f"[bold]{escape(line)}[/]" if bold else escape(line), highlight=False, soft_wrap=True)
         m = res.measurement
-        lo_d, hi_d = m.spread("default")
-        lo_t, hi_t = m.spread("tuned")
-        console.print(
-            f"[bold]speedup with the cache: {m.speedup:.3f}x[/] (median step, default "
-            f"{sorted(m.default_s)[len(m.default_s) // 2] * 1e3:.2f} ms [{lo_d * 1e3:.2f}-{hi_d * 1e3:.2f}], "
-            f"tuned {sorted(m.tuned_s)[len(m.tuned_s) // 2] * 1e3:.2f} ms [{lo_t * 1e3:.2f}-{hi_t * 1e3:.2f}]); "
-            f"{m.routed_calls} calls used a cached choice, {m.fallback_calls} fell back; cache: {res.cache}",
-            highlight=False, soft_wrap=True,
-        )
-        if not m.losses_match:
-            err_console.print(f"[red]warning:[/] one batch's loss with the cache, {m.loss_tuned:.6g}, is not"
-                              f" within {m.LOSS_TOLERANCE:.0%} of the loss without it, {m.loss_default:.6g}"
-                              " (the same weights and data): a tuned kernel computes something else")
+        if m is not None:
+            console.print(
+                f"median step: default {statistics.median(m.default_s) * 1e3:.2f} ms [{m.spread('default')[0] * 1e3:.2f}-"
+                f"{m.spread('default')[1] * 1e3:.2f}], with the cache {statistics.median(m.tuned_s) * 1e3:.2f} ms "
+                f"[{m.spread('tuned')[0] * 1e3:.2f}-{m.spread('tuned')[1] * 1e3:.2f}]; {m.routed_calls} calls used a"
+                f" cached choice, {m.fallback_calls} fell back; cache: {res.cache}", highlight=False, soft_wrap=True)
+            if not m.losses_match:
+                err_console.print(f"[red]warning:[/] one batch's loss with the cache, {m.loss_tuned:.6g}, is not"
+                                  f" within {m.LOSS_TOLERANCE:.0%} of the loss without it, {m.loss_default:.6g}"
+                                  " (the same weights and data): a tuned kernel computes something else")
+        else:
+            console.print(f"cache: {res.cache} (every entry the step routes is its baseline: no override installed)",
+                          highlight=False, soft_wrap=True)
         if res.fp8 is not None:
             for line in res.fp8.lines():
                 console.print(line, highlight=False, soft_wrap=True)

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from primus_perf.kernels.attention.backends import DEFAULT
+from primus_perf.kernels.routing import choice_solution
 from primus_perf.kinds import ATTENTION
 from primus_perf.runtime.dispatch import PLAIN, Dispatch, InductorPass, of
 
@@ -100,25 +102,89 @@ def torch_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
     return out.transpose(1, 2)
 
 
+class _BackwardEnd(torch.autograd.Function):
+    """Identity on q, k, v; its backward (after the attention's) calls ``ended()``."""
+
+    @staticmethod
+    def forward(ctx, ended, q, k, v):  # type: ignore[override]
+        ctx.ended = ended
+        return q.view_as(q), k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):  # type: ignore[override]
+        ctx.ended()
+        return None, dq, dk, dv
+
+
+class _BackwardStart(torch.autograd.Function):
+    """Identity on the output; its backward (before the attention's) calls ``started()``."""
+
+    @staticmethod
+    def forward(ctx, started, out):  # type: ignore[override]
+        ctx.started = started
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        ctx.started()
+        return None, dout
+
+
+def records_backward(q: Any, k: Any, v: Any) -> bool:
+    """Whether autograd records this call, so that its backward runs later (and is timed with it)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+
+
+def timed_attention(run: Callable[[Any, Any, Any], Any], sample: Any, clock: Any, q: Any, k: Any, v: Any) -> Any:
+    """``run(q, k, v)`` timed with its backward: ``sample.begin(clock)`` and ``sample.end(clock)``
+    around the call and, where autograd records it, around its backward too (two identity nodes
+    around the call; ``sample.expect`` 2). None where ``run`` answers None (it declined)."""
+    grad = records_backward(q, k, v)
+    if grad:
+        sample.expect = 2
+        q, k, v = _BackwardEnd.apply(lambda: sample.end(clock), q, k, v)
+    sample.begin(clock)
+    out = run(q, k, v)
+    sample.end(clock)
+    if out is None or not grad:
+        return out
+    return _BackwardStart.apply(lambda: sample.begin(clock), out)
+
+
 class AttentionDispatch(Dispatch):
-    """The attention kind's routing (module docstring). Not confirmed in the step: a call's
-    backward is not between its two marks."""
+    """The attention kind's routing (module docstring). Confirmed in the step with its backward:
+    a timed call's backward runs between two identity nodes that mark it (:func:`timed_attention`)."""
 
-    confirmable = False
-
-    def attend(self, q: Any, k: Any, v: Any, causal: bool, baseline: Callable[[], Any]) -> Any:
-        """Attention on (batch, seq, heads, head_dim) tensors: the routed choice, else ``baseline()``."""
+    def attend(self, q: Any, k: Any, v: Any, causal: bool, baseline: Callable[[Any, Any, Any], Any]) -> Any:
+        """Attention on (batch, seq, heads, head_dim) tensors: the routed choice, else
+        ``baseline(q, k, v)``."""
         if self.router is None:
-            return baseline()
-        key, run = self.router.route(q, k, v, causal)
-        if callable(run):
-            choice = run
+            return baseline(q, k, v)
+        router = self.router
+        key, run = router.route(q, k, v, causal)
+        if not callable(run):
+            return self.answer(key, run, lambda: baseline(q, k, v))
 
-            def run() -> Any:
-                with _bypass:
-                    return choice()
+        def bypassing() -> Any:
+            with _bypass:
+                return run()
 
-        return self.answer(key, run, baseline)
+        if self.interposer is None:
+            return self.answer(key, bypassing, lambda: baseline(q, k, v))
+
+        def choice(a: Any, b: Any, c: Any) -> Any:  # the cache's router (pure) on these tensors
+            with _bypass:
+                return router.route(a, b, c, causal)[1]()
+
+        def timed(is_choice: bool, sample: Any, clock: Any) -> Any:
+            side = (lambda a, b, c: self.guarded(key, lambda: choice(a, b, c))) if is_choice else baseline
+            return timed_attention(side, sample, clock, q, k, v)
+
+        return self.answer(key, bypassing, lambda: baseline(q, k, v), timed=timed, pairing=records_backward(q, k, v))
+
+    def baseline_solution(self, name: str) -> dict[str, Any]:
+        """torch's own SDPA (``sdpa:default``): what a dropped choice's entry becomes."""
+        return {"config": choice_solution(DEFAULT, None), "blob": b""}
 
     def may_route(self, q: Any, k: Any, v: Any, causal: bool) -> bool:
         """Whether the router may answer such a call (fake tensors of a traced one included)."""
@@ -136,9 +202,12 @@ class AttentionDispatch(Dispatch):
             return torch_call()
         if not routable_sdpa(q, k, v, attn_mask, dropout_p, bool(is_causal), scale, enable_gqa):
             return torch_call()
+        def baseline(a: Any, b: Any, c: Any) -> Any:  # torch's SDPA, as the program called it
+            return _SDPA.decompose(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2), attn_mask, dropout_p,
+                                   is_causal, scale=scale, enable_gqa=enable_gqa).transpose(1, 2)
+
         # (batch, heads, seq, dim) -> the routers' (batch, seq, heads, dim) views, and back
-        out = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bool(is_causal),
-                          lambda: torch_call().transpose(1, 2))
+        out = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bool(is_causal), baseline)
         return out.transpose(1, 2)
 
     def overrides(self, lib: torch.library.Library, key: str) -> None:
@@ -172,7 +241,7 @@ def _as_eager(grad: bool) -> Iterator[None]:
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """The dispatch's answer (router's layout), else torch's SDPA as the program called it."""
-    return of(ATTENTION.name).attend(q, k, v, causal, lambda: torch_attention(q, k, v, causal))
+    return of(ATTENTION.name).attend(q, k, v, causal, lambda a, b, c: torch_attention(a, b, c, causal))
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

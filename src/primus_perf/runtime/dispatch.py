@@ -40,10 +40,7 @@ _dispatches: dict[str, Dispatch] = {}
 class Dispatch:
     """One kind's routing (module docstring). Subclasses: ``overrides(lib, key)`` registers the
     aten overrides in ``lib`` (or elsewhere, returning what removes them), ``compile_pass()``
-    installs the Inductor pass (None: none); ``confirmable``: whether a confirmation times this
-    kind's calls (a call timed between two marks: its backward is not in them)."""
-
-    confirmable = True
+    installs the Inductor pass (None: none)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -110,18 +107,23 @@ class Dispatch:
 
     # ---- the one path of a routed call --------------------------------------------------------
 
-    def answer(self, key: str, run: Any, baseline: Callable[[], Any], probe: Callable[[], bool] | None = None) -> Any:
+    def answer(self, key: str, run: Any, baseline: Callable[[], Any], probe: Callable[[], bool] | None = None, *,
+               timed: Callable[[bool, Any, Any], Any] | None = None, pairing: Any = None) -> Any:
         """The call's result: ``run()`` for a routed choice, else ``baseline()`` (module
-        docstring); ``probe()`` says whether the choice's call waited for the device on the host."""
+        docstring); ``probe()`` says whether the choice's call waited for the device on the host.
+        For a confirmation: ``timed(is_choice, sample, clock)`` runs one side timed where its
+        work is not all between two marks (attention's backward), and calls of one ``pairing``
+        only are timed against each other (with and without a backward)."""
         if run is None or key in self.failed:
             self.fallback[key] += 1
             return baseline()
         if run is OWN:
             self.routed[key] += 1
             return baseline()
-        if self.interposer is not None and self.confirmable:
+        if self.interposer is not None:
             self.routed[key] += 1
-            return self.interposer.call(self, self.confirm_key(key), lambda: self.guarded(key, run), baseline, probe)
+            return self.interposer.call(self, self.confirm_key(key), lambda: self.guarded(key, run), baseline, probe,
+                                        timed=timed, pairing=pairing)
         out = self.guarded(key, run)
         if out is None:  # the kernel declined the call, or failed
             self.fallback[key] += 1

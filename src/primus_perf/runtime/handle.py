@@ -163,16 +163,26 @@ class Handle:
             d.release(self)
             d.install(None)
 
-    def resume(self) -> None:
-        """The routers and overrides back after :meth:`suspend` (not after :meth:`disable`)."""
+    def resume(self, kinds: Iterable[str] | None = None) -> None:
+        """The routers and overrides back after :meth:`suspend` (not after :meth:`disable`);
+        ``kinds``: only theirs, every other kind's calls stay torch's."""
         with _LOCK:
             if not self.active:
                 raise UserError("a disabled tuning cache cannot be resumed; enable() it again")
+            self._suspend()
+            wanted = set(self.routers if kinds is None else kinds)
             for kind, router in self.routers.items():
+                if kind not in wanted:
+                    continue
                 d = dispatch.of(kind)
                 d.install(router)
                 if kind not in self.idle:
                     d.hold(self, self.device_type)
+
+    @property
+    def routing(self) -> tuple[str, ...]:
+        """The kinds whose calls the cache sends to a choice of its own (an override installed)."""
+        return tuple(k for k in self.routers if k not in self.idle)
 
     def disable(self) -> None:
         """Remove the overrides and routers: every call is torch's again."""

@@ -65,13 +65,17 @@ class ConfirmPolicy:
 class Confirmer:
     """The confirmation of a cache's routed choices (module docstring), the interposer of every
     kind's dispatch while it runs; :meth:`finish` ends it and returns the verdicts. While
-    ``timing`` is False the calls run their choice untimed (a program's first step)."""
+    ``timing`` is False the calls run their choice untimed (a program's first step). ``busy``:
+    the share of the step the GPU is busy where the step is host-bound (``decide.host_bound``),
+    else None: a kept choice must then also save more device time, at that share, than it
+    costs the host (:meth:`_host_check`)."""
 
     def __init__(self, policy: ConfirmPolicy | None = None, clock: Any = None,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, busy: float | None = None) -> None:
         self.policy = policy or ConfirmPolicy()
         self.clock = clock or default_clock()
         self.log = log or (lambda _line: None)
+        self.busy = busy
         self.timing = True
         self.states: dict[tuple[str, str], Pairs] = {}
         self.names: dict[tuple[str, str], tuple[str, str]] = {}  # (kind, key) -> (choice, baseline)
@@ -79,17 +83,27 @@ class Confirmer:
         self.unrouted: set[tuple[str, str]] = set()  # the choice declined its calls
         self.slot_calls: dict[tuple[str, str], int] = {}  # calls of each confirmed problem
         self.waited: dict[tuple[str, str], int] = {}  # choice calls that read the device offs on the host
+        self.pairings: dict[tuple[str, str], Any] = {}  # the pairing of a problem's timed calls
 
     def call(self, owner: Any, key: str, choice: Callable[[], Any], baseline: Callable[[], Any],
-             probe: Callable[[], bool] | None = None) -> Any:
+             probe: Callable[[], bool] | None = None, *, timed: Callable[[bool, Any, Any], Any] | None = None,
+             pairing: Any = None) -> Any:
         """A routed call of ``owner`` (a kind's dispatch): the choice or the baseline, alternately.
-        ``choice()`` answers None where it declines the call (or failed)."""
+        ``choice()`` answers None where it declines the call (or failed); ``timed(is_choice,
+        sample, clock)`` runs a side timed where two marks around the call do not hold its work
+        (attention: its backward); only calls of the problem's first ``pairing`` are timed."""
         slot = (owner.kind, key)
         self.slot_calls[slot] = self.slot_calls.get(slot, 0) + 1
-        return self._call(owner, slot, choice, baseline, probe)
+        if self.pairings.setdefault(slot, pairing) != pairing:  # another pairing (a forward without backward)
+            verdict = self.verdicts.get(slot)
+            if verdict is not None and verdict.status == DROPPED:
+                return baseline()
+            out = choice()
+            return baseline() if out is None else out
+        return self._call(owner, slot, choice, baseline, probe, timed)
 
     def _call(self, owner: Any, slot: tuple[str, str], choice: Callable[[], Any], baseline: Callable[[], Any],
-              probe: Callable[[], bool] | None) -> Any:
+              probe: Callable[[], bool] | None, timed: Callable[[bool, Any, Any], Any] | None) -> Any:
         key = slot[1]
         verdict = self.verdicts.get(slot)
         if verdict is not None and verdict.status == DROPPED:
@@ -104,17 +118,22 @@ class Confirmer:
         state.poll()
         if state.ready():
             self._decide(slot)
-            return self._call(owner, slot, choice, baseline, probe)
+            return self._call(owner, slot, choice, baseline, probe, timed)
         side = state.next_side()
         if side is None:  # calls spent, samples in flight: the baseline, untimed
             return baseline()
-        start = self.clock.mark()
-        out = choice() if side == CHOICE else baseline()
+        sample = Sample()
+        if timed is not None:
+            out = timed(side == CHOICE, sample, self.clock)
+        else:
+            sample.begin(self.clock)
+            out = choice() if side == CHOICE else baseline()
+            sample.end(self.clock)
         if out is None:  # the choice declined the call: the baseline, and no more confirming
             self.unrouted.add(slot)
             self.states.pop(slot, None)
             return baseline()
-        state.add(side, Sample([(start, self.clock.mark())]))
+        state.add(side, sample)
         if side == CHOICE and probe is not None and probe():
             self.waited[slot] = self.waited.get(slot, 0) + 1
         return out
@@ -126,9 +145,23 @@ class Confirmer:
         # device events do not see the host's wait: a choice whose calls mostly waited is dropped
         if verdict.kept and self.waited.get(slot, 0) * 4 > self.slot_calls.get(slot, 0):
             verdict = dataclasses.replace(verdict, status=DROPPED, reason=WAITED)
+        if verdict.kept:
+            verdict = self._host_check(verdict, state.host_extra_s())
         self.verdicts[slot] = verdict
         self.log(f"confirm {slot[0]} {slot[1]}: {verdict.text()}")
         return verdict
+
+    def _host_check(self, verdict: Verdict, host_extra_s: float | None) -> Verdict:
+        """In a host-bound step a call's host time is the step's: a kept choice that costs the
+        host more than its kernel saves at the GPU's busy share is dropped."""
+        if self.busy is None or host_extra_s is None or verdict.saving_us is None:
+            return verdict
+        extra_us, gain_us = host_extra_s * 1e6, verdict.saving_us * self.busy
+        if extra_us <= gain_us:
+            return verdict
+        return dataclasses.replace(verdict, status=DROPPED, reason=(
+            f"the step is host-bound (the GPU busy {self.busy:.0%} of it) and a call of the choice costs the host"
+            f" {extra_us:.1f} us more, over the {gain_us:.1f} us its kernel saves there"))
 
     def finish(self) -> list[Verdict]:
         """Wait for the samples in flight (one synchronize), give every problem still confirming
@@ -142,12 +175,14 @@ class Confirmer:
     def routing_pays(self, cost_us: Mapping[str, float], calls: Mapping[str, int]) -> list[Verdict]:
         """Every verdict, each kind's kept choices checked against what routing costs: every call
         of a kind pays ``cost_us[kind]`` of host time once any of its problems is routed, so the
-        kept choices stay only where the time they saved over the run (us a call x their calls)
-        exceeds the routing of all the kind's ``calls[kind]``; otherwise they are dropped
-        together (the kind then routes nothing and its override is not installed)."""
+        kept choices stay only where the time they saved over the run (us a call x their calls;
+        in a host-bound step, at the GPU's busy share) exceeds the routing of all the kind's
+        ``calls[kind]``; otherwise they are dropped together (the kind then routes nothing and
+        its override is not installed)."""
+        share = 1.0 if self.busy is None else self.busy
         for kind, each in cost_us.items():
             kept = [v for v in self.verdicts.values() if v.kind == kind and v.kept]
-            saved = sum((v.saving_us or 0.0) * self.slot_calls.get((v.kind, v.key), 0) for v in kept)
+            saved = share * sum((v.saving_us or 0.0) * self.slot_calls.get((v.kind, v.key), 0) for v in kept)
             cost = each * calls.get(kind, 0)
             if not kept or saved > cost:
                 continue
@@ -240,16 +275,18 @@ def confirm_run(
     device_type: str | None = None,
     router_kinds: Any = None,
     log: Callable[[str], None] | None = None,
+    busy: float | None = None,
 ) -> ConfirmRun:
     """Enable ``cache``, confirm its routed choices while ``run(confirmer)`` runs the program (it
     returns the program's exit code; it may stop early once ``confirmer.confirming`` is 0 after
     the first steps), then write the verdicts. Ctrl-C stops the program; what was decided is
     still written. Kept choices must also pay for routing every call of their kind
-    (:meth:`Confirmer.routing_pays`, priced on the overrides in place)."""
+    (:meth:`Confirmer.routing_pays`, priced on the overrides in place); ``busy``: the GPU's busy
+    share of a host-bound step (:class:`Confirmer`)."""
     from primus_perf.runtime.handle import enable
 
     handle = enable(cache, None, kinds_, device_type=device_type, router_kinds=router_kinds, log=None)
-    confirmer = Confirmer(policy, clock, log)
+    confirmer = Confirmer(policy, clock, log, busy)
     out = ConfirmRun(str(cache))
     dispatches = [dispatch.of(kind) for kind in handle.routers]  # an idle one's calls too, where they come
     for d in dispatches:

@@ -24,6 +24,18 @@ MIN_SAVING_S = 5e-6
 STEP_MARGIN = 0.002  # the least gain of the whole step that keeps a step-level candidate (an FP8 plan)
 DROP_RATIO = 1.25  # a candidate this much slower than the best after its first samples goes early
 KEPT, DROPPED, UNCONFIRMED = "kept", "dropped", "unconfirmed"
+# a step whose GPU idles this share of it or more is host-bound: a routed call's host time is
+# then the step's, and a kernel's saving counts only at the GPU's busy share
+HOST_BOUND_IDLE = 0.3
+
+
+def host_bound(busy_s: float | None, step_s: float | None) -> float | None:
+    """The GPU's busy share of a host-bound step (idle at least :data:`HOST_BOUND_IDLE` of
+    ``step_s``), else None (not host-bound, or not known)."""
+    if not busy_s or not step_s or step_s <= 0:
+        return None
+    share = min(1.0, busy_s / step_s)
+    return share if 1.0 - share >= HOST_BOUND_IDLE else None
 
 
 @dataclass(frozen=True)

@@ -289,10 +289,23 @@ def summarize(samples: list[float]) -> dict[str, float]:
 @dataclass
 class Sample:
     """One timed call: ``pairs`` of marks (attention adds its backward's later); complete when
-    ``expect`` pairs are in and each has finished."""
+    ``expect`` pairs are in and each has finished. ``host_s``: the host time between the marks
+    of each pair (what the call cost the program's host, which device events do not see)."""
 
     pairs: list[tuple[Any, Any]] = field(default_factory=list)
     expect: int = 1
+    host_s: float = 0.0
+    _host0: float = 0.0
+
+    def begin(self, clock: Any) -> None:
+        """A pair of marks opens (the call, or its backward, starts)."""
+        self.pairs.append((clock.mark(), None))
+        self._host0 = time.perf_counter()
+
+    def end(self, clock: Any) -> None:
+        """The open pair closes."""
+        self.host_s += time.perf_counter() - self._host0
+        self.pairs[-1] = (self.pairs[-1][0], clock.mark())
 
     def seconds(self, clock: Any) -> float | None:
         if len(self.pairs) < self.expect:
@@ -308,9 +321,11 @@ class Sample:
 
 def bracket(clock: Clock, run: Callable[[], Any]) -> tuple[Any, Sample]:
     """``run()`` between two marks: one sample of one call."""
-    start = clock.mark()
+    sample = Sample()
+    sample.begin(clock)
     out = run()
-    return out, Sample([(start, clock.mark())])
+    sample.end(clock)
+    return out, sample
 
 
 class Pairs:
@@ -325,6 +340,7 @@ class Pairs:
         self.calls = 0
         self.pending: list[tuple[int, str, Sample]] = []
         self.times: dict[int, dict[str, float]] = {}  # pair -> side -> seconds
+        self.host: dict[int, dict[str, float]] = {}  # pair -> side -> host seconds of the call
         self._waits = 0
 
     def next_side(self) -> str | None:
@@ -349,11 +365,19 @@ class Pairs:
                 still.append((pair, side, sample))
             else:
                 self.times.setdefault(pair, {})[side] = t
+                self.host.setdefault(pair, {})[side] = sample.host_s
         self.pending = still
 
     def counted(self) -> list[tuple[float, float]]:
         """(baseline s, choice s) of the complete pairs after the warm-up."""
         return [(p[BASELINE], p[CHOICE]) for i, p in sorted(self.times.items()) if i >= self.warmup and len(p) == 2]
+
+    def host_extra_s(self) -> float | None:
+        """What a call of the choice costs the host beyond the baseline's: the median of the
+        counted pairs' host-time differences (None without a counted pair)."""
+        counted = [i for i, p in sorted(self.times.items()) if i >= self.warmup and len(p) == 2]
+        diffs = [self.host[i][CHOICE] - self.host[i][BASELINE] for i in counted]
+        return statistics.median(diffs) if diffs else None
 
     def ratios(self) -> list[float]:
         return [b / c for b, c in self.counted() if c > 0]

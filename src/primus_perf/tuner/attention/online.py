@@ -5,42 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from primus_perf.cache.store import ONLINE_SUFFIX
 from primus_perf.kernels.attention.backends import TRITON
 from primus_perf.kernels.attention.router import problem_of
+from primus_perf.runtime.attention import records_backward, timed_attention
 from primus_perf.tuner.attention.plugin import TUNER_VERSION, AttentionTuner, triton_candidate
 from primus_perf.tuner.measure import Clock, Sample
 from primus_perf.tuner.online import Pooled, validated
-
-
-class _BackwardEnd(torch.autograd.Function):
-    """Identity on q, k, v; its backward (after the attention's) marks the end."""
-
-    @staticmethod
-    def forward(ctx, sample, clock, q, k, v):  # type: ignore[override]
-        ctx.sample, ctx.clock = sample, clock
-        return q.view_as(q), k.view_as(k), v.view_as(v)
-
-    @staticmethod
-    def backward(ctx, dq, dk, dv):  # type: ignore[override]
-        ctx.sample.pairs[-1] = (ctx.sample.pairs[-1][0], ctx.clock.mark())
-        return None, None, dq, dk, dv
-
-
-class _BackwardStart(torch.autograd.Function):
-    """Identity on the output; its backward (before the attention's) marks the start."""
-
-    @staticmethod
-    def forward(ctx, sample, clock, out):  # type: ignore[override]
-        ctx.sample, ctx.clock = sample, clock
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, dout):  # type: ignore[override]
-        ctx.sample.pairs.append((ctx.clock.mark(), None))
-        return None, None, dout
 
 
 class AttentionOnline:
@@ -79,19 +50,11 @@ class AttentionOnline:
     def pairing(q: Any, k: Any, v: Any, causal: bool) -> bool:
         """Whether the call's backward is timed with it: a pair's two calls must agree (with
         activation checkpointing a no-grad forward and its recompute share the problem)."""
-        return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        return records_backward(q, k, v)
 
     def timed(self, cand: Pooled, clock: Clock, q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, Sample]:
         sample = Sample()
-        grad = self.pairing(q, k, v, causal)
-        if grad:
-            q, k, v = _BackwardEnd.apply(sample, clock, q, k, v)
-            sample.expect = 2
-        start = clock.mark()
-        out = cand.run(q, k, v, causal)
-        sample.pairs.append((start, clock.mark()))
-        if grad:
-            out = _BackwardStart.apply(sample, clock, out)
+        out = timed_attention(lambda a, b, c: cand.run(a, b, c, causal), sample, clock, q, k, v)
         return out, sample
 
 
