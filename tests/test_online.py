@@ -22,7 +22,7 @@ from primus_perf.tuner.gemm.online import GemmOnline
 from primus_perf.tuner.measure import Sample
 from primus_perf.tuner.online import OnlinePolicy, OnlineRouter, Pooled, ProblemTuning
 
-SPEED = {"torch": 1.0, "fast": 0.7, "close": 0.995, "slow": 3.0}  # ms per call
+SPEED = {"torch": 1.0, "fast": 0.7, "close": 0.995, "slow": 3.0, "good": 0.8}  # ms per call
 
 
 class FakeGemmOnline(GemmOnline):
@@ -255,14 +255,15 @@ def test_online_run_locks_every_problem_writes_the_cache_and_restart_does_no_tun
     steps, summary, lines, _ = _steps_until_locked(cache, clock, adapter)
     # 2 linears: fwd + dgrad (down only: x needs no grad) + wgrad = 5 problems, one call each per step
     assert adapter.pools == 5 and len(summary["online"]) == 5
-    # 2 warm-up calls, then pairs against torch: "slow" 1, "close" 2 (not 1% faster), "fast"
-    # 6 (its verdict), the events read 2 marks later
-    assert steps <= 23, steps
+    # 2 warm-up calls, then pairs against torch, a whole pair a call (GEMMs: both sides on the
+    # call's operands): "slow" 1, "close" 2 (not 1% faster), "fast" 6 (its verdict), the events
+    # read 2 marks later; a pair a side a call, this took 23 steps
+    assert steps <= 12, steps
     assert all(info["chosen"] == "fast" and info["dropped"] == ["slow", "close"] for info in summary["online"].values())
     assert all(info["speedup"] == pytest.approx(SPEED["torch"] / SPEED["fast"]) for info in summary["online"].values())
     assert all(info["in_step"]["verdict"] == "kept" and info["in_step"]["samples"] == 6
                for info in summary["online"].values())
-    assert all(calls == 18 for calls in summary["tuning"].values())
+    assert all(calls == 9 for calls in summary["tuning"].values())  # 18 timed calls
     assert len(lines) == 5 and all("locked fast: 1.429x torch in the step [1.429-1.429], 12 calls" in line
                                    and "tuning cost" in line for line in lines), lines
     entries = TuningCache(cache).entries("gemm")
@@ -277,6 +278,18 @@ def test_online_run_locks_every_problem_writes_the_cache_and_restart_does_no_tun
     assert adapter2.pools == 0 and summary2["tuning"] == {} and lines2 == []
     # 5 problems + the reference product of the up projection, per step
     assert summary2["fallback"] == 0 and summary2["routed"] == 12 and sum(launched.values()) == 12
+
+
+def test_gemms_called_once_a_step_lock_within_20_steps_with_two_finalists(tmp_path: Path) -> None:
+    """The longest race: four contenders, two of them faster than torch, so two finalists go
+    on to their verdicts; the output layer's GEMMs are called once a step, and still lock by
+    step 20 (a whole pair a call)."""
+    clock = FakeClock(lag=2)
+    adapter = FakeGemmOnline(clock, names=("torch", "fast", "close", "slow", "good"))
+    steps, summary, _lines, _ = _steps_until_locked(tmp_path / "cache.json", clock, adapter)
+    assert steps <= 20, steps
+    assert all(info["chosen"] == "fast" and info["dropped"] == ["slow", "close"]  # "good" kept, not the best
+               for info in summary["online"].values())
 
 
 def _tune_in_process(cache: str, out_features: int) -> None:
@@ -371,8 +384,8 @@ def test_a_contender_its_pairs_do_not_bear_out_keeps_torch_and_says_so(tmp_path:
     assert key in router.locked and router.locked[key].name == "torch"
     info = router.online[key]
     # ratios 12, 12, 1, 1, 1: let go after its fifth pair, its median no longer 1% faster (one
-    # more call placed while the fifth pair's last event was in flight)
-    assert info["tried"] == "heur2" and info["dropped"] == ["heur2"] and info["calls"] == 11
+    # more pair placed while the fifth pair's last event was in flight)
+    assert info["tried"] == "heur2" and info["dropped"] == ["heur2"] and info["calls"] == 12
     assert info["in_step"]["verdict"] == "dropped" and info["in_step"]["speedup"] == pytest.approx(1.0)
     assert info["speedup"] == pytest.approx(1.0)
     assert len(lines) == 1 and "locked torch: no contender beat it in the step (heur2 1.000x, 5 pairs)" \

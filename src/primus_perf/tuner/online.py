@@ -18,7 +18,9 @@ next to its neighbours, against what the call would have run.
 1. warm-up: the problem's first ``warmup`` calls run the default, untimed (a cold first
    call, the allocator growing);
 2. racing: each pair goes to the live contender with the fewest pairs placed (two calls
-   of one kind, ``KindAdapter.pairing``); a contender goes as soon as its pairs show it
+   of one kind, ``KindAdapter.pairing``; an adapter whose calls can run twice on the same
+   operands, ``KindAdapter.shadow``, places a whole pair on one call, both sides one after
+   the other, the program getting the default's result); a contender goes as soon as its pairs show it
    cannot win: their median ``drop_ratio`` x slower than the default, or not faster by the
    ``margin`` after ``drop_after`` pairs; no contender gets more than ``drop_after`` pairs until the ``finalists``
    fastest are known, and only they go on;
@@ -70,7 +72,7 @@ from primus_perf.tuner.decide import (
     Rule,
     Verdict,
 )
-from primus_perf.tuner.measure import CHOICE, Clock, DeviceClock, Pairs, Sample
+from primus_perf.tuner.measure import BASELINE, CHOICE, Clock, DeviceClock, Pairs, Sample
 
 
 class _Validating:
@@ -122,7 +124,8 @@ class OnlinePolicy:
     in flight after 160 calls with nothing left to place locks with what it has. A problem
     called once a step, 4 contenders, locks after 10 calls when every contender is clearly
     slower, 18 when they are within 1.25x, 26 when one wins, 34 when two finalists go on
-    (events read a step later add about one step per phase)."""
+    (events read a step later add about one step per phase); with a whole pair a call
+    (``shadow``: GEMMs) after 6, 10, 14 and 18."""
 
     pairs: int = 6
     warmup: int = 2
@@ -212,18 +215,39 @@ class ProblemTuning:
         name = self._open if self._open in self.alive else None
         if name is not None and kind != self._open_kind:  # a pair compares like with like
             return None
-        if name is None and self.calls < self.policy.max_calls:
-            placeable = self._placeable()
-            name = min(placeable, key=lambda n: self.races[n].calls) if placeable else None
         if name is None:
+            name = self._contender()
+        if name is None:
+            return None
+        cand, side = self._place(name)
+        self._open, self._open_kind = (name, kind) if self.races[name].calls % 2 else (None, None)
+        return cand, name, side
+
+    def next_pair(self) -> tuple[str, list[tuple[Pooled, str]]] | None:
+        """A whole pair placed on one call (an adapter whose calls can run twice on the same
+        operands, ``shadow``: a GEMM's output is a new tensor): the contender and both sides in
+        ABBA order, or None as :meth:`next` (the call then runs the default, untimed)."""
+        self.seen += 1
+        if self.seen <= self.policy.warmup:
+            return None
+        name = self._contender()
+        if name is None:
+            return None
+        return name, [self._place(name), self._place(name)]
+
+    def _contender(self) -> str | None:
+        """The live contender with the fewest calls placed, or None (counted as a wait)."""
+        placeable = self._placeable() if self.calls < self.policy.max_calls else []
+        if not placeable:
             self._waits += 1
             return None
-        race = self.races[name]
-        side = race.next_side()
+        return min(placeable, key=lambda n: self.races[n].calls)
+
+    def _place(self, name: str) -> tuple[Pooled, str]:
+        side = self.races[name].next_side()
         assert side is not None  # a contender is placeable only with calls left
         self.calls += 1
-        self._open, self._open_kind = (name, kind) if race.calls % 2 else (None, None)
-        return self.pool[name if side == CHOICE else self.default], name, side
+        return self.pool[name if side == CHOICE else self.default], side
 
     def add(self, name: str, side: str, sample: Sample) -> None:
         """The sample of the call :meth:`next` placed for contender ``name`` on ``side``."""
@@ -338,6 +362,7 @@ class KindAdapter(Protocol):
     # cache entry's problem answers calls, where the two differ (grouped GEMMs: its shape's)
     # optional: ``pairing(*args) -> kind``, calls of one problem that time differently
     # (attention: with or without its backward); a pair's two calls are of one kind
+    # optional: ``shadow = True``, a call may run twice on its operands: a pair a call
 
 
 @dataclass
@@ -412,25 +437,32 @@ class OnlineRouter:
             self._lock(key, problem, state)
             cand = self.locked[key]
             return key, lambda: self.adapter.run(cand, *args)
-        pairing = getattr(self.adapter, "pairing", None)
-        placed = state.next(pairing(*args) if pairing is not None else None)
+        if getattr(self.adapter, "shadow", False):
+            placed = state.next_pair()
+        else:
+            pairing = getattr(self.adapter, "pairing", None)
+            one = state.next(pairing(*args) if pairing is not None else None)
+            placed = None if one is None else (one[1], [(one[0], one[2])])
         report.host_s += time.perf_counter() - t0
         if placed is None:  # a warm-up call, or samples in flight: the default's own path
             return key, None
-        cand, contender, side = placed
+        contender, sides = placed
 
         def timed() -> Any:
+            outs = {}
             try:
-                out, sample = self.adapter.timed(cand, self.clock, *args)
+                for cand, side in sides:
+                    out, sample = self.adapter.timed(cand, self.clock, *args)
+                    state.add(contender, side, sample)
+                    outs[side] = out
             except Exception:  # the dispatch says so once and runs the baseline for it from now on
                 self.failed.add(key)
                 self.tuning.pop(key, None)
                 self.reports.pop(key, None)
                 _close_runs(state.pool.values())
                 raise
-            state.add(contender, side, sample)
             self.tuning_calls[key] = self.tuning_calls.get(key, 0) + 1
-            return out
+            return outs.get(BASELINE, out)  # a whole pair: the default's result, as the program had it
 
         return key, timed
 

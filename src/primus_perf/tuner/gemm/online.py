@@ -15,10 +15,14 @@ from primus_perf.tuner.online import Pooled, validated
 
 class GemmOnline:
     """GEMM calls ``(a, b, bias)``: the problem with ``kernels.gemm.problem_of``; the pool of
-    the GEMM plugin (one input set, for validation); kernels from the router's table."""
+    the GEMM plugin (one input set, for validation); kernels from the router's table. A racing
+    call runs both sides of a pair on its operands, one after the other (``shadow``), and the
+    program gets the default's product: a problem called once a step (the output layer's)
+    locks in half the steps."""
 
     kind = GemmTuner.kind
     tuner_version = TUNER_VERSION + ONLINE_SUFFIX
+    shadow = True  # a pair's two calls on one program call: a GEMM's output is a new tensor
 
     def __init__(self, kernels: Mapping[str, gemm.KernelFactory] | None = None, limit: int = 8) -> None:
         self.kernels = gemm.KERNELS if kernels is None else kernels
