@@ -35,7 +35,8 @@ ALLOWED: dict[str, set[str]] = {
     "enabling": {"runtime", "tuner"},
     "env_hook": {"enabling", "runtime"},
     # the whole loop: profile, analyze, report, tune, train with the cache
-    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "enabling"},
+    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "enabling",
+                    "programs"},
     # the public face of FP8 plans: tuned by tuner.fp8, applied by runtime.fp8
     "fp8": {"runtime", "tuner"},
 }

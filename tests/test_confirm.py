@@ -27,6 +27,7 @@ from primus_perf.kernels.grouped.router import (
     library_versions,
 )
 from primus_perf.kinds import RouterPart
+from primus_perf.problems import AttentionProblem
 from primus_perf.runtime import dispatch
 from primus_perf.runtime.grouped import GroupedDispatch
 from primus_perf.tuner.confirm import Confirmer, ConfirmPolicy, confirm_run
@@ -558,3 +559,62 @@ def test_the_tiny_trainers_attention_is_confirmed_with_its_backward_and_a_slow_c
     assert v.speedup is not None and v.speedup < 0.5 and v.pairs >= 8  # the backward's work is in the samples
     entry = TuningCache(cache).entries("attention")[0]
     assert entry.solution["config"] == {"backend": "sdpa:default"} and entry.in_step["verdict"] == DROPPED
+
+
+TRAIN_SCRIPT = """
+import sys
+
+import torch
+import torch.nn.functional as F
+
+steps = int(sys.argv[sys.argv.index("--steps") + 1])
+torch.manual_seed(0)
+qkv, out = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+opt = torch.optim.AdamW([*qkv.parameters(), *out.parameters()], lr=1e-3)
+x = torch.randn(2, 64, 32)
+for _ in range(steps):
+    q, k, v = (t.view(2, 64, 4, 8).transpose(1, 2) for t in qkv(x).split(32, dim=-1))
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out(o.transpose(1, 2).reshape(2, 64, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+SCRIPT_ATTENTION = AttentionProblem(2, 4, 4, 64, 64, 8, "f32", True, "bshd")
+
+
+def _script_cache(tmp_path: Path) -> Path:
+    from primus_perf.kernels.attention.router import library_versions as attention_versions
+
+    (tmp_path / "train.py").write_text(TRAIN_SCRIPT)
+    cache = tmp_path / "cache.json"
+    TuningCache(cache).put(_entry("attention", SCRIPT_ATTENTION, {"config": {"backend": "sdpa:math"}, "blob": b""},
+                                  attention_versions()))
+    return cache
+
+
+def test_a_scripts_confirmation_ends_with_the_final_check_driven_by_its_own_steps(tmp_path: Path) -> None:
+    """``primus-tune confirm -- train.py``: the attention choice (slower in its backward) is
+    dropped in the script's steps; then, in the same run, the script is held at each step's
+    end while the cache is switched, and the step with it is measured against the step without
+    it: the cache left behind routes torch's own SDPA."""
+    from primus_perf.closed_loop import confirm_program
+
+    torch.set_num_threads(1)
+    cache = _script_cache(tmp_path)
+    said: list[str] = []
+    done = confirm_program(cache, [str(tmp_path / "train.py"), "--steps", "40"], blocks=2, block_steps=2,
+                           policy=ConfirmPolicy(samples=8, warmup=1), router_kinds=slow_backward_kinds(),
+                           say=said.append)
+    assert [r.verdict.status for r in done.confirmation.rows] == [DROPPED] and done.unchecked == ""
+    assert done.final is not None and [r.kinds for r in done.final.rounds][:1] == [("attention",)]
+    assert any(line.startswith("final check: the cache") for line in said), said
+    entry = TuningCache(cache).entries("attention")[0]
+    assert entry.solution["config"] == {"backend": "sdpa:default"}
+
+
+def test_a_script_too_short_for_the_final_check_says_so(tmp_path: Path) -> None:
+    cache = _script_cache(tmp_path)
+    res = CliRunner().invoke(app, ["confirm", "--cache", str(cache), "--samples", "2", "--warmup", "0", "--",
+                                   str(tmp_path / "train.py"), "--steps", "6"])
+    assert res.exit_code == 0, res.output
+    assert "final check: not run (the program ended after" in res.output and "run the program longer" in res.output

@@ -47,7 +47,7 @@ _EXPORTS: dict[str, str] = {
     "profile_steps": "primus_perf.profiler.capture",
     "profile_window": "primus_perf.profiler.capture",
     "capture_program": "primus_perf.profiler.program",
-    "profile_step": "primus_perf.profiler.program",
+    "profile_step": "primus_perf.programs",
     "analyze": "primus_perf.tracelens.analyze",
     "Analysis": "primus_perf.tracelens.analyze",
     "build_report": "primus_perf.tracelens.report",

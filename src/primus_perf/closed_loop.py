@@ -238,6 +238,91 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
     return confirm_run(cache, run, policy=policy, clock=clock, log=say, busy=busy, router_kinds=router_kinds)
 
 
+@dataclass
+class ProgramConfirmation:
+    """What :func:`confirm_program` did: the confirmation, the final check (None: it could not
+    run, ``unchecked`` says why)."""
+
+    confirmation: Any  # tuner.confirm.ConfirmRun
+    final: Any = None  # tuner.final_check.FinalCheck
+    unchecked: str = ""
+
+
+def confirm_program(cache: Path | str, target: Sequence[str], *, policy: Any = None, blocks: int = 4,
+                    block_steps: int = 5, router_kinds: Any = None, say: Say = lambda _m: None) -> ProgramConfirmation:
+    """Confirm ``cache``'s choices in the steps of the program ``target`` (``script.py args``, or
+    ``-m module args``; ``tuner.confirm.confirm_run``), then, in the same run, once every routed
+    problem has its verdict, the final check (``tuner.final_check``) driven by the program's own
+    steps (``programs.DrivenSteps``: it is held at each step's end while the cache is switched):
+    kinds that do not win the step are reset to their baseline. The program must run long
+    enough: its first step, the confirmation, then 2 x ``blocks`` x (1 + ``block_steps``) steps."""
+    from primus_perf.programs import DrivenSteps, ProgramEnded, StepMarks, exit_code, run_target
+    from primus_perf.tuner.confirm import confirm_run
+    from primus_perf.tuner.final_check import drop, final_check
+    from primus_perf.tuner.measure import blocks as measure_blocks
+
+    driven = DrivenSteps()
+    box: dict[str, Any] = {}
+
+    def drive(steps: DrivenSteps) -> None:
+        handle = box["handle"]
+        box["routed"] = routed = handle.routing
+
+        def measure(kinds: tuple[str, ...]) -> tuple[list[float], list[float]]:
+            t = measure_blocks({"default": handle.suspend, "tuned": lambda: handle.resume(kinds)}, steps.step,
+                               blocks=blocks, block_steps=block_steps)
+            return t["default"], t["tuned"]
+
+        try:
+            box["check"] = final_check(measure, routed, say=say)
+        except ProgramEnded as exc:
+            box["unchecked"] = f"{exc}: the final check needs {2 * blocks * (1 + block_steps)} steps after the" \
+                               " confirmation; run the program longer"
+        except Exception as exc:  # the program's step failed under a switch: said, the confirmation stands
+            from primus_perf.errors import one_line
+
+            box["unchecked"] = f"the final check stopped: {one_line(exc)}"
+        finally:
+            handle.resume()  # the confirmed routing, for the rest of the run
+
+    def program(confirmer: Any) -> int:
+        box["handle"] = confirmer.handle  # cold first calls: the policy's warm-up pairs (a program may mark no step)
+
+        def on_mark(i: int, _seconds: float, _loss: Any) -> None:
+            box["marks"] = i + 1
+            if driven.driving:
+                driven.at_mark(_seconds)
+            elif i >= 2 and not confirmer.confirming and "check" not in box and "unchecked" not in box \
+                    and "thread" not in box:
+                say("final check: the step with the cache against the step without it, interleaved, by the"
+                    " program's own steps")
+                box["thread"] = driven.start(drive)
+
+        try:
+            with StepMarks(on_mark):
+                run_target(target)
+        except SystemExit as exc:
+            return exit_code(exc)
+        finally:
+            driven.program_ended()
+            thread = box.get("thread")
+            if thread is not None:
+                thread.join()
+        return 0
+
+    run = confirm_run(cache, program, policy=policy, log=say, router_kinds=router_kinds)
+    out = ProgramConfirmation(run, unchecked=box.get("unchecked", ""))
+    if "check" in box:
+        out.final = drop(box["check"], box["routed"], str(cache), box["handle"].activation)
+    elif not out.unchecked and not box.get("marks"):
+        out.unchecked = ("the program marked no step: a step ends at each optimizer.step() of its first optimizer,"
+                         " or at each primus_perf.profile_step()")
+    elif not out.unchecked:
+        out.unchecked = (f"the program ended after {box['marks']} steps, before every routed problem had its"
+                         " verdict" if "thread" not in box else "the final check did not finish")
+    return out
+
+
 def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str | Path = "runs/quickstart",
              *, steps: int = 3, budget_s: float = 2.0, blocks: int = 4, block_steps: int = 5,
              say: Say = lambda _m: None, tune_progress: Any = None, fp8: bool = False, step: bool = False,

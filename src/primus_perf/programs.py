@@ -1,13 +1,16 @@
 """Running a Python program in this process, as ``python script.py args`` (or ``python -m
-module args``) would: what ``python -m primus_perf.launch`` and ``primus-tune confirm --
-script.py`` share."""
+module args``) would: what ``python -m primus_perf.launch``, ``primus-profile run -- script.py``
+and ``primus-tune confirm -- script.py`` share; where its steps end (:class:`StepMarks`,
+:func:`profile_step`), and its steps driven from another thread (:class:`DrivenSteps`)."""
 
 from __future__ import annotations
 
 import os
 import runpy
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def run_target(target: Sequence[str]) -> None:
@@ -29,3 +32,133 @@ def exit_code(exc: SystemExit) -> int:
     if code is None:
         return 0
     return code if isinstance(code, int) else 1
+
+
+# ---- a running program's steps ----------------------------------------------------------------
+
+_LISTENING: list[StepMarks] = []  # who hears the running program's step marks
+
+
+def profile_step(loss: Any = None) -> None:
+    """Mark the end of one step of the running script (``primus-profile run -- script.py``,
+    ``primus-tune confirm -- script.py``, ``primus-tune step -- script.py``); from its first
+    call on, ``optimizer.step()`` no longer counts; ``loss``: the step's loss (a number or a
+    0-d tensor), for the step tuner's loss guard. Nothing outside those commands."""
+    for marks in list(_LISTENING):
+        marks.mark(explicit=True, loss=loss)
+
+
+def _sync() -> None:
+    """Wait for the GPU's queued work (a step's end is when its kernels are done)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class StepMarks:
+    """While entered, ``on_mark(index, seconds, loss)`` at the end of each step of the program
+    running in this process: each ``optimizer.step()`` of the first optimizer that steps (a post
+    hook on every ``torch.optim.Optimizer``), unless the program marks its steps with
+    :func:`profile_step` (from its first call on, only those count). ``seconds``: from the end
+    of the previous mark's ``on_mark`` (the listener's own time is not the step's), the GPU's
+    queued work waited for."""
+
+    def __init__(self, on_mark: Callable[[int, float, Any], None]) -> None:
+        self.on_mark = on_mark
+        self.count = 0
+        self.explicit = False
+        self.optimizer: Any = None
+        self._hook: Any = None
+        self._t0 = 0.0
+
+    def __enter__(self) -> StepMarks:
+        import torch.optim.optimizer as optim
+
+        self._hook = optim.register_optimizer_step_post_hook(self._stepped)
+        _LISTENING.append(self)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hook.remove()
+        _LISTENING.remove(self)
+
+    def _stepped(self, optimizer: Any, *_: Any) -> None:
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        if optimizer is self.optimizer and not self.explicit:
+            self.mark()
+
+    def mark(self, explicit: bool = False, loss: Any = None) -> None:
+        self.explicit = self.explicit or explicit
+        _sync()
+        seconds = time.perf_counter() - self._t0
+        index = self.count
+        self.count += 1
+        self.on_mark(index, seconds, loss)
+        self._t0 = time.perf_counter()
+
+
+class ProgramEnded(Exception):
+    """The program stopped stepping before a driver's steps were done."""
+
+
+class DrivenSteps:
+    """A running program's steps driven from another thread: once :meth:`start` has been called
+    at a step mark (the program's thread), the program waits at each mark until :meth:`step`
+    (the driver's thread) lets it run one more step, whose seconds it returns; between two steps
+    the driver may change what the program runs (the program is held at its mark). :meth:`end`
+    lets the program run on freely; :meth:`program_ended` (once the program returns) makes a
+    waiting :meth:`step` raise :class:`ProgramEnded`."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self._times: queue.Queue[float | None] = queue.Queue()
+        self._go = threading.Semaphore(0)
+        self.driving = False
+        self.ended = False
+        self.steps = 0
+
+    def start(self, drive: Callable[[DrivenSteps], None]) -> Any:
+        """In the program's thread, at a mark: run ``drive(self)`` in a thread and hold the
+        program until the driver's first :meth:`step`. Returns the thread."""
+        import threading
+
+        self.driving = True
+
+        def run() -> None:
+            try:
+                drive(self)
+            finally:
+                self.driving = False
+                self._go.release()  # the program runs on
+
+        thread = threading.Thread(target=run, name="primus-perf-driver", daemon=True)
+        thread.start()
+        self._go.acquire()
+        return thread
+
+    def at_mark(self, seconds: float) -> None:
+        """In the program's thread, at each mark: hand the step's seconds to the driver and wait."""
+        if not self.driving:
+            return
+        self._times.put(seconds)
+        self._go.acquire()
+
+    def step(self) -> float:
+        """In the driver's thread: one step of the program, its seconds."""
+        if self.ended:
+            raise ProgramEnded(f"the program ended after {self.steps} driven steps")
+        self._go.release()
+        seconds = self._times.get()
+        if seconds is None:
+            raise ProgramEnded(f"the program ended after {self.steps} driven steps")
+        self.steps += 1
+        return seconds
+
+    def program_ended(self) -> None:
+        self.ended = True
+        self._times.put(None)

@@ -66,11 +66,16 @@ def register(app: typer.Typer) -> None:
         warmup: int = typer.Option(2, "--warmup", min=0, help="Pairs per problem not counted (cold first calls)"),
         margin: float = typer.Option(MARGIN, "--margin", min=0.0, help="Least in-step gain that keeps a choice,"
                                      " when the measured noise (half the ratios' IQR) is smaller"),
+        blocks: int = typer.Option(4, "--blocks", min=2, help="The final check: blocks of steps a side, the cache"
+                                   " on and off interleaved"),
+        block_steps: int = typer.Option(5, "--block-steps", min=1, help="The final check: timed steps a block"),
     ) -> None:
         """Confirm a cache's choices inside real steps: each routed problem runs its cached
         choice and the baseline (torch's kernel; the caller's grouped backend) on
         alternating calls, timed where they run; a choice is kept only when its in-step gain
-        clears the noise, else the cache entry becomes the baseline. The trainer
+        clears the noise, else the cache entry becomes the baseline. Then the final check: the
+        step with the cache against the step without it, interleaved blocks; a cache that does
+        not win it past the noise loses the kinds that do not win it alone. The trainer
         (--config PRESET [overrides] --steps N) or any program (-- script.py args) runs."""
         from primus_perf.cli.tune_cache import open_cache
         from primus_perf.tuner.confirm import ConfirmPolicy
@@ -78,27 +83,41 @@ def register(app: typer.Typer) -> None:
         open_cache(cache)  # a regular, non-empty file
         policy = ConfirmPolicy(samples=samples, warmup=warmup, margin=margin)
         extra = list(args or ())
+
+        def say(message: str) -> None:
+            console.print(message, highlight=False, soft_wrap=True, markup=False)
+
         if config is not None:
-            from primus_perf.closed_loop import confirm_trainer
+            from primus_perf.closed_loop import check_cache, confirm_trainer
 
             run = confirm_trainer(config, extra, cache, steps=steps, policy=policy)
-        else:
-            if not extra:
-                raise UserError("primus-tune confirm needs a run: --config PRESET [overrides], or a program after --,"
-                                " e.g. primus-tune confirm --cache c.json -- train.py")
-            from primus_perf.programs import exit_code, run_target
-            from primus_perf.tuner.confirm import confirm_run
+            print_confirmation(run)
+            if run.interrupted:
+                raise typer.Exit(EXIT_INTERRUPTED)
+            final, _ = check_cache(config, extra, cache, blocks=blocks, block_steps=block_steps, say=say)
+            print_final(final)
+            return
+        if not extra:
+            raise UserError("primus-tune confirm needs a run: --config PRESET [overrides], or a program after --,"
+                            " e.g. primus-tune confirm --cache c.json -- train.py")
+        from primus_perf.closed_loop import confirm_program
 
-            def program(_confirmer) -> int:
-                try:
-                    run_target(extra)
-                except SystemExit as exc:
-                    return exit_code(exc)
-                return 0
-
-            run = confirm_run(cache, program, policy=policy)
+        done = confirm_program(cache, extra, policy=policy, blocks=blocks, block_steps=block_steps, say=say)
+        run = done.confirmation
         print_confirmation(run)
+        if done.final is not None:
+            print_final(done.final)
+        else:
+            console.print(f"final check: not run ({done.unchecked}); the confirmed choices stand", highlight=False,
+                          soft_wrap=True)
         if run.interrupted:
             raise typer.Exit(EXIT_INTERRUPTED)
         if run.exit_code:
             raise typer.Exit(run.exit_code)
+
+
+def print_final(final) -> None:
+    """The final check's outcome: what it dropped, the figure of the cache left behind."""
+    for line in final.lines():
+        bold = line.startswith("speedup with the cache")
+        console.print(f"[bold]{escape(line)}[/]" if bold else escape(line), highlight=False, soft_wrap=True)

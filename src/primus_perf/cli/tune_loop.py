@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
 
 from primus_perf import kinds
 from primus_perf.cli.common import console, err_console
 from primus_perf.cli.render import print_table
+from primus_perf.cli.tune_confirm import print_confirmation, print_final
 
 
 def register(app: typer.Typer) -> None:
@@ -77,12 +77,8 @@ def register(app: typer.Typer) -> None:
                           f" {len(run.remaining)} left. Resume with the same command.", highlight=False)
             raise typer.Exit(EXIT_INTERRUPTED)
         if res.confirmation is not None:
-            from primus_perf.cli.tune_confirm import print_confirmation
-
             print_confirmation(res.confirmation)
-        for line in res.final.lines():
-            bold = line.startswith("speedup with the cache")
-            console.print(f"[bold]{escape(line)}[/]" if bold else escape(line), highlight=False, soft_wrap=True)
+        print_final(res.final)
         m = res.measurement
         if m is not None:
             console.print(

@@ -3,11 +3,11 @@
 :func:`~primus_perf.profiler.capture.profile_steps` and writes the same run folder as
 ``run --config``: one gzipped trace per traced rank and ``manifest.json``.
 
-Where a step ends is found, not configured: each ``optimizer.step()`` of the first optimizer
-that steps (a post hook on every ``torch.optim.Optimizer``) ends one, unless the script
-marks its steps itself with :func:`profile_step` (``primus_perf.profile_step()`` at the end of
-each step: gradient accumulation, several optimizers, a loop without an optimizer): from its
-first call on, only its calls count. Outside ``primus-profile run`` it does nothing.
+Where a step ends is found, not configured (``programs.StepMarks``): each ``optimizer.step()``
+of the first optimizer that steps ends one, unless the script marks its steps itself with
+``primus_perf.profile_step()`` at the end of each (gradient accumulation, several optimizers, a
+loop without an optimizer): from its first call on, only its calls count. Outside such a
+command it does nothing.
 
 The baseline steps run without the profiler; the profiler starts after them and stops once
 the window's active steps are recorded, so steps after it run unprofiled again. A script that
@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from primus_perf.errors import Interrupted, UserError
+from primus_perf.programs import StepMarks
 from primus_perf.profiler.capture import (
     CaptureResult,
     Schedule,
-    _sync,
     base_manifest,
     parse_ranks,
     prepare_out_dir,
@@ -38,44 +37,27 @@ from primus_perf.profiler.capture import (
     write_manifest,
 )
 
-_ACTIVE: list[_Steps] = []  # the capture a running script's steps go to
-
-
-def profile_step() -> None:
-    """Mark the end of one step of the running script (``primus-profile run -- script.py``);
-    from its first call on, ``optimizer.step()`` no longer counts. Nothing outside a capture."""
-    if _ACTIVE:
-        _ACTIVE[-1].mark(explicit=True)
-
-
 class _Steps:
-    """The schedule driven by the script's step marks."""
+    """The schedule driven by the script's step marks (``programs.StepMarks``)."""
 
     def __init__(self, out: Path, schedule: Schedule, rank: int, traced: bool,
                  on_step: Callable[[dict[str, Any]], None] | None) -> None:
         self.out, self.schedule, self.rank, self.traced, self.on_step = out, schedule, rank, traced, on_step
         self.phases = schedule.phases()
         self.records: list[dict[str, Any]] = []
-        self.explicit = False
-        self.optimizer: Any = None
         self._window: Any = None  # the open profile_window context
         self.window: Any = None
         self.trace: Path | None = None
-        self.t0 = time.perf_counter()
+        self.marks = StepMarks(self.mark)
 
-    def optimizer_stepped(self, optimizer: Any, *_: Any) -> None:
-        if self.optimizer is None:
-            self.optimizer = optimizer
-        if optimizer is self.optimizer and not self.explicit:
-            self.mark()
+    @property
+    def explicit(self) -> bool:
+        return self.marks.explicit
 
-    def mark(self, explicit: bool = False) -> None:
-        self.explicit = self.explicit or explicit
-        i = len(self.records)
+    def mark(self, i: int, seconds: float, _loss: Any = None) -> None:
         if i >= len(self.phases):
             return  # past the schedule: the script runs on, unrecorded
-        _sync()
-        rec = {"index": i, "phase": self.phases[i], "time_s": time.perf_counter() - self.t0}
+        rec = {"index": i, "phase": self.phases[i], "time_s": seconds}
         self.records.append(rec)
         if self.on_step is not None:
             self.on_step(rec)
@@ -86,7 +68,6 @@ class _Steps:
             self.open()
         elif self._window is not None and i + 1 == s.baseline + s.wait + s.warmup + s.active:
             self.close()
-        self.t0 = time.perf_counter()
 
     def open(self) -> None:
         if not self.traced:
@@ -113,8 +94,6 @@ def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedu
     its steps (see the module docstring) into a run folder (an empty one, or ``overwrite``);
     every rank under torchrun. The script's exit code other than 0 is raised as SystemExit
     after the run folder is written; Ctrl-C keeps what was recorded (``Interrupted``)."""
-    import torch.optim.optimizer as optim
-
     from primus_perf.programs import run_target
 
     if not target or not (target[0] == "-m" or Path(target[0]).is_file()):
@@ -126,11 +105,10 @@ def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedu
     steps = _Steps(out, schedule, rank, rank in traced, on_step if rank == 0 else None)
     if schedule.baseline == 0:
         steps.open()
-    hook = optim.register_optimizer_step_post_hook(steps.optimizer_stepped)
-    _ACTIVE.append(steps)
     exit_code: int | None = None
     try:
-        run_target(target)
+        with steps.marks:
+            run_target(target)
     except SystemExit as exc:
         from primus_perf.programs import exit_code as code_of
 
@@ -145,8 +123,6 @@ def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedu
         _write(steps, world, traced, target, interrupted=True)
         raise Interrupted(f"after {len(steps.records)} steps; wrote {out}") from None
     finally:
-        hook.remove()
-        _ACTIVE.remove(steps)
         with contextlib.suppress(Exception):
             steps.close()
     recorded = sum(r["phase"] == "active" for r in steps.records)

@@ -84,6 +84,7 @@ class Confirmer:
         self.slot_calls: dict[tuple[str, str], int] = {}  # calls of each confirmed problem
         self.waited: dict[tuple[str, str], int] = {}  # choice calls that read the device offs on the host
         self.pairings: dict[tuple[str, str], Any] = {}  # the pairing of a problem's timed calls
+        self.handle: Any = None  # the enabled cache (runtime.handle.Handle) while confirm_run runs
 
     def call(self, owner: Any, key: str, choice: Callable[[], Any], baseline: Callable[[], Any],
              probe: Callable[[], bool] | None = None, *, timed: Callable[[bool, Any, Any], Any] | None = None,
@@ -287,6 +288,7 @@ def confirm_run(
 
     handle = enable(cache, None, kinds_, device_type=device_type, router_kinds=router_kinds, log=None)
     confirmer = Confirmer(policy, clock, log, busy)
+    confirmer.handle = handle  # what a final check in the same run switches
     out = ConfirmRun(str(cache))
     dispatches = [dispatch.of(kind) for kind in handle.routers]  # an idle one's calls too, where they come
     for d in dispatches:
