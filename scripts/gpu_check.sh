@@ -17,7 +17,9 @@
 # eight-checks (preflight and tuning with 8 workers); fp8-tests (the FP8 GPU tests), fp8
 # (benchmarks/fp8/fp8_loop.py: llama3-8b and qwen2.5-7b), fp8-moe (its MoE FP8 grouped GEMMs),
 # never-slower (benchmarks/runtime/never_slower.py: MoE cases, the dense loop, the example with the
-# cache `confirm` left; never-slower-loop and never-slower-example alone), routing
+# cache `confirm` left; never-slower-loop and never-slower-example alone; never-slower-quickstart[:CASE,..]:
+# primus-tune loop as a user runs it on tiny, llama3-8b 2 layers and qwen3 2 layers, the cache it left
+# against no cache, and the example under enable() with the dense loop's cache), routing
 # (benchmarks/runtime/routing_overhead.py), hf-moe (the foreign grouped GEMM GPU tests and
 # benchmarks/moe/hf_moe_e2e.py).
 # recipe:PRESET:CONFIGS, recipe-equality and tests-trainer: the trainer's speed knobs at a fixed
@@ -66,6 +68,16 @@ for step in "$@"; do
     never-slower-loop)
       python benchmarks/runtime/never_slower.py --out "$OUT/never_slower.json" --blocks 6 --block-steps 6 loop 2>&1 \
         | tee "$OUT/never_slower_loop.log" | tail -4 ;;
+    never-slower-quickstart*)  # never-slower-quickstart[:CASE,...]: primus-tune loop as a user runs it, then
+      # the cache it left against no cache; then examples/llama_train.py under enable() with the dense loop's cache
+      IFS=: read -r _ cases <<< "$step"
+      python benchmarks/runtime/never_slower.py --out "$OUT/never_slower.json" --workdir /tmp/quickstart --blocks 6 \
+        --block-steps 6 quickstart ${cases:+--cases ${cases//,/ }} 2>&1 | tee "$OUT/never_slower_quickstart.log" | tail -8
+      cp /tmp/quickstart/*.log "$OUT/" 2>/dev/null
+      if [ -f /tmp/quickstart/llama3-8b-2l/tuning_cache.json ]; then
+        python benchmarks/runtime/never_slower.py --out "$OUT/never_slower.json" --pairs 5 example \
+          --cache /tmp/quickstart/llama3-8b-2l/tuning_cache.json 2>&1 | tee -a "$OUT/never_slower_quickstart.log" | tail -2
+      fi ;;
     never-slower-example)
       python benchmarks/runtime/never_slower.py --out "$OUT/never_slower.json" --pairs 5 example \
         --cache /tmp/enable_offline.json 2>&1 | tee "$OUT/never_slower_example.log" | tail -2 ;;

@@ -23,6 +23,10 @@ Sections (each adds or replaces its rows in ``--out``; the file is a list of row
   confirmed cache (``--cache``), ``--pairs`` blocks of ``--block`` steps each way.
 - ``loop``: ``primus-tune loop``'s trainer run on llama3-8b (4 layers, seq 4096,
   micro-batch 2): tuned and confirmed cache against torch, interleaved.
+- ``quickstart``: ``primus-tune loop`` as a user runs it (a command of its own, on ``tiny``,
+  llama3-8b with 2 layers and qwen3-30b-a3b with 2 layers): the figure it ends with, then the
+  cache it left behind against no cache in a fresh trainer, interleaved (``--blocks`` of
+  ``--block-steps``); ``--cases`` picks some.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -252,6 +257,68 @@ def section_loop(args: argparse.Namespace, say: Any) -> list[dict]:
              "cache": cache}]
 
 
+QUICKSTART = {  # primus-tune loop as a user runs it: the README's first command, a dense model, an MoE preset
+    "tiny": ("tiny", []),
+    "llama3-8b-2l": ("llama3-8b", ["model.n_layers=2"]),
+    "qwen3-30b-a3b-2l": ("qwen3-30b-a3b", ["model.n_layers=2", "model.vocab_size=32000", "train.seq_len=4096",
+                                           "train.micro_batch=1"]),
+}
+SMOKE_QUICKSTART = {"tiny": ("tiny", ["model.n_layers=1", "train.seq_len=32", "train.micro_batch=2"])}
+
+
+def loop_figure(log: str) -> dict[str, Any]:
+    """The loop's last word: ``speedup with the cache: 1.012x [...]`` or ``1.00x: torch's own
+    kernels kept``, and whether it said the step was host-bound."""
+    import re
+
+    line = next((ln for ln in reversed(log.splitlines()) if ln.startswith("speedup with the cache")), "")
+    found = re.search(r"speedup with the cache: ([0-9.]+)x", line)
+    return {"line": line, "speedup": float(found.group(1)) if found else None,
+            "host_bound": "the step is host-bound" in log,
+            "dropped": [ln for ln in log.splitlines() if ln.startswith("final check: dropped")]}
+
+
+def section_quickstart(args: argparse.Namespace, say: Any) -> list[dict]:
+    """``primus-tune loop`` run as a command (its own process, its own output), then the cache it
+    left behind against no cache in a fresh trainer of the same config, interleaved blocks."""
+    import subprocess
+
+    from primus_perf.closed_loop import measure_speedup
+
+    cases = SMOKE_QUICKSTART if args.smoke else QUICKSTART
+    rows = []
+    for case in args.cases or list(cases):
+        preset, overrides = cases[case]
+        out = (args.workdir / case).resolve()
+        cmd = [sys.executable, "-m", "primus_perf.cli.tune", "loop", "--config", preset, "--out", str(out), *overrides]
+        say(f"{case}: {' '.join(cmd[2:])}")
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout_s)
+        minutes = (time.monotonic() - t0) / 60
+        log = proc.stdout + proc.stderr
+        (args.workdir / f"{case}.log").write_text(log)
+        row: dict[str, Any] = {"case": f"primus-tune loop --config {preset} " + " ".join(overrides),
+                               "exit_code": proc.returncode, "loop_min": round(minutes, 2),
+                               "loop": loop_figure(proc.stdout), "bar": 0.99}
+        cache = out / "tuning_cache.json"
+        if proc.returncode == 0 and cache.is_file():
+            release_device_memory()
+            m = measure_speedup(preset, overrides, cache, blocks=args.blocks, block_steps=args.block_steps)
+            d, t = spread_ms(m.default_s), spread_ms(m.tuned_s)
+            row.update(left_behind={"speedup": m.speedup, "default": d, "tuned": t, "routed_calls": m.routed_calls,
+                                    "blocks": args.blocks, "block_steps": args.block_steps,
+                                    "losses_match": m.losses_match},
+                       cache=read_json(cache))
+            say(f"{case}: loop said {row['loop']['line']!r}; the cache it left: {m.speedup:.4f}x of no cache"
+                f" ({t['median_ms']:.2f} vs {d['median_ms']:.2f} ms), {m.routed_calls} routed calls")
+        else:
+            say(f"{case}: no cache left (exit {proc.returncode}): {log.strip().splitlines()[-1] if log.strip() else ''}")
+        rows.append(row)
+        release_device_memory()
+        yield_rows(args, rows)
+    return rows
+
+
 def yield_rows(args: argparse.Namespace, rows: list[dict]) -> None:
     """Merge ``rows`` into ``--out`` (rows of the same case replaced): what is done survives."""
     doc = read_json(args.out) if args.out.exists() else {}
@@ -275,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--max-configs", type=int, default=12)
     ap.add_argument("--budget-s", type=float, default=1.5)
-    ap.add_argument("section", choices=("moe", "example", "loop"))
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/never_slower"), help="quickstart: run folders, logs")
+    ap.add_argument("--case-timeout-s", type=float, default=900.0)
+    ap.add_argument("section", choices=("moe", "example", "loop", "quickstart"))
     args = ap.parse_args(argv)
     if args.smoke:
         args.record_steps, args.confirm_steps, args.blocks, args.block_steps = 1, 2, 1, 1
@@ -284,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("never_slower measures a GPU; use --smoke on the CPU")
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    rows = {"moe": section_moe, "example": section_example, "loop": section_loop}[args.section](args, say)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    rows = {"moe": section_moe, "example": section_example, "loop": section_loop,
+            "quickstart": section_quickstart}[args.section](args, say)
     yield_rows(args, rows)
     say(f"written {args.out}")
     return 0
