@@ -1,0 +1,129 @@
+"""Classes of public traces the analyzer read misleadingly, one synthetic trace each, built
+from the structure of the real ones: FlashAttention-3's own ops (dense and varlen), several
+ranks merged into one file, fp32 convolutions with layout transposes, and data parallelism
+with a sharded optimizer (ZeRO-1/2, Megatron's distributed optimizer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from primus_perf.problems import AttentionProblem
+from primus_perf.tracelens import compare as cmp
+from primus_perf.tracelens.analyze import analyze
+from test_analysis_next import BF16, _kernel, _launch, _step, _write, _x
+from test_tracelens_kernel_classes import FA3_BWD, FA3_FWD
+
+INT = "int"
+
+
+def _call(name: str, ts: float, dur: float, args: list[tuple[Any, str, str]], tid: int = 1) -> dict[str, Any]:
+    """A cpu_op with its inputs as the profiler records them: (dims, type, concrete) each;
+    a None optional is ``([], "", "")``, a scalar ``([], "Scalar", "value")``."""
+    return _x("cpu_op", name, ts, dur, tid=tid, **{"Input Dims": [a[0] for a in args],
+                                                     "Input type": [a[1] for a in args],
+                                                     "Input Strides": [[] for _ in args],
+                                                     "Concrete Inputs": [a[2] for a in args]})
+
+
+NONE = ([], "", "")
+
+
+def _scalar(v: Any) -> tuple[list, str, str]:
+    return [], "Scalar", str(v)
+
+
+def _t(dims: list[int], typ: str = BF16) -> tuple[list[int], str, str]:
+    return dims, typ, ""
+
+
+# ------------------------------------------------------------------ I. FlashAttention-3's own ops
+
+def fa3_fwd(q: list[int], k: list[int], causal: bool, cu: int | None = None, max_seqlen: int | None = None
+            ) -> list[tuple[Any, str, str]]:
+    """``flash_attn_3::fwd``'s 35 inputs (hopper/flash_api.cpp): q, k, v, ..., cu_seqlens_q at
+    7, cu_seqlens_k at 8, max_seqlen_q/k at 12/13, softmax_scale at 23, is_causal at 24."""
+    args = [_t(q), _t(k), _t(k), NONE, NONE, NONE, NONE]
+    args += [_t([cu], INT), _t([cu], INT)] if cu else [NONE, NONE]
+    args += [NONE, NONE, NONE]
+    args += [_scalar(max_seqlen), _scalar(max_seqlen)] if max_seqlen else [NONE, NONE]
+    args += [NONE] * 9 + [_scalar(0.088), _scalar(causal), _scalar(-1), _scalar(-1), _scalar(0), _scalar(0.0),
+                          _scalar(False), NONE, _scalar(1), NONE, _scalar(0)]
+    assert len(args) == 34
+    return args
+
+
+def fa3_bwd(q: list[int], k: list[int], causal: bool, cu: int | None = None, max_seqlen: int | None = None
+            ) -> list[tuple[Any, str, str]]:
+    """``flash_attn_3::bwd``'s inputs: dout, q, k, v, out, softmax_lse, dq, dk, dv,
+    cu_seqlens_q/k at 9/10, seqused at 11/12, max_seqlen_q/k at 13/14, is_causal at 16."""
+    lse = [q[0], q[1]] if cu else [q[0], q[2], q[1]]
+    args = [_t(q), _t(q), _t(k), _t(k), _t(q), _t(lse, "float"), _t(q), _t(k), _t(k)]
+    args += [_t([cu], INT), _t([cu], INT)] if cu else [NONE, NONE]
+    args += [NONE, NONE]
+    args += [_scalar(max_seqlen), _scalar(max_seqlen)] if max_seqlen else [NONE, NONE]
+    args += [_scalar(0.088), _scalar(causal), _scalar(-1), _scalar(-1), _scalar(0.0), _scalar(False), _scalar(0)]
+    return args
+
+
+def _fa3_step(path: Path, varlen: bool) -> Path:
+    """A training step on an H100 under FlashAttention-3's own ops: the forward op and, in the
+    backward node, the backward op; packed (varlen: 4 sequences, 8192 tokens, cu_seqlens and
+    max_seqlen recorded) or batched (2 x 4096)."""
+    if varlen:
+        q, k = [8192, 32, 128], [8192, 8, 128]
+        fwd, bwd = fa3_fwd(q, k, True, cu=5, max_seqlen=4096), fa3_bwd(q, k, True, cu=5, max_seqlen=4096)
+    else:
+        q, k = [2, 4096, 32, 128], [2, 4096, 8, 128]
+        fwd, bwd = fa3_fwd(q, k, True), fa3_bwd(q, k, True)
+    ev = [_step(0, 20_000), _call("flash_attn_3::fwd", 10, 20, fwd), _launch(1, 12), _kernel(1, 100, 2000, FA3_FWD),
+          _x("cpu_op", "autograd::engine::evaluate_function: FlashAttnFuncBackward", 100, 50, tid=2),
+          _call("flash_attn_3::bwd", 105, 40, bwd, tid=2), {**_launch(2, 110), "tid": 2}, _kernel(2, 5000, 5000, FA3_BWD)]
+    return _write(path, ev)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_flash_attention_3_ops_have_flops_and_their_pass(tmp_path: Path, varlen: bool) -> None:
+    a = analyze([_fa3_step(tmp_path / "fa3.json.gz", varlen)])
+    p = a.attention_problems.set_index("direction")
+    assert set(p.index) == {"fwd", "bwd"}
+    want = AttentionProblem(batch=4 if varlen else 2, heads_q=32, heads_kv=8, seq_q=2048 if varlen else 4096,
+                            seq_kv=2048 if varlen else 4096, head_dim=128, causal=True)
+    assert p.loc["fwd", "problem"] == want == p.loc["bwd", "problem"]
+    assert p.loc["fwd", "flops"] == want.forward_flops and p.loc["bwd", "flops"] == want.backward_flops
+    assert a.totals["attention_flops_per_step"] == want.forward_flops + want.backward_flops
+    assert 0 < p.loc["fwd", "pct_roofline"] < 1 and 0 < p.loc["bwd", "pct_roofline"] < 1
+    assert p.loc["bwd", "time_s"] == pytest.approx(5000e-6)
+    if varlen:  # what the trace does not record is said: the split of the tokens over the sequences
+        assert "varlen: 4 packed sequences" in p.loc["fwd", "label"] and "equal lengths of 2,048" in p.loc["fwd", "label"]
+    else:
+        assert "varlen" not in p.loc["fwd", "label"]
+    by = a.category_seconds()
+    assert by["attention_fwd"] == pytest.approx(2000e-6) and by["attention_bwd"] == pytest.approx(5000e-6)
+
+
+def test_compare_puts_the_flash_attention_3_backward_under_attention_bwd(tmp_path: Path) -> None:
+    """FA3 against torch's SDPA flash path on the same problem: each pass one row, matched by
+    its problem; and a backward op without recorded shapes is still a backward."""
+    fa3 = analyze([_fa3_step(tmp_path / "fa3.json.gz", False)])
+    q, k = [2, 32, 4096, 128], [2, 8, 4096, 128]  # SDPA's bhsd
+    sdpa_fwd = [_t(q), _t(k), _t(k), _scalar(0.0), _scalar(True), _scalar(False), NONE]
+    sdpa_bwd = [_t(q), _t(q), _t(k), _t(k), _t(q), _t([2, 32, 4096], "float"), NONE, NONE, _scalar(4096),
+                _scalar(4096), _scalar(0.0), _scalar(True), NONE, NONE, NONE]
+    ev = [_step(0, 20_000), _call("aten::_scaled_dot_product_flash_attention", 10, 20, sdpa_fwd), _launch(1, 12),
+          _kernel(1, 100, 2500, "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>(Params)"),
+          _x("cpu_op", "autograd::engine::evaluate_function: ScaledDotProductFlashAttentionBackward0", 100, 50, tid=2),
+          _call("aten::_scaled_dot_product_flash_attention_backward", 105, 40, sdpa_bwd, tid=2),
+          {**_launch(2, 110), "tid": 2},
+          _kernel(2, 5000, 6000, "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Traits>(Params)")]
+    sdpa = analyze([_write(tmp_path / "sdpa.json.gz", ev)])
+    d = cmp.compare_analyses(sdpa, fa3)
+    attn = {r["family"]: r for r in d["ops"] if r["category"].startswith("attention")}
+    assert set(attn) == {"attention_fwd", "attention_bwd"}
+    assert attn["attention_bwd"]["candidate_op"] == "flash_attn_3::bwd" and attn["attention_bwd"]["side"] == "both"
+    assert attn["attention_fwd"]["candidate_op"] == "flash_attn_3::fwd" and attn["attention_fwd"]["side"] == "both"
+    assert cmp.op_family("attention_bwd", "flash_attn_3::bwd", False) == "attention_bwd"
+    assert cmp.op_family("attention_bwd", "flash_attn_3::_flash_attn_backward", False) == "attention_bwd"
+    assert cmp.op_family("memset", "flash_attn_3::bwd", False) == "memset in attention_bwd"
