@@ -5,6 +5,8 @@ with a sharded optimizer (ZeRO-1/2, Megatron's distributed optimizer)."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +129,101 @@ def test_compare_puts_the_flash_attention_3_backward_under_attention_bwd(tmp_pat
     assert cmp.op_family("attention_bwd", "flash_attn_3::bwd", False) == "attention_bwd"
     assert cmp.op_family("attention_bwd", "flash_attn_3::_flash_attn_backward", False) == "attention_bwd"
     assert cmp.op_family("memset", "flash_attn_3::bwd", False) == "memset in attention_bwd"
+
+
+# ------------------------------------------------------------------ G. several ranks in one file
+
+GEMM_942 = ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x128x64_MI16x16x1_SN_LDSB1_AFC1_AFEM1_ASEM1_CLR1_GLS0_"
+            "ISA942_IU1_K1_LBSPPA1024_LPA16_LPB16_MIAV0_MIWT8_4_MO40_NTn1_WG32_8_1")
+RCCL = "ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)"
+ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>(int, Fn)"
+
+
+def _rocm_rank(rank: int, pid: int) -> list[dict[str, Any]]:
+    """Two steps of one MI300X rank as ROCm's Kineto writes them (hip_runtime launches, GPU pid
+    = device = the rank's GPU): a GEMM, an add, and an all-reduce on its own stream; rank 3's
+    GEMM takes longer (the others wait for it in the all-reduce)."""
+    ev: list[dict[str, Any]] = []
+    gemm = 900 + (300 if rank == 3 else 0)
+    for step in range(2):
+        t0 = 10_000 * step
+        ev += [{**_step(t0, 3000, n=step + 1), "pid": pid}]
+        for j, (op, kname, dur, stream) in enumerate((("aten::mm", GEMM_942, gemm, 0), ("aten::add", ELEMENTWISE, 100, 0),
+                                                      ("nccl:all_reduce", RCCL, 400, 1))):
+            corr = 3 * step + j + 1
+            dims = {"Input Dims": [[4096, 4096], [4096, 4096]], "Input type": [BF16, BF16]} if op == "aten::mm" else {}
+            ev += [{**_x("cpu_op", op, t0 + 10 + 30 * j, 20, **dims), "pid": pid},
+                   {**_x("hip_runtime", "hipLaunchKernel", t0 + 15 + 30 * j, 3, correlation=corr), "pid": pid},
+                   {"ph": "X", "cat": "kernel", "name": kname, "pid": rank, "tid": stream, "ts": t0 + 100 + 1100 * j,
+                    "dur": dur, "args": {"correlation": corr, "stream": stream, "device": rank}}]
+    return ev
+
+
+def _fused(ranks: list[list[dict[str, Any]]], how: str) -> list[dict[str, Any]]:
+    """The ranks' events in one list as a merging tool writes them: ``args`` (TraceLens's trace
+    fusion: args.rank on every event, pid and correlation offset by the rank, no
+    deviceProperties), ``pid`` (SGLang's merger: "[TP03] 4121", correlation ids as they were)
+    or ``offset`` (pids offset by rank x 10^6, no rank in the events)."""
+    out = []
+    for r, events in enumerate(ranks):
+        for e in events:
+            e = {**e, "args": dict(e.get("args") or {})}
+            if how == "args":
+                e["args"]["rank"] = r
+                e["args"]["pid_raw"] = e["pid"]
+                e["pid"] += r * 1_000_000
+                if "correlation" in e["args"]:
+                    e["args"]["correlation"] += r * 100
+            elif how == "pid":
+                e["pid"] = f"[TP{r:02d}] {e['pid']}"
+            else:
+                e["pid"] += r * 1_000_000
+            out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("how", ["args", "pid", "offset"])
+def test_a_file_of_four_merged_ranks_is_four_ranks_on_an_inferred_mi300x(tmp_path: Path, how: str) -> None:
+    path = tmp_path / "merged.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": _fused([_rocm_rank(r, 4000 + r) for r in range(4)],
+                                                                      how)}).encode()))
+    a = analyze([path])
+    assert a.ranks == [0, 1, 2, 3] and a.world_size == 4
+    assert a.device["peaks"] == "mi300x" and a.device["name"].startswith("AMD Instinct MI300X (inferred")
+    assert a.device["inferred_from"] == "kernel names (gfx942)"
+    assert any("one file of 4 ranks" in n for n in a.notes), a.notes
+    assert any("inferred from kernel names (gfx942 in 1 of 3 kernel names)" in n and "MI325X" in n for n in a.notes)
+    t = a.temporal
+    assert len(t) == 8 and set(t["rank"]) == {0, 1, 2, 3}  # two steps of each rank
+    by_rank = a.kernels[a.kernels["category"] == "gemm"].groupby("rank")["dur_us"].sum()
+    assert by_rank.to_dict() == {0: 1800.0, 1: 1800.0, 2: 1800.0, 3: 2400.0}
+    assert a.gemm_problems["calls"].iloc[0] == 1  # per step and rank, not four times one rank's
+    assert 0 < a.gemm_problems["pct_roofline"].iloc[0] < 1
+    assert set(a.collective_bandwidth["ranks"]) == {4}
+
+
+@pytest.mark.parametrize(("names", "arch", "peaks"), [
+    ([GEMM_942, ELEMENTWISE], "gfx942", "mi300x"),
+    (["Cijk_Ailk_Bjlk_SB_Bias_AS_SAV_UserArgs_MT64x16x16_MI16x16x1_SN_GSUAMB_ISA90a_IU1_K1"], "gfx90a", "mi250"),
+    (["void ck::kernel_gemm_xdl_cshuffle_v3<gfx950>(Arg)"], "gfx950", "mi355x"),
+    (["sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tile"
+      "size128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"], "sm_90", "h100-sxm"),
+    (["bmm_Bfloat16_MxE2m1MxE4m3_Fp32_t128x16x256u2_s3_et128x16_m128x16x32_cga1x1x1_16dp256b_rM_TN_sm100f",
+      "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext"], "sm_100", "b200"),
+    (["void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(Params)"], "sm_80",
+     "a100-sxm"),
+    (["sm89_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize64x64x64"], "sm_89", None),  # an L4 or an L40S: no roof
+])
+def test_the_device_is_inferred_from_kernel_names(names: list[str], arch: str, peaks: str | None) -> None:
+    from primus_perf.devices import lookup_peaks
+    from primus_perf.tracelens.device_arch import infer_device
+
+    got = infer_device([*names, "void at::native::reduce_kernel<512, 1>(Params)"])
+    assert got is not None and got.arch == arch and got.of == len(names) + 1
+    # the names that carry the architecture (an sm80 kernel runs on an H100, not the reverse)
+    assert got.kernels == (1 if arch in ("sm_90", "gfx942") else len(names))
+    found = lookup_peaks(got.name)
+    assert (found.key if found else None) == peaks
+    assert "inferred from kernel names" in got.name and "inferred" in got.note
+    assert infer_device(["void at::native::reduce_kernel<512, 1>(Params)", "nvjet_tst_128x256_64x4_1x2_h_bz"]) is None
+

@@ -81,7 +81,10 @@ IGNORED_CATS = frozenset({"python_function", "Trace", "overhead", "cpu_instant_e
 # host launch -> GPU op flows: CUDA and ROCm ("ac2g"), older names; only their starts are kept
 FLOW_CATS = frozenset({"ac2g", "async_gpu", "async", "async_cpu_to_gpu"})
 GPU_KINDS = (KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET)
-INT_ARGS = ("correlation", "stream", "device", "seq")
+INT_ARGS = ("correlation", "stream", "device", "seq", "rank")
+# ``args.rank``: the rank of each event in a file that holds several (TraceLens's trace fusion
+# writes it on every event); read only from the pieces whose text has the key
+_RANK_KEY = re.compile(rb'"rank"\s*:')
 NUM_ARGS = ("registers", "shared", "blocks_per_sm", "occupancy", "alloc", "total", "device_type", "device_id")
 
 
@@ -91,6 +94,7 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     stream: int = -1
     device: int = -1
     seq: int = msgspec.field(name="Sequence number", default=-1)
+    rank: int = -1
     dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
     types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
     strides: msgspec.Raw = msgspec.field(name="Input Strides", default=msgspec.Raw(b""))
@@ -130,6 +134,7 @@ class _LooseArgs(msgspec.Struct, gc=False):
     stream: Any = None
     device: Any = None
     seq: Any = msgspec.field(name="Sequence number", default=None)
+    rank: Any = None
     dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
     types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
     strides: msgspec.Raw = msgspec.field(name="Input Strides", default=msgspec.Raw(b""))
@@ -212,6 +217,9 @@ class RawTrace:
     seq: np.ndarray  # int32/int64, -1 when absent
     shape: np.ndarray  # int32 code into ``shape_values``, -1 for events without recorded inputs
     shape_values: list[bytes]  # raw JSON of dims, types, strides, concrete, joined by a NUL byte
+    # per row, ``args.rank`` (-1 absent); None when no event records one (a trace of one rank)
+    event_rank: np.ndarray | None = None
+    threads: list[tuple[int | str, int | str]] = field(default_factory=list)  # (pid, tid) of each ``thread`` code
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     distributed: dict[str, Any] = field(default_factory=dict)
     platform: str = "cuda"  # "cuda" or "rocm"
@@ -716,9 +724,10 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, workers: int = 1) -> 
             continue
         except (msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise _events_error(p, exc) from None
+        ranked = _RANK_KEY.search(_text(piece)) is not None
         del piece
         joined = 0
-        builder.add(events)
+        builder.add(events, ranked)
     if carry:
         try:  # the real error, where a helper process only said the piece did not parse
             _decode_piece(carry, Counter())
@@ -786,7 +795,7 @@ def _piece_columns(text: bytes | bytearray) -> _ColumnBuilder | None:
         events = _decode_piece(text, b.fixes)
     except msgspec.DecodeError:
         return None
-    b.add(events)
+    b.add(events, _RANK_KEY.search(text) is not None)
     return b
 
 
@@ -852,7 +861,8 @@ class _ColumnBuilder:
         self.memory: list[tuple] = []
         self.rows = 0
 
-    def add(self, events: list[_Event]) -> None:
+    def add(self, events: list[_Event], ranked: bool = True) -> None:
+        """Columns of decoded events; ``ranked``: their text has an ``args.rank`` (else -1, not read)."""
         kind_all = np.fromiter(map(_KIND_OF.get, zip(map(_PH, events), map(_CAT, events)), repeat(-1)),
                                dtype=np.int8, count=len(events))
         idx = np.flatnonzero(kind_all >= 0)
@@ -903,7 +913,8 @@ class _ColumnBuilder:
             # codes of the (pid, tid) pairs as written; finish() merges "25738" with 25738
             "thread": np.array([td.setdefault((ev.pid, ev.tid), len(td)) for ev in keep], dtype=np.int32),
             "ts": ts, "dur": dur, "correlation": _narrow(correlation),
-            **{f: _narrow(ints(f)) for f in INT_ARGS[1:]},
+            **{f: _narrow(ints(f)) for f in INT_ARGS[1:-1]},
+            "rank": _narrow(ints("rank")) if ranked else np.full(n, -1, dtype=np.int32),
             "shape": shape,
         }
         for f, arr in cols.items():
@@ -997,6 +1008,8 @@ class _ColumnBuilder:
             correlation=cols["correlation"], stream=cols["stream"], device=cols["device"], seq=cols["seq"],
             shape=cols["shape"].astype(np.int32, copy=False),
             shape_values=self.shapes.values,
+            event_rank=cols["rank"] if len(cols["rank"]) and int(cols["rank"].max()) >= 0 else None,
+            threads=threads.values,
             device_properties=[d for d in header.deviceProperties or header.computeProperties or []
                                if isinstance(d, dict)],
             distributed=dict(header.distributedInfo or {}),
