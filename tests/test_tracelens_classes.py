@@ -227,3 +227,78 @@ def test_the_device_is_inferred_from_kernel_names(names: list[str], arch: str, p
     assert "inferred from kernel names" in got.name and "inferred" in got.note
     assert infer_device(["void at::native::reduce_kernel<512, 1>(Params)", "nvjet_tst_128x256_64x4_1x2_h_bz"]) is None
 
+
+# ------------------------------------------------------------------ H. fp32 convolutions, NCHW
+
+CONV_IN, CONV_W = [64, 64, 224, 224], [64, 64, 3, 3]  # a VGG block: 3x3, stride 1, padding 1
+CONV_FLOPS = 2 * (64 * 64 * 224 * 224) * (64 * 3 * 3)
+CONV_BYTES = (2 * 64 * 64 * 224 * 224 + 64 * 64 * 9) * 4
+SGEMM_CONV = "void implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, false, false, true>(int, int, int)"
+TO_NHWC = "void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)2>(Params)"
+TO_NCHW = "void cudnn::ops::nhwcToNchwKernel<float, float, float, true, false, (cudnnKernelDataType_t)0>(Params)"
+WGRAD = "void cudnn::cnn::wgrad_alg0_engine<float, 128, 6, 8, 3, 3, 5, false, 512>(int, int, int, float const*)"
+ADAM = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+        "TensorListMetadata<4>, at::native::(anonymous namespace)::PointwiseOpScalarFunctor<float, 4, 4, 0>>")
+FWD_US, BWD_US = 6_000.0, 44_000.0  # the convolution kernels alone: 59% and 16% of the fp32 roof on an H100
+
+
+def _vgg_step(path: Path, device: str) -> Path:
+    """A VGG-style training step in fp32: a cuDNN convolution forward (its input converted to
+    NHWC and its output back around the kernel, as cuDNN does for NCHW tensors), its backward,
+    and a foreach Adam step."""
+    conv = [_t(CONV_IN, "float"), _t(CONV_W, "float"), ([], "GenericList", "[1, 1]"), ([], "GenericList", "[1, 1]"),
+            ([], "GenericList", "[1, 1]"), _scalar(1), _scalar(False), _scalar(False), _scalar(True)]
+    back = [_t(CONV_IN, "float"), _t(CONV_IN, "float"), _t(CONV_W, "float"), ([], "GenericList", "[64]"),
+            ([], "GenericList", "[1, 1]"), ([], "GenericList", "[1, 1]"), ([], "GenericList", "[1, 1]"), _scalar(False),
+            ([], "GenericList", "[0, 0]"), _scalar(1), ([], "GenericList", "[True, True, False]")]
+    ev = [_step(0, 80_000), _call("aten::cudnn_convolution", 10, 40, conv)]
+    ev += [_launch(1, 12), _kernel(1, 100, 2000, TO_NHWC), _launch(2, 20), _kernel(2, 2100, FWD_US, SGEMM_CONV),
+           _launch(3, 30), _kernel(3, 8100, 1000, TO_NCHW)]
+    ev += [_x("cpu_op", "autograd::engine::evaluate_function: ConvolutionBackward0", 100, 50, tid=2),
+           _call("aten::convolution_backward", 105, 40, back, tid=2), {**_launch(4, 110), "tid": 2},
+           _kernel(4, 9200, BWD_US, WGRAD)]
+    ev += [_x("user_annotation", "Optimizer.step#Adam.step", 200, 40), _x("cpu_op", "aten::_foreach_add_", 205, 20),
+           _launch(5, 210), _kernel(5, 53_300, 3600, ADAM)]
+    return _write(path, ev, deviceProperties=[{"id": 0, "name": device}])
+
+
+def _at_roof(flops: float, nbytes: float, peak: float, hbm: float, fraction: float) -> float:
+    """Seconds of ``flops`` at ``fraction`` of min(peak, intensity x HBM)."""
+    return flops / (fraction * min(peak, flops / nbytes * hbm) * 1e12)
+
+
+def test_fp32_convolutions_get_precision_and_channels_last_advice(tmp_path: Path) -> None:
+    from primus_perf.devices import lookup_peaks
+
+    a = analyze([_vgg_step(tmp_path / "vgg.json.gz", "NVIDIA H100 80GB HBM3")])
+    r = a.recommendations.set_index("lever")
+    assert {"tf32", "bf16 autocast", "channels_last", "optimizer: fused"} <= set(r.index)
+    cl = r.loc["channels_last"]
+    assert cl["estimated_saving_ms"] == pytest.approx(3.0) and not cl["changes_numerics"]
+    assert "nchwToNhwcKernel" in cl["evidence"] and "channels_last" in cl["action"]
+    p = lookup_peaks("NVIDIA H100 80GB HBM3")
+    fwd_frac = CONV_FLOPS / (FWD_US * 1e-6) / 1e12 / min(p.tflops["f32"], CONV_FLOPS / CONV_BYTES * p.hbm_tb_s)
+    bwd_frac = 2 * CONV_FLOPS / (BWD_US * 1e-6) / 1e12 / min(p.tflops["f32"], CONV_FLOPS / CONV_BYTES * p.hbm_tb_s)
+    assert fwd_frac == pytest.approx(0.59, abs=0.01) and bwd_frac == pytest.approx(0.16, abs=0.01)
+    for lever, peak, nbytes in (("tf32", p.tflops["tf32"], CONV_BYTES), ("bf16 autocast", p.tflops["bf16"],
+                                                                          CONV_BYTES / 2)):
+        want = (FWD_US * 1e-6 - _at_roof(CONV_FLOPS, nbytes, peak, p.hbm_tb_s, fwd_frac)
+                + BWD_US * 1e-6 - _at_roof(2 * CONV_FLOPS, 2 * nbytes, peak, p.hbm_tb_s, bwd_frac))
+        row = r.loc[lever]
+        assert row["estimated_saving_ms"] == pytest.approx(want * 1e3, rel=1e-6), lever
+        assert row["changes_numerics"] and "16%-59% of their roofline" in row["evidence"]
+        assert "an estimate" in row["method"] and "fraction of the roofline" in row["method"]
+    assert "torch.autocast(device_type='cuda', dtype=torch.bfloat16)" in r.loc["bf16 autocast", "action"]
+    assert "allow_tf32" in r.loc["tf32", "action"]
+    # ranked: what keeps the numerics first (channels_last, the fused optimizer), then by saving
+    order = list(a.recommendations["lever"])
+    assert order.index("channels_last") < order.index("bf16 autocast") and order.index("tf32") > order.index(
+        "optimizer: fused")
+
+
+def test_a_device_without_tf32_or_bf16_is_advised_fp16_with_a_grad_scaler(tmp_path: Path) -> None:
+    a = analyze([_vgg_step(tmp_path / "vgg.json.gz", "Tesla V100-SXM2-16GB")])
+    r = a.recommendations.set_index("lever")
+    assert "tf32" not in r.index and "bf16 autocast" not in r.index
+    assert "GradScaler" in r.loc["f16 autocast", "action"] and "float16" in r.loc["f16 autocast", "action"]
+    assert r.loc["f16 autocast", "estimated_saving_ms"] > 0 and "channels_last" in r.index

@@ -37,6 +37,12 @@ when they touch the same kernels):
   (1 - roofline fraction / ATTAINABLE)`` over the time its kernels run alone (a kernel
   beside a communication kernel shares the GPU: its speed is not the kernel's choice);
   dense bf16/f16 GEMMs on NVIDIA at most :data:`GEMM_TUNING_GAIN` of their time.
+- ``memory format``: the NCHW<->NHWC conversions convolution ops launch around their kernels
+  (:mod:`.precision`): their time, which a channels_last model does not run.
+- ``precision``: fp32 GEMMs and convolutions (:mod:`.precision`): TF32 math, and bf16 (fp16 on
+  a device without it) autocast; each problem's FLOPs at the fraction of the roofline it
+  reaches now, capped at what the best kernels reach, of the TF32 or 16-bit roof, against its
+  time; changes the numerics.
 - ``fp8``: bf16/f16 GEMMs with every dimension at least ``FP8_MIN_DIM`` on a device with an
   FP8 peak: training: ``time * (1 - 1/FP8_GEMM_SPEEDUP)`` minus the casts (:func:`fp8_casts`:
   weights per step, activations and gradients per token, at :data:`CAST_BYTES` a element),
@@ -60,6 +66,7 @@ from primus_perf.problems import GemmProblem
 from primus_perf.tracelens.analyses.breakdown import covered
 from primus_perf.tracelens.analyses.fusion import ATTAINABLE_BW, MEMORY_BOUND, fusion_estimate
 from primus_perf.tracelens.analyses.hotspots import MODELED, in_steps, problem_keys
+from primus_perf.tracelens.analyses.precision import fp32_work, layout_transposes, low_precision
 from primus_perf.tracelens.analyses.tune_next import tune_next
 from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, COMMUNICATION, OPTIMIZER
 
@@ -639,6 +646,82 @@ def _fp8(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict[st
                  "fused by torch.compile", command="primus-tune loop --fp8", numerics=True)]
 
 
+def _precision(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None) -> list[dict[str, Any]]:
+    """fp32 GEMMs and convolutions: TF32 math, and a 16-bit type (:mod:`.precision`)."""
+    if peaks is None or in_steps(a.kernels).empty:
+        return []
+    cap = ATTAINABLE[kinds.GEMM.name]
+    f = fp32_work(a.calls, a.kernels, peaks, a.rank_steps, cap)
+    if f.empty:
+        return []
+    total = float(in_steps(a.kernels)["dur_us"].sum()) / 1e6 / a.rank_steps or 1.0
+    fp32_s = float(f["time_s"].sum())
+    by_kind = ", ".join(f"{kind} {t * 1e3:.1f} ms" for kind, t in f.groupby("kind", sort=False)["time_s"].sum().items())
+    frac = f["fraction"].dropna().clip(upper=1.0)
+    tf32_ms = float(f.loc[f["tf32"], "time_s"].sum()) * 1e3
+    evidence = (f"{len(f)} fp32 GEMM/convolution problem(s) take {fp32_s * 1e3:.1f} ms per step ({fp32_s / total:.0%} of "
+                f"GPU time: {by_kind}), at {frac.min():.0%}-{frac.max():.0%} of their roofline"
+                + (f"; {tf32_ms:.1f} ms of it already on TF32 tensor cores" if tf32_ms >= MIN_SAVING_MS else
+                   "; none on TF32 tensor cores"))
+
+    def method(roof: str) -> str:
+        return (f"per problem: its FLOPs at the fraction of the roofline its kernels reach now (at most {cap:.0%}, what "
+                f"the best kernels reach) of {roof}, min(peak, intensity x {peaks.hbm_tb_s:g} TB/s), against its kernels' "
+                "time less the layout transposes among them; an estimate, not a measurement: a kernel's fraction of a "
+                "higher roof is usually lower")
+
+    rows = []
+    tf32 = peaks.peak_tflops("tf32")
+    todo = f[~f["tf32"]]
+    saving = float((todo["time_s"] - todo["tf32_s"]).sum())
+    if tf32 and saving * 1e3 >= MIN_SAVING_MS:
+        rows.append(_row("precision", "tf32", evidence, f"{_mode(w)}; fp32 math on a device whose TF32 tensor peak is "
+                         f"{tf32:g} TFLOP/s ({tf32 / peaks.peak_tflops('f32'):.0f}x its fp32 peak)",
+                         "allow TF32 for fp32 matmuls and convolutions: torch.backends.cuda.matmul.allow_tf32 = True "
+                         "(torch.set_float32_matmul_precision('high')) and torch.backends.cudnn.allow_tf32 = True; the "
+                         "tensors stay fp32, the products round to TF32's 10-bit mantissa",
+                         saving * 1e3, method(f"the TF32 roof ({tf32:g} TFLOP/s)"), numerics=True))
+    low = low_precision(peaks)
+    saving = float((f["time_s"] - f["low_s"]).sum())
+    if low and saving * 1e3 >= MIN_SAVING_MS:
+        name = {"bf16": "torch.bfloat16", "f16": "torch.float16"}[low]
+        if w.get("mode") == "inference":
+            action = f"run the model in {low} (model.to({name}), or torch.autocast with dtype={name})"
+        else:
+            action = (f"train under torch.autocast(device_type='cuda', dtype={name}) around the forward and the loss "
+                      "(the weights and the optimizer's state stay fp32)"
+                      + (", with torch.amp.GradScaler (the device has no bf16)" if low == "f16" else "")
+                      + "; compare the loss curve")
+        peak = peaks.peak_tflops(low) or 0.0
+        rows.append(_row("precision", f"{low} autocast", evidence, f"{_mode(w)}; fp32 math on a device whose {low} "
+                         f"tensor peak is {peak:g} TFLOP/s ({peak / peaks.peak_tflops('f32'):.0f}x its fp32 peak)",
+                         action, saving * 1e3, method(f"the {low} roof ({peak:g} TFLOP/s, 2-byte operands)"),
+                         numerics=True))
+    return rows
+
+
+def _kernel_label(name: str) -> str:
+    """A kernel's name without its return type, template and parameters
+    (``cudnn::ops::nchwToNhwcKernel``)."""
+    return re.split(r"[<(]", name.removeprefix("void "), maxsplit=1)[0]
+
+
+def _memory_format(a: Analysis) -> list[dict[str, Any]]:
+    """Convolutions that convert NCHW tensors to NHWC and back around their kernels: channels_last."""
+    t_s, n, names = layout_transposes(a.kernels, a.rank_steps)
+    if t_s * 1e3 < MIN_SAVING_MS:
+        return []
+    total = float(in_steps(a.kernels)["dur_us"].sum()) / 1e6 / a.rank_steps or 1.0
+    evidence = (f"convolution ops launch {n} NCHW<->NHWC layout conversions per step taking {t_s * 1e3:.1f} ms "
+                f"({t_s / total:.0%} of GPU time): {', '.join(_kernel_label(x) for x in names[:2])}")
+    return [_row("memory format", "channels_last", evidence, "convolutions whose kernels run on NHWC tensors while "
+                 "the model's are NCHW", "use the channels_last memory format: model.to(memory_format="
+                 "torch.channels_last) and each batch x.to(memory_format=torch.channels_last), so the convolution "
+                 "kernels read and write NHWC directly", t_s * 1e3,
+                 "the conversions' kernel time, which a channels_last model does not run (an upper bound: an op "
+                 "without an NHWC kernel converts back, and the input is converted once per step)")]
+
+
 def _parts(text: str) -> frozenset[str]:
     return frozenset(text.lower().split())
 
@@ -684,7 +767,8 @@ def recommend(a: Analysis) -> pd.DataFrame:
     cfg = trainer_config(a.manifest)
     w = a.workload
     rows = [*_fusion(a, w, peaks, cfg), *_optimizer(a, w, cfg), *_data_loading(a, w), *_host_syncs(a),
-            *_host_launch(a, w, cfg), *_accumulation(a, w, cfg), *_communication(a, w, cfg), *_tuning(a, peaks), *_fp8(a, w, peaks, cfg)]
+            *_host_launch(a, w, cfg), *_accumulation(a, w, cfg), *_communication(a, w, cfg), *_tuning(a, peaks),
+            *_memory_format(a), *_precision(a, w, peaks), *_fp8(a, w, peaks, cfg)]
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     df = pd.DataFrame(rows, columns=COLUMNS)
