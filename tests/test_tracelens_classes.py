@@ -302,3 +302,96 @@ def test_a_device_without_tf32_or_bf16_is_advised_fp16_with_a_grad_scaler(tmp_pa
     assert "tf32" not in r.index and "bf16 autocast" not in r.index
     assert "GradScaler" in r.loc["f16 autocast", "action"] and "float16" in r.loc["f16 autocast", "action"]
     assert r.loc["f16 autocast", "estimated_saving_ms"] > 0 and "channels_last" in r.index
+
+
+# ------------------------------------------------------------------ F. a sharded optimizer, no FSDP
+
+GEMM_H100 = "nvjet_tst_256x128_64x4_2x1_v_bz_coopA_TNN"
+RS_KERNEL = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+AG_KERNEL = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+FUSED_ADAMW = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>>"
+BUCKET = 64 << 20  # elements of one gradient bucket: 128 MB of bf16, 16 MB a rank's shard over 8 ranks
+
+
+def _sharded_dp_rank(path: Path, rank: int, style: str) -> Path:
+    """One step of one of 8 data-parallel H100 ranks that shard the optimizer without FSDP:
+    a forward and a backward GEMM, the gradients reduce-scattered (c10d's base collective: an
+    eighth out of the bucket in), a fused AdamW on the shard, the parameters all-gathered.
+    ``hand``: a hand-written optimizer, both collectives under its own annotations, after the
+    backward pass and after the optimizer step; ``overlap``: Megatron-style, the reduce-scatter
+    from a gradient hook in the backward pass, the all-gather in a forward pre-hook's region
+    before the forward's GEMMs; ``zero3``: parameters gathered again in the backward pass."""
+    big = [[8192, 4096], [4096, 4096]]
+    ev: list[dict[str, Any]] = [_step(0, 10_000)]
+    corr = iter(range(1, 100))
+
+    def launch(op: str, host: float, gpu: float, dur: float, kernel: str, stream: int = 7, tid: int = 1,
+               dims: list | None = None, under: str | None = None) -> None:
+        c = next(corr)
+        if under:
+            ev.append(_x("user_annotation", under, host - 2, 16, tid=tid))
+        ev.append(_call(op, host, 10, [_t(d) for d in dims or []], tid=tid))
+        ev.extend([{**_launch(c, host + 1), "tid": tid}, _kernel(c, gpu, dur, kernel, stream=stream)])
+
+    gather = [[BUCKET], [BUCKET // 8]]  # _allgather_base_(output, input)
+    scatter = [[BUCKET // 8], [BUCKET]]  # _reduce_scatter_base_(output, input)
+    if style in ("overlap", "zero3"):
+        launch("c10d::_allgather_base_", 10, 100, 500, AG_KERNEL, stream=9, dims=gather, under="forward_pre_hook")
+    launch("aten::mm", 40, 700, 800, GEMM_H100, dims=big)
+    ev.append(_x("cpu_op", "autograd::engine::evaluate_function: MmBackward0", 60, 30, tid=2))
+    if style == "zero3":
+        launch("c10d::_allgather_base_", 62, 1600, 400, AG_KERNEL, stream=9, tid=2, dims=gather,
+               under="pre_backward_hook")
+    launch("aten::mm", 80, 2000, 400, GEMM_H100, tid=2, dims=big)
+    if style == "hand":
+        launch("c10d::_reduce_scatter_base_", 150, 2500, 600, RS_KERNEL, stream=9, dims=scatter, under="reduce_grads")
+    else:
+        ev.append(_x("cpu_op", "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 94, 12, tid=2))
+        launch("c10d::_reduce_scatter_base_", 95, 2500, 600, RS_KERNEL, stream=9, tid=2, dims=scatter,
+               under="grad_hook")
+    ev.append(_x("user_annotation", "Optimizer.step#AdamW.step", 200, 40))
+    launch("aten::_fused_adamw_", 205, 3200, 300, FUSED_ADAMW)
+    if style == "hand":
+        launch("c10d::_allgather_base_", 260, 3600, 500, AG_KERNEL, stream=9, dims=gather, under="gather_params")
+    return _write(path, ev, distributedInfo={"rank": rank, "world_size": 8, "pg_config": [{"pg_size": 8}]})
+
+
+def _sharded_dp(out: Path, style: str = "hand") -> list[Path]:
+    return [_sharded_dp_rank(out / f"{style}_rank{r}.json.gz", r, style) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("style", ["hand", "overlap"])
+def test_a_sharded_optimizer_is_data_parallel_not_tensor_parallel(tmp_path: Path, style: str) -> None:
+    from primus_perf.tracelens.analyses.workload import summary
+
+    a = analyze(_sharded_dp(tmp_path, style))
+    w = a.workload
+    assert (w["tensor_parallel"], w["data_parallel"], w["sharded"], w["sharding"]) == (1, 8, True, "optimizer")
+    assert w["sharded_by"].startswith("the collectives' pattern: gradients reduce-scattered "
+                                      + ("after" if style == "hand" else "in") + " the backward pass (1 a step, 134 MB")
+    assert "a sharded optimizer" in w["sharded_by"]
+    assert w["mode_evidence"].startswith("a backward pass, an optimizer step")
+    assert "8 data-parallel ranks, optimizer sharded (the collectives' pattern)" in summary(w)
+    assert "tensor parallel" not in summary(w)
+    e = a.collective_events
+    assert set(e["role"]) == {"parameters"} and set(e["group_size"]) == {8}
+    r = a.recommendations.set_index("category")
+    comm = r.loc["communication"]
+    assert "tensor" not in comm["action"] and "tensor" not in comm["condition"]
+    assert "--overlap-grad-reduce" in comm["action"] and "--overlap-param-gather" in comm["action"]
+    assert "overlap_comm" in comm["action"] and "bucket" in comm["action"]
+    # nothing runs beside either collective: all of each is exposed
+    assert "exposed: the gradients' reduce-scatter 0.6 ms, the parameters' all-gather 0.5 ms" in comm["evidence"]
+    assert comm["estimated_saving_ms"] == pytest.approx(1.1)
+    assert "sharding" not in set(a.recommendations["lever"])  # the optimizer is sharded already
+    assert "the optimizer alone is sharded" in r.loc["fp8", "condition"]  # no per-layer gathers: FP8 not ruled out
+
+
+def test_parameters_gathered_in_the_backward_pass_are_sharded_parameters(tmp_path: Path) -> None:
+    a = analyze(_sharded_dp(tmp_path, "zero3"))
+    w = a.workload
+    assert (w["tensor_parallel"], w["data_parallel"], w["sharding"]) == (1, 8, "parameters")
+    assert "ZeRO-3/FSDP-style" in w["sharded_by"]
+    r = a.recommendations.set_index("category")
+    assert "fp8" not in r.index  # per-layer gathers: FSDP2 + FP8 measured slower
+    assert "prefetch" in r.loc["communication", "action"]

@@ -718,14 +718,15 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, workers: int = 1) -> 
                     builder.merge(columns)
                     continue
                 raise msgspec.DecodeError("a cut inside a string")
-            events = _decode_piece(_text(piece), builder.fixes)
+            text = _text(piece)  # a span of the file is read here once
+            events = _decode_piece(text, builder.fixes)
         except msgspec.DecodeError as exc:
             carry, gap, error = bytes(_text(piece)), piece_gap, exc
             continue
         except (msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise _events_error(p, exc) from None
-        ranked = _RANK_KEY.search(_text(piece)) is not None
-        del piece
+        ranked = _RANK_KEY.search(text) is not None
+        del piece, text
         joined = 0
         builder.add(events, ranked)
     if carry:
