@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from primus_perf.problems import AttentionProblem
@@ -200,6 +201,21 @@ def test_a_file_of_four_merged_ranks_is_four_ranks_on_an_inferred_mi300x(tmp_pat
     assert a.gemm_problems["calls"].iloc[0] == 1  # per step and rank, not four times one rank's
     assert 0 < a.gemm_problems["pct_roofline"].iloc[0] < 1
     assert set(a.collective_bandwidth["ranks"]) == {4}
+
+
+def test_merged_ranks_read_in_small_pieces_are_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each piece of the file says whether its events carry a rank (a sample of them): the
+    same ranks whatever the pieces."""
+    from primus_perf.tracelens import load as L
+    from primus_perf.tracelens.ranks import event_ranks
+
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps({"traceEvents": _fused([_rocm_rank(r, 4000 + r) for r in range(4)], "args")}))
+    whole = L.load(path)
+    monkeypatch.setattr(L, "READ_BYTES", 100)
+    small = L.load(path, chunk_bytes=512)
+    assert len(whole) == len(small) and set(np.unique(whole.event_rank)) == {0, 1, 2, 3}
+    assert (event_ranks(whole)[0] == event_ranks(small)[0]).all()
 
 
 @pytest.mark.parametrize(("names", "arch", "peaks"), [

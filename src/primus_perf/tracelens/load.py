@@ -81,10 +81,11 @@ IGNORED_CATS = frozenset({"python_function", "Trace", "overhead", "cpu_instant_e
 # host launch -> GPU op flows: CUDA and ROCm ("ac2g"), older names; only their starts are kept
 FLOW_CATS = frozenset({"ac2g", "async_gpu", "async", "async_cpu_to_gpu"})
 GPU_KINDS = (KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET)
-INT_ARGS = ("correlation", "stream", "device", "seq", "rank")
 # ``args.rank``: the rank of each event in a file that holds several (TraceLens's trace fusion
-# writes it on every event); read only from the pieces whose text has the key
-_RANK_KEY = re.compile(rb'"rank"\s*:')
+# writes it on every event); a piece's column is read when every RANK_PROBE-th event's args
+# show one (-1 otherwise: an event without a rank takes its thread's, ``ranks.event_ranks``)
+INT_ARGS = ("correlation", "stream", "device", "seq", "rank")
+RANK_PROBE = 61
 NUM_ARGS = ("registers", "shared", "blocks_per_sm", "occupancy", "alloc", "total", "device_type", "device_id")
 
 
@@ -718,17 +719,15 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, workers: int = 1) -> 
                     builder.merge(columns)
                     continue
                 raise msgspec.DecodeError("a cut inside a string")
-            text = _text(piece)  # a span of the file is read here once
-            events = _decode_piece(text, builder.fixes)
+            events = _decode_piece(_text(piece), builder.fixes)
         except msgspec.DecodeError as exc:
             carry, gap, error = bytes(_text(piece)), piece_gap, exc
             continue
         except (msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise _events_error(p, exc) from None
-        ranked = _RANK_KEY.search(text) is not None
-        del piece, text
+        del piece
         joined = 0
-        builder.add(events, ranked)
+        builder.add(events)
     if carry:
         try:  # the real error, where a helper process only said the piece did not parse
             _decode_piece(carry, Counter())
@@ -796,7 +795,7 @@ def _piece_columns(text: bytes | bytearray) -> _ColumnBuilder | None:
         events = _decode_piece(text, b.fixes)
     except msgspec.DecodeError:
         return None
-    b.add(events, _RANK_KEY.search(text) is not None)
+    b.add(events)
     return b
 
 
@@ -862,8 +861,7 @@ class _ColumnBuilder:
         self.memory: list[tuple] = []
         self.rows = 0
 
-    def add(self, events: list[_Event], ranked: bool = True) -> None:
-        """Columns of decoded events; ``ranked``: their text has an ``args.rank`` (else -1, not read)."""
+    def add(self, events: list[_Event]) -> None:
         kind_all = np.fromiter(map(_KIND_OF.get, zip(map(_PH, events), map(_CAT, events)), repeat(-1)),
                                dtype=np.int8, count=len(events))
         idx = np.flatnonzero(kind_all >= 0)
@@ -915,7 +913,8 @@ class _ColumnBuilder:
             "thread": np.array([td.setdefault((ev.pid, ev.tid), len(td)) for ev in keep], dtype=np.int32),
             "ts": ts, "dur": dur, "correlation": _narrow(correlation),
             **{f: _narrow(ints(f)) for f in INT_ARGS[1:-1]},
-            "rank": _narrow(ints("rank")) if ranked else np.full(n, -1, dtype=np.int32),
+            "rank": _narrow(ints("rank")) if any(a.rank >= 0 for a in args[::RANK_PROBE])
+            else np.full(n, -1, dtype=np.int8),
             "shape": shape,
         }
         for f, arr in cols.items():
