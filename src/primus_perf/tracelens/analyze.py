@@ -387,7 +387,7 @@ def _analyze_file(path: Path, rank: int, unprofiled_s: float | None = None, work
     out = []
     while parts:  # each rank's events are let go once its tables are made
         rt = parts.pop(0)
-        out.append(_analyze_trace(rt, rank if rt.rank is None or not note else rt.rank, unprofiled_s, workers))
+        out.append(_analyze_trace(rt, rt.rank if note else rank, unprofiled_s, workers))
         del rt
     if note:
         out[0].notes.append(note)

@@ -733,7 +733,9 @@ def _precision(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None) -> lis
                          f"{tf32:g} TFLOP/s ({tf32 / peaks.peak_tflops('f32'):.0f}x its fp32 peak)",
                          "allow TF32 for fp32 matmuls and convolutions: torch.backends.cuda.matmul.allow_tf32 = True "
                          "(torch.set_float32_matmul_precision('high')) and torch.backends.cudnn.allow_tf32 = True; the "
-                         "tensors stay fp32, the products round to TF32's 10-bit mantissa",
+                         "tensors stay fp32, the products round to TF32's 10-bit mantissa"
+                         + ("; on ROCm, only where the torch build maps it to hipBLASLt's xf32 (MI300-series): check "
+                            "the kernels' names after the change" if peaks.vendor == "amd" else ""),
                          saving * 1e3, method(f"the TF32 roof ({tf32:g} TFLOP/s)"), numerics=True))
     low = low_precision(peaks)
     saving = float((f["time_s"] - f["low_s"]).sum())
