@@ -111,8 +111,10 @@ from primus_perf.tracelens.categories import (
     CONVOLUTION,
     GEMM,
 )
+from primus_perf.tracelens.device_arch import Inferred
 from primus_perf.tracelens.inputs import discover
 from primus_perf.tracelens.link import Linked, link
+from primus_perf.tracelens.ranks import split_ranks
 from primus_perf.tracelens.tables import TraceTables, kernel_table, trace_tables
 
 ANALYSIS_SCHEMA = "primus-perf-analysis/1"
@@ -310,13 +312,18 @@ def _notes(tables: list[TraceTables], kernels: pd.DataFrame, steps: list[int]) -
     return notes
 
 
-def _device_name(tables: list[TraceTables], manifest: dict[str, Any], cpu_only: bool) -> str:
+def _device_name(tables: list[TraceTables], manifest: dict[str, Any], cpu_only: bool) -> tuple[str, Inferred | None]:
+    """The device: as the traces name it, else the run's manifest, else inferred from the
+    kernel names (:mod:`.device_arch`, said so), else unknown; and the inference, if used."""
     name = next((t.device_name for t in tables if t.device_name), None)
     if name is not None:
-        return name
+        return name, None
     dev = manifest.get("device")
     name = str(dev.get("name", "") if isinstance(dev, dict) else dev or "")
-    return name or ("cpu" if cpu_only else "unknown")
+    inferred = next((t.inferred_device for t in tables if t.inferred_device is not None), None)
+    if name or inferred is None:
+        return name or ("cpu" if cpu_only else "unknown"), None
+    return inferred.name, inferred
 
 
 def _totals(kernels: pd.DataFrame, calls: pd.DataFrame, temporal: pd.DataFrame, per_step: int,
@@ -367,13 +374,28 @@ class _TraceResult:
     extras: Extras  # launch resources, memory events (``trace_extras``)
     dropped: Counter  # reason -> events the loader dropped
     markers: Counter  # the workload's markers (``workload.trace_markers``)
+    notes: list[str] = field(default_factory=list)  # what the reader should know of this file
 
 
-def _analyze_trace(path: Path, rank: int, unprofiled_s: float | None = None, workers: int = 1) -> _TraceResult:
-    """Load, link and tabulate one trace (``rank`` is provisional: :func:`analyze` assigns
-    the final ranks once all traces are read; ``unprofiled_s``: the run's step time without
-    the profiler, for the host replays; ``workers``: processes that decode a big file)."""
-    rt = L.load(path, workers=workers)
+def _analyze_file(path: Path, rank: int, unprofiled_s: float | None = None, workers: int = 1) -> list[_TraceResult]:
+    """Load one trace file and analyze each rank it holds (one, unless several ranks were
+    merged into it: :mod:`.ranks`). ``rank`` is provisional (:func:`analyze` assigns the
+    final ranks once all traces are read), a merged file's ranks are its own;
+    ``unprofiled_s``: the run's step time without the profiler, for the host replays;
+    ``workers``: processes that decode a big file."""
+    parts, note = split_ranks(L.load(path, workers=workers))
+    out = []
+    while parts:  # each rank's events are let go once its tables are made
+        rt = parts.pop(0)
+        out.append(_analyze_trace(rt, rt.rank if note else rank, unprofiled_s, workers))
+        del rt
+    if note:
+        out[0].notes.append(note)
+    return out
+
+
+def _analyze_trace(rt: L.RawTrace, rank: int, unprofiled_s: float | None = None, workers: int = 1) -> _TraceResult:
+    """Link and tabulate one rank's trace (see :func:`_analyze_file`)."""
     lk = link(rt)
     kernels = kernel_table(rt, lk, rank)
     comm = trace_collectives(rt, lk, kernels)
@@ -450,20 +472,21 @@ def _provisional_rank(path: Path, index: int) -> int:
 
 
 def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None,
-            unprofiled_s: float | None = None) -> list[_TraceResult]:
-    """Each trace's result, in the order of ``paths``: in this process (``jobs`` 1) or in
-    ``jobs`` worker processes (the same results: each trace is analyzed alone)."""
+            unprofiled_s: float | None = None) -> list[list[_TraceResult]]:
+    """Each trace file's results (one per rank it holds), in the order of ``paths``: in this
+    process (``jobs`` 1) or in ``jobs`` worker processes (the same results: each trace is
+    analyzed alone)."""
     say = progress or (lambda _msg: None)
     if jobs <= 1 or len(paths) <= 1:
         out = []
         for i, p in enumerate(paths):
             say(f"analyzing {p}")
-            out.append(_analyze_trace(p, _provisional_rank(p, i), unprofiled_s, idle_cpus()))
+            out.append(_analyze_file(p, _provisional_rank(p, i), unprofiled_s, idle_cpus()))
         return out
     gc.freeze()  # forked workers then leave this process's objects (pages) shared instead of copying them
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = [pool.submit(_analyze_trace, p, _provisional_rank(p, i), unprofiled_s)
+            futures = [pool.submit(_analyze_file, p, _provisional_rank(p, i), unprofiled_s)
                        for i, p in enumerate(paths)]
             out = []
             for p, f in zip(paths, futures, strict=True):
@@ -521,14 +544,16 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     most one per CPU); the result does not depend on ``jobs``."""
     inputs = discover(paths)
     n_jobs = default_jobs(len(inputs.traces)) if jobs is None else max(1, int(jobs))
-    results = _traces(inputs.traces, n_jobs, progress, _unprofiled_step(inputs.manifest))
+    per_file = _traces(inputs.traces, n_jobs, progress, _unprofiled_step(inputs.manifest))
+    pairs = [(path, res) for path, results in zip(inputs.traces, per_file, strict=True) for res in results]
+    results = [res for _, res in pairs]
     tables: list[TraceTables] = []
     op_totals: list[pd.DataFrame] = []
     ranks: list[int] = []
     fixes: Counter = Counter()
     unread: Counter = Counter()
     dropped: Counter = Counter()
-    for i, (path, res) in enumerate(zip(inputs.traces, results, strict=True)):
+    for i, (path, res) in enumerate(pairs):
         rank = _rank_of(res.rank, path, i, set(ranks))
         ranks.append(rank)
         res.tables.kernels["rank"] = np.int64(rank)
@@ -556,12 +581,15 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     steps = sorted({s for t in tables for s in t.steps})
     outside_s, outside_notes = _outside_note(kernels, bool(steps))
     load, load_notes = expert_load(inputs.manifest)
-    notes = [*inputs.notes, *L.dropped_notes(dropped), *L.fix_notes(fixes), *L.unread_notes(unread), *outside_notes, *_notes(tables, kernels, steps), *load_notes]
+    notes = [*inputs.notes, *(n for r in results for n in r.notes), *L.dropped_notes(dropped), *L.fix_notes(fixes),
+             *L.unread_notes(unread), *outside_notes, *_notes(tables, kernels, steps), *load_notes]
     comm_events = pd.concat([r.collectives for r in results], ignore_index=True)
     if not steps:
         kernels["step"] = 0
         calls["step"] = 0
-    device_name = _device_name(tables, inputs.manifest, kernels.empty)
+    device_name, inferred = _device_name(tables, inputs.manifest, kernels.empty)
+    if inferred is not None:
+        notes.append(inferred.note)
     peaks = lookup_peaks(device_name)
     per_step = max(1, len(steps)) * max(1, len(measured))
     if cpu_ranks:
@@ -575,7 +603,8 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
     ops = op_times(op_totals, per_step)
     a = Analysis(
         traces=[str(f) for f in inputs.traces],
-        device={"name": device_name, "peaks": peaks.key if peaks else None, "vendor": peaks.vendor if peaks else None},
+        device={"name": device_name, "peaks": peaks.key if peaks else None, "vendor": peaks.vendor if peaks else None,
+                **({"inferred_from": f"kernel names ({inferred.arch})"} if inferred is not None else {})},
         ranks=sorted(ranks),
         steps=steps,
         kernels=kernels,

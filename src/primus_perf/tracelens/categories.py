@@ -139,6 +139,11 @@ OP_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     )
 )
 
+# the kernels that convert a convolution's tensors between NCHW and NHWC (cuDNN's
+# ``nchwToNhwcKernel``/``nhwcToNchwKernel`` around its tensor-core kernels on NCHW tensors):
+# what a channels_last model does not run
+LAYOUT_TRANSPOSE = re.compile(r"nchw_?(?:to|2)_?nhwc|nhwc_?(?:to|2)_?nchw", re.I)
+
 # kernel name -> category, for kernels whose op is unknown or missing: by what the kernel
 # computes, its name's own words first (attention, convolution, GEMM, norm, ...), and only
 # then the template library it is built on (CUTLASS/CuTe, CK, XMMA: FlashAttention-3's
@@ -153,7 +158,7 @@ KERNEL_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
                         r"|_fwd_kernel_stage|decode_attention|mla_|unified_attention|FlashAttn|flashinfer::\w*(Prefill|Decode)"
                         r"|BatchPrefill|BatchDecode|\bflash::"),
         (CONVOLUTION, r"conv(?!ert)|scudnn|winograd|wgrad|dgrad|implicit_?gemm|igemm|miopenSp|xdlops_conv"
-                      r"|cudnn::cnn|nchwToNhwc|nhwcToNchw|naive_conv"),
+                      r"|cudnn::cnn|naive_conv|" + LAYOUT_TRANSPOSE.pattern),
         (GEMM, r"gemm|gemv|nvjet|Cijk_|_mm_|matmul|^bmm_|_bmm_|triton_tem_fused\w*mm|mm_kernel|splitKreduce"
                r"|grouped_mm|moe_align_block|fused_moe_kernel"),
         (OPTIMIZER, r"adam|FusedOptimizer|fused_sgd|multi_tensor_apply_kernel<\w*::?\w*FusedOptimizer"),

@@ -4,9 +4,10 @@ Ops are matched by op family and shape, never by kernel or exact op name, so the
 compares across libraries, backends and vendors: a GEMM of one problem is the same work
 under cuBLAS and hipBLASLt, an attention of one problem under flash, cuDNN or aiter, a
 convolution of one shape under cuDNN and MIOpen. The family of a GEMM or attention row is
-its category and its shape the canonical problem key (:mod:`.analyses.hotspots`); other
-rows take their family from :data:`OP_FAMILIES` (else the op name) and keep their input
-shapes; a copy or memset is a family of its own ("memset in gemm": a GEMM's workspace);
+its category and its shape the canonical problem key (:mod:`.analyses.hotspots`); an
+attention row without a problem (shapes not recorded) is still its category, the pass the
+category rules give its op (``flash_attn_3::bwd`` a backward); other rows take their family
+from :data:`OP_FAMILIES` (else the op name) and keep their input shapes; a copy or memset is a family of its own ("memset in gemm": a GEMM's workspace);
 kernels launched outside any op compare by their category alone. All figures are per step as in the analysis (step time: the temporal breakdown's
 span; calls: op calls), so runs with different step counts compare. Runs on different
 devices or world sizes are compared too, with a warning in the result and the verdict.
@@ -25,7 +26,14 @@ import pandas as pd
 from primus_perf.errors import UserError
 from primus_perf.tracelens.analyses.breakdown import steps_in_order
 from primus_perf.tracelens.analyze import Analysis, analyze
-from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, GEMM, MEMCPY, MEMSET
+from primus_perf.tracelens.categories import (
+    ATTENTION_BWD,
+    ATTENTION_FWD,
+    GEMM,
+    MEMCPY,
+    MEMSET,
+    op_category,
+)
 from primus_perf.tracelens.colors import category_colors
 
 COMPARE_SCHEMA = "primus-perf-compare/1"
@@ -33,6 +41,10 @@ MAX_OPS = 2000
 
 # categories whose rows carry a canonical problem: the category is the family
 PROBLEM_FAMILIES = (GEMM, ATTENTION_FWD, ATTENTION_BWD)
+# attention: its pass is the category's (``categories.OP_RULES`` knows every library's
+# forward and backward ops: ``flash_attn_3::bwd`` is a backward), whether or not its row has
+# a problem
+ATTENTION_FAMILIES = (ATTENTION_FWD, ATTENTION_BWD)
 # op name -> family for the other rows (first match wins), e.g. aten::cudnn_convolution and
 # aten::miopen_convolution are both conv_fwd
 OP_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
@@ -41,8 +53,6 @@ OP_FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("conv_fwd", r"^aten::(cudnn_|miopen_|mkldnn_|_slow_|_nnpack_|_)?convolution(_relu)?$|^aten::conv\dd$"
                      r"|^aten::(cudnn_|miopen_)?conv_transpose\dd?$|^aten::miopen_depthwise_convolution$"),
         ("gemm", r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm)$|^primus_perf::gemm$"),
-        ("attention_bwd", r"(attention|attn)\w*(backward|bwd)|FlashAttn\w*Backward|mha_bwd|fmha\w*bwd"),
-        ("attention_fwd", r"scaled_dot_product|attention_forward|^flash_attn|mha_fwd|fmha"),
     )
 )
 KEY = ["family", "shape"]
@@ -87,9 +97,10 @@ def verdict_line(step_change: float | None, breakdown: list[dict[str, Any]], top
 def op_family(category: str, op: str, has_problem: bool) -> str:
     """The family of a hotspot row (see the module docstring); ``has_problem``: the row has a
     canonical problem key."""
-    if category in PROBLEM_FAMILIES and has_problem:
+    if category in ATTENTION_FAMILIES or (category in PROBLEM_FAMILIES and has_problem):
         return category
-    family = next((f for f, rx in OP_FAMILIES if rx.search(op)), op)
+    by_op = op_category(op)
+    family = next((f for f, rx in OP_FAMILIES if rx.search(op)), by_op if by_op in ATTENTION_FAMILIES else op)
     # a copy or memset an op launched (a GEMM's workspace memset) is not that op's work
     return f"{category} in {family}" if category in (MEMCPY, MEMSET) else family
 

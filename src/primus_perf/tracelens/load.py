@@ -81,7 +81,11 @@ IGNORED_CATS = frozenset({"python_function", "Trace", "overhead", "cpu_instant_e
 # host launch -> GPU op flows: CUDA and ROCm ("ac2g"), older names; only their starts are kept
 FLOW_CATS = frozenset({"ac2g", "async_gpu", "async", "async_cpu_to_gpu"})
 GPU_KINDS = (KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET)
-INT_ARGS = ("correlation", "stream", "device", "seq")
+# ``args.rank``: the rank of each event in a file that holds several (TraceLens's trace fusion
+# writes it on every event); a piece's column is read when every RANK_PROBE-th event's args
+# show one (-1 otherwise: an event without a rank takes its thread's, ``ranks.event_ranks``)
+INT_ARGS = ("correlation", "stream", "device", "seq", "rank")
+RANK_PROBE = 61
 NUM_ARGS = ("registers", "shared", "blocks_per_sm", "occupancy", "alloc", "total", "device_type", "device_id")
 
 
@@ -91,6 +95,7 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     stream: int = -1
     device: int = -1
     seq: int = msgspec.field(name="Sequence number", default=-1)
+    rank: int = -1
     dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
     types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
     strides: msgspec.Raw = msgspec.field(name="Input Strides", default=msgspec.Raw(b""))
@@ -130,6 +135,7 @@ class _LooseArgs(msgspec.Struct, gc=False):
     stream: Any = None
     device: Any = None
     seq: Any = msgspec.field(name="Sequence number", default=None)
+    rank: Any = None
     dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
     types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
     strides: msgspec.Raw = msgspec.field(name="Input Strides", default=msgspec.Raw(b""))
@@ -212,6 +218,9 @@ class RawTrace:
     seq: np.ndarray  # int32/int64, -1 when absent
     shape: np.ndarray  # int32 code into ``shape_values``, -1 for events without recorded inputs
     shape_values: list[bytes]  # raw JSON of dims, types, strides, concrete, joined by a NUL byte
+    # per row, ``args.rank`` (-1 absent); None when no event records one (a trace of one rank)
+    event_rank: np.ndarray | None = None
+    threads: list[tuple[int | str, int | str]] = field(default_factory=list)  # (pid, tid) of each ``thread`` code
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     distributed: dict[str, Any] = field(default_factory=dict)
     platform: str = "cuda"  # "cuda" or "rocm"
@@ -903,7 +912,9 @@ class _ColumnBuilder:
             # codes of the (pid, tid) pairs as written; finish() merges "25738" with 25738
             "thread": np.array([td.setdefault((ev.pid, ev.tid), len(td)) for ev in keep], dtype=np.int32),
             "ts": ts, "dur": dur, "correlation": _narrow(correlation),
-            **{f: _narrow(ints(f)) for f in INT_ARGS[1:]},
+            **{f: _narrow(ints(f)) for f in INT_ARGS[1:-1]},
+            "rank": _narrow(ints("rank")) if any(a.rank >= 0 for a in args[::RANK_PROBE])
+            else np.full(n, -1, dtype=np.int8),
             "shape": shape,
         }
         for f, arr in cols.items():
@@ -997,6 +1008,8 @@ class _ColumnBuilder:
             correlation=cols["correlation"], stream=cols["stream"], device=cols["device"], seq=cols["seq"],
             shape=cols["shape"].astype(np.int32, copy=False),
             shape_values=self.shapes.values,
+            event_rank=cols["rank"] if len(cols["rank"]) and int(cols["rank"].max()) >= 0 else None,
+            threads=threads.values,
             device_properties=[d for d in header.deviceProperties or header.computeProperties or []
                                if isinstance(d, dict)],
             distributed=dict(header.distributedInfo or {}),

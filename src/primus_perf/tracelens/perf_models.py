@@ -498,31 +498,79 @@ def _truthy(concrete: list[Any], i: int | None, default: bool) -> bool:
     return str(concrete[i]).strip().lower() in ("true", "1")
 
 
-def attention_model(s: ShapeArgs, q_at: int, causal_at: int | None, layout: str, direction: str
-                    ) -> OpModel | None:
+@dataclass(frozen=True)
+class Varlen:
+    """Where a variable-length (packed sequences) attention op records its sequences: the
+    positions of ``cu_seqlens_q`` and ``cu_seqlens_k`` (1-D, one more entry than sequences)
+    and of the ``max_seqlen_q``/``max_seqlen_k`` ints, in its schema."""
+
+    cu_q: int
+    cu_k: int
+    max_q: int
+    max_k: int
+
+
+def _concrete_int(concrete: list[Any], i: int) -> int | None:
+    v = concrete[i] if i < len(concrete) else None
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    return int(v) if isinstance(v, str) and v.strip().isdigit() else None
+
+
+def _varlen_problem(s: ShapeArgs, q: list[int], k: list[int], at: Varlen, dtype: str, causal: bool
+                    ) -> tuple[AttentionProblem, str] | None:
+    """The problem of a packed call, ``q[total_q, h, d]`` and ``k[total_k, h_kv, d]``: its
+    sequences counted by ``cu_seqlens_q``, taken as equal lengths (the split is a tensor's
+    values, which the trace does not record), and what was assumed; None when the
+    sequences are not recorded (no ``cu_seqlens``: a paged cache or a decode step)."""
+    cu = s.dims[at.cu_q] if at.cu_q < len(s.dims) else None
+    if not (_int_list(cu) and len(cu) == 1 and cu[0] >= 2 and len(k) == 3):
+        return None
+    n = cu[0] - 1
+    (total_q, hq, d), (total_k, hkv, _) = q, k
+    sq, skv = max(1, round(total_q / n)), max(1, round(total_k / n))
+    most = _concrete_int(s.concrete, at.max_q)
+    bound = f", at most {total_q:,} x {most:,} pairs per head with the longest {most:,}" if most else ""
+    prob = AttentionProblem(batch=n, heads_q=hq, heads_kv=hkv, seq_q=sq, seq_kv=skv, head_dim=d, dtype=dtype,
+                            causal=causal, layout="bshd")
+    return prob, (f"varlen: {n} packed sequences (cu_seqlens) of {total_q:,} query tokens taken as equal lengths of "
+                  f"{sq:,}: the fewest FLOPs those totals allow (unequal lengths do more{bound})")
+
+
+def attention_model(s: ShapeArgs, q_at: int, causal_at: int | None, layout: str, direction: str,
+                    varlen: Varlen | None = None) -> OpModel | None:
     """An attention op whose q, k, v are inputs ``q_at .. q_at+2``; ``layout`` is the
-    recorded one ("bhsd": torch SDPA, "bshd": flash-attn and torch's inner flash ops)."""
+    recorded one ("bhsd": torch SDPA, "bshd": flash-attn and torch's inner flash ops);
+    ``varlen``: where the op records packed sequences, whose q, k and v are 3-D
+    (``total, heads, head dim``; :func:`_varlen_problem`)."""
     if len(s.dims) < q_at + 3:
         return None
     q, k = s.dims[q_at], s.dims[q_at + 1]
-    if not (isinstance(q, list) and isinstance(k, list) and len(q) == 4 and len(k) == 4):
-        return None
-    if layout == "bhsd":
-        (b, hq, sq, d), (_, hkv, skv, _) = q, k
-    else:
-        (b, sq, hq, d), (_, skv, hkv, _) = q, k
     dtype = _dtype(s.types, q_at)
-    if dtype is None:
+    if not (_int_list(q) and _int_list(k)) or dtype is None:
         return None
     causal = _truthy(s.concrete, causal_at, default=False)
+    assumed = ""
     try:
-        prob = AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seq_q=sq, seq_kv=skv, head_dim=d,
-                                dtype=dtype, causal=causal, layout="bshd")
+        if len(q) == 3 and varlen is not None:
+            packed = _varlen_problem(s, q, k, varlen, dtype, causal)
+            if packed is None:
+                return None
+            prob, assumed = packed
+        elif len(q) == 4 and len(k) == 4:
+            if layout == "bhsd":
+                (b, hq, sq, d), (_, hkv, skv, _) = q, k
+            else:
+                (b, sq, hq, d), (_, skv, hkv, _) = q, k
+            prob = AttentionProblem(batch=b, heads_q=hq, heads_kv=hkv, seq_q=sq, seq_kv=skv, head_dim=d,
+                                    dtype=dtype, causal=causal, layout="bshd")
+        else:
+            return None
     except ValueError:
         return None
     if direction == "fwd":
-        return OpModel("attention", prob, "fwd", prob.forward_flops, prob.bytes_moved)
-    return OpModel("attention", prob, "bwd", prob.backward_flops, attention_backward_bytes(prob))
+        return OpModel("attention", prob, "fwd", prob.forward_flops, prob.bytes_moved, assumed=assumed)
+    return OpModel("attention", prob, "bwd", prob.backward_flops, attention_backward_bytes(prob), assumed=assumed)
 
 
 def attention_backward_bytes(p: AttentionProblem) -> int:
@@ -533,12 +581,17 @@ def attention_backward_bytes(p: AttentionProblem) -> int:
     return int((4 * q + 4 * kv) * elem)
 
 
-def _attn(q_at: int, causal_at: int | None, layout: str, direction: str) -> Callable[[ShapeArgs], OpModel | None]:
-    return lambda s: attention_model(s, q_at, causal_at, layout, direction)
+def _attn(q_at: int, causal_at: int | None, layout: str, direction: str, varlen: Varlen | None = None
+          ) -> Callable[[ShapeArgs], OpModel | None]:
+    return lambda s: attention_model(s, q_at, causal_at, layout, direction, varlen)
 
 
 # Op name -> model. Argument positions follow torch's native_functions.yaml signatures
-# (checked against H100 traces of torch 2.11: is_causal's position in Concrete Inputs).
+# (checked against H100 traces of torch 2.11: is_causal's position in Concrete Inputs), and
+# the libraries' op schemas: flash-attn 2's custom ops (flash_attn_interface.py) and its
+# varlen forms; FlashAttention-3's C++ ops (``flash_attn_3::fwd``/``bwd``, hopper/flash_api.cpp)
+# and their Python custom ops (``flash_attn_3::_flash_attn_forward``/``_backward``), which take
+# packed sequences in the same call (cu_seqlens, max_seqlen) when q is 3-D.
 # attention ops: what runs inside one (the math path's bmm and softmax) is part of its call
 ATTENTION_MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "aten::scaled_dot_product_attention": _attn(0, 5, "bhsd", "fwd"),
@@ -552,6 +605,12 @@ ATTENTION_MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "aten::_scaled_dot_product_efficient_attention_backward": _attn(1, 11, "bhsd", "bwd"),
     "flash_attn::_flash_attn_forward": _attn(0, 5, "bshd", "fwd"),
     "flash_attn::_flash_attn_backward": _attn(1, 11, "bshd", "bwd"),
+    "flash_attn::_flash_attn_varlen_forward": _attn(0, 9, "bshd", "fwd", Varlen(3, 4, 5, 6)),
+    "flash_attn::_flash_attn_varlen_backward": _attn(1, 15, "bshd", "bwd", Varlen(9, 10, 11, 12)),
+    "flash_attn_3::fwd": _attn(0, 24, "bshd", "fwd", Varlen(7, 8, 12, 13)),
+    "flash_attn_3::_flash_attn_forward": _attn(0, 24, "bshd", "fwd", Varlen(7, 8, 12, 13)),
+    "flash_attn_3::bwd": _attn(1, 16, "bshd", "bwd", Varlen(9, 10, 13, 14)),
+    "flash_attn_3::_flash_attn_backward": _attn(1, 16, "bshd", "bwd", Varlen(6, 7, 10, 11)),
     "aiter::mha_fwd": _attn(0, 5, "bshd", "fwd"),
     "aiter::mha_bwd": _attn(1, 8, "bshd", "bwd"),
 }

@@ -37,6 +37,7 @@ from primus_perf.problems import GROUPED_TRACE_OP
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.arrays import unique, unique_pairs
 from primus_perf.tracelens.categories import ELEMENTWISE, NORMALIZATION, classify
+from primus_perf.tracelens.device_arch import Inferred, infer_device
 from primus_perf.tracelens.link import Linked
 from primus_perf.tracelens.perf_models import OpModel, model_bytes, model_op
 
@@ -68,6 +69,7 @@ class TraceTables:
     steps: list[int]
     has_shapes: bool
     has_cpu_ops: bool
+    inferred_device: Inferred | None = None  # from kernel names, when ``device_name`` is None
 
 
 def shape_label(args: L.ShapeArgs | None) -> str:
@@ -298,11 +300,17 @@ def trace_tables(rt: L.RawTrace, lk: Linked, rank: int, kernels: pd.DataFrame) -
     """One trace's tables around its :func:`kernel_table` (made first: the host tables are
     forked off once it is known)."""
     kernels["param_shaped"] = param_shaped(rt, lk)
+    name = _device_name(rt, rt.device[lk.gpu])
+    inferred = None
+    if name is None:
+        ran = unique(rt.name[lk.gpu[rt.kind[lk.gpu] == L.KIND_KERNEL]])
+        inferred = infer_device(rt.names[c] for c in ran.tolist())
     return TraceTables(
         kernels=kernels,
         calls=call_table(rt, lk, kernels, rank),
-        device_name=_device_name(rt, rt.device[lk.gpu]),
+        device_name=name,
         steps=lk.steps,
         has_shapes=rt.has_shapes,
         has_cpu_ops=bool((rt.kind == L.KIND_CPU_OP).any()),
+        inferred_device=inferred,
     )

@@ -20,10 +20,21 @@ Per communication GPU event (:func:`trace_collectives`, one trace at a time):
 - the group size: the last argument of ``record_param_comms`` (its group size), else the
   output/input ratio of a ``c10d`` all-gather or reduce-scatter, else the one process-group
   size of the trace's ``distributedInfo`` (its world size when groups differ); -1 unknown;
+- its ``phase`` (:func:`event_phases`): ``forward``, ``backward`` (launched in a backward
+  node, or during the step's backward pass from its thread), ``after backward`` (launched
+  after the step's backward pass: a gradient sync that waited for it, the parameters'
+  gather after the optimizer step) or ``optimizer`` (inside the optimizer step);
 - its ``role``: ``tokens`` (an all-to-all, an expert-parallel dispatch or combine),
   ``activations`` (launched inside a model's op: tensor or sequence parallelism) or
   ``parameters`` (data-parallel gradient reduction, FSDP's gathers, the optimizer's, or
-  outside every op): what the collective's size follows, tokens or parameters.
+  outside every op): what the collective's size follows, tokens or parameters. An op around
+  the launch names the role only where the pattern agrees: a trace whose forward pass
+  reduces nothing (no all-reduce or reduce-scatter of more than :data:`SCALAR_BYTES` in the
+  forward pass, which every tensor-parallel layer does) runs no tensor parallelism, so its
+  all-reduces, reduce-scatters and all-gathers are data-parallel (``parameters``) whatever
+  op or annotation launched them, unless launched inside a modeled compute op (a GEMM or
+  attention op: context parallelism's gathers); in one that does, those launched after the
+  backward pass or in the optimizer step are (a layer's collectives run inside the passes);
 
 From those (:func:`bandwidth`): per (collective, bytes, group size), calls and time per
 step, algorithm bandwidth (bytes / kernel time) and bus bandwidth (algorithm bandwidth times
@@ -51,6 +62,7 @@ import pandas as pd
 
 from primus_perf.problems import DTYPE_BYTES, dtype_name
 from primus_perf.tracelens import load as L
+from primus_perf.tracelens.arrays import unique
 from primus_perf.tracelens.categories import (
     COMBINE,
     COMMUNICATION,
@@ -100,7 +112,11 @@ _CHAIN_DEPTH = 6  # ops above a communication kernel's launch that are searched
 _GROUP_OP = "record_param_comms"
 
 EVENT_COLUMNS = ["rank", "step", "ts_us", "dur_us", "name", "collective", "bytes", "group_size", "in_bytes",
-                 "out_bytes", "role"]
+                 "out_bytes", "role", "phase"]
+FORWARD, BACKWARD, AFTER_BACKWARD, OPTIMIZER_STEP = "forward", "backward", "after backward", "optimizer"
+# a reduction of at most this many bytes in the forward pass is a scalar's (a loss or a metric),
+# not a tensor-parallel layer's activations
+SCALAR_BYTES = 1024
 # what a collective moves, by the first op around its launch that is not a communication op:
 # tokens (an all-to-all, an expert-parallel dispatch or combine), activations (inside a model's
 # op: tensor/sequence parallelism), else parameters and their gradients (data-parallel
@@ -233,6 +249,43 @@ def _describe(rt: L.RawTrace, lk: Linked, leaf: int, kernel_name: str, default_g
     return Described(kind, in_bytes, group, in_bytes, same, role)
 
 
+def event_phases(rt: L.RawTrace, lk: Linked, events: np.ndarray) -> np.ndarray:
+    """The phase of each GPU event of ``events`` (positions in ``lk.gpu``): :data:`OPTIMIZER_STEP`
+    inside the optimizer step; :data:`BACKWARD` launched by an op in a backward node, or in
+    its step's backward pass (from its first backward op's start to its last's end, on the
+    host) from a thread that runs backward ops; :data:`AFTER_BACKWARD` launched after it;
+    else :data:`FORWARD` (before it, a step without one, or a later micro-batch's forward)."""
+    out = np.full(len(events), FORWARD, dtype=object)
+    launch, leaf = lk.launch[events], lk.leaf_op[events]
+    bwd = np.flatnonzero(lk.op_backward)
+    if len(bwd):
+        win = pd.DataFrame({"step": lk.op_step[bwd], "start": rt.ts[bwd], "end": rt.ts[bwd] + rt.dur[bwd]}).groupby(
+            "step").agg(start=("start", "min"), end=("end", "max"))
+        step = lk.step[events]
+        b0, b1 = win["start"].reindex(step).to_numpy(), win["end"].reindex(step).to_numpy()
+        at = np.clip(launch, 0, None)
+        t = np.where(launch >= 0, rt.ts[at], np.nan)
+        on_bwd_thread = (launch >= 0) & np.isin(rt.thread[at], unique(rt.thread[bwd]))
+        in_node = (leaf >= 0) & lk.op_backward[np.clip(leaf, 0, None)]
+        with np.errstate(invalid="ignore"):
+            out[t > b1] = AFTER_BACKWARD
+            out[in_node | ((t >= b0) & (t <= b1) & on_bwd_thread)] = BACKWARD
+    out[lk.in_optimizer[events]] = OPTIMIZER_STEP
+    return out
+
+
+def _data_parallel_roles(kind: np.ndarray, role: np.ndarray, nbytes: np.ndarray, phase: np.ndarray,
+                         in_model_op: np.ndarray) -> np.ndarray:
+    """``role`` with the activations of a trace whose forward pass reduces nothing made
+    parameters (see the module docstring)."""
+    reduction = np.isin(kind, (ALL_REDUCE, REDUCE_SCATTER))
+    tensor_parallel = reduction & (phase == FORWARD) & (role == ACTIVATIONS) & ((nbytes > SCALAR_BYTES) | (nbytes < 0))
+    dp = np.isin(kind, (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER)) & (role == ACTIVATIONS) & ~in_model_op
+    if tensor_parallel.any():  # a layer's collectives run inside the passes, never after them
+        dp &= np.isin(phase, (AFTER_BACKWARD, OPTIMIZER_STEP))
+    return np.where(dp, PARAMETERS, role)
+
+
 def trace_collectives(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame) -> pd.DataFrame:
     """One row per communication GPU event of one trace (``kernels``: its kernel table)."""
     comm = np.flatnonzero((kernels["category"] == COMMUNICATION).to_numpy())
@@ -253,10 +306,14 @@ def trace_collectives(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame) -> pd.D
     def ints(values: tuple[int, ...]) -> np.ndarray:
         return np.asarray(values, dtype=np.int64)
 
+    phase = event_phases(rt, lk, comm)
+    roles = _data_parallel_roles(np.asarray(kind, dtype=object), np.asarray(role, dtype=object), ints(nbytes), phase,
+                                 lk.model_op[comm] >= 0)
     return pd.DataFrame({"rank": sub["rank"].to_numpy(), "step": sub["step"].to_numpy(),
                          "ts_us": sub["ts_us"].to_numpy(), "dur_us": sub["dur_us"].to_numpy(), "name": names,
                          "collective": list(kind), "bytes": ints(nbytes), "group_size": ints(group),
-                         "in_bytes": ints(in_bytes), "out_bytes": ints(out_bytes), "role": list(role)})
+                         "in_bytes": ints(in_bytes), "out_bytes": ints(out_bytes), "role": list(roles),
+                         "phase": list(phase)})
 
 
 SIZES_VARY = "sizes vary by call"  # the shape of a variable-size collective's GPU events

@@ -108,5 +108,7 @@ def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per
             g[field] = [getattr(p, field) for p in g["problem"]]
     if "skew_known" in spec.shape_columns:
         g["skew_known"] = g["assumed"] == ""
-        g["label"] = [f"{label} ({assumed})" if assumed else label for label, assumed in zip(g["label"], g["assumed"])]
+    # what the problem takes for granted that the trace does not record (a grouped GEMM's
+    # balanced split, a varlen attention's equal lengths) is said in its label
+    g["label"] = [f"{label} ({assumed})" if assumed else label for label, assumed in zip(g["label"], g["assumed"])]
     return g.sort_values("time_s", ascending=False, ignore_index=True)[cols]

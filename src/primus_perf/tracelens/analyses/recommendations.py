@@ -31,16 +31,25 @@ when they touch the same kernels):
   bound).
 - ``communication``: the exposed communication (:mod:`.breakdown`), all of it (the upper
   bound), with advice by what the collectives move (:mod:`.collectives` roles): data-parallel
-  gradients (DDP buckets, FSDP prefetch), tensor-parallel activations, MoE tokens
+  gradients (DDP buckets, FSDP prefetch; a sharded optimizer's reduce-scatter and all-gather
+  (:mod:`.sharding`) overlapped with the backward pass and the next forward, with each one's
+  exposed share), tensor-parallel activations, MoE tokens
   (expert-parallel dispatch/combine), embedding lookups (DLRM-style all-to-all).
 - ``tuning`` (GEMM, grouped GEMM, attention; :mod:`.tune_next`): per problem ``time *
   (1 - roofline fraction / ATTAINABLE)`` over the time its kernels run alone (a kernel
   beside a communication kernel shares the GPU: its speed is not the kernel's choice);
   dense bf16/f16 GEMMs on NVIDIA at most :data:`GEMM_TUNING_GAIN` of their time.
+- ``memory format``: the NCHW<->NHWC conversions convolution ops launch around their kernels
+  (:mod:`.precision`): their time, which a channels_last model does not run.
+- ``precision``: fp32 GEMMs and convolutions (:mod:`.precision`): TF32 math, and bf16 (fp16 on
+  a device without it) autocast; each problem's FLOPs at the fraction of the roofline it
+  reaches now, capped at what the best kernels reach, of the TF32 or 16-bit roof, against its
+  time; changes the numerics.
 - ``fp8``: bf16/f16 GEMMs with every dimension at least ``FP8_MIN_DIM`` on a device with an
   FP8 peak: training: ``time * (1 - 1/FP8_GEMM_SPEEDUP)`` minus the casts (:func:`fp8_casts`:
   weights per step, activations and gradients per token, at :data:`CAST_BYTES` a element),
-  not advised where the data-parallel ranks shard the model (FSDP2 measured slower);
+  not advised where the data-parallel ranks gather the parameters per layer (FSDP2 measured
+  slower);
   inference: the forward GEMMs, activations cast per token, weights once offline.
 """
 
@@ -60,8 +69,17 @@ from primus_perf.problems import GemmProblem
 from primus_perf.tracelens.analyses.breakdown import covered
 from primus_perf.tracelens.analyses.fusion import ATTAINABLE_BW, MEMORY_BOUND, fusion_estimate
 from primus_perf.tracelens.analyses.hotspots import MODELED, in_steps, problem_keys
+from primus_perf.tracelens.analyses.precision import fp32_work, layout_transposes, low_precision
+from primus_perf.tracelens.analyses.sharding import SHARDS_OPTIMIZER, SHARDS_PARAMETERS
 from primus_perf.tracelens.analyses.tune_next import tune_next
-from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, COMMUNICATION, OPTIMIZER
+from primus_perf.tracelens.categories import (
+    ATTENTION_BWD,
+    ATTENTION_FWD,
+    COMMUNICATION,
+    MEMCPY,
+    MEMSET,
+    OPTIMIZER,
+)
 
 # ``tracelens.analyze.Analysis``, which imports this module: no import back
 Analysis = Any
@@ -350,7 +368,7 @@ def _accumulation(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) ->
     # sharded (FSDP): each layer's all-gather runs once per micro-batch; the exposed part of the
     # communication, in the all-gathers' share of its time, halves with them
     gathered_ms = 0.0
-    if w.get("sharded") and len(comm) and len(a.temporal):
+    if w.get("sharding") == SHARDS_PARAMETERS and len(comm) and len(a.temporal):
         share = float(comm.loc[comm["name"].astype(str).str.contains("AllGather|all_gather", case=False),
                                "dur_us"].sum()) / max(float(comm["dur_us"].sum()), 1e-9)
         gathered_ms = float(a.temporal["exposed_comm_s"].mean()) * 1e3 * share
@@ -363,7 +381,7 @@ def _accumulation(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) ->
     evidence = (f"{micro} micro-batches a step (global batch {gb} = micro-batch {mb} x {micro}"
                 + (f" x {dp} data-parallel ranks" if dp > 1 else "") + f"); kernels of ops on a parameter's shape "
                 f"outside the optimizer take {per_step_ms:.1f} ms per step ({top}): the weights' casts, the "
-                "gradients' accumulation" + (", the all-gathered layers' copies" if w.get("sharded") else "")
+                "gradients' accumulation" + (", the all-gathered layers' copies" if w.get("sharding") == SHARDS_PARAMETERS else "")
                 + ", once per micro-batch" + (f"; the all-gathers' exposed time is {gathered_ms:.1f} ms per step"
                                               if gathered_ms else ""))
     condition = (f"{_mode(w)} that accumulates gradients over {micro} micro-batches (the global batch, the "
@@ -454,8 +472,26 @@ def _communication(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -
     elif "tokens" in roles:
         facts.append("an all-to-all that is neither MoE nor embedding lookups")
         actions.append("overlap the all-to-all with independent compute (a separate stream, the next micro-batch)")
+    method = "all of the exposed communication: the upper bound, reached only when it is hidden entirely"
     if "parameters" in roles and w.get("mode") == "training" and (w.get("sharded") or w.get("data_parallel", 1) > 1):
-        if w.get("sharded"):
+        if w.get("sharding") == SHARDS_OPTIMIZER:
+            ex = _exposed_by_collective(a)
+            rs, ag = (float(ex.get(("parameters", c), 0.0)) for c in ("reduce_scatter", "all_gather"))
+            evidence += (f"; exposed: the gradients' reduce-scatter {rs:.1f} ms, the parameters' all-gather {ag:.1f} ms "
+                         "per step")
+            method += (f", here the gradients' reduce-scatter {rs:.2f} ms (behind the backward pass) and the parameters' "
+                       f"all-gather {ag:.2f} ms (behind the forward): each collective's time that no compute kernel "
+                       "overlaps, in proportion to the exposed total")
+            facts.append(f"data parallelism with a sharded optimizer ({w['sharded_by']})")
+            actions.append("overlap the gradients' reduce-scatter with the backward pass, bucket by bucket as their "
+                           "gradients are ready (Megatron: --use-distributed-optimizer --overlap-grad-reduce, "
+                           "--ddp-bucket-size; DeepSpeed ZeRO-1/2: overlap_comm: true, reduce_bucket_size; by hand: each "
+                           "bucket's reduce-scatter launched with async_op=True from a post-accumulate-grad hook), and the "
+                           "parameters' all-gather with the next forward (Megatron: --overlap-param-gather; DeepSpeed: "
+                           "allgather_bucket_size; by hand: each bucket's all-gather waited on in a forward pre-hook of "
+                           "the first layer that uses it); buckets large enough to reach the links' bandwidth, small "
+                           "enough that the first starts early in the pass")
+        elif w.get("sharded"):
             facts.append(f"sharded data parallelism ({w['sharded_by']})")
             actions.append("prefetch the next blocks' all-gathers (FSDP2 set_modules_to_forward_prefetch / "
                            "parallel.fsdp_prefetch) and keep the last blocks gathered after forward "
@@ -474,8 +510,30 @@ def _communication(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -
         tp = (cfg.get("parallel") or {}).get("tp", 1) if isinstance(cfg.get("parallel"), dict) else 1
         actions.append(f"check the layout: parallel.tp={tp} over {a.world_size} ranks")
     condition = "; ".join(facts) or "communication kernels that run with no compute beside them"
-    return [_row("communication", "communication", evidence, condition, "; ".join(actions), exposed * 1e3,
-                 "all of the exposed communication: the upper bound, reached only when it is hidden entirely")]
+    return [_row("communication", "communication", evidence, condition, "; ".join(actions), exposed * 1e3, method)]
+
+
+def _exposed_by_collective(a: Analysis) -> pd.Series:
+    """Exposed communication per step (ms) by (role, collective): each communication event's
+    time that no compute kernel of its rank overlaps, in proportion to the temporal
+    breakdown's exposed total (events on several streams at once are counted once there)."""
+    k, ev = a.kernels, a.collective_events
+    comm = np.flatnonzero((k["category"] == COMMUNICATION).to_numpy())
+    if a.temporal.empty or len(ev) != len(comm) or not len(comm):
+        return pd.Series(dtype=np.float64)
+    rank = k["rank"].to_numpy()
+    start = k["ts_us"].to_numpy(dtype=np.float64)
+    end = start + k["dur_us"].to_numpy(dtype=np.float64)
+    compute = ~k["category"].isin((COMMUNICATION, MEMCPY, MEMSET)).to_numpy()
+    alone = np.zeros(len(comm))
+    for r in np.unique(rank[comm]).tolist():
+        mine = rank[comm] == r
+        c, w = comm[mine], compute & (rank == r)
+        alone[mine] = (end[c] - start[c]) - covered(start[w], end[w], start[c], end[c])
+    steps = (ev["step"] >= 0).to_numpy()
+    by = pd.Series(alone[steps]).groupby([ev["role"].to_numpy()[steps], ev["collective"].to_numpy()[steps]]).sum()
+    total = float(by.sum())
+    return by / total * float(a.temporal["exposed_comm_s"].mean()) * 1e3 if total > 0 else by * 0.0
 
 
 def _trace_arg(a: Analysis) -> str:
@@ -596,10 +654,11 @@ def _fp8(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict[st
     training = w.get("mode") == "training"
     if not training:
         c = c[c["direction"] == "fwd"]
-    if c.empty or (training and w.get("sharded")):
-        # sharded data parallelism: FSDP2 over 2 H100s (llama3-8b, 8 layers) measured compile + FP8
+    if c.empty or (training and w.get("sharding") == SHARDS_PARAMETERS):
+        # sharded parameters: FSDP2 over 2 H100s (llama3-8b, 8 layers) measured compile + FP8
         # tensorwise 0.82x of compile alone at micro-batch 1, no gain at micro-batch 2 (the casts of the
-        # gathered weights and the amax reduction cost more than the GEMMs save)
+        # gathered weights and the amax reduction cost more than the GEMMs save); a sharded optimizer
+        # alone gathers nothing per layer
         return []
     t_s = float(c["time_s"].sum())
     per_param, per_token = fp8_casts(c, training)
@@ -623,7 +682,9 @@ def _fp8(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict[st
                      "quantization='fp8'); FP8 changes the numerics: check the outputs against an evaluation set",
                      saving * 1e3, method, numerics=True)]
     compiled = w.get("compiled")
-    condition = f"{_mode(w)}; no data-parallel sharding; {_compile_text(w)}"
+    condition = (f"{_mode(w)}; no parameters gathered per layer (FSDP)"
+                 + (" (the optimizer alone is sharded)" if w.get("sharding") == SHARDS_OPTIMIZER else "")
+                 + f"; {_compile_text(w)}")
     if compiled is False:
         lever = "train.fp8=tensorwise train.compile=pointwise" if cfg is not None else "fp8 + torch.compile"
         action = ("set train.compile=pointwise train.fp8=tensorwise: FP8 pays only with its casts fused (in eager, FP8 "
@@ -637,6 +698,84 @@ def _fp8(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict[st
                   "numerics: compare the loss curve)")
     return [_row("fp8", lever, evidence, condition, action, saving * 1e3, method + "; the estimate assumes the casts "
                  "fused by torch.compile", command="primus-tune loop --fp8", numerics=True)]
+
+
+def _precision(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None) -> list[dict[str, Any]]:
+    """fp32 GEMMs and convolutions: TF32 math, and a 16-bit type (:mod:`.precision`)."""
+    if peaks is None or in_steps(a.kernels).empty:
+        return []
+    cap = ATTAINABLE[kinds.GEMM.name]
+    f = fp32_work(a.calls, a.kernels, peaks, a.rank_steps, cap)
+    if f.empty:
+        return []
+    total = float(in_steps(a.kernels)["dur_us"].sum()) / 1e6 / a.rank_steps or 1.0
+    fp32_s = float(f["time_s"].sum())
+    by_kind = ", ".join(f"{kind} {t * 1e3:.1f} ms" for kind, t in f.groupby("kind", sort=False)["time_s"].sum().items())
+    frac = f["fraction"].dropna().clip(upper=1.0)
+    tf32_ms = float(f.loc[f["tf32"], "time_s"].sum()) * 1e3
+    evidence = (f"{len(f)} fp32 GEMM/convolution problem(s) take {fp32_s * 1e3:.1f} ms per step ({fp32_s / total:.0%} of "
+                f"GPU time: {by_kind}), at {frac.min():.0%}-{frac.max():.0%} of their roofline"
+                + (f"; {tf32_ms:.1f} ms of it already on TF32 tensor cores" if tf32_ms >= MIN_SAVING_MS else
+                   "; none on TF32 tensor cores"))
+
+    def method(roof: str) -> str:
+        return (f"per problem: its FLOPs at the fraction of the roofline its kernels reach now (at most {cap:.0%}, what "
+                f"the best kernels reach) of {roof}, min(peak, intensity x {peaks.hbm_tb_s:g} TB/s), against its kernels' "
+                "time less the layout transposes among them; an estimate, not a measurement: a kernel's fraction of a "
+                "higher roof is usually lower")
+
+    rows = []
+    tf32 = peaks.peak_tflops("tf32")
+    todo = f[~f["tf32"]]
+    saving = float((todo["time_s"] - todo["tf32_s"]).sum())
+    if tf32 and saving * 1e3 >= MIN_SAVING_MS:
+        rows.append(_row("precision", "tf32", evidence, f"{_mode(w)}; fp32 math on a device whose TF32 tensor peak is "
+                         f"{tf32:g} TFLOP/s ({tf32 / peaks.peak_tflops('f32'):.0f}x its fp32 peak)",
+                         "allow TF32 for fp32 matmuls and convolutions: torch.backends.cuda.matmul.allow_tf32 = True "
+                         "(torch.set_float32_matmul_precision('high')) and torch.backends.cudnn.allow_tf32 = True; the "
+                         "tensors stay fp32, the products round to TF32's 10-bit mantissa"
+                         + ("; on ROCm, only where the torch build maps it to hipBLASLt's xf32 (MI300-series): check "
+                            "the kernels' names after the change" if peaks.vendor == "amd" else ""),
+                         saving * 1e3, method(f"the TF32 roof ({tf32:g} TFLOP/s)"), numerics=True))
+    low = low_precision(peaks)
+    saving = float((f["time_s"] - f["low_s"]).sum())
+    if low and saving * 1e3 >= MIN_SAVING_MS:
+        name = {"bf16": "torch.bfloat16", "f16": "torch.float16"}[low]
+        if w.get("mode") == "inference":
+            action = f"run the model in {low} (model.to({name}), or torch.autocast with dtype={name})"
+        else:
+            action = (f"train under torch.autocast(device_type='cuda', dtype={name}) around the forward and the loss "
+                      "(the weights and the optimizer's state stay fp32)"
+                      + (", with torch.amp.GradScaler (the device has no bf16)" if low == "f16" else "")
+                      + "; compare the loss curve")
+        peak = peaks.peak_tflops(low) or 0.0
+        rows.append(_row("precision", f"{low} autocast", evidence, f"{_mode(w)}; fp32 math on a device whose {low} "
+                         f"tensor peak is {peak:g} TFLOP/s ({peak / peaks.peak_tflops('f32'):.0f}x its fp32 peak)",
+                         action, saving * 1e3, method(f"the {low} roof ({peak:g} TFLOP/s, 2-byte operands)"),
+                         numerics=True))
+    return rows
+
+
+def _kernel_label(name: str) -> str:
+    """A kernel's name without its return type, template and parameters
+    (``cudnn::ops::nchwToNhwcKernel``)."""
+    return re.split(r"[<(]", name.removeprefix("void "), maxsplit=1)[0]
+
+
+def _memory_format(a: Analysis) -> list[dict[str, Any]]:
+    """Convolutions that convert NCHW tensors to NHWC and back around their kernels: channels_last."""
+    t_s, n, names = layout_transposes(a.kernels, a.rank_steps)
+    if t_s * 1e3 < MIN_SAVING_MS:
+        return []
+    total = float(in_steps(a.kernels)["dur_us"].sum()) / 1e6 / a.rank_steps or 1.0
+    evidence = (f"convolution ops launch {n} NCHW<->NHWC layout conversions per step taking {t_s * 1e3:.1f} ms "
+                f"({t_s / total:.0%} of GPU time): {', '.join(_kernel_label(x) for x in names[:2])}")
+    return [_row("memory format", "channels_last", evidence, "convolutions whose kernels run on NHWC tensors while "
+                 "the model's are NCHW", "use the channels_last memory format: model.to(memory_format="
+                 "torch.channels_last) and each batch x.to(memory_format=torch.channels_last), so the convolution "
+                 "kernels read and write NHWC directly", t_s * 1e3,
+                 "the conversions' kernel time, which a channels_last model does not run (an upper bound: an op "
+                 "without an NHWC kernel converts back, and the input is converted once per step)")]
 
 
 def _parts(text: str) -> frozenset[str]:
@@ -684,7 +823,8 @@ def recommend(a: Analysis) -> pd.DataFrame:
     cfg = trainer_config(a.manifest)
     w = a.workload
     rows = [*_fusion(a, w, peaks, cfg), *_optimizer(a, w, cfg), *_data_loading(a, w), *_host_syncs(a),
-            *_host_launch(a, w, cfg), *_accumulation(a, w, cfg), *_communication(a, w, cfg), *_tuning(a, peaks), *_fp8(a, w, peaks, cfg)]
+            *_host_launch(a, w, cfg), *_accumulation(a, w, cfg), *_communication(a, w, cfg), *_tuning(a, peaks),
+            *_memory_format(a), *_precision(a, w, peaks), *_fp8(a, w, peaks, cfg)]
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     df = pd.DataFrame(rows, columns=COLUMNS)

@@ -11,8 +11,13 @@ From the host events of each trace (:func:`trace_markers`: names matched by
   neither (forward only: serving, evaluation; decode/prefill/sampling annotations are named
   as evidence); ``unknown`` for a trace of GPU events alone without backward kernels.
 - ``sharded``: parameters, gradients or optimizer state sharded over the data-parallel
-  ranks: FSDP (``FSDP::`` annotations, ``FullyShardedDataParallel``), DeepSpeed ZeRO, or the
-  run's ``parallel.dp_shard`` > 1; ``data_parallel``: the ranks the model is replicated or
+  ranks: FSDP (``FSDP::`` annotations, ``FullyShardedDataParallel``), DeepSpeed ZeRO, the
+  run's ``parallel.dp_shard`` > 1, or where none says, the collectives' pattern in a training
+  trace (:mod:`.sharding`: gradients reduce-scattered, parameters all-gathered, nothing
+  reduced in the forward pass); ``sharding``: what is sharded, ``parameters`` (FSDP, the
+  ``dp_shard`` trainer, ZeRO unless its pattern says the optimizer alone, ZeRO-3-like
+  gathers in the backward pass) or ``optimizer`` (its state and update only: ZeRO-1/2,
+  Megatron's distributed optimizer); ``data_parallel``: the ranks the model is replicated or
   sharded over (the world size over the tensor-parallel size); ``tensor_parallel``: the
   run's ``parallel.tp``, else "yes" (-1) when collectives run inside the model's ops
   (``role`` activations: :mod:`.collectives`), else 1.
@@ -34,6 +39,12 @@ import numpy as np
 import pandas as pd
 
 from primus_perf.tracelens import load as L
+from primus_perf.tracelens.analyses.sharding import (
+    PATTERN,
+    SHARDS_OPTIMIZER,
+    SHARDS_PARAMETERS,
+    sharding_pattern,
+)
 from primus_perf.tracelens.categories import ATTENTION_BWD, OPTIMIZER
 from primus_perf.tracelens.link import Linked
 
@@ -121,6 +132,11 @@ def workload(markers: Counter, manifest: dict[str, Any], kernels: Any, collectiv
     shard = _cfg(manifest, "parallel", "dp_shard")
     sharded_by = ("parallel.dp_shard=" + str(shard) if isinstance(shard, int) and shard > 1 else
                   ex["fsdp"] or ex["zero"] or "")
+    sharding = SHARDS_PARAMETERS if sharded_by else ""
+    if mode == "training" and (not sharded_by or (ex["zero"] and sharded_by == ex["zero"])):
+        by_pattern, seen = sharding_pattern(collective_events, rank_steps)
+        if by_pattern:  # ZeRO's annotations do not say its stage: the pattern does
+            sharding, sharded_by = by_pattern, sharded_by or seen
     tokens = sum(n for (_, role), n in roles.items() if role == "tokens")
     moe_cfg = _cfg(manifest, "model", "moe")
     n_experts = moe_cfg.get("n_experts") if isinstance(moe_cfg, dict) else None
@@ -131,7 +147,7 @@ def workload(markers: Counter, manifest: dict[str, Any], kernels: Any, collectiv
         compiled = True
     return {
         "mode": mode, "mode_evidence": evidence,
-        "sharded": bool(sharded_by), "sharded_by": sharded_by,
+        "sharded": bool(sharded_by), "sharded_by": sharded_by, "sharding": sharding,
         "data_parallel": dp, "tensor_parallel": tensor_parallel,
         "expert_parallel": bool(tokens and moe), "moe": moe,
         "embedding_all_to_all": bool(tokens and not moe and markers["embedding"]),
@@ -152,8 +168,10 @@ def summary(w: dict[str, Any]) -> str:
     parts = [f"{w['mode']} ({w['mode_evidence']})"]
     layout = []
     if w.get("data_parallel", 1) > 1:
-        layout.append(f"{w['data_parallel']} data-parallel ranks" + (f", sharded ({w['sharded_by']})"
-                                                                     if w.get("sharded") else ""))
+        by = str(w.get("sharded_by") or "").split(":")[0] if str(w.get("sharded_by")).startswith(PATTERN) \
+            else w.get("sharded_by")
+        what = "optimizer sharded" if w.get("sharding") == SHARDS_OPTIMIZER else "sharded"
+        layout.append(f"{w['data_parallel']} data-parallel ranks" + (f", {what} ({by})" if w.get("sharded") else ""))
     tp = w.get("tensor_parallel", 1)
     if tp != 1:
         layout.append(f"tensor parallel {tp}" if tp > 1 else "tensor-parallel collectives")

@@ -371,7 +371,7 @@
   }
 
   function recommendationsSection(rows) {
-    const s = section("What to do next", "Ranked by the time each change could save per step (FP8 last: it changes the numerics). " +
+    const s = section("What to do next", "Ranked by the time each change could save per step (changes of the numerics last: FP8, lower precision). " +
       "Each estimate says how it was made; they do not add up where two touch the same kernels.");
     s.setAttribute("id", "recommendations");
     const list = el("ol", { cls: "recs" });
