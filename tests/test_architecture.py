@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "profiler": {"trainer", "kernels", "cache", "tracelens", "programs"},  # programs: run your script
     "gate": {"tracelens", "profiler", "trainer", "kernels", "cache"},
     # online tuning wraps the runtime's routers; the FP8 plan (and step) tuner measures the trainer's steps
-    "tuner": {"kernels", "cache", "runtime", "tracelens", "trainer"},
+    "tuner": {"kernels", "cache", "runtime", "tracelens", "trainer", "programs"},  # programs: a measured run
     # primus_perf.enable: the runtime's enable with the tuner's online tuning plugged in
     "enabling": {"runtime", "tuner"},
     "env_hook": {"enabling", "runtime"},

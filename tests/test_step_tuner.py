@@ -18,6 +18,7 @@ from primus_perf.errors import OutOfMemory
 from primus_perf.trainer.config import load_config, plan_overrides
 from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, pick
 from primus_perf.tuner.step.search import CANNOT_RUN, DOES_NOT_FIT, OUT_OF_MEMORY, Advice, Search
+from primus_perf.tuner.step.session import interleaved
 from test_trainer import CLI, _free_port
 
 TINY = ["train.global_batch=4", "train.micro_batch=1", "model.n_layers=1", "train.seq_len=32"]
@@ -57,6 +58,9 @@ class ModelStep:
 
     def reset(self, setting: Setting) -> None:
         self.setting = setting
+
+    def measure(self, base: Setting, other: Setting, **blocks: int) -> tuple[list[float], list[float]]:
+        return interleaved(self, base, other, **blocks)
 
 
 def _fits(s: Setting) -> str | None:

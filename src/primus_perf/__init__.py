@@ -17,6 +17,8 @@ script is profiled as it is with ``pp.capture_program`` (``primus-profile run --
 loop with ``pp.profile_steps`` or ``pp.profile_window``, and
 ``with pp.enable(cache="tuning_cache.json"):`` runs any PyTorch program's GEMMs and SDPA
 calls on the cache's choices (``online=True`` tunes new problems during the first steps).
+``pp.knob("micro_batch", 2)`` is a script's consent to have a setting tuned by ``primus-tune
+step -- script.py`` (the plan's value inside a plan, the default outside).
 
 Names are imported when first used, so ``import primus_perf`` stays cheap (no torch).
 """
@@ -65,6 +67,8 @@ _EXPORTS: dict[str, str] = {
     "load_config": "primus_perf.trainer.config",
     "Trainer": "primus_perf.trainer.loop",
     "run_loop": "primus_perf.closed_loop",
+    # a user's script: the settings it consents to have tuned (primus-tune step -- script.py)
+    "knob": "primus_perf.tuner.step.hooks",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -418,23 +418,18 @@ def step_advice(config: str, overrides: Sequence[str], recommendations: Any) -> 
     from primus_perf.trainer.knobs import flat
     from primus_perf.tuner.step import Advice
     from primus_perf.tuner.step.levers import lever_of
+    from primus_perf.tuner.step.search import advice_parts
     from primus_perf.tuner.step.session import text
 
     out: list[Any] = []
-    if recommendations is None or len(recommendations) == 0:
-        return out
-    for _, rec in recommendations.iterrows():
-        estimate = rec.get("estimated_saving_ms")
-        for i, part in enumerate(str(rec.get("lever", "")).split()):
-            key, sep, _ = part.partition("=")
-            if not sep or lever_of(key) is None:
-                continue
-            try:
-                value = text(flat(load_config(config, [*overrides, part]))[key])
-            except ConfigError:
-                continue
-            est = float(estimate) if i == 0 and estimate is not None and estimate == estimate else None
-            out.append(Advice(key, value, est, str(rec.get("action", ""))))
+    for key, value, estimate, action in advice_parts(recommendations):
+        if lever_of(key) is None:
+            continue
+        try:
+            read = text(flat(load_config(config, [*overrides, f"{key}={value}"]))[key])
+        except ConfigError:
+            continue
+        out.append(Advice(key, read, estimate, action))
     return out
 
 

@@ -100,6 +100,11 @@ class StepMarks:
         self._t0 = time.perf_counter()
 
 
+class StopProgram(BaseException):
+    """Raised from a step mark to end the running program there (its remaining steps are not
+    run): a BaseException, so that the program's own ``except Exception`` does not take it."""
+
+
 class ProgramEnded(Exception):
     """The program stopped stepping before a driver's steps were done."""
 

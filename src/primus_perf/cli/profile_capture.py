@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("runs/profile"), "--output", "-o", "--out", help="Run directory to write"),
         ranks: Optional[str] = typer.Option(None, "--ranks", help="Ranks to trace, e.g. 0,3 (default: all)"),  # noqa: UP045
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in a non-empty -o folder"),
+        stop: bool = typer.Option(False, "--stop", help="Your script: end it once the window and --after steps are"
+                                  " marked (a long training run profiled without running it to its end)"),
     ) -> None:
         """Train under torch.profiler: one gzipped trace per rank plus manifest.json
         (works under torchrun). Analyze with `primus-profile analyze DIR`. -o must be
@@ -55,10 +57,13 @@ def register(app: typer.Typer) -> None:
 
             if config is not None or layers is not None:
                 raise UserError("--config and --layers are the reference trainer's; a script after -- is run as it is")
-            res = capture_program(extra, out, sched, ranks=ranks, on_step=show, overwrite=overwrite)
+            res = capture_program(extra, out, sched, ranks=ranks, on_step=show, overwrite=overwrite, stop=stop)
         else:
             from primus_perf.enabling import online_tuning
             from primus_perf.profiler.capture import capture_trainer
+
+            if stop:
+                raise UserError("--stop ends your script after its window; the trainer runs the steps it is given")
 
             if layers is not None:
                 extra.append(f"model.n_layers={layers}")

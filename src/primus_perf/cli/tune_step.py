@@ -10,15 +10,18 @@ from typing import Optional
 import typer
 
 from primus_perf.cli.common import console, err_console
+from primus_perf.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
     @app.command("step")
     def step_cmd(
         overrides: Optional[list[str]] = typer.Argument(  # noqa: UP045 (typer needs Optional)
-            None, help="Config overrides key=value, e.g. parallel.dp_shard=2 (the recipe stays as given)"
+            None, help="Config overrides key=value, e.g. parallel.dp_shard=2 (the recipe stays as given); or your"
+                       " script after --: -- train.py args (-- -m module args)"
         ),
-        config: str = typer.Option(..., "--config", "-c", help="Preset name or YAML path"),
+        config: Optional[str] = typer.Option(None, "--config", "-c",  # noqa: UP045
+                                             help="Preset name or YAML path (the reference trainer)"),
         out: Path = typer.Option(..., "--output", "-o", "--out",
                                  help="Folder for the profile, plan.yaml and step_plan.json"),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run already in --out"),
@@ -39,17 +42,33 @@ def register(app: typer.Typer) -> None:
                                        "visible, 1 the session's alone (on a CPU: processes sharing its cores)"),
         profile: bool = typer.Option(True, "--profile/--no-profile",
                                      help="Profile the config first: the analyzer's advice orders the search"),
+        warmup_steps: int = typer.Option(4, "--warmup-steps", min=0, max=10_000,
+                                         help="Your script: steps of each run left out first (allocation, compilation)"),
+        run_steps: int = typer.Option(8, "--run-steps", min=2, max=100_000,
+                                      help="Your script: timed steps of each run"),
+        runs: int = typer.Option(1, "--runs", min=1, max=100,
+                                 help="Your script: runs of a candidate per trial, each between runs of the best so far"),
+        run_timeout_min: float = typer.Option(30.0, "--run-timeout-min", min=0.1,
+                                              help="Your script: a run that has not ended by then is stopped"),
     ) -> None:
         """Search the step's levers (micro-batch at the fixed global batch, recompute, compile,
         FP8, optimizer, FSDP2 knobs, grouped-GEMM backend, a kernel cache): every candidate
         measured in the running step against the best so far, kept only past the noise; the
         plan checked against the default's loss and measured against it, interleaved; written
         to --out/plan.yaml for primus-train --plan. Under torchrun every rank runs it."""
+        from primus_perf.cli.profile_capture import is_program
         from primus_perf.closed_loop import step_tune
         from primus_perf.profiler.capture import prepare_out_dir
-        from primus_perf.tuner.step.levers import pick
+        from primus_perf.tuner.step.levers import pick, script_levers
 
-        chosen = pick(levers)
+        args = list(overrides or [])
+        script = bool(args) and is_program(args)
+        if script and config is not None:
+            raise UserError("--config is the reference trainer's; a script after -- is run as it is")
+        if not script and config is None:
+            raise UserError("primus-tune step needs --config PRESET [overrides], or your script after --"
+                            " (primus-tune step --out DIR -- train.py args)")
+        chosen = pick(levers, among=script_levers() if script else None)
         if cache is not None and not cache.is_file():
             raise typer.BadParameter(f"{cache}: no such file", param_hint="--cache")
         prepare_out_dir(out, overwrite=overwrite)
@@ -57,10 +76,20 @@ def register(app: typer.Typer) -> None:
         def say(message: str) -> None:
             console.print(message, highlight=False, soft_wrap=True, markup=False)
 
-        res = step_tune(config, list(overrides or []), out, profile=profile, say=say, levers=chosen,
-                        cache=str(cache.resolve()) if cache else None, budget_min=budget_min, blocks=blocks,
-                        block_steps=block_steps, final_blocks=final_blocks, check_steps=check_steps,
-                        overwrite=overwrite, lanes=lanes)
+        if script:
+            from primus_perf.profiler.program import check_target
+            from primus_perf.tuner.step.script import tune_program
+
+            check_target(args)
+            res = tune_program(args, out, lanes=lanes, say=say, levers=chosen,
+                               cache=str(cache.resolve()) if cache else None, budget_min=budget_min,
+                               warmup=warmup_steps, steps=run_steps, blocks=runs, final_blocks=final_blocks,
+                               profile=profile, timeout_s=run_timeout_min * 60)
+        else:
+            res = step_tune(config, args, out, profile=profile, say=say, levers=chosen,
+                            cache=str(cache.resolve()) if cache else None, budget_min=budget_min, blocks=blocks,
+                            block_steps=block_steps, final_blocks=final_blocks, check_steps=check_steps,
+                            overwrite=overwrite, lanes=lanes)
         if int(os.environ.get("RANK", "0")) != 0:
             return  # rank 0 speaks for every rank
         for line in res.lines():

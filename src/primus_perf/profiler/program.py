@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from primus_perf.errors import Interrupted, UserError
-from primus_perf.programs import StepMarks
+from primus_perf.programs import StepMarks, StopProgram
 from primus_perf.profiler.capture import (
     CaptureResult,
     Schedule,
@@ -41,8 +41,9 @@ class _Steps:
     """The schedule driven by the script's step marks (``programs.StepMarks``)."""
 
     def __init__(self, out: Path, schedule: Schedule, rank: int, traced: bool,
-                 on_step: Callable[[dict[str, Any]], None] | None) -> None:
+                 on_step: Callable[[dict[str, Any]], None] | None, stop: bool = False) -> None:
         self.out, self.schedule, self.rank, self.traced, self.on_step = out, schedule, rank, traced, on_step
+        self.stop = stop  # end the program once the schedule's last step is marked
         self.phases = schedule.phases()
         self.records: list[dict[str, Any]] = []
         self._window: Any = None  # the open profile_window context
@@ -68,6 +69,8 @@ class _Steps:
             self.open()
         elif self._window is not None and i + 1 == s.baseline + s.wait + s.warmup + s.active:
             self.close()
+        if self.stop and i + 1 == len(self.phases):
+            raise StopProgram
 
     def open(self) -> None:
         if not self.traced:
@@ -88,27 +91,36 @@ class _Steps:
             dist.barrier()  # every traced rank's file is written before rank 0's manifest names it
 
 
+def check_target(target: Sequence[str]) -> None:
+    """UserError unless ``target`` names a program: a script file, or ``-m module``."""
+    if not target or not (target[0] == "-m" or Path(target[0]).is_file()):
+        raise UserError(f"no script to run: {target[0] if target else 'nothing'} after -- is not a file"
+                        " (script.py args, or -m module args)")
+
+
 def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedule, *, ranks: str | None = None,
-                    on_step: Callable[[dict[str, Any]], None] | None = None, overwrite: bool = False) -> CaptureResult:
+                    on_step: Callable[[dict[str, Any]], None] | None = None, overwrite: bool = False,
+                    stop: bool = False) -> CaptureResult:
     """Run ``script.py args`` (or ``-m module args``) in this process, profiling a window of
     its steps (see the module docstring) into a run folder (an empty one, or ``overwrite``);
-    every rank under torchrun. The script's exit code other than 0 is raised as SystemExit
+    every rank under torchrun; ``stop``: end the program once the schedule's steps are marked
+    (its remaining steps not run). The script's exit code other than 0 is raised as SystemExit
     after the run folder is written; Ctrl-C keeps what was recorded (``Interrupted``)."""
     from primus_perf.programs import run_target
 
-    if not target or not (target[0] == "-m" or Path(target[0]).is_file()):
-        raise UserError(f"no script to run: {target[0] if target else 'nothing'} after -- is not a file"
-                        " (primus-profile run -- script.py args, or -- -m module args)")
+    check_target(target)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     traced = parse_ranks(ranks, world)
     out = prepare_out_dir(out_dir, overwrite=overwrite)
-    steps = _Steps(out, schedule, rank, rank in traced, on_step if rank == 0 else None)
+    steps = _Steps(out, schedule, rank, rank in traced, on_step if rank == 0 else None, stop)
     if schedule.baseline == 0:
         steps.open()
     exit_code: int | None = None
     try:
         with steps.marks:
             run_target(target)
+    except StopProgram:  # the schedule's steps are in (stop)
+        pass
     except SystemExit as exc:
         from primus_perf.programs import exit_code as code_of
 

@@ -35,7 +35,7 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm
     try:
         from primus_perf.errors import DivergedError, OutOfMemory, UserError, one_line
         from primus_perf.tuner.step.levers import Setting
-        from primus_perf.tuner.step.session import StepSession, interleaved
+        from primus_perf.tuner.step.session import StepSession
 
         session = StepSession(config, base, Setting(dict(values)))
         session.warm_up(warm_up)
@@ -49,7 +49,7 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm
             reply: tuple[str, Any]
             back = None  # how the session gets back to the incumbent, after the except block
             try:
-                times = interleaved(session, inc, cand, blocks=blocks, block_steps=block_steps, settle=settle)
+                times = session.measure(inc, cand, blocks=blocks, block_steps=block_steps, settle=settle)
             except OutOfMemory as exc:
                 reply, back = (OOM, str(exc)), session.recover
             except DivergedError as exc:  # non-finite weights: a fresh trainer from the seed

@@ -4,7 +4,11 @@ legality rule and its memory rule.
 A lever names one config key the trainer switches in place (``trainer/knobs.py``), the values
 to try from a setting (:class:`Where`: what the run is), a legality rule (a reason it cannot
 apply here, or None) and ``companions``: settings to add when a value alone does not fit the
-memory estimate (a larger micro-batch with recompute). Whether a candidate fits is the
+memory estimate (a larger micro-batch with recompute). Its ``script`` part (:class:`InScript`)
+is how it applies to a user's script, from outside (``hooks``: the plan's value under the
+lever's name), with its values and legality there (:class:`ScriptWhere`: what the script's
+first run found); a lever may be a script's alone (no config key: the SDPA backend, the
+allocator, DDP's options). Whether a candidate fits is the
 trainer's memory estimate (``trainer.resources.check_fits``); whether it can run at all is the
 trainer's own check when it switches (a grouped backend this GPU lacks, FP8 on a GPU without
 it): one line each, recorded, and the search goes on.
@@ -15,6 +19,7 @@ moments); the loss guard drops those first. Adding a lever is one :func:`registe
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +41,36 @@ class Where:
 
 
 @dataclass(frozen=True)
+class ScriptWhere:
+    """What a user's script runs on: what its first measured run found (``hooks.Applied``:
+    the model, its blocks, the optimizer, FSDP2 or DDP, an HF Trainer, the knobs it asked for)
+    and the machine."""
+
+    found: dict[str, Any]
+    knobs: dict[str, dict[str, Any]]
+    device_type: str  # "cuda" or "cpu"
+    cache: str | None = None  # a kernel cache to try (--cache)
+    fp8_formats: bool = False  # the device has FP8 GEMMs
+    torchao: bool = False  # torchao is importable (FP8 from outside)
+
+
+@dataclass(frozen=True)
+class InScript:
+    """How a lever applies to a user's script: through ``hooks`` (the plan's value under the
+    lever's name), its values and legality there, and ``from_trainer``: the analyzer's advice,
+    written as the trainer's value, as this lever's (None: no such value here)."""
+
+    values: Callable[[ScriptWhere], list[str]]
+    legal: Callable[[ScriptWhere], str | None] = lambda _w: None
+    from_trainer: Callable[[str], str | None] = lambda v: v
+
+
+@dataclass(frozen=True)
 class Lever:
+    """One lever: ``key`` the trainer's config key (empty: no primus-train lever), its values
+    and legality there, ``companions`` (settings added where a value alone does not fit the
+    memory estimate), ``changes_numerics``, and ``script``: how it applies to a user's script."""
+
     name: str
     key: str  # the config key it sets
     values: Callable[[Where], list[str]]  # every value it can take here (the current one included)
@@ -44,6 +78,14 @@ class Lever:
     companions: tuple[dict[str, str], ...] = ()  # added, in turn, to a value that does not fit alone
     changes_numerics: Callable[[str], bool] = lambda _v: False
     about: str = ""
+    script: InScript | None = None
+
+    def for_script(self) -> Lever:
+        """This lever as the script search takes it: the plan's key is the lever's name."""
+        if self.script is None:
+            raise ValueError(f"lever {self.name!r} does not apply to a script")
+        return dataclasses.replace(self, key=self.name, values=self.script.values, legal=self.script.legal,
+                                   companions=())
 
 
 LEVERS: dict[str, Lever] = {}
@@ -61,19 +103,32 @@ def unregister(name: str) -> None:
 
 
 def lever_of(key: str) -> Lever | None:
-    return next((lv for lv in LEVERS.values() if lv.key == key), None)
+    return next((lv for lv in LEVERS.values() if lv.key == key), None) if key else None
 
 
-def pick(names: str | None) -> list[Lever]:
-    """The levers named (comma-separated; None: every registered one), in registry order."""
+def trainer_levers() -> list[Lever]:
+    """The levers of primus-train (those with a config key)."""
+    return [lv for lv in LEVERS.values() if lv.key]
+
+
+def script_levers() -> list[Lever]:
+    """The levers of a user's script, as the script search takes them (:meth:`Lever.for_script`)."""
+    return [lv.for_script() for lv in LEVERS.values() if lv.script is not None]
+
+
+def pick(names: str | None, among: list[Lever] | None = None) -> list[Lever]:
+    """The levers named (comma-separated; None: every one of ``among``, default the trainer's),
+    in registry order."""
+    among = trainer_levers() if among is None else among
     if names is None:
-        return list(LEVERS.values())
+        return list(among)
+    by_name = {lv.name: lv for lv in among}
     wanted = [n.strip() for n in names.split(",") if n.strip()]
-    unknown = [n for n in wanted if n not in LEVERS]
+    unknown = [n for n in wanted if n not in by_name]
     if unknown or not wanted:
         raise UserError(f"--levers {names!r}: unknown lever {', '.join(unknown) or '(none)'}"
-                        f" (one of {', '.join(LEVERS)})")
-    return [LEVERS[n] for n in LEVERS if n in wanted]
+                        f" (one of {', '.join(by_name)})")
+    return [lv for lv in among if lv.name in wanted]
 
 
 # ---- the registered levers -------------------------------------------------------------------
@@ -114,26 +169,109 @@ def _grouped_backends(w: Where) -> list[str]:
     return [AUTO, *BACKENDS]
 
 
+# ---- their script parts -----------------------------------------------------------------------
+# "" is the program's own choice (what it does without a plan); a script's micro-batch is its
+# consent: primus_perf.knob("micro_batch", ...) or an HF Trainer's batch size
+
+
+def _script_micro_batches(w: ScriptWhere) -> list[str]:
+    """Larger micro-batches first (the usual winner), at most three, from the knob's choices
+    (by default powers of two up to 8 x the script's)."""
+    asked = w.knobs.get("micro_batch", {})
+    default = int(asked.get("default") or 1)
+    choices = asked.get("choices") or [default * 2 ** i for i in range(-3, 4) if default * 2 ** i >= 1]
+    larger = sorted((int(c) for c in choices if int(c) > default), reverse=True)[:2]
+    smaller = sorted((int(c) for c in choices if int(c) < default), reverse=True)[:1]
+    return ["", *(str(c) for c in larger + smaller)]
+
+
+def _asked_micro_batch(w: ScriptWhere) -> str | None:
+    if "micro_batch" in w.knobs:
+        return None
+    return ("the script does not ask for it: mb = primus_perf.knob(\"micro_batch\", 2) and the accumulation"
+            " derived from it (an HF Trainer script's batch size is found by itself)")
+
+
+def _model_found(w: ScriptWhere) -> str | None:
+    return None if w.found.get("model") else "no model found (the first optimizer's parameters lead to it)"
+
+
+def _blocks_found(w: ScriptWhere) -> str | None:
+    return _model_found(w) or (None if w.found.get("blocks") else
+                               "no repeated blocks found (no nn.ModuleList of two or more modules of one class)")
+
+
+def _script_fp8(w: ScriptWhere) -> str | None:
+    if not w.torchao:
+        return "FP8 needs torchao (pip install torchao)"
+    if not w.fp8_formats:
+        return "this device has no FP8 GEMMs"
+    if w.found.get("fsdp2"):
+        return "FSDP2 shards the model before the plan could convert it (torchao float8 converts before fully_shard)"
+    return _blocks_found(w)
+
+
+def _script_fsdp(w: ScriptWhere) -> str | None:
+    return None if w.found.get("fsdp2") else "the script does not use FSDP2 (fully_shard)"
+
+
+def _script_ddp(w: ScriptWhere) -> str | None:
+    return None if w.found.get("ddp") else "the script does not use DistributedDataParallel"
+
+
+def _on_gpu(w: ScriptWhere) -> str | None:
+    return None if w.device_type == "cuda" else "needs a GPU"
+
+
+def _script_optimizer(w: ScriptWhere) -> str | None:
+    return _on_gpu(w) or (None if w.found.get("optimizer") else "the script built no optimizer that steps")
+
+
+def _compile_scope(v: str) -> str | None:
+    return {"off": "", "pointwise": "block", "block": "block", "true": "block"}.get(v)
+
+
 register(Lever("micro_batch", "train.micro_batch", _micro_batches, _fixed_global_batch,
                companions=({"train.recompute": "selective"}, {"train.recompute": "full"}),
-               about="sequences per forward/backward at the fixed global batch"))
+               about="sequences per forward/backward at the fixed global batch",
+               script=InScript(_script_micro_batches, _asked_micro_batch)))
 register(Lever("compile", "train.compile", lambda w: ["off", "pointwise", "block"],
-               about="torch.compile: nothing, the pointwise ops, or whole blocks with their GEMMs"))
+               about="torch.compile: nothing, the pointwise ops, or whole blocks with their GEMMs",
+               script=InScript(lambda w: ["", "block", "model"], _model_found, _compile_scope)))
 register(Lever("recompute", "train.recompute", lambda w: ["none", "selective", "full"],
-               about="activations recomputed in backward"))
+               about="activations recomputed in backward",
+               script=InScript(lambda w: ["", "full"], _blocks_found, lambda v: "full" if v == "full" else None)))
 register(Lever("fp8", "train.fp8", lambda w: ["off", "tensorwise", "rowwise"], _fp8,
-               changes_numerics=lambda v: v != "off", about="the blocks' linear layers in FP8 (torchao)"))
+               changes_numerics=lambda v: v not in ("off", ""), about="the blocks' linear layers in FP8 (torchao)",
+               script=InScript(lambda w: ["", "tensorwise", "rowwise"], _script_fp8,
+                               lambda v: v if v in ("tensorwise", "rowwise") else None)))
 register(Lever("optimizer", "train.optimizer",
                lambda w: ["fused", "foreach", "bf16"] if w.device_type == "cuda" else ["auto", "foreach", "bf16"],
-               changes_numerics=lambda v: v == "bf16", about="AdamW's implementation; bf16 keeps its moments in bf16"))
+               changes_numerics=lambda v: v == "bf16", about="AdamW's implementation; bf16 keeps its moments in bf16",
+               script=InScript(lambda w: ["", "fused", "foreach"], _script_optimizer,
+                               lambda v: v if v in ("fused", "foreach") else None)))
 register(Lever("grouped_backend", "model.moe.grouped_gemm_backend", _grouped_backends, _moe,
                about="the MoE experts' grouped GEMM"))
 register(Lever("fsdp_reshard", "parallel.fsdp_reshard_after_forward", lambda w: ["true", "false"], _fsdp,
-               about="FSDP2 frees the gathered blocks after forward (true) or keeps them for backward"))
+               about="FSDP2 frees the gathered blocks after forward (true) or keeps them for backward",
+               script=InScript(lambda w: ["", "false", "true"], _script_fsdp)))
 register(Lever("fsdp_prefetch", "parallel.fsdp_prefetch", lambda w: ["0", "1", "2"], _fsdp,
-               about="blocks FSDP2 all-gathers ahead"))
+               about="blocks FSDP2 all-gathers ahead",
+               script=InScript(lambda w: ["", "1", "2"], lambda w: _script_fsdp(w) or _blocks_found(w))))
 register(Lever("kernel_cache", "tuning.cache", lambda w: ["", w.cache or ""], _cache,
-               about="the tuned kernels of a cache (primus-tune gemm/loop), confirmed in the step"))
+               about="the tuned kernels of a cache (primus-tune gemm/loop), confirmed in the step",
+               script=InScript(lambda w: ["", w.cache or ""], lambda w: None if w.cache else
+                               "no kernel cache given (--cache)", lambda v: None)))
+register(Lever("sdpa", "", lambda w: [], about="the one SDPA backend torch may pick (math stays its fallback)",
+               script=InScript(lambda w: ["", "cudnn", "flash", "efficient"], _on_gpu, lambda v: None)))
+register(Lever("allocator", "", lambda w: [], about="the CUDA caching allocator's expandable segments",
+               script=InScript(lambda w: ["", "expandable"], _on_gpu, lambda v: None)))
+register(Lever("ddp_bucket_mb", "", lambda w: [], about="DDP's gradient bucket size (MB; torch's default 25)",
+               script=InScript(lambda w: ["", "100", "10"], _script_ddp, lambda v: None)))
+register(Lever("ddp_bucket_view", "", lambda w: [], about="DDP's gradients as views of its buckets (no copy)",
+               script=InScript(lambda w: ["", "true"], _script_ddp, lambda v: None)))
+register(Lever("ddp_static_graph", "", lambda w: [], about="DDP's static graph (the same parameters used every step)",
+               script=InScript(lambda w: ["", "true"], _script_ddp, lambda v: None)))
 
 
 @dataclass

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,6 @@ from primus_perf.errors import ConfigError, DivergedError, OutOfMemory, UserErro
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
 from primus_perf.tuner.step import lanes as lanes_mod
 from primus_perf.tuner.step.levers import Lever, Setting, Where
-from primus_perf.tuner.step.session import interleaved
 
 Say = Callable[[str], None]
 # what became of a candidate besides the rule's kept / dropped / unconfirmed
@@ -58,6 +57,20 @@ class Advice:
     value: str
     estimate_ms: float | None
     text: str = ""
+
+
+def advice_parts(recommendations: Any) -> Iterator[tuple[str, str, float | None, str]]:
+    """Each ``key=value`` of the analyzer's recommendations' levers, in their rank: ``(key,
+    value, estimate, action)``, the estimate (ms a step) with a recommendation's first part."""
+    if recommendations is None or len(recommendations) == 0:
+        return
+    for _, rec in recommendations.iterrows():
+        estimate = rec.get("estimated_saving_ms")
+        for i, part in enumerate(str(rec.get("lever", "")).split()):
+            key, sep, value = part.partition("=")
+            if sep:
+                est = float(estimate) if i == 0 and estimate is not None and estimate == estimate else None
+                yield key, value, est, str(rec.get("action", ""))
 
 
 @dataclass
@@ -289,8 +302,8 @@ class Search:
         t0 = time.monotonic()
         back: Callable[[Setting], None] | None = None  # how the session gets back to the incumbent
         try:
-            times = interleaved(self.session, incumbent, candidate, blocks=self.blocks,
-                                block_steps=self.block_steps, settle=self.settle)
+            times = self.session.measure(incumbent, candidate, blocks=self.blocks, block_steps=self.block_steps,
+                                         settle=self.settle)
         except OutOfMemory as exc:
             trial.status, trial.reason = OUT_OF_MEMORY, str(exc)
             back = self.out_of_memory

@@ -49,8 +49,9 @@ def interleaved(session: Any, base: Setting, other: Setting, *, blocks: int, blo
 
 
 class StepSession:
-    """``switch(setting)`` then ``step()`` (one optimizer step's seconds). ``rebuilds`` counts
-    the settings that needed a new trainer."""
+    """``switch(setting)`` then ``step()`` (one optimizer step's seconds); ``measure`` two
+    settings against each other (what the search calls). ``rebuilds`` counts the settings that
+    needed a new trainer."""
 
     def __init__(self, config: str, base: Sequence[str], setting: Setting) -> None:
         from primus_perf.trainer.config import load_config
@@ -65,6 +66,10 @@ class StepSession:
 
     def cfg_of(self, setting: Setting) -> Any:
         return self._load(self.config, [*self.base, *setting.overrides()])
+
+    def measure(self, base: Setting, other: Setting, *, blocks: int, block_steps: int,
+                settle: int) -> tuple[list[float], list[float]]:
+        return interleaved(self, base, other, blocks=blocks, block_steps=block_steps, settle=settle)
 
     def value(self, key: str) -> str:
         """The running value of a config key, as text."""

@@ -5,8 +5,9 @@ measure the plan, and write it.
 2. the plan against the default in one session, interleaved (``final_blocks`` pairs of blocks):
    the speedup that is reported and stored, judged by the one rule (a plan the step does not
    bear out is no plan: the default is written);
-3. the loss guard: the default and the plan from one seed in two fresh trainers,
-   ``check_steps`` steps each, the means of the last tenth within ``threshold`` (the FP8 rule);
+3. the loss guard: the default and the plan from one seed, and the default from the next
+   seed, in fresh trainers, ``check_steps`` steps each: the plan's mean of the last tenth
+   within the default's own spread (its two seeds) plus ``threshold`` (the FP8 rule);
    a plan beyond it loses the levers that change the numerics (FP8, bf16 moments), and what
    remains is measured again;
 4. ``DIR/plan.yaml`` (the config keys the plan sets: ``primus-train --plan``) and
@@ -28,9 +29,9 @@ from typing import Any
 from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.fp8 import CHECK_STEPS, LOSS_THRESHOLD
 from primus_perf.tuner.step.lanes import start_lanes, visible_devices
-from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, lever_of
+from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, lever_of, trainer_levers
 from primus_perf.tuner.step.search import OUT_OF_MEMORY, Advice, Search, SearchResult
-from primus_perf.tuner.step.session import StepSession, interleaved
+from primus_perf.tuner.step.session import StepSession
 
 Say = Callable[[str], None]
 SCHEMA = "primus-perf-step-plan/1"
@@ -40,29 +41,44 @@ WARM_UP_STEPS = 3  # untimed steps of a new session (a fresh CPU session's steps
 
 @dataclass
 class LossGuard:
+    """The plan's loss against the default's: ``loss_default`` and ``loss_plan`` from one seed,
+    ``loss_other_seed`` the default from another seed, whose distance from the first
+    (``spread``, relative) is the run-to-run spread of the default itself; the plan passes
+    within that spread plus ``threshold`` (the FP8 rule)."""
+
     steps: int
     window: int
     loss_default: float
     loss_plan: float
     threshold: float
+    loss_other_seed: float | None = None
+    spread_from: str = "the default from another seed"  # what ``loss_other_seed`` is
 
     @property
     def rel_diff(self) -> float:
         return abs(self.loss_plan - self.loss_default) / max(abs(self.loss_default), 1e-12)
 
     @property
+    def spread(self) -> float:
+        if self.loss_other_seed is None:
+            return 0.0
+        return abs(self.loss_other_seed - self.loss_default) / max(abs(self.loss_default), 1e-12)
+
+    @property
     def passed(self) -> bool:
-        return self.rel_diff <= self.threshold
+        return self.rel_diff <= self.spread + self.threshold
 
     def line(self) -> str:
-        return (f"loss guard over {self.steps} steps from one seed: default {self.loss_default:.4f}, plan "
-                f"{self.loss_plan:.4f} ({self.rel_diff:.2%} relative, {'within' if self.passed else 'beyond'} the"
-                f" {self.threshold:.1%} threshold)")
+        seeds = (f", {self.spread_from} {self.loss_other_seed:.4f} (spread {self.spread:.2%})"
+                 if self.loss_other_seed is not None else "")
+        return (f"loss guard over {self.steps} steps: default {self.loss_default:.4f}, plan {self.loss_plan:.4f}"
+                f" ({self.rel_diff:.2%} relative){seeds}: {'within' if self.passed else 'beyond'} the spread plus"
+                f" {self.threshold:.1%}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "window": self.window, "loss_default": self.loss_default,
-                "loss_plan": self.loss_plan, "threshold": self.threshold, "rel_diff": self.rel_diff,
-                "passed": self.passed}
+                "loss_plan": self.loss_plan, "loss_other_seed": self.loss_other_seed, "spread": self.spread,
+                "threshold": self.threshold, "rel_diff": self.rel_diff, "passed": self.passed}
 
 
 @dataclass
@@ -120,9 +136,14 @@ class StepTuneResult:
                              f"{m['value']} {m['status']}" for m in row["measured"])
             out.append(f"  {row['lever']:<15} {row['plan']!s:<10} {est}; measured: {meas}")
         if self.verdict is not None and self.verdict.speedup is not None:
-            d, p = self.tokens_s("default"), self.tokens_s("plan")
+            if self.tokens_per_step:
+                d, p = self.tokens_s("default"), self.tokens_s("plan")
+                figures = f"tokens/s ({d:,.0f} -> {p:,.0f})"
+            else:
+                figures = (f"step time ({statistics.median(self.default_s) * 1e3:.1f} ->"
+                           f" {statistics.median(self.plan_s) * 1e3:.1f} ms)")
             out.append(f"plan vs default, interleaved: {self.verdict.speedup:.3f}x [{self.verdict.low:.3f}-"
-                       f"{self.verdict.high:.3f}] tokens/s ({d:,.0f} -> {p:,.0f}): {self.verdict.status}")
+                       f"{self.verdict.high:.3f}] {figures}: {self.verdict.status}")
         if self.guard is not None:
             out.append(self.guard.line())
         for key, why in self.dropped_by_guard.items():
@@ -195,24 +216,28 @@ def start_setting(session: StepSession, levers: Sequence[Lever]) -> Setting:
 
 def interleave(session: StepSession, default: Setting, plan: Setting, *, blocks: int, block_steps: int,
                settle: int, agree: Callable[[Any], Any]) -> tuple[list[float], list[float], Verdict]:
-    d, p = agree(interleaved(session, default, plan, blocks=blocks, block_steps=block_steps, settle=settle))
+    d, p = agree(session.measure(default, plan, blocks=blocks, block_steps=block_steps, settle=settle))
     return d, p, judge(list(zip(d, p)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
 
 
 def loss_guard(make: Callable[[Setting], StepSession], default: Setting, plan: Setting, *, steps: int,
                threshold: float) -> LossGuard:
-    """The default and the plan from one seed, ``steps`` optimizer steps each (fresh trainers,
-    one alive at a time)."""
-    losses = {}
-    for side, setting in (("default", default), ("plan", plan)):
+    """The default and the plan from one seed, and the default from the next seed (its own
+    run-to-run spread), ``steps`` optimizer steps each (fresh trainers, one alive at a time)."""
+    losses: dict[str, list[float]] = {}
+    seed = None
+    for side in ("default", "plan", "other seed"):
+        setting = {"default": default, "plan": plan}.get(side) or default.with_({"train.seed": str(seed + 1)})
         session = make(setting)
         try:
+            seed = int(session.value("train.seed")) if seed is None else seed
             losses[side] = [float(session.trainer.train_step().loss) for _ in range(steps)]
         finally:
             session.close()
     window = max(1, steps // 10)
     return LossGuard(steps, window, statistics.fmean(losses["default"][-window:]),
-                     statistics.fmean(losses["plan"][-window:]), threshold)
+                     statistics.fmean(losses["plan"][-window:]), threshold,
+                     statistics.fmean(losses["other seed"][-window:]))
 
 
 def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: Path, *, blocks: int,
@@ -291,16 +316,32 @@ def numerics_changes(plan: Setting, default: Setting) -> dict[str, str]:
     """The plan's keys whose values change the numerics (FP8, bf16 moments)."""
     out = {}
     for key, value in plan.values.items():
-        lever = lever_of(key)
+        lever = lever_of(key) or LEVERS.get(key)  # a trainer's config key, or a script lever's name
         if value != default.values.get(key) and lever is not None and lever.changes_numerics(value):
             out[key] = value
     return out
 
 
-def write_plan(out: Path, result: StepTuneResult) -> None:
+def write_plan(out: Path, result: StepTuneResult, program: Sequence[str] | None = None) -> None:
+    """``out/plan.yaml`` (the trainer's config keys, nested; a script's ``levers:`` by name,
+    with its ``program``) and ``out/step_plan.json``."""
+    import yaml
+
     from primus_perf.files import write_json, write_text
 
     out.mkdir(parents=True, exist_ok=True)
+    per = "tokens/s" if result.tokens_per_step else "steps/s"
+    figure = (f"{result.speedup:.3f}x {per} over the default (interleaved)" if result.plan.values
+              else "no plan, the default stays")
+    if program is not None:
+        doc: dict[str, Any] = {"program": list(program),
+                               "levers": {k: _yaml_value(v) for k, v in result.plan.values.items()}}
+        head = (f"# primus-perf step plan for {' '.join(program)} on {result.device}: {figure}.\n"
+                "# python -m primus_perf.launch --plan plan.yaml -- SCRIPT ARGS (torchrun ... -m primus_perf.launch"
+                " ... under torchrun); details: step_plan.json\n")
+        write_text(out / PLAN_FILE, head + yaml.safe_dump(doc, sort_keys=False))
+        write_json(out / RESULT_FILE, result.to_dict())
+        return
     nested: dict[str, Any] = {}
     for key, value in result.plan.values.items():
         *path, leaf = key.split(".")
@@ -308,10 +349,6 @@ def write_plan(out: Path, result: StepTuneResult) -> None:
         for part in path:
             node = node.setdefault(part, {})
         node[leaf] = _yaml_value(value)
-    import yaml
-
-    figure = (f"{result.speedup:.3f}x tokens/s over the default (interleaved)" if result.plan.values
-              else "no plan, the default stays")
     head = (f"# primus-perf step plan for {result.config} {' '.join(result.overrides)}".rstrip() +
             f" on {result.device}: {figure}.\n"
             "# primus-train --config CONFIG --plan plan.yaml [the same overrides: the plan's keys win]; details:"
@@ -347,7 +384,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
     from primus_perf.devices import current_device
 
     t0 = time.monotonic()
-    levers = list(LEVERS.values()) if levers is None else list(levers)
+    levers = trainer_levers() if levers is None else list(levers)
     base = list(overrides)
 
     def make(setting: Setting) -> StepSession:
@@ -363,7 +400,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
         where = where_of(session, cache)
         tokens = session.trainer.tokens_per_step
         # steps kept back for the plan's measurement and the loss guard
-        reserve = 2 * final_blocks * (settle + block_steps) + 2 * check_steps
+        reserve = 2 * final_blocks * (settle + block_steps) + 3 * check_steps
         session.warm_up(WARM_UP_STEPS)
         devices = lane_devices(session, lanes)
         running = start_lanes(config, base, start.values, devices, say, WARM_UP_STEPS) if devices else []
@@ -372,7 +409,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
                 + ", ".join(lane.name for lane in running))
         search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=block_steps,
                         settle=settle, passes=passes, deadline=t0 + budget_min * 60, reserve_steps=reserve,
-                        reserve_s=2 * build_s,
+                        reserve_s=3 * build_s,
                         say=say, agree=agree, lanes=running, distributed=_world_size() > 1)
         try:
             found = search.run(start)

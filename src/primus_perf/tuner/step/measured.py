@@ -1,0 +1,238 @@
+"""One run of a user's script measured by its own steps: the unit the script step tuner compares.
+
+The child side (:func:`measure_program`, what ``python -m primus_perf.launch --plan P --measure
+OUT`` runs): the plan applied from outside (``hooks.install``), the script run as ``__main__``;
+its steps end where ``programs.StepMarks`` says (each ``optimizer.step()`` of its first
+optimizer, or ``primus_perf.profile_step()``); the first ``warmup`` steps (allocation,
+compilation) are left out, the next ``steps`` are timed, each with its loss: the scalars the
+script called ``.backward()`` on in that step (their sum and their mean: a script that scales
+its loss by its accumulation steps sums to the step's loss, one that does not averages to it),
+or what it gave ``profile_step(loss=...)``. Then the run stops (the script's remaining steps
+are not run) and writes :class:`RunResult` as JSON. Running out of memory, the script's own
+error, or too few steps are a result too (``status``), never a traceback.
+
+The parent side (:func:`run_script`): the child started with the plan in a file, on the GPUs
+given, under torchrun's variables when the tuner itself runs under torchrun (a port of its own
+for the child's process group); its result read back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+OK, OUT_OF_MEMORY, CANNOT_RUN, TOO_FEW = "ok", "out of memory", "cannot run", "too few steps"
+
+
+@dataclass
+class RunResult:
+    """A measured run: ``step_s`` the timed steps' seconds, ``loss_sum``/``loss_mean`` per
+    timed step (None where the step had no loss), what the plan applied (``applied``), the peak
+    GPU memory (GiB), the steps the script marked."""
+
+    status: str
+    step_s: list[float] = field(default_factory=list)
+    loss_sum: list[float | None] = field(default_factory=list)
+    loss_mean: list[float | None] = field(default_factory=list)
+    reason: str = ""
+    applied: dict[str, Any] = field(default_factory=dict)
+    peak_gib: float | None = None
+    marked: int = 0
+    seconds: float = 0.0  # the run's wall time, start-up included (the parent's clock)
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.step_s) if self.step_s else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunResult:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# ---- the child --------------------------------------------------------------------------------
+
+
+class _Losses:
+    """The 0-d tensors the script calls ``.backward()`` on, kept (not read: no sync) until the
+    step's mark reads them."""
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+        self._original: Any = None
+
+    def install(self) -> None:
+        import torch
+
+        original = self._original = torch.Tensor.backward
+        pending = self.pending
+
+        def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if tensor.dim() == 0:
+                pending.append(tensor.detach())
+            return original(tensor, *args, **kwargs)
+
+        torch.Tensor.backward = backward
+
+    def take(self, given: Any) -> tuple[float | None, float | None]:
+        """The step's loss (sum, mean) and forget it; ``given``: profile_step's loss."""
+        values = [float(t) for t in self.pending]
+        self.pending.clear()
+        if given is not None:
+            value = float(given)
+            return value, value
+        if not values:
+            return None, None
+        return math.fsum(values), math.fsum(values) / len(values)
+
+
+def _found_device(applied: Any) -> None:
+    """What the parent reads of the device without starting CUDA itself."""
+    import importlib.util
+
+    import torch
+
+    applied.found["torchao"] = importlib.util.find_spec("torchao") is not None
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        applied.found["device"] = torch.cuda.get_device_name()
+        applied.found["fp8_formats"] = (major, minor) >= (8, 9)
+    else:
+        applied.found["device"] = "cpu"
+        applied.found["fp8_formats"] = False
+
+
+def measure_program(target: Sequence[str], plan: Mapping[str, str], out: str | os.PathLike, *, warmup: int,
+                    steps: int) -> RunResult:
+    """Run ``target`` with ``plan`` in this process, timed by its own steps (module docstring);
+    the result is written to ``out`` (by every rank: ``out`` on rank 0, ``out.rankN`` on the
+    others) and returned."""
+    from primus_perf.errors import one_line
+    from primus_perf.programs import StepMarks, StopProgram, run_target
+    from primus_perf.tuner.step import hooks
+
+    applied = hooks.install(plan)
+    losses = _Losses()
+    losses.install()
+    result = RunResult(OK)
+
+    def on_mark(i: int, seconds: float, loss: Any) -> None:
+        result.marked = i + 1
+        loss_sum, loss_mean = losses.take(loss)
+        if i < warmup:
+            return
+        result.step_s.append(seconds)
+        result.loss_sum.append(loss_sum)
+        result.loss_mean.append(loss_mean)
+        if len(result.step_s) >= steps:
+            raise StopProgram
+
+    try:
+        with StepMarks(on_mark):
+            run_target(target)
+    except StopProgram:  # the timed steps are in
+        pass
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            result.status, result.reason = CANNOT_RUN, f"the script exited with {exc.code}"
+    except BaseException as exc:  # the script's own error, out of memory: a result, the next candidate goes on
+        oom = type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+        result.status, result.reason = (OUT_OF_MEMORY if oom else CANNOT_RUN), one_line(exc)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+    if result.status == OK and len(result.step_s) < steps:
+        result.status = TOO_FEW
+        result.reason = (f"the script marked {result.marked} steps and a run needs {warmup + steps}"
+                         " (warm-up and timed): give it more steps")
+    _found_device(applied)
+    result.applied = applied.to_dict()
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        result.peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    rank = int(os.environ.get("RANK", "0"))
+    path = Path(out) if rank == 0 else Path(f"{out}.rank{rank}")
+    from primus_perf.files import write_json
+
+    write_json(path, result.to_dict())
+    return result
+
+
+# ---- the parent -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(devices: str | None, port: int | None) -> dict[str, str]:
+    """The child's environment: ``devices`` its CUDA_VISIBLE_DEVICES (None: as this process's);
+    ``port`` a port of its own for its process group (under torchrun: every rank's child meets
+    there, as torchrun's agent store is this process's, not the child's)."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
+    if port is not None:
+        env["MASTER_PORT"] = str(port)
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+    return env
+
+
+def run_script(target: Sequence[str], plan: Mapping[str, str], *, warmup: int, steps: int,
+               devices: str | None = None, port: int | None = None, timeout_s: float = 1800.0,
+               log: Path | None = None) -> RunResult:
+    """One measured run of ``target`` with ``plan`` in a child process (module docstring);
+    ``log``: where its output goes (the last lines of it are the reason of a failed run)."""
+    with tempfile.TemporaryDirectory(prefix="primus-step-") as tmp:
+        plan_file, out = Path(tmp) / "plan.json", Path(tmp) / "run.json"
+        plan_file.write_text(json.dumps({"levers": dict(plan)}))
+        cmd = [sys.executable, "-m", "primus_perf.launch", "--plan", str(plan_file), "--measure", str(out),
+               "--warmup", str(warmup), "--steps", str(steps), "--", *target]
+        t0 = time.monotonic()
+        sink = open(log, "a") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+        try:
+            proc = subprocess.run(cmd, env=child_env(devices, port), stdout=sink, stderr=subprocess.STDOUT,
+                                  timeout=timeout_s, check=False)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            if log is not None:
+                sink.close()
+        seconds = time.monotonic() - t0
+        if out.is_file():
+            result = RunResult.from_dict(json.loads(out.read_text()))
+        elif code is None:
+            result = RunResult(CANNOT_RUN, reason=f"the run did not end within {timeout_s:.0f} s")
+        else:
+            tail = _tail(log) if log is not None else ""
+            result = RunResult(CANNOT_RUN, reason=f"the run exited with {code} before its result" +
+                               (f": {tail}" if tail else ""))
+    result.seconds = seconds
+    return result
+
+
+def _tail(log: Path) -> str:
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""

@@ -1,0 +1,426 @@
+"""The step tuner for a user's script: ``primus-tune step --out DIR -- train.py ARGS``, the
+script unmodified.
+
+1. the script profiled (``primus-profile run --stop``: a window of its steps, in a child) into
+   ``DIR``, and analyzed: the advice that names a lever orders the search (:func:`script_advice`);
+2. its first measured run (``measured.run_script``: the plan applied from outside by
+   ``hooks``, its own steps timed) says what it builds (the model, its blocks, the optimizer,
+   FSDP2 or DDP, an HF Trainer, the knobs it asked for): :class:`~.levers.ScriptWhere`, which
+   says which levers apply here;
+3. the search (``search.Search``, as for the trainer) over the levers' script parts, each
+   candidate a run of the script against runs of the incumbent: :meth:`ScriptSession.measure`
+   runs incumbent, candidate, incumbent, ... on the same GPUs and pairs each candidate run with
+   the incumbent runs on both sides of it (the last incumbent run opens the next trial's
+   chain); judged by the one rule. A one-GPU script on a machine with more GPUs measures a
+   lever's values at once, one chain on each GPU (:class:`ScriptLane`);
+4. the plan against the default, ``final_blocks`` chains; the loss guard from those runs (the
+   default's runs give its own spread; the plan passes within it plus the FP8 rule);
+5. ``DIR/plan.yaml`` (``python -m primus_perf.launch --plan DIR/plan.yaml -- train.py ARGS``
+   runs it) and ``DIR/step_plan.json`` (every run and trial; the analyzer shows the measured
+   rows beside its advice).
+
+Under torchrun every rank runs this, in lockstep over a CPU process group of their own: each
+rank starts its child of each run (the children meet on a port rank 0 picks) and rank 0's
+figures decide.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from primus_perf.errors import OutOfMemory, UserError
+from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
+from primus_perf.tuner.step import measured
+from primus_perf.tuner.step.levers import Lever, ScriptWhere, Setting, lever_of, script_levers
+from primus_perf.tuner.step.search import Advice, Search, SearchResult, advice_parts
+from primus_perf.tuner.step.tune import LossGuard, StepTuneResult, numerics_changes, write_plan
+
+Say = Callable[[str], None]
+PROFILE = {"baseline": 1, "wait": 1, "warmup": 1, "steps": 3}  # the profile's window (6 steps, then it stops)
+
+
+def _labels(setting: Setting) -> dict[str, str]:
+    """A setting as a plan: the levers set (those at the program's own choice, "", left out)."""
+    return {k: v for k, v in setting.values.items() if v != ""}
+
+
+@dataclass
+class Run:
+    """One measured run: its setting's plan, its result, where it ran."""
+
+    plan: dict[str, str]
+    result: measured.RunResult
+    devices: str | None
+
+    def row(self) -> dict[str, Any]:
+        r = self.result
+        return {"plan": dict(self.plan), "status": r.status, "median_ms": r.median_s * 1e3 if r.median_s else None,
+                "step_ms": [t * 1e3 for t in r.step_s], "loss_sum": r.loss_sum, "loss_mean": r.loss_mean,
+                "reason": r.reason, "peak_gib": r.peak_gib, "seconds": round(r.seconds, 1), "devices": self.devices,
+                "notes": r.applied.get("notes", [])}
+
+
+class ScriptSession:
+    """The search's session for a script (module docstring, step 3): ``switch`` only records
+    the setting (each run starts from the script); :meth:`measure` runs chains."""
+
+    def __init__(self, target: Sequence[str], *, warmup: int, steps: int, devices: str | None = None,
+                 agree: Callable[[Any], Any] = lambda x: x, distributed: bool = False, log: Path | None = None,
+                 timeout_s: float = 1800.0) -> None:
+        self.target = list(target)
+        self.warmup, self.steps = warmup, steps
+        self.devices, self.agree, self.distributed = devices, agree, distributed
+        self.log, self.timeout_s = log, timeout_s
+        self.setting = Setting()
+        self.runs: list[Run] = []
+        self._last: tuple[dict[str, str], float] | None = None  # the last run, of the incumbent: (plan, seconds)
+        self.rebuilds = 0
+
+    # ---- what the search calls --------------------------------------------------------------
+
+    def value(self, key: str) -> str:
+        return self.setting.values.get(key, "")
+
+    def switch(self, setting: Setting) -> None:
+        self.setting = setting
+
+    def recover(self, setting: Setting) -> None:
+        self.setting = setting
+
+    def reset(self, setting: Setting) -> None:
+        self.setting = setting
+
+    def close(self) -> None:
+        pass
+
+    def run(self, setting: Setting, warmup: int | None = None, steps: int | None = None) -> measured.RunResult:
+        """One measured run of ``setting`` (every rank its child; rank 0's result)."""
+        plan = _labels(setting)
+        port = self.agree(measured._free_port()) if self.distributed else None
+        result = measured.run_script(self.target, plan, warmup=self.warmup if warmup is None else warmup,
+                                     steps=self.steps if steps is None else steps, devices=self.devices, port=port,
+                                     timeout_s=self.timeout_s, log=self.log)
+        result = self.agree(result)
+        self.runs.append(Run(plan, result, self.devices))
+        return result
+
+    def seconds(self, setting: Setting, *, reuse: bool = False) -> float:
+        """The median step seconds of a run of ``setting`` (``reuse``: the last run's where it was
+        of this setting); OutOfMemory or UserError where the run could not be measured."""
+        plan = _labels(setting)
+        if reuse and self._last is not None and self._last[0] == plan:
+            return self._last[1]
+        result = self.run(setting)
+        if result.status == measured.OUT_OF_MEMORY:
+            raise OutOfMemory(f"{setting.label()}: {result.reason}")
+        if result.status != measured.OK or result.median_s is None:
+            raise UserError(f"{setting.label()}: {result.status} ({result.reason})")
+        self._last = (plan, result.median_s)
+        return result.median_s
+
+    def measure(self, base: Setting, other: Setting, *, blocks: int, block_steps: int,
+                settle: int) -> tuple[list[float], list[float]]:
+        """``blocks`` runs of ``other`` between runs of ``base`` (base, other, base, ...; the
+        first base run the last one where it was of ``base``): per candidate run two pairs, one
+        with the base run on each side. ``block_steps`` and ``settle`` are the session's own
+        (each run's timed and warm-up steps)."""
+        before = self.seconds(base, reuse=True)
+        base_s, other_s = [], []
+        for _ in range(blocks):
+            mine = self.seconds(other)
+            after = self.seconds(base)
+            base_s += [before, after]
+            other_s += [mine, mine]
+            before = after
+        return base_s, other_s
+
+
+class ScriptLane:
+    """Another GPU measuring a lever's value at the same time as the session (``search``'s
+    lanes): a session of its own on that GPU, its chain in a thread."""
+
+    def __init__(self, index: int, devices: str, target: Sequence[str], *, warmup: int, steps: int,
+                 log: Path | None, timeout_s: float) -> None:
+        self.name = f"GPU {devices}"
+        self.session = ScriptSession(target, warmup=warmup, steps=steps, devices=devices, log=log,
+                                     timeout_s=timeout_s)
+        self._thread: threading.Thread | None = None
+        self._reply: tuple[str, Any] | None = None
+
+    def submit(self, incumbent: dict[str, str], candidate: dict[str, str], blocks: int, block_steps: int,
+               settle: int) -> None:
+        from primus_perf.tuner.step import lanes
+
+        def work() -> None:
+            try:
+                times = self.session.measure(Setting(dict(incumbent)), Setting(dict(candidate)), blocks=blocks,
+                                             block_steps=block_steps, settle=settle)
+                self._reply = (lanes.OK, times)
+            except OutOfMemory as exc:
+                self._reply = (lanes.OOM, str(exc))
+            except UserError as exc:
+                self._reply = (lanes.USER_ERROR, str(exc))
+            except Exception as exc:  # a failure of the lane itself
+                self._reply = (lanes.BROKEN, f"{type(exc).__name__}: {exc}")
+
+        self._reply = None
+        self._thread = threading.Thread(target=work, name=f"primus-perf-{self.name}", daemon=True)
+        self._thread.start()
+
+    def result(self, timeout_s: float) -> tuple[str, Any]:
+        from primus_perf.tuner.step import lanes
+
+        assert self._thread is not None
+        self._thread.join(timeout_s)
+        if self._thread.is_alive() or self._reply is None:
+            return lanes.BROKEN, f"no answer within {timeout_s:.0f} s"
+        return self._reply
+
+    def close(self) -> None:
+        pass
+
+
+# ---- the analyzer's advice ------------------------------------------------------------------------
+
+
+def script_advice(recommendations: Any) -> list[Advice]:
+    """The recommendations that name a lever a script has, as ``Advice`` in their rank: each
+    ``key=value`` of a recommendation's lever, a trainer's key (``train.compile=block``) or a
+    script lever's name (``micro_batch=8``), its value as the script lever takes it."""
+    from primus_perf.tuner.step.levers import LEVERS
+
+    out: list[Advice] = []
+    for key, value, estimate, action in advice_parts(recommendations):
+        lever = lever_of(key) or LEVERS.get(key)
+        if lever is None or lever.script is None:
+            continue
+        mine = lever.script.from_trainer(value) if lever.key == key else value
+        if mine:
+            out.append(Advice(lever.name, mine, estimate, action))
+    return out
+
+
+def profile_script(target: Sequence[str], out: Path, *, devices: str | None, port: int | None,
+                   log: Path | None) -> str | None:
+    """The script's profile (a window of its steps, then it stops) into ``out``; None, or why it
+    could not be made (the search then goes on in the registry's order)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "primus_perf.cli.profile", "run", "-o", str(out), "--overwrite", "--stop",
+           "--ranks", "0", "--after", "0", *(f"--{k}={v}" for k, v in PROFILE.items()), "--", *target]
+    sink = open(log, "a") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+    try:
+        proc = subprocess.run(cmd, env=measured.child_env(devices, port), stdout=sink, stderr=subprocess.STDOUT,
+                              check=False)
+    finally:
+        if log is not None:
+            sink.close()
+    if proc.returncode != 0:
+        return f"the profile run exited with {proc.returncode}" + (f": {measured._tail(log)}" if log else "")
+    return None
+
+
+# ---- the whole ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ScriptTuneResult(StepTuneResult):
+    """``StepTuneResult`` of a script: its runs too."""
+
+    runs: list[Run] = field(default_factory=list)
+    where: dict[str, Any] = field(default_factory=dict)
+    program: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.update(program=self.program, runs=[r.row() for r in self.runs], found=self.where)
+        return out
+
+
+def script_where(first: measured.RunResult, cache: str | None) -> ScriptWhere:
+    found = dict(first.applied.get("found", {}))
+    return ScriptWhere(found, dict(first.applied.get("knobs", {})), "cpu" if found.get("device") == "cpu" else "cuda",
+                       cache, bool(found.get("fp8_formats")), bool(found.get("torchao")))
+
+
+def loss_of(runs: Sequence[measured.RunResult], stat: str) -> float | None:
+    """The mean loss of ``runs``' timed steps under ``stat`` ("loss_sum" or "loss_mean")."""
+    values = [v for r in runs for v in getattr(r, stat) if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def script_guard(default: Sequence[measured.RunResult], plan: Sequence[measured.RunResult],
+                 threshold: float) -> LossGuard | None:
+    """The plan's runs' loss against the default's runs': the statistic (the step's backward
+    scalars summed, or their mean) on which they agree best; the default's farthest run from its
+    mean gives its spread. None where the script's steps gave no loss."""
+    best: LossGuard | None = None
+    for stat in ("loss_sum", "loss_mean"):
+        d, p = loss_of(default, stat), loss_of(plan, stat)
+        if d is None or p is None:
+            continue
+        per_run = [x for x in (loss_of([r], stat) for r in default) if x is not None]
+        other = max(per_run, key=lambda x: abs(x - d)) if len(per_run) > 1 else None
+        guard = LossGuard(len(default[0].step_s) if default else 0, len(default[0].step_s) if default else 0, d, p,
+                          threshold, other, "the default's farthest run")
+        if best is None or guard.rel_diff < best.rel_diff:
+            best = guard
+    return best
+
+
+def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Lever] | None = None,
+                cache: str | None = None, budget_min: float = 20.0, warmup: int = 4, steps: int = 8,
+                blocks: int = 1, final_blocks: int = 3, passes: int = 2, threshold: float | None = None,
+                profile: bool = True, lanes: Sequence[str] = (), devices: str | None = None,
+                say: Say = lambda _m: None, agree: Callable[[Any], Any] = lambda x: x,
+                distributed: bool = False, is_main: bool = True, timeout_s: float = 1800.0) -> ScriptTuneResult:
+    """Search ``target``'s step (module docstring) within ``budget_min`` minutes and write the
+    plan to ``out``. ``warmup``, ``steps``: each run's untimed and timed steps; ``lanes``: other
+    GPUs' CUDA_VISIBLE_DEVICES for a one-GPU script; ``devices``: the session's."""
+    from primus_perf.tuner.fp8 import LOSS_THRESHOLD
+
+    t0 = time.monotonic()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "runs.log"
+    threshold = LOSS_THRESHOLD if threshold is None else threshold
+    levers = script_levers() if levers is None else list(levers)
+    label = " ".join(target)
+    advice: list[Advice] = []
+    if profile:
+        say(f"profiling {label} (a window of {sum(PROFILE.values())} steps) -> {out}")
+        port = agree(measured._free_port()) if distributed else None
+        why = profile_script(target, out, devices=devices, port=port, log=log)
+        if why is None and is_main:
+            from primus_perf.tracelens.analyze import analyze
+
+            advice = script_advice(analyze([out]).recommendations)
+            for a in advice:
+                say(f"advised: {a.key}={a.value}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
+                                                      if a.estimate_ms is not None else ""))
+        elif why is not None:
+            say(f"no profile ({why}): the levers go in the registry's order")
+        advice = agree(advice)
+    session = ScriptSession(target, warmup=warmup, steps=steps, devices=devices, agree=agree,
+                            distributed=distributed, log=log, timeout_s=timeout_s)
+    start = Setting({lv.key: "" for lv in levers})
+    session.switch(start)
+    say(f"measuring the script as it is ({warmup} warm-up and {steps} timed steps a run)")
+    first = session.run(start)
+    if first.status != measured.OK:
+        raise UserError(f"the script as it is could not be measured: {first.status} ({first.reason})")
+    session._last = ({}, first.median_s)
+    where = script_where(first, cache)
+    found = where.found
+    say(f"found: {found.get('model') or 'no model'} ({found.get('params', 0) / 1e6:,.1f} M parameters, "
+        f"{found.get('blocks', 0)} blocks of {found.get('block') or '-'}), optimizer {found.get('optimizer') or '-'}"
+        + (", FSDP2" if found.get("fsdp2") else "") + (", DDP" if found.get("ddp") else "")
+        + (", HF Trainer" if found.get("hf_trainer") else "")
+        + (f"; knobs asked: {', '.join(where.knobs)}" if where.knobs else "; no knob asked")
+        + f"; {first.median_s * 1e3:.1f} ms a step")
+    running = [ScriptLane(i, d, target, warmup=warmup, steps=steps, log=log, timeout_s=timeout_s)
+               for i, d in enumerate(lanes)] if not distributed else []
+    if running:
+        say(f"measuring on {len(running) + 1} GPUs at once: the session's and " + ", ".join(r.name for r in running))
+    search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=steps, settle=warmup,
+                    passes=passes, deadline=t0 + budget_min * 60, reserve_s=(2 * final_blocks + 1) * first.seconds,
+                    say=say, agree=agree, fits=lambda _s: None, lanes=running, distributed=distributed)
+    found_plan: SearchResult = search.run(start)
+    for lane in running:
+        session.runs += lane.session.runs
+    plan = found_plan.best
+    result = ScriptTuneResult(label, [], found_plan, Setting(), None, device=str(found.get("device", "")),
+                              where=found, program=list(target))
+    if plan.values != start.values:
+        say(f"the plan against the default: {final_blocks} runs of it between runs of the default")
+        d_s, p_s = session.measure(start, plan, blocks=final_blocks, block_steps=steps, settle=warmup)
+        v = judge(list(zip(d_s, p_s)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
+        result.default_s, result.plan_s, result.verdict = d_s, p_s, v
+        plan, result = _guarded(session, start, plan, result, final_blocks, threshold, say)
+    result.plan = Setting(_labels(Setting({k: v for k, v in plan.values.items() if v != start.values.get(k)})))
+    result.runs = list(session.runs)
+    result.minutes = (time.monotonic() - t0) / 60
+    if is_main:
+        result.out = out
+        write_plan(out, result, program=list(target))
+    return result
+
+
+def _guarded(session: ScriptSession, start: Setting, plan: Setting, result: ScriptTuneResult, final_blocks: int,
+             threshold: float, say: Say) -> tuple[Setting, ScriptTuneResult]:
+    """The plan kept where it won and its loss holds (module docstring, step 4); what changes
+    the numerics dropped where the loss does not hold, the rest measured again."""
+    v = result.verdict
+    if v is None or not v.kept:
+        result.notes.append("the whole step did not bear the plan out against the default: the default stays")
+        return start, result
+    runs = session.runs[-(2 * final_blocks + 1):]
+    defaults = [r.result for r in runs if r.plan == _labels(start)]
+    plans = [r.result for r in runs if r.plan == _labels(plan)]
+    guard = script_guard(defaults, plans, threshold)
+    result.guard = guard
+    if guard is None:
+        result.notes.append("no loss seen (no .backward() on a scalar, no profile_step(loss=...)): no loss guard")
+        return plan, result
+    if guard.passed:
+        return plan, result
+    numeric = numerics_changes(plan, start)
+    result.dropped_by_guard = {k: f"{val}: the loss beyond the default's spread plus the threshold"
+                               for k, val in numeric.items()}
+    if not numeric:
+        result.notes.append("the loss guard failed and nothing in the plan changes the numerics: the default stays")
+        return start, result
+    plan = plan.with_({k: start.values[k] for k in numeric})
+    if plan.values == start.values:
+        return start, result
+    say(f"the loss guard dropped {', '.join(numeric)}: the rest of the plan against the default again")
+    d_s, p_s = session.measure(start, plan, blocks=final_blocks, block_steps=session.steps, settle=session.warmup)
+    v2: Verdict = judge(list(zip(d_s, p_s)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
+    result.default_s, result.plan_s, result.verdict = d_s, p_s, v2
+    return (plan if v2.kept else start), result
+
+
+def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, say: Say = lambda _m: None,
+                 **kwargs: Any) -> ScriptTuneResult:
+    """:func:`tune_script` as ``primus-tune step -- script.py`` runs it: under torchrun every
+    rank in lockstep over a CPU (gloo) process group of their own, rank 0 speaking and writing;
+    otherwise the script on the first GPU and, with ``lanes`` (0: every GPU visible, 1: one),
+    a lane on each other GPU. This process never starts CUDA: the runs' children hold the GPUs."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        import torch.distributed as dist
+
+        owns = not dist.is_initialized()
+        if owns:
+            dist.init_process_group(backend="gloo")
+        rank = dist.get_rank()
+
+        def agree(obj: Any) -> Any:
+            box = [obj]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+
+        try:
+            return tune_script(target, out, say=say if rank == 0 else (lambda _m: None), agree=agree,
+                               distributed=True, is_main=rank == 0, **kwargs)
+        finally:
+            if owns and dist.is_initialized():
+                dist.destroy_process_group()
+    import torch
+
+    from primus_perf.tuner.step.lanes import visible_devices
+
+    count = torch.cuda.device_count()  # NVML: no CUDA context in this process
+    gpus = visible_devices(count) if count else []
+    wanted = count if lanes == 0 else min(lanes, count)
+    return tune_script(target, out, say=say, devices=gpus[0] if gpus else None, lanes=gpus[1:max(1, wanted)],
+                       **kwargs)

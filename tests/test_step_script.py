@@ -1,0 +1,234 @@
+"""The step tuner for a user's script on the CPU: the plan's levers applied from outside to the
+objects a real program builds (``tuner.step.hooks``), a measured run of a real script
+(``tuner.step.measured``), and a real search of a small training script over two levers with
+its loss guard, the plan written and run again unmodified by ``python -m primus_perf.launch
+--plan``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from primus_perf.cli.tune import app
+from primus_perf.tuner.step import hooks, measured
+from primus_perf.tuner.step.script import script_guard, tune_script
+
+SCRIPT = """
+import sys
+
+import torch
+
+import primus_perf
+
+steps = int(sys.argv[sys.argv.index("--steps") + 1])
+torch.manual_seed(0)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 16)
+        self.layers = torch.nn.ModuleList(Block() for _ in range(4))
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+model = Model()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+global_batch = 32
+micro = primus_perf.knob("micro_batch", 2, choices=[2, 8])
+data = torch.randn(global_batch, 4, 8)  # small: a micro-batch's time is its Python and launches
+for step in range(steps):
+    for i in range(global_batch // micro):
+        x = data[i * micro:(i + 1) * micro]
+        (model(x).square().mean() / (global_batch // micro)).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("script") / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+@pytest.fixture
+def installed():
+    """``hooks.install`` for a test, every hook and patch removed after it."""
+    yield hooks.install
+    hooks.uninstall()
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.lin(x)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, blocks: int = 3) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Block() for _ in range(blocks))
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.layers:
+            x = b(x)
+        return self.head(x)
+
+
+def test_knob_is_the_default_outside_a_plan_and_the_plans_typed_value_inside(installed) -> None:
+    assert hooks.knob("micro_batch", 2) == 2
+    installed({"micro_batch": "8"})
+    assert hooks.knob("micro_batch", 2, choices=[1, 2, 4, 8]) == 8
+    assert hooks.applied().knobs == {"micro_batch": {"default": 2, "choices": [1, 2, 4, 8]}}
+
+
+def test_the_model_and_its_blocks_are_found_from_the_first_optimizer_and_the_levers_apply(installed) -> None:
+    """The model is the outermost module holding the first optimizer's parameters; its blocks
+    the ModuleList holding most of them. Recompute and block compile apply before its first
+    forward runs, the optimizer's implementation on its first step."""
+    applied = installed({"recompute": "full", "compile": "block", "optimizer": "foreach"})
+    model = _Model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    model(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    assert applied.found["model"] == "_Model" and applied.found["blocks"] == 3 and applied.found["blocks_at"] == "layers"
+    assert sorted(applied.levers) == ["compile", "optimizer", "recompute"] and not applied.notes
+    assert all(b._compiled_call_impl is not None for b in model.layers) and model._compiled_call_impl is None
+    assert all(b.forward.func.__name__ == "checkpoint" for b in model.layers)
+    assert all(g["foreach"] and not g["fused"] for g in opt.param_groups)
+
+
+def test_a_lever_that_cannot_apply_says_why_and_the_program_runs_on(installed) -> None:
+    applied = installed({"recompute": "full", "optimizer": "fused", "fsdp_reshard": "false"})
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    assert applied.notes == [
+        "recompute: not applied (no repeated blocks found (no nn.ModuleList of two or more modules of one class))",
+        "fsdp_reshard: not applied (the program does not use FSDP2 (fully_shard))",
+        "optimizer: not applied (fused needs every parameter on the GPU)"]
+
+
+def test_an_hf_trainers_micro_batch_moves_with_its_accumulation_and_the_product_holds(installed, tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    applied = installed({"micro_batch": "8"})
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2,
+                                          gradient_accumulation_steps=4, report_to=[])
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (8, 1)
+    assert applied.knobs["micro_batch"] == {"default": 2, "choices": [1, 2, 4, 8], "via": "hf_trainer"}
+    assert applied.found["hf_trainer"] and "micro_batch" in applied.levers
+
+
+def test_ddps_constructor_takes_the_plans_buckets(installed) -> None:
+    import torch.distributed as dist
+
+    installed({"ddp_bucket_mb": "100", "ddp_bucket_view": "true"})
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29541", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+        assert ddp.bucket_bytes_cap == 100 * 2**20 and ddp.gradient_as_bucket_view
+        assert hooks.applied().found["ddp"]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_measured_run_times_its_own_steps_and_stops(script: Path, tmp_path: Path) -> None:
+    """Warm-up steps left out, timed steps in, each with its loss (the step's backward scalars:
+    their sum is the step's loss where the script scales it by its accumulation steps); then
+    the script stops (it would run 1000 steps)."""
+    res = measured.run_script([str(script), "--steps", "1000"], {"micro_batch": "4"}, warmup=2, steps=3)
+    assert res.status == measured.OK and len(res.step_s) == 3 and res.marked == 5 and res.seconds > 0
+    assert all(s > 0 for s in res.step_s) and all(v is not None for v in res.loss_sum)
+    assert res.loss_mean[0] == pytest.approx(res.loss_sum[0] / 8)  # 32 sequences / 4 a micro-batch
+    assert res.applied["knobs"]["micro_batch"]["default"] == 2 and res.applied["found"]["blocks"] == 4
+    short = measured.run_script([str(script), "--steps", "3"], {}, warmup=2, steps=3)
+    assert short.status == measured.TOO_FEW and "marked 3 steps and a run needs 5" in short.reason
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('the data is gone')\n")
+    failed = measured.run_script([str(broken)], {}, warmup=0, steps=1)
+    assert failed.status == measured.CANNOT_RUN and failed.reason == "RuntimeError: the data is gone"
+
+
+def test_the_loss_guard_compares_on_the_statistic_the_runs_agree_on() -> None:
+    """A script that scales its loss by its accumulation: the step's backward scalars sum to
+    its loss, whatever the micro-batch; their mean moves with it."""
+    def run(sums: list[float], parts: int) -> measured.RunResult:
+        return measured.RunResult(measured.OK, step_s=[1.0] * len(sums), loss_sum=sums,
+                                  loss_mean=[x / parts for x in sums])
+
+    guard = script_guard([run([2.0, 1.9], 4), run([2.02, 1.92], 4)], [run([2.01, 1.91], 1)], 0.015)
+    assert guard is not None and guard.passed and guard.rel_diff < 0.01
+    assert guard.spread == pytest.approx(abs(1.97 - 1.96) / 1.96, rel=1e-6)
+    bad = script_guard([run([2.0, 1.9], 4)], [run([2.5, 2.4], 1)], 0.015)
+    assert bad is not None and not bad.passed
+
+
+def test_a_real_search_of_a_script_finds_its_plan_checks_its_loss_and_launch_runs_it(script: Path, tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """Two levers of a small training script: the micro-batch (its consent, at its fixed global
+    batch of 32 sequences) and recompute. Each candidate is a run of the script against runs of
+    the incumbent; a larger micro-batch pays (a quarter of the micro-batches, each costing its
+    Python and launches), recompute does not. The plan is checked against the default's loss and written; launch --plan runs it."""
+    from primus_perf.tuner.step.levers import LEVERS
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # each run one thread: runs do not time each other's load
+    out = tmp_path / "step"
+    target = [str(script), "--steps", "1000"]
+    said: list[str] = []
+    res = tune_script(target, out, levers=[LEVERS["micro_batch"].for_script(), LEVERS["recompute"].for_script()],
+                      budget_min=5, warmup=2, steps=3, passes=1, final_blocks=2, profile=False, say=said.append)
+    assert res.plan.values == {"micro_batch": "8"}, res.lines()
+    assert res.verdict is not None and res.verdict.kept and res.speedup > 1.1
+    assert res.guard is not None and res.guard.passed
+    trials = {(t.key, t.value): t.status for t in res.search.trials}
+    assert trials[("recompute", "full")] == "dropped"
+    doc = json.loads((out / "step_plan.json").read_text())
+    # the default; micro-batch 8, the default; the new incumbent, recompute, the incumbent; the
+    # plan twice between three runs of the default: 11 runs
+    assert doc["program"] == target and doc["plan"] == res.plan.values and len(doc["runs"]) == 11
+    plan_text = (out / "plan.yaml").read_text()
+    assert plan_text.startswith("# primus-perf step plan for") and "levers:\n  micro_batch:" in plan_text
+    run = subprocess.run([sys.executable, "-m", "primus_perf.launch", "--plan", str(out / "plan.yaml"), "--",
+                          str(script), "--steps", "2"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert f"step plan {out / 'plan.yaml'}: micro_batch=" in run.stderr
+
+
+def test_the_cli_takes_a_script_after_dashes_and_refuses_a_config_beside_it(script: Path, tmp_path: Path,
+                                                                           capsys) -> None:
+    from primus_perf.cli.common import run_app
+
+    for args, said in ((["--config", "tiny", "--", str(script)], "a script after -- is run as it is"),
+                       ([], "needs --config PRESET [overrides], or your script after --"),
+                       (["--levers", "grouped_backend", "--", str(script)], "unknown lever grouped_backend")):
+        with pytest.raises(SystemExit) as exc:
+            run_app(app, ["step", "--out", str(tmp_path / str(len(args))), *args])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and said in err and "Traceback" not in err, err
