@@ -117,10 +117,11 @@ class ScriptSession:
         if reuse and self._last is not None and self._last[0] == plan:
             return self._last[1]
         result = self.run(setting)
+        name = " ".join(f"{k}={v}" for k, v in plan.items()) or "the script as it is"
         if result.status == measured.OUT_OF_MEMORY:
-            raise OutOfMemory(f"{setting.label()}: {result.reason}")
+            raise OutOfMemory(f"{name}: {result.reason}")
         if result.status != measured.OK or result.median_s is None:
-            raise UserError(f"{setting.label()}: {result.status} ({result.reason})")
+            raise UserError(f"{name}: {result.status} ({result.reason})")
         self._last = (plan, result.median_s)
         return result.median_s
 
