@@ -7,6 +7,7 @@ its loss guard, the plan written and run again unmodified by ``python -m primus_
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -232,3 +233,41 @@ def test_the_cli_takes_a_script_after_dashes_and_refuses_a_config_beside_it(scri
             run_app(app, ["step", "--out", str(tmp_path / str(len(args))), *args])
         err = capsys.readouterr().err
         assert exc.value.code == 2 and said in err and "Traceback" not in err, err
+
+
+DDP_SCRIPT = """
+import sys
+
+import torch
+import torch.distributed as dist
+
+steps = int(sys.argv[sys.argv.index("--steps") + 1])
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(3)]))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(steps):
+    model(torch.randn(4, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+def test_under_torchrun_every_rank_runs_its_child_in_lockstep(tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node 2 -m primus_perf.cli.tune step -- train.py``: the two tuner
+    ranks agree over their own gloo group; each starts its child of each run, the children meet
+    on a port rank 0 picked, and DDP's option is measured as a candidate like any other."""
+    script = tmp_path / "train_ddp.py"
+    script.write_text(DDP_SCRIPT)
+    out = tmp_path / "step"
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+                          "primus_perf.cli.tune", "step", "--out", str(out), "--budget-min", "3", "--levers",
+                          "ddp_bucket_view", "--no-profile", "--warmup-steps", "1", "--run-steps", "3",
+                          "--final-blocks", "2", "--", str(script), "--steps", "1000"],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads((out / "step_plan.json").read_text())
+    assert doc["found"]["ddp"] and [(t["lever"], t["value"]) for t in doc["measured"]] == [("ddp_bucket_view", "true")]
+    assert all(r["status"] == "ok" for r in doc["runs"]) and len(doc["runs"]) >= 3
+    assert res.stdout.count("step plan for") == 1  # rank 0 speaks for both

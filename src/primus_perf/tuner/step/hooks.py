@@ -362,6 +362,9 @@ def _apply_model(model: Any) -> None:
         FSDPModule = ()  # noqa: N806
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)] if FSDPModule else []
     _applied.found["fsdp2"] = bool(sharded)
+    from torch.nn.parallel import DistributedDataParallel
+
+    _applied.found["ddp"] = isinstance(model, DistributedDataParallel)
     wants_blocks = [k for k in ("recompute", "fp8") if plan.get(k) not in (None, "", "off", "none")]
     if plan.get("compile") == "block":
         wants_blocks.append("compile")
