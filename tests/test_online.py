@@ -72,7 +72,7 @@ def _race(state: ProblemTuning, clock: FakeClock, speed: dict, limit: int = 200)
 
 def test_contenders_race_the_default_in_pairs_and_go_when_they_cannot_win() -> None:
     clock = FakeClock(lag=0)
-    pool = [Pooled(n, {}, 0.0, None) for n in SPEED]
+    pool = [Pooled(n, {}, 0.0, None) for n in ("torch", "fast", "close", "slow")]
     state = ProblemTuning(pool, OnlinePolicy(), clock)
     placed = _race(state, clock, SPEED)
     assert placed[:2] == [None, None]  # warm-up: the default, untimed
@@ -272,7 +272,7 @@ def test_online_run_locks_every_problem_writes_the_cache_and_restart_does_no_tun
     assert all(e.in_step["verdict"] == "kept" and e.in_step["baseline"] == "torch" for e in entries)
     assert all(e.claim().startswith("1.429x torch in the step [1.429-1.429], 12 calls") for e in entries)
     # restart: the written cache routes every problem, nothing is tuned
-    clock2, adapter2 = FakeClock(), FakeGemmOnline(FakeClock())
+    clock2, adapter2 = FakeClock(), CachedGemmOnline(FakeClock())  # confirmed entries are not raced
     launched.clear()
     _, summary2, lines2, _ = _steps_until_locked(cache, clock2, adapter2, max_steps=2)
     assert adapter2.pools == 0 and summary2["tuning"] == {} and lines2 == []
@@ -458,3 +458,38 @@ def test_a_candidate_that_raises_fails_its_problem_once(tmp_path: Path) -> None:
     for _ in range(30):
         torch.testing.assert_close(d.gemm(a, b), a @ b)
     assert adapter.pools == 1 and d.summary()["failed"] == [problem_of(a, b).key()]
+
+
+class CachedGemmOnline(FakeGemmOnline):
+    """The fake adapter that also races a cached choice: its name in the entry says its speed."""
+
+    def cached(self, solution, problem, a, b, bias=None):
+        pool = {p.name: p for p in self.pool(problem, a, b, bias)}
+        self.pools -= 1
+        name = solution["config"]["name"]
+        return [pool["torch"], Pooled(name, dict(solution), 0.0, pool[name].run)]
+
+
+@pytest.mark.parametrize("choice, kept", [("slow", False), ("fast", True)])
+def test_a_cached_choice_no_step_confirmed_is_raced_and_the_default_stays_where_it_loses(tmp_path: Path, choice: str,
+                                                                                       kept: bool) -> None:
+    """Online tuning with a cache from an offline tuner (entries without an in-step figure): each
+    cached choice races torch's kernel in the step like a new problem with one contender; one
+    that loses falls back to torch and its entry says so, one that wins stays, confirmed."""
+    from enable_fakes import gemm_entry
+
+    cache = tmp_path / "cache.json"
+    clock = FakeClock(lag=2)
+    adapter = CachedGemmOnline(clock)
+    torch.manual_seed(0)
+    model, x = Mlp(), torch.randn(16, 32)
+    problem = problem_of(x, model.up.weight.t())
+    entry = gemm_entry(problem, current_device())
+    entry.solution["config"]["name"] = choice
+    TuningCache(cache).put(entry)
+    steps, summary, _lines, router = _steps_until_locked(cache, clock, adapter)
+    info = summary["online"][problem.key()]
+    assert info["chosen"] == (choice if kept else "torch") and info["in_step"]["verdict"] == ("kept" if kept else "dropped")
+    (written,) = [e for e in TuningCache(cache).entries("gemm") if e.problem_key == problem.key()]
+    assert written.solution["config"]["name"] == (choice if kept else "torch")
+    assert written.in_step["choice"] == choice and steps <= 12

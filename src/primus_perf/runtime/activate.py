@@ -34,6 +34,8 @@ class Activation:
     versions: dict[str, dict[str, str]] = field(default_factory=dict)  # kind -> running library versions
     unavailable: dict[str, str] = field(default_factory=dict)  # kind -> why no router here
     keys: dict[str, set[str]] = field(default_factory=dict)  # kind -> problem keys of its usable entries
+    # kind -> key -> the usable entries no step confirmed (no in-step verdict): online tuning races them
+    unconfirmed: dict[str, dict[str, CacheEntry]] = field(default_factory=dict)
     routers: dict[str, Any] = field(default_factory=dict)
 
     def start_lines(self) -> list[str]:
@@ -87,6 +89,8 @@ def activate(
         usable = cache.select(entries, device, versions)
         act.usable[kind] = len(usable)
         act.keys[kind] = {e.problem_key for e in usable.values()}
+        act.unconfirmed[kind] = {k: e for k, e in usable.items()
+                                 if (e.in_step or {}).get("verdict") not in ("kept", "dropped")}
         act.stale_count[kind] = len(entries) - len(usable)
         if usable or kind in always:
             act.routers[kind] = spec.build(list(usable.values()))

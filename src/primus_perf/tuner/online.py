@@ -37,6 +37,10 @@ next to its neighbours, against what the call would have run.
    still in flight after ``lost_after`` calls with nothing left to place) runs the
    default for this run only and writes nothing.
 
+A problem the cache holds whose choice no step confirmed (an offline tuner's, timed alone) is
+raced the same way, its cached choice the one contender (``KindAdapter.cached``): the default
+stays where the choice loses in the step, and the entry is written with its in-step figure.
+
 The log line of a lock prints that figure with its spread ("locked heur2: 1.031x torch in
 the step [1.012-1.049], 12 calls", or "locked torch: no contender beat it in the step
 (heur2 0.990x, 6 pairs; ...)"). Every lock reports the problem's tuning cost: GPU time
@@ -363,6 +367,8 @@ class KindAdapter(Protocol):
     # optional: ``pairing(*args) -> kind``, calls of one problem that time differently
     # (attention: with or without its backward); a pair's two calls are of one kind
     # optional: ``shadow = True``, a call may run twice on its operands: a pair a call
+    # optional: ``cached(solution, problem, *args) -> [default, choice]``, a cached choice no step
+    # confirmed, raced against the default
 
 
 @dataclass
@@ -388,6 +394,7 @@ class OnlineRouter:
         versions: dict[str, str],
         *,
         offline_keys: set[str] = frozenset(),
+        unconfirmed: Mapping[str, Any] | None = None,
         policy: OnlinePolicy | None = None,
         clock: Clock | None = None,
         log: Callable[[str], None] | None = None,
@@ -396,6 +403,8 @@ class OnlineRouter:
         self.offline = offline
         tuned_key = getattr(adapter, "tuned_key", None)
         self.offline_keys = {tuned_key(k) for k in offline_keys} if tuned_key else set(offline_keys)
+        # cached choices no step confirmed, raced against the default where the adapter can run them
+        self.unconfirmed = dict(unconfirmed or {}) if hasattr(adapter, "cached") else {}
         self.cache = TuningCache(cache)
         self.device = device
         self.versions = versions
@@ -417,11 +426,11 @@ class OnlineRouter:
         if found is None:
             return UNSUPPORTED, None
         key, problem = found
-        if key in self.offline_keys:
-            return self.offline.route(*args)
         cand = self.locked.get(key)
         if cand is not None:
             return key, lambda: self.adapter.run(cand, *args)
+        if key in self.offline_keys and (key not in self.unconfirmed or key in self.failed):
+            return self.offline.route(*args)
         if key in self.failed:
             return key, None
         t0 = time.perf_counter()
@@ -429,7 +438,7 @@ class OnlineRouter:
         if state is None:
             state = self._start(key, problem, args)
             if state is None:
-                return key, None
+                return self.offline.route(*args) if key in self.offline_keys else (key, None)
         report = self.reports[key]
         state.poll()
         if state.ready():
@@ -468,9 +477,11 @@ class OnlineRouter:
 
     def _start(self, key: str, problem: Any, args: tuple) -> ProblemTuning | None:
         t0 = time.perf_counter()
+        entry = self.unconfirmed.get(key)
         try:
             with _building, _autocast_off():
-                pool = self.adapter.pool(problem, *args)
+                pool = (self.adapter.pool(problem, *args) if entry is None else
+                        self.adapter.cached(entry.solution, problem, *args))
         except Exception as exc:  # the default itself cannot be validated, no library, ...
             self.failed.add(key)
             self.log(f"online {self.adapter.kind} {problem}: not tuned ({type(exc).__name__}: {exc}); using torch")
@@ -599,6 +610,7 @@ class InStepTuning:
             adapter = adapters.get(kind)
             if adapter is not None:
                 out[kind] = OnlineRouter(adapter, router, cache, activation.device, activation.versions.get(kind, {}),
-                                         offline_keys=activation.keys.get(kind, set()), policy=self.policy,
+                                         offline_keys=activation.keys.get(kind, set()),
+                                         unconfirmed=activation.unconfirmed.get(kind), policy=self.policy,
                                          clock=self.clock, log=log)
         return out

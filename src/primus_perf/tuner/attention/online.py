@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from primus_perf.cache.store import ONLINE_SUFFIX
-from primus_perf.kernels.attention.backends import TRITON
-from primus_perf.kernels.attention.router import problem_of
+from primus_perf.kernels.attention.backends import DEFAULT, TRITON
+from primus_perf.kernels.attention.router import AttentionChoice, problem_of
 from primus_perf.runtime.attention import records_backward, timed_attention
 from primus_perf.tuner.attention.plugin import TUNER_VERSION, AttentionTuner, triton_candidate
 from primus_perf.tuner.measure import Clock, Sample
@@ -42,6 +42,13 @@ class AttentionOnline:
             return validated(session, self.limit)
         finally:
             session.close()
+
+    def cached(self, solution: Any, problem: Any, q: Any, k: Any, v: Any, causal: bool) -> list[Pooled]:
+        """torch's SDPA and a cached choice (validated when it was tuned), to race in the step."""
+        choice = AttentionChoice.from_solution(solution["config"])
+        default = AttentionChoice(DEFAULT)
+        return [Pooled(DEFAULT, {"config": default.to_solution(), "blob": b""}, 0.0, default.implementation()),
+                Pooled(choice.label(), dict(solution), 0.0, choice.implementation())]
 
     def run(self, cand: Pooled, q: Any, k: Any, v: Any, causal: bool) -> Any:
         return cand.run(q, k, v, causal)
