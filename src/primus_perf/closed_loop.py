@@ -269,7 +269,8 @@ def confirm_program(cache: Path | str, target: Sequence[str], *, policy: Any = N
         box["routed"] = routed = handle.routing
 
         def measure(kinds: tuple[str, ...]) -> tuple[list[float], list[float]]:
-            t = measure_blocks({"default": handle.suspend, "tuned": lambda: handle.resume(kinds)}, steps.step,
+            t = measure_blocks({"default": lambda: steps.call(handle.suspend),
+                                "tuned": lambda: steps.call(lambda: handle.resume(kinds))}, steps.step,
                                blocks=blocks, block_steps=block_steps)
             return t["default"], t["tuned"]
 
@@ -283,7 +284,8 @@ def confirm_program(cache: Path | str, target: Sequence[str], *, policy: Any = N
 
             box["unchecked"] = f"the final check stopped: {one_line(exc)}"
         finally:
-            handle.resume()  # the confirmed routing, for the rest of the run
+            if not steps.ended:
+                steps.call(handle.resume)  # the confirmed routing, for the rest of the run
 
     def program(confirmer: Any) -> int:
         box["handle"] = confirmer.handle  # cold first calls: the policy's warm-up pairs (a program may mark no step)

@@ -112,24 +112,25 @@ class ProgramEnded(Exception):
 class DrivenSteps:
     """A running program's steps driven from another thread: once :meth:`start` has been called
     at a step mark (the program's thread), the program waits at each mark until :meth:`step`
-    (the driver's thread) lets it run one more step, whose seconds it returns; between two steps
-    the driver may change what the program runs (the program is held at its mark). :meth:`end`
-    lets the program run on freely; :meth:`program_ended` (once the program returns) makes a
+    (the driver's thread) lets it run one more step, whose seconds it returns. Between two
+    steps the driver changes what the program runs through :meth:`call`, which runs a function
+    in the program's own thread while it is held (what a program runs is its thread's: torch's
+    compiler settings are per thread). :meth:`program_ended` (once the program returns) makes a
     waiting :meth:`step` raise :class:`ProgramEnded`."""
 
     def __init__(self) -> None:
         import queue
-        import threading
 
         self._times: queue.Queue[float | None] = queue.Queue()
-        self._go = threading.Semaphore(0)
+        self._orders: queue.Queue[Callable[[], Any] | None] = queue.Queue()  # None: run a step
+        self._done: queue.Queue[BaseException | None] = queue.Queue()
         self.driving = False
         self.ended = False
         self.steps = 0
 
     def start(self, drive: Callable[[DrivenSteps], None]) -> Any:
         """In the program's thread, at a mark: run ``drive(self)`` in a thread and hold the
-        program until the driver's first :meth:`step`. Returns the thread."""
+        program until the driver's first :meth:`step` (or its end). Returns the thread."""
         import threading
 
         self.driving = True
@@ -139,25 +140,47 @@ class DrivenSteps:
                 drive(self)
             finally:
                 self.driving = False
-                self._go.release()  # the program runs on
+                self._orders.put(None)  # the program runs on
 
         thread = threading.Thread(target=run, name="primus-perf-driver", daemon=True)
         thread.start()
-        self._go.acquire()
+        self._serve()
         return thread
+
+    def _serve(self) -> None:
+        """In the program's thread: run the driver's calls until it lets the program step."""
+        while True:
+            order = self._orders.get()
+            if order is None:
+                return
+            try:
+                order()
+            except BaseException as exc:  # the driver gets it
+                self._done.put(exc)
+            else:
+                self._done.put(None)
 
     def at_mark(self, seconds: float) -> None:
         """In the program's thread, at each mark: hand the step's seconds to the driver and wait."""
         if not self.driving:
             return
         self._times.put(seconds)
-        self._go.acquire()
+        self._serve()
+
+    def call(self, fn: Callable[[], Any]) -> None:
+        """In the driver's thread: ``fn()`` run in the program's thread, held at its mark."""
+        if self.ended:
+            raise ProgramEnded(f"the program ended after {self.steps} driven steps")
+        self._orders.put(fn)
+        error = self._done.get()
+        if error is not None:
+            raise error
 
     def step(self) -> float:
         """In the driver's thread: one step of the program, its seconds."""
         if self.ended:
             raise ProgramEnded(f"the program ended after {self.steps} driven steps")
-        self._go.release()
+        self._orders.put(None)
         seconds = self._times.get()
         if seconds is None:
             raise ProgramEnded(f"the program ended after {self.steps} driven steps")
