@@ -197,8 +197,9 @@ def _model_found(w: ScriptWhere) -> str | None:
 
 
 def _blocks_found(w: ScriptWhere) -> str | None:
-    return _model_found(w) or (None if w.found.get("blocks") else
-                               "no repeated blocks found (no nn.ModuleList of two or more modules of one class)")
+    from primus_perf.tuner.step.hooks import NO_BLOCKS
+
+    return _model_found(w) or (None if w.found.get("blocks") else NO_BLOCKS)
 
 
 def _script_fp8(w: ScriptWhere) -> str | None:
@@ -212,7 +213,9 @@ def _script_fp8(w: ScriptWhere) -> str | None:
 
 
 def _script_fsdp(w: ScriptWhere) -> str | None:
-    return None if w.found.get("fsdp2") else "the script does not use FSDP2 (fully_shard)"
+    if not w.found.get("fsdp2"):
+        return "the script does not use FSDP2 (fully_shard)"
+    return "FSDP2 shards over one rank here" if w.found.get("fsdp2_ranks") == 1 else None
 
 
 def _script_ddp(w: ScriptWhere) -> str | None:
