@@ -132,9 +132,72 @@ def test_a_lever_that_cannot_apply_says_why_and_the_program_runs_on(installed) -
     model(torch.randn(2, 8)).sum().backward()
     opt.step()
     assert applied.notes == [
-        "recompute: not applied (no repeated blocks found (no nn.ModuleList of two or more modules of one class))",
+        "recompute: not applied (no repeated blocks found (no nn.ModuleList or nn.ModuleDict of two or more modules"
+        " of one class))",
         "fsdp_reshard: not applied (the program does not use FSDP2 (fully_shard))",
         "optimizer: not applied (fused needs every parameter on the GPU)"]
+
+
+class _DictModel(torch.nn.Module):
+    """torchtitan's shape: its blocks in an nn.ModuleDict (``layers``), a smaller ModuleList beside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleDict({str(i): _Block() for i in range(3)})
+        self.extras = torch.nn.ModuleList(torch.nn.Linear(16, 1) for _ in range(2))
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.layers.values():
+            x = b(x)
+        return self.head(x)
+
+
+def test_blocks_in_an_nn_module_dict_are_found_and_take_the_levers(installed) -> None:
+    """The container holding most parameters, ModuleList or ModuleDict: torchtitan's blocks
+    (``layers``, an nn.ModuleDict) over a smaller ModuleList of two linears, some of them
+    wrapped for activation checkpointing or not."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    applied = installed({"recompute": "full"})
+    model = _DictModel()
+    assert hooks.blocks_of(model) == ("layers", list(model.layers.values()))
+    every_other = _DictModel()  # torchtitan's selective checkpointing wraps every other block
+    every_other.layers["1"] = checkpoint_wrapper(every_other.layers["1"])
+    assert hooks.blocks_of(every_other) == ("layers", list(every_other.layers.values()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    assert applied.found["blocks"] == 3 and applied.found["blocks_at"] == "layers" and applied.levers == ["recompute"]
+    assert all(b.forward.func.__name__ == "checkpoint" for b in model.layers.values())
+
+
+def test_fsdp2_over_one_rank_is_found_as_such_and_its_levers_do_not_apply(installed) -> None:
+    """fully_shard over a one-rank mesh (torchtitan shards even on one GPU) shards nothing:
+    the FSDP2 levers are not searched there."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from primus_perf.tuner.step.levers import LEVERS, ScriptWhere
+
+    applied = installed({})
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29543", rank=0, world_size=1)
+    try:
+        model = _DictModel()
+        for b in model.layers.values():
+            fully_shard(b)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model(torch.randn(2, 16)).sum().backward()
+        opt.step()
+    finally:
+        dist.destroy_process_group()
+    assert applied.found["fsdp2"] and applied.found["fsdp2_ranks"] == 1
+    where = ScriptWhere(dict(applied.found), {}, "cpu")
+    for name in ("fsdp_reshard", "fsdp_prefetch"):
+        assert LEVERS[name].for_script().legal(where) == "FSDP2 shards over one rank here"
+    two = ScriptWhere({**applied.found, "fsdp2_ranks": 2}, {}, "cpu")
+    assert LEVERS["fsdp_reshard"].for_script().legal(two) is None
 
 
 def test_an_hf_trainers_micro_batch_moves_with_its_accumulation_and_the_product_holds(installed, tmp_path) -> None:

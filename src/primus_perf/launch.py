@@ -1,7 +1,8 @@
 """``python -m primus_perf.launch [--cache PATH] [--online] [--kinds gemm,attention] [--plan PLAN]
 -- script.py args``: run a Python script (or ``-m module``) with ``primus_perf.enable`` on, and
 with a step plan of ``primus-tune step -- script.py`` (``--plan DIR/plan.yaml``: its levers
-applied from outside, ``tuner.step.hooks``), unmodified.
+applied from outside, ``tuner.step.hooks``, or as a known program's own flags appended to its
+arguments, ``tuner.step.own_flags``: torchtitan's), unmodified.
 
 The script runs as ``__main__`` (``runpy``) with ``sys.argv`` = ``[script, *args]``; the
 summary is printed to stderr at the end (rank 0). ``--cache`` defaults to the
@@ -89,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
             rank0_stderr(line)
     applied = None
     if plan:
-        from primus_perf.tuner.step import hooks
+        from primus_perf.tuner.step import own_flags
 
-        applied = hooks.install(plan)
+        target, applied, program = own_flags.install(target, plan)
         rank0_stderr(f"step plan {opts.plan}: " + " ".join(f"{k}={v}" for k, v in plan.items()))
+        if applied.found.get("flags"):
+            rank0_stderr(f"as {program.name}'s own flags: " + " ".join(applied.found["flags"]))
     try:
         run_target(target)
     finally:

@@ -4,8 +4,8 @@ it consents to have tuned (:func:`knob`).
 
 What is found, not configured: the first optimizer built (``torch.optim.Optimizer``) holds the
 model's parameters; the model is the outermost module called whose parameters hold the
-optimizer's first; its repeated blocks are the children of the ``nn.ModuleList`` holding most
-of its parameters (two or more). On the model's first call, before its forward runs, the plan's
+optimizer's first; its repeated blocks are the children of the ``nn.ModuleList`` or
+``nn.ModuleDict`` (torchtitan's ``layers``) holding most of its parameters (two or more). On the model's first call, before its forward runs, the plan's
 model levers apply (:func:`_apply_model`): blocks compiled in place or the whole model,
 activation checkpointing of the blocks, torchao float8 on the blocks' linear layers (never the
 output head), FSDP2's reshard after forward and prefetch where ``fully_shard`` was applied; on
@@ -236,7 +236,7 @@ def _patch_hf_arguments(module: Any) -> None:
         per_device, accum = int(self.per_device_train_batch_size), int(self.gradient_accumulation_steps)
         product = per_device * accum
         _applied.found["hf_trainer"] = True
-        _applied.knobs[MICRO_BATCH] = {"default": per_device, "choices": _divisors(product), "via": "hf_trainer"}
+        _applied.knobs[MICRO_BATCH] = {"default": per_device, "choices": divisors(product), "via": "hf_trainer"}
         wanted = _applied.plan.get(MICRO_BATCH)
         if not wanted:
             return
@@ -253,7 +253,7 @@ def _patch_hf_arguments(module: Any) -> None:
     _state.setdefault("restore", []).append((cls, "__post_init__", original))
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     """The powers of two that divide ``n``, and ``n``."""
     out = [m for m in range(1, n + 1) if n % m == 0 and m & (m - 1) == 0]
     return out + ([n] if n not in out else [])
@@ -333,21 +333,41 @@ def _remove_module_hooks() -> None:
         h.remove()
 
 
+NO_BLOCKS = "no repeated blocks found (no nn.ModuleList or nn.ModuleDict of two or more modules of one class)"
+
+
 def blocks_of(model: Any) -> tuple[str, list[Any]]:
-    """The model's repeated blocks: the children of the ``nn.ModuleList`` holding most of its
-    parameters (two or more children of one class), with the list's name; ("", []) where none."""
+    """The model's repeated blocks: the children of the ``nn.ModuleList`` or ``nn.ModuleDict``
+    holding most of its parameters (two or more children of one class, under a checkpoint or
+    compile wrapper or not), with the container's name; ("", []) where none."""
     import torch
 
     best: tuple[int, str, list[Any]] = (0, "", [])
     for name, mod in model.named_modules():
-        if not isinstance(mod, torch.nn.ModuleList) or len(mod) < 2:
+        if not isinstance(mod, (torch.nn.ModuleList, torch.nn.ModuleDict)) or len(mod) < 2:
             continue
-        if len({type(c) for c in mod}) != 1:
+        children = list(mod.children())
+        if len({_kind(c) for c in children}) != 1:
             continue
         size = sum(p.numel() for p in mod.parameters())
         if size > best[0]:
-            best = (size, name, list(mod))
+            best = (size, name, children)
     return best[1], best[2]
+
+
+def _kind(module: Any) -> type:
+    """A block's class under the wrappers a program may put on some blocks only (activation
+    checkpointing of every other block, torch.compile's module)."""
+    inner = getattr(module, "_checkpoint_wrapped_module", None) or getattr(module, "_orig_mod", None)
+    return _kind(inner) if inner is not None else type(module)
+
+
+def _shard_ranks(model: Any) -> int:
+    """The most ranks a parameter of ``model`` is spread over (its DTensor's mesh: FSDP2's
+    shards); 0 where none is a DTensor."""
+    from torch.distributed.tensor import DTensor
+
+    return max((p.device_mesh.size() for p in model.parameters() if isinstance(p, DTensor)), default=0)
 
 
 def _apply_model(model: Any) -> None:
@@ -362,6 +382,7 @@ def _apply_model(model: Any) -> None:
         FSDPModule = ()  # noqa: N806
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)] if FSDPModule else []
     _applied.found["fsdp2"] = bool(sharded)
+    _applied.found["fsdp2_ranks"] = _shard_ranks(model) if sharded else 0
     from torch.nn.parallel import DistributedDataParallel
 
     _applied.found["ddp"] = isinstance(model, DistributedDataParallel)
@@ -370,7 +391,7 @@ def _apply_model(model: Any) -> None:
         wants_blocks.append("compile")
     if not blocks:
         for lever in wants_blocks:
-            _applied.note(lever, "no repeated blocks found (no nn.ModuleList of two or more modules of one class)")
+            _applied.note(lever, NO_BLOCKS)
     if blocks and plan.get("fp8") not in (None, "", "off"):
         _apply_fp8(model, name, plan["fp8"], sharded=bool(sharded))
     if blocks and plan.get("recompute") == "full":

@@ -7,8 +7,10 @@ apply here, or None) and ``companions``: settings to add when a value alone does
 memory estimate (a larger micro-batch with recompute). Its ``script`` part (:class:`InScript`)
 is how it applies to a user's script, from outside (``hooks``: the plan's value under the
 lever's name), with its values and legality there (:class:`ScriptWhere`: what the script's
-first run found); a lever may be a script's alone (no config key: the SDPA backend, the
-allocator, DDP's options). Whether a candidate fits is the
+first run found), or through the program's own flags where a known program has one for it
+(``own_flags``: torchtitan's local batch, compile, float8, activation checkpointing, optimizer);
+a lever may be a script's alone (no config key: the SDPA backend, the allocator, DDP's
+options). Whether a candidate fits is the
 trainer's memory estimate (``trainer.resources.check_fits``); whether it can run at all is the
 trainer's own check when it switches (a grouped backend this GPU lacks, FP8 on a GPU without
 it): one line each, recorded, and the search goes on.
@@ -52,17 +54,21 @@ class ScriptWhere:
     cache: str | None = None  # a kernel cache to try (--cache)
     fp8_formats: bool = False  # the device has FP8 GEMMs
     torchao: bool = False  # torchao is importable (FP8 from outside)
+    own: dict[str, list[str]] = field(default_factory=dict)  # lever -> the values the program's own flags set
 
 
 @dataclass(frozen=True)
 class InScript:
     """How a lever applies to a user's script: through ``hooks`` (the plan's value under the
     lever's name), its values and legality there, and ``from_trainer``: the analyzer's advice,
-    written as the trainer's value, as this lever's (None: no such value here)."""
+    written as the trainer's value, as this lever's (None: no such value here). Where the
+    program's own flags set it (``own_flags``: ``ScriptWhere.own``), its values are those
+    flags' and ``by_flag`` its legality (what holds whoever applies it: the device)."""
 
     values: Callable[[ScriptWhere], list[str]]
     legal: Callable[[ScriptWhere], str | None] = lambda _w: None
     from_trainer: Callable[[str], str | None] = lambda v: v
+    by_flag: Callable[[ScriptWhere], str | None] = lambda _w: None
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,15 @@ class Lever:
         """This lever as the script search takes it: the plan's key is the lever's name."""
         if self.script is None:
             raise ValueError(f"lever {self.name!r} does not apply to a script")
-        return dataclasses.replace(self, key=self.name, values=self.script.values, legal=self.script.legal,
-                                   companions=())
+        name, part = self.name, self.script
+
+        def values(w: ScriptWhere) -> list[str]:
+            return ["", *w.own[name]] if name in w.own else part.values(w)
+
+        def legal(w: ScriptWhere) -> str | None:
+            return part.by_flag(w) if name in w.own else part.legal(w)
+
+        return dataclasses.replace(self, key=name, values=values, legal=legal, companions=())
 
 
 LEVERS: dict[str, Lever] = {}
@@ -197,22 +210,27 @@ def _model_found(w: ScriptWhere) -> str | None:
 
 
 def _blocks_found(w: ScriptWhere) -> str | None:
-    return _model_found(w) or (None if w.found.get("blocks") else
-                               "no repeated blocks found (no nn.ModuleList of two or more modules of one class)")
+    from primus_perf.tuner.step.hooks import NO_BLOCKS
+
+    return _model_found(w) or (None if w.found.get("blocks") else NO_BLOCKS)
+
+
+def _fp8_device(w: ScriptWhere) -> str | None:
+    if not w.torchao:
+        return "FP8 needs torchao (pip install torchao)"
+    return None if w.fp8_formats else "this device has no FP8 GEMMs"
 
 
 def _script_fp8(w: ScriptWhere) -> str | None:
-    if not w.torchao:
-        return "FP8 needs torchao (pip install torchao)"
-    if not w.fp8_formats:
-        return "this device has no FP8 GEMMs"
-    if w.found.get("fsdp2"):
-        return "FSDP2 shards the model before the plan could convert it (torchao float8 converts before fully_shard)"
-    return _blocks_found(w)
+    sharded = ("FSDP2 shards the model before the plan could convert it (torchao float8 converts before"
+               " fully_shard)") if w.found.get("fsdp2") else None
+    return _fp8_device(w) or sharded or _blocks_found(w)
 
 
 def _script_fsdp(w: ScriptWhere) -> str | None:
-    return None if w.found.get("fsdp2") else "the script does not use FSDP2 (fully_shard)"
+    if not w.found.get("fsdp2"):
+        return "the script does not use FSDP2 (fully_shard)"
+    return "FSDP2 shards over one rank here" if w.found.get("fsdp2_ranks") == 1 else None
 
 
 def _script_ddp(w: ScriptWhere) -> str | None:
@@ -244,17 +262,17 @@ register(Lever("recompute", "train.recompute", lambda w: ["none", "selective", "
 register(Lever("fp8", "train.fp8", lambda w: ["off", "tensorwise", "rowwise"], _fp8,
                changes_numerics=lambda v: v not in ("off", ""), about="the blocks' linear layers in FP8 (torchao)",
                script=InScript(lambda w: ["", "tensorwise", "rowwise"], _script_fp8,
-                               lambda v: v if v in ("tensorwise", "rowwise") else None)))
+                               lambda v: v if v in ("tensorwise", "rowwise") else None, _fp8_device)))
 register(Lever("optimizer", "train.optimizer",
                lambda w: ["fused", "foreach", "bf16"] if w.device_type == "cuda" else ["auto", "foreach", "bf16"],
                changes_numerics=lambda v: v == "bf16", about="AdamW's implementation; bf16 keeps its moments in bf16",
                script=InScript(lambda w: ["", "fused", "foreach"], _script_optimizer,
-                               lambda v: v if v in ("fused", "foreach") else None)))
+                               lambda v: v if v in ("fused", "foreach") else None, _on_gpu)))
 register(Lever("grouped_backend", "model.moe.grouped_gemm_backend", _grouped_backends, _moe,
                about="the MoE experts' grouped GEMM"))
 register(Lever("fsdp_reshard", "parallel.fsdp_reshard_after_forward", lambda w: ["true", "false"], _fsdp,
                about="FSDP2 frees the gathered blocks after forward (true) or keeps them for backward",
-               script=InScript(lambda w: ["", "false", "true"], _script_fsdp)))
+               script=InScript(lambda w: ["", "false", "true"], _script_fsdp, by_flag=_script_fsdp)))
 register(Lever("fsdp_prefetch", "parallel.fsdp_prefetch", lambda w: ["0", "1", "2"], _fsdp,
                about="blocks FSDP2 all-gathers ahead",
                script=InScript(lambda w: ["", "1", "2"], lambda w: _script_fsdp(w) or _blocks_found(w))))

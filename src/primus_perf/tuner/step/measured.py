@@ -1,13 +1,15 @@
 """One run of a user's script measured by its own steps: the unit the script step tuner compares.
 
 The child side (:func:`measure_program`, what ``python -m primus_perf.launch --plan P --measure
-OUT`` runs): the plan applied from outside (``hooks.install``), the script run as ``__main__``;
+OUT`` runs): the plan applied from outside (``own_flags.install``: a known program's own flags,
+the rest through ``hooks``), the script run as ``__main__``;
 its steps end where ``programs.StepMarks`` says (each ``optimizer.step()`` of its first
 optimizer, or ``primus_perf.profile_step()``); the first ``warmup`` steps (allocation,
 compilation) are left out, the next ``steps`` are timed, each with its loss: the scalars the
 script called ``.backward()`` on in that step (their sum and their mean: a script that scales
 its loss by its accumulation steps sums to the step's loss, one that does not averages to it),
-or what it gave ``profile_step(loss=...)``. Then the run stops (the script's remaining steps
+what a known program's loss method returned (torchtitan's), or what it gave
+``profile_step(loss=...)``. Then the run stops (the script's remaining steps
 are not run) and writes :class:`RunResult` as JSON. Running out of memory, the script's own
 error, or too few steps are a result too (``status``), never a traceback.
 
@@ -68,17 +70,41 @@ class RunResult:
 
 class _Losses:
     """The 0-d tensors the script calls ``.backward()`` on, kept (not read: no sync) until the
-    step's mark reads them."""
+    step's mark reads them; or, for a program whose profile names where its loss is
+    (``own_flags.ProgramProfile.loss``: torchtitan's forward-backward step, whose backward a
+    CUDA graph replays without Python), what that method returns, copied (a graph's output is
+    overwritten by its next replay)."""
 
     def __init__(self) -> None:
         self.pending: list[Any] = []
-        self._original: Any = None
 
-    def install(self) -> None:
+    def install(self, source: str = "") -> None:
+        """``source``: "module:Class.method" returning a part of the step's loss; "" (or a
+        module that does not import: the program says why itself) the backward scalars."""
+        import importlib
+
         import torch
 
-        original = self._original = torch.Tensor.backward
         pending = self.pending
+        if source:
+            module, _, attr = source.partition(":")
+            owner_name, name = attr.rsplit(".", 1)
+            try:
+                owner = getattr(importlib.import_module(module), owner_name)
+            except (ImportError, AttributeError):
+                owner = None
+            if owner is not None:
+                method = getattr(owner, name)
+
+                def part(*args: Any, **kwargs: Any) -> Any:
+                    out = method(*args, **kwargs)
+                    if isinstance(out, torch.Tensor) and out.numel() == 1:
+                        pending.append(out.detach().reshape(()).clone())
+                    return out
+
+                setattr(owner, name, part)
+                return
+        original = torch.Tensor.backward
 
         def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
             if tensor.dim() == 0:
@@ -122,11 +148,11 @@ def measure_program(target: Sequence[str], plan: Mapping[str, str], out: str | o
     others) and returned."""
     from primus_perf.errors import one_line
     from primus_perf.programs import StepMarks, StopProgram, run_target
-    from primus_perf.tuner.step import hooks
+    from primus_perf.tuner.step import own_flags
 
-    applied = hooks.install(plan)
+    target, applied, program = own_flags.install(target, plan)
     losses = _Losses()
-    losses.install()
+    losses.install(program.loss if program is not None else "")
     result = RunResult(OK)
 
     def on_mark(i: int, seconds: float, loss: Any) -> None:
@@ -182,10 +208,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def child_env(devices: str | None, port: int | None) -> dict[str, str]:
+def child_env(devices: str | None, port: int | None, target: Sequence[str] = ()) -> dict[str, str]:
     """The child's environment: ``devices`` its CUDA_VISIBLE_DEVICES (None: as this process's);
     ``port`` a port of its own for its process group (under torchrun: every rank's child meets
-    there, as torchrun's agent store is this process's, not the child's)."""
+    there, as torchrun's agent store is this process's, not the child's); a ``target`` that runs
+    only as a torchrun worker (torchtitan) gets one rank's variables where none are set, and a
+    port of its own (``own_flags.launcher_env``)."""
+    from primus_perf.tuner.step.own_flags import launcher_env
+
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     if devices is not None:
@@ -193,7 +223,7 @@ def child_env(devices: str | None, port: int | None) -> dict[str, str]:
     if port is not None:
         env["MASTER_PORT"] = str(port)
         env["TORCHELASTIC_USE_AGENT_STORE"] = "False"
-    return env
+    return launcher_env(target, env, port if port is not None else _free_port())
 
 
 def run_script(target: Sequence[str], plan: Mapping[str, str], *, warmup: int, steps: int,
@@ -209,7 +239,7 @@ def run_script(target: Sequence[str], plan: Mapping[str, str], *, warmup: int, s
         t0 = time.monotonic()
         sink = open(log, "a") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
         try:
-            proc = subprocess.run(cmd, env=child_env(devices, port), stdout=sink, stderr=subprocess.STDOUT,
+            proc = subprocess.run(cmd, env=child_env(devices, port, target), stdout=sink, stderr=subprocess.STDOUT,
                                   timeout=timeout_s, check=False)
             code = proc.returncode
         except subprocess.TimeoutExpired:

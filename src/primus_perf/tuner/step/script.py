@@ -4,9 +4,10 @@ script unmodified.
 1. the script profiled (``primus-profile run --stop``: a window of its steps, in a child) into
    ``DIR``, and analyzed: the advice that names a lever orders the search (:func:`script_advice`);
 2. its first measured run (``measured.run_script``: the plan applied from outside by
-   ``hooks``, its own steps timed) says what it builds (the model, its blocks, the optimizer,
-   FSDP2 or DDP, an HF Trainer, the knobs it asked for): :class:`~.levers.ScriptWhere`, which
-   says which levers apply here;
+   ``hooks``, or by a known program's own flags, ``own_flags``; its own steps timed) says what
+   it builds (the model, its blocks, the optimizer, FSDP2 or DDP, an HF Trainer, the knobs it
+   asked for, a known program's settings): :class:`~.levers.ScriptWhere`, which says which
+   levers apply here and their values;
 3. the search (``search.Search``, as for the trainer) over the levers' script parts, each
    candidate a run of the script against runs of the incumbent: :meth:`ScriptSession.measure`
    runs incumbent, candidate, incumbent, ... on the same GPUs and pairs each candidate run with
@@ -218,7 +219,7 @@ def profile_script(target: Sequence[str], out: Path, *, devices: str | None, por
            "--ranks", "0", "--after", "0", *(f"--{k}={v}" for k, v in PROFILE.items()), "--", *target]
     sink = open(log, "a") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
     try:
-        proc = subprocess.run(cmd, env=measured.child_env(devices, port), stdout=sink, stderr=subprocess.STDOUT,
+        proc = subprocess.run(cmd, env=measured.child_env(devices, port, target), stdout=sink, stderr=subprocess.STDOUT,
                               check=False)
     finally:
         if log is not None:
@@ -245,10 +246,18 @@ class ScriptTuneResult(StepTuneResult):
         return out
 
 
+def _knob_label(name: str, knob: dict[str, Any]) -> str:
+    """``micro_batch=2 of 1, 2, 4, 8 (torchtitan)``: a knob, its value now, its legal values."""
+    choices = f" of {', '.join(map(str, knob['choices']))}" if knob.get("choices") else ""
+    return f"{name}={knob.get('default')}{choices}" + (f" ({knob['via']})" if knob.get("via") else "")
+
+
 def script_where(first: measured.RunResult, cache: str | None) -> ScriptWhere:
+    from primus_perf.tuner.step.own_flags import own_values
+
     found = dict(first.applied.get("found", {}))
     return ScriptWhere(found, dict(first.applied.get("knobs", {})), "cpu" if found.get("device") == "cpu" else "cuda",
-                       cache, bool(found.get("fp8_formats")), bool(found.get("torchao")))
+                       cache, bool(found.get("fp8_formats")), bool(found.get("torchao")), own_values(found))
 
 
 def loss_of(runs: Sequence[measured.RunResult], stat: str) -> float | None:
@@ -324,7 +333,10 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
         f"{found.get('blocks', 0)} blocks of {found.get('block') or '-'}), optimizer {found.get('optimizer') or '-'}"
         + (", FSDP2" if found.get("fsdp2") else "") + (", DDP" if found.get("ddp") else "")
         + (", HF Trainer" if found.get("hf_trainer") else "")
-        + (f"; knobs asked: {', '.join(where.knobs)}" if where.knobs else "; no knob asked")
+        + (f"; {found['program']}, its own flags now: " + " ".join(f"{k}={v}" for k, v in found.get("own", {}).items())
+           if found.get("program") else "")
+        + (f"; knobs asked: {', '.join(_knob_label(k, v) for k, v in where.knobs.items())}" if where.knobs
+           else "; no knob asked")
         + f"; {first.median_s * 1e3:.1f} ms a step")
     running = [ScriptLane(i, d, target, warmup=warmup, steps=steps, log=log, timeout_s=timeout_s)
                for i, d in enumerate(lanes)] if not distributed else []
