@@ -158,6 +158,29 @@ def _stack_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, pushe
     return up
 
 
+def _contained(up: np.ndarray, start: np.ndarray, end: np.ndarray, ops: np.ndarray) -> np.ndarray:
+    """``up`` with each op that crosses the end of the span it starts in (more than half of it,
+    and more than :data:`CROSSING_US`, after that span's end) moved up to the nearest span above
+    that holds it: a step marker that a hook inside the optimizer step opened (the profiler's
+    step boundary inside ``Optimizer.step#``'s record_function: the whole next step would
+    otherwise run "in the optimizer step"), an annotation left open across a step. A span
+    that ends a moment after its parent (timestamps rounded) stays inside it."""
+    todo = np.flatnonzero(ops & (up >= 0))
+    last = end[todo] - np.maximum(CROSSING_US, 0.5 * (end[todo] - start[todo]))  # ends after this: crosses
+    keep = end[up[todo]] < last
+    todo, last = todo[keep], last[keep]
+    while len(todo):
+        up[todo] = up[up[todo]]
+        keep = up[todo] >= 0
+        todo, last = todo[keep], last[keep]
+        keep = end[up[todo]] < last
+        todo, last = todo[keep], last[keep]
+    return up
+
+
+CROSSING_US = 1.0  # a span ending this much after its parent is still inside it (rounded timestamps)
+
+
 def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The stack pass: (parent, model, shadowed, optimizer, backward root, launch op) per row,
     in vector passes (:func:`_stack_parents`, :func:`_nearest`).
@@ -184,8 +207,9 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     op_like = (k == L.KIND_CPU_OP) | (k == L.KIND_ANNOTATION)
     del k
     start = rt.ts[order]
-    up = _stack_parents(rt.thread[order], start, start + rt.dur[order], op_like)
-    del start
+    end = start + rt.dur[order]
+    up = _contained(_stack_parents(rt.thread[order], start, end, op_like), start, end, op_like)
+    del start, end
     name_of = rt.name[order]
 
     def flag(key: str) -> np.ndarray:
