@@ -43,6 +43,7 @@ from primus_perf.tracelens.arrays import order_by_start
 from primus_perf.tracelens.perf_models import ATTENTION_MODELS, MODELS, annotation_model
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+SHARDING_HOOK = re.compile(r"^(FSDP|fsdp)::")  # FSDP2's hooks (its collectives' own kernels are communication)
 _GRAPH_LAUNCH = re.compile(r"GraphLaunch")  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer.step#"
@@ -67,6 +68,10 @@ class Linked:
     op_step: np.ndarray  # per row: step of host events by start time, -1
     steps: list[int]  # step numbers present
     step_windows: np.ndarray  # (n, 2) host [start, end) per step, in ``steps`` order
+    # per GPU event: launched inside a data-parallel sharding hook (FSDP2's ``FSDP::`` and
+    # ``fsdp::`` annotations: the all-gather's copy-in and copy-out, the gradients' reduction and
+    # accumulation): work per parameter, once per micro-batch
+    in_sharding: np.ndarray | None = None
 
 
 def step_windows(rt: L.RawTrace) -> tuple[list[int], np.ndarray]:
@@ -323,10 +328,16 @@ def link(rt: L.RawTrace) -> Linked:
     else:  # a GPU-only trace: by the event's own start
         step = assign_steps(rt.ts[gpu], steps, win)
     op_step = assign_steps(rt.ts, steps, win)
+    hook_codes = [c for c, nm in enumerate(rt.names) if SHARDING_HOOK.match(nm)]
+    in_sharding = np.zeros(len(gpu), dtype=bool)
+    if hook_codes and has_leaf.any():
+        ops = (kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)
+        hooked = _nearest(np.isin(rt.name, hook_codes) & ops, parent)
+        in_sharding[has_leaf] = hooked[leaf[has_leaf]] >= 0
     return Linked(
         gpu=gpu, launch=launch, leaf_op=leaf, model_op=model_op, fwd_op=fwd_op,
         in_optimizer=in_opt.astype(bool), step=step,
         op_rows=np.flatnonzero((kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)),
         op_parent=parent, op_model=model, shadowed=shadowed, op_backward=bwd_root >= 0, op_step=op_step,
-        steps=steps, step_windows=win,
+        steps=steps, step_windows=win, in_sharding=in_sharding,
     )
