@@ -293,7 +293,7 @@ def test_under_fsdp2_the_unsharded_parameters_work_is_per_micro_batch_too(tmp_pa
     acc = a.recommendations.set_index("category").loc["accumulation"]
     # per step: 4 x (150 + 100) us of per-parameter work and 4 x 100 us of exposed all-gather, halved
     assert acc["estimated_saving_ms"] == pytest.approx((4 * 0.25 + 4 * 0.1) / 2)
-    assert "the all-gathers' exposed time is 0.4 ms per step" in acc["evidence"]
+    assert "all-gathers and reduce-scatters, once per micro-batch) are exposed 0.4 ms per step" in acc["evidence"]
 
 
 @pytest.mark.parametrize("global_batch, micro_batch", [(2, 2), (6, 2)], ids=["no accumulation", "4 does not divide 6"])

@@ -288,7 +288,7 @@ def test_fp32_convolutions_get_precision_and_channels_last_advice(tmp_path: Path
 
     a = analyze([_vgg_step(tmp_path / "vgg.json.gz", "NVIDIA H100 80GB HBM3")])
     r = a.recommendations.set_index("lever")
-    assert {"tf32", "bf16 autocast", "channels_last", "optimizer: fused"} <= set(r.index)
+    assert {"tf32", "bf16 autocast", "channels_last", "optimizer=fused"} <= set(r.index)
     cl = r.loc["channels_last"]
     assert cl["estimated_saving_ms"] == pytest.approx(3.0) and not cl["changes_numerics"]
     assert "nchwToNhwcKernel" in cl["evidence"] and "channels_last" in cl["action"]
@@ -309,7 +309,7 @@ def test_fp32_convolutions_get_precision_and_channels_last_advice(tmp_path: Path
     # ranked: what keeps the numerics first (channels_last, the fused optimizer), then by saving
     order = list(a.recommendations["lever"])
     assert order.index("channels_last") < order.index("bf16 autocast") and order.index("tf32") > order.index(
-        "optimizer: fused")
+        "optimizer=fused")
 
 
 def test_a_device_without_tf32_or_bf16_is_advised_fp16_with_a_grad_scaler(tmp_path: Path) -> None:

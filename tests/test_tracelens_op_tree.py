@@ -1,7 +1,8 @@
 """The host op tree in vector passes (``link._op_tree``) against the stack pass it stands for,
 written plainly here, on random host events: nested, crossing and zero-length spans over
 several threads, with modeled ops, owning annotations, grouped GEMM and attention ops,
-optimizer steps and backward nodes."""
+optimizer steps and backward nodes; an op that crosses the end of the span it starts in
+belongs to the nearest span that holds it (a step marker opened inside the optimizer step)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.link import (
     BACKWARD_PREFIX,
+    CROSSING_US,
     OPTIMIZER_PREFIX,
     OWNS_INSIDE,
     _op_tree,
@@ -45,9 +47,15 @@ def _stack_pass(rt: L.RawTrace) -> tuple[np.ndarray, ...]:
             cur, stack = rt.thread[r], []
         while stack and stack[-1][0] <= t:
             stack.pop()
-        p, pm, po, pb, owned, pm_owns, pm_att = stack[-1][1:] if stack else (-1, -1, False, -1, False, False, False)
+        at = len(stack) - 1
+        op = kind[r] in (L.KIND_CPU_OP, L.KIND_ANNOTATION)
+        if op:  # an op that crosses the end of the span it starts in belongs to the nearest one that holds it
+            end, dur = t + float(rt.dur[r]), float(rt.dur[r])
+            while at >= 0 and stack[at][0] < end - max(CROSSING_US, 0.5 * dur):
+                at -= 1
+        p, pm, po, pb, owned, pm_owns, pm_att = stack[at][1:] if at >= 0 else (-1, -1, False, -1, False, False, False)
         up[r] = p
-        if kind[r] not in (L.KIND_CPU_OP, L.KIND_ANNOTATION):
+        if not op:
             continue
         owner = annotation_model(name) is not None
         modeled = name in MODELS and rt.shape[r] >= 0

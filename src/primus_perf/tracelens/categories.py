@@ -13,7 +13,8 @@ event gets the first category that matches
    elementwise op inside a GEMM op (autocast's weight cast under ``aten::linear``) is
    elementwise, not the GEMM's,
 4. an optimizer step around it (``Optimizer.step#...`` annotations, fused ops; ``_foreach_``
-   ops in a training trace: in an inference trace they are sampling or other list work),
+   ops in a training trace: in an inference trace they are sampling or other list work, and
+   inside FSDP2's hooks the shards' copies into the all-gather's buffer),
 5. the kernel name by what it computes (traces without CPU events or with unknown ops:
    flash/aiter/cuDNN/vLLM/FlashInfer attention, cuDNN/MIOpen convolutions, cuBLAS/hipBLASLt
    GEMMs (``nvjet_*``, ``Cijk_*``), batched, grouped and MoE GEMMs (trtllm-gen ``bmm_*``,
@@ -199,10 +200,12 @@ def kernel_category(kernel_name: str) -> str | None:
 
 
 def classify(kind: str, kernel_name: str, model_op: str | None, leaf_op: str | None,
-             in_optimizer: bool, training: bool = True) -> str:
+             in_optimizer: bool, training: bool = True, in_sharding: bool = False) -> str:
     """The category of one GPU event (see the module docstring for the order); ``training``:
     the trace has a backward pass or an optimizer step (a ``_foreach_`` op is an optimizer's
-    there, and sampling or other per-tensor-list work in an inference trace)."""
+    there, and sampling or other per-tensor-list work in an inference trace); ``in_sharding``:
+    launched inside a data-parallel sharding hook (FSDP2's ``_foreach_copy_`` of the shards into
+    the all-gather's buffer is a copy, not an optimizer step)."""
     if kind == "memcpy":
         return MEMCPY
     if kind == "memset":
@@ -217,7 +220,7 @@ def classify(kind: str, kernel_name: str, model_op: str | None, leaf_op: str | N
                 return ELEMENTWISE  # a cast or a copy inside a GEMM op (autocast's weight cast): not the GEMM
             if cat == COMMUNICATION or cat in MODELED:
                 return cat
-    if in_optimizer or (training and leaf_op and leaf_op.startswith(FOREACH)):
+    if in_optimizer or (training and not in_sharding and leaf_op and leaf_op.startswith(FOREACH)):
         return OPTIMIZER
     if leaf_op:
         cat = op_category(leaf_op)

@@ -43,6 +43,7 @@ from primus_perf.tracelens.arrays import order_by_start
 from primus_perf.tracelens.perf_models import ATTENTION_MODELS, MODELS, annotation_model
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+SHARDING_HOOK = re.compile(r"^(FSDP|fsdp)::")  # FSDP2's hooks (its collectives' own kernels are communication)
 _GRAPH_LAUNCH = re.compile(r"GraphLaunch")  # cudaGraphLaunch, hipGraphLaunch, cuGraphLaunch
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 OPTIMIZER_PREFIX = "Optimizer.step#"
@@ -67,6 +68,10 @@ class Linked:
     op_step: np.ndarray  # per row: step of host events by start time, -1
     steps: list[int]  # step numbers present
     step_windows: np.ndarray  # (n, 2) host [start, end) per step, in ``steps`` order
+    # per GPU event: launched inside a data-parallel sharding hook (FSDP2's ``FSDP::`` and
+    # ``fsdp::`` annotations: the all-gather's copy-in and copy-out, the gradients' reduction and
+    # accumulation): work per parameter, once per micro-batch
+    in_sharding: np.ndarray | None = None
 
 
 def step_windows(rt: L.RawTrace) -> tuple[list[int], np.ndarray]:
@@ -158,6 +163,29 @@ def _stack_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray, pushe
     return up
 
 
+def _contained(up: np.ndarray, start: np.ndarray, end: np.ndarray, ops: np.ndarray) -> np.ndarray:
+    """``up`` with each op that crosses the end of the span it starts in (more than half of it,
+    and more than :data:`CROSSING_US`, after that span's end) moved up to the nearest span above
+    that holds it: a step marker that a hook inside the optimizer step opened (the profiler's
+    step boundary inside ``Optimizer.step#``'s record_function: the whole next step would
+    otherwise run "in the optimizer step"), an annotation left open across a step. A span
+    that ends a moment after its parent (timestamps rounded) stays inside it."""
+    todo = np.flatnonzero(ops & (up >= 0))
+    last = end[todo] - np.maximum(CROSSING_US, 0.5 * (end[todo] - start[todo]))  # ends after this: crosses
+    keep = end[up[todo]] < last
+    todo, last = todo[keep], last[keep]
+    while len(todo):
+        up[todo] = up[up[todo]]
+        keep = up[todo] >= 0
+        todo, last = todo[keep], last[keep]
+        keep = end[up[todo]] < last
+        todo, last = todo[keep], last[keep]
+    return up
+
+
+CROSSING_US = 1.0  # a span ending this much after its parent is still inside it (rounded timestamps)
+
+
 def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The stack pass: (parent, model, shadowed, optimizer, backward root, launch op) per row,
     in vector passes (:func:`_stack_parents`, :func:`_nearest`).
@@ -184,8 +212,9 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     op_like = (k == L.KIND_CPU_OP) | (k == L.KIND_ANNOTATION)
     del k
     start = rt.ts[order]
-    up = _stack_parents(rt.thread[order], start, start + rt.dur[order], op_like)
-    del start
+    end = start + rt.dur[order]
+    up = _contained(_stack_parents(rt.thread[order], start, end, op_like), start, end, op_like)
+    del start, end
     name_of = rt.name[order]
 
     def flag(key: str) -> np.ndarray:
@@ -299,10 +328,16 @@ def link(rt: L.RawTrace) -> Linked:
     else:  # a GPU-only trace: by the event's own start
         step = assign_steps(rt.ts[gpu], steps, win)
     op_step = assign_steps(rt.ts, steps, win)
+    hook_codes = [c for c, nm in enumerate(rt.names) if SHARDING_HOOK.match(nm)]
+    in_sharding = np.zeros(len(gpu), dtype=bool)
+    if hook_codes and has_leaf.any():
+        ops = (kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)
+        hooked = _nearest(np.isin(rt.name, hook_codes) & ops, parent)
+        in_sharding[has_leaf] = hooked[leaf[has_leaf]] >= 0
     return Linked(
         gpu=gpu, launch=launch, leaf_op=leaf, model_op=model_op, fwd_op=fwd_op,
         in_optimizer=in_opt.astype(bool), step=step,
         op_rows=np.flatnonzero((kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)),
         op_parent=parent, op_model=model, shadowed=shadowed, op_backward=bwd_root >= 0, op_step=op_step,
-        steps=steps, step_windows=win,
+        steps=steps, step_windows=win, in_sharding=in_sharding,
     )

@@ -61,6 +61,7 @@ class OpModel:
     label: str = ""
     assumed: str = ""
     written: int | None = None  # a memory-bound op: the bytes it writes (of ``bytes``)
+    mask: str = ""  # an attention op given an explicit mask: its dims (``2x1x2048x2048``)
 
     @property
     def dtype(self) -> str:
@@ -538,11 +539,12 @@ def _varlen_problem(s: ShapeArgs, q: list[int], k: list[int], at: Varlen, dtype:
 
 
 def attention_model(s: ShapeArgs, q_at: int, causal_at: int | None, layout: str, direction: str,
-                    varlen: Varlen | None = None) -> OpModel | None:
+                    varlen: Varlen | None = None, mask_at: int | None = None) -> OpModel | None:
     """An attention op whose q, k, v are inputs ``q_at .. q_at+2``; ``layout`` is the
     recorded one ("bhsd": torch SDPA, "bshd": flash-attn and torch's inner flash ops);
     ``varlen``: where the op records packed sequences, whose q, k and v are 3-D
-    (``total, heads, head dim``; :func:`_varlen_problem`)."""
+    (``total, heads, head dim``; :func:`_varlen_problem`); ``mask_at``: where the op takes an
+    explicit mask or bias (recorded when one was given)."""
     if len(s.dims) < q_at + 3:
         return None
     q, k = s.dims[q_at], s.dims[q_at + 1]
@@ -568,9 +570,12 @@ def attention_model(s: ShapeArgs, q_at: int, causal_at: int | None, layout: str,
             return None
     except ValueError:
         return None
+    m = s.dims[mask_at] if mask_at is not None and mask_at < len(s.dims) else None
+    mask = "x".join(map(str, m)) if _int_list(m) and len(m) >= 2 else ""
     if direction == "fwd":
-        return OpModel("attention", prob, "fwd", prob.forward_flops, prob.bytes_moved, assumed=assumed)
-    return OpModel("attention", prob, "bwd", prob.backward_flops, attention_backward_bytes(prob), assumed=assumed)
+        return OpModel("attention", prob, "fwd", prob.forward_flops, prob.bytes_moved, assumed=assumed, mask=mask)
+    return OpModel("attention", prob, "bwd", prob.backward_flops, attention_backward_bytes(prob), assumed=assumed,
+                   mask=mask)
 
 
 def attention_backward_bytes(p: AttentionProblem) -> int:
@@ -581,9 +586,9 @@ def attention_backward_bytes(p: AttentionProblem) -> int:
     return int((4 * q + 4 * kv) * elem)
 
 
-def _attn(q_at: int, causal_at: int | None, layout: str, direction: str, varlen: Varlen | None = None
-          ) -> Callable[[ShapeArgs], OpModel | None]:
-    return lambda s: attention_model(s, q_at, causal_at, layout, direction, varlen)
+def _attn(q_at: int, causal_at: int | None, layout: str, direction: str, varlen: Varlen | None = None,
+          mask_at: int | None = None) -> Callable[[ShapeArgs], OpModel | None]:
+    return lambda s: attention_model(s, q_at, causal_at, layout, direction, varlen, mask_at)
 
 
 # Op name -> model. Argument positions follow torch's native_functions.yaml signatures
@@ -594,15 +599,15 @@ def _attn(q_at: int, causal_at: int | None, layout: str, direction: str, varlen:
 # packed sequences in the same call (cu_seqlens, max_seqlen) when q is 3-D.
 # attention ops: what runs inside one (the math path's bmm and softmax) is part of its call
 ATTENTION_MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
-    "aten::scaled_dot_product_attention": _attn(0, 5, "bhsd", "fwd"),
+    "aten::scaled_dot_product_attention": _attn(0, 5, "bhsd", "fwd", mask_at=3),
     "aten::_scaled_dot_product_flash_attention": _attn(0, 4, "bhsd", "fwd"),
-    "aten::_scaled_dot_product_flash_attention_for_cpu": _attn(0, 4, "bhsd", "fwd"),
-    "aten::_scaled_dot_product_cudnn_attention": _attn(0, 6, "bhsd", "fwd"),
-    "aten::_scaled_dot_product_efficient_attention": _attn(0, 6, "bhsd", "fwd"),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": _attn(0, 4, "bhsd", "fwd", mask_at=5),
+    "aten::_scaled_dot_product_cudnn_attention": _attn(0, 6, "bhsd", "fwd", mask_at=3),
+    "aten::_scaled_dot_product_efficient_attention": _attn(0, 6, "bhsd", "fwd", mask_at=3),
     "aten::_scaled_dot_product_flash_attention_backward": _attn(1, 11, "bhsd", "bwd"),
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _attn(1, 7, "bhsd", "bwd"),
-    "aten::_scaled_dot_product_cudnn_attention_backward": _attn(1, 14, "bhsd", "bwd"),
-    "aten::_scaled_dot_product_efficient_attention_backward": _attn(1, 11, "bhsd", "bwd"),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _attn(1, 7, "bhsd", "bwd", mask_at=8),
+    "aten::_scaled_dot_product_cudnn_attention_backward": _attn(1, 14, "bhsd", "bwd", mask_at=8),
+    "aten::_scaled_dot_product_efficient_attention_backward": _attn(1, 11, "bhsd", "bwd", mask_at=4),
     "flash_attn::_flash_attn_forward": _attn(0, 5, "bshd", "fwd"),
     "flash_attn::_flash_attn_backward": _attn(1, 11, "bshd", "bwd"),
     "flash_attn::_flash_attn_varlen_forward": _attn(0, 9, "bshd", "fwd", Varlen(3, 4, 5, 6)),

@@ -18,7 +18,8 @@
   problem type), direction (a GEMM: ``bwd`` inside a backward node, else ``fwd``), flops (None: unknown), bytes, dtype, time_us (GPU time of its
   kernels, or its CPU time in a trace without GPU events), assumed (what the problem takes
   for granted that the trace does not record, "" when nothing), written (a memory-bound
-  call: the bytes it writes, of ``bytes``; NaN where unknown).
+  call: the bytes it writes, of ``bytes``; NaN where unknown), mask (an attention call given
+  an explicit mask or bias: its dims, else "").
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from primus_perf.devices import name_from_properties
 from primus_perf.problems import GROUPED_TRACE_OP
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.arrays import unique, unique_pairs
-from primus_perf.tracelens.categories import ELEMENTWISE, NORMALIZATION, classify
+from primus_perf.tracelens.categories import COMMUNICATION, ELEMENTWISE, NORMALIZATION, classify
 from primus_perf.tracelens.device_arch import Inferred, infer_device
 from primus_perf.tracelens.link import Linked
+from primus_perf.tracelens.micro_batches import backward_passes, micro_batch_of_events
 from primus_perf.tracelens.perf_models import OpModel, model_bytes, model_op
 
 KIND_NAMES = {L.KIND_KERNEL: "kernel", L.KIND_MEMCPY: "memcpy", L.KIND_MEMSET: "memset"}
@@ -50,7 +52,7 @@ _DTYPE_SHORT = {"c10::BFloat16": "bf16", "c10::Half": "f16", "float": "f32", "do
 _NOT_TENSOR_TYPES = frozenset({"Scalar", "GenericList", "ScalarList", "TensorList", "Device", "Layout",
                                "ScalarType", "MemoryFormat", "String", "None"})
 CALL_COLUMNS = ["rank", "step", "row", "kind", "key", "problem", "direction", "flops", "bytes", "dtype",
-                "time_us", "assumed", "written"]
+                "time_us", "assumed", "written", "mask"]
 
 
 def op_label(name: str) -> str:
@@ -103,8 +105,9 @@ def _categories(rt: L.RawTrace, lk: Linked) -> np.ndarray:
     nonames = len(names)
     model_name = np.where(lk.model_op >= 0, rt.name[np.clip(lk.model_op, 0, None)], nonames)
     leaf_name = np.where(lk.leaf_op >= 0, rt.name[np.clip(lk.leaf_op, 0, None)], nonames)
+    sharding = lk.in_sharding if lk.in_sharding is not None else np.zeros(len(gpu), dtype=bool)
     cols = [rt.kind[gpu].astype(np.int64), rt.name[gpu].astype(np.int64), model_name, leaf_name,
-            lk.in_optimizer.astype(np.int64)]
+            lk.in_optimizer.astype(np.int64), sharding.astype(np.int64)]
     code = np.zeros(len(gpu), dtype=np.int64)
     for c in cols:  # the combination's code, one column at a time (hashing, not sorting)
         code = pd.factorize(code * (int(c.max()) + 1) + c)[0]
@@ -112,8 +115,8 @@ def _categories(rt: L.RawTrace, lk: Linked) -> np.ndarray:
     first[code[::-1]] = np.arange(len(code))[::-1]  # a GPU event of each combination
     nm = [*names, ""]
     training = bool(lk.op_backward.any() or lk.in_optimizer.any())  # a _foreach_ op is an optimizer's
-    cats = [classify(KIND_NAMES[int(k)], nm[int(n)], nm[int(m)] or None, nm[int(lf)] or None, bool(o), training)
-            for k, n, m, lf, o in zip(*(c[first].tolist() for c in cols), strict=True)]
+    cats = [classify(KIND_NAMES[int(k)], nm[int(n)], nm[int(m)] or None, nm[int(lf)] or None, bool(o), training,
+                     bool(sh)) for k, n, m, lf, o, sh in zip(*(c[first].tolist() for c in cols), strict=True)]
     return np.array(cats, dtype=object)[code]
 
 
@@ -179,7 +182,7 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
             continue
         direction = "bwd" if m.kind == "gemm" and bwd else m.direction  # a GEMM's pass: see problems
         rows.append((rank, int(lk.op_step[r]), r, m.kind, problem_key, m.problem, direction,
-                     m.flops, m.bytes, m.dtype, t, m.assumed, m.written))
+                     m.flops, m.bytes, m.dtype, t, m.assumed, m.written, m.mask))
     calls = pd.DataFrame(rows, columns=CALL_COLUMNS)
     memory = _memory_calls(rt, lk, kernels, rank, gpu_time)
     return pd.concat([calls, memory], ignore_index=True) if len(memory) else calls
@@ -222,7 +225,7 @@ def _memory_calls(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int, 
         "kind": "memory", "key": keys[inverse], "problem": None, "direction": "fwd",
         "flops": np.full(n, np.nan), "bytes": nbytes[inverse], "dtype": dtypes[inverse],
         "time_us": gpu_time.reindex(rows, fill_value=0.0).to_numpy(dtype=np.float64), "assumed": "",
-        "written": written[inverse],
+        "written": written[inverse], "mask": "",
     })
 
 
@@ -296,10 +299,49 @@ def param_shaped(rt: L.RawTrace, lk: Linked) -> np.ndarray:
     return out
 
 
+SCORES_MIN = 128  # an attention's scores: a [..., s, s] tensor of at least this many positions
+
+
+def _scores_dims(args: L.ShapeArgs | None) -> bool:
+    """An op on an attention's scores, materialized (the math path: ``softmax(q @ k^T) @ v`` in
+    several kernels): an input of 3 or 4 dims whose last two are equal and at least
+    :data:`SCORES_MIN` (the scores, their mask, their gradient), or a batched product of two
+    such operands that makes one (``q @ k^T``: ``[..., s, d] @ [..., d, s]``, d < s)."""
+    if args is None:
+        return False
+    dims = [d for d in args.dims if isinstance(d, list) and d and all(type(x) is int for x in d)]
+    if any(len(d) in (3, 4) and d[-1] == d[-2] >= SCORES_MIN for d in dims):
+        return True
+    if len(dims) >= 2 and len(dims[0]) in (3, 4) and len(dims[1]) == len(dims[0]):
+        a, b = dims[0], dims[1]
+        return a[-2] == b[-1] >= SCORES_MIN and a[-1] == b[-2] < a[-2]
+    return False
+
+
+def scores_ops(rt: L.RawTrace, attributed: np.ndarray) -> np.ndarray:
+    """Per GPU event (``attributed``: the op row each is attributed to, -1 none): its op works
+    on an attention's materialized scores (:func:`_scores_dims`), one check per recorded
+    shape."""
+    out = np.zeros(len(attributed), dtype=bool)
+    has = attributed >= 0
+    codes = rt.shape[attributed[has]]
+    if not len(codes):
+        return out
+    uniq = unique(codes)
+    hit = np.array([c >= 0 and _scores_dims(rt.shape_args(int(c))) for c in uniq.tolist()], dtype=bool)
+    if hit.any():
+        out[has] = hit[np.searchsorted(uniq, codes)]
+    return out
+
+
 def trace_tables(rt: L.RawTrace, lk: Linked, rank: int, kernels: pd.DataFrame) -> TraceTables:
     """One trace's tables around its :func:`kernel_table` (made first: the host tables are
     forked off once it is known)."""
-    kernels["param_shaped"] = param_shaped(rt, lk)
+    sharding = lk.in_sharding if lk.in_sharding is not None else np.zeros(len(lk.gpu), dtype=bool)
+    kernels["param_shaped"] = param_shaped(rt, lk) | (sharding & (kernels["category"] != COMMUNICATION).to_numpy())
+    kernels["in_optimizer"] = lk.in_optimizer
+    kernels["micro_batch"] = micro_batch_of_events(rt, lk, backward_passes(rt, lk))
+    kernels["scores"] = scores_ops(rt, kernels["call"].to_numpy())
     name = _device_name(rt, rt.device[lk.gpu])
     inferred = None
     if name is None:

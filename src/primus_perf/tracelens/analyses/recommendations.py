@@ -2,8 +2,10 @@
 it could save per step, how that estimate was made, and the facts about the workload it
 rests on (:mod:`.workload`): a recommendation whose condition does not hold is not made.
 
-Each row: ``category``, ``lever`` (the setting it changes, ``train.compile=block`` for a
-``primus-train`` run, else a short name: the key of a measured row), ``evidence`` (what the
+Each row: ``category``, ``lever`` (the setting it changes: ``train.compile=block`` for a
+``primus-train`` run, the step tuner's script lever for another program, ``compile=block``,
+``micro_batch=8``, ``optimizer=fused``, else a short name; the key of a measured row, matched
+by lever name: :data:`LEVER_NAMES`), ``evidence`` (what the
 trace shows), ``condition`` (what it rests on: training or inference, the parallel layout,
 torch.compile, what the step waits on), ``action`` (the trainer's config key when the
 manifest says the run came from ``primus-train``, else code advice), ``command`` (a tuner
@@ -18,9 +20,12 @@ when they touch the same kernels):
 
 - ``fusion``: chains of elementwise and normalization kernels (:mod:`.fusion`): measured
   time minus the time their bytes take at the bandwidth a device reaches (88% of its peak).
-- ``optimizer`` (training only): a per-parameter or foreach step -> a fused one (a third of
-  its time, a rule of thumb); a fused step on many data-parallel ranks that do not shard it
-  -> sharding (each rank updates 1/N); nothing where FSDP or ZeRO already shards it.
+- ``optimizer`` (training only): a per-parameter or foreach Adam/AdamW step -> a fused one:
+  the step's own kernels less the fused step's time (:func:`fused_adam_s`: its bytes at
+  :data:`FUSED_BW` of the HBM peak or its elements at :data:`FUSED_RATE`, the slower; the
+  parameters are the weights a forward pass reads, :mod:`.workload`), a third of its time (a
+  rule of thumb) where they are not recorded; a fused step on many data-parallel ranks that do
+  not shard it -> sharding (each rank updates 1/N); nothing where FSDP or ZeRO already shards it.
 - ``data loading``: the host fetching batches (``DataLoader.__next__``) while the GPU
   idles: the step replayed without it (:mod:`.host_idle`), at most the GPU's idle time.
 - ``host: syncs``: the step replayed without the syncs' waits.
@@ -29,8 +34,15 @@ when they touch the same kernels):
   GPU events twice as long, per-parameter ones (optimizer, data-parallel collectives) as
   recorded, halved); otherwise the replay without the host's launch time (CUDA graphs'
   bound).
+- ``accumulation``: several micro-batches a step (a primus-train run's config, or any trace's
+  backward passes per optimizer step): the work done once per micro-batch that a larger one
+  at the same global batch does once (:mod:`.micro_batch`).
+- ``attention path``: attention off its causal fused path, a mask given or the scores
+  materialized, against the fused causal kernel on the same problem (:mod:`.attention_path`).
 - ``communication``: the exposed communication (:mod:`.breakdown`), all of it (the upper
-  bound), with advice by what the collectives move (:mod:`.collectives` roles): data-parallel
+  bound), or where FSDP gathers the parameters again in the backward pass, what keeping them
+  gathered saves (its all-gathers' exposed time and their share of the gathers' copies), with
+  advice by what the collectives move (:mod:`.collectives` roles): data-parallel
   gradients (DDP buckets, FSDP prefetch; a sharded optimizer's reduce-scatter and all-gather
   (:mod:`.sharding`) overlapped with the backward pass and the next forward, with each one's
   exposed share), tensor-parallel activations, MoE tokens
@@ -66,9 +78,11 @@ import pandas as pd
 from primus_perf import kinds
 from primus_perf.devices import DevicePeaks, lookup_peaks
 from primus_perf.problems import GemmProblem
+from primus_perf.tracelens.analyses.attention_path import FUSED_FRACTION, off_path
 from primus_perf.tracelens.analyses.breakdown import covered
 from primus_perf.tracelens.analyses.fusion import ATTAINABLE_BW, MEMORY_BOUND, fusion_estimate
 from primus_perf.tracelens.analyses.hotspots import MODELED, in_steps, problem_keys
+from primus_perf.tracelens.analyses.micro_batch import comm_exposure, per_micro_batch
 from primus_perf.tracelens.analyses.precision import fp32_work, layout_transposes, low_precision
 from primus_perf.tracelens.analyses.sharding import SHARDS_OPTIMIZER, SHARDS_PARAMETERS
 from primus_perf.tracelens.analyses.tune_next import tune_next
@@ -76,8 +90,6 @@ from primus_perf.tracelens.categories import (
     ATTENTION_BWD,
     ATTENTION_FWD,
     COMMUNICATION,
-    MEMCPY,
-    MEMSET,
     OPTIMIZER,
 )
 
@@ -104,7 +116,20 @@ GEMM_TUNING_GAIN = 0.02
 # the benchmark's b16 h16 s1024 d64 too: the same cap as the GEMMs'
 ATTENTION_TUNING_GAIN = 0.02
 _CUDNN = re.compile(r"cudnn", re.I)
-FOREACH_TO_FUSED = 1.5
+FOREACH_TO_FUSED = 1.5  # the rule of thumb where the parameters' count is not known
+# torch's fused Adam/AdamW (``_fused_adamw_``): per parameter element it reads the parameter, its
+# gradient and both moments and writes the parameter and both moments
+FUSED_ADAM_ACCESSES = 7
+# ... and torch's foreach AdamW: decoupled weight decay (2), lerp_ (3), mul_ (2), addcmul_ (3), sqrt
+# (2), div_ (2), add_ (2), addcdiv_ (4); Adam has no weight-decay pass
+FOREACH_ADAM_ACCESSES = 20
+# the fraction of the HBM peak the fused step reaches where its bytes bound it (fp32 parameters):
+# 0.76 on an H100 (llama3-8b 4 layers: 53.8 GB in 21.0 ms), 0.68 on an H200 (1.49 G elements, 41.6 GB
+# in 12.7 ms; tests/data/traces/h200_dp2)
+FUSED_BW = 0.70
+# the elements a second it updates where its arithmetic bounds it: bf16 parameters on an H200,
+# 2.02 G elements in 12.9 ms (28.3 GB: 46% of the peak)
+FUSED_RATE = 1.57e11
 # FP8 (torchao float8 tensorwise, under torch.compile): the GEMMs alone 1.5x their bf16 time,
 # the casts apart (:func:`fp8_casts`): with them this reproduces the 19.9 ms an H100 llama3-8b
 # step (4 layers, seq 4096, micro-batch 2; 88.1 ms of candidate GEMMs) measured (146.0 -> 126.1 ms)
@@ -191,9 +216,12 @@ def _fusion(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict
         action = ("torch.compile is on: the chains left run outside the compiled regions; compile the code around "
                   "them (a whole block), or use fused kernels")
     else:
-        lever = "torch.compile"
-        action = ("torch.compile the model's elementwise and norm code (a block, or the regions around the "
-                  "chains), or use fused kernels (fused RMSNorm/LayerNorm, SwiGLU, RoPE)")
+        lever = "compile=block"
+        action = ("torch.compile each transformer block (a Hugging Face model: for layer in model.model.layers: "
+                  "layer.compile()): Inductor fuses the chains between its GEMMs (RMSNorm, SwiGLU, RoPE, the residual "
+                  "adds); compiling the whole model instead also compiles transformers' attention-mask code, which "
+                  "then builds the causal mask and moves SDPA off its causal kernel; or use fused kernels (fused "
+                  "RMSNorm/LayerNorm, SwiGLU, RoPE)")
     bw = peaks.hbm_tb_s * ATTAINABLE_BW
     method = ("per chain: measured kernel time minus the time its modeled ops' bytes (every input read, one "
               "output written), less the intermediates a fused kernel does not read back (each call is assumed to "
@@ -213,12 +241,26 @@ def _fusion(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict
     return [_row("fusion", lever, evidence, condition, action, saving_ms, method)] if saving_ms >= MIN_SAVING_MS else []
 
 
-def _optimizer(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
+def fused_adam_s(elements: float, element_bytes: int, hbm_tb_s: float) -> float:
+    """Seconds torch's fused Adam/AdamW step takes over ``elements`` parameter elements of
+    ``element_bytes`` each: its bytes (:data:`FUSED_ADAM_ACCESSES` per element) at
+    :data:`FUSED_BW` of the HBM peak, or its elements at :data:`FUSED_RATE`, the slower."""
+    if elements <= 0 or hbm_tb_s <= 0:
+        return 0.0
+    return max(FUSED_ADAM_ACCESSES * elements * element_bytes / (FUSED_BW * hbm_tb_s * 1e12), elements / FUSED_RATE)
+
+
+def _optimizer(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None, peaks: DevicePeaks | None
+               ) -> list[dict[str, Any]]:
     k = in_steps(a.kernels)
     k = k[k["category"] == OPTIMIZER]
     if k.empty or w.get("mode") != "training":
         return []
     per = a.rank_steps
+    in_step = k["in_optimizer"].to_numpy(dtype=bool) if "in_optimizer" in k.columns else np.ones(len(k), dtype=bool)
+    outside_s = float(k.loc[~in_step, "dur_us"].sum()) / 1e6 / per
+    if in_step.any():  # the optimizer step's own kernels (gradient clipping's foreach kernels stay)
+        k = k[in_step]
     t_s = float(k["dur_us"].sum()) / 1e6 / per
     names = " ".join(map(str, k["name"].unique()))
     ops = " ".join(map(str, k["op"].unique()))
@@ -232,18 +274,52 @@ def _optimizer(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> li
     else:
         style = "per-parameter"
     evidence = (f"optimizer kernels take {t_s * 1e3:.1f} ms per step ({n:.0f} kernels per step, a {style} "
-                f"{cls or 'optimizer'} step)")
+                f"{cls or 'optimizer'} step)"
+                + (f"; {outside_s * 1e3:.1f} ms of foreach kernels outside the step (gradient clipping, a norm) "
+                   "stay as they are" if outside_s * 1e3 >= MIN_SAVING_MS else ""))
     if style != "fused":
         if cls not in _TORCH_FUSED and not (cfg is not None and not cls):
             return []  # no fused implementation in torch to point at
-        saving = t_s * (1 - 1 / FOREACH_TO_FUSED)
-        lever = "train.optimizer=fused" if cfg is not None else "optimizer: fused"
+        lever = "train.optimizer=fused" if cfg is not None else "optimizer=fused"
         action = ("set train.optimizer=fused" if cfg is not None
                   else f"use a fused optimizer step: torch.optim.{cls or 'AdamW'}(..., fused=True)")
-        return [_row("optimizer", lever, evidence, f"{_mode(w)}; a {style} {cls or 'optimizer'} step, which torch "
-                     "also implements fused", action, saving * 1e3,
+        condition = (f"{_mode(w)}; a {style} {cls or 'optimizer'} step, which torch also implements fused")
+        elements = float(w.get("parameters") or 0.0)
+        if w.get("sharding") == SHARDS_PARAMETERS:
+            elements /= max(1, int(w.get("data_parallel") or 1))  # each rank steps its shards
+        size = 2 if re.search(r"BFloat16|Half|\bbf16|\bf16", names) else 4
+        if cls in ("Adam", "AdamW", "") and elements > 0 and peaks is not None and peaks.hbm_tb_s > 0:
+            # at least its share of the foreach step's accesses at the foreach kernels' own speed (a
+            # count of the parameters that misses some: convolutions' or fused ops' weights)
+            floor_s = t_s * FUSED_ADAM_ACCESSES / (FOREACH_ADAM_ACCESSES - (2 if cls == "Adam" else 0))
+            fused_s = max(fused_adam_s(elements, size, peaks.hbm_tb_s), floor_s)
+            saving = max(0.0, t_s - fused_s)
+            if saving * 1e3 < MIN_SAVING_MS:
+                return []
+            evidence += (f"; {elements / 1e9:.2f} G parameter elements of {size} bytes a rank (the weights one forward "
+                         f"pass reads{', sharded' if w.get('sharding') == SHARDS_PARAMETERS else ''}): a fused step "
+                         f"{fused_s * 1e3:.1f} ms")
+            method = (f"the step's kernels as measured less the fused step's time: the larger of its bytes "
+                      f"({FUSED_ADAM_ACCESSES} accesses an element: the parameter, its gradient and both moments read, "
+                      f"the parameter and the moments written) at {FUSED_BW:.0%} of the {peaks.hbm_tb_s:g} TB/s peak "
+                      f"(what torch's fused AdamW reached with fp32 parameters: 76% on an H100, 68% on an H200) and its "
+                      f"elements at {FUSED_RATE / 1e9:.0f} G a second (what it reached with bf16 parameters on an H200, "
+                      "where its arithmetic bounds it), and at least the fused step's share of the foreach step's "
+                      f"accesses ({FUSED_ADAM_ACCESSES} of {FOREACH_ADAM_ACCESSES} an element) at the foreach kernels' "
+                      "speed; the parameters are the weights the forward's linear, matmul, embedding and convolution ops "
+                      "read (a tied embedding counted twice); checked on an H200 (Qwen2 7B dims, 4 layers, "
+                      "bf16): foreach 26.6 ms of kernels, fused 12.9 measured, 12.9 estimated; the step 12 ms shorter"
+                      + ("; an upper bound here: compiled code hides some weights' ops (an embedding's lookup fused into "
+                         "a kernel), so fewer parameters are counted and the fused step comes out faster"
+                         if w.get("compiled") else ""))
+            return [_row("optimizer", lever, evidence, condition, action, saving * 1e3, method)]
+        saving = t_s * (1 - 1 / FOREACH_TO_FUSED)
+        if saving * 1e3 < MIN_SAVING_MS:
+            return []
+        return [_row("optimizer", lever, evidence, condition, action, saving * 1e3,
                      f"rule of thumb, not measured on this trace: a fused step {FOREACH_TO_FUSED:g}x the {style} one "
-                     "(one pass over each parameter's state instead of one per op)")]
+                     "(one pass over each parameter's state instead of one per op; the parameters' count is not "
+                     "recorded here: no linear, matmul or embedding op with shapes)")]
     dp = int(w.get("data_parallel") or 1)
     if dp <= 1 or w.get("sharded"):  # nothing to shard, or already sharded (FSDP, ZeRO)
         return []
@@ -350,55 +426,81 @@ def _accumulates(cfg: dict[str, Any], w: dict[str, Any]) -> bool:
 
 
 def _accumulation(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """A larger micro-batch at the same global batch where the run accumulates gradients:
-    the per-parameter work outside the optimizer (the weights' casts, the gradients'
-    accumulation) runs once per micro-batch, so half the micro-batches do half of it."""
-    if cfg is None or w.get("mode") != "training" or not _accumulates(cfg, w):
+    """A larger micro-batch at the same global batch where the step accumulates gradients over
+    several micro-batches (:mod:`.micro_batch`): a primus-train run's config says so (advised
+    twice its micro-batch), any other trace by its backward passes per optimizer step (advised
+    all of them in one: the micro-batch times the passes)."""
+    if w.get("mode") != "training":
         return []
-    t = cfg["train"]
-    gb, mb, dp = int(t["global_batch"]), int(t["micro_batch"]), int(w.get("data_parallel") or 1)
-    if gb % (2 * mb * dp):
-        return []  # a doubled micro-batch does not divide the global batch
-    k = in_steps(a.kernels)
-    if "param_shaped" not in k.columns:
+    traced = int(w.get("micro_batches") or 0)
+    if cfg is not None:
+        if not _accumulates(cfg, w):
+            return []
+        t = cfg["train"]
+        gb, mb, dp = int(t["global_batch"]), int(t["micro_batch"]), int(w.get("data_parallel") or 1)
+        if gb % (2 * mb * dp):
+            return []  # a doubled micro-batch does not divide the global batch
+        m, k, new_mb = gb // (mb * dp), 2, 2 * mb
+        lever = f"train.micro_batch={new_mb}"
+    else:
+        if traced < 2:
+            return []
+        mb = int(w.get("micro_batch") or 0)
+        m, k, new_mb = traced, traced, mb * traced
+        lever = f"micro_batch={new_mb}" if mb else "micro_batch"
+    sharded = w.get("sharding") == SHARDS_PARAMETERS
+    cost = per_micro_batch(a, m, k, _replayed(a), sharded, placed=traced == m)
+    if cost.saved_ms < MIN_SAVING_MS:
         return []
-    comm = k[k["category"] == COMMUNICATION]
-    k = k[k["param_shaped"].to_numpy(dtype=bool) & k["category"].isin(MEMORY_BOUND).to_numpy()]
-    per_step_ms = float(k["dur_us"].sum()) / 1e3 / a.rank_steps
-    # sharded (FSDP): each layer's all-gather runs once per micro-batch; the exposed part of the
-    # communication, in the all-gathers' share of its time, halves with them
-    gathered_ms = 0.0
-    if w.get("sharding") == SHARDS_PARAMETERS and len(comm) and len(a.temporal):
-        share = float(comm.loc[comm["name"].astype(str).str.contains("AllGather|all_gather", case=False),
-                               "dur_us"].sum()) / max(float(comm["dur_us"].sum()), 1e-9)
-        gathered_ms = float(a.temporal["exposed_comm_s"].mean()) * 1e3 * share
-    saving = (per_step_ms + gathered_ms) / 2
-    if saving < MIN_SAVING_MS:
-        return []
-    micro = gb // (mb * dp)
-    by_op = k.groupby("leaf_op", observed=True)["dur_us"].sum().sort_values(ascending=False) / 1e3 / a.rank_steps
-    top = ", ".join(f"{str(op).removeprefix('aten::')} {ms:.1f} ms" for op, ms in by_op.head(3).items())
-    evidence = (f"{micro} micro-batches a step (global batch {gb} = micro-batch {mb} x {micro}"
-                + (f" x {dp} data-parallel ranks" if dp > 1 else "") + f"); kernels of ops on a parameter's shape "
-                f"outside the optimizer take {per_step_ms:.1f} ms per step ({top}): the weights' casts, the "
-                "gradients' accumulation" + (", the all-gathered layers' copies" if w.get("sharding") == SHARDS_PARAMETERS else "")
-                + ", once per micro-batch" + (f"; the all-gathers' exposed time is {gathered_ms:.1f} ms per step"
-                                              if gathered_ms else ""))
-    condition = (f"{_mode(w)} that accumulates gradients over {micro} micro-batches (the global batch, the "
+    top = ", ".join(f"{str(op).removeprefix('aten::')} {ms:.1f} ms" for op, ms in cost.by_op.head(3).items())
+    dp = int(w.get("data_parallel") or 1)
+    if cfg is not None:
+        told = (f"{m} micro-batches a step (global batch {gb} = micro-batch {mb} x {m}"
+                + (f" x {dp} data-parallel ranks" if dp > 1 else "") + ")")
+    else:
+        told = (f"{m} backward passes per optimizer step (the autograd engine's passes, told by their nodes' "
+                f"sequence numbers): gradients accumulated over {m} micro-batches"
+                + (f" of {mb} sequences of {w.get('tokens')} tokens" if mb else ""))
+    evidence = (told + f"; per-parameter work outside the optimizer step takes {cost.param_ms:.1f} ms per step"
+                + (f" ({top})" if top else "") + ": the gradients' accumulation, the weights' casts"
+                + (", FSDP's copies into and out of its collectives' buffers" if sharded else "")
+                + ", once per micro-batch"
+                + (f"; the parameters' collectives (FSDP's all-gathers and reduce-scatters, once per micro-batch) are "
+                   f"exposed {cost.comm_ms:.1f} ms per step" if cost.comm_ms else "")
+                + (f"; the GPU idles {cost.sync_ms:.1f} ms per step waiting on the host once per micro-batch"
+                   + (f" (syncs: {', '.join(cost.syncs[:2])}" + ("; launches" if cost.placed else "") + ")"
+                      if cost.syncs else " (launches)")
+                   if cost.sync_ms >= MIN_SAVING_MS else ""))
+    condition = (f"{_mode(w)} that accumulates gradients over {m} micro-batches (the global batch, the "
                  "optimizer's, stays the same)")
-    action = (f"set train.micro_batch={2 * mb} (now {mb}; {micro // 2} micro-batches of the same global batch): the "
-              "per-parameter work per step halves; each doubling that fits in memory halves what is left "
-              "(primus-tune step measures which fits)")
-    method = ("per step: the time of the memory-bound kernels, outside the optimizer step, of ops whose first "
-              "input has a parameter's shape (the shapes the optimizer step's ops take, the weights of linear and "
-              "embedding ops, of at least 65,536 elements) or that copy FSDP2's all-gathered layers out, plus under "
-              "FSDP the exposed communication in the all-gathers' share, halved: that work runs once per "
-              "micro-batch; the per-token work is assumed to take as long in half as many micro-batches of twice "
-              "the size; checked on H100s with the optimizer's shapes alone (before the linear and embedding "
-              "weights were added for FSDP2, whose optimizer steps shards): llama3-8b 4 layers estimated 120.9 ms, "
-              "measured 113.6; mixtral-8x7b 247.6 against 272.1; qwen3-30b-a3b 189.1 against 290.4 (its experts' "
-              "GEMMs gain from the larger micro-batch too, which this does not count)")
-    return [_row("accumulation", f"train.micro_batch={2 * mb}", evidence, condition, action, saving, method)]
+    if cfg is not None:
+        action = (f"set train.micro_batch={new_mb} (now {mb}; {m // 2} micro-batches of the same global batch): the "
+                  "per-micro-batch work per step halves; each doubling that fits in memory halves what is left "
+                  "(primus-tune step measures which fits)")
+    else:
+        now = f" (now {mb} x {m})" if mb else ""
+        action = (f"run the {m} micro-batches as one{now}, where it fits in memory: micro-batch "
+                  f"{new_mb or str(m) + 'x'} with 1 accumulation step, the same global batch; in a script, "
+                  f"mb = primus_perf.knob(\"micro_batch\", {mb or 1}) and the accumulation steps derived from it, so that "
+                  "`primus-tune step -- train.py` measures which micro-batch fits and wins; with the Hugging Face "
+                  f"Trainer, per_device_train_batch_size={new_mb or 'N'} and gradient_accumulation_steps=1; each "
+                  "doubling that fits saves part of it")
+    placed = ("each GPU event in its micro-batch (the backward pass whose window holds its launch, or the forward "
+              "before it)" if cost.placed else "the work spread evenly over the micro-batches")
+    method = ("per step, the work done once per micro-batch: the memory-bound kernels, outside the optimizer step, "
+              "of ops on a parameter's shape (the weights of linear and embedding ops, the shapes the optimizer's ops "
+              "take) or inside FSDP's hooks"
+              + (", the parameters' collectives' exposed time (no compute beside them)" if sharded else "")
+              + ", and the GPU's idle time the host causes once per micro-batch (the step replayed without its syncs "
+              "made once per micro-batch, and, where the trace shows its micro-batches, without its launch time; at "
+              "most the step's idle time); "
+              f"{m} micro-batches merged {k} at a time do the work of the first of each group: saved = the total less "
+              f"that ({placed}); not counted: the GEMMs' efficiency at {k} times the rows, the host's launches per "
+              "token; checked on an H200 (Qwen2 7B dims, 4 layers, 2 x 2,048 tokens x 4 micro-batches, a Hugging Face "
+              "script): one GPU 18.5 ms estimated, 21 measured; FSDP2 over 2 GPUs 94.6 against 79"
+              + ("; the trainer's: llama3-8b 4 layers on H100s estimated 120.9 ms, measured 113.6" if cfg is not None
+                 else ""))
+    return [_row("accumulation", lever, evidence, condition, action, cost.saved_ms, method)]
 
 
 def _host_launch(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -449,6 +551,7 @@ def _communication(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -
     exposed = float(a.temporal["exposed_comm_s"].mean())
     if exposed * 1e3 < MIN_SAVING_MS:
         return []
+    lever, saving_ms = "communication", exposed * 1e3
     ev = a.collective_events
     by = pd.Series(dtype=np.float64)
     if len(ev):
@@ -496,6 +599,13 @@ def _communication(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -
             actions.append("prefetch the next blocks' all-gathers (FSDP2 set_modules_to_forward_prefetch / "
                            "parallel.fsdp_prefetch) and keep the last blocks gathered after forward "
                            "(reshard_after_forward=False / parallel.fsdp_reshard_after_forward=false)")
+            regather = _regather(a, w)
+            if regather is not None:
+                lever = "parallel.fsdp_reshard_after_forward=false" if cfg is not None else "fsdp_reshard=false"
+                saving_ms, how, what = regather
+                evidence += "; " + what
+                method = how + "; " + method.replace("all of the exposed communication: the upper bound",
+                                                     "the exposed communication, all of it, bounds what overlap gains")
         else:
             facts.append(f"{w.get('data_parallel', 1)} data-parallel ranks reducing gradients")
             actions.append("overlap gradient reduction with the backward pass (DDP bucket_cap_mb, no "
@@ -510,30 +620,49 @@ def _communication(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -
         tp = (cfg.get("parallel") or {}).get("tp", 1) if isinstance(cfg.get("parallel"), dict) else 1
         actions.append(f"check the layout: parallel.tp={tp} over {a.world_size} ranks")
     condition = "; ".join(facts) or "communication kernels that run with no compute beside them"
-    return [_row("communication", "communication", evidence, condition, "; ".join(actions), exposed * 1e3, method)]
+    return [_row("communication", lever, evidence, condition, "; ".join(actions), saving_ms, method)]
+
+
+# FSDP2's copies around its all-gathers: the shards into the flat buffer, the gathered buffer out
+# into the parameters (tables.param_shaped: launched in its hooks)
+GATHER_COPIES = ("aten::_foreach_copy_", "aten::split_with_sizes_copy")
+
+
+def _regather(a: Analysis, w: dict[str, Any]) -> tuple[float, str, str] | None:
+    """Where FSDP gathers the parameters again in the backward pass (``reshard_after_forward``,
+    FSDP2's default): what keeping them gathered from the forward saves per step, the
+    backward's all-gathers' exposed time and their share of the gathers' copies, with its
+    method and evidence; None where the backward gathers nothing."""
+    if w.get("sharding") != SHARDS_PARAMETERS:
+        return None
+    ev = a.collective_events
+    if ev.empty or "phase" not in ev.columns:
+        return None
+    ag = ev[(ev["collective"] == "all_gather") & (ev["role"] == "parameters") & (ev["step"] >= 0)]
+    backward = float((ag["phase"] == "backward").sum())
+    if not backward:
+        return None
+    share = backward / len(ag)
+    ex = comm_exposure(a)
+    exposed_ms = float(ex.loc[(ex["collective"] == "all_gather") & (ex["phase"] == "backward"), "exposed_ms"].sum())
+    k = in_steps(a.kernels)
+    copies = k[k["param_shaped"].to_numpy(dtype=bool) & k["leaf_op"].isin(GATHER_COPIES).to_numpy()]
+    copies_ms = float(copies["dur_us"].sum()) / 1e3 / a.rank_steps
+    saving = exposed_ms + share * copies_ms
+    what = (f"the backward pass gathers the parameters again ({backward / a.rank_steps:.0f} of "
+            f"{len(ag) / a.rank_steps:.0f} all-gathers a step: reshard after forward): exposed {exposed_ms:.1f} ms, "
+            f"and {share:.0%} of the gathers' copies into and out of their buffers ({copies_ms:.1f} ms a step)")
+    how = ("keeping the blocks gathered from forward to backward (reshard_after_forward=False) saves the backward's "
+           "all-gathers' exposed time and their share of the gathers' copies (the time their kernels take beside "
+           "compute is not counted); the gathered blocks stay in memory through the backward pass: check it fits; "
+           "checked on 2 H200s (FSDP2, Qwen2 7B dims, 4 layers, 4 micro-batches): 17.2 ms estimated, 17 measured")
+    return saving, how, what
 
 
 def _exposed_by_collective(a: Analysis) -> pd.Series:
-    """Exposed communication per step (ms) by (role, collective): each communication event's
-    time that no compute kernel of its rank overlaps, in proportion to the temporal
-    breakdown's exposed total (events on several streams at once are counted once there)."""
-    k, ev = a.kernels, a.collective_events
-    comm = np.flatnonzero((k["category"] == COMMUNICATION).to_numpy())
-    if a.temporal.empty or len(ev) != len(comm) or not len(comm):
-        return pd.Series(dtype=np.float64)
-    rank = k["rank"].to_numpy()
-    start = k["ts_us"].to_numpy(dtype=np.float64)
-    end = start + k["dur_us"].to_numpy(dtype=np.float64)
-    compute = ~k["category"].isin((COMMUNICATION, MEMCPY, MEMSET)).to_numpy()
-    alone = np.zeros(len(comm))
-    for r in np.unique(rank[comm]).tolist():
-        mine = rank[comm] == r
-        c, w = comm[mine], compute & (rank == r)
-        alone[mine] = (end[c] - start[c]) - covered(start[w], end[w], start[c], end[c])
-    steps = (ev["step"] >= 0).to_numpy()
-    by = pd.Series(alone[steps]).groupby([ev["role"].to_numpy()[steps], ev["collective"].to_numpy()[steps]]).sum()
-    total = float(by.sum())
-    return by / total * float(a.temporal["exposed_comm_s"].mean()) * 1e3 if total > 0 else by * 0.0
+    """Exposed communication per step (ms) by (role, collective) (:func:`.micro_batch.comm_exposure`)."""
+    ex = comm_exposure(a)
+    return ex.groupby(["role", "collective"])["exposed_ms"].sum() if len(ex) else pd.Series(dtype=np.float64)
 
 
 def _trace_arg(a: Analysis) -> str:
@@ -624,6 +753,76 @@ def _tuning(a: Analysis, peaks: DevicePeaks | None) -> list[dict[str, Any]]:
     return out
 
 
+_SDPA_OP = "aten::scaled_dot_product_attention"
+
+
+def _attention_path(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict[str, Any] | None
+                    ) -> list[dict[str, Any]]:
+    """Attention off the fused causal path (:mod:`.attention_path`): what it costs against the
+    fused kernel it could run, and why it left it."""
+    out = []
+    for o in off_path(a, peaks):
+        if o.saving_s * 1e3 < MIN_SAVING_MS:
+            continue
+        p, ms, fused_ms = o.problem, o.time_s * 1e3, o.fused_s * 1e3
+        shape = f"b{p.batch} h{p.heads_q} s{p.seq_q} d{p.head_dim} {p.dtype}"
+        compiled = bool(w.get("compiled"))
+        if o.kind == "math":
+            sdpa = _SDPA_OP in o.ops
+            evidence = (f"the attention's scores are materialized ({p.batch}x{p.heads_q}x{p.seq_q}x{p.seq_kv}"
+                        + (f", a {o.mask} mask added" if o.mask else "") + f"): {o.ops} take {ms:.1f} ms per step, "
+                        f"forward and backward, where a fused {o.target} kernel would take {fused_ms:.1f}")
+            if sdpa:
+                why = ("SDPA fell back to its math path: no fused kernel took these inputs (fp32 inputs, a head dim "
+                       "above 256 or not a multiple of 8, an arbitrary mask with dropout), or sdpa_kernel forced it")
+                action = ("give SDPA inputs its fused kernels take (bf16/fp16, no explicit mask where is_causal=True "
+                          "says it) and let it choose, or pick one: torch.nn.attention.sdpa_kernel([SDPBackend."
+                          "CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]) (the step tuner's sdpa lever)")
+                lever = "sdpa=cudnn" if peaks is not None and peaks.vendor == "nvidia" else "sdpa=flash"
+            else:
+                why = ("the model's own attention code multiplies, masks and softmaxes the scores in separate kernels "
+                       "(Hugging Face transformers: attn_implementation=\"eager\")")
+                action = ("use a fused attention: Hugging Face transformers, attn_implementation=\"sdpa\" (or "
+                          "\"flash_attention_2\"); your own code, torch.nn.functional.scaled_dot_product_attention(q, k, "
+                          "v, is_causal=True)")
+                lever = "attn_implementation=sdpa"
+        else:
+            evidence = (f"{o.ops} run {shape} {'with an explicit ' + o.mask + ' mask' if o.mask else 'without causal masking'}"
+                        f" on self-attention: {ms:.1f} ms per step, where the fused {o.target} kernel would take "
+                        f"{fused_ms:.1f}")
+            if o.mask and compiled:
+                why = ("under torch.compile, Hugging Face transformers builds the causal mask inside the compiled region "
+                       "(in eager it skips it where nothing is padded and SDPA runs is_causal=True), and SDPA runs the "
+                       "masked kernel over every score")
+                action = ("compile the decoder layers rather than the whole model (for layer in model.model.layers: "
+                          "layer.compile()): the mask is then built in eager code, skipped, and SDPA runs its causal "
+                          "kernel; or pass attention_mask=None where no sequence is padded")
+                lever = "compile=block" if cfg is None else "attention: causal"
+            elif o.mask:
+                why = "the model passes an explicit mask (a padding mask, or a causal mask built by hand)"
+                action = ("pass no mask where no sequence is padded and is_causal=True for a decoder; pack padded "
+                          "sequences (varlen attention) rather than masking them")
+                lever = "attention: causal"
+            else:
+                why = "scaled_dot_product_attention is called with is_causal=False"
+                action = "pass is_causal=True: a decoder attends to earlier positions only, and the causal kernels skip half the scores"
+                lever = "attention: causal"
+            evidence += f"; {why}"
+        if o.kind == "math":
+            evidence += f"; {why}"
+        condition = (f"self-attention ({p.seq_q} queries and keys); " + (o.lm if o.lm else
+                     "no language model's loss seen: compared with the full fused kernel"))
+        frac = " and ".join(f"{FUSED_FRACTION[d]:.2f} {d}" for d in FUSED_FRACTION)
+        method = (f"the calls' kernel time per step less the {o.target} problem's FLOPs at the fraction of the roofline "
+                  f"SDPA's causal fused kernels reach ({frac}: cuDNN's on an H200, or this trace's own causal calls'); "
+                  "checked on an H200 (Qwen2 7B dims, b2 h28/4 s2048 d128, 4 layers, 4 micro-batches): the whole model "
+                  "compiled ran cuDNN's masked kernel 26.8 ms a step, estimated 9.9 ms on the causal path, which ran "
+                  "9.8 in eager; transformers' eager attention's kernels 95.5 ms, estimated 9.9, the step 84 ms slower "
+                  "than with SDPA")
+        out.append(_row("attention path", lever, evidence, condition, action, o.saving_s * 1e3, method))
+    return out
+
+
 def _roof_text(kind: str) -> str:
     if kind == kinds.ATTENTION.name:
         return " or ".join(f"{v:g} {d}" for d, v in ATTENTION_ATTAINABLE.items()) + " (each pass)"
@@ -686,13 +885,13 @@ def _fp8(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict[st
                  + (" (the optimizer alone is sharded)" if w.get("sharding") == SHARDS_OPTIMIZER else "")
                  + f"; {_compile_text(w)}")
     if compiled is False:
-        lever = "train.fp8=tensorwise train.compile=pointwise" if cfg is not None else "fp8 + torch.compile"
+        lever = "train.fp8=tensorwise train.compile=pointwise" if cfg is not None else "fp8=tensorwise compile=block"
         action = ("set train.compile=pointwise train.fp8=tensorwise: FP8 pays only with its casts fused (in eager, FP8 "
                   "layer groups measured 0.82-0.95x of bf16); FP8 changes the numerics: compare the loss curve"
                   if cfg is not None else "torch.compile the model and train its linear layers in FP8 (torchao "
                   "float8 tensorwise): in eager the casts cost more than the GEMMs save; compare the loss curve")
     else:
-        lever = "train.fp8=tensorwise" if cfg is not None else "fp8"
+        lever = "train.fp8=tensorwise" if cfg is not None else "fp8=tensorwise"
         action = ("set train.fp8=tensorwise (FP8 GEMMs change the numerics: compare the loss curve)" if cfg is not None
                   else "train the linear layers in FP8 (torchao float8 under torch.compile; FP8 GEMMs change the "
                   "numerics: compare the loss curve)")
@@ -778,8 +977,21 @@ def _memory_format(a: Analysis) -> list[dict[str, Any]]:
                  "without an NHWC kernel converts back, and the input is converted once per step)")]
 
 
+# the step tuner's lever names (tuner/step/levers.py) by the trainer's config key: a measured row
+# names a lever either way (a script's ``micro_batch``, primus-train's ``train.micro_batch``)
+LEVER_NAMES = {"train.compile": "compile", "train.micro_batch": "micro_batch", "train.optimizer": "optimizer",
+               "train.fp8": "fp8", "train.recompute": "recompute", "parallel.fsdp_reshard_after_forward": "fsdp_reshard",
+               "parallel.fsdp_prefetch": "fsdp_prefetch", "tuning.cache": "kernel_cache",
+               "model.moe.grouped_gemm_backend": "grouped_backend"}
+
+
 def _parts(text: str) -> frozenset[str]:
-    return frozenset(text.lower().split())
+    """The settings of a lever (``key=value`` each, or a key alone), keys by their lever name."""
+    out = set()
+    for part in text.lower().split():
+        key, sep, value = part.partition("=")
+        out.add(f"{LEVER_NAMES.get(key, key)}={value}" if sep else LEVER_NAMES.get(key, key))
+    return frozenset(out)
 
 
 def measured_rows(manifest: dict[str, Any], measured: list[Any]) -> list[dict[str, Any]]:
@@ -822,8 +1034,9 @@ def recommend(a: Analysis) -> pd.DataFrame:
     peaks = lookup_peaks(str(a.device.get("name", "")))
     cfg = trainer_config(a.manifest)
     w = a.workload
-    rows = [*_fusion(a, w, peaks, cfg), *_optimizer(a, w, cfg), *_data_loading(a, w), *_host_syncs(a),
-            *_host_launch(a, w, cfg), *_accumulation(a, w, cfg), *_communication(a, w, cfg), *_tuning(a, peaks),
+    rows = [*_fusion(a, w, peaks, cfg), *_optimizer(a, w, cfg, peaks), *_data_loading(a, w), *_host_syncs(a),
+            *_host_launch(a, w, cfg), *_accumulation(a, w, cfg), *_communication(a, w, cfg),
+            *_attention_path(a, w, peaks, cfg), *_tuning(a, peaks),
             *_memory_format(a), *_precision(a, w, peaks), *_fp8(a, w, peaks, cfg)]
     if not rows:
         return pd.DataFrame(columns=COLUMNS)

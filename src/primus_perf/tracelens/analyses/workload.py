@@ -27,10 +27,18 @@ From the host events of each trace (:func:`trace_markers`: names matched by
 - ``compiled``: the run's ``train.compile``, else True when compiled regions or Inductor
   kernels ran, else None (not known: absent from a trace does not mean off).
 - ``data_loading_s``: host time per step fetching batches (``DataLoader.__next__``).
+- ``backward_passes`` and ``optimizer_steps`` per step (:mod:`..micro_batches`: the autograd
+  engine's passes, told by their nodes' sequence numbers, and the top-level ``Optimizer.step#``
+  annotations); ``micro_batches``: passes per optimizer step (more than one: the step
+  accumulates gradients); ``micro_batch`` and ``tokens``: the sequences and positions of a
+  micro-batch (the embedding's indices, 0 when not recorded); ``parameters``: the elements of
+  the weights one forward pass reads (its linear and embedding ops: a tied embedding counts
+  twice).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from typing import Any
@@ -45,8 +53,10 @@ from primus_perf.tracelens.analyses.sharding import (
     SHARDS_PARAMETERS,
     sharding_pattern,
 )
+from primus_perf.tracelens.arrays import unique_pairs
 from primus_perf.tracelens.categories import ATTENTION_BWD, OPTIMIZER
 from primus_perf.tracelens.link import Linked
+from primus_perf.tracelens.micro_batches import backward_passes
 
 MARKERS: dict[str, re.Pattern[str]] = {k: re.compile(rx, re.I) for k, rx in {
     "optimizer_step": r"^Optimizer\.step#|^aten::_fused_(adam|adamw|sgd|adagrad)",
@@ -81,7 +91,52 @@ def trace_markers(rt: L.RawTrace, lk: Linked) -> Counter:
             out["data_loading_us"] += float(rt.dur[rows & (rt.name == code)].sum())
     out["backward_ops"] += int((lk.op_backward & host & rows).sum())
     out["host_ops"] += int((host & (rt.kind == L.KIND_CPU_OP)).sum())
+    passes = backward_passes(rt, lk)
+    out["backward_passes"] += sum(passes.per_step.values())
+    out["optimizer_steps"] += sum(passes.optimizer_steps.values())
+    weights, batch = _forward_weights(rt, lk)
+    out["weight_elements"] += weights
+    if batch:
+        out.setdefault(f"{EXAMPLE}batch", batch)  # type: ignore[arg-type]
     return out
+
+
+# ops whose input ``index`` is a weight the forward reads once per micro-batch: 2-D for the
+# products (a batched one's operands are activations), any for a convolution's
+_WEIGHTS = {"aten::linear": 1, "aten::embedding": 0, "aten::matmul": 1, "aten::mm": 1, "aten::addmm": 2}
+_CONV_WEIGHTS = {name: 1 for name in ("aten::convolution", "aten::_convolution", "aten::conv1d", "aten::conv2d",
+                                      "aten::conv3d", "aten::cudnn_convolution", "aten::miopen_convolution")}
+
+
+def _forward_weights(rt: L.RawTrace, lk: Linked) -> tuple[int, str]:
+    """The elements of the weights that the steps' forward passes read (each linear, embedding,
+    convolution or matrix product by a 2-D operand outside a backward node, the outermost of nested ones:
+    autocast's inner linear and the product inside a linear are the same weight), and the
+    embedding's indices (``2x2048``: the sequences and tokens of a micro-batch), in one check
+    per recorded shape."""
+    weights = {**_WEIGHTS, **_CONV_WEIGHTS}
+    codes = {c: weights[nm] for c, nm in enumerate(rt.names) if nm in weights}
+    if not codes:
+        return 0, ""
+    rows = np.flatnonzero(np.isin(rt.name, np.fromiter(codes, dtype=np.int64)) & (rt.shape >= 0)
+                          & (lk.op_step >= 0 if lk.steps else True) & ~lk.op_backward)
+    parent = lk.op_parent[rows]
+    rows = rows[~((parent >= 0) & np.isin(rt.name[np.clip(parent, 0, None)], np.fromiter(codes, dtype=np.int64)))]
+    total, batch = 0, Counter()
+    names, shapes, inverse = unique_pairs(rt.name[rows], rt.shape[rows])
+    for name, code, n in zip(names.tolist(), shapes.tolist(), np.bincount(inverse, minlength=len(names)).tolist(),
+                             strict=True):
+        args = rt.shape_args(int(code))
+        at = codes[name]
+        dims = args.dims if args is not None else []
+        w = dims[at] if len(dims) > at else None
+        conv = rt.names[name] in _CONV_WEIGHTS
+        if isinstance(w, list) and (len(w) >= 3 if conv else len(w) == 2) and all(type(x) is int for x in w):
+            total += n * math.prod(w)
+        idx = dims[1] if rt.names[name] == "aten::embedding" and len(dims) > 1 else None
+        if isinstance(idx, list) and len(idx) == 2 and all(type(x) is int for x in idx):
+            batch[f"{idx[0]}x{idx[1]}"] += n
+    return total, (batch.most_common(1)[0][0] if batch else "")
 
 
 def _cfg(manifest: dict[str, Any], section: str, key: str) -> Any:
@@ -145,6 +200,8 @@ def workload(markers: Counter, manifest: dict[str, Any], kernels: Any, collectiv
     compiled = compile_on(_cfg(manifest, "train", "compile"))
     if compiled is None and markers["compiled"]:
         compiled = True
+    passes, opt_steps = markers["backward_passes"], markers["optimizer_steps"]
+    batch = str(markers.get(f"{EXAMPLE}batch") or "")
     return {
         "mode": mode, "mode_evidence": evidence,
         "sharded": bool(sharded_by), "sharded_by": sharded_by, "sharding": sharding,
@@ -157,6 +214,10 @@ def workload(markers: Counter, manifest: dict[str, Any], kernels: Any, collectiv
         "ddp": bool(markers["ddp"]),
         "optimizer": ex["optimizer_step"] or "",
         "data_loading_s": markers["data_loading_us"] / 1e6 / max(1, rank_steps),
+        "backward_passes": passes / max(1, rank_steps), "optimizer_steps": opt_steps / max(1, rank_steps),
+        "micro_batches": round(passes / opt_steps) if passes and opt_steps else 0,
+        "parameters": markers["weight_elements"] / passes if passes else 0.0,
+        "micro_batch": int(batch.split("x")[0]) if batch else 0, "tokens": int(batch.split("x")[1]) if batch else 0,
     }
 
 
