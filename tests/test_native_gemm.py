@@ -118,7 +118,7 @@ def test_a_grouped_gemms_own_gemms_and_a_confirmation_go_through_python(tmp_path
         calls = []
 
         class Confirmer:
-            def call(self, owner, key, choice, baseline, probe):
+            def call(self, owner, key, choice, baseline, probe, **timing):
                 calls.append(key)
                 return choice()
 
