@@ -210,6 +210,15 @@ def test_an_hf_trainers_micro_batch_moves_with_its_accumulation_and_the_product_
     assert applied.found["hf_trainer"] and "micro_batch" in applied.levers
 
 
+def test_the_sdpa_backend_is_the_plans_until_the_hooks_are_removed(installed) -> None:
+    cuda = torch.backends.cuda
+    before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled())
+    assert installed({"sdpa": "cudnn"}).levers == ["sdpa"]
+    assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled()) == (True, False, False)
+    hooks.uninstall()
+    assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled()) == before
+
+
 def test_ddps_constructor_takes_the_plans_buckets(installed) -> None:
     import torch.distributed as dist
 

@@ -124,12 +124,14 @@ _state: dict[str, Any] = {}
 
 
 def uninstall() -> None:
-    """Remove every hook and patch :func:`install` made (what it applied to objects stays);
-    the SDPA backends and the allocator's setting stay as they were set."""
+    """Remove every hook and patch :func:`install` made and give the SDPA backends back their
+    flags (what it applied to objects stays, and the allocator's setting, read once by CUDA)."""
     for h in _state.get("hooks", []):
         h.remove()
     for owner, name, original in reversed(_state.get("restore", [])):
         setattr(owner, name, original)
+    for enable, was in _state.get("sdpa", []):
+        enable(was)
     _after.clear()
     _state.clear()
 
@@ -140,12 +142,15 @@ def _install_sdpa(backend: str | None) -> None:
         return
     import torch
 
-    flags = {"cudnn": torch.backends.cuda.enable_cudnn_sdp, "flash": torch.backends.cuda.enable_flash_sdp,
-             "efficient": torch.backends.cuda.enable_mem_efficient_sdp}
+    cuda = torch.backends.cuda
+    flags = {"cudnn": (cuda.enable_cudnn_sdp, cuda.cudnn_sdp_enabled),
+             "flash": (cuda.enable_flash_sdp, cuda.flash_sdp_enabled),
+             "efficient": (cuda.enable_mem_efficient_sdp, cuda.mem_efficient_sdp_enabled)}
     if backend not in flags:
         _applied.note("sdpa", f"unknown backend {backend!r} (one of {', '.join(flags)})")
         return
-    for name, enable in flags.items():
+    for name, (enable, enabled) in flags.items():
+        _state.setdefault("sdpa", []).append((enable, enabled()))
         enable(name == backend)
     _applied.levers.append("sdpa")
 
