@@ -83,7 +83,7 @@ def test_own_html_pages_in_a_glob_are_skipped_with_a_note(tmp_path) -> None:
     assert f"skipped {page}: a primus-perf file, not a trace" in res.stderr
     res = subprocess.run([sys.executable, "-m", "primus_perf.cli.profile", "analyze", str(trace), str(other)],
                          capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2 and "not JSON or gzip" in res.stderr  # another HTML file is still an error
+    assert res.returncode == 2 and "is not JSON (an object or array) or gzip" in res.stderr  # another HTML file is still an error
 
 
 def test_enable_without_a_cache_names_the_flag_and_the_variable(tmp_path) -> None:

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from primus_perf import kinds
-from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
+from primus_perf.cli.common import JSON_HELP, TOP_MIN, console, err_console
 from primus_perf.cli.render import print_table
 from primus_perf.files import write_output
 from primus_perf.tracelens.analyses.expert_load import summary_line
@@ -45,7 +45,6 @@ def _pct(v: Any) -> str:
 
 
 def _run(traces: list[Path], jobs: int | None = None) -> Analysis:
-    check_trace_args(traces)
     with err_console.status("analyzing") as status:
         return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg), jobs=jobs)
 

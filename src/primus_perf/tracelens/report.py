@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from primus_perf import kinds
-from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.cache.store import CacheEntry, TuningCache, check_cache_file
 from primus_perf.devices import lookup_peaks
 from primus_perf.errors import UserError
 from primus_perf.tracelens.analyses.expert_load import summary_line
@@ -29,6 +29,7 @@ from primus_perf.tracelens.analyses.tune_next import tune_next
 from primus_perf.tracelens.analyses.workload import summary as workload_summary
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.colors import TEMPORAL_PARTS, category_colors
+from primus_perf.tracelens.inputs import check_traces
 
 REPORT_SCHEMA = "primus-perf-report/1"
 GROUPED = kinds.GROUPED.name
@@ -434,7 +435,10 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
 
 def build_report(paths: Sequence[str | Path] | str | Path, *, cache: str | Path | None = None,
                  title: str | None = None) -> dict[str, Any]:
-    """Analyze traces (files or run folders) and return the report dict."""
-    if cache is not None and not Path(cache).exists():
-        raise UserError(f"tuning cache not found: {cache}")  # before the analysis, not after it
+    """Analyze traces (files or run folders) and return the report dict. The traces and the
+    cache are checked as the command checks them (``inputs.check_traces``, ``check_cache_file``),
+    before the analysis."""
+    check_traces(paths)
+    if cache is not None:
+        check_cache_file(cache)
     return report_from_analysis(analyze(paths), cache=cache, title=title)
