@@ -128,7 +128,7 @@ def _folder(folder: Path, notes: list[str]) -> tuple[list[Path], dict[str, Any]]
         elif missing:
             raise TraceError(f"{folder / MANIFEST} lists trace(s) that are missing: {', '.join(missing)}")
         others = [f for f in folder.iterdir() if f.name.endswith(TRACE_SUFFIXES) and f not in files
-                  and f.name != MANIFEST]
+                  and f.name not in (MANIFEST, STEP_PLAN)]  # the step plan is read: read_measured
         if others:
             notes.append(f"{folder}: read the {len(files)} trace(s) {MANIFEST} lists; "
                          f"{len(others)} other JSON file(s) ignored")
