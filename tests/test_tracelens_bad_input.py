@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +37,9 @@ def original(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "primus_perf.cli.profile", *args], capture_output=True,
-                          text=True, timeout=120, env=env)
+    from inprocess import completed
+
+    return completed(["profile", *args])
 
 
 def _write(path: Path, data: bytes | dict) -> Path:
