@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
+from inprocess import one_process_losses
 from primus_perf.errors import ConfigError
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
@@ -20,12 +20,7 @@ RTOL = 2e-5  # fp32: the micro-batches' gradients summed in another order
 
 
 def _train(preset: str, overrides: list[str]) -> list[float]:
-    torch.set_num_threads(1)
-    trainer = Trainer(load_config(preset, [f"train.steps={STEPS}", *overrides]))
-    try:
-        return [trainer.train_step().loss for _ in range(STEPS)]
-    finally:
-        trainer.close()
+    return one_process_losses(preset, f"train.steps={STEPS}", *overrides)
 
 
 @pytest.fixture(scope="module")

@@ -506,3 +506,79 @@ def test_host_tables_made_in_a_forked_process_are_the_same(monkeypatch: pytest.M
     for name in ("cpu_ops", "launches", "launch_delays", "critical_path", "syncs", "host_replay", "recommendations"):
         pd.testing.assert_frame_equal(getattr(here, name), getattr(aside, name))
     assert len(aside.host_replay) and len(aside.critical_path)
+
+
+# --------------------------------------------------------------------------- a CPU run
+
+F32 = "float"
+
+
+def _cpu_run(tmp_path: Path, step_plan: bool) -> Path:
+    """A CPU run folder as ``primus-profile run`` writes it (no GPU events; the manifest holds
+    the steps' wall-clock times), and as ``primus-tune step`` leaves it (``step_plan.json``)."""
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    events = []
+    for n in (1, 2):
+        t0 = n * 30_000
+        events += [_step(t0, 25_000, n), _op("aten::mm", t0 + 10, 4000, [[128, 256], [256, 512]], [F32, F32]),
+                   _x("user_annotation", "Optimizer.step#AdamW.step", t0 + 5000, 2000)]
+    (run / "rank0.json.gz").write_bytes(gzip.compress(json.dumps({"schemaVersion": 1, "traceEvents": events}).encode()))
+    config = {"model": {"name": "tiny"}, "train": {"compile": "off", "micro_batch": 1}, "parallel": {"tp": 1}}
+    (run / "manifest.json").write_text(json.dumps({
+        "schema": "primus-perf-run/1", "traces": {"0": "rank0.json.gz"}, "device": {"name": "cpu"},
+        "step_time_s": 0.0196, "config": config}))
+    if step_plan:
+        (run / "step_plan.json").write_text(json.dumps({"schema": "primus-perf-step-plan/1", "measured": [
+            {"lever": "train.micro_batch", "value": "4", "changes": {"train.micro_batch": "4"},
+             "against": "the default", "status": "kept", "kept": True, "speedup": 1.5, "measured_ms": 6.53},
+            {"lever": "train.optimizer", "value": "foreach", "changes": {"train.optimizer": "foreach"},
+             "against": "train.micro_batch=4", "status": "dropped", "kept": False, "speedup": 0.95,
+             "measured_ms": -0.66}]}))
+    return run
+
+
+def test_a_cpu_runs_header_next_steps_and_step_tuner_measurements(tmp_path: Path) -> None:
+    """A CPU run (README: primus-profile run -- examples/llama_train.py, then analyze): the
+    header's step time is the manifest's wall clock, said so; what to do next says why nothing
+    is estimated and shows what the step tuner measured (step_plan.json, read, not ignored);
+    the HTML report's section holds the same, from the same function (report.next_steps)."""
+    run = _cpu_run(tmp_path, step_plan=True)
+    out = CliRunner().invoke(app, ["analyze", str(run)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "step 19.600 ms wall clock (the median profiled step in manifest.json) · no GPU events" in out.output
+    said = out.output[out.output.index("what to do next"):]
+    assert rp.NO_GPU_ESTIMATES in said and rp.MEASURE_HERE not in said  # the step tuner ran already
+    assert "train.micro_batch=4 against the default: 1.500x, +6.53 ms a step saved (kept)" in said
+    assert "train.optimizer=foreach against train.micro_batch=4: 0.950x, -0.66 ms a step saved (dropped)" in said
+    assert "ignored" not in out.output
+    a = analyze([run])
+    d = rp.report_from_analysis(a)
+    nxt = rp.next_steps(a)
+    assert (d["recommendations"], d["measured_unadvised"], d["next_note"]) == (nxt["rows"], nxt["measured"],
+                                                                              nxt["note"])
+    assert [m["lever"] for m in nxt["measured"]] == ["train.micro_batch=4", "train.optimizer=foreach"]
+    assert d["header"]["wall_step_time_ms"] == pytest.approx(19.6)
+
+    # before the step tuner: the hint to run it; a bare trace: the wall clock of its ProfilerSteps
+    plain = _cpu_run(tmp_path / "plain", step_plan=False)
+    out = CliRunner().invoke(app, ["analyze", str(plain)], env={"COLUMNS": "200"})
+    assert rp.NO_GPU_ESTIMATES + rp.MEASURE_HERE in out.output
+    bare = tmp_path / "bare.json.gz"  # no manifest beside it
+    bare.write_bytes((plain / "rank0.json.gz").read_bytes())
+    out = CliRunner().invoke(app, ["analyze", str(bare)], env={"COLUMNS": "200"})
+    assert "step 25.000 ms wall clock (the median ProfilerStep span in the trace)" in out.output, out.output
+
+
+def test_a_cpu_runs_next_steps_in_chromium(tmp_path: Path) -> None:
+    """The HTML report's What to do next of a CPU run: why nothing is estimated and the step
+    tuner's measurements in a table, as the terminal prints them."""
+    from test_report import check_in_chromium
+
+    d = rp.report_from_analysis(analyze([_cpu_run(tmp_path, step_plan=True)]))
+    res = check_in_chromium(write_html(d, tmp_path / "cpu.html"))
+    assert res.console_errors == [] and res.selfcheck.startswith("ok"), (res.console_errors, res.selfcheck)
+    assert "<h2>What to do next</h2>" in res.dom and rp.NO_GPU_ESTIMATES in res.dom
+    assert 'data-rows="2" data-table="step-tuner"' in res.dom and "train.optimizer=foreach" in res.dom
+    assert '<div class="card" title="the median profiled step in manifest.json"><b>19.6 ms</b><span>wall-clock step' \
+        in res.dom

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
+from inprocess import completed
 from primus_perf.errors import UserError
 from primus_perf.problems import AttentionProblem
 from primus_perf.tuner.attention.plugin import AttentionTuner
@@ -15,10 +15,7 @@ from primus_perf.tuner.problems_input import parse_attention_spec
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "primus_perf.cli.tune", "attention", *args],
-        capture_output=True, text=True, timeout=120,
-    )
+    return completed(["tune", "attention", *args])
 
 
 def test_problem_spec_parses_into_the_trainer_layout() -> None:

@@ -20,18 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
+from inprocess import run_cli
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.cli import profile, train, tune
-from primus_perf.cli.common import run_app
 from primus_perf.devices import DeviceIdentity
 from primus_perf.gate.gate import SAMPLES_SCHEMA
 from primus_perf.problems import AttentionProblem, GemmProblem
 
 TRACE = Path(__file__).parent / "data" / "traces" / "h100_cuda_graph.json.gz"
-APPS = {"profile": profile.app, "tune": tune.app, "train": train.app}
-CASE_TIMEOUT_S = 300  # a hang, not a slow machine: the alarm ends the case
 ON_CPU = not torch.cuda.is_available()
 
 
@@ -388,38 +384,6 @@ def _read_only_dir(path: Path) -> object:
         (path / "old.json").write_bytes(OLD)
         subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
         yield path
-
-
-def _timeout(signum: int, frame: object) -> None:
-    raise TimeoutError(f"case ran longer than {CASE_TIMEOUT_S} s")
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str, BaseException | None]:
-    """Run one command in-process as its console script does; (exit code, stdout, stderr,
-    an exception other than SystemExit)."""
-    app = APPS[argv[0]]
-    runner = CliRunner()
-    old_term = signal.getsignal(signal.SIGTERM)
-    old_alarm = signal.signal(signal.SIGALRM, _timeout)
-    signal.setitimer(signal.ITIMER_REAL, CASE_TIMEOUT_S)
-    code, error = None, None
-    try:
-        with runner.isolation() as (out, err, _):
-            try:
-                run_app(app, argv[1:])
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException as exc:
-                error = exc
-            sys.stdout.flush()
-            sys.stderr.flush()
-            stdout, stderr = out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old_alarm)
-        signal.signal(signal.SIGTERM, old_term)
-    return code if code is not None else -1, stdout, stderr, error
 
 
 def _fill(argv: tuple[str, ...], paths: dict[str, str], tmp_path: Path) -> list[str]:

@@ -5,21 +5,22 @@ import sys
 
 import pytest
 
+from inprocess import completed
+
 COMMANDS = {
-    "primus_perf.cli.train": [[]],
-    "primus_perf.cli.profile": [["run"], ["analyze"], ["shapes"], ["report"], ["compare"], ["bench"], ["gate"]],
-    "primus_perf.cli.tune": [["gemm"], ["attention"], ["cache"], ["cache", "show"]],
+    "train": [[]],
+    "profile": [["run"], ["analyze"], ["shapes"], ["report"], ["compare"], ["bench"], ["gate"]],
+    "tune": [["gemm"], ["attention"], ["cache"], ["cache", "show"]],
 }
 
 
 @pytest.mark.parametrize(
-    "module,args",
+    "app,args",
     [(m, a) for m, arglists in COMMANDS.items() for a in arglists],
 )
-def test_help_works_for_every_command(module: str, args: list[str]) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", module, *args, "--help"], capture_output=True, text=True, timeout=120
-    )
+def test_help_works_for_every_command(app: str, args: list[str]) -> None:
+    """In this process, as the console script runs it (``python -m`` itself: the version test)."""
+    result = completed([app, *args, "--help"])
     assert result.returncode == 0, result.stderr
     assert "Usage" in result.stdout
 
@@ -83,7 +84,7 @@ def test_own_html_pages_in_a_glob_are_skipped_with_a_note(tmp_path) -> None:
     assert f"skipped {page}: a primus-perf file, not a trace" in res.stderr
     res = subprocess.run([sys.executable, "-m", "primus_perf.cli.profile", "analyze", str(trace), str(other)],
                          capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2 and "not JSON or gzip" in res.stderr  # another HTML file is still an error
+    assert res.returncode == 2 and "is not JSON (an object or array) or gzip" in res.stderr  # another HTML file is still an error
 
 
 def test_enable_without_a_cache_names_the_flag_and_the_variable(tmp_path) -> None:
@@ -121,8 +122,7 @@ def test_the_resolved_config_prints_as_yaml_and_o_is_the_output_everywhere() -> 
 
     from primus_perf.cli import profile, train, tune
 
-    r = subprocess.run([sys.executable, "-m", "primus_perf.cli.train", "--config", "tiny", "--layers", "1",
-                        "train.seq_len=64", "--print-config"], capture_output=True, text=True, timeout=120)
+    r = completed(["train", "--config", "tiny", "--layers", "1", "train.seq_len=64", "--print-config"])
     assert r.returncode == 0, r.stderr
     cfg = yaml.safe_load(r.stdout)
     assert cfg["model"]["n_layers"] == 1 and cfg["train"]["seq_len"] == 64 and "tok/s" not in r.stdout
@@ -163,6 +163,5 @@ def test_every_numeric_option_has_a_lower_bound_and_a_choice_is_checked() -> Non
     for app in (profile.app, tune.app, train.app):
         walk(typer.main.get_command(app))
     assert not unbounded
-    r = subprocess.run([sys.executable, "-m", "primus_perf.cli.tune", "attention", "--strategy", "magic", "--problem",
-                        "1,2,2,64,16,causal", "--dry-run"], capture_output=True, text=True, timeout=120)
+    r = completed(["tune", "attention", "--strategy", "magic", "--problem", "1,2,2,64,16,causal", "--dry-run"])
     assert r.returncode == 2 and "--strategy must be one of grid, tpe, got 'magic'" in r.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from inprocess import one_process_losses
 from primus_perf.errors import ConfigError
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import data_parallel_degrees
@@ -39,13 +40,11 @@ def test_fsdp2_reproduces_one_process(
     tmp_path: Path, preset: str, nproc: int, parallel_args: list[str], single_args: list[str]
 ) -> None:
     common = ["--config", preset, *STEPS, "train.micro_batch=4"]
-    one, many = tmp_path / "one.jsonl", tmp_path / "many.jsonl"
-    r1 = _run([*common, *single_args, "--json-log", str(one)])
-    assert r1.returncode == 0, r1.stderr
+    many = tmp_path / "many.jsonl"
     r2 = _run([*common, *parallel_args, "--json-log", str(many)], nproc=nproc)
     assert r2.returncode == 0, r2.stderr
     assert "FSDP2 shard 2" in r2.stdout
-    a, b = _losses(one), _losses(many)
+    a, b = one_process_losses(preset, f"train.steps={STEPS[1]}", "train.micro_batch=4", *single_args), _losses(many)
     assert len(a) == len(b) == 5
     for x, y in zip(a, b):
         assert abs(x - y) <= 1e-4 * abs(x), (a, b)

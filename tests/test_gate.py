@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -94,12 +93,9 @@ def _samples(path: Path, values: list[float], *, device: str = "NVIDIA H100 80GB
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "primus_perf.cli.profile", "gate", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    from inprocess import completed
+
+    return completed(["profile", "gate", *args])
 
 
 def test_gate_cli_exit_codes(tmp_path: Path) -> None:
@@ -181,11 +177,9 @@ def test_bench_samples_the_trainer_and_gates_against_itself(tmp_path: Path) -> N
 
 
 def test_bench_cli_rejects_a_bad_config(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "primus_perf.cli.profile", "bench", "--config", "no-such-preset",
-         "-o", str(tmp_path / "s.json")],
-        capture_output=True, text=True, timeout=120,
-    )
+    from inprocess import completed
+
+    r = completed(["profile", "bench", "--config", "no-such-preset", "-o", str(tmp_path / "s.json")])
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "s.json").exists()
 

@@ -196,14 +196,11 @@ ONLINE_CASES = [
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU refusals")
 @pytest.mark.parametrize("argv,said", ONLINE_CASES)
 def test_online_tuning_on_a_cpu_is_one_line_and_exit_2(argv: list[str], said: str, tmp_path) -> None:
-    import subprocess
-    import sys
+    from inprocess import completed
 
-    res = subprocess.run([sys.executable, "-m", "primus_perf.cli.tune", *argv, "--cache", str(tmp_path / "c.json")]
-                         if "--" not in argv else
-                         [sys.executable, "-m", "primus_perf.cli.tune", *argv[:argv.index("--")], "--cache",
-                          str(tmp_path / "c.json"), *argv[argv.index("--"):]],
-                         capture_output=True, text=True, timeout=120)
+    cache = ["--cache", str(tmp_path / "c.json")]
+    res = completed(["tune", *argv, *cache] if "--" not in argv else
+                    ["tune", *argv[:argv.index("--")], *cache, *argv[argv.index("--"):]])
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and said in lines[0] and lines[0].startswith("error:"), res.stderr

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from inprocess import completed, one_process_rows
 from primus_perf.errors import ConfigError
 from primus_perf.kernels.gemm import problem_of as gemm_problem_of
 from primus_perf.kernels.grouped import problem_of
@@ -70,12 +71,10 @@ def test_two_processes_reproduce_one(
     """Losses, gradient norms (which see the expert-gradient scaling that Adam's
     normalization hides from the loss) and tokens per expert of 5 steps."""
     common = ["--config", "tiny-moe", "--steps", "5", "train.micro_batch=4"]
-    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
-    r1 = _run([*common, *single_args, "--json-log", str(one)])
-    assert r1.returncode == 0, r1.stderr
+    two = tmp_path / "two.jsonl"
     r2 = _run([*common, *parallel_args, "--json-log", str(two)], nproc=2)
     assert r2.returncode == 0, r2.stderr
-    a, b = _rows(one), _rows(two)
+    a, b = one_process_rows("tiny-moe", "train.steps=5", "train.micro_batch=4", *single_args), _rows(two)
     assert len(a) == len(b) == 5
     for x, y in zip(a, b):
         for key in ("loss", "grad_norm", "aux_loss"):
@@ -223,7 +222,7 @@ def test_bad_moe_key_is_one_line_naming_it(override: str, needle: str) -> None:
 
 
 def test_bad_moe_key_on_the_command_line_exits_2() -> None:
-    result = _run(["--config", "tiny-moe", "model.moe.top_k=0"])
+    result = completed(["train", "--config", "tiny-moe", "model.moe.top_k=0"])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "model.moe.top_k" in lines[0]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from inprocess import completed
 from primus_perf.errors import UserError
 from primus_perf.profiler.capture import (
     Schedule,
@@ -192,7 +193,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["run", "--config", "tiny", "--out", str(tmp_path / "o"), "--ranks", "5"], "ranks must be in 0..0"),
         (["run", "--config", "tiny", "--steps", "0"], "greater than or equal to 1"),
     ):
-        r = _cli(args)
+        r = completed(["profile", *args])  # refused before any work: in this process
         assert r.returncode == 2, (args, r.stderr)
         lines = [x for x in r.stderr.splitlines() if x.strip()]
         assert len(lines) == 1 and text in lines[0] and "Traceback" not in r.stderr, r.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,61 @@ def test_the_api_checks_its_arguments_types(call, said: str) -> None:
     with pytest.raises(primus_perf.ArgumentTypeError, match=re.escape(said)) as info:
         call()
     assert isinstance(info.value, TypeError) and isinstance(info.value, primus_perf.UserError)
+
+
+# --------------------------------------------------------------------------- what the CLI refuses
+
+TRACE = str(Path(__file__).parent / "data" / "traces" / "h100_cuda_graph.json.gz")
+# a call of the API given ``p``, a path that is not a trace: each must refuse it unread
+ODD_PATH_CALLS = {
+    "analyze": "pp.analyze(p)",
+    "analyze-second": f"pp.analyze([{TRACE!r}, p])",
+    "build_report": "pp.build_report([p])",
+    "build_report-cache": f"pp.build_report({TRACE!r}, cache=p)",
+    "compare-base": f"pp.compare(p, {TRACE!r})",
+    "compare-candidate": f"pp.compare({TRACE!r}, p)",
+}
+ODD_PATH_SCRIPT = """
+import sys
+import primus_perf as pp
+for p in sys.argv[1:]:
+    for name, call in CALLS.items():
+        try:
+            eval(call)
+            print(name, "accepted", p, flush=True)
+        except pp.UserError as exc:
+            print(name, "error:", exc, flush=True)
+"""
+
+
+def test_the_api_refuses_a_fifo_or_a_device_unread_as_the_command_does(tmp_path) -> None:
+    """What the commands refuse (tests/test_bad_inputs.py: a FIFO, /dev/zero in every file
+    slot) the API refuses with the same line, before reading anything: no call waits for a
+    FIFO's writer or reads /dev/zero to its end (in a process of its own: a call that hangs
+    fails the test, with the calls that answered before it)."""
+    import os
+
+    fifo = str(tmp_path / "trace.json")
+    os.mkfifo(fifo)  # no writer: opening it for reading waits forever
+    code = f"CALLS = {ODD_PATH_CALLS!r}\n{ODD_PATH_SCRIPT}"
+    try:
+        r = subprocess.run([sys.executable, "-c", code, fifo, "/dev/zero"], capture_output=True, text=True,
+                           timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"a call hung; these answered: {exc.stdout!r}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    what = {fifo: "a FIFO (named pipe)", "/dev/zero": "a character device"}
+    assert r.stdout.splitlines() == [f"{name} error: {'tuning cache' if 'cache' in name else 'trace'} {p} is {what[p]}, "
+                                     "not a regular file" for p in (fifo, "/dev/zero") for name in ODD_PATH_CALLS]
+    # one check behind both: the command's error line is the API's message
+    cli = subprocess.run([sys.executable, "-m", "primus_perf.cli.profile", "analyze", fifo], capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 2 and cli.stderr.strip() == r.stdout.splitlines()[0].removeprefix("analyze "), cli.stderr
+
+
+@pytest.mark.parametrize("overrides,key", [(["train.steps=0"], "train.steps"), (["train.steps=-3"], "train.steps")])
+def test_load_config_refuses_what_primus_train_refuses(overrides: list[str], key: str) -> None:
+    """``primus-train ... train.steps=0`` ends with one line naming the key (exit 2:
+    tests/test_bad_inputs.py); the library refuses the same config with the same error."""
+    with pytest.raises(primus_perf.UserError, match=re.escape(f"config key '{key}' must be positive")):
+        primus_perf.load_config("tiny", overrides)

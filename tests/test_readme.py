@@ -73,3 +73,11 @@ def test_readme_block_runs_on_the_cpu(scratch: Callable[[Path], tuple[Path, dict
     res = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, f"{name(doc)} block {index} ({lang}) failed:\n{code}\n--- stdout\n" \
                                 f"{res.stdout[-3000:]}\n--- stderr\n{res.stderr[-3000:]}"
+
+
+def test_the_readme_states_the_suites_time_as_scripts_test_sh_does() -> None:
+    """The suite's time is stated once, in scripts/test.sh (SUITE_TIME, which it prints); the
+    README's Tests section quotes it."""
+    m = re.search(r'^SUITE_TIME="([^"]+)"$', (ROOT / "scripts" / "test.sh").read_text(), re.M)
+    assert m, "scripts/test.sh: no SUITE_TIME line"
+    assert f"bash scripts/test.sh            # the CPU suite: {m.group(1)}\n" in (ROOT / "README.md").read_text()

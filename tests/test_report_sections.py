@@ -98,7 +98,8 @@ def test_two_rank_report_in_chromium(tp2: Analysis, tmp_path: Path) -> None:
     assert ag["bytes"] == 131334144 * 2 and ag["group_size"] == 2
     # formatted for people: 250.5 MiB as 251, GB/s with 3 significant digits, ranks waited on
     assert ">251 MiB<" in dom and re.search(r">\d{3} GB/s<", dom) and ">rank 1<" in dom
-    assert d["header"]["world_size"] == 2 and d["header"]["host_step_time_ms"] > 0
+    assert d["header"]["world_size"] == 2 and d["header"]["wall_step_time_ms"] > 0
+    assert d["header"]["wall_step_source"] == "the median ProfilerStep span in the trace"  # no manifest
 
 
 def test_category_colours_are_the_same_in_every_report(tp2: Analysis, rocm: Analysis, tmp_path: Path) -> None:

@@ -103,6 +103,32 @@ def test_the_search_finds_what_pays_together_through_interaction_passes() -> Non
         assert not t.kept or t.speedup > 1 + t.threshold
 
 
+def test_each_figure_says_what_it_is_measured_against() -> None:
+    """A trial's figure is against the best of its time ("of train.compile=block"); the best so
+    far against the default is the kept speedups multiplied, said once per change of the best
+    and named so; the summary's plan-vs-default line (the figure that counts) is printed once,
+    with the search's product beside it."""
+    from primus_perf.tuner.decide import Verdict
+    from primus_perf.tuner.step.tune import StepTuneResult
+
+    said: list[str] = []
+    search = Search(ModelStep(START), [LEVERS[n] for n in ("micro_batch", "compile", "recompute", "fp8", "optimizer")],
+                    WHERE, blocks=2, block_steps=2, fits=_fits, say=said.append)
+    res = search.run(START)
+    product = 1.0
+    for t in search.chosen:
+        product *= t.speedup
+    assert res.chained == pytest.approx(product) and len(search.chosen) >= 3
+    best = [line for line in said if line.startswith("best so far: ")]
+    assert len(best) == len(search.chosen) and f"about {product:.2f}x the default (the kept speedups multiplied" in best[-1]
+    assert not any("the default" in line for line in said if line.startswith("(pass 2)"))  # against the best then
+    verdict = Verdict("step", "plan", "plan", "default", "kept", 1.41, 1.39, 1.43, 3, 70.0, 100.0, 0.002, "blocks")
+    result = StepTuneResult("tiny", [], res, res.best, verdict, default_s=[0.1], plan_s=[0.07], tokens_per_step=128)
+    lines = [line for line in result.lines() if "plan vs default" in line]
+    assert lines == [f"plan vs default, measured interleaved: 1.410x [1.390-1.430] tokens/s (1,280 -> 1,829): kept "
+                     f"(the search's product of kept speedups said about {product:.2f}x)"]
+
+
 def test_a_value_that_does_not_fit_even_with_its_companions_is_recorded_unmeasured() -> None:
     session = ModelStep(START)
     search = Search(session, [LEVERS["micro_batch"]], WHERE, blocks=2, block_steps=1, fits=lambda s: "never fits")
@@ -333,6 +359,9 @@ def test_primus_tune_step_on_the_cpu_writes_a_plan_primus_train_runs(tmp_path) -
     values = {(m["lever"], m["value"]) for m in doc["measured"]}
     assert {("train.micro_batch", "2"), ("train.micro_batch", "4"), ("train.optimizer", "foreach")} <= values
     assert "step plan for tiny" in r.stdout and "search took" in r.stdout
+    # the plan's figures once, in the summary (not also as the search's progress)
+    assert r.stdout.count("plan vs default") == (doc["verdict"] is not None), r.stdout
+    assert r.stdout.count("loss guard over") == (doc["loss_guard"] is not None), r.stdout
     overrides = plan_overrides(out / "plan.yaml")
     assert set(overrides) == {f"{k}={v}" for k, v in doc["plan"].items()}
     if doc["plan"]:  # a plan that changed something was checked against the default's loss

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +37,9 @@ def original(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "primus_perf.cli.profile", *args], capture_output=True,
-                          text=True, timeout=120, env=env)
+    from inprocess import completed
+
+    return completed(["profile", *args])
 
 
 def _write(path: Path, data: bytes | dict) -> Path:
@@ -69,10 +67,10 @@ def test_unreadable_traces_are_one_line_and_exit_2(tmp_path: Path, raw: bytes) -
         (_write(tmp_path / "truncated_gz.json.gz", raw[: len(raw) // 3]), "truncated JSON"),
         ((tmp_path / "cut_stream.json.gz"), "bad gzip"),
         ((tmp_path / "not_gzip.json.gz"), "JSON"),
-        (_write(tmp_path / "empty.json", b""), "empty file"),
+        (_write(tmp_path / "empty.json", b""), r"is empty \(0 bytes\)"),  # refused before it is read, as the CLI does
         (_write(tmp_path / "object.json", b"{}"), "no traceEvents"),
         (_write(tmp_path / "array.json", b"[]"), "nothing to analyze"),  # the JSON Array Format, empty
-        (_write(tmp_path / "string.json", b'"trace"'), "not a Kineto trace"),
+        (_write(tmp_path / "string.json", b'"trace"'), r"is not JSON \(an object or array\) or gzip"),
         (_write(tmp_path / "events_object.json", b'{"traceEvents": {}}'), "not a list"),
         (_write(tmp_path / "no_events.json", b'{"traceEvents": []}'), "nothing to analyze"),
         (_write(tmp_path / "latin1.json", b'{"traceEvents": [{"ph": "X", "name": "caf\xe9"}]}'), "UTF-8"),

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from inprocess import completed, one_process_losses
 from primus_perf.errors import ConfigError
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import GemmProblem
@@ -103,12 +104,10 @@ def test_two_processes_reproduce_one(
     tmp_path: Path, parallel_args: list[str], single_args: list[str]
 ) -> None:
     common = ["--config", "tiny", "--steps", "5", "train.micro_batch=4"]
-    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
-    r1 = _run([*common, *single_args, "--json-log", str(one)])
-    assert r1.returncode == 0, r1.stderr
+    two = tmp_path / "two.jsonl"
     r2 = _run([*common, *parallel_args, "--json-log", str(two)], nproc=2)
     assert r2.returncode == 0, r2.stderr
-    a, b = _losses(one), _losses(two)
+    a, b = one_process_losses("tiny", "train.steps=5", "train.micro_batch=4", *single_args), _losses(two)
     assert len(a) == len(b) == 5
     for x, y in zip(a, b):
         assert abs(x - y) <= 1e-4 * abs(x), (a, b)
@@ -125,7 +124,7 @@ def test_two_processes_reproduce_one(
 )
 def test_bad_config_is_one_line_exit_2(args: list[str], needle: str) -> None:
     cmd = args if args[0] == "--config" else ["--config", "tiny", *args]
-    result = _run(cmd)
+    result = completed(["train", *cmd])  # refused before any work: in this process
     assert result.returncode == 2
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
@@ -135,7 +134,7 @@ def test_bad_config_is_one_line_exit_2(args: list[str], needle: str) -> None:
 def test_bad_yaml_file_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
-    result = _run(["--config", str(bad)])
+    result = completed(["train", "--config", str(bad)])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert str(bad) in result.stderr
 

@@ -74,7 +74,7 @@ from filelock import FileLock, Timeout
 from primus_perf import kinds
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError
-from primus_perf.files import load_json, remove_orphaned_temps, write_json
+from primus_perf.files import check_input_file, load_json, remove_orphaned_temps, write_json
 
 SCHEMA_VERSION = 1
 LOCK_TIMEOUT_S = 120.0
@@ -296,6 +296,13 @@ class _Parsed:
 
     entries: list[CacheEntry] = field(default_factory=list)
     invalid: list[tuple[str, Any]] = field(default_factory=list)  # (why, raw entry)
+
+
+def check_cache_file(path: str | os.PathLike) -> Path:
+    """A tuning cache named to be read (a command's argument, ``build_report``'s ``cache``): a
+    regular, non-empty file (:func:`~primus_perf.files.check_input_file`), else one UserError.
+    (:class:`TuningCache` itself reads a missing or empty file as an empty cache.)"""
+    return check_input_file(path, what="tuning cache")
 
 
 class TuningCache:

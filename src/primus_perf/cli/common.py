@@ -7,7 +7,6 @@ import contextlib
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import typer
 from rich.markup import escape
@@ -19,7 +18,6 @@ except ImportError:  # pragma: no cover - older typer on click
 
 from primus_perf.cli.render import CONSOLE, ERR_CONSOLE, plain_help_off_tty
 from primus_perf.errors import Interrupted, UserError
-from primus_perf.files import check_input_file
 
 console = CONSOLE
 err_console = ERR_CONSOLE
@@ -96,14 +94,3 @@ def run_app(app: typer.Typer | Callable[..., object], args: Sequence[str] | None
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)
 
-
-def check_trace_args(paths: Sequence[str | Path]) -> None:
-    """Each trace argument is a run directory, a primus-perf file (skipped with a note, as
-    in a glob of a run folder) or a trace file that can be one (a regular, non-empty file
-    starting like JSON or gzip): one clear error before the analyzer runs."""
-    from primus_perf.tracelens.inputs import is_own_document
-
-    for path in paths:
-        if Path(path).is_dir() or (Path(path).is_file() and is_own_document(Path(path))):
-            continue  # a run folder, or a primus-perf file the analyzer skips with a note
-        check_input_file(path, what="trace", starts_with=(b"{", b"[", b"\x1f\x8b"), expected="JSON or gzip")

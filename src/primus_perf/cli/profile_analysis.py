@@ -12,14 +12,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from primus_perf import kinds
-from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
+from primus_perf.cli.common import JSON_HELP, TOP_MIN, console, err_console
 from primus_perf.cli.render import print_table
 from primus_perf.files import write_output
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyses.workload import summary as workload_summary
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.export import write_csv, write_xlsx
-from primus_perf.tracelens.report import sync_sites
+from primus_perf.tracelens.report import measured_line, next_steps, sync_sites
 from primus_perf.tracelens.shapes import write_problems
 
 GROUPED = kinds.GROUPED
@@ -45,7 +45,6 @@ def _pct(v: Any) -> str:
 
 
 def _run(traces: list[Path], jobs: int | None = None) -> Analysis:
-    check_trace_args(traces)
     with err_console.status("analyzing") as status:
         return analyze([str(t) for t in traces], progress=lambda msg: status.update(msg), jobs=jobs)
 
@@ -58,6 +57,15 @@ def _tflop(flops: float | None) -> str:
         if flops >= scale:
             return f"{flops / scale:.2f} {unit}/step"
     return f"{flops:,.0f} FLOP/step"
+
+
+def _step(a: Analysis) -> str:
+    """The step time: the GPU step's; without GPU events, the wall clock's and where it comes
+    from (:meth:`Analysis.wall_step`)."""
+    if a.totals["step_time_s"] is not None:
+        return f"step {_ms(a.totals['step_time_s'])} ms"
+    wall, source = a.wall_step()
+    return f"step {_ms(wall)} ms" + (f" wall clock ({source})" if wall is not None else "")
 
 
 def _busy(a: Analysis) -> str:
@@ -85,7 +93,7 @@ def render(a: Analysis, top: int) -> None:
     t = a.totals
     console.print(
         f"[bold]{a.device['name']}[/] · {len(a.ranks)} rank(s) · {a.n_steps} step(s) · "
-        f"step {_ms(t['step_time_s'])} ms · {_busy(a)} · GEMM {_tflop(t['gemm_flops_per_step'])} · "
+        f"{_step(a)} · {_busy(a)} · GEMM {_tflop(t['gemm_flops_per_step'])} · "
         + (f"grouped GEMM {_tflop(t[GROUPED.name + '_flops_per_step'])} · " if len(a.problems_by_kind[GROUPED.name]) else "")
         + f"attention {_tflop(t['attention_flops_per_step'])}"
     )
@@ -198,21 +206,29 @@ def render_bandwidth(a: Analysis, top: int) -> None:
 
 
 def render_recommendations(a: Analysis) -> None:
-    """What to do next, ranked: one block per recommendation (long lines wrap in a log)."""
-    if a.recommendations.empty:
-        return
-    console.print("[bold]what to do next[/] (ranked by estimated saving per step; FP8 last: it changes the numerics)")
-    for i, r in enumerate(a.recommendations.itertuples(index=False), 1):
-        against = "" if r.measured_against in (None, "the default") else f" against {r.measured_against}"
-        measured = (f" (measured by the step tuner: {r.measured_saving_ms:.2f} ms{against})"
-                    if r.measured_saving_ms == r.measured_saving_ms else "")
-        console.print(f"{i}. [bold]{r.category}[/]: save ~{r.estimated_saving_ms:.2f} ms per step{measured}",
+    """What to do next (``report.next_steps``, what the HTML report shows): one block per
+    recommendation, ranked (long lines wrap in a log); the step tuner's measurements of levers
+    no recommendation names; why there is no recommendation, when there is none."""
+    nxt = next_steps(a)
+    console.print("[bold]what to do next[/]" + (" (ranked by estimated saving per step; FP8 last: it changes the "
+                                                 "numerics)" if nxt["rows"] else ""))
+    for i, r in enumerate(nxt["rows"], 1):
+        against = "" if r["measured_against"] in (None, "the default") else f" against {r['measured_against']}"
+        measured = (f" (measured by the step tuner: {r['measured_saving_ms']:.2f} ms{against})"
+                    if r["measured_saving_ms"] is not None else "")
+        console.print(f"{i}. [bold]{r['category']}[/]: save ~{r['estimated_saving_ms']:.2f} ms per step{measured}",
                       highlight=False)
-        lines = [("evidence", r.evidence), ("because", r.condition), ("do", r.action), ("run", r.command),
-                 ("estimate", r.method)]
+        lines = [("evidence", r["evidence"]), ("because", r["condition"]), ("do", r["action"]), ("run", r["command"]),
+                 ("estimate", r["method"])]
         for label, text in lines:
             if text:
                 console.print(f"   {label}: {escape(text)}", highlight=False, soft_wrap=True)
+    if nxt["note"]:
+        console.print(nxt["note"], highlight=False, soft_wrap=True)
+    if nxt["measured"]:
+        console.print("measured by the step tuner (step_plan.json), levers not estimated here:", highlight=False)
+        for m in nxt["measured"]:
+            console.print(f"   {escape(measured_line(m))}", highlight=False, soft_wrap=True)
 
 
 def render_host(a: Analysis, top: int) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from primus_perf.cli.common import JSON_HELP, TOP_MIN, check_trace_args, console, err_console
+from primus_perf.cli.common import JSON_HELP, TOP_MIN, console, err_console
 from primus_perf.cli.render import print_table
-from primus_perf.files import check_input_file, write_output
+from primus_perf.files import write_output
 from primus_perf.tracelens.compare import compare
 from primus_perf.tracelens.report import build_report
 from primus_perf.tracelens.report_html import to_json_text, write_html, write_report_json
@@ -30,9 +30,6 @@ def register(app: typer.Typer) -> None:
         title: str | None = typer.Option(None, "--title", help="Report title."),
     ) -> None:
         """Self-contained HTML report of one or more traces."""
-        check_trace_args(traces)
-        if cache is not None:
-            check_input_file(cache, what="tuning cache")
         data = build_report([str(t) for t in traces], cache=cache, title=title)
         path = write_html(data, output)
         if json_out == "-":
@@ -59,7 +56,6 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(15, "--top", min=TOP_MIN, help="Op deltas to print."),
     ) -> None:
         """Compare two traces or two runs."""
-        check_trace_args([base, candidate])
         data = compare(str(base), str(candidate))
         if output is not None:
             write_html(data, output)

@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 
-from primus_perf.cli.common import check_trace_args
 from primus_perf.cli.render import print_table
 from primus_perf.cli.tune_online import (
     CONFIG_HELP,
@@ -16,6 +15,7 @@ from primus_perf.cli.tune_online import (
     refuse_offline_extras,
     run_online,
 )
+from primus_perf.tracelens.inputs import check_traces
 from primus_perf.tuner.attention.space import STRATEGIES
 
 
@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         if online:
             run_online("attention", cache, config, steps, args or ())
         refuse_offline_extras(config, args or ())
-        check_trace_args(from_trace or ())
+        check_traces(from_trace or ())
         try:
             dtype = canonical_dtype(dtype)
         except ValueError as exc:

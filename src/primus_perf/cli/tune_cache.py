@@ -12,10 +12,9 @@ from primus_perf.cli.render import print_table
 def open_cache(path: str):
     """A cache named on the command line: it must be a regular, non-empty file; invalid or
     stale entries are reported as notes on stderr."""
-    from primus_perf.cache.store import TuningCache
-    from primus_perf.files import check_input_file
+    from primus_perf.cache.store import TuningCache, check_cache_file
 
-    check_input_file(path, what="tuning cache")
+    check_cache_file(path)
     return TuningCache(path, report_stale=note)
 
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from primus_perf.cli.common import check_trace_args, console
+from primus_perf.cli.common import console
 from primus_perf.cli.tune_online import (
     CONFIG_HELP,
     ONLINE,
@@ -14,6 +14,7 @@ from primus_perf.cli.tune_online import (
     refuse_offline_extras,
     run_online,
 )
+from primus_perf.tracelens.inputs import check_traces
 
 
 def register(app: typer.Typer) -> None:
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
         if online:
             run_online("gemm", cache, config, steps, args or ())
         refuse_offline_extras(config, args or ())
-        check_trace_args(from_trace or ())
+        check_traces(from_trace or ())
         n_gpus = resolve_gpus(gpus)
         with console.status("reading the problems"):
             probs = gather_problems("gemm", traces=from_trace or (), files=problems or (), specs=problem or ())

@@ -8,9 +8,10 @@ from typing import Optional
 
 import typer
 
-from primus_perf.cli.common import check_trace_args, console
+from primus_perf.cli.common import console
 from primus_perf.cli.tune_online import ONLINE, STEPS_HELP, run_online
 from primus_perf.kinds import GROUPED
+from primus_perf.tracelens.inputs import check_traces
 
 DEVICES = ("cuda", "cpu")
 HELP = f"""Tune MoE grouped GEMMs: the per-expert loop (default), torch._grouped_mm, padded
@@ -75,7 +76,7 @@ def register(app: typer.Typer) -> None:
         if device == "cpu" and gpus.strip() != "1":
             raise UserError(f"--gpus {gpus} tunes on GPUs; --device cpu tunes in this process")
         n_gpus = resolve_gpus(gpus)
-        check_trace_args(from_trace or ())
+        check_traces(from_trace or ())
         problems, calls = [], {}
         if problems_file or from_trace:
             with console.status("reading the problems"):

@@ -194,6 +194,18 @@ class Analysis:
         v = self.manifest.get("versions")
         return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
 
+    def wall_step(self) -> tuple[float | None, str]:
+        """The step's wall-clock time (seconds) and where it comes from: the run's manifest
+        (``step_time_s``: the median of the profiled steps as ``primus-profile run`` timed them),
+        else the median host span of the trace's ProfilerStep markers; (None, "") without
+        either. A CPU run's step time (its trace has no GPU step to measure)."""
+        v = self.manifest.get("step_time_s")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v > 0:
+            return float(v), "the median profiled step in manifest.json"
+        if len(self.wall_steps):
+            return float(self.wall_steps["wall_s"].median()), "the median ProfilerStep span in the trace"
+        return None, ""
+
     def problem_tables(self) -> dict[str, pd.DataFrame]:
         """The problem tables by kind name (every kind of ``primus_perf.kinds``)."""
         return dict(self.problems_by_kind)

@@ -35,6 +35,7 @@ from primus_perf.tracelens.categories import (
     op_category,
 )
 from primus_perf.tracelens.colors import category_colors
+from primus_perf.tracelens.inputs import check_traces
 
 COMPARE_SCHEMA = "primus-perf-compare/1"
 MAX_OPS = 2000
@@ -292,5 +293,7 @@ def compare_cpu_analyses(base: Analysis, candidate: Analysis, *, base_label: str
 
 
 def compare(base: str | Path, candidate: str | Path) -> dict[str, Any]:
-    """Analyze two traces (or run folders) and compare them (see :func:`compare_analyses`)."""
+    """Analyze two traces (or run folders) and compare them (see :func:`compare_analyses`);
+    both are checked (``inputs.check_traces``) before either is analyzed."""
+    check_traces([base, candidate])
     return compare_analyses(analyze(base), analyze(candidate), base_label=str(base), candidate_label=str(candidate))

@@ -9,6 +9,10 @@ except primus-perf's own documents (a manifest, a report's or an analysis's JSON
 samples or problems file: JSON that starts with a ``"schema": "primus-perf-...`` key; an
 HTML report, diff or preflight page), which are skipped with a note, so that
 ``analyze runs/base/*`` works.
+
+:func:`check_traces` is the one check of what is given as traces, before anything reads
+them: every command that takes traces and the API's ``analyze``, ``build_report`` and
+``compare`` (through :func:`discover`) refuse the same inputs with the same line.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus_perf.errors import TraceError
+from primus_perf.errors import TraceError, UserError
+from primus_perf.files import check_input_file
 
 MANIFEST = "manifest.json"
 # the step tuner's measurements of a run, beside its traces: {"schema": "primus-perf-step-plan/1",
 # "measured": [{"lever": "train.compile", "value": "true", "estimate_ms": 9.5, "measured_ms": 9.1}, ...]}
 STEP_PLAN = "step_plan.json"
 TRACE_SUFFIXES = (".json", ".json.gz")
+TRACE_STARTS = (b"{", b"[", b"\x1f\x8b")  # a JSON object or array, or gzip
 _OWN_DOCUMENT = re.compile(rb'^\s*\{\s*"schema"\s*:\s*"primus-perf-')
 _SNIFF_BYTES = 256
 
@@ -122,7 +128,7 @@ def _folder(folder: Path, notes: list[str]) -> tuple[list[Path], dict[str, Any]]
         elif missing:
             raise TraceError(f"{folder / MANIFEST} lists trace(s) that are missing: {', '.join(missing)}")
         others = [f for f in folder.iterdir() if f.name.endswith(TRACE_SUFFIXES) and f not in files
-                  and f.name != MANIFEST]
+                  and f.name not in (MANIFEST, STEP_PLAN)]  # the step plan is read: read_measured
         if others:
             notes.append(f"{folder}: read the {len(files)} trace(s) {MANIFEST} lists; "
                          f"{len(others)} other JSON file(s) ignored")
@@ -141,10 +147,27 @@ def _folder(folder: Path, notes: list[str]) -> tuple[list[Path], dict[str, Any]]
     return files, manifest
 
 
+def check_traces(paths: Sequence[str | Path] | str | Path) -> None:
+    """Each of ``paths`` is a run folder, a primus-perf file (skipped with a note, as in a glob
+    of a run folder) or a file that can be a trace: regular (not a FIFO or a device: refused
+    unread, never waited on), non-empty, starting like JSON or gzip. One TraceError line
+    otherwise, before any trace is read."""
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        p = Path(path)
+        if p.is_dir() or (p.is_file() and is_own_document(p)):
+            continue
+        try:
+            check_input_file(p, what="trace", starts_with=TRACE_STARTS, expected="JSON (an object or array) or gzip")
+        except UserError as exc:
+            raise TraceError(str(exc)) from None
+
+
 def discover(paths: Sequence[str | Path] | str | Path) -> Inputs:
-    """Trace files of files and run folders (see the module docstring)."""
+    """Trace files of files and run folders (see the module docstring), after
+    :func:`check_traces`."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    check_traces(paths)
     traces: list[Path] = []
     manifest: dict[str, Any] = {}
     notes: list[str] = []
@@ -155,8 +178,6 @@ def discover(paths: Sequence[str | Path] | str | Path) -> Inputs:
             traces += files
             manifest = manifest or m
             measured = measured or read_measured(p)
-        elif not p.exists():
-            raise TraceError(f"trace not found: {p}")
         elif is_own_document(p):
             notes.append(f"skipped {p}: a primus-perf file, not a trace")
         else:

@@ -20,15 +20,22 @@ import numpy as np
 import pandas as pd
 
 from primus_perf import kinds
-from primus_perf.cache.store import CacheEntry, TuningCache
+from primus_perf.cache.store import CacheEntry, TuningCache, check_cache_file
 from primus_perf.devices import lookup_peaks
 from primus_perf.errors import UserError
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyses.hotspots import in_steps
+from primus_perf.tracelens.analyses.recommendations import (
+    MIN_SAVING_MS,
+    lever_parts,
+    measured_rows,
+    trainer_config,
+)
 from primus_perf.tracelens.analyses.tune_next import tune_next
 from primus_perf.tracelens.analyses.workload import summary as workload_summary
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.colors import TEMPORAL_PARTS, category_colors
+from primus_perf.tracelens.inputs import check_traces
 
 REPORT_SCHEMA = "primus-perf-report/1"
 GROUPED = kinds.GROUPED.name
@@ -252,10 +259,36 @@ def timeline(kernels: pd.DataFrame, cats: list[str], bins: int = TIMELINE_BINS) 
             "categories": cats, "streams": streams}
 
 
-def recommendations(a: Analysis) -> list[dict[str, Any]]:
-    """What to do next, ranked (:mod:`.analyses.recommendations`)."""
-    return [{k: (_num(v) if k in ("estimated_saving_ms", "measured_saving_ms") else v) for k, v in r.items()}
+NO_GPU_ESTIMATES = ("no estimates: each rests on the GPU's kernel times, and this trace has no GPU events (a CPU "
+                    "run): profile on a GPU for them")
+# a primus-train run the step tuner has not measured
+MEASURE_HERE = ", or measure the trainer's levers on this machine with primus-tune step (it runs on a CPU too)"
+NOTHING_FOUND = (f"nothing to advise: no change the analyzer estimates would save {MIN_SAVING_MS} ms or more per "
+                 "step here")
+
+
+def next_steps(a: Analysis) -> dict[str, Any]:
+    """What to do next, the one source of ``primus-profile analyze``'s section and the HTML
+    report's: ``rows``, the recommendations ranked (:mod:`.analyses.recommendations`), each
+    with the step tuner's measurement of its lever beside the estimate where the run has one;
+    ``measured``, the step tuner's measurements (``step_plan.json`` beside the trace) of levers
+    no recommendation names, as it measured them (a CPU run's, where nothing is estimated);
+    ``note``, why there is no recommendation, when there is none ("" otherwise)."""
+    rows = [{k: (_num(v) if k in ("estimated_saving_ms", "measured_saving_ms") else v) for k, v in r.items()}
             for r in a.recommendations.to_dict(orient="records")]
+    advised = {lever_parts(str(r["lever"])) for r in rows}
+    measured = [m for m in measured_rows(a.manifest, a.measured) if lever_parts(m["lever"]) not in advised]
+    hint = MEASURE_HERE if trainer_config(a.manifest) is not None and not measured else ""
+    note = "" if rows else NOTHING_FOUND if len(a.kernels) else NO_GPU_ESTIMATES + hint
+    return {"rows": rows, "measured": measured, "note": note}
+
+
+def measured_line(m: dict[str, Any]) -> str:
+    """One step-tuner measurement: ``train.micro_batch=2 against the default: 1.806x, 911.18 ms
+    a step saved (kept)``."""
+    speedup = f"{m['speedup']:.3f}x, " if m["speedup"] is not None else ""
+    status = f" ({m['status']})" if m["status"] else ""
+    return f"{m['lever']} against {m['against']}: {speedup}{m['measured_ms']:+.2f} ms a step saved{status}"
 
 
 def host_side(a: Analysis) -> dict[str, Any] | None:
@@ -382,6 +415,7 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
                    for r in gemm + attn if r["ai"] and r["tflops"]],
     }
     m = a.manifest
+    wall_s, wall_source = a.wall_step()
     header = {
         "device": device,
         "versions": a.versions,
@@ -391,8 +425,8 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "step_time_ms": _ms(a.totals["step_time_s"]),
         "gpu_kernel_ms": None if cpu_only else kernel_s * 1e3,
         "cpu_only": cpu_only,
-        "wall_step_time_ms": _ms(m.get("step_time_s")),
-        "host_step_time_ms": _ms(a.wall_steps["wall_s"].median()) if len(a.wall_steps) else None,
+        "wall_step_time_ms": _ms(wall_s),  # Analysis.wall_step: the manifest's, else the trace's
+        "wall_step_source": wall_source,
         "world_size": a.world_size,
         "tokens_per_s": _num(m.get("tokens_per_s")),
         "mfu": _num(m.get("mfu")),
@@ -402,6 +436,7 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "workload": workload_summary(a.workload),
     }
     hot, kernel_names = hotspots(a)
+    nxt = next_steps(a)
     return {
         "schema": REPORT_SCHEMA,
         "kind": "report",
@@ -418,7 +453,10 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
         "collectives": collectives(a),
         "collective_ranks": collective_ranks(a),
         "expert_load": expert_load_rows(a),
-        "recommendations": recommendations(a),
+        # what to do next (next_steps): the recommendations, the step tuner's other measurements, why none
+        "recommendations": nxt["rows"],
+        "measured_unadvised": nxt["measured"],
+        "next_note": nxt["note"],
         "host": None if cpu_only else host_side(a),
         "kernel_efficiency": [] if cpu_only else kernel_efficiency(a),
         "memory": memory(a),
@@ -434,7 +472,10 @@ def report_from_analysis(a: Analysis, *, cache: str | Path | None = None, title:
 
 def build_report(paths: Sequence[str | Path] | str | Path, *, cache: str | Path | None = None,
                  title: str | None = None) -> dict[str, Any]:
-    """Analyze traces (files or run folders) and return the report dict."""
-    if cache is not None and not Path(cache).exists():
-        raise UserError(f"tuning cache not found: {cache}")  # before the analysis, not after it
+    """Analyze traces (files or run folders) and return the report dict. The traces and the
+    cache are checked as the command checks them (``inputs.check_traces``, ``check_cache_file``),
+    before the analysis."""
+    check_traces(paths)
+    if cache is not None:
+        check_cache_file(cache)
     return report_from_analysis(analyze(paths), cache=cache, title=title)

@@ -985,8 +985,9 @@ LEVER_NAMES = {"train.compile": "compile", "train.micro_batch": "micro_batch", "
                "model.moe.grouped_gemm_backend": "grouped_backend"}
 
 
-def _parts(text: str) -> frozenset[str]:
-    """The settings of a lever (``key=value`` each, or a key alone), keys by their lever name."""
+def lever_parts(text: str) -> frozenset[str]:
+    """A lever's settings (``key=value`` each, or a key alone, in any order), keys by their lever
+    name: how a measurement names the lever it measured, and a recommendation the lever it advises."""
     out = set()
     for part in text.lower().split():
         key, sep, value = part.partition("=")
@@ -997,8 +998,8 @@ def _parts(text: str) -> frozenset[str]:
 def measured_rows(manifest: dict[str, Any], measured: list[Any]) -> list[dict[str, Any]]:
     """The step tuner's measurements of a run (``measured``: rows read beside the trace,
     :func:`..inputs.read_measured`), each with its lever (every ``key=value`` the candidate
-    changed, a companion included), the setting it was measured against and the measured
-    saving in ms per step."""
+    changed, a companion included), the setting it was measured against, the measured
+    saving in ms per step, the speedup and what became of it (``status``: kept, dropped, ...)."""
     rows = list(measured) + (list(manifest.get(MEASURED)) if isinstance(manifest.get(MEASURED), list) else [])
     out = []
     for r in rows:
@@ -1008,8 +1009,13 @@ def measured_rows(manifest: dict[str, Any], measured: list[Any]) -> list[dict[st
                 lever = " ".join(f"{k}={val}" for k, val in changes.items()).lower()
             else:
                 lever = r["lever"] if v is None else f"{r['lever']}={v}".lower()
+            speedup, kept = r.get("speedup"), r.get("kept")
             out.append({"lever": lever, "against": str(r.get("against") or "the default"),
-                        "measured_ms": float(r["measured_ms"])})
+                        "measured_ms": float(r["measured_ms"]),
+                        "speedup": float(speedup) if isinstance(speedup, (int, float)) and speedup is not True
+                        and speedup is not False else None,
+                        "status": str(r.get("status") or ("kept" if kept is True else "dropped" if kept is False
+                                                          else ""))})
     return out
 
 
@@ -1024,8 +1030,8 @@ def _with_measured(df: pd.DataFrame, rows: list[dict[str, Any]]) -> pd.DataFrame
         return df
     by: dict[frozenset[str], tuple[float, str]] = {}
     for r in sorted(rows, key=lambda r: r["against"] != "the default"):
-        by.setdefault(_parts(r["lever"]), (r["measured_ms"], r["against"]))
-    found = [by.get(_parts(str(v)), (np.nan, None)) for v in df["lever"]]
+        by.setdefault(lever_parts(r["lever"]), (r["measured_ms"], r["against"]))
+    found = [by.get(lever_parts(str(v)), (np.nan, None)) for v in df["lever"]]
     return df.assign(measured_saving_ms=[m for m, _ in found], measured_against=[w for _, w in found])
 
 

@@ -224,9 +224,10 @@
   // ------------------------------------------------------------------ pages
   function headerCards(cards) {
     const box = document.querySelector(".cards");
-    cards.forEach(([label, value]) => {
+    cards.forEach(([label, value, title]) => {  // title: where the value comes from (a tooltip)
       if (value === null || value === undefined || value === "") return;
-      box.appendChild(el("div", { cls: "card" }, [el("b", { text: String(value) }), el("span", { text: label })]));
+      box.appendChild(el("div", title ? { cls: "card", title: title } : { cls: "card" },
+        [el("b", { text: String(value) }), el("span", { text: label })]));
     });
   }
 
@@ -271,7 +272,8 @@
     document.querySelector("h1").textContent = DATA.title;
     headerCards([["device", h.device], ["ranks", h.world_size > h.ranks.length ? `${h.ranks.length} of ${h.world_size}` : h.ranks.length],
       ["steps", h.steps], ["GPU step time", h.step_time_ms !== null ? F.ms(h.step_time_ms) : null],
-      ["wall-clock step", h.host_step_time_ms !== null && h.host_step_time_ms !== undefined ? F.ms(h.host_step_time_ms) : null],
+      ["wall-clock step", h.wall_step_time_ms !== null && h.wall_step_time_ms !== undefined ? F.ms(h.wall_step_time_ms) : null,
+        h.wall_step_source],
       ["GPU kernel time / step", F.ms(h.gpu_kernel_ms)],
       ["tokens/s", h.tokens_per_s ? fmt(h.tokens_per_s) : null], ["MFU", h.mfu ? pct(h.mfu) : null],
       ["FP8 layers", Object.keys(h.fp8_layers || {}).length ? Object.entries(h.fp8_layers).map(([k, v]) => `${k} ${v}`).join(", ") : null]]);
@@ -293,7 +295,9 @@
         t.map((r) => Object.assign({ label: r.label, span_ms: r.span_ms, wall_ms: r.wall_ms }, r.parts)), { name: "temporal" });
     }
 
-    if ((DATA.recommendations || []).length) recommendationsSection(DATA.recommendations);
+    if ((DATA.recommendations || []).length || (DATA.measured_unadvised || []).length || DATA.next_note) {
+      recommendationsSection(DATA.recommendations || [], DATA.measured_unadvised || [], DATA.next_note);
+    }
 
     if ((DATA.tune_next || []).length) {
       const tn = section("Tune next", "GEMM and attention problems ranked by the time they would save at the roofline (time × (1 − % roofline)); " +
@@ -342,9 +346,11 @@
       stackedBars(s1, b.rows.map((r) => ({ label: r.label, values: r.by_cat })), DATA.categories, { name: "breakdown" });
     }
 
-    const s3 = section("Roofline", DATA.roofline.peak_tflops ? "Each GEMM and attention problem; circle area ∝ share of GPU time." :
-      "Device peaks unknown: problems are shown without roofs.");
-    roofline(s3, DATA.roofline);
+    if (DATA.roofline.points.length || DATA.roofline.peak_tflops) {  // a CPU run has neither: no empty chart
+      const s3 = section("Roofline", DATA.roofline.peak_tflops ? "Each GEMM and attention problem; circle area ∝ share of GPU time." :
+        "Device peaks unknown: problems are shown without roofs.");
+      roofline(s3, DATA.roofline);
+    }
 
     const cpuNote = cpuOnly ? "A CPU run: times are the ops' CPU times, shares are of the problems' total. " : "";
     const s4 = section("GEMM problems", cpuNote + (DATA.cache ? `Tuning cache: ${DATA.cache.path} (${DATA.cache.entries} entries` +
@@ -370,9 +376,12 @@
     if (DATA.memory) memorySection(DATA.memory);
   }
 
-  function recommendationsSection(rows) {
-    const s = section("What to do next", "Ranked by the time each change could save per step (changes of the numerics last: FP8, lower precision). " +
-      "Each estimate says how it was made; they do not add up where two touch the same kernels.");
+  // what to do next (report.next_steps, what primus-profile analyze prints): the recommendations,
+  // the step tuner's measurements of levers none names, why there is none
+  function recommendationsSection(rows, measured, note) {
+    const s = section("What to do next", rows.length ? "Ranked by the time each change could save per step (changes of " +
+      "the numerics last: FP8, lower precision). Each estimate says how it was made; they do not add up where two touch " +
+      "the same kernels." : "");
     s.setAttribute("id", "recommendations");
     const list = el("ol", { cls: "recs" });
     rows.forEach((r) => {
@@ -386,7 +395,15 @@
       items.push(el("div", { cls: "muted", text: "estimate: " + r.method }));
       list.appendChild(el("li", {}, items));
     });
-    s.appendChild(list);
+    if (rows.length) s.appendChild(list);
+    if (note) s.appendChild(el("p", { text: note }));
+    if (measured.length) {
+      s.appendChild(el("h3", { text: "Measured by the step tuner (step_plan.json), levers not estimated here" }));
+      table(s, [{ key: "lever", label: "lever", wrap: true }, { key: "against", label: "against", wrap: true },
+        { key: "speedup", label: "speedup", num: true, fmt: (v) => (v === null || v === undefined ? "–" : v.toFixed(3) + "x") },
+        { key: "measured_ms", label: "saved / step", num: true, fmt: F.ms }, { key: "status", label: "status" }],
+        measured, { name: "step-tuner" });
+    }
   }
 
   const PATH_LABELS = { cpu: "host (CPU)", launch: "launch delay", gpu: "GPU kernels", wait: "stream wait" };

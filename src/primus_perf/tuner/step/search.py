@@ -134,6 +134,7 @@ class SearchResult:
     passes: int
     skipped: dict[str, str]  # lever -> why it does not apply here
     stopped: str = ""  # why the search stopped before it converged (the budget)
+    chained: float = 1.0  # Search.chained: the best's rough figure against the default
 
 
 def _order(levers: Sequence[Lever], advice: Sequence[Advice]) -> list[Lever]:
@@ -355,7 +356,7 @@ class Search:
                     batch, values = values[:1 + len(self.lanes)], values[1 + len(self.lanes):]
                     for trial in self.measure_batch(lever, incumbent, batch):
                         self.trials.append(trial)
-                        self.say(f"(pass {passes}) {trial.line()}{self._best_so_far()}")
+                        self.say(f"(pass {passes}) {trial.line()}")
                         if trial.kept:
                             kept.append(trial)
                 measured_at[lever.name] = version
@@ -366,18 +367,20 @@ class Search:
                     self.step_s = statistics.median(best.candidate_s)
                     version += 1
                     measured_at[lever.name] = version
-                    self.say(f"incumbent: {incumbent.label(start.values)}")
+                    self.say(f"best so far: {incumbent.label(start.values)}, about {self.chained():.2f}x the default"
+                             " (the kept speedups multiplied, each against the best before it)")
                 if stopped:
                     break
             if stopped or version == before:
                 break
         self.session.switch(incumbent)
-        return SearchResult(start, incumbent, self.trials, passes, skipped, stopped)
+        return SearchResult(start, incumbent, self.trials, passes, skipped, stopped, self.chained())
 
-    def _best_so_far(self) -> str:
-        """The kept trials' speedups chained: a rough figure of the incumbent against the
-        default (the final measurement is the one that counts)."""
+    def chained(self) -> float:
+        """The speedups of the trials that changed the incumbent, multiplied: a rough figure of
+        the incumbent against the default, each factor measured against the incumbent before it
+        (the plan's own measurement against the default, interleaved, is the one that counts)."""
         chain = 1.0
         for t in self.chosen:
             chain *= t.speedup or 1.0
-        return f"; best so far about {chain:.2f}x the default" if self.chosen else ""
+        return chain

@@ -142,8 +142,9 @@ class StepTuneResult:
             else:
                 figures = (f"step time ({statistics.median(self.default_s) * 1e3:.1f} ->"
                            f" {statistics.median(self.plan_s) * 1e3:.1f} ms)")
-            out.append(f"plan vs default, interleaved: {self.verdict.speedup:.3f}x [{self.verdict.low:.3f}-"
-                       f"{self.verdict.high:.3f}] {figures}: {self.verdict.status}")
+            out.append(f"plan vs default, measured interleaved: {self.verdict.speedup:.3f}x [{self.verdict.low:.3f}-"
+                       f"{self.verdict.high:.3f}] {figures}: {self.verdict.status}"
+                       f" (the search's product of kept speedups said about {self.search.chained:.2f}x)")
         if self.guard is not None:
             out.append(self.guard.line())
         for key, why in self.dropped_by_guard.items():
@@ -430,10 +431,10 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
             fp8_minutes = 0.0
         result = StepTuneResult(config, base, found, Setting(), None, tokens_per_step=tokens,
                                 device=current_device().name, fp8_minutes=fp8_minutes)
-        if plan.values != start.values:
+        if plan.values != start.values:  # the figures: once, in StepTuneResult.lines()
+            say(f"measuring the plan against the default, interleaved ({final_blocks} pairs of blocks)")
             d, p, v = interleave(session, start, plan, blocks=final_blocks, block_steps=block_steps, settle=settle,
                                  agree=agree)
-            say(f"plan vs default: {v.speedup:.3f}x [{v.low:.3f}-{v.high:.3f}] ({v.status})")
             result.default_s, result.plan_s, result.verdict = d, p, v
             if not v.kept:
                 result.notes.append("the whole step did not bear the plan out against the default: the default stays")
@@ -441,8 +442,8 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
     finally:
         session.close()
     if plan.values != start.values:
+        say(f"loss guard: the default and the plan from one seed, {check_steps} steps each")
         guard = loss_guard(make, start, plan, steps=check_steps, threshold=threshold)
-        say(guard.line())
         result.guard = guard
         if not guard.passed:
             numeric = numerics_changes(plan, start)
