@@ -20,10 +20,9 @@ from primus_perf.tracelens.link import (
     BACKWARD_PREFIX,
     CROSSING_US,
     OPTIMIZER_PREFIX,
-    OWNS_INSIDE,
     _op_tree,
 )
-from primus_perf.tracelens.perf_models import ATTENTION_MODELS, MODELS, annotation_model
+from primus_perf.tracelens.perf_models import ATTENTION_MODELS, annotation_model, models, ops_where
 
 OWNER = "primus_perf::grouped_gemm ggemm:fwd|g8|k128|n256|t2048|s1.5|bf16|wN tokens=2048"
 NAMES = ["aten::linear", "aten::mm", "aten::addmm", "aten::add", "aten::_grouped_mm",
@@ -58,13 +57,13 @@ def _stack_pass(rt: L.RawTrace) -> tuple[np.ndarray, ...]:
         if not op:
             continue
         owner = annotation_model(name) is not None
-        modeled = name in MODELS and rt.shape[r] >= 0
+        modeled = name in models() and rt.shape[r] >= 0
         attention = name in ATTENTION_MODELS
         inside = pm_owns and not (attention and pm_att)
         if not owned and (owner or (modeled and not inside)):
             if pm >= 0:
                 shadowed[pm] = True
-            pm, owned, pm_owns, pm_att = r, owner, name in OWNS_INSIDE, attention
+            pm, owned, pm_owns, pm_att = r, owner, name in ops_where("owns_inside"), attention
         po = po or name.startswith(OPTIMIZER_PREFIX)
         pb = r if name.startswith(BACKWARD_PREFIX) else pb
         model[r], optim[r], bwd[r] = pm, po, pb

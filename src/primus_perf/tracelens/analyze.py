@@ -355,9 +355,7 @@ def _totals(kernels: pd.DataFrame, calls: pd.DataFrame, temporal: pd.DataFrame, 
 
     busy = float(temporal["busy_s"].sum()) if len(temporal) else float(k["dur_us"].sum()) / 1e6
     return {
-        "gemm_flops_per_step": flops(kinds.GEMM.name, (GEMM,)),
-        f"{kinds.GROUPED.name}_flops_per_step": flops(kinds.GROUPED.name, ()),
-        "attention_flops_per_step": flops(kinds.ATTENTION.name, (ATTENTION_FWD, ATTENTION_BWD)),
+        **{f"{kind}_flops_per_step": flops(kind, part.categories) for kind, part in kinds.with_part("trace").items()},
         "convolution_flops_per_step": flops("convolution", (CONVOLUTION,)),
         "gpu_busy_s_per_step": busy / per_step,
         "gpu_kernel_s_per_step": seconds(slice(None)),

@@ -40,7 +40,7 @@ import numpy as np
 
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.arrays import order_by_start
-from primus_perf.tracelens.perf_models import ATTENTION_MODELS, MODELS, annotation_model
+from primus_perf.tracelens.perf_models import annotation_model, models, ops_where
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 SHARDING_HOOK = re.compile(r"^(FSDP|fsdp)::")  # FSDP2's hooks (its collectives' own kernels are communication)
@@ -119,10 +119,6 @@ def by_step(step: np.ndarray) -> dict[int, np.ndarray]:
     return dict(zip(values.tolist(), np.split(order, starts[1:]), strict=True))
 
 
-GROUPED_OPS = ("aten::_grouped_mm", "aten::_scaled_grouped_mm")  # ops whose inner GEMMs are theirs
-# ops whose modeled ops inside are part of their call: a grouped GEMM's per-group fallback GEMMs,
-# an attention op's math-path bmms (an attention op inside one, its dispatch, is still its own)
-OWNS_INSIDE = frozenset(GROUPED_OPS) | frozenset(ATTENTION_MODELS)
 def _nearest(flag: np.ndarray, up: np.ndarray) -> np.ndarray:
     """For each node of a forest (``up``: its parent, -1 for a root), the nearest node at or
     above it with ``flag`` set (-1 if none), by pointer doubling: log(depth) vector passes."""
@@ -203,9 +199,12 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     order = host[order_by_start(rt.ts[host], rt.dur[host], rt.thread[host])]
     del host
     names = rt.names
+    # ops whose modeled ops inside are part of their call (a grouped GEMM's per-group fallback
+    # GEMMs, an attention op's math-path bmms), and those whose op of their kind inside is its
+    # own (an attention op's dispatch): the kinds' trace parts say
     flags = {key: np.array([test(nm) for nm in names] + [False], dtype=bool) for key, test in (
-        ("modeled", MODELS.__contains__), ("owner", lambda nm: annotation_model(nm) is not None),
-        ("owns", OWNS_INSIDE.__contains__), ("attention", ATTENTION_MODELS.__contains__),
+        ("modeled", models().__contains__), ("owner", lambda nm: annotation_model(nm) is not None),
+        ("owns", ops_where("owns_inside").__contains__), ("takes_over", ops_where("takes_over").__contains__),
         ("optimizer", lambda nm: nm.startswith(OPTIMIZER_PREFIX)),
         ("backward", lambda nm: nm.startswith(BACKWARD_PREFIX)))}
     k = kind[order]
@@ -232,7 +231,7 @@ def _op_tree(rt: L.RawTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
         is_cand[cand] = True
         cand_up = _nearest(is_cand, up)[np.clip(up[cand], 0, None)]  # the nearest candidate above
         cand_up[up[cand] < 0] = -1
-        owns_of, att_of = flags["owns"][name_of], flags["attention"][name_of]
+        owns_of, att_of = flags["owns"][name_of], flags["takes_over"][name_of]
         done = np.zeros(len(order), dtype=bool)
         todo = np.arange(len(cand))
         while len(todo):

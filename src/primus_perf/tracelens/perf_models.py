@@ -14,7 +14,7 @@ are 2.5x the forward (five matmuls instead of two).
 
 Grouped GEMMs (MoE experts) give a :class:`~primus_perf.problems.GroupedGemmProblem` (its
 kind's name). A call of ``kernels.grouped.run`` is an annotation whose name is
-the problem and the call's exact tokens (:func:`annotation_model`): exact problem, FLOPs
+the problem and the call's exact tokens (:func:`grouped_annotation`): exact problem, FLOPs
 and bytes, whatever ran inside it. Another program's ``aten::_grouped_mm`` records only
 its operands' shapes: groups, K, N and the tokens come from them, the split of the tokens
 over the groups does not, so the problem takes them as balanced (skew 1) and says so
@@ -26,11 +26,12 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from primus_perf import kinds
 from primus_perf.problems import (
     DTYPE_BYTES,
     AttentionProblem,
@@ -42,6 +43,7 @@ from primus_perf.problems import (
     operand_layout,
     parse_grouped_trace_name,
 )
+from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, GEMM
 from primus_perf.tracelens.load import ShapeArgs
 
 
@@ -222,7 +224,7 @@ def _grouped_model(problem: GroupedGemmProblem, tokens: int, assumed: str = "") 
                    assumed=assumed)
 
 
-def annotation_model(name: str) -> OpModel | None:
+def grouped_annotation(name: str) -> OpModel | None:
     """The grouped GEMM call an annotation of ``kernels.grouped.run`` names
     (``problems.grouped_trace_name``): its problem, exact FLOPs and bytes; None for any
     other name."""
@@ -591,7 +593,7 @@ def _attn(q_at: int, causal_at: int | None, layout: str, direction: str, varlen:
     return lambda s: attention_model(s, q_at, causal_at, layout, direction, varlen, mask_at)
 
 
-# Op name -> model. Argument positions follow torch's native_functions.yaml signatures
+# Attention op name -> model. Argument positions follow torch's native_functions.yaml signatures
 # (checked against H100 traces of torch 2.11: is_causal's position in Concrete Inputs), and
 # the libraries' op schemas: flash-attn 2's custom ops (flash_attn_interface.py) and its
 # varlen forms; FlashAttention-3's C++ ops (``flash_attn_3::fwd``/``bwd``, hopper/flash_api.cpp)
@@ -620,7 +622,7 @@ ATTENTION_MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "aiter::mha_bwd": _attn(1, 8, "bshd", "bwd"),
 }
 
-MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
+GEMM_MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "aten::mm": model_mm,
     "primus_perf::gemm": model_mm,  # a tuned GEMM routed by kernels/gemm.py
     "aten::addmm": model_addmm,
@@ -630,14 +632,13 @@ MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "aten::matmul": model_matmul,
     "aten::linear": model_linear,
     "aten::_scaled_mm": model_scaled_mm,
-    **ATTENTION_MODELS,
-    "aten::_grouped_mm": model_grouped_mm,
-    "aten::_scaled_grouped_mm": model_grouped_mm,
     "_C::cutlass_scaled_mm": lambda s: model_scaled_mm(s, first=1),
     "fbgemm::f8f8bf16_rowwise": model_linear_like,
     "fbgemm::f8f8bf16": model_linear_like,
     "fbgemm::f8f8bf16_tensorwise": model_linear_like,
-    # convolution (argument positions of native_functions.yaml)
+}
+# convolution (argument positions of native_functions.yaml): no kind of the registry
+CONVOLUTION_MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "aten::convolution": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5,
                                                            "transposed": 6}),
     "aten::_convolution": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5,
@@ -655,11 +656,77 @@ MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
 }
 
 
+@dataclass(frozen=True)
+class TracePart:
+    """A kind's trace part (its record's ``trace``, see ``primus_perf.kinds``): what the analyzer reads of it."""
+
+    ops: Mapping[str, Callable[[ShapeArgs], OpModel | None]]  # the op names that make its problems -> perf model
+    attainable: float  # the fraction of the roofline the best available kernels reach (recommendations)
+    by_pass: Mapping[str, float] = field(default_factory=dict)  # ... where a pass (direction) reaches another
+    categories: tuple[str, ...] = ()  # kernel categories: no op modeled while they ran, its FLOPs per step unknown
+    owns_inside: bool = False  # its ops own the modeled ops inside them (link)
+    takes_over: bool = False  # and an op of it inside another of it is the model (a dispatch)
+    annotation: Callable[[str], OpModel | None] | None = None  # an annotation's name -> the call it names
+    in_backward: Callable[[ShapeArgs, OpModel], OpModel | None] | None = None  # a forward op called in a backward
+    directions: Any = None  # calls -> their pass (analyses.problems), "module:attribute"
+    item: Callable[[Any], dict[str, Any]] | None = None  # a problem's shortest problems-file item (tune_next)
+    spec: Callable[[Any], str | None] | None = None  # the primus-tune options naming a problem without a file
+
+
+def gemm_item(problem: GemmProblem) -> dict[str, Any]:
+    """A GEMM's row-major spelling when it gives the same key (packed operands), else every field."""
+    M, N, K, a_t, b_t = problem.row_major_shapes()
+    optional = {"out_dtype": (problem.dtype_d, problem.dtype_a), "batch": (problem.batch, 1),
+                "epilogue": (problem.epilogue, "none")}  # given where not the default
+    short = {"M": M, "N": N, "K": K, "a_transposed": a_t, "b_transposed": b_t, "dtype": problem.dtype_a,
+             **{name: value for name, (value, default) in optional.items() if value != default}}
+    try:
+        if GemmProblem.from_row_major(**short).key() == problem.key():
+            return short
+    except (TypeError, ValueError):
+        pass
+    return {"kind": problem.kind, "problem": problem.to_dict()}
+
+
+def attention_spec(p: AttentionProblem) -> str | None:
+    """``--problem b,hq,hkv,s,d,causal|full --dtype D`` (self-attention in the bshd layout only)."""
+    if p.seq_q != p.seq_kv or p.layout != "bshd":
+        return None
+    return f"--problem {p.batch},{p.heads_q},{p.heads_kv},{p.seq_q},{p.head_dim},{'causal' if p.causal else 'full'}" \
+           f" --dtype {p.dtype}"
+
+
+# fractions of the datasheet peak the best available kernels reach (H100: the best cuBLASLt candidate
+# for dense bf16 GEMMs runs at ~0.75-0.82 of it; cuDNN attention, the fastest backend measured, 0.56
+# forward and 0.50 backward; grouped GEMMs between)
+GEMM_TRACE = TracePart(GEMM_MODELS, 0.8, categories=(GEMM,), in_backward=lambda s, m: replace(m, direction="bwd"),
+                       directions="primus_perf.tracelens.analyses.problems:gemm_directions", item=gemm_item)
+GROUPED_TRACE = TracePart({"aten::_grouped_mm": model_grouped_mm, "aten::_scaled_grouped_mm": model_grouped_mm}, 0.7, owns_inside=True,
+                          annotation=grouped_annotation, in_backward=lambda s, m: model_grouped_mm(s, backward=True))
+ATTENTION_TRACE = TracePart(ATTENTION_MODELS, 0.55, {"fwd": 0.56, "bwd": 0.50}, (ATTENTION_FWD, ATTENTION_BWD),
+                            owns_inside=True, takes_over=True, spec=attention_spec)
+
+
+def models() -> dict[str, Callable[[ShapeArgs], OpModel | None]]:
+    """Op name -> model: the convolutions and the ops of every kind's trace part."""
+    return {**CONVOLUTION_MODELS, **{op: fn for p in kinds.with_part("trace").values() for op, fn in p.ops.items()}}
+
+
+def ops_where(flag: str) -> frozenset[str]:
+    """The ops of the kinds whose trace part sets ``flag`` (``owns_inside``, ``takes_over``)."""
+    return frozenset(op for p in kinds.with_part("trace").values() if getattr(p, flag) for op in p.ops)
+
+
+def annotation_model(name: str) -> OpModel | None:
+    """The call an annotation names (a kind's trace part's ``annotation``), None for any other name."""
+    return next((m for p in kinds.with_part("trace").values() if p.annotation and (m := p.annotation(name))), None)
+
+
 def model_op(name: str, args: ShapeArgs | None, in_backward: bool = False) -> OpModel | None:
-    """The model of one op call (``in_backward``: it runs in a backward pass), or None
-    (not a modeled op, or inputs not recorded). An annotation that names its problem
-    (:func:`annotation_model`) needs no inputs."""
-    fn = MODELS.get(name)
+    """The model of one op call (``in_backward``: it runs in a backward pass, where its kind's
+    ``in_backward`` remodels a forward call), or None (not a modeled op, or inputs not
+    recorded). An annotation that names its problem (:func:`annotation_model`) needs no inputs."""
+    fn = models().get(name)
     if fn is None:
         return annotation_model(name)
     if args is None:
@@ -668,6 +735,7 @@ def model_op(name: str, args: ShapeArgs | None, in_backward: bool = False) -> Op
         m = fn(args)
     except (TypeError, ValueError, IndexError):
         return None  # malformed recorded inputs: FLOPs unknown
-    if in_backward and m is not None and m.kind == GroupedGemmProblem.kind and m.direction == "fwd":
-        return model_grouped_mm(args, backward=True)  # the input gradient: dy @ W^T
+    if in_backward and m is not None and m.direction == "fwd" and m.kind in kinds.names():
+        back = kinds.get(m.kind).part("trace").in_backward
+        return m if back is None else back(args, m)
     return m

@@ -180,8 +180,7 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
         m, problem_key = models[key]
         if m is None:
             continue
-        direction = "bwd" if m.kind == "gemm" and bwd else m.direction  # a GEMM's pass: see problems
-        rows.append((rank, int(lk.op_step[r]), r, m.kind, problem_key, m.problem, direction,
+        rows.append((rank, int(lk.op_step[r]), r, m.kind, problem_key, m.problem, m.direction,
                      m.flops, m.bytes, m.dtype, t, m.assumed, m.written, m.mask))
     calls = pd.DataFrame(rows, columns=CALL_COLUMNS)
     memory = _memory_calls(rt, lk, kernels, rank, gpu_time)

@@ -10,4 +10,5 @@ KIND = Kind(AttentionProblem, "attention", parts={
     "intercept": "primus_perf.runtime.attention:AttentionDispatch",
     "tuner": "primus_perf.tuner.attention.plugin:AttentionTuner",
     "online": "primus_perf.tuner.attention.online:adapter",
+    "trace": "primus_perf.tracelens.perf_models:ATTENTION_TRACE",
 })

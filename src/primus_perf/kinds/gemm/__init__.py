@@ -9,4 +9,5 @@ KIND = Kind(GemmProblem, "GEMM", ("m", "n", "k"), parts={
     "intercept": "primus_perf.runtime.gemm:GemmDispatch",
     "tuner": "primus_perf.tuner.gemm.plugin:GemmTuner",
     "online": "primus_perf.tuner.gemm.online:adapter",
+    "trace": "primus_perf.tracelens.perf_models:GEMM_TRACE",
 })

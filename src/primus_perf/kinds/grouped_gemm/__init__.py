@@ -10,4 +10,5 @@ KIND = Kind(GroupedGemmProblem, "grouped GEMM", ("groups", "k", "n", "tokens", "
     "intercept": "primus_perf.runtime.grouped:GroupedDispatch",
     "tuner": "primus_perf.tuner.grouped.plugin:GroupedGemmTuner",
     "online": "primus_perf.tuner.grouped.online:adapter",
+    "trace": "primus_perf.tracelens.perf_models:GROUPED_TRACE",
 })

@@ -44,7 +44,7 @@ from primus_perf.tracelens.tables import SCORES_MIN
 
 # the fraction of the roofline SDPA's causal fused kernels reach, by pass: cuDNN's on an H200
 # (torch 2.11, b2 h28/4 s2048 d128 bf16 causal: forward 0.42, backward 0.32); the best
-# attention kernels measured on an H100 reach 0.56 and 0.50 (recommendations.ATTENTION_ATTAINABLE)
+# attention kernels measured on an H100 reach 0.56 and 0.50 (perf_models.ATTENTION_TRACE.by_pass)
 FUSED_FRACTION = {"fwd": 0.42, "bwd": 0.32}
 _SOFTMAX = re.compile(r"softmax", re.I)
 # the token loss of a language model: its log-softmax (or cross-entropy) over the vocabulary, an

@@ -69,7 +69,8 @@ def _with_layout(label: str, p: object, _key: str) -> str:
 
 def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per_step: int,
                   device_time: bool = True) -> pd.DataFrame:
-    """The table of one kind (a name of ``kinds``); GEMM rows say their pass.
+    """The table of one kind (a name of ``kinds``); its trace part's ``directions`` give the
+    rows' pass (GEMM: :func:`gemm_directions`).
     ``device_time``: the calls' times are their kernels' GPU time; False (a trace without
     GPU events: the ops' CPU times) leaves TFLOP/s, TB/s and % of roofline unknown (NaN),
     since a CPU op's duration says nothing about what the device reached."""
@@ -78,8 +79,9 @@ def problem_table(calls: pd.DataFrame, kind: str, peaks: DevicePeaks | None, per
     sub = calls[(calls["kind"] == kind) & calls["problem"].notna()]
     if sub.empty:
         return pd.DataFrame(columns=cols)
-    if kind == kinds.GEMM.name:
-        sub = sub.assign(direction=gemm_directions(sub))
+    directions = spec.part("trace").directions if "trace" in spec.parts else None
+    if directions is not None:  # the kind's passes, from its calls
+        sub = sub.assign(direction=kinds.resolve(directions)(sub))
     g = sub.groupby(["key", "direction"], sort=False).agg(
         problem=("problem", "first"), n=("row", "size"), time_us=("time_us", "sum"),
         flops=("flops", "sum"), bytes=("bytes", "sum"), dtype=("dtype", "first"),

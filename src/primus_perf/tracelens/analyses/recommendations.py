@@ -48,7 +48,7 @@ when they touch the same kernels):
   exposed share), tensor-parallel activations, MoE tokens
   (expert-parallel dispatch/combine), embedding lookups (DLRM-style all-to-all).
 - ``tuning`` (GEMM, grouped GEMM, attention; :mod:`.tune_next`): per problem ``time *
-  (1 - roofline fraction / ATTAINABLE)`` over the time its kernels run alone (a kernel
+  (1 - roofline fraction / attainable)`` (the kind's trace part's) over the time its kernels run alone (a kernel
   beside a communication kernel shares the GPU: its speed is not the kernel's choice);
   dense bf16/f16 GEMMs on NVIDIA at most :data:`GEMM_TUNING_GAIN` of their time.
 - ``memory format``: the NCHW<->NHWC conversions convolution ops launch around their kernels
@@ -102,12 +102,6 @@ MIN_SAVING_MS = 0.01  # below this a recommendation is noise
 # the syncs' cost (the replay without them), as a share of the step, above which the fusion estimate is an
 # upper bound of the step's saving (H100: MoE runs with a sync per layer 1.0-3.1%, dense runs under 0.01%)
 SYNC_BOUND = 0.005
-# fraction of the datasheet peak the best available kernels reach (H100: the best cuBLASLt
-# candidate for dense bf16 GEMMs runs at ~0.75-0.82 of it; cuDNN attention, the fastest
-# backend measured, 0.56 forward and 0.50 backward; grouped GEMMs between)
-ATTAINABLE = {kinds.GEMM.name: 0.8, kinds.GROUPED.name: 0.7, kinds.ATTENTION.name: 0.55}
-# attention by pass: its forward and backward kernels reach different fractions (cuDNN's above)
-ATTENTION_ATTAINABLE = {"fwd": 0.56, "bwd": 0.50}
 # dense bf16 GEMMs on NVIDIA: the cuBLASLt heuristic's choice within ~2% of the best candidate
 # (H100, cuBLASLt 13.1); tuned caches ran 0.995-1.013x on six held-out programs
 GEMM_TUNING_GAIN = 0.02
@@ -698,19 +692,17 @@ def _tuning(a: Analysis, peaks: DevicePeaks | None) -> list[dict[str, Any]]:
     t = tune_next(a.problem_tables(), top=1_000_000)
     if t.empty or in_steps(a.kernels).empty:
         return []
-    att = t["kind"].map(ATTAINABLE).astype(np.float64)
+    att = t["kind"].map(attainable).astype(np.float64)
     alone = _alone(a).reindex(t["key"]).fillna(1.0).to_numpy()
     gap = (1 - t["pct_roofline"].astype(np.float64) / att).clip(lower=0.0).fillna(0.0)
     t = t.assign(alone=alone, saving=t["time_s"] * alone * gap)
-    attention = t["kind"] == kinds.ATTENTION.name
-    if attention.any():  # each pass against what its kernels reach: the backward's lower roof
-        p = a.problem_tables().get(kinds.ATTENTION.name, pd.DataFrame())
-        if len(p) and "direction" in p.columns:
-            roof = p["direction"].map(ATTENTION_ATTAINABLE).fillna(ATTAINABLE[kinds.ATTENTION.name])
+    for kind, part in kinds.with_part("trace").items():  # each pass against what its kernels reach
+        rows, p = t["kind"] == kind, a.problem_tables().get(kind, pd.DataFrame())
+        if part.by_pass and rows.any() and len(p) and "direction" in p.columns:
+            roof = p["direction"].map(part.by_pass).fillna(part.attainable)
             per = (p["time_s"] * (1 - p["pct_roofline"].astype(np.float64) / roof).clip(lower=0.0).fillna(0.0))
             by_key = per.groupby(p["key"]).sum()
-            t.loc[attention, "saving"] = (by_key.reindex(t.loc[attention, "key"]).fillna(0.0).to_numpy()
-                                          * t.loc[attention, "alone"].to_numpy())
+            t.loc[rows, "saving"] = by_key.reindex(t.loc[rows, "key"]).fillna(0.0).to_numpy() * t.loc[rows, "alone"]
     nvidia = peaks is not None and peaks.vendor == "nvidia"
     out = []
     for kind, g in t.groupby("kind", sort=False):
@@ -738,7 +730,7 @@ def _tuning(a: Analysis, peaks: DevicePeaks | None) -> list[dict[str, Any]]:
         best = below.iloc[0]
         label = kinds.get(str(kind)).title if str(kind) in kinds.names() else str(kind)
         shared = float((g["time_s"] * (1 - g["alone"])).sum())
-        evidence = (f"{len(below)} {label} problem(s) below {ATTAINABLE[str(kind)]:.0%} of the roofline take "
+        evidence = (f"{len(below)} {label} problem(s) below {attainable(str(kind)):.0%} of the roofline take "
                     f"{below['time_s'].sum() * 1e3:.1f} ms per step; most to gain: {best['label']} at "
                     f"{best['pct_roofline']:.0%} ({best['time_s'] * 1e3:.2f} ms); one problem alone: {best['command']}"
                     + (f"; {shared * 1e3:.1f} ms of their time runs beside communication kernels and is left out"
@@ -823,10 +815,16 @@ def _attention_path(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, c
     return out
 
 
+def attainable(kind: str) -> float:
+    """The fraction of the datasheet peak the best available kernels of ``kind`` reach (its trace part's)."""
+    return kinds.get(kind).part("trace").attainable
+
+
 def _roof_text(kind: str) -> str:
-    if kind == kinds.ATTENTION.name:
-        return " or ".join(f"{v:g} {d}" for d, v in ATTENTION_ATTAINABLE.items()) + " (each pass)"
-    return f"{ATTAINABLE[kind]:g}"
+    by_pass = kinds.get(kind).part("trace").by_pass
+    if by_pass:
+        return " or ".join(f"{v:g} {d}" for d, v in by_pass.items()) + " (each pass)"
+    return f"{attainable(kind):g}"
 
 
 def fp8_casts(g: pd.DataFrame, training: bool = True) -> tuple[float, float]:
@@ -903,7 +901,7 @@ def _precision(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None) -> lis
     """fp32 GEMMs and convolutions: TF32 math, and a 16-bit type (:mod:`.precision`)."""
     if peaks is None or in_steps(a.kernels).empty:
         return []
-    cap = ATTAINABLE[kinds.GEMM.name]
+    cap = attainable(kinds.GEMM.name)
     f = fp32_work(a.calls, a.kernels, peaks, a.rank_steps, cap)
     if f.empty:
         return []

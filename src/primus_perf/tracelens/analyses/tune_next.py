@@ -1,12 +1,11 @@
-"""What to tune next: GEMM, grouped GEMM and attention problems ranked by the time they
-could save.
+"""What to tune next: the problems of every kind ranked by the time they could save.
 
 A problem's score is its GPU time per step times its distance to the roofline,
 ``time_s * (1 - pct_roofline)``: the time it would save at the roof. Where the roof is
 unknown (a device or dtype without a peak entry) the distance counts as 1, so those rank
 by time. An attention problem's forward and backward are one row (the tuner tunes the
 pair); each pass of a grouped GEMM is a problem of its own. Each row carries the command
-that tunes it (:func:`tune_command`).
+that tunes it (:func:`tune_command`, spelled as the kind's trace part says).
 """
 
 from __future__ import annotations
@@ -19,45 +18,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from primus_perf.problems import AttentionProblem, GemmProblem, GroupedGemmProblem
+from primus_perf import kinds
 
 COLUMNS = ["kind", "key", "label", "calls", "time_s", "pct_roofline", "score", "command"]
 
 
-TunedProblem = GemmProblem | GroupedGemmProblem | AttentionProblem
-
-
-def _problem_item(kind: str, problem: TunedProblem) -> dict[str, Any]:
-    """The shortest problems-file item that reads back as exactly this problem: a GEMM's
-    row-major spelling when it gives the same key (packed operands), else every field."""
-    if isinstance(problem, GemmProblem):
-        M, N, K, a_t, b_t = problem.row_major_shapes()
-        short: dict[str, Any] = {"M": M, "N": N, "K": K, "a_transposed": a_t, "b_transposed": b_t,
-                                 "dtype": problem.dtype_a}
-        if problem.dtype_d != problem.dtype_a:
-            short["out_dtype"] = problem.dtype_d
-        if problem.batch != 1:
-            short["batch"] = problem.batch
-        if problem.epilogue != "none":
-            short["epilogue"] = problem.epilogue
-        try:
-            if GemmProblem.from_row_major(**short).key() == problem.key():
-                return short
-        except (TypeError, ValueError):
-            pass
-    return {"kind": kind, "problem": problem.to_dict()}
-
-
-def tune_command(kind: str, problem: TunedProblem) -> str:
-    """The shell command that tunes one problem (the tuners' command-line spelling lives here)."""
-    if isinstance(problem, AttentionProblem) and problem.seq_q == problem.seq_kv and problem.layout == "bshd":
-        p = problem
-        mask = "causal" if p.causal else "full"
-        return (f"primus-tune attention --problem {p.batch},{p.heads_q},{p.heads_kv},{p.seq_q},{p.head_dim},{mask}"
-                f" --dtype {p.dtype}")
-    doc = json.dumps([_problem_item(kind, problem)], separators=(",", ":"))
+def tune_command(kind: str, problem: Any) -> str:
+    """The shell command that tunes one problem: the options its kind's trace part spells it
+    with (``spec``), else a problems file of its shortest item (``item``)."""
+    part = kinds.get(kind).part("trace")
+    command = f"primus-tune {kind.replace('_', '-')}"
+    spec = part.spec(problem) if part.spec is not None else None
+    if spec:
+        return f"{command} {spec}"
+    item = part.item(problem) if part.item is not None else {"kind": kind, "problem": problem.to_dict()}
+    doc = json.dumps([item], separators=(",", ":"))
     name = f"tune_{kind}_{re.sub(r'[^A-Za-z0-9]+', '_', str(problem)).strip('_')}.json"
-    return f"echo '{doc}' > {name} && primus-tune {kind.replace('_', '-')} --problems {name}"
+    return f"echo '{doc}' > {name} && {command} --problems {name}"
 
 
 def _rows(df: pd.DataFrame, kind: str) -> pd.DataFrame:
