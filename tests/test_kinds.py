@@ -45,7 +45,7 @@ def test_each_kind_is_a_package_whose_parts_belong_to_their_layers() -> None:
         assert importlib.import_module(f"primus_perf.kinds.{package}").KIND is kinds.get(package)
     assert set(kinds.with_part("router")) == routed == set(routable_kinds())
     assert set(kinds.with_part("tuner")) == routed == set(tuner_kinds.plugins())
-    assert set(kinds.with_part("online")) == routed
+    assert set(kinds.with_part("online")) == routed == set(kinds.with_part("trace")) == set(kinds.with_part("cli"))
     assert set(kinds.with_part("intercept")) == routed == set(dispatch.kinds_with_dispatch())
     for name in routed:  # a built-in record names each part in the layer that owns it
         kind = kinds.get(name)

@@ -176,7 +176,7 @@ def test_tune_next_ranks_by_time_times_distance_to_the_roof() -> None:
 
 
 def test_tune_commands_name_exactly_the_problem() -> None:
-    from primus_perf.tuner.problems_input import parse_attention_spec as parse_problem_spec
+    from primus_perf.cli.tune_attention import parse_attention_spec as parse_problem_spec
 
     att = AttentionProblem(2, 32, 8, 4096, 4096, 128, "bf16", True, "bshd")
     cmd = tune_command("attention", att)

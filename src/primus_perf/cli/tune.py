@@ -1,21 +1,14 @@
 """``primus-tune``: GEMM, grouped-GEMM and attention tuners and the tuning cache.
 
-Each group of commands lives in its own module with a ``register(app)`` function.
+Each group of commands lives in its own module with a ``register(app)`` function; the kinds'
+commands are built by :mod:`.tune_kind` from their CLI parts.
 """
 
 from __future__ import annotations
 
 import typer
 
-from primus_perf.cli import (
-    tune_attention,
-    tune_cache,
-    tune_confirm,
-    tune_gemm,
-    tune_grouped,
-    tune_loop,
-    tune_step,
-)
+from primus_perf.cli import tune_cache, tune_confirm, tune_kind, tune_loop, tune_step
 from primus_perf.cli.common import VERSION_HELP, run_app
 
 app = typer.Typer(
@@ -26,9 +19,7 @@ app = typer.Typer(
     epilog=VERSION_HELP,
 )
 tune_loop.register(app)
-tune_gemm.register(app)
-tune_attention.register(app)
-tune_grouped.register(app)
+tune_kind.register(app)  # primus-tune gemm, grouped-gemm, attention: each kind's CLI part
 tune_confirm.register(app)
 tune_step.register(app)
 cache_app = typer.Typer(help="Inspect, merge and export tuning caches.", no_args_is_help=True)

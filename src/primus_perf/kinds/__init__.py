@@ -11,7 +11,8 @@ problem is labelled, and its parts, each owned by one layer:
   aten overrides (and Inductor pass), its counts and failures;
 - ``tuner`` (``tuner``): the plugin class that tunes its problems offline;
 - ``online`` (``tuner``): ``router -> adapter`` for tuning inside the steps;
-- ``trace`` (``tracelens``): a ``perf_models.TracePart``: its ops and perf models, attainable fraction, FLOPs.
+- ``trace`` (``tracelens``): a ``perf_models.TracePart``: its ops and perf models, attainable fraction, FLOPs;
+- ``cli`` (``cli``): a ``tune_kind.CliPart``: its ``primus-tune <kind>`` problem spec and options.
 
 A built-in record names its parts as ``"module:attribute"``, resolved on first use, so this
 ground floor imports nothing above it and a layer resolves only the parts it owns (the runtime
@@ -34,8 +35,8 @@ PACKAGES = ("gemm", "grouped_gemm", "attention", "fp8_plan")  # the kinds' packa
 # have these; a kind adds its own shape columns after ``label``
 TABLE_COLUMNS = ("key", "label", "direction", "calls", "time_s", "flops", "bytes", "intensity", "tflops", "tb_s",
                  "pct_roofline", "roofline_note", "share_of_kind", "dtype", "problem")
-PARTS = {"router": "kernels", "intercept": "runtime", "tuner": "tuner", "online": "tuner",
-         "trace": "tracelens"}  # part -> its layer
+PARTS = {"router": "kernels", "intercept": "runtime", "tuner": "tuner", "online": "tuner", "trace": "tracelens",
+         "cli": "cli"}  # part -> its layer
 
 
 def resolve(ref: Any) -> Any:

@@ -11,4 +11,5 @@ KIND = Kind(AttentionProblem, "attention", parts={
     "tuner": "primus_perf.tuner.attention.plugin:AttentionTuner",
     "online": "primus_perf.tuner.attention.online:adapter",
     "trace": "primus_perf.tracelens.perf_models:ATTENTION_TRACE",
+    "cli": "primus_perf.cli.tune_attention:CLI",
 })

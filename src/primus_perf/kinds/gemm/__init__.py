@@ -10,4 +10,5 @@ KIND = Kind(GemmProblem, "GEMM", ("m", "n", "k"), parts={
     "tuner": "primus_perf.tuner.gemm.plugin:GemmTuner",
     "online": "primus_perf.tuner.gemm.online:adapter",
     "trace": "primus_perf.tracelens.perf_models:GEMM_TRACE",
+    "cli": "primus_perf.cli.tune_gemm:CLI",
 })

@@ -11,4 +11,5 @@ KIND = Kind(GroupedGemmProblem, "grouped GEMM", ("groups", "k", "n", "tokens", "
     "tuner": "primus_perf.tuner.grouped.plugin:GroupedGemmTuner",
     "online": "primus_perf.tuner.grouped.online:adapter",
     "trace": "primus_perf.tracelens.perf_models:GROUPED_TRACE",
+    "cli": "primus_perf.cli.tune_grouped:CLI",
 })
