@@ -1,24 +1,33 @@
 """A kind is one record: this module defines a complete toy kind (softmax over the last
-dimension: its problem type, candidates, router, intercept and tuner plugin), registers it,
-tunes it with the public ``primus_perf.tune`` and routes a plain program's ``torch.softmax``
-calls under ``primus_perf.enable``, changing no file of the package."""
+dimension: its problem type, candidates, router, intercept, tuner plugin, trace part and CLI
+part), registers it, tunes it with the public ``primus_perf.tune``, routes a plain program's
+``torch.softmax`` calls under ``primus_perf.enable``, finds its problems in a profiler trace
+with ``primus_perf.analyze`` and lists them with ``primus-tune toy-softmax``, changing no
+file of the package."""
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import typer
+from typer.testing import CliRunner
 
 import primus_perf
 from primus_perf import kinds
 from primus_perf.cache.store import TuningCache
+from primus_perf.cli import tune_kind
 from primus_perf.kernels.routing import OWN, UNSUPPORTED
 from primus_perf.problems import ProblemType
 from primus_perf.runtime import dispatch
 from primus_perf.runtime.dispatch import Dispatch
+from primus_perf.tracelens.analyses.tune_next import tune_next
+from primus_perf.tracelens.perf_models import OpModel, TracePart
 from primus_perf.tuner.core import Candidate, Reps
 
 KIND = "toy_softmax"
@@ -141,10 +150,22 @@ def make_kind() -> kinds.Kind:
         def open(self, problem: SoftmaxProblem, timer: Any, step: Any) -> Session:
             return Session(problem)
 
+    def model(s: Any) -> OpModel | None:
+        """The perf model of ``aten::_softmax(x, dim, half_to_float)`` from its recorded inputs."""
+        x = s.dims[0]
+        if s.types[0] != "float":
+            return None
+        p = SoftmaxProblem(math.prod(x[:-1]), x[-1])
+        return OpModel(KIND, p, "fwd", 5 * p.rows * p.cols, 8 * p.rows * p.cols)  # max, sub, exp, sum, div; f32
+
     return kinds.Kind(SoftmaxProblem, "toy softmax", ("rows", "cols"), parts={
         "router": kinds.RouterPart(SoftmaxRouter.from_entries, versions),
         "intercept": SoftmaxDispatch,
         "tuner": SoftmaxTuner,
+        "trace": TracePart({"aten::_softmax": model}, attainable=0.9, spec=lambda p: f"--problem {p.rows},{p.cols}"),
+        "cli": tune_kind.CliPart("Tune softmax over the last dimension.", SoftmaxTuner,
+                                 spec=lambda text, options: SoftmaxProblem(*map(int, text.split(","))),
+                                 spec_help="rows,cols"),
     })
 
 
@@ -183,6 +204,31 @@ def test_a_toy_kind_defined_here_is_tuned_and_routed_under_enable(toy: kinds.Kin
     assert not dispatch.of(KIND).intercepting  # disabled: torch's kernel again
     torch.softmax(x, dim=-1)
     assert ran == {"exp_normalize": 1}
+
+
+def test_analyze_finds_the_toy_kinds_problems_and_primus_tune_lists_them(toy: kinds.Kind, tmp_path: Path) -> None:
+    x = torch.randn(64, 32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(3):
+            torch.softmax(x, dim=-1)
+    trace = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    a = primus_perf.analyze(trace)
+    (row,) = a.toy_softmax_problems.itertuples(index=False)  # the kind's table, its shape columns
+    problem = toy.problem_type(64, 32)
+    assert (row.key, row.rows, row.cols, row.calls, row.flops) == (problem.key(), 64, 32, 3, 5 * 64 * 32)
+    assert a.totals["toy_softmax_flops_per_step"] == 3 * 5 * 64 * 32
+    (command,) = tune_next(a.problem_tables())["command"]
+    assert command == "primus-tune toy-softmax --problem 64,32"
+
+    app = typer.Typer()  # primus-tune's kind commands, built with the toy registered
+    tune_kind.register(app)
+    listed = CliRunner().invoke(app, [*command.split()[1:], "--dry-run"])
+    assert listed.exit_code == 0, listed.output
+    assert f"{problem}  {problem.key()}" in listed.output and "1 unique toy softmax problems" in listed.output
+    found = CliRunner().invoke(app, ["toy-softmax", "--from-trace", str(trace), "--dry-run"])
+    assert found.exit_code == 0 and found.output == listed.output, found.output
+    assert json.loads(json.dumps(a.to_json()["toy_softmax_problems"], default=str))[0]["key"] == problem.key()
 
 
 def test_the_registry_is_as_it_was_after_the_toy() -> None:
