@@ -28,6 +28,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -707,9 +708,17 @@ ATTENTION_TRACE = TracePart(ATTENTION_MODELS, 0.55, {"fwd": 0.56, "bwd": 0.50}, 
                             owns_inside=True, takes_over=True, spec=attention_spec)
 
 
+@lru_cache(maxsize=1)
+def _read(registered: tuple[kinds.Kind, ...]) -> tuple[dict[str, Callable[[ShapeArgs], OpModel | None]], list[Any]]:
+    """The registered kinds' trace parts as the analyzer reads them: op -> model, annotation readers."""
+    parts = [k.part("trace") for k in registered if "trace" in k.parts]
+    return ({**CONVOLUTION_MODELS, **{op: fn for p in parts for op, fn in p.ops.items()}},
+            [p.annotation for p in parts if p.annotation is not None])
+
+
 def models() -> dict[str, Callable[[ShapeArgs], OpModel | None]]:
     """Op name -> model: the convolutions and the ops of every kind's trace part."""
-    return {**CONVOLUTION_MODELS, **{op: fn for p in kinds.with_part("trace").values() for op, fn in p.ops.items()}}
+    return _read(tuple(kinds.all_kinds()))[0]
 
 
 def ops_where(flag: str) -> frozenset[str]:
@@ -719,7 +728,7 @@ def ops_where(flag: str) -> frozenset[str]:
 
 def annotation_model(name: str) -> OpModel | None:
     """The call an annotation names (a kind's trace part's ``annotation``), None for any other name."""
-    return next((m for p in kinds.with_part("trace").values() if p.annotation and (m := p.annotation(name))), None)
+    return next((m for read in _read(tuple(kinds.all_kinds()))[1] if (m := read(name)) is not None), None)
 
 
 def model_op(name: str, args: ShapeArgs | None, in_backward: bool = False) -> OpModel | None:
