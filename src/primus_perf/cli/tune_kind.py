@@ -4,16 +4,14 @@ here: the options every kind's command shares (problems files, traces, ``--budge
 ``--cache``, ``--gpus``, ``--dry-run``, ``--json``; ``--problem`` where the kind parses a spec)
 and the kind's own.
 
-``--offline`` (the default) tunes a list of problems before a run: from traces, problems
-files or (a kind that records them, grouped GEMM) a short run of ``--config``. ``--online`` (a
-kind with an online part) tunes during a short run instead: ``--config PRESET [overrides]``
-trains the reference trainer for ``--steps`` steps, or ``-- script.py args`` (``-- -m module
-args``) runs a program; either runs under ``primus_perf.enable(cache, online=True,
-kinds=[this kind])``, so each new problem's candidates are timed on the real calls of the
-first steps and the choices are written to ``--cache``. The run is the enable launcher's
-(``python -m primus_perf.launch``, a child process: its exit code is the command's, Ctrl-C
-reaches both). Online tuning times kernels with CUDA/ROCm events: without a GPU it is
-refused before anything runs."""
+``--offline`` (the default) tunes a list of problems before a run (or, grouped GEMM, those
+of a short run of ``--config``). ``--online`` (a kind with an online part) tunes during a
+run: ``--config PRESET [overrides]`` trains the reference trainer for ``--steps`` steps, or
+``-- script.py args`` (``-- -m module args``) runs a program, under the enable launcher
+(``python -m primus_perf.launch --online --kinds KIND``, a child process: its exit code is
+the command's, Ctrl-C reaches both), so each new problem's candidates are timed on the real
+calls of the first steps and the choices are written to ``--cache``. Online tuning times
+kernels with CUDA/ROCm events: without a GPU it is refused before anything runs."""
 
 from __future__ import annotations
 
@@ -49,24 +47,17 @@ class CliPart:
 
 NO_GPU = "online tuning needs a GPU: it times kernels with CUDA/ROCm events and torch sees none here" \
          " (tune offline, the default, from --from-trace or --problems)"
-TRAIN_MODULE = "primus_perf.cli.train"
 STOP_GRACE_S = 30  # after Ctrl-C, how long the online run has to stop on its own
 
 
-def online_target(kind: str, config: str | None, steps: int, args: Sequence[str]) -> list[str]:
-    """The program an online run runs: the trainer for a config, else the program named."""
-    if config is not None:
-        return ["-m", TRAIN_MODULE, "--config", config, "--steps", str(steps), *args]
-    if not args:
+def run_online(kind: str, cache: str, config: str | None, steps: int, args: Sequence[str]) -> None:
+    """Run the config (the trainer, ``steps`` steps) or the program named with online tuning of
+    ``kind`` into ``cache`` (exit code of the program); one line and exit 2 on a machine without a GPU."""
+    if config is None and not args:
         raise UserError("--online needs a run to tune during: --config PRESET [overrides], or a program"
                         f" after --, e.g. primus-tune {kind.replace('_', '-')} --online --cache c.json -- train.py")
-    return list(args)
-
-
-def run_online(kind: str, cache: str, config: str | None, steps: int, args: Sequence[str]) -> None:
-    """Run the config or program with online tuning of ``kind`` into ``cache`` (exit code
-    of the program); one line and exit 2 on a machine without a GPU."""
-    target = online_target(kind, config, steps, args)
+    target = list(args) if config is None else ["-m", "primus_perf.cli.train", "--config", config, "--steps",
+                                                str(steps), *args]
     import torch
 
     if not torch.cuda.is_available():
