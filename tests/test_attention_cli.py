@@ -8,10 +8,10 @@ import subprocess
 import pytest
 
 from inprocess import completed
+from primus_perf.cli.tune_attention import parse_attention_spec
 from primus_perf.errors import UserError
 from primus_perf.problems import AttentionProblem
 from primus_perf.tuner.attention.plugin import AttentionTuner
-from primus_perf.cli.tune_attention import parse_attention_spec
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

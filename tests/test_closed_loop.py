@@ -127,7 +127,6 @@ def test_the_final_check_leaves_a_cache_that_loses_the_step_routing_nothing(tmp_
     import dataclasses
 
     from enable_fakes import slow_backward_kinds
-
     from primus_perf.cache.store import CacheEntry, TuningCache
     from primus_perf.closed_loop import check_cache
     from primus_perf.devices import current_device

@@ -13,6 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from enable_fakes import slow_backward_kinds
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.cli.tune import app
 from primus_perf.devices import current_device
@@ -33,8 +34,6 @@ from primus_perf.runtime.grouped import GroupedDispatch
 from primus_perf.tuner.confirm import Confirmer, ConfirmPolicy, confirm_run
 from primus_perf.tuner.decide import DROPPED, KEPT, Verdict
 from primus_perf.tuner.measure import HostClock, Sample
-
-from enable_fakes import slow_backward_kinds
 
 REPEAT = 16  # the extra work of the slow side: the same product this many times
 VERSIONS = {"fakeblas": "1.0"}

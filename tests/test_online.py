@@ -487,7 +487,7 @@ def test_a_cached_choice_no_step_confirmed_is_raced_and_the_default_stays_where_
     entry = gemm_entry(problem, current_device())
     entry.solution["config"]["name"] = choice
     TuningCache(cache).put(entry)
-    steps, summary, _lines, router = _steps_until_locked(cache, clock, adapter)
+    steps, summary, _lines, _router = _steps_until_locked(cache, clock, adapter)
     info = summary["online"][problem.key()]
     assert info["chosen"] == (choice if kept else "torch") and info["in_step"]["verdict"] == ("kept" if kept else "dropped")
     (written,) = [e for e in TuningCache(cache).entries("gemm") if e.problem_key == problem.key()]

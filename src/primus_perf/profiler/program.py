@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from primus_perf.errors import Interrupted, UserError
-from primus_perf.programs import StepMarks, StopProgram
 from primus_perf.profiler.capture import (
     CaptureResult,
     Schedule,
@@ -36,6 +35,8 @@ from primus_perf.profiler.capture import (
     trace_name,
     write_manifest,
 )
+from primus_perf.programs import StepMarks, StopProgram
+
 
 class _Steps:
     """The schedule driven by the script's step marks (``programs.StepMarks``)."""

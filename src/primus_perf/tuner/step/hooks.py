@@ -384,7 +384,7 @@ def _apply_model(model: Any) -> None:
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - torch without FSDP2
-        FSDPModule = ()  # noqa: N806
+        FSDPModule = ()
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)] if FSDPModule else []
     _applied.found["fsdp2"] = bool(sharded)
     _applied.found["fsdp2_ranks"] = _shard_ranks(model) if sharded else 0
