@@ -417,7 +417,7 @@ def step_advice(config: str, overrides: Sequence[str], recommendations: Any) -> 
     (``train.compile=true`` is ``pointwise``); the estimate goes with the first."""
     from primus_perf.errors import ConfigError
     from primus_perf.trainer.config import load_config
-    from primus_perf.trainer.knobs import flat
+    from primus_perf.trainer.config import flat
     from primus_perf.tuner.step import Advice
     from primus_perf.tuner.step.levers import lever_of
     from primus_perf.tuner.step.search import advice_parts

@@ -73,7 +73,7 @@ class StepSession:
 
     def value(self, key: str) -> str:
         """The running value of a config key, as text."""
-        from primus_perf.trainer.knobs import flat
+        from primus_perf.trainer.config import flat
 
         return text(flat(self.trainer.cfg)[key])
 
