@@ -78,11 +78,11 @@ class Lever:
     memory estimate), ``changes_numerics``, and ``script``: how it applies to a user's script."""
 
     name: str
-    key: str  # the config key it sets
-    values: Callable[[Where], list[str]]  # every value it can take here (the current one included)
+    key: str  # the config key it sets (trainer.config.SCHEMA's)
+    values: Callable[[Where], list[Any]]  # every value it can take here (the current one included), typed
     legal: Callable[[Where], str | None] = lambda _w: None  # why it cannot apply here
-    companions: tuple[dict[str, str], ...] = ()  # added, in turn, to a value that does not fit alone
-    changes_numerics: Callable[[str], bool] = lambda _v: False
+    companions: tuple[dict[str, Any], ...] = ()  # added, in turn, to a value that does not fit alone
+    changes_numerics: Callable[[Any], bool] = lambda _v: False
     about: str = ""
     script: InScript | None = None
 
@@ -147,10 +147,10 @@ def pick(names: str | None, among: list[Lever] | None = None) -> list[Lever]:
 # ---- the registered levers -------------------------------------------------------------------
 
 
-def _micro_batches(w: Where) -> list[str]:
+def _micro_batches(w: Where) -> list[int]:
     """The powers of two that divide the sequences a rank takes a step, and that number."""
     per_rank = w.cfg.train.global_batch // w.dp
-    return [str(m) for m in range(1, per_rank + 1) if per_rank % m == 0 and (m & (m - 1) == 0 or m == per_rank)]
+    return [m for m in range(1, per_rank + 1) if per_rank % m == 0 and (m & (m - 1) == 0 or m == per_rank)]
 
 
 def _fixed_global_batch(w: Where) -> str | None:
@@ -176,10 +176,16 @@ def _cache(w: Where) -> str | None:
     return None if w.cache else "no kernel cache given (--cache)"
 
 
-def _grouped_backends(w: Where) -> list[str]:
-    from primus_perf.kernels.grouped.backends import AUTO, BACKENDS
+def _choices(key: str) -> Callable[[Where], list[str]]:
+    """Every value the config's schema gives a string key."""
+    return lambda w: list(_schema()[key].choices)
 
-    return [AUTO, *BACKENDS]
+
+def _schema() -> dict[str, Any]:
+    # the config's keys; imported here, where a lever runs (the config imports torch)
+    from primus_perf.trainer.config import SCHEMA
+
+    return SCHEMA
 
 
 # ---- their script parts -----------------------------------------------------------------------
@@ -253,10 +259,10 @@ register(Lever("micro_batch", "train.micro_batch", _micro_batches, _fixed_global
                companions=({"train.recompute": "selective"}, {"train.recompute": "full"}),
                about="sequences per forward/backward at the fixed global batch",
                script=InScript(_script_micro_batches, _asked_micro_batch)))
-register(Lever("compile", "train.compile", lambda w: ["off", "pointwise", "block"],
+register(Lever("compile", "train.compile", _choices("train.compile"),
                about="torch.compile: nothing, the pointwise ops, or whole blocks with their GEMMs",
                script=InScript(lambda w: ["", "block", "model"], _model_found, _compile_scope)))
-register(Lever("recompute", "train.recompute", lambda w: ["none", "selective", "full"],
+register(Lever("recompute", "train.recompute", _choices("train.recompute"),
                about="activations recomputed in backward",
                script=InScript(lambda w: ["", "full"], _blocks_found, lambda v: "full" if v == "full" else None)))
 register(Lever("fp8", "train.fp8", lambda w: ["off", "tensorwise", "rowwise"], _fp8,
@@ -268,15 +274,15 @@ register(Lever("optimizer", "train.optimizer",
                changes_numerics=lambda v: v == "bf16", about="AdamW's implementation; bf16 keeps its moments in bf16",
                script=InScript(lambda w: ["", "fused", "foreach"], _script_optimizer,
                                lambda v: v if v in ("fused", "foreach") else None, _on_gpu)))
-register(Lever("grouped_backend", "model.moe.grouped_gemm_backend", _grouped_backends, _moe,
+register(Lever("grouped_backend", "model.moe.grouped_gemm_backend", _choices("model.moe.grouped_gemm_backend"), _moe,
                about="the MoE experts' grouped GEMM"))
-register(Lever("fsdp_reshard", "parallel.fsdp_reshard_after_forward", lambda w: ["true", "false"], _fsdp,
+register(Lever("fsdp_reshard", "parallel.fsdp_reshard_after_forward", lambda w: [True, False], _fsdp,
                about="FSDP2 frees the gathered blocks after forward (true) or keeps them for backward",
                script=InScript(lambda w: ["", "false", "true"], _script_fsdp, by_flag=_script_fsdp)))
-register(Lever("fsdp_prefetch", "parallel.fsdp_prefetch", lambda w: ["0", "1", "2"], _fsdp,
+register(Lever("fsdp_prefetch", "parallel.fsdp_prefetch", lambda w: [0, 1, 2], _fsdp,
                about="blocks FSDP2 all-gathers ahead",
                script=InScript(lambda w: ["", "1", "2"], lambda w: _script_fsdp(w) or _blocks_found(w))))
-register(Lever("kernel_cache", "tuning.cache", lambda w: ["", w.cache or ""], _cache,
+register(Lever("kernel_cache", "tuning.cache", lambda w: [None, w.cache], _cache,
                about="the tuned kernels of a cache (primus-tune gemm/loop), confirmed in the step",
                script=InScript(lambda w: ["", w.cache or ""], lambda w: None if w.cache else
                                "no kernel cache given (--cache)", lambda v: None)))
@@ -292,20 +298,28 @@ register(Lever("ddp_static_graph", "", lambda w: [], about="DDP's static graph (
                script=InScript(lambda w: ["", "true"], _script_ddp, lambda v: None)))
 
 
+def text(value: Any) -> str:
+    """A value as a label shows it (``true``, ``4``, ``block``; None: empty)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 @dataclass
 class Setting:
-    """Config keys and values over the base config (what a candidate or the plan is)."""
+    """Keys and values over the base (what a candidate or the plan is): config keys and their
+    typed values (``trainer.config.with_settings`` applies them), or a script's lever names and
+    the hooks' values."""
 
-    values: dict[str, str] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
 
-    def with_(self, changes: dict[str, str]) -> Setting:
+    def with_(self, changes: dict[str, Any]) -> Setting:
         return Setting({**self.values, **changes})
 
-    def overrides(self) -> list[str]:
-        return [f"{k}={v}" for k, v in self.values.items()]
-
-    def label(self, base: dict[str, str] | None = None) -> str:
+    def label(self, base: dict[str, Any] | None = None) -> str:
         """``train.micro_batch=4 train.compile=block``: the keys that differ from ``base``."""
         base = base or {}
-        diff = [f"{k}={v}" for k, v in self.values.items() if base.get(k) != v]
+        diff = [f"{k}={text(v)}" for k, v in self.values.items() if k not in base or base[k] != v]
         return " ".join(diff) or "the default"

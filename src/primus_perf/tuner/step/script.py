@@ -192,17 +192,17 @@ class ScriptLane:
 
 
 def script_advice(recommendations: Any) -> list[Advice]:
-    """The recommendations that name a lever a script has, as ``Advice`` in their rank: each
-    ``key=value`` of a recommendation's lever, a trainer's key (``train.compile=block``) or a
-    script lever's name (``micro_batch=8``), its value as the script lever takes it."""
-    from primus_perf.tuner.step.levers import LEVERS
+    """The recommendations that name a lever a script has, as ``Advice`` in their rank: each of
+    a recommendation's settings, a trainer's key (``train.compile``) or a script lever's name
+    (``micro_batch``), its value as the script lever takes it (the hooks' text)."""
+    from primus_perf.tuner.step.levers import LEVERS, text
 
     out: list[Advice] = []
     for key, value, estimate, action in advice_parts(recommendations):
         lever = lever_of(key) or LEVERS.get(key)
         if lever is None or lever.script is None:
             continue
-        mine = lever.script.from_trainer(value) if lever.key == key else value
+        mine = lever.script.from_trainer(text(value)) if lever.key == key else text(value)
         if mine:
             out.append(Advice(lever.name, mine, estimate, action))
     return out
