@@ -16,7 +16,7 @@ import pytest
 
 from primus_perf.errors import OutOfMemory
 from primus_perf.trainer.config import load_config, read_plan
-from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, pick
+from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, TrainerContext, pick
 from primus_perf.tuner.step.search import CANNOT_RUN, DOES_NOT_FIT, OUT_OF_MEMORY, Advice, Search
 from primus_perf.tuner.step.session import interleaved
 from test_trainer import CLI, _free_port
@@ -70,7 +70,7 @@ def _fits(s: Setting) -> str | None:
 
 START = Setting({"train.micro_batch": 1, "train.compile": "off", "train.recompute": "none", "train.fp8": "off",
                  "train.optimizer": "fused"})
-WHERE = Where(load_config("tiny", ["train.global_batch=4", "train.micro_batch=1"]), "cuda", 1, 1, False,
+WHERE = TrainerContext(load_config("tiny", ["train.global_batch=4", "train.micro_batch=1"]), "cuda", 1, 1, False,
               fp8_formats=True)
 
 
@@ -144,13 +144,13 @@ def test_the_budget_stops_the_search_and_says_where() -> None:
 
 
 def test_levers_say_why_they_do_not_apply_here() -> None:
-    cpu = Where(load_config("tiny"), "cpu", 1, 1, False)
+    cpu = TrainerContext(load_config("tiny"), "cpu", 1, 1, False)
     why = {lv.name: lv.legal(cpu) for lv in LEVERS.values()}
     assert "train.global_batch is 0" in why["micro_batch"]
     assert why["fsdp_reshard"] == why["fsdp_prefetch"] == "FSDP2 is off (parallel.dp_shard=1)"
     assert why["grouped_backend"] == "the model has no MoE layers" and why["fp8"] == "this device has no FP8 GEMMs"
     assert why["kernel_cache"].startswith("no kernel cache") and why["compile"] is None
-    assert LEVERS["micro_batch"].values(Where(load_config("tiny", ["train.global_batch=24"]), "cpu", 2, 1, False)) \
+    assert LEVERS["micro_batch"].values(TrainerContext(load_config("tiny", ["train.global_batch=24"]), "cpu", 2, 1, False)) \
         == [1, 2, 4, 12]
     with pytest.raises(Exception, match="unknown lever nope"):
         pick("compile,nope")

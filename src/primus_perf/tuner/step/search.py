@@ -36,7 +36,7 @@ from typing import Any
 from primus_perf.errors import ConfigError, DivergedError, OutOfMemory, UserError, one_line
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
 from primus_perf.tuner.step import lanes as lanes_mod
-from primus_perf.tuner.step.levers import Lever, Setting, Where, text
+from primus_perf.tuner.step.levers import Lever, Setting, TrainerContext, text
 
 Say = Callable[[str], None]
 # what became of a candidate besides the rule's kept / dropped / unconfirmed
@@ -143,7 +143,7 @@ def _order(levers: Sequence[Lever], advice: Sequence[Advice]) -> list[Lever]:
     return sorted(levers, key=lambda lv: rank[lv.name])
 
 
-def _values(lever: Lever, where: Where, current: Any, advice: Sequence[Advice]) -> list[Any]:
+def _values(lever: Lever, where: TrainerContext, current: Any, advice: Sequence[Advice]) -> list[Any]:
     values = [v for v in lever.values(where) if v != current]
     first = [a.value for a in advice if a.key == lever.key and a.value in values]
     return first[:1] + [v for v in values if v not in first[:1]]
@@ -154,7 +154,7 @@ def _estimate(advice: Sequence[Advice], key: str, value: Any) -> float | None:
 
 
 class Search:
-    def __init__(self, session: Any, levers: Sequence[Lever], where: Where, *, advice: Sequence[Advice] = (),
+    def __init__(self, session: Any, levers: Sequence[Lever], where: TrainerContext, *, advice: Sequence[Advice] = (),
                  blocks: int = 2, block_steps: int = 2, settle: int = 1, passes: int = 3,
                  deadline: float = float("inf"), reserve_steps: int = 0, reserve_s: float = 0.0,
                  say: Say = lambda _m: None,

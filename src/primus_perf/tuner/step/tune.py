@@ -33,7 +33,7 @@ from primus_perf.tuner.step.levers import (
     LEVERS,
     Lever,
     Setting,
-    Where,
+    TrainerContext,
     lever_of,
     text,
     trainer_levers,
@@ -183,7 +183,7 @@ class StepTuneResult:
 # ---- the pieces ----------------------------------------------------------------------------------
 
 
-def where_of(session: StepSession, cache: str | None) -> Where:
+def where_of(session: StepSession, cache: str | None) -> TrainerContext:
     from primus_perf.errors import UserError
     from primus_perf.kernels.fp8.recipes import running_formats
 
@@ -193,7 +193,7 @@ def where_of(session: StepSession, cache: str | None) -> Where:
         fp8 = True
     except UserError:
         fp8 = False
-    return Where(tr.cfg, tr.device.type, tr.groups.dp, tr.groups.dp_shard, tr.grouped is not None, cache, fp8)
+    return TrainerContext(tr.cfg, tr.device.type, tr.groups.dp, tr.groups.dp_shard, tr.grouped is not None, cache, fp8)
 
 
 def _world_size() -> int:
