@@ -16,7 +16,14 @@ import pytest
 
 from primus_perf.errors import OutOfMemory
 from primus_perf.trainer.config import load_config, read_plan
-from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, TrainerContext, pick
+from primus_perf.tuner.step.levers import (
+    LEVERS,
+    Lever,
+    Setting,
+    TrainerContext,
+    pick,
+    trainer_levers,
+)
 from primus_perf.tuner.step.search import CANNOT_RUN, DOES_NOT_FIT, OUT_OF_MEMORY, Advice, Search
 from primus_perf.tuner.step.session import interleaved
 from test_trainer import CLI, _free_port
@@ -155,6 +162,18 @@ def test_levers_say_why_they_do_not_apply_here() -> None:
     with pytest.raises(Exception, match="unknown lever nope"):
         pick("compile,nope")
     assert [lv.name for lv in pick("recompute,compile")] == ["compile", "recompute"]
+
+
+def test_a_levers_key_and_values_are_the_configs_schemas() -> None:
+    """A lever of primus-train sets a key of the config's schema, and every value it tries is
+    one the schema reads as it is (typed: no text parsed back)."""
+    from primus_perf.trainer.config import SCHEMA
+
+    here = TrainerContext(load_config("tiny-moe", ["train.global_batch=8"]), "cuda", 1, 2, True, "c.json", True)
+    for lever in trainer_levers():
+        assert lever.key in SCHEMA, lever.name
+        assert all(SCHEMA[lever.key].read(v) == v for v in lever.values(here) if v is not None), lever.name
+    assert LEVERS["grouped_backend"].values(here) == list(SCHEMA["model.moe.grouped_gemm_backend"].choices)
 
 
 def test_a_lever_is_one_registered_record() -> None:

@@ -49,7 +49,7 @@ def train(
     Exit codes: 0 done, 2 bad config or environment, 3 the loss became NaN or infinite,
     130 interrupted (Ctrl-C or SIGTERM)."""
     from primus_perf.enabling import online_tuning
-    from primus_perf.trainer.config import load_config, read_plan
+    from primus_perf.trainer.config import load_config, read_plan, with_settings
     from primus_perf.trainer.loop import JsonLog, Trainer
 
     settings = read_plan(plan) if plan else {}
@@ -57,7 +57,7 @@ def train(
         settings["model.n_layers"] = layers
     if steps is not None:
         settings["train.steps"] = steps
-    cfg = load_config(config, overrides or [], settings)
+    cfg = with_settings(load_config(config, overrides or []), settings)
     if print_config:
         import yaml
 

@@ -1,10 +1,9 @@
 """Trainer configuration: nested dataclasses loaded from YAML presets, validated, with
 ``key=value`` overrides.
 
-Each field carries its rule (the values it takes: choices, or a range); :data:`SCHEMA` is every
-key's record (:class:`Key`: dotted name, type, default, rule), derived from the dataclasses. It
-validates the config, and it reads a setting that another part hands over typed (the step
-tuner's levers, the analyzer's advice, a step plan): :func:`with_settings`.
+Each field carries its rule (choices, or a range); :data:`SCHEMA`, each key's :class:`Key`
+derived from the dataclasses, validates a config and reads the settings other parts hand over
+typed (the step tuner's levers, the analyzer's advice, a step plan: :func:`with_settings`).
 
 A preset name (``tiny``, ``llama3-8b``, ...) resolves to the package data file
 ``primus_perf/trainer/presets/NAME.yaml`` (installed with the wheel); any other argument is
@@ -47,13 +46,11 @@ def _key(default: Any, *, choices: Sequence[str] = (), positive: bool = False, l
                                             "most": most, "below": below, "bools": bools})
 
 
-def _size(default: int, most: int = SIZE_MAX) -> Any:
-    """A positive count, at most ``most``."""
+def _size(default: int, most: int = SIZE_MAX) -> Any:  # a positive count
     return _key(default, positive=True, most=most)
 
 
-def _one_of(*choices: str, bools: tuple[str, str] | None = None) -> Any:
-    """A string of ``choices``, the first by default."""
+def _one_of(*choices: str, bools: tuple[str, str] | None = None) -> Any:  # the first by default
     return _key(choices[0], choices=choices, bools=bools)
 
 
@@ -231,15 +228,12 @@ class Key:
             raise ConfigError(f"config key {name!r} must be one of {', '.join(self.choices)}, got {value!r}")
         if self.positive and value <= 0:
             raise ConfigError(f"config key {name!r} must be positive, got {value}")
-        low = self.least is not None and value < self.least
-        if self.below is not None and (low or value >= self.below):
-            raise ConfigError(f"config key {name!r} must be in [{self.least}, {self.below}), got {value}")
-        if self.least is not None and self.most is not None and (low or value > self.most):
-            raise ConfigError(f"config key {name!r} must be in [{self.least}, {self.most}], got {value}")
-        if low:
+        if self.least is not None and value < self.least:
             raise ConfigError(f"config key {name!r} must be >= {self.least}, got {value}")
         if self.most is not None and value > self.most:
             raise ConfigError(f"config key {name!r} must be at most {self.most:,}, got {value:,}")
+        if self.below is not None and value >= self.below:
+            raise ConfigError(f"config key {name!r} must be below {self.below}, got {value}")
 
 
 def _schema(cls: type, prefix: str = "") -> dict[str, Key]:
@@ -511,10 +505,8 @@ def _read_yaml(path: Any, what: str) -> Any:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
 
 
-def load_config(name_or_path: str, overrides: Sequence[str] = (),
-                settings: Mapping[str, Any] | None = None) -> TrainerConfig:
-    """Load a preset (by name) or a YAML file, apply ``key=value`` overrides, then ``settings``
-    (dotted key -> typed value: a step plan's), validate."""
+def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> TrainerConfig:
+    """Load a preset (by name) or a YAML file, apply ``key=value`` overrides, validate."""
     path = resolve_config_path(name_or_path)
     data = _read_yaml(path, "config file")
     if data is None:
@@ -523,16 +515,13 @@ def load_config(name_or_path: str, overrides: Sequence[str] = (),
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     for override in overrides:
         _apply_override(data, override)
-    return _settled(data, settings or {})
+    return config_from_dict(data)
 
 
 def with_settings(cfg: TrainerConfig, settings: Mapping[str, Any]) -> TrainerConfig:
     """``cfg`` with ``settings`` (dotted key -> typed value), each read by :data:`SCHEMA`, the
-    whole validated again: what the step tuner runs."""
-    return _settled(cfg.to_dict(), settings)
-
-
-def _settled(data: dict[str, Any], settings: Mapping[str, Any]) -> TrainerConfig:
+    whole validated again: what the step tuner runs, a step plan over the command line's."""
+    data = cfg.to_dict()
     for key, value in settings.items():
         _put(data, key, value)
     return config_from_dict(data)
@@ -540,7 +529,7 @@ def _settled(data: dict[str, Any], settings: Mapping[str, Any]) -> TrainerConfig
 
 def read_plan(path: str | Path) -> dict[str, Any]:
     """A step plan (``primus-tune step``'s ``plan.yaml``: a YAML overlay of config sections) as
-    settings, each value read by :data:`SCHEMA`; ``load_config`` applies them after the command
+    settings, each value read by :data:`SCHEMA`; ``with_settings`` applies them over the command
     line's overrides (the plan was tuned with those: ``train.micro_batch=1`` on the command line
     does not undo its micro-batch)."""
     p = Path(path)

@@ -12,10 +12,9 @@ manifest says the run came from ``primus-train``, else code advice), ``command``
 command, when one applies), ``estimated_saving_ms`` (per step), ``measured_saving_ms`` (the
 step tuner's measurement of the same lever, where the run has one: :data:`MEASURED`) and
 ``measured_against`` (the setting it was measured against: ``the default`` is the traced one),
-``method``, ``changes_numerics`` and ``settings`` (the lever's settings as data, key -> value,
-``{"train.micro_batch": 8}``: what the step tuner reads; empty where the lever is a name). Rows
-are ranked by the estimated saving, except that changes of the numerics (FP8) come after every
-change that keeps them.
+``method``, ``changes_numerics`` and ``settings`` (the lever as data, ``{"train.micro_batch": 8}``:
+what the step tuner reads; empty for a name). Rows are ranked by the estimated saving, except that
+changes of the numerics (FP8) come after every change that keeps them.
 
 The estimates, one per category (each the saving of that change alone; they do not add up
 when they touch the same kernels):
@@ -160,9 +159,8 @@ def _row(category: str, lever: str | dict[str, Any], evidence: str, condition: s
     """``lever``: the settings advised (key -> JSON-typed value: the row's ``settings``, what the
     step tuner reads; its ``lever`` text is ``key=value`` each), or a name."""
     settings = lever if isinstance(lever, dict) else {}
-    if settings:
-        lever = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items())
-    return {"category": category, "lever": lever, "evidence": evidence, "condition": condition, "action": action,
+    text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items())
+    return {"category": category, "lever": text or lever, "evidence": evidence, "condition": condition, "action": action,
             "command": command, "estimated_saving_ms": float(saving_ms), "measured_saving_ms": np.nan,
             "measured_against": None,
             "method": method, "changes_numerics": numerics, "settings": settings}

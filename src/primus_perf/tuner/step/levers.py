@@ -179,14 +179,11 @@ def _cache(w: TrainerContext) -> str | None:
 
 def _choices(key: str) -> Callable[[TrainerContext], list[str]]:
     """Every value the config's schema gives a string key."""
-    return lambda w: list(_schema()[key].choices)
+    def values(w: TrainerContext) -> list[str]:
+        from primus_perf.trainer.config import SCHEMA  # here, where a lever runs (it imports torch)
 
-
-def _schema() -> dict[str, Any]:
-    # the config's keys; imported here, where a lever runs (the config imports torch)
-    from primus_perf.trainer.config import SCHEMA
-
-    return SCHEMA
+        return list(SCHEMA[key].choices)
+    return values
 
 
 # ---- their script parts -----------------------------------------------------------------------
@@ -301,18 +298,13 @@ register(Lever("ddp_static_graph", "", lambda w: [], about="DDP's static graph (
 
 def text(value: Any) -> str:
     """A value as a label shows it (``true``, ``4``, ``block``; None: empty)."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass
 class Setting:
-    """Keys and values over the base (what a candidate or the plan is): config keys and their
-    typed values (``trainer.config.with_settings`` applies them), or a script's lever names and
-    the hooks' values."""
+    """Keys and values over the base (what a candidate or the plan is): config keys, typed
+    (``trainer.config.with_settings`` applies them), or a script's lever names, the hooks' text."""
 
     values: dict[str, Any] = field(default_factory=dict)
 

@@ -49,7 +49,6 @@ class StepSession:
 
         self._make = Trainer
         _allow_recompiles()
-        self.config, self.base = config, list(base)
         self.base_cfg = load_config(config, base)  # the command line's, once: a setting is typed over it
         self.setting = setting
         self.trainer: Any = Trainer(self.cfg_of(setting))
@@ -63,12 +62,6 @@ class StepSession:
     def measure(self, base: Setting, other: Setting, *, blocks: int, block_steps: int,
                 settle: int) -> tuple[list[float], list[float]]:
         return interleaved(self, base, other, blocks=blocks, block_steps=block_steps, settle=settle)
-
-    def value(self, key: str) -> Any:
-        """The running value of a config key."""
-        from primus_perf.trainer.config import flat
-
-        return flat(self.trainer.cfg)[key]
 
     def switch(self, setting: Setting) -> None:
         """Run ``setting`` from the next step. A ConfigError (it does not fit, it cannot run

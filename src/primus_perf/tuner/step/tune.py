@@ -28,16 +28,9 @@ from typing import Any
 
 from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.fp8 import CHECK_STEPS, LOSS_THRESHOLD
+from primus_perf.tuner.step import levers as levers_mod
 from primus_perf.tuner.step.lanes import start_lanes, visible_devices
-from primus_perf.tuner.step.levers import (
-    LEVERS,
-    Lever,
-    Setting,
-    TrainerContext,
-    lever_of,
-    text,
-    trainer_levers,
-)
+from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, lever_of, text, trainer_levers
 from primus_perf.tuner.step.search import OUT_OF_MEMORY, Advice, Search, SearchResult
 from primus_perf.tuner.step.session import StepSession
 
@@ -139,8 +132,8 @@ class StepTuneResult:
             if "skipped" in row:
                 out.append(f"  {row['lever']:<15} not here: {row['skipped']}")
                 continue
-            advised = row["advised"] is not None
-            est = f"advised {text(row['advised'])} (saves ~{row['estimate_ms']:.1f} ms)" if advised else "not advised"
+            est = (f"advised {text(row['advised'])} (saves ~{row['estimate_ms']:.1f} ms)" if row["advised"] is not None
+                   else "not advised")
             meas = ", ".join(f"{text(m['value'])} {m['speedup']:.3f}x {m['status']}" if m["speedup"] else
                              f"{text(m['value'])} {m['status']}" for m in row["measured"])
             out.append(f"  {row['lever']:<15} {text(row['plan']):<10} {est}; measured: {meas}")
@@ -183,7 +176,7 @@ class StepTuneResult:
 # ---- the pieces ----------------------------------------------------------------------------------
 
 
-def where_of(session: StepSession, cache: str | None) -> TrainerContext:
+def where_of(session: StepSession, cache: str | None) -> levers_mod.TrainerContext:
     from primus_perf.errors import UserError
     from primus_perf.kernels.fp8.recipes import running_formats
 
@@ -193,7 +186,7 @@ def where_of(session: StepSession, cache: str | None) -> TrainerContext:
         fp8 = True
     except UserError:
         fp8 = False
-    return TrainerContext(tr.cfg, tr.device.type, tr.groups.dp, tr.groups.dp_shard, tr.grouped is not None, cache, fp8)
+    return levers_mod.TrainerContext(tr.cfg, tr.device.type, tr.groups.dp, tr.groups.dp_shard, tr.grouped is not None, cache, fp8)
 
 
 def _world_size() -> int:
@@ -221,7 +214,9 @@ def lane_devices(session: StepSession, lanes: int) -> list[str | None]:
 
 def start_setting(session: StepSession, levers: Sequence[Lever]) -> Setting:
     """Every lever's key at the config's own value (what the search starts from)."""
-    return Setting({lv.key: session.value(lv.key) for lv in levers})
+    from primus_perf.trainer.config import flat
+
+    return Setting({lv.key: flat(session.trainer.cfg)[lv.key] for lv in levers})
 
 
 def interleave(session: StepSession, default: Setting, plan: Setting, *, blocks: int, block_steps: int,
@@ -240,7 +235,7 @@ def loss_guard(make: Callable[[Setting], StepSession], default: Setting, plan: S
         setting = {"default": default, "plan": plan}.get(side) or default.with_({"train.seed": seed + 1})
         session = make(setting)
         try:
-            seed = session.value("train.seed") if seed is None else seed
+            seed = session.trainer.cfg.train.seed if seed is None else seed
             losses[side] = [float(session.trainer.train_step().loss) for _ in range(steps)]
         finally:
             session.close()
@@ -368,8 +363,7 @@ def write_plan(out: Path, result: StepTuneResult, program: Sequence[str] | None 
     write_json(out / RESULT_FILE, result.to_dict())
 
 
-def _yaml_value(value: str) -> Any:
-    """A script lever's value (the hooks' text) as the plan's YAML writes it."""
+def _yaml_value(value: str) -> Any:  # a script lever's value (the hooks' text) in YAML
     if value in ("true", "false"):
         return value == "true"
     if value == "":
