@@ -13,8 +13,8 @@ import torch
 from primus_perf.cache.store import SCHEMA_VERSION
 from primus_perf.errors import ConfigError
 from primus_perf.trainer import resources
-from primus_perf.trainer.config import load_config
-from primus_perf.trainer.knobs import NotSwitchable, changed
+from primus_perf.trainer.config import SCHEMA, load_config, with_settings
+from primus_perf.trainer.knobs import FREE, SWITCHES, NotSwitchable, changed
 from primus_perf.trainer.loop import Trainer
 
 BASE = ["train.global_batch=8", "train.micro_batch=2", "train.steps=6", "model.n_layers=2"]
@@ -115,3 +115,21 @@ def test_compile_scopes_switch_back_without_compiling_again(tmp_path) -> None:
     finally:
         trainer.close()
         torch._dynamo.reset()
+
+
+def test_the_switches_are_the_schemas_keys_and_a_setting_is_read_by_it() -> None:
+    """One schema of the config's keys: what switches in place names its keys, and a typed
+    setting over a config is read (and refused, naming the key) by it."""
+    assert set(SWITCHES) | set(FREE) <= set(SCHEMA)
+    key = SCHEMA["train.micro_batch"]
+    assert (key.type, key.default, key.positive) == (int, 8, True)
+    assert SCHEMA["train.compile"].choices == ("off", "pointwise", "block")
+    cfg = load_config("tiny", BASE)
+    assert with_settings(cfg, {"train.micro_batch": 4, "train.compile": True}).train.compile == "pointwise"
+    assert cfg.train.micro_batch == 2  # the config it started from stays
+    with pytest.raises(ConfigError, match="'train.micro_batch' must be positive"):
+        with_settings(cfg, {"train.micro_batch": 0})
+    with pytest.raises(ConfigError, match="'train.compile' must be one of off, pointwise, block"):
+        with_settings(cfg, {"train.compile": "fast"})
+    with pytest.raises(ConfigError, match="unknown config key 'train.nope'"):
+        with_settings(cfg, {"train.nope": 1})

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from primus_perf.tuner.step import hooks, measured, own_flags
-from primus_perf.tuner.step.levers import LEVERS, ScriptWhere
+from primus_perf.tuner.step.levers import LEVERS, ScriptContext
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBUG = ["-m", "torchtitan.train", "--module", "llama3", "--config", "llama3_debugmodel"]
@@ -168,13 +168,13 @@ def test_the_search_takes_the_programs_values_and_legality_where_its_flags_apply
     own = own_flags.own_values(found)
     assert own == {"compile": ["block", "model"], "recompute": ["none", "full"], "fp8": ["tensorwise", "rowwise"],
                    "optimizer": ["foreach", "bf16"], "fsdp_reshard": ["true", "false"]}
-    gpu = ScriptWhere(found, {}, "cuda", fp8_formats=True, torchao=True, own=own)
+    gpu = ScriptContext(found, {}, "cuda", fp8_formats=True, torchao=True, own=own)
     compile_, recompute, fp8 = (LEVERS[n].for_script() for n in ("compile", "recompute", "fp8"))
     assert compile_.values(gpu) == ["", "block", "model"] and recompute.values(gpu) == ["", "none", "full"]
     assert compile_.legal(gpu) is None and recompute.legal(gpu) is None and fp8.legal(gpu) is None
     assert fp8.legal(dataclasses.replace(gpu, fp8_formats=False)) == "this device has no FP8 GEMMs"
     assert LEVERS["fsdp_reshard"].for_script().legal(gpu) == "FSDP2 shards over one rank here"
-    hooks_only = ScriptWhere({"fsdp2": True}, {}, "cuda", fp8_formats=True, torchao=True)
+    hooks_only = ScriptContext({"fsdp2": True}, {}, "cuda", fp8_formats=True, torchao=True)
     assert recompute.values(hooks_only) == ["", "full"] and fp8.legal(hooks_only) is not None
 
 

@@ -178,7 +178,7 @@ def test_fsdp2_over_one_rank_is_found_as_such_and_its_levers_do_not_apply(instal
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from primus_perf.tuner.step.levers import LEVERS, ScriptWhere
+    from primus_perf.tuner.step.levers import LEVERS, ScriptContext
 
     applied = installed({})
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29543", rank=0, world_size=1)
@@ -193,10 +193,10 @@ def test_fsdp2_over_one_rank_is_found_as_such_and_its_levers_do_not_apply(instal
     finally:
         dist.destroy_process_group()
     assert applied.found["fsdp2"] and applied.found["fsdp2_ranks"] == 1
-    where = ScriptWhere(dict(applied.found), {}, "cpu")
+    where = ScriptContext(dict(applied.found), {}, "cpu")
     for name in ("fsdp_reshard", "fsdp_prefetch"):
         assert LEVERS[name].for_script().legal(where) == "FSDP2 shards over one rank here"
-    two = ScriptWhere({**applied.found, "fsdp2_ranks": 2}, {}, "cpu")
+    two = ScriptContext({**applied.found, "fsdp2_ranks": 2}, {}, "cpu")
     assert LEVERS["fsdp_reshard"].for_script().legal(two) is None
 
 

@@ -15,8 +15,15 @@ from typing import ClassVar
 import pytest
 
 from primus_perf.errors import OutOfMemory
-from primus_perf.trainer.config import load_config, plan_overrides
-from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, pick
+from primus_perf.trainer.config import load_config, read_plan
+from primus_perf.tuner.step.levers import (
+    LEVERS,
+    Lever,
+    Setting,
+    TrainerContext,
+    pick,
+    trainer_levers,
+)
 from primus_perf.tuner.step.search import CANNOT_RUN, DOES_NOT_FIT, OUT_OF_MEMORY, Advice, Search
 from primus_perf.tuner.step.session import interleaved
 from test_trainer import CLI, _free_port
@@ -49,7 +56,7 @@ class ModelStep:
         t *= {"off": 1.0, "pointwise": 0.97, "block": 0.90}[v["train.compile"]]
         fp8 = {"off": 1.0, "tensorwise": 0.85, "rowwise": 0.88}[v["train.fp8"]]
         t *= fp8 if v["train.compile"] == "block" or fp8 == 1.0 else 1.10
-        t *= {"1": 1.0, "2": 0.9, "4": 0.8}[v["train.micro_batch"]]
+        t *= {1: 1.0, 2: 0.9, 4: 0.8}[v["train.micro_batch"]]
         t *= {"none": 1.0, "selective": 1.02, "full": 1.05}[v["train.recompute"]]
         return t * (1 + self.rng.uniform(-0.001, 0.001))
 
@@ -65,12 +72,12 @@ class ModelStep:
 
 def _fits(s: Setting) -> str | None:
     v = s.values
-    return "needs about 90 GiB" if v["train.micro_batch"] == "4" and v["train.recompute"] != "full" else None
+    return "needs about 90 GiB" if v["train.micro_batch"] == 4 and v["train.recompute"] != "full" else None
 
 
-START = Setting({"train.micro_batch": "1", "train.compile": "off", "train.recompute": "none", "train.fp8": "off",
+START = Setting({"train.micro_batch": 1, "train.compile": "off", "train.recompute": "none", "train.fp8": "off",
                  "train.optimizer": "fused"})
-WHERE = Where(load_config("tiny", ["train.global_batch=4", "train.micro_batch=1"]), "cuda", 1, 1, False,
+WHERE = TrainerContext(load_config("tiny", ["train.global_batch=4", "train.micro_batch=1"]), "cuda", 1, 1, False,
               fp8_formats=True)
 
 
@@ -85,13 +92,13 @@ def test_the_search_finds_what_pays_together_through_interaction_passes() -> Non
     """FP8 advised first loses against eager blocks (1.10x slower); once blocks are compiled a
     second pass measures it again and keeps it; micro-batch 4 comes with full recompute."""
     res, session = _search(advice=[Advice("train.fp8", "tensorwise", 15.4, "fp8")])
-    assert res.best.values == {"train.micro_batch": "4", "train.compile": "block", "train.recompute": "full",
+    assert res.best.values == {"train.micro_batch": 4, "train.compile": "block", "train.recompute": "full",
                                "train.fp8": "tensorwise", "train.optimizer": "fused"}
     first = res.trials[0]
     assert (first.key, first.value, first.status, first.estimate_ms) == ("train.fp8", "tensorwise", "dropped", 15.4)
     assert [t.status for t in res.trials if t.key == "train.fp8" and t.value == "tensorwise"] == ["dropped", "kept"]
-    mb4 = next(t for t in res.trials if t.value == "4")
-    assert mb4.changes == {"train.micro_batch": "4", "train.recompute": "full"} and mb4.kept
+    mb4 = next(t for t in res.trials if t.value == 4)
+    assert mb4.changes == {"train.micro_batch": 4, "train.recompute": "full"} and mb4.kept
     assert res.passes == 3 and not res.stopped  # the third re-measures the rest against FP8: no change
     oom = [t for t in res.trials if t.value == "bf16"]
     assert oom and all(t.status == OUT_OF_MEMORY and "modelled" in t.reason for t in oom)
@@ -133,7 +140,7 @@ def test_a_value_that_does_not_fit_even_with_its_companions_is_recorded_unmeasur
     session = ModelStep(START)
     search = Search(session, [LEVERS["micro_batch"]], WHERE, blocks=2, block_steps=1, fits=lambda s: "never fits")
     res = search.run(START)
-    assert {t.value: t.status for t in res.trials} == {"2": DOES_NOT_FIT, "4": DOES_NOT_FIT}
+    assert {t.value: t.status for t in res.trials} == {2: DOES_NOT_FIT, 4: DOES_NOT_FIT}
     assert all(t.reason == "never fits" and not t.incumbent_s for t in res.trials) and session.switches == 0
 
 
@@ -144,23 +151,35 @@ def test_the_budget_stops_the_search_and_says_where() -> None:
 
 
 def test_levers_say_why_they_do_not_apply_here() -> None:
-    cpu = Where(load_config("tiny"), "cpu", 1, 1, False)
+    cpu = TrainerContext(load_config("tiny"), "cpu", 1, 1, False)
     why = {lv.name: lv.legal(cpu) for lv in LEVERS.values()}
     assert "train.global_batch is 0" in why["micro_batch"]
     assert why["fsdp_reshard"] == why["fsdp_prefetch"] == "FSDP2 is off (parallel.dp_shard=1)"
     assert why["grouped_backend"] == "the model has no MoE layers" and why["fp8"] == "this device has no FP8 GEMMs"
     assert why["kernel_cache"].startswith("no kernel cache") and why["compile"] is None
-    assert LEVERS["micro_batch"].values(Where(load_config("tiny", ["train.global_batch=24"]), "cpu", 2, 1, False)) \
-        == ["1", "2", "4", "12"]
+    assert LEVERS["micro_batch"].values(TrainerContext(load_config("tiny", ["train.global_batch=24"]), "cpu", 2, 1, False)) \
+        == [1, 2, 4, 12]
     with pytest.raises(Exception, match="unknown lever nope"):
         pick("compile,nope")
     assert [lv.name for lv in pick("recompute,compile")] == ["compile", "recompute"]
 
 
+def test_a_levers_key_and_values_are_the_configs_schemas() -> None:
+    """A lever of primus-train sets a key of the config's schema, and every value it tries is
+    one the schema reads as it is (typed: no text parsed back)."""
+    from primus_perf.trainer.config import SCHEMA
+
+    here = TrainerContext(load_config("tiny-moe", ["train.global_batch=8"]), "cuda", 1, 2, True, "c.json", True)
+    for lever in trainer_levers():
+        assert lever.key in SCHEMA, lever.name
+        assert all(SCHEMA[lever.key].read(v) == v for v in lever.values(here) if v is not None), lever.name
+    assert LEVERS["grouped_backend"].values(here) == list(SCHEMA["model.moe.grouped_gemm_backend"].choices)
+
+
 def test_a_lever_is_one_registered_record() -> None:
     from primus_perf.tuner.step import register, unregister
 
-    lever = register(Lever("log_every", "train.log_every", lambda w: ["1", "2"]))
+    lever = register(Lever("log_every", "train.log_every", lambda w: [1, 2]))
     try:
         res, _ = _search(levers=("compile",))
         assert "log_every" in LEVERS and res.trials
@@ -266,9 +285,9 @@ def test_what_a_lever_kept_before_the_budget_ran_out_inside_it_stays_in_the_plan
     search = OneTrial(ModelStep(START), [LEVERS["micro_batch"], LEVERS["compile"]], WHERE, blocks=2, block_steps=1,
                       fits=lambda s: None)
     res = search.run(START)
-    assert [(t.value, t.status) for t in res.trials] == [("2", "kept")]
+    assert [(t.value, t.status) for t in res.trials] == [(2, "kept")]
     assert res.stopped == "the budget ran out in pass 1, at micro_batch=4"
-    assert res.best.values["train.micro_batch"] == "2" and res.best.values["train.compile"] == "off"
+    assert res.best.values["train.micro_batch"] == 2 and res.best.values["train.compile"] == "off"
 
 
 class ModelLane:
@@ -334,9 +353,9 @@ def test_primus_tune_step_lanes_on_the_cpu_measure_in_a_second_process(tmp_path)
     assert "measuring on 2 devices at once: the session's and lane 1" in r.stdout
     doc = json.loads((out / "step_plan.json").read_text())
     by = {m["value"]: m for m in doc["measured"]}
-    assert set(by) >= {"2", "4"} and by["4"]["measured_on"] == "lane 1" and by["2"]["measured_on"] == "", by
+    assert set(by) >= {2, 4} and by[4]["measured_on"] == "lane 1" and by[2]["measured_on"] == "", by
     assert "train.micro_batch=4: " in r.stdout and "(on lane 1)" in r.stdout
-    assert by["4"]["speedup"] and by["4"]["candidate_ms"]
+    assert by[4]["speedup"] and by[4]["candidate_ms"]
 
 
 def _cli(args: list[str], nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -357,13 +376,12 @@ def test_primus_tune_step_on_the_cpu_writes_a_plan_primus_train_runs(tmp_path) -
     doc = json.loads((out / "step_plan.json").read_text())
     assert doc["schema"] == "primus-perf-step-plan/1" and (out / "manifest.json").is_file()
     values = {(m["lever"], m["value"]) for m in doc["measured"]}
-    assert {("train.micro_batch", "2"), ("train.micro_batch", "4"), ("train.optimizer", "foreach")} <= values
+    assert {("train.micro_batch", 2), ("train.micro_batch", 4), ("train.optimizer", "foreach")} <= values
     assert "step plan for tiny" in r.stdout and "search took" in r.stdout
     # the plan's figures once, in the summary (not also as the search's progress)
     assert r.stdout.count("plan vs default") == (doc["verdict"] is not None), r.stdout
     assert r.stdout.count("loss guard over") == (doc["loss_guard"] is not None), r.stdout
-    overrides = plan_overrides(out / "plan.yaml")
-    assert set(overrides) == {f"{k}={v}" for k, v in doc["plan"].items()}
+    assert read_plan(out / "plan.yaml") == doc["plan"]  # typed both, read back by the config's schema
     if doc["plan"]:  # a plan that changed something was checked against the default's loss
         assert doc["loss_guard"]["steps"] == 4
     t = subprocess.run([*CLI, "--config", "tiny", "--plan", str(out / "plan.yaml"), "--steps", "1", *TINY],
@@ -384,8 +402,8 @@ def test_two_ranks_search_fsdp2_in_lockstep_and_rank_0_writes(tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "step_plan.json").read_text())
     measured = {(m["lever"], m["value"]) for m in doc["measured"]}
-    assert {("parallel.fsdp_reshard_after_forward", "false"), ("parallel.fsdp_prefetch", "1"),
-            ("parallel.fsdp_prefetch", "2")} <= measured
+    assert {("parallel.fsdp_reshard_after_forward", False), ("parallel.fsdp_prefetch", 1),
+            ("parallel.fsdp_prefetch", 2)} <= measured
     assert r.stdout.count("step plan for tiny") == 1  # rank 0 speaks
 
 
@@ -423,7 +441,7 @@ def test_a_trainer_that_cannot_be_built_leaves_the_sessions_own_running() -> Non
 
         session._make = failing
         with pytest.raises(RuntimeError, match="modelled"):
-            session._rebuild(session.cfg_of(Setting({"train.micro_batch": "2"})))
+            session._rebuild(session.cfg_of(Setting({"train.micro_batch": 2})))
         assert session.trainer is not None and session.trainer.cfg.train.micro_batch == 1
         assert session.step() > 0
     finally:
@@ -448,7 +466,7 @@ def test_on_a_gpu_a_candidate_estimated_within_the_headroom_is_not_tried(monkeyp
     from primus_perf.trainer.resources import MemoryEstimate
 
     gib = 2**30
-    need = {"1": 60 * gib, "2": 94 * gib, "4": 99 * gib}
+    need = {1: 60 * gib, 2: 94 * gib, 4: 99 * gib}
     monkeypatch.setattr(resources, "check_fits", lambda cfg, device_type, index=0: None)
     monkeypatch.setattr(resources, "device_memory", lambda device_type, index=0: (100 * gib, "the GPU"))
     monkeypatch.setattr(resources, "estimate_memory",
@@ -456,10 +474,10 @@ def test_on_a_gpu_a_candidate_estimated_within_the_headroom_is_not_tried(monkeyp
     session = ModelStep(START)
     res = Search(session, [LEVERS["micro_batch"]], WHERE, blocks=2, block_steps=1).run(START)
     status = {t.value: (t.status, t.reason) for t in res.trials}
-    assert status["2"][0] == "kept" and status["4"][0] == DOES_NOT_FIT
-    assert status["4"][1] == ("the config needs about 99.0 GiB (parameters and optimizer 99.0, activations 0.0, logits"
+    assert status[2][0] == "kept" and status[4][0] == DOES_NOT_FIT
+    assert status[4][1] == ("the config needs about 99.0 GiB (parameters and optimizer 99.0, activations 0.0, logits"
                               " 0.0), within 5% of the GPU (100.0 GiB): the allocator's fragmentation takes that")
-    assert res.best.values["train.micro_batch"] == "2"
+    assert res.best.values["train.micro_batch"] == 2
 
 
 def test_the_failed_steps_tensors_are_released_before_the_session_gets_back() -> None:

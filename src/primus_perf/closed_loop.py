@@ -411,24 +411,22 @@ def _kernel_loop(config: str, overrides: Sequence[str], out_dir: str | Path, *, 
 # ---- the step tuner from a profile ---------------------------------------------------------------
 
 
-def step_advice(config: str, overrides: Sequence[str], recommendations: Any) -> list[Any]:
+def step_advice(recommendations: Any) -> list[Any]:
     """The analyzer's recommendations that name a lever of the step tuner, as ``Advice`` in
-    their rank: each ``key=value`` of a recommendation's lever, its value as the config reads it
-    (``train.compile=true`` is ``pointwise``); the estimate goes with the first."""
+    their rank: each of a recommendation's settings, its value read by the config's schema
+    (``train.compile: true`` is ``pointwise``); the estimate goes with the first."""
     from primus_perf.errors import ConfigError
-    from primus_perf.trainer.config import load_config
-    from primus_perf.trainer.knobs import flat
+    from primus_perf.trainer.config import SCHEMA
     from primus_perf.tuner.step import Advice
     from primus_perf.tuner.step.levers import lever_of
     from primus_perf.tuner.step.search import advice_parts
-    from primus_perf.tuner.step.session import text
 
     out: list[Any] = []
     for key, value, estimate, action in advice_parts(recommendations):
         if lever_of(key) is None:
             continue
         try:
-            read = text(flat(load_config(config, [*overrides, f"{key}={value}"]))[key])
+            read = SCHEMA[key].read(value)
         except ConfigError:
             continue
         out.append(Advice(key, read, estimate, action))
@@ -457,15 +455,16 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
         if profile:
             from primus_perf.profiler.capture import Schedule, capture_trainer
             from primus_perf.tracelens.analyze import analyze
+            from primus_perf.tuner.step.levers import text
 
             say(f"profiling {config} ({profile_steps} steps) -> {out}")
             capture_trainer(config, list(overrides), out, Schedule(active=profile_steps, warmup=1, wait=1),
                             overwrite=overwrite)
             if rank == 0:
                 analysis = analyze([out])
-                advice = step_advice(config, overrides, analysis.recommendations)
+                advice = step_advice(analysis.recommendations)
                 for a in advice:
-                    say(f"advised: {a.key}={a.value}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
+                    say(f"advised: {a.key}={text(a.value)}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
                                                          if a.estimate_ms is not None else ""))
             advice = _agree(advice)
         return tune_step(config, overrides, out=out, advice=advice, say=say, agree=_agree, is_main=rank == 0,

@@ -63,7 +63,7 @@ def read_plan(path: str) -> dict[str, str]:
     if not isinstance(data, dict) or not isinstance(data.get("levers", {}), dict) or (data and "levers" not in data):
         raise UserError(f"{path}: not a script's step plan (a plan of primus-train config keys runs with"
                         " primus-train --plan)")
-    from primus_perf.tuner.step.session import text
+    from primus_perf.tuner.step.levers import text
 
     return {str(k): text(v) for k, v in (data.get("levers") or {}).items()}
 

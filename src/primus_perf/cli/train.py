@@ -49,15 +49,15 @@ def train(
     Exit codes: 0 done, 2 bad config or environment, 3 the loss became NaN or infinite,
     130 interrupted (Ctrl-C or SIGTERM)."""
     from primus_perf.enabling import online_tuning
-    from primus_perf.trainer.config import load_config, plan_overrides
+    from primus_perf.trainer.config import load_config, read_plan, with_settings
     from primus_perf.trainer.loop import JsonLog, Trainer
 
-    extra = list(overrides or []) + (plan_overrides(plan) if plan else [])
+    settings = read_plan(plan) if plan else {}
     if layers is not None:
-        extra.append(f"model.n_layers={layers}")
+        settings["model.n_layers"] = layers
     if steps is not None:
-        extra.append(f"train.steps={steps}")
-    cfg = load_config(config, extra)
+        settings["train.steps"] = steps
+    cfg = with_settings(load_config(config, overrides or []), settings)
     if print_config:
         import yaml
 

@@ -1,6 +1,10 @@
 """Trainer configuration: nested dataclasses loaded from YAML presets, validated, with
 ``key=value`` overrides.
 
+Each field carries its rule (choices, or a range); :data:`SCHEMA`, each key's :class:`Key`
+derived from the dataclasses, validates a config and reads the settings other parts hand over
+typed (the step tuner's levers, the analyzer's advice, a step plan: :func:`with_settings`).
+
 A preset name (``tiny``, ``llama3-8b``, ...) resolves to the package data file
 ``primus_perf/trainer/presets/NAME.yaml`` (installed with the wheel); any other argument is
 read as a path. Every key is checked against the dataclass fields: an
@@ -19,7 +23,7 @@ import importlib.resources
 import math
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,23 @@ from primus_perf.kernels.grouped.backends import AUTO as GROUPED_GEMM_AUTO
 from primus_perf.kernels.grouped.backends import BACKENDS as GROUPED_GEMM_BACKENDS
 
 PRESETS = "primus_perf.trainer.presets"  # package holding the preset YAML files
+SEED_MAX = 2**32 - 1
+SIZE_MAX = 2**31 - 1  # a size past a 32-bit index is no model (and the estimate must stay quick)
+
+
+def _key(default: Any, *, choices: Sequence[str] = (), positive: bool = False, least: float | None = None,
+         most: float | None = None, below: float | None = None, bools: tuple[str, str] | None = None) -> Any:
+    """A config field with its rule (:class:`Key`'s)."""
+    return field(default=default, metadata={"choices": tuple(choices), "positive": positive, "least": least,
+                                            "most": most, "below": below, "bools": bools})
+
+
+def _size(default: int, most: int = SIZE_MAX) -> Any:  # a positive count
+    return _key(default, positive=True, most=most)
+
+
+def _one_of(*choices: str, bools: tuple[str, str] | None = None) -> Any:  # the first by default
+    return _key(choices[0], choices=choices, bools=bools)
 
 
 @dataclass
@@ -48,18 +69,18 @@ class MoEConfig:
     the fixed backend of ``kernels.grouped.backends.DEFAULT_RULE`` for the device, the
     dtype and the layer's expert count; a backend's name runs that backend."""
 
-    n_experts: int = 0
+    n_experts: int = _key(0, least=0)
     top_k: int = 2
     expert_dim: int = 0
-    n_shared_experts: int = 0
-    first_k_dense: int = 0
-    router: str = "softmax"
+    n_shared_experts: int = _key(0, least=0)
+    first_k_dense: int = _key(0, least=0)
+    router: str = _one_of("softmax", "sigmoid")
     norm_topk_prob: bool = True  # renormalize the top-k weights to sum to 1
-    routed_scale: float = 1.0  # multiplies the routed experts' weights
-    balance: str = "aux_loss"
-    aux_loss_coef: float = 0.01
-    bias_update_rate: float = 1e-3
-    grouped_gemm_backend: str = GROUPED_GEMM_AUTO
+    routed_scale: float = _key(1.0, least=0)  # multiplies the routed experts' weights
+    balance: str = _one_of("aux_loss", "bias", "none")
+    aux_loss_coef: float = _key(0.01, least=0)
+    bias_update_rate: float = _key(1e-3, least=0)
+    grouped_gemm_backend: str = _one_of(GROUPED_GEMM_AUTO, *GROUPED_GEMM_BACKENDS)
 
 
 @dataclass
@@ -68,16 +89,16 @@ class ModelConfig:
     untied output head; with ``moe.n_experts > 0`` an MoE decoder (:class:`MoEConfig`)."""
 
     name: str = "custom"
-    vocab_size: int = 256
-    dim: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    ffn_dim: int = 384
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
+    vocab_size: int = _size(256)
+    dim: int = _size(128)
+    n_layers: int = _size(2, most=100_000)  # the model's layers are walked one by one
+    n_heads: int = _size(4)
+    n_kv_heads: int = _size(2)
+    ffn_dim: int = _size(384)
+    rope_theta: float = _key(10000.0, positive=True)
+    norm_eps: float = _key(1e-5, positive=True)
     qkv_bias: bool = False  # Qwen2.5 has biases on the Q/K/V projections
-    init_std: float = 0.02
+    init_std: float = _key(0.02, positive=True)
     moe: MoEConfig = field(default_factory=MoEConfig)
 
     @property
@@ -98,48 +119,48 @@ class ParallelConfig:
     ``fsdp_prefetch`` blocks are all-gathered ahead of use (0: FSDP2's own schedule) and
     ``fsdp_reshard_after_forward=false`` keeps gathered blocks until backward."""
 
-    tp: int = 1
-    dp: int = 0
-    ep: int = 1
-    dp_shard: int = 1
-    dp_replicate: int = 0
-    fsdp_prefetch: int = 0
+    tp: int = _size(1)
+    dp: int = _key(0, least=0)
+    ep: int = _size(1)
+    dp_shard: int = _size(1)
+    dp_replicate: int = _key(0, least=0)
+    fsdp_prefetch: int = _key(0, least=0)
     fsdp_reshard_after_forward: bool = True
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 30
-    seq_len: int = 128
-    micro_batch: int = 8  # sequences per data-parallel rank per forward/backward
+    steps: int = _size(30)
+    seq_len: int = _size(128)
+    micro_batch: int = _size(8)  # sequences per data-parallel rank per forward/backward
     # sequences per optimizer step over all data-parallel ranks (0: micro_batch x data-parallel
     # ranks); its gradients accumulate over global / (micro_batch x dp) micro-batches
-    global_batch: int = 0
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup: int = 5
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # 0 disables clipping
-    seed: int = 1234
-    device: str = "auto"  # "auto" (cuda when available), "cpu", "cuda"
-    dtype: str = "auto"  # "auto" (bf16 autocast on GPU, fp32 on CPU), "bf16", "fp32"
+    global_batch: int = _key(0, least=0)
+    lr: float = _key(3e-3, positive=True)
+    min_lr: float = _key(3e-4, least=0)  # at most lr
+    warmup: int = _key(5, least=0)
+    weight_decay: float = _key(0.1, least=0)
+    beta1: float = _key(0.9, least=0, below=1)
+    beta2: float = _key(0.95, least=0, below=1)
+    eps: float = _key(1e-8, positive=True)
+    grad_clip: float = _key(1.0, least=0)  # 0 disables clipping
+    seed: int = _key(1234, least=0, most=SEED_MAX)  # what a generator takes
+    device: str = _one_of("auto", "cpu", "cuda")  # auto: cuda when available
+    dtype: str = _one_of("auto", "bf16", "fp32")  # auto: bf16 autocast on GPU, fp32 on CPU
     # activation recompute per transformer block: "none"; "selective" (the GEMM and attention
     # outputs are kept, the norms and elementwise work recomputed); "full" (the block's input kept)
-    recompute: str = "none"
+    recompute: str = _one_of("none", "selective", "full", bools=("none", "full"))
     # torch.compile: "off"; "pointwise" (RoPE, SwiGLU and RMSNorm, the GEMMs eager); "block" (each
     # transformer block whole, its GEMMs too: a tuning cache's reach them through the runtime's pass)
-    compile: str = "off"
+    compile: str = _one_of("off", "pointwise", "block", bools=("off", "pointwise"))
     # AdamW: "auto" (fused on a GPU, foreach on a CPU), "fused", "foreach", "bf16" (foreach with
     # the two moments stored in bf16: 4 bytes a parameter less, the update computed in fp32)
-    optimizer: str = "auto"
+    optimizer: str = _one_of("auto", "fused", "foreach", "bf16")
     # FP8 linear layers (torchao float8): "off"; "auto": the tuning cache's measured plan;
     # a recipe name: every block's linear layers (not the output head, not MoE routers)
-    fp8: str = "off"
-    sdpa_backend: str = "auto"  # "auto" (torch picks), "cudnn", "flash", "efficient", "math"
-    log_every: int = 1
+    fp8: str = _one_of("off", "auto", *FP8_RECIPES)
+    sdpa_backend: str = _one_of("auto", "cudnn", "flash", "efficient", "math")  # auto: torch picks
+    log_every: int = _size(1)
 
 
 @dataclass
@@ -173,63 +194,76 @@ class TrainerConfig:
         return dataclasses.asdict(self)
 
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "train.device": ("auto", "cpu", "cuda"),
-    "train.dtype": ("auto", "bf16", "fp32"),
-    "train.sdpa_backend": ("auto", "cudnn", "flash", "efficient", "math"),
-    "train.fp8": ("off", "auto", *FP8_RECIPES),
-    "train.recompute": ("none", "selective", "full"),
-    "train.compile": ("off", "pointwise", "block"),
-    "train.optimizer": ("auto", "fused", "foreach", "bf16"),
-}
-
-_OFF_KEYS = ("train.fp8", "train.compile")  # string keys where "off" is a value
-# string keys an earlier bool spelled: YAML false/true -> these values
-_BOOL_VALUES = {"train.recompute": ("none", "full"), "train.compile": ("off", "pointwise")}
-
-_POSITIVE = (
-    "model.vocab_size",
-    "model.dim",
-    "model.n_layers",
-    "model.n_heads",
-    "model.n_kv_heads",
-    "model.ffn_dim",
-    "parallel.tp",
-    "parallel.ep",
-    "parallel.dp_shard",
-    "train.steps",
-    "train.seq_len",
-    "train.micro_batch",
-    "train.log_every",
-)
-
-
-SEED_MAX = 2**32 - 1
-SIZE_MAX = 2**31 - 1  # a size past a 32-bit index is no model (and the estimate must stay quick)
-_MOST = {"model.n_layers": 100_000}  # the model's layers are walked one by one
-# Float keys that must be finite and > 0; and those in [0, 1) (Adam's betas).
-_POSITIVE_FLOATS = ("model.rope_theta", "model.norm_eps", "model.init_std", "train.lr", "train.eps")
-_UNIT_INTERVAL = ("train.beta1", "train.beta2")
-_NON_NEGATIVE_FLOATS = ("train.min_lr", "train.weight_decay", "train.grad_clip")
 MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is not a config
 
 
-def _check_numbers(flat: dict[str, Any]) -> None:
-    """Finite floats in their ranges and a seed a generator takes; ConfigError naming the key."""
-    for key, value in flat.items():
+@dataclass(frozen=True)
+class Key:
+    """One key of the config's schema: its dotted ``name``, the field's ``type`` and ``default``,
+    and the values it takes: ``choices`` (a string key), or a number ``positive``, from ``least``,
+    up to ``most`` (or ``below``). ``bools``: the two values an earlier true/false spelled."""
+
+    name: str
+    type: Any
+    default: Any
+    choices: tuple[str, ...] = ()
+    positive: bool = False
+    least: float | None = None
+    most: float | None = None
+    below: float | None = None
+    bools: tuple[str, str] | None = None
+
+    def read(self, value: Any) -> Any:
+        """``value`` as YAML or JSON types it, as this key's: ConfigError naming the key."""
+        value = _coerce(self, value, self.type)
+        self.check(value)
+        return value
+
+    def check(self, value: Any) -> None:
+        """ConfigError naming the key where ``value`` is not one it takes."""
+        name = self.name
         if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"config key {key!r} must be a finite number, got {value}")
-    for key in _POSITIVE_FLOATS:
-        if key in flat and flat[key] <= 0:
-            raise ConfigError(f"config key {key!r} must be > 0, got {flat[key]}")
-    for key in _NON_NEGATIVE_FLOATS:
-        if key in flat and flat[key] < 0:
-            raise ConfigError(f"config key {key!r} must be >= 0, got {flat[key]}")
-    for key in _UNIT_INTERVAL:
-        if key in flat and not 0 <= flat[key] < 1:
-            raise ConfigError(f"config key {key!r} must be in [0, 1), got {flat[key]}")
-    if not 0 <= flat["train.seed"] <= SEED_MAX:
-        raise ConfigError(f"config key 'train.seed' must be in [0, {SEED_MAX}], got {flat['train.seed']}")
+            raise ConfigError(f"config key {name!r} must be a finite number, got {value}")
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"config key {name!r} must be one of {', '.join(self.choices)}, got {value!r}")
+        if self.positive and value <= 0:
+            raise ConfigError(f"config key {name!r} must be positive, got {value}")
+        if self.least is not None and value < self.least:
+            raise ConfigError(f"config key {name!r} must be >= {self.least}, got {value}")
+        if self.most is not None and value > self.most:
+            raise ConfigError(f"config key {name!r} must be at most {self.most:,}, got {value:,}")
+        if self.below is not None and value >= self.below:
+            raise ConfigError(f"config key {name!r} must be below {self.below}, got {value}")
+
+
+def _schema(cls: type, prefix: str = "") -> dict[str, Key]:
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Key] = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(_schema(hints[f.name], f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = Key(prefix + f.name, hints[f.name], f.default, **f.metadata)
+    return out
+
+
+SCHEMA: dict[str, Key] = _schema(TrainerConfig)  # dotted key -> its record
+
+
+def flat(cfg: TrainerConfig) -> dict[str, Any]:
+    """The config as dotted keys (``train.micro_batch`` -> 4)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, obj: Any) -> None:
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(f"{prefix}{f.name}.", value)
+            else:
+                out[prefix + f.name] = value
+
+    walk("", cfg)
+    return out
 
 
 def _preset_files() -> dict[str, Any]:
@@ -260,8 +294,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(key: str, value: Any, tp: Any) -> Any:
+def _coerce(k: Key, value: Any, tp: Any) -> Any:
     """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
+    key = k.name
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -271,7 +306,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _coerce(key, value, arg)
+                return _coerce(k, value, arg)
             except ConfigError:
                 continue
         names = " or ".join(_type_name(a) for a in args if a is not type(None))
@@ -293,9 +328,9 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
-        if isinstance(value, bool) and key in _BOOL_VALUES:
-            return _BOOL_VALUES[key][value]
-        if value is False and key in _OFF_KEYS:  # YAML 1.1 reads off/no/false as False
+        if isinstance(value, bool) and k.bools:
+            return k.bools[value]
+        if value is False and "off" in k.choices:  # YAML 1.1 reads off/no/false as False
             return "off"
     else:  # pragma: no cover - internal: an annotation this loader does not know
         raise TypeError(f"unsupported annotation {tp!r} for {key}")
@@ -323,7 +358,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         if dataclasses.is_dataclass(tp):
             kwargs[f.name] = _build(tp, data[f.name], key + ".")
         else:
-            kwargs[f.name] = _coerce(key, data[f.name], tp)
+            kwargs[f.name] = _coerce(SCHEMA[key], data[f.name], tp)
     return cls(**kwargs)
 
 
@@ -332,13 +367,18 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override {override!r} must look like key=value")
     key, _, text = override.partition("=")
     key = key.strip()
-    parts = key.split(".")
-    if len(parts) < 2 or not all(parts):
+    if len(key.split(".")) < 2 or not all(key.split(".")):
         raise ConfigError(f"override key {key!r} must be dotted, e.g. train.steps=50")
     try:
         value = load_yaml(text) if text.strip() else None
     except ValueError:  # not YAML (or a bomb): the text itself, which the key's type then checks
         value = text
+    _put(data, key, value)
+
+
+def _put(data: dict[str, Any], key: str, value: Any) -> None:
+    """``value`` at the dotted ``key`` of a config's nested mapping."""
+    parts = key.split(".")
     node = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})
@@ -350,28 +390,9 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
 
 def validate(cfg: TrainerConfig) -> TrainerConfig:
     """Cross-field checks; raises ConfigError naming the offending key."""
-    flat = {
-        f"{section}.{name}": value
-        for section, values in cfg.to_dict().items()
-        for name, value in values.items()
-    }
-    _check_numbers(flat)
-    for key in _POSITIVE:
-        if flat[key] <= 0:
-            raise ConfigError(f"config key {key!r} must be positive, got {flat[key]}")
-        most = _MOST.get(key, SIZE_MAX)
-        if flat[key] > most:
-            raise ConfigError(f"config key {key!r} must be at most {most:,}, got {flat[key]:,}")
-    for key, choices in _CHOICES.items():
-        if flat[key] not in choices:
-            raise ConfigError(
-                f"config key {key!r} must be one of {', '.join(choices)}, got {flat[key]!r}"
-            )
+    for key, value in flat(cfg).items():
+        SCHEMA[key].check(value)
     m, p, t = cfg.model, cfg.parallel, cfg.train
-    for key, value in (("parallel.dp", p.dp), ("parallel.dp_replicate", p.dp_replicate),
-                       ("parallel.fsdp_prefetch", p.fsdp_prefetch)):
-        if value < 0:
-            raise ConfigError(f"config key {key!r} must be >= 0, got {value}")
     if p.dp and p.dp % p.dp_shard:
         raise ConfigError(f"config key 'parallel.dp_shard' ({p.dp_shard}) must divide parallel.dp ({p.dp})")
     if m.dim % m.n_heads:
@@ -397,16 +418,10 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
                 f"config key {key!r} ({value}) is not divisible by parallel.tp ({p.tp})"
             )
     _validate_moe(cfg)
-    if t.warmup < 0:
-        raise ConfigError(f"config key 'train.warmup' must be >= 0, got {t.warmup}")
-    if t.global_batch < 0:
-        raise ConfigError(f"config key 'train.global_batch' must be >= 0, got {t.global_batch}")
     if p.dp:
         accumulation(t, p.dp)
-    if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
+    if t.min_lr > t.lr:
         raise ConfigError("config key 'train.lr' must be > 0 and train.min_lr in [0, train.lr]")
-    if t.grad_clip < 0:
-        raise ConfigError(f"config key 'train.grad_clip' must be >= 0, got {t.grad_clip}")
     if cfg.data.path is not None and m.vocab_size < 256:
         raise ConfigError(
             f"config key 'model.vocab_size' ({m.vocab_size}) must be >= 256 for data.path (byte tokens)"
@@ -422,27 +437,8 @@ def validate(cfg: TrainerConfig) -> TrainerConfig:
     return cfg
 
 
-MOE_CHOICES: dict[str, tuple[str, ...]] = {
-    "router": ("softmax", "sigmoid"),
-    "balance": ("aux_loss", "bias", "none"),
-    "grouped_gemm_backend": (GROUPED_GEMM_AUTO, *GROUPED_GEMM_BACKENDS),
-}
-
-
 def _validate_moe(cfg: TrainerConfig) -> None:
     moe, ep = cfg.model.moe, cfg.parallel.ep
-    for name, choices in MOE_CHOICES.items():
-        value = getattr(moe, name)
-        if value not in choices:
-            raise ConfigError(
-                f"config key 'model.moe.{name}' must be one of {', '.join(choices)}, got {value!r}"
-            )
-    for name in ("n_experts", "n_shared_experts", "first_k_dense"):
-        if getattr(moe, name) < 0:
-            raise ConfigError(f"config key 'model.moe.{name}' must be >= 0, got {getattr(moe, name)}")
-    for name in ("aux_loss_coef", "bias_update_rate", "routed_scale"):
-        if getattr(moe, name) < 0:
-            raise ConfigError(f"config key 'model.moe.{name}' must be >= 0, got {getattr(moe, name)}")
     if moe.n_experts == 0:
         if ep != 1:
             raise ConfigError(f"config key 'parallel.ep' ({ep}) needs an MoE model (model.moe.n_experts > 0)")
@@ -522,27 +518,36 @@ def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> TrainerConf
     return config_from_dict(data)
 
 
-def plan_overrides(path: str | Path) -> list[str]:
+def with_settings(cfg: TrainerConfig, settings: Mapping[str, Any]) -> TrainerConfig:
+    """``cfg`` with ``settings`` (dotted key -> typed value), each read by :data:`SCHEMA`, the
+    whole validated again: what the step tuner runs, a step plan over the command line's."""
+    data = cfg.to_dict()
+    for key, value in settings.items():
+        _put(data, key, value)
+    return config_from_dict(data)
+
+
+def read_plan(path: str | Path) -> dict[str, Any]:
     """A step plan (``primus-tune step``'s ``plan.yaml``: a YAML overlay of config sections) as
-    ``key=value`` overrides, applied after the command line's (the plan was tuned with those:
-    ``train.micro_batch=1`` on the command line does not undo its micro-batch). A key the
-    config does not have is the usual one line when the config loads."""
+    settings, each value read by :data:`SCHEMA`; ``with_settings`` applies them over the command
+    line's overrides (the plan was tuned with those: ``train.micro_batch=1`` on the command line
+    does not undo its micro-batch)."""
     p = Path(path)
     data = _read_yaml(p, "step plan")
     if data is None:
-        return []
+        return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a step plan is a mapping of config sections (train:, parallel:, ...)")
-    out: list[str] = []
+    out: dict[str, Any] = {}
 
-    def walk(prefix: str, node: Any) -> None:
+    def walk(prefix: str, node: dict[str, Any]) -> None:
         for key, value in node.items():
             if isinstance(value, dict):
                 walk(f"{prefix}{key}.", value)
-            elif isinstance(value, bool):
-                out.append(f"{prefix}{key}={'true' if value else 'false'}")
+            elif f"{prefix}{key}" in SCHEMA:
+                out[f"{prefix}{key}"] = SCHEMA[f"{prefix}{key}"].read(value)
             else:
-                out.append(f"{prefix}{key}={'' if value is None else value}")
+                raise ConfigError(f"unknown config key {prefix + str(key)!r}")
 
     walk("", data)
     return out

@@ -13,7 +13,6 @@ runs those.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from primus_perf.errors import ConfigError, UserError
-from primus_perf.trainer.config import TrainerConfig, accumulation
+from primus_perf.trainer.config import TrainerConfig, accumulation, flat
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.fp8 import BF16, linear_layers, recipe_plan
 from primus_perf.trainer.optim import make_optimizer
@@ -32,22 +31,6 @@ Trainer = Any  # a trainer.loop.Trainer (which calls this module: no import back
 
 class NotSwitchable(ConfigError):
     """A config key a running trainer cannot change: a new trainer is needed."""
-
-
-def flat(cfg: TrainerConfig) -> dict[str, Any]:
-    """The config as dotted keys (``train.micro_batch`` -> 4)."""
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, obj: Any) -> None:
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if dataclasses.is_dataclass(value):
-                walk(f"{prefix}{f.name}.", value)
-            else:
-                out[prefix + f.name] = value
-
-    walk("", cfg)
-    return out
 
 
 def changed(old: TrainerConfig, new: TrainerConfig) -> list[str]:

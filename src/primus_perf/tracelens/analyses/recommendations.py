@@ -12,7 +12,8 @@ manifest says the run came from ``primus-train``, else code advice), ``command``
 command, when one applies), ``estimated_saving_ms`` (per step), ``measured_saving_ms`` (the
 step tuner's measurement of the same lever, where the run has one: :data:`MEASURED`) and
 ``measured_against`` (the setting it was measured against: ``the default`` is the traced one),
-``method`` and ``changes_numerics``. Rows are ranked by the estimated saving, except that
+``method``, ``changes_numerics`` and ``settings`` (the lever as data, ``{"train.micro_batch": 8}``:
+what the step tuner reads; empty for a name). Rows are ranked by the estimated saving, except that
 changes of the numerics (FP8) come after every change that keeps them.
 
 The estimates, one per category (each the saving of that change alone; they do not add up
@@ -97,7 +98,7 @@ from primus_perf.tracelens.categories import (
 Analysis = Any
 
 COLUMNS = ["category", "lever", "evidence", "condition", "action", "command", "estimated_saving_ms",
-           "measured_saving_ms", "measured_against", "method", "changes_numerics"]
+           "measured_saving_ms", "measured_against", "method", "changes_numerics", "settings"]
 MIN_SAVING_MS = 0.01  # below this a recommendation is noise
 # the syncs' cost (the replay without them), as a share of the step, above which the fusion estimate is an
 # upper bound of the step's saving (H100: MoE runs with a sync per layer 1.0-3.1%, dense runs under 0.01%)
@@ -147,12 +148,16 @@ def trainer_config(manifest: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _row(category: str, lever: str, evidence: str, condition: str, action: str, saving_ms: float, method: str,
-         command: str = "", numerics: bool = False) -> dict[str, Any]:
-    return {"category": category, "lever": lever, "evidence": evidence, "condition": condition, "action": action,
+def _row(category: str, lever: str | dict[str, Any], evidence: str, condition: str, action: str, saving_ms: float,
+         method: str, command: str = "", numerics: bool = False) -> dict[str, Any]:
+    """``lever``: the settings advised (key -> JSON-typed value: the row's ``settings``, what the
+    step tuner reads; its ``lever`` text is ``key=value`` each), or a name."""
+    settings = lever if isinstance(lever, dict) else {}
+    text = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items())
+    return {"category": category, "lever": text or lever, "evidence": evidence, "condition": condition, "action": action,
             "command": command, "estimated_saving_ms": float(saving_ms), "measured_saving_ms": np.nan,
             "measured_against": None,
-            "method": method, "changes_numerics": numerics}
+            "method": method, "changes_numerics": numerics, "settings": settings}
 
 
 def _mode(w: dict[str, Any]) -> str:
@@ -201,7 +206,7 @@ def _fusion(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict
                      "adds host time there, while the GPU waits, so the step saves less than this GPU time")
     compiled = w.get("compiled")
     if cfg is not None and str(cfg["train"].get("compile", "off")).lower() != "block":
-        lever = "train.compile=block"
+        lever = {"train.compile": "block"}
         action = ("set train.compile=block (each transformer block compiled whole: Inductor fuses the chains between "
                   "its GEMMs, RoPE, SwiGLU, RMSNorm and the residual adds; train.compile=pointwise fuses only those "
                   "three and measured about half the saving)")
@@ -210,7 +215,7 @@ def _fusion(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict
         action = ("torch.compile is on: the chains left run outside the compiled regions; compile the code around "
                   "them (a whole block), or use fused kernels")
     else:
-        lever = "compile=block"
+        lever = {"compile": "block"}
         action = ("torch.compile each transformer block (a Hugging Face model: for layer in model.model.layers: "
                   "layer.compile()): Inductor fuses the chains between its GEMMs (RMSNorm, SwiGLU, RoPE, the residual "
                   "adds); compiling the whole model instead also compiles transformers' attention-mask code, which "
@@ -274,7 +279,7 @@ def _optimizer(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None, peaks
     if style != "fused":
         if cls not in _TORCH_FUSED and not (cfg is not None and not cls):
             return []  # no fused implementation in torch to point at
-        lever = "train.optimizer=fused" if cfg is not None else "optimizer=fused"
+        lever = {"train.optimizer": "fused"} if cfg is not None else {"optimizer": "fused"}
         action = ("set train.optimizer=fused" if cfg is not None
                   else f"use a fused optimizer step: torch.optim.{cls or 'AdamW'}(..., fused=True)")
         condition = (f"{_mode(w)}; a {style} {cls or 'optimizer'} step, which torch also implements fused")
@@ -435,13 +440,13 @@ def _accumulation(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) ->
         if gb % (2 * mb * dp):
             return []  # a doubled micro-batch does not divide the global batch
         m, k, new_mb = gb // (mb * dp), 2, 2 * mb
-        lever = f"train.micro_batch={new_mb}"
+        lever = {"train.micro_batch": new_mb}
     else:
         if traced < 2:
             return []
         mb = int(w.get("micro_batch") or 0)
         m, k, new_mb = traced, traced, mb * traced
-        lever = f"micro_batch={new_mb}" if mb else "micro_batch"
+        lever = {"micro_batch": new_mb} if mb else "micro_batch"
     sharded = w.get("sharding") == SHARDS_PARAMETERS
     cost = per_micro_batch(a, m, k, _replayed(a), sharded, placed=traced == m)
     if cost.saved_ms < MIN_SAVING_MS:
@@ -595,7 +600,7 @@ def _communication(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -
                            "(reshard_after_forward=False / parallel.fsdp_reshard_after_forward=false)")
             regather = _regather(a, w)
             if regather is not None:
-                lever = "parallel.fsdp_reshard_after_forward=false" if cfg is not None else "fsdp_reshard=false"
+                lever = {"parallel.fsdp_reshard_after_forward": False} if cfg is not None else {"fsdp_reshard": False}
                 saving_ms, how, what = regather
                 evidence += "; " + what
                 method = how + "; " + method.replace("all of the exposed communication: the upper bound",
@@ -770,7 +775,7 @@ def _attention_path(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, c
                 action = ("give SDPA inputs its fused kernels take (bf16/fp16, no explicit mask where is_causal=True "
                           "says it) and let it choose, or pick one: torch.nn.attention.sdpa_kernel([SDPBackend."
                           "CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]) (the step tuner's sdpa lever)")
-                lever = "sdpa=cudnn" if peaks is not None and peaks.vendor == "nvidia" else "sdpa=flash"
+                lever = {"sdpa": "cudnn" if peaks is not None and peaks.vendor == "nvidia" else "flash"}
             else:
                 why = ("the model's own attention code multiplies, masks and softmaxes the scores in separate kernels "
                        "(Hugging Face transformers: attn_implementation=\"eager\")")
@@ -789,7 +794,7 @@ def _attention_path(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, c
                 action = ("compile the decoder layers rather than the whole model (for layer in model.model.layers: "
                           "layer.compile()): the mask is then built in eager code, skipped, and SDPA runs its causal "
                           "kernel; or pass attention_mask=None where no sequence is padded")
-                lever = "compile=block" if cfg is None else "attention: causal"
+                lever = {"compile": "block"} if cfg is None else "attention: causal"
             elif o.mask:
                 why = "the model passes an explicit mask (a padding mask, or a causal mask built by hand)"
                 action = ("pass no mask where no sequence is padded and is_causal=True for a decoder; pack padded "
@@ -883,13 +888,14 @@ def _fp8(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, cfg: dict[st
                  + (" (the optimizer alone is sharded)" if w.get("sharding") == SHARDS_OPTIMIZER else "")
                  + f"; {_compile_text(w)}")
     if compiled is False:
-        lever = "train.fp8=tensorwise train.compile=pointwise" if cfg is not None else "fp8=tensorwise compile=block"
+        lever = ({"train.fp8": "tensorwise", "train.compile": "pointwise"} if cfg is not None
+                 else {"fp8": "tensorwise", "compile": "block"})
         action = ("set train.compile=pointwise train.fp8=tensorwise: FP8 pays only with its casts fused (in eager, FP8 "
                   "layer groups measured 0.82-0.95x of bf16); FP8 changes the numerics: compare the loss curve"
                   if cfg is not None else "torch.compile the model and train its linear layers in FP8 (torchao "
                   "float8 tensorwise): in eager the casts cost more than the GEMMs save; compare the loss curve")
     else:
-        lever = "train.fp8=tensorwise" if cfg is not None else "fp8=tensorwise"
+        lever = {"train.fp8": "tensorwise"} if cfg is not None else {"fp8": "tensorwise"}
         action = ("set train.fp8=tensorwise (FP8 GEMMs change the numerics: compare the loss curve)" if cfg is not None
                   else "train the linear layers in FP8 (torchao float8 under torch.compile; FP8 GEMMs change the "
                   "numerics: compare the loss curve)")

@@ -6,8 +6,15 @@ passes, every candidate measured in the step against the incumbent through ``tun
 judged by ``tuner.decide``), ``tune`` (the plan measured against the default, the loss guard,
 ``plan.yaml`` and ``step_plan.json``)."""
 
-from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, register, unregister
+from primus_perf.tuner.step.levers import (
+    LEVERS,
+    Lever,
+    Setting,
+    TrainerContext,
+    register,
+    unregister,
+)
 from primus_perf.tuner.step.search import Advice
 from primus_perf.tuner.step.tune import StepTuneResult, tune_step
 
-__all__ = ["LEVERS", "Advice", "Lever", "Setting", "StepTuneResult", "Where", "register", "tune_step", "unregister"]
+__all__ = ["LEVERS", "Advice", "Lever", "Setting", "StepTuneResult", "TrainerContext", "register", "tune_step", "unregister"]

@@ -27,7 +27,7 @@ _ENV_LOCK = threading.Lock()
 START_TIMEOUT_S = 900.0  # a lane's trainer is built (and the first compile may come) within this
 
 
-def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm_up: int) -> None:
+def _serve(conn: Any, config: str, base: list[str], values: dict[str, Any], warm_up: int) -> None:
     """A lane's process: one session, then (incumbent, candidate) pairs measured until told
     to stop. Replies: (OK, (incumbent seconds, candidate seconds)), (OOM, why), (USER_ERROR,
     why: the trainer cannot run it here) or (BROKEN, traceback)."""
@@ -75,7 +75,7 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, str], warm
 
 class Lane:
     def __init__(self, index: int, visible: str | None, config: str, base: Sequence[str],
-                 values: dict[str, str], warm_up: int = 0) -> None:
+                 values: dict[str, Any], warm_up: int = 0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.index, self.visible = index, visible
         self.conn, child = ctx.Pipe()
@@ -112,7 +112,7 @@ class Lane:
             return False
         return True
 
-    def submit(self, incumbent: dict[str, str], candidate: dict[str, str], blocks: int, block_steps: int,
+    def submit(self, incumbent: dict[str, Any], candidate: dict[str, Any], blocks: int, block_steps: int,
                settle: int) -> None:
         self.conn.send((dict(incumbent), dict(candidate), blocks, block_steps, settle))
         self.busy_since = time.monotonic()
@@ -150,7 +150,7 @@ def visible_devices(count: int) -> list[str]:
     return [names[i] if i < len(names) else str(i) for i in range(count)]
 
 
-def start_lanes(config: str, base: Sequence[str], values: dict[str, str], visible: Sequence[str | None],
+def start_lanes(config: str, base: Sequence[str], values: dict[str, Any], visible: Sequence[str | None],
                 say: Any = lambda _m: None, warm_up: int = 0) -> list[Lane]:
     """A lane per entry of ``visible`` (a device id, or None: the machine's own devices, for a
     CPU), started together, each session run ``warm_up`` untimed steps; those that fail to

@@ -1,13 +1,14 @@
 """The step's levers: each a registered dimension of the search, with the values it takes, its
 legality rule and its memory rule.
 
-A lever names one config key the trainer switches in place (``trainer/knobs.py``), the values
-to try from a setting (:class:`Where`: what the run is), a legality rule (a reason it cannot
-apply here, or None) and ``companions``: settings to add when a value alone does not fit the
-memory estimate (a larger micro-batch with recompute). Its ``script`` part (:class:`InScript`)
-is how it applies to a user's script, from outside (``hooks``: the plan's value under the
-lever's name), with its values and legality there (:class:`ScriptWhere`: what the script's
-first run found), or through the program's own flags where a known program has one for it
+A lever names one config key the trainer switches in place (``trainer/knobs.py``; its values
+typed as the config's schema has them), the values to try in primus-train (decided on a
+:class:`TrainerContext`: the config and the machine), a legality rule (a reason it cannot apply
+here, or None) and ``companions``: settings to add when a value alone does not fit the memory
+estimate (a larger micro-batch with recompute). Its ``script`` part (:class:`InScript`) is how
+it applies to a user's script, from outside (``hooks``: the plan's value under the lever's
+name), with its values and legality there (decided on a :class:`ScriptContext`: what the
+script's first run found), or through the program's own flags where a known program has one for it
 (``own_flags``: torchtitan's local batch, compile, float8, activation checkpointing, optimizer);
 a lever may be a script's alone (no config key: the SDPA backend, the allocator, DDP's
 options). Whether a candidate fits is the
@@ -30,8 +31,8 @@ from primus_perf.errors import UserError
 
 
 @dataclass(frozen=True)
-class Where:
-    """What the search runs on: the config it starts from and the machine."""
+class TrainerContext:
+    """Where a lever applies in primus-train: the config the search starts from and the machine."""
 
     cfg: Any  # trainer.config.TrainerConfig
     device_type: str  # "cuda" or "cpu"
@@ -43,10 +44,10 @@ class Where:
 
 
 @dataclass(frozen=True)
-class ScriptWhere:
-    """What a user's script runs on: what its first measured run found (``hooks.Applied``:
-    the model, its blocks, the optimizer, FSDP2 or DDP, an HF Trainer, the knobs it asked for)
-    and the machine."""
+class ScriptContext:
+    """Where a lever applies in a user's script: what its first measured run found
+    (``hooks.Applied``: the model, its blocks, the optimizer, FSDP2 or DDP, an HF Trainer, the
+    knobs it asked for) and the machine."""
 
     found: dict[str, Any]
     knobs: dict[str, dict[str, Any]]
@@ -62,13 +63,13 @@ class InScript:
     """How a lever applies to a user's script: through ``hooks`` (the plan's value under the
     lever's name), its values and legality there, and ``from_trainer``: the analyzer's advice,
     written as the trainer's value, as this lever's (None: no such value here). Where the
-    program's own flags set it (``own_flags``: ``ScriptWhere.own``), its values are those
+    program's own flags set it (``own_flags``: ``ScriptContext.own``), its values are those
     flags' and ``by_flag`` its legality (what holds whoever applies it: the device)."""
 
-    values: Callable[[ScriptWhere], list[str]]
-    legal: Callable[[ScriptWhere], str | None] = lambda _w: None
+    values: Callable[[ScriptContext], list[str]]
+    legal: Callable[[ScriptContext], str | None] = lambda _w: None
     from_trainer: Callable[[str], str | None] = lambda v: v
-    by_flag: Callable[[ScriptWhere], str | None] = lambda _w: None
+    by_flag: Callable[[ScriptContext], str | None] = lambda _w: None
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,11 @@ class Lever:
     memory estimate), ``changes_numerics``, and ``script``: how it applies to a user's script."""
 
     name: str
-    key: str  # the config key it sets
-    values: Callable[[Where], list[str]]  # every value it can take here (the current one included)
-    legal: Callable[[Where], str | None] = lambda _w: None  # why it cannot apply here
-    companions: tuple[dict[str, str], ...] = ()  # added, in turn, to a value that does not fit alone
-    changes_numerics: Callable[[str], bool] = lambda _v: False
+    key: str  # the config key it sets (trainer.config.SCHEMA's)
+    values: Callable[[TrainerContext], list[Any]]  # every value it can take here (the current one included), typed
+    legal: Callable[[TrainerContext], str | None] = lambda _w: None  # why it cannot apply here
+    companions: tuple[dict[str, Any], ...] = ()  # added, in turn, to a value that does not fit alone
+    changes_numerics: Callable[[Any], bool] = lambda _v: False
     about: str = ""
     script: InScript | None = None
 
@@ -92,10 +93,10 @@ class Lever:
             raise ValueError(f"lever {self.name!r} does not apply to a script")
         name, part = self.name, self.script
 
-        def values(w: ScriptWhere) -> list[str]:
+        def values(w: ScriptContext) -> list[str]:
             return ["", *w.own[name]] if name in w.own else part.values(w)
 
-        def legal(w: ScriptWhere) -> str | None:
+        def legal(w: ScriptContext) -> str | None:
             return part.by_flag(w) if name in w.own else part.legal(w)
 
         return dataclasses.replace(self, key=name, values=values, legal=legal, companions=())
@@ -147,39 +148,42 @@ def pick(names: str | None, among: list[Lever] | None = None) -> list[Lever]:
 # ---- the registered levers -------------------------------------------------------------------
 
 
-def _micro_batches(w: Where) -> list[str]:
+def _micro_batches(w: TrainerContext) -> list[int]:
     """The powers of two that divide the sequences a rank takes a step, and that number."""
     per_rank = w.cfg.train.global_batch // w.dp
-    return [str(m) for m in range(1, per_rank + 1) if per_rank % m == 0 and (m & (m - 1) == 0 or m == per_rank)]
+    return [m for m in range(1, per_rank + 1) if per_rank % m == 0 and (m & (m - 1) == 0 or m == per_rank)]
 
 
-def _fixed_global_batch(w: Where) -> str | None:
+def _fixed_global_batch(w: TrainerContext) -> str | None:
     if w.cfg.train.global_batch <= 0:
         return ("train.global_batch is 0 (one micro-batch a step): the micro-batch is the recipe here;"
                 " set train.global_batch to move it")
     return None
 
 
-def _fsdp(w: Where) -> str | None:
+def _fsdp(w: TrainerContext) -> str | None:
     return None if w.dp_shard > 1 else "FSDP2 is off (parallel.dp_shard=1)"
 
 
-def _fp8(w: Where) -> str | None:
+def _fp8(w: TrainerContext) -> str | None:
     return None if w.fp8_formats else "this device has no FP8 GEMMs"
 
 
-def _moe(w: Where) -> str | None:
+def _moe(w: TrainerContext) -> str | None:
     return None if w.moe else "the model has no MoE layers"
 
 
-def _cache(w: Where) -> str | None:
+def _cache(w: TrainerContext) -> str | None:
     return None if w.cache else "no kernel cache given (--cache)"
 
 
-def _grouped_backends(w: Where) -> list[str]:
-    from primus_perf.kernels.grouped.backends import AUTO, BACKENDS
+def _choices(key: str) -> Callable[[TrainerContext], list[str]]:
+    """Every value the config's schema gives a string key."""
+    def values(w: TrainerContext) -> list[str]:
+        from primus_perf.trainer.config import SCHEMA  # here, where a lever runs (it imports torch)
 
-    return [AUTO, *BACKENDS]
+        return list(SCHEMA[key].choices)
+    return values
 
 
 # ---- their script parts -----------------------------------------------------------------------
@@ -187,7 +191,7 @@ def _grouped_backends(w: Where) -> list[str]:
 # consent: primus_perf.knob("micro_batch", ...) or an HF Trainer's batch size
 
 
-def _script_micro_batches(w: ScriptWhere) -> list[str]:
+def _script_micro_batches(w: ScriptContext) -> list[str]:
     """Larger micro-batches first (the usual winner), at most three, from the knob's choices
     (by default powers of two up to 8 x the script's)."""
     asked = w.knobs.get("micro_batch", {})
@@ -198,50 +202,50 @@ def _script_micro_batches(w: ScriptWhere) -> list[str]:
     return ["", *(str(c) for c in larger + smaller)]
 
 
-def _asked_micro_batch(w: ScriptWhere) -> str | None:
+def _asked_micro_batch(w: ScriptContext) -> str | None:
     if "micro_batch" in w.knobs:
         return None
     return ("the script does not ask for it: mb = primus_perf.knob(\"micro_batch\", 2) and the accumulation"
             " derived from it (an HF Trainer script's batch size is found by itself)")
 
 
-def _model_found(w: ScriptWhere) -> str | None:
+def _model_found(w: ScriptContext) -> str | None:
     return None if w.found.get("model") else "no model found (the first optimizer's parameters lead to it)"
 
 
-def _blocks_found(w: ScriptWhere) -> str | None:
+def _blocks_found(w: ScriptContext) -> str | None:
     from primus_perf.tuner.step.hooks import NO_BLOCKS
 
     return _model_found(w) or (None if w.found.get("blocks") else NO_BLOCKS)
 
 
-def _fp8_device(w: ScriptWhere) -> str | None:
+def _fp8_device(w: ScriptContext) -> str | None:
     if not w.torchao:
         return "FP8 needs torchao (pip install torchao)"
     return None if w.fp8_formats else "this device has no FP8 GEMMs"
 
 
-def _script_fp8(w: ScriptWhere) -> str | None:
+def _script_fp8(w: ScriptContext) -> str | None:
     sharded = ("FSDP2 shards the model before the plan could convert it (torchao float8 converts before"
                " fully_shard)") if w.found.get("fsdp2") else None
     return _fp8_device(w) or sharded or _blocks_found(w)
 
 
-def _script_fsdp(w: ScriptWhere) -> str | None:
+def _script_fsdp(w: ScriptContext) -> str | None:
     if not w.found.get("fsdp2"):
         return "the script does not use FSDP2 (fully_shard)"
     return "FSDP2 shards over one rank here" if w.found.get("fsdp2_ranks") == 1 else None
 
 
-def _script_ddp(w: ScriptWhere) -> str | None:
+def _script_ddp(w: ScriptContext) -> str | None:
     return None if w.found.get("ddp") else "the script does not use DistributedDataParallel"
 
 
-def _on_gpu(w: ScriptWhere) -> str | None:
+def _on_gpu(w: ScriptContext) -> str | None:
     return None if w.device_type == "cuda" else "needs a GPU"
 
 
-def _script_optimizer(w: ScriptWhere) -> str | None:
+def _script_optimizer(w: ScriptContext) -> str | None:
     return _on_gpu(w) or (None if w.found.get("optimizer") else "the script built no optimizer that steps")
 
 
@@ -253,10 +257,10 @@ register(Lever("micro_batch", "train.micro_batch", _micro_batches, _fixed_global
                companions=({"train.recompute": "selective"}, {"train.recompute": "full"}),
                about="sequences per forward/backward at the fixed global batch",
                script=InScript(_script_micro_batches, _asked_micro_batch)))
-register(Lever("compile", "train.compile", lambda w: ["off", "pointwise", "block"],
+register(Lever("compile", "train.compile", _choices("train.compile"),
                about="torch.compile: nothing, the pointwise ops, or whole blocks with their GEMMs",
                script=InScript(lambda w: ["", "block", "model"], _model_found, _compile_scope)))
-register(Lever("recompute", "train.recompute", lambda w: ["none", "selective", "full"],
+register(Lever("recompute", "train.recompute", _choices("train.recompute"),
                about="activations recomputed in backward",
                script=InScript(lambda w: ["", "full"], _blocks_found, lambda v: "full" if v == "full" else None)))
 register(Lever("fp8", "train.fp8", lambda w: ["off", "tensorwise", "rowwise"], _fp8,
@@ -268,15 +272,15 @@ register(Lever("optimizer", "train.optimizer",
                changes_numerics=lambda v: v == "bf16", about="AdamW's implementation; bf16 keeps its moments in bf16",
                script=InScript(lambda w: ["", "fused", "foreach"], _script_optimizer,
                                lambda v: v if v in ("fused", "foreach") else None, _on_gpu)))
-register(Lever("grouped_backend", "model.moe.grouped_gemm_backend", _grouped_backends, _moe,
+register(Lever("grouped_backend", "model.moe.grouped_gemm_backend", _choices("model.moe.grouped_gemm_backend"), _moe,
                about="the MoE experts' grouped GEMM"))
-register(Lever("fsdp_reshard", "parallel.fsdp_reshard_after_forward", lambda w: ["true", "false"], _fsdp,
+register(Lever("fsdp_reshard", "parallel.fsdp_reshard_after_forward", lambda w: [True, False], _fsdp,
                about="FSDP2 frees the gathered blocks after forward (true) or keeps them for backward",
                script=InScript(lambda w: ["", "false", "true"], _script_fsdp, by_flag=_script_fsdp)))
-register(Lever("fsdp_prefetch", "parallel.fsdp_prefetch", lambda w: ["0", "1", "2"], _fsdp,
+register(Lever("fsdp_prefetch", "parallel.fsdp_prefetch", lambda w: [0, 1, 2], _fsdp,
                about="blocks FSDP2 all-gathers ahead",
                script=InScript(lambda w: ["", "1", "2"], lambda w: _script_fsdp(w) or _blocks_found(w))))
-register(Lever("kernel_cache", "tuning.cache", lambda w: ["", w.cache or ""], _cache,
+register(Lever("kernel_cache", "tuning.cache", lambda w: [None, w.cache], _cache,
                about="the tuned kernels of a cache (primus-tune gemm/loop), confirmed in the step",
                script=InScript(lambda w: ["", w.cache or ""], lambda w: None if w.cache else
                                "no kernel cache given (--cache)", lambda v: None)))
@@ -292,20 +296,23 @@ register(Lever("ddp_static_graph", "", lambda w: [], about="DDP's static graph (
                script=InScript(lambda w: ["", "true"], _script_ddp, lambda v: None)))
 
 
+def text(value: Any) -> str:
+    """A value as a label shows it (``true``, ``4``, ``block``; None: empty)."""
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 @dataclass
 class Setting:
-    """Config keys and values over the base config (what a candidate or the plan is)."""
+    """Keys and values over the base (what a candidate or the plan is): config keys, typed
+    (``trainer.config.with_settings`` applies them), or a script's lever names, the hooks' text."""
 
-    values: dict[str, str] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
 
-    def with_(self, changes: dict[str, str]) -> Setting:
+    def with_(self, changes: dict[str, Any]) -> Setting:
         return Setting({**self.values, **changes})
 
-    def overrides(self) -> list[str]:
-        return [f"{k}={v}" for k, v in self.values.items()]
-
-    def label(self, base: dict[str, str] | None = None) -> str:
+    def label(self, base: dict[str, Any] | None = None) -> str:
         """``train.micro_batch=4 train.compile=block``: the keys that differ from ``base``."""
         base = base or {}
-        diff = [f"{k}={v}" for k, v in self.values.items() if base.get(k) != v]
+        diff = [f"{k}={text(v)}" for k, v in self.values.items() if k not in base or base[k] != v]
         return " ".join(diff) or "the default"

@@ -6,7 +6,7 @@ script unmodified.
 2. its first measured run (``measured.run_script``: the plan applied from outside by
    ``hooks``, or by a known program's own flags, ``own_flags``; its own steps timed) says what
    it builds (the model, its blocks, the optimizer, FSDP2 or DDP, an HF Trainer, the knobs it
-   asked for, a known program's settings): :class:`~.levers.ScriptWhere`, which says which
+   asked for, a known program's settings): :class:`~.levers.ScriptContext`, which says which
    levers apply here and their values;
 3. the search (``search.Search``, as for the trainer) over the levers' script parts, each
    candidate a run of the script against runs of the incumbent: :meth:`ScriptSession.measure`
@@ -38,7 +38,7 @@ from typing import Any
 from primus_perf.errors import OutOfMemory, UserError
 from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.step import measured
-from primus_perf.tuner.step.levers import Lever, ScriptWhere, Setting, lever_of, script_levers
+from primus_perf.tuner.step.levers import Lever, ScriptContext, Setting, lever_of, script_levers
 from primus_perf.tuner.step.search import Advice, Search, SearchResult, advice_parts
 from primus_perf.tuner.step.tune import LossGuard, StepTuneResult, numerics_changes, write_plan
 
@@ -192,17 +192,17 @@ class ScriptLane:
 
 
 def script_advice(recommendations: Any) -> list[Advice]:
-    """The recommendations that name a lever a script has, as ``Advice`` in their rank: each
-    ``key=value`` of a recommendation's lever, a trainer's key (``train.compile=block``) or a
-    script lever's name (``micro_batch=8``), its value as the script lever takes it."""
-    from primus_perf.tuner.step.levers import LEVERS
+    """The recommendations that name a lever a script has, as ``Advice`` in their rank: each of
+    a recommendation's settings, a trainer's key (``train.compile``) or a script lever's name
+    (``micro_batch``), its value as the script lever takes it (the hooks' text)."""
+    from primus_perf.tuner.step.levers import LEVERS, text
 
     out: list[Advice] = []
     for key, value, estimate, action in advice_parts(recommendations):
         lever = lever_of(key) or LEVERS.get(key)
         if lever is None or lever.script is None:
             continue
-        mine = lever.script.from_trainer(value) if lever.key == key else value
+        mine = lever.script.from_trainer(text(value)) if lever.key == key else text(value)
         if mine:
             out.append(Advice(lever.name, mine, estimate, action))
     return out
@@ -252,11 +252,11 @@ def _knob_label(name: str, knob: dict[str, Any]) -> str:
     return f"{name}={knob.get('default')}{choices}" + (f" ({knob['via']})" if knob.get("via") else "")
 
 
-def script_where(first: measured.RunResult, cache: str | None) -> ScriptWhere:
+def script_where(first: measured.RunResult, cache: str | None) -> ScriptContext:
     from primus_perf.tuner.step.own_flags import own_values
 
     found = dict(first.applied.get("found", {}))
-    return ScriptWhere(found, dict(first.applied.get("knobs", {})), "cpu" if found.get("device") == "cpu" else "cuda",
+    return ScriptContext(found, dict(first.applied.get("knobs", {})), "cpu" if found.get("device") == "cpu" else "cuda",
                        cache, bool(found.get("fp8_formats")), bool(found.get("torchao")), own_values(found))
 
 

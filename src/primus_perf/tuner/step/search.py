@@ -36,7 +36,7 @@ from typing import Any
 from primus_perf.errors import ConfigError, DivergedError, OutOfMemory, UserError, one_line
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
 from primus_perf.tuner.step import lanes as lanes_mod
-from primus_perf.tuner.step.levers import Lever, Setting, Where
+from primus_perf.tuner.step.levers import Lever, Setting, TrainerContext, text
 
 Say = Callable[[str], None]
 # what became of a candidate besides the rule's kept / dropped / unconfirmed
@@ -54,23 +54,22 @@ class Advice:
     (ms per step) and its words."""
 
     key: str
-    value: str
+    value: Any  # typed as the lever's values
     estimate_ms: float | None
     text: str = ""
 
 
-def advice_parts(recommendations: Any) -> Iterator[tuple[str, str, float | None, str]]:
-    """Each ``key=value`` of the analyzer's recommendations' levers, in their rank: ``(key,
-    value, estimate, action)``, the estimate (ms a step) with a recommendation's first part."""
+def advice_parts(recommendations: Any) -> Iterator[tuple[str, Any, float | None, str]]:
+    """Each setting the analyzer's recommendations advise (their ``settings``: key -> value as
+    JSON types it), in their rank: ``(key, value, estimate, action)``, the estimate (ms a step)
+    with a recommendation's first setting."""
     if recommendations is None or len(recommendations) == 0:
         return
     for _, rec in recommendations.iterrows():
-        estimate = rec.get("estimated_saving_ms")
-        for i, part in enumerate(str(rec.get("lever", "")).split()):
-            key, sep, value = part.partition("=")
-            if sep:
-                est = float(estimate) if i == 0 and estimate is not None and estimate == estimate else None
-                yield key, value, est, str(rec.get("action", ""))
+        estimate, settings = rec.get("estimated_saving_ms"), rec.get("settings")
+        for i, (key, value) in enumerate(settings.items() if isinstance(settings, dict) else ()):
+            est = float(estimate) if i == 0 and estimate is not None and estimate == estimate else None
+            yield key, value, est, str(rec.get("action", ""))
 
 
 @dataclass
@@ -79,8 +78,8 @@ class Trial:
 
     lever: str
     key: str
-    value: str
-    changes: dict[str, str]  # the keys it set (the lever's, and a companion's)
+    value: Any
+    changes: dict[str, Any]  # the keys it set (the lever's, and a companion's)
     against: str  # the incumbent's label
     status: str
     incumbent_s: list[float] = field(default_factory=list)  # per block, median step seconds
@@ -106,7 +105,7 @@ class Trial:
         return (statistics.median(self.incumbent_s) - statistics.median(self.candidate_s)) * 1e3
 
     def label(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.changes.items())
+        return Setting(self.changes).label()
 
     def line(self) -> str:
         on = f" (on {self.measured_on})" if self.measured_on else ""
@@ -144,18 +143,18 @@ def _order(levers: Sequence[Lever], advice: Sequence[Advice]) -> list[Lever]:
     return sorted(levers, key=lambda lv: rank[lv.name])
 
 
-def _values(lever: Lever, where: Where, current: str, advice: Sequence[Advice]) -> list[str]:
+def _values(lever: Lever, where: TrainerContext, current: Any, advice: Sequence[Advice]) -> list[Any]:
     values = [v for v in lever.values(where) if v != current]
     first = [a.value for a in advice if a.key == lever.key and a.value in values]
     return first[:1] + [v for v in values if v not in first[:1]]
 
 
-def _estimate(advice: Sequence[Advice], key: str, value: str) -> float | None:
+def _estimate(advice: Sequence[Advice], key: str, value: Any) -> float | None:
     return next((a.estimate_ms for a in advice if a.key == key and a.value == value), None)
 
 
 class Search:
-    def __init__(self, session: Any, levers: Sequence[Lever], where: Where, *, advice: Sequence[Advice] = (),
+    def __init__(self, session: Any, levers: Sequence[Lever], where: TrainerContext, *, advice: Sequence[Advice] = (),
                  blocks: int = 2, block_steps: int = 2, settle: int = 1, passes: int = 3,
                  deadline: float = float("inf"), reserve_steps: int = 0, reserve_s: float = 0.0,
                  say: Say = lambda _m: None,
@@ -207,7 +206,7 @@ class Search:
         reserve = self.reserve_steps * (self.step_s or 0.0) + self.reserve_s
         return bool(self.agree(time.monotonic() + trials * self.trial_cost_s() + reserve > self.deadline))
 
-    def _changes(self, lever: Lever, incumbent: Setting, value: str) -> tuple[dict[str, str], str | None]:
+    def _changes(self, lever: Lever, incumbent: Setting, value: Any) -> tuple[dict[str, Any], str | None]:
         """The keys a candidate sets (the lever's, with a companion where the value alone does
         not fit the memory estimate), and why it does not fit (None: it does)."""
         changes = {lever.key: value}
@@ -219,7 +218,7 @@ class Search:
                     return {**changes, **extra}, None
         return changes, why
 
-    def _trial(self, lever: str, key: str, value: str, incumbent: Setting, changes: dict[str, str]) -> Trial:
+    def _trial(self, lever: str, key: str, value: Any, incumbent: Setting, changes: dict[str, Any]) -> Trial:
         return Trial(lever, key, value, changes, incumbent.label(self._default.values), DOES_NOT_FIT,
                      estimate_ms=_estimate(self.advice, key, value))
 
@@ -231,12 +230,12 @@ class Search:
             v.status, v.speedup, v.low, v.high, v.threshold)
         self.step_s = statistics.median(trial.incumbent_s)
 
-    def measure_batch(self, lever: Lever, incumbent: Setting, values: Sequence[str]) -> list[Trial]:
+    def measure_batch(self, lever: Lever, incumbent: Setting, values: Sequence[Any]) -> list[Trial]:
         """``values`` of one lever against ``incumbent``: with lanes, the first that fits on the
         session and the others each on a lane, at the same time; in ``values``' order."""
         plans = [(v, *self._changes(lever, incumbent, v)) for v in values]
         runnable = [(v, ch) for v, ch, why in plans if why is None]
-        sent: dict[str, tuple[Any, dict[str, str], float]] = {}
+        sent: dict[Any, tuple[Any, dict[str, Any], float]] = {}
         for lane, (v, ch) in zip(list(self.lanes), runnable[1:]):
             try:
                 lane.submit(incumbent.values, incumbent.with_(ch).values, self.blocks, self.block_steps, self.settle)
@@ -292,7 +291,7 @@ class Search:
         self.say(f"{lane.name} left the search ({why.strip().splitlines()[-1] if why.strip() else '?'}); "
                  f"{len(self.lanes) + 1} GPU(s) measure on")
 
-    def measure_changes(self, lever: str, key: str, value: str, incumbent: Setting, changes: dict[str, str],
+    def measure_changes(self, lever: str, key: str, value: Any, incumbent: Setting, changes: dict[str, Any],
                         why: str | None = None) -> Trial:
         """``incumbent`` with ``changes`` against ``incumbent`` (``why``: it does not fit)."""
         trial = self._trial(lever, key, value, incumbent, changes)
@@ -351,7 +350,7 @@ class Search:
                 values = _values(lever, self.where, current, self.advice)
                 while values:
                     if self.over_budget():
-                        stopped = f"the budget ran out in pass {passes}, at {lever.name}={values[0]}"
+                        stopped = f"the budget ran out in pass {passes}, at {lever.name}={text(values[0])}"
                         break
                     batch, values = values[:1 + len(self.lanes)], values[1 + len(self.lanes):]
                     for trial in self.measure_batch(lever, incumbent, batch):

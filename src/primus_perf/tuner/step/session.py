@@ -14,16 +14,6 @@ from typing import Any
 from primus_perf.errors import OutOfMemory
 from primus_perf.tuner.step.levers import Setting
 
-
-def text(value: Any) -> str:
-    """A config value as an override writes it (``true``, ``4``, ``block``; None: empty)."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
 RECOMPILES = 64  # compiled code kept per function: micro-batch shapes x recompute modes x FP8 plans
 
 
@@ -57,25 +47,21 @@ class StepSession:
         from primus_perf.trainer.config import load_config
         from primus_perf.trainer.loop import Trainer
 
-        self._load, self._make = load_config, Trainer
+        self._make = Trainer
         _allow_recompiles()
-        self.config, self.base = config, list(base)
+        self.base_cfg = load_config(config, base)  # the command line's, once: a setting is typed over it
         self.setting = setting
         self.trainer: Any = Trainer(self.cfg_of(setting))
         self.rebuilds = 0
 
     def cfg_of(self, setting: Setting) -> Any:
-        return self._load(self.config, [*self.base, *setting.overrides()])
+        from primus_perf.trainer.config import with_settings
+
+        return with_settings(self.base_cfg, setting.values)
 
     def measure(self, base: Setting, other: Setting, *, blocks: int, block_steps: int,
                 settle: int) -> tuple[list[float], list[float]]:
         return interleaved(self, base, other, blocks=blocks, block_steps=block_steps, settle=settle)
-
-    def value(self, key: str) -> str:
-        """The running value of a config key, as text."""
-        from primus_perf.trainer.knobs import flat
-
-        return text(flat(self.trainer.cfg)[key])
 
     def switch(self, setting: Setting) -> None:
         """Run ``setting`` from the next step. A ConfigError (it does not fit, it cannot run

@@ -28,8 +28,9 @@ from typing import Any
 
 from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.fp8 import CHECK_STEPS, LOSS_THRESHOLD
+from primus_perf.tuner.step import levers as levers_mod
 from primus_perf.tuner.step.lanes import start_lanes, visible_devices
-from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, Where, lever_of, trainer_levers
+from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, lever_of, text, trainer_levers
 from primus_perf.tuner.step.search import OUT_OF_MEMORY, Advice, Search, SearchResult
 from primus_perf.tuner.step.session import StepSession
 
@@ -92,7 +93,7 @@ class StepTuneResult:
     plan_s: list[float] = field(default_factory=list)
     tokens_per_step: int = 0
     guard: LossGuard | None = None
-    dropped_by_guard: dict[str, str] = field(default_factory=dict)
+    dropped_by_guard: dict[str, str] = field(default_factory=dict)  # key -> why
     minutes: float = 0.0
     fp8_minutes: float = 0.0  # of which the FP8 plan per layer group
     device: str = ""
@@ -131,10 +132,11 @@ class StepTuneResult:
             if "skipped" in row:
                 out.append(f"  {row['lever']:<15} not here: {row['skipped']}")
                 continue
-            est = f"advised {row['advised']} (saves ~{row['estimate_ms']:.1f} ms)" if row["advised"] else "not advised"
-            meas = ", ".join(f"{m['value']} {m['speedup']:.3f}x {m['status']}" if m["speedup"] else
-                             f"{m['value']} {m['status']}" for m in row["measured"])
-            out.append(f"  {row['lever']:<15} {row['plan']!s:<10} {est}; measured: {meas}")
+            est = (f"advised {text(row['advised'])} (saves ~{row['estimate_ms']:.1f} ms)" if row["advised"] is not None
+                   else "not advised")
+            meas = ", ".join(f"{text(m['value'])} {m['speedup']:.3f}x {m['status']}" if m["speedup"] else
+                             f"{text(m['value'])} {m['status']}" for m in row["measured"])
+            out.append(f"  {row['lever']:<15} {text(row['plan']):<10} {est}; measured: {meas}")
         if self.verdict is not None and self.verdict.speedup is not None:
             if self.tokens_per_step:
                 d, p = self.tokens_s("default"), self.tokens_s("plan")
@@ -174,7 +176,7 @@ class StepTuneResult:
 # ---- the pieces ----------------------------------------------------------------------------------
 
 
-def where_of(session: StepSession, cache: str | None) -> Where:
+def where_of(session: StepSession, cache: str | None) -> levers_mod.TrainerContext:
     from primus_perf.errors import UserError
     from primus_perf.kernels.fp8.recipes import running_formats
 
@@ -184,7 +186,7 @@ def where_of(session: StepSession, cache: str | None) -> Where:
         fp8 = True
     except UserError:
         fp8 = False
-    return Where(tr.cfg, tr.device.type, tr.groups.dp, tr.groups.dp_shard, tr.grouped is not None, cache, fp8)
+    return levers_mod.TrainerContext(tr.cfg, tr.device.type, tr.groups.dp, tr.groups.dp_shard, tr.grouped is not None, cache, fp8)
 
 
 def _world_size() -> int:
@@ -212,7 +214,9 @@ def lane_devices(session: StepSession, lanes: int) -> list[str | None]:
 
 def start_setting(session: StepSession, levers: Sequence[Lever]) -> Setting:
     """Every lever's key at the config's own value (what the search starts from)."""
-    return Setting({lv.key: session.value(lv.key) for lv in levers})
+    from primus_perf.trainer.config import flat
+
+    return Setting({lv.key: flat(session.trainer.cfg)[lv.key] for lv in levers})
 
 
 def interleave(session: StepSession, default: Setting, plan: Setting, *, blocks: int, block_steps: int,
@@ -228,10 +232,10 @@ def loss_guard(make: Callable[[Setting], StepSession], default: Setting, plan: S
     losses: dict[str, list[float]] = {}
     seed = None
     for side in ("default", "plan", "other seed"):
-        setting = {"default": default, "plan": plan}.get(side) or default.with_({"train.seed": str(seed + 1)})
+        setting = {"default": default, "plan": plan}.get(side) or default.with_({"train.seed": seed + 1})
         session = make(setting)
         try:
-            seed = int(session.value("train.seed")) if seed is None else seed
+            seed = session.trainer.cfg.train.seed if seed is None else seed
             losses[side] = [float(session.trainer.train_step().loss) for _ in range(steps)]
         finally:
             session.close()
@@ -313,7 +317,7 @@ def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: P
     return trial
 
 
-def numerics_changes(plan: Setting, default: Setting) -> dict[str, str]:
+def numerics_changes(plan: Setting, default: Setting) -> dict[str, Any]:
     """The plan's keys whose values change the numerics (FP8, bf16 moments)."""
     out = {}
     for key, value in plan.values.items():
@@ -343,13 +347,13 @@ def write_plan(out: Path, result: StepTuneResult, program: Sequence[str] | None 
         write_text(out / PLAN_FILE, head + yaml.safe_dump(doc, sort_keys=False))
         write_json(out / RESULT_FILE, result.to_dict())
         return
-    nested: dict[str, Any] = {}
+    nested: dict[str, Any] = {}  # the config's sections, typed values (trainer.config.read_plan reads them)
     for key, value in result.plan.values.items():
         *path, leaf = key.split(".")
         node = nested
         for part in path:
             node = node.setdefault(part, {})
-        node[leaf] = _yaml_value(value)
+        node[leaf] = value
     head = (f"# primus-perf step plan for {result.config} {' '.join(result.overrides)}".rstrip() +
             f" on {result.device}: {figure}.\n"
             "# primus-train --config CONFIG --plan plan.yaml [the same overrides: the plan's keys win]; details:"
@@ -359,7 +363,7 @@ def write_plan(out: Path, result: StepTuneResult, program: Sequence[str] | None 
     write_json(out / RESULT_FILE, result.to_dict())
 
 
-def _yaml_value(value: str) -> Any:
+def _yaml_value(value: str) -> Any:  # a script lever's value (the hooks' text) in YAML
     if value in ("true", "false"):
         return value == "true"
     if value == "":
@@ -447,7 +451,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
         result.guard = guard
         if not guard.passed:
             numeric = numerics_changes(plan, start)
-            result.dropped_by_guard = {k: f"{v}: the loss beyond the threshold" for k, v in numeric.items()}
+            result.dropped_by_guard = {k: f"{text(v)}: the loss beyond the threshold" for k, v in numeric.items()}
             if numeric.get("train.fp8") == "auto" and plan.values.get("tuning.cache") == str(fp8_cache):
                 numeric["tuning.cache"] = str(fp8_cache)  # the FP8 plan's cache goes with it
             plan = plan.with_({k: start.values[k] for k in numeric})
