@@ -4,7 +4,7 @@ reaches the tuner by any path, the cache never imports the trainer, the trace an
 imports neither, ...); every import counts: module level, function level, ``TYPE_CHECKING``
 blocks and string imports through ``importlib``. And one owner per concern: only the tuner's
 measurement core times candidates in a loop or defines a selection margin, and only the
-runtime overrides aten operators."""
+runtime overrides aten operators, and only ``environment.py`` reads the process's environment."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "primus_perf"
 
 # The ground floor imports nothing above it; each package below may import only the units
 # listed (besides itself and the ground floor).
-GROUND = {"kinds", "problems", "devices", "files", "errors"}
+GROUND = {"kinds", "problems", "devices", "files", "errors", "environment"}
 ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "cache": {"kernels"},
@@ -322,6 +322,17 @@ def selection_margins(tree: ast.AST) -> list[int]:
     return out
 
 
+ENVIRON = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def environment_uses(tree: ast.AST) -> list[int]:
+    """Lines that read or write the process's environment: ``os.environ``, ``os.getenv``,
+    ``os.putenv`` (...), or one of them imported from ``os``."""
+    return sorted(node.lineno for node in ast.walk(tree)
+                  if (isinstance(node, ast.Attribute) and node.attr in ENVIRON and getattr(node.value, "id", "") == "os")
+                  or (isinstance(node, ast.ImportFrom) and node.module == "os" and {a.name for a in node.names} & ENVIRON))
+
+
 def aten_overrides(tree: ast.AST) -> list[int]:
     """Lines that register a kernel for an aten operator: ``Library("aten", ...)``,
     ``torch.library.impl("aten::...")`` or ``register_kernel("aten::...")``."""
@@ -360,6 +371,8 @@ def test_the_detectors_find_what_they_look_for():
     assert aten_overrides(ast.parse('lib = torch.library.Library("aten", "IMPL")\n')) == [1]
     assert aten_overrides(ast.parse('torch.library.impl("aten::mm", "CUDA")(f)\n')) == [1]
     assert aten_overrides(ast.parse('torch.library.custom_op("primus_perf::gemm")\n')) == []
+    uses = 'a = os.environ.get("X")\nos.putenv("Y", "1")\nfrom os import getenv\nline = "os.environ"\n'
+    assert environment_uses(ast.parse(uses)) == [1, 2, 3]
 
 
 def test_only_the_measurement_core_times_candidates_in_a_loop():
@@ -379,3 +392,19 @@ def test_only_the_runtime_overrides_aten_operators():
     cpp = [p.relative_to(SRC) for p in SRC.rglob("*.cpp") if _unit_of_file(p) != "runtime"
            and re.search(r'TORCH_LIBRARY_IMPL\(aten|Library\([^)]*"aten"', p.read_text())]
     assert cpp == []
+
+
+def test_only_the_environment_module_reads_the_environment():
+    assert _found(environment_uses, lambda p: _module_of_file(p) != "primus_perf.environment") == {}, \
+        "os.environ outside environment.py: declare the variable in environment.VARIABLES and read it there"
+
+
+def test_every_variable_read_is_declared():
+    from primus_perf.environment import VARIABLES
+
+    def undeclared(tree: ast.AST) -> list[int]:
+        return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and _called(node) == "get"
+                and getattr(node.func, "value", None) is not None and getattr(node.func.value, "id", "") == "environment"
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value not in VARIABLES]
+
+    assert _found(undeclared) == {}

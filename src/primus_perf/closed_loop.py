@@ -479,15 +479,15 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
 def _init_distributed() -> bool:
     """Under torchrun, the process group for every trainer the step tuner builds (one at a
     time): made here so that none of them owns it."""
-    import os
-
     import torch
     import torch.distributed as dist
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+    from primus_perf import environment
+
+    if environment.get("WORLD_SIZE") <= 1 or dist.is_initialized():
         return False
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(environment.get("LOCAL_RANK"))
     dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
     return True
 

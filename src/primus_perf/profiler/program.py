@@ -18,14 +18,13 @@ before any is recorded is a one-line error saying how many steps it marked.
 from __future__ import annotations
 
 import contextlib
-import os
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from primus_perf import environment
 from primus_perf.errors import Interrupted, UserError
-from primus_perf.programs import StepMarks, StopProgram
 from primus_perf.profiler.capture import (
     CaptureResult,
     Schedule,
@@ -36,6 +35,8 @@ from primus_perf.profiler.capture import (
     trace_name,
     write_manifest,
 )
+from primus_perf.programs import StepMarks, StopProgram
+
 
 class _Steps:
     """The schedule driven by the script's step marks (``programs.StepMarks``)."""
@@ -109,7 +110,7 @@ def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedu
     from primus_perf.programs import run_target
 
     check_target(target)
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world = environment.get("RANK"), environment.get("WORLD_SIZE")
     traced = parse_ranks(ranks, world)
     out = prepare_out_dir(out_dir, overwrite=overwrite)
     steps = _Steps(out, schedule, rank, rank in traced, on_step if rank == 0 else None, stop)

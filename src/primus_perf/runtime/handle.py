@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from primus_perf import environment
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError, UserError
 from primus_perf.kinds import RouterPart, with_part
@@ -63,7 +64,7 @@ def idle(kind: str, router: Any) -> bool:
 
 def rank0_stderr(line: str) -> None:
     """Print ``primus_perf: <line>`` to stderr on rank 0 (``RANK``) only."""
-    if os.environ.get("RANK", "0") == "0":
+    if environment.get("RANK") == 0:
         print(f"primus_perf: {line}", file=sys.stderr, flush=True)
 
 

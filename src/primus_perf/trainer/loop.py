@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from primus_perf import environment
 from primus_perf.errors import ConfigError, DeviceError, DivergedError, OutOfMemory
 from primus_perf.files import LineLog
 from primus_perf.kernels.grouped.router import TORCH_KERNEL
@@ -220,12 +221,12 @@ class Trainer:
             return torch.device("cpu")
         if not torch.cuda.is_available():
             raise DeviceError("config key 'train.device' is cuda but no GPU is visible to torch")
-        index = int(os.environ.get("LOCAL_RANK", 0))
+        index = environment.get("LOCAL_RANK")
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
 
     def _init_distributed(self) -> bool:
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        if environment.get("WORLD_SIZE") <= 1 or dist.is_initialized():
             return False
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend)

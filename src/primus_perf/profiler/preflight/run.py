@@ -12,6 +12,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from primus_perf import environment
 from primus_perf.devices import current_device, gpu_vendor, library_versions, lookup_peaks
 from primus_perf.profiler.preflight import comm, gpu, host
 from primus_perf.profiler.preflight.checks import (
@@ -27,10 +28,10 @@ def _init_distributed() -> bool:
     import torch
     import torch.distributed as dist
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+    if environment.get("WORLD_SIZE") <= 1 or dist.is_initialized():
         return False
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(environment.get("LOCAL_RANK"))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return True
 
