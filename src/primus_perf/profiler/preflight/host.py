@@ -42,7 +42,7 @@ def memory_bytes() -> tuple[int | None, int | None]:
 
 def collective_env() -> dict[str, str]:
     """NCCL/RCCL and related variables set in this process's environment."""
-    return environment.with_prefix(ENV_PREFIXES)
+    return {k: v for k, v in sorted(environment.copy().items()) if k.startswith(ENV_PREFIXES)}
 
 
 def host_facts() -> dict[str, object]:
