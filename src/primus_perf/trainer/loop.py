@@ -66,6 +66,7 @@ from primus_perf.trainer.optim import make_optimizer
 from primus_perf.trainer.parallel import (
     clip_grad_norm_,
     forget_groups,
+    join_torchrun,
     make_groups,
     reduce_expert_grads,
 )
@@ -138,7 +139,7 @@ class Trainer:
         t = cfg.train
         self.device = self._pick_device(t.device)
         check_fits(cfg, self.device.type, self.device.index or 0)  # before any large allocation
-        self._owns_process_group = self._init_distributed()
+        self._owns_process_group = join_torchrun(self.device.type == "cuda")
         world = dist.get_world_size() if dist.is_initialized() else 1
         tp = cfg.parallel.tp
         if world % tp:
@@ -224,13 +225,6 @@ class Trainer:
         index = environment.get("LOCAL_RANK")
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
-
-    def _init_distributed(self) -> bool:
-        if environment.get("WORLD_SIZE") <= 1 or dist.is_initialized():
-            return False
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
-        return True
 
     def _peak_tflops(self) -> float | None:
         if self.device.type != "cuda":
