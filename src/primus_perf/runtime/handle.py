@@ -178,7 +178,7 @@ class Handle:
                 d = dispatch.of(kind)
                 d.install(router)
                 if kind not in self.idle:
-                    d.hold(self, self.device_type)
+                    d.keep_overrides(self, self.device_type)
 
     @property
     def routing(self) -> tuple[str, ...]:
@@ -284,7 +284,7 @@ def _enable(cache: str | os.PathLike | None, online: OnlineTuning | None, kinds:
             if kind in handle.idle:
                 continue
             d.prepare(log)
-            d.hold(handle, device_type)
+            d.keep_overrides(handle, device_type)
             path = d.path()
             if path:
                 handle.paths[kind] = path

@@ -256,7 +256,7 @@ class Trainer:
         self._grouped_dispatch = dispatch.of(GROUPED.name)
         self._grouped_dispatch.set_backend(backend, owner=self)
         if backend != TORCH_KERNEL:
-            self._grouped_dispatch.hold(self, self.device.type)
+            self._grouped_dispatch.keep_overrides(self, self.device.type)
         # a trainer dropped without close() lets go of them too
         self._grouped_release = weakref.finalize(self, self._grouped_dispatch.release_id, id(self))
 
