@@ -189,7 +189,6 @@ def _start(job: WorkerJob, worker: Callable[[WorkerJob, Connection], None], env_
     resource_tracker.ensure_running()  # its first start unblocks SIGINT, a worker's start would run it
     ids = [s for s in environment.get(env_name).split(",") if s.strip()]
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_BLOCKED)
-    # a spawned process takes the environment and the signal mask at its start
     try:  # a spawned process takes the environment and the signal mask at its start
         job.spawned_at = time.time()
         proc = ctx.Process(target=worker, args=(job, theirs), name=f"primus-tune-gpu{job.gpu}", daemon=True)
