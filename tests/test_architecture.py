@@ -4,12 +4,14 @@ reaches the tuner by any path, the cache never imports the trainer, the trace an
 imports neither, ...); every import counts: module level, function level, ``TYPE_CHECKING``
 blocks and string imports through ``importlib``. And one owner per concern: only the tuner's
 measurement core times candidates in a loop or defines a selection margin, and only the
-runtime overrides aten operators."""
+runtime overrides aten operators, and only ``environment.py`` reads the process's environment."""
 
 from __future__ import annotations
 
 import ast
+import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "primus_perf"
 
 # The ground floor imports nothing above it; each package below may import only the units
 # listed (besides itself and the ground floor).
-GROUND = {"kinds", "problems", "devices", "files", "errors"}
+GROUND = {"kinds", "problems", "devices", "files", "errors", "environment"}
 ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "cache": {"kernels"},
@@ -273,8 +275,14 @@ TIMING_ELSEWHERE = {
     "gate": "the regression gate repeats whole commands; its statistics test a change, choose nothing",
 }
 CLOCK_CALLS = {"perf_counter", "perf_counter_ns", "process_time", "elapsed_time"}  # (monotonic: deadlines)
-MARGIN_NAME = re.compile(r"(^|_)(MARGIN|MIN_GAIN|MIN_SAVING(_S)?)$")
-MARGIN_ARGS = {"margin", "min_gain", "min_saving_s"}
+MARGIN_NAME = re.compile(r"(^|_)(MARGIN|MIN_GAIN|MIN_SAVING(_S)?|RATIO)$", re.IGNORECASE)
+# the units that keep or drop a candidate, and figures of theirs that do but not on speed
+CHOOSING = {"tuner", "kinds", "runtime", "closed_loop", "fp8", "enabling"}
+NOT_SPEED = {
+    "GPU_HEADROOM": "memory: a trial whose config would fill the GPU is skipped before it runs",
+    "LOSS_TOLERANCE": "numerics: the loss with the cache against the loss without it",
+}
+UNIT = re.compile(r"_(s|ms|us|ns|min|mb|gib|bytes)$", re.IGNORECASE)  # a time or a size, not a ratio
 
 
 def _called(node: ast.AST) -> str:
@@ -298,28 +306,61 @@ def timing_loops(tree: ast.AST) -> list[int]:
     return out
 
 
-def selection_margins(tree: ast.AST) -> list[int]:
-    """Lines that define a selection margin: a constant named like one, or a margin parameter
-    with a number for its default."""
-    out = []
+def _bindings(tree: ast.AST) -> Iterator[tuple[str, ast.AST, int]]:
+    """(name, value, line) of every assignment (to a name, an attribute, a dataclass field),
+    parameter default and keyword argument."""
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and MARGIN_NAME.search(t.id) for t in targets):
-                out.append(node.lineno)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
-            defaults = [*[None] * (len(node.args.posonlyargs) + len(node.args.args) - len(node.args.defaults)),
-                        *node.args.defaults, *node.args.kw_defaults]
-            for arg, default in zip(args, defaults):
-                if arg.arg in MARGIN_ARGS and isinstance(default, ast.Constant) and isinstance(default.value, float):
-                    out.append(node.lineno)
-        elif isinstance(node, ast.ClassDef):  # a dataclass field: margin: float = 0.01
-            for item in node.body:
-                if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
-                        and item.target.id in MARGIN_ARGS and isinstance(item.value, ast.Constant)):
-                    out.append(item.lineno)
-    return out
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                name = getattr(t, "id", None) or getattr(t, "attr", None)
+                if name:
+                    yield name, node.value, node.lineno
+        elif isinstance(node, ast.arguments):
+            pos = [*node.posonlyargs, *node.args]
+            for arg, default in [*zip(pos[len(pos) - len(node.defaults):], node.defaults),
+                                 *zip(node.kwonlyargs, node.kw_defaults)]:
+                if default is not None:
+                    yield arg.arg, default, default.lineno
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield node.arg, node.value, node.value.lineno
+
+
+def _ratio_literal(node: ast.AST) -> bool:
+    """A float that can be a ratio or a margin: not 0 or 1, nor a power of ten that converts a
+    unit or keeps a division off zero (1e3, 1e-6)."""
+    v = getattr(node, "value", None)
+    if not isinstance(node, ast.Constant) or type(v) is not float or v <= 0 or v == 1.0:
+        return False
+    return not math.log10(v).is_integer() or 1e-2 <= v <= 1e2
+
+
+def selection_margins(tree: ast.AST) -> list[int]:
+    """Lines that define a selection margin by name: a constant named like one (``*_MARGIN``,
+    ``*_RATIO``...), or a parameter or field named so with a number for its value."""
+    return sorted({line for name, value, line in _bindings(tree) if MARGIN_NAME.search(name)
+                   and (name.isupper() or isinstance(getattr(value, "value", None), float))})
+
+
+def decision_literals(tree: ast.AST) -> list[int]:
+    """Lines where a number decides a comparison, whatever its name: a float literal in a
+    comparison, or bound to a name (constant, attribute, parameter, keyword) that a comparison
+    of the module reads; 0, 1, unit conversions, names with a unit and :data:`NOT_SPEED` aside."""
+    compared = {getattr(n, "id", None) or getattr(n, "attr", None) for c in ast.walk(tree)
+                if isinstance(c, ast.Compare) for n in ast.walk(c)}
+    lines = {c.lineno for c in ast.walk(tree) if isinstance(c, ast.Compare) and any(map(_ratio_literal, ast.walk(c)))}
+    return sorted(lines | {line for name, value, line in _bindings(tree) if name in compared
+                           and _ratio_literal(value) and not UNIT.search(name) and name not in NOT_SPEED})
+
+
+ENVIRON = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def environment_uses(tree: ast.AST) -> list[int]:
+    """Lines that read or write the process's environment: ``os.environ``, ``os.getenv``,
+    ``os.putenv`` (...), or one of them imported from ``os``."""
+    return sorted(node.lineno for node in ast.walk(tree)
+                  if (isinstance(node, ast.Attribute) and node.attr in ENVIRON and getattr(node.value, "id", "") == "os")
+                  or (isinstance(node, ast.ImportFrom) and node.module == "os" and {a.name for a in node.names} & ENVIRON))
 
 
 def aten_overrides(tree: ast.AST) -> list[int]:
@@ -357,9 +398,17 @@ def test_the_detectors_find_what_they_look_for():
     assert selection_margins(ast.parse("def select(times, margin=0.01):\n    pass\n")) == [1]
     assert selection_margins(ast.parse("class P:\n    margin: float = 0.01\n")) == [2]
     assert selection_margins(ast.parse("TEMPERATURE_MARGIN_C = 5.0\ndef f(margin=MARGIN): pass\n")) == []
+    assert selection_margins(ast.parse("DROP_RATIO = 1.25\ndef f(prune_ratio=1.3): pass\n")) == [1, 2]
+    prune = "def __init__(self, slack: float = 1.3):\n    self.slack = slack\ndef f(self):\n    return a > self.slack * b\n"
+    assert decision_literals(ast.parse(prune)) == [1]
+    assert decision_literals(ast.parse("if med > 1.02:\n    keep()\nx = run(cut=0.97)\nif y < cut: pass\n")) == [1, 3]
+    fine = "def f(budget_s=30.0, n=2):\n    return t > budget_s or t * 1e3 < 1.0 or n > 2\nGPU_HEADROOM = 0.05\n"
+    assert decision_literals(ast.parse(fine + "if x > GPU_HEADROOM: pass\n")) == []
     assert aten_overrides(ast.parse('lib = torch.library.Library("aten", "IMPL")\n')) == [1]
     assert aten_overrides(ast.parse('torch.library.impl("aten::mm", "CUDA")(f)\n')) == [1]
     assert aten_overrides(ast.parse('torch.library.custom_op("primus_perf::gemm")\n')) == []
+    uses = 'a = os.environ.get("X")\nos.putenv("Y", "1")\nfrom os import getenv\nline = "os.environ"\n'
+    assert environment_uses(ast.parse(uses)) == [1, 2, 3]
 
 
 def test_only_the_measurement_core_times_candidates_in_a_loop():
@@ -370,8 +419,13 @@ def test_only_the_measurement_core_times_candidates_in_a_loop():
 
 
 def test_only_the_decision_core_defines_a_selection_margin():
-    assert _found(selection_margins, lambda p: _module_of_file(p) != "primus_perf.tuner.decide") == {}, \
-        "a selection margin outside tuner/decide.py"
+    """One margin everywhere: a ratio that keeps or drops a candidate is decide.py's, or made of it."""
+    def elsewhere(path: Path) -> bool:
+        return _module_of_file(path) != "primus_perf.tuner.decide"
+
+    assert _found(selection_margins, elsewhere) == {}, "a selection margin outside tuner/decide.py"
+    assert _found(decision_literals, lambda p: elsewhere(p) and _unit_of_file(p) in CHOOSING) == {}, \
+        "a number that keeps or drops a candidate outside tuner/decide.py"
 
 
 def test_only_the_runtime_overrides_aten_operators():
@@ -379,3 +433,19 @@ def test_only_the_runtime_overrides_aten_operators():
     cpp = [p.relative_to(SRC) for p in SRC.rglob("*.cpp") if _unit_of_file(p) != "runtime"
            and re.search(r'TORCH_LIBRARY_IMPL\(aten|Library\([^)]*"aten"', p.read_text())]
     assert cpp == []
+
+
+def test_only_the_environment_module_reads_the_environment():
+    assert _found(environment_uses, lambda p: _module_of_file(p) != "primus_perf.environment") == {}, \
+        "os.environ outside environment.py: declare the variable in environment.VARIABLES and read it there"
+
+
+def test_every_variable_read_is_declared():
+    from primus_perf.environment import VARIABLES
+
+    def undeclared(tree: ast.AST) -> list[int]:
+        return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and _called(node) == "get"
+                and getattr(node.func, "value", None) is not None and getattr(node.func.value, "id", "") == "environment"
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value not in VARIABLES]
+
+    assert _found(undeclared) == {}

@@ -215,7 +215,7 @@ def test_tuning_cache_file_round_trip_and_trainer_activation(tmp_path) -> None:
     assert attention.router is None  # activate installs nothing
     attention.reset()
     attention.install(act.routers["attention"])
-    attention.hold(act, DEVICE)
+    attention.keep_overrides(act, DEVICE)
     try:
         assert act.usable == {"attention": 1}  # the entry with other versions is stale
         assert any("stale" in line for line in act.start_lines())

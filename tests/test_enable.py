@@ -290,6 +290,28 @@ def test_environment_variable_hook_enables_through_the_pth_file(tmp_path: Path) 
     assert bad.returncode == 0 and "not enabled" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_the_environment_module_reads_each_variable_as_its_table_says(monkeypatch) -> None:
+    import os
+
+    from primus_perf import environment
+
+    for name in ("RANK", "PRIMUS_PERF_NATIVE", "PRIMUS_PERF_ONLINE", "CUDA_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    assert (environment.get("RANK"), environment.get("PRIMUS_PERF_NATIVE"), environment.get("PRIMUS_PERF_ONLINE"),
+            environment.get("CUDA_HOME")) == (0, True, False, "/usr/local/cuda")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("PRIMUS_PERF_NATIVE", "0")
+    monkeypatch.setenv("PRIMUS_PERF_ONLINE", "1")
+    assert (environment.get("RANK"), environment.get("PRIMUS_PERF_NATIVE"), environment.get("PRIMUS_PERF_ONLINE")) == \
+        (3, False, True)
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(UserError, match="RANK='x' is not a whole number"):
+        environment.get("RANK")
+    with environment.changed({"RANK": None, "PRIMUS_PERF_TEST": "1"}):
+        assert "RANK" not in os.environ and environment.copy({"A_B": "2"})["A_B"] == "2"
+    assert os.environ["RANK"] == "x" and "PRIMUS_PERF_TEST" not in os.environ
+
+
 def test_an_enable_that_fails_leaves_no_router_and_a_disabled_handle_stays_off(tmp_path: Path, monkeypatch) -> None:
     from enable_fakes import BLOCK_ATTENTION, attention_entry
     from primus_perf.runtime.attention import AttentionDispatch

@@ -65,7 +65,7 @@ def routing(kind: str, router: Any = None, device_type: str = "cpu", backend: st
     if backend is not None:
         d.set_backend(backend, owner=holder)  # the last set runs; released with the hold
     d.install(router)
-    d.hold(holder, device_type)
+    d.keep_overrides(holder, device_type)
     try:
         yield d
     finally:

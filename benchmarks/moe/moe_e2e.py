@@ -81,7 +81,7 @@ def record_calls(trainer: Trainer, steps: int) -> tuple[list, Counter]:
     grouped = dispatch.of(GROUPED.name)
     previous, record = grouped.router, Record()
     grouped.install(record)
-    grouped.hold(record, trainer.device.type)
+    grouped.keep_overrides(record, trainer.device.type)
     try:
         for _ in range(steps):
             trainer.train_step()
@@ -140,7 +140,7 @@ def speed(preset: str, overrides: list[str], cache: Path, args: argparse.Namespa
     tps: dict[str, list[float]] = {s: [] for s in SIDES}
     grouped = dispatch.of(GROUPED.name)
     holder = object()  # the override held on every side (the trainer holds none for grouped_mm)
-    grouped.hold(holder, trainer.device.type)
+    grouped.keep_overrides(holder, trainer.device.type)
     grouped.reset()
     try:
         for side in SIDES:  # warm-up: compile, allocate, plan on every side

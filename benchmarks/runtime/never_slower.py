@@ -108,7 +108,7 @@ def set_side(trainer: Trainer, side: str, router: Any, default: str) -> None:
     grouped = dispatch.of("grouped_gemm")
     grouped.install(None)
     grouped.set_backend(default if side == "tuned" else side, owner=trainer)
-    grouped.hold(trainer, trainer.device.type)
+    grouped.keep_overrides(trainer, trainer.device.type)
     if side == "tuned" and router is not None:
         grouped.install(router)
 

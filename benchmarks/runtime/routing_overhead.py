@@ -250,7 +250,7 @@ def step_problems(example, model, opt, margs, device_type: str) -> list:
     rec = _Recorder()
     d = dispatch.of("gemm")
     d.install(rec)
-    d.hold(rec, device_type)
+    d.keep_overrides(rec, device_type)
     try:
         example.step(model, opt, margs, 0)
     finally:

@@ -440,12 +440,14 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
     and measurements written beside the trace (``primus-profile analyze out_dir`` then shows
     each estimate beside its measurement). Under torchrun every rank runs it, in lockstep, and
     rank 0 decides and writes. Returns the ``StepTuneResult``."""
+    import torch
     import torch.distributed as dist
 
-    from primus_perf.trainer.parallel import forget_groups
+    from primus_perf.trainer.parallel import forget_groups, join_torchrun
     from primus_perf.tuner.step import tune_step
 
-    owns_group = _init_distributed()
+    # under torchrun the group of every trainer the step tuner builds: made here, none owns it
+    owns_group = join_torchrun(torch.cuda.is_available())
     try:
         rank = dist.get_rank() if dist.is_initialized() else 0
         if rank != 0:
@@ -473,22 +475,6 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
         if owns_group and dist.is_initialized():
             dist.destroy_process_group()
             forget_groups()
-
-
-def _init_distributed() -> bool:
-    """Under torchrun, the process group for every trainer the step tuner builds (one at a
-    time): made here so that none of them owns it."""
-    import os
-
-    import torch
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-        return False
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    return True
 
 
 def _agree(obj: Any) -> Any:

@@ -17,8 +17,8 @@ read: use ``python -m primus_perf.launch`` there.
 from __future__ import annotations
 
 import atexit
-import os
 
+from primus_perf import environment
 from primus_perf.enabling import enable
 from primus_perf.errors import UserError
 from primus_perf.runtime.handle import rank0_stderr
@@ -28,7 +28,7 @@ PTH_LINE = 'import os; os.environ.get("PRIMUS_PERF_CACHE") and __import__("primu
 
 def _activate() -> None:
     try:
-        handle = enable(os.environ["PRIMUS_PERF_CACHE"], online=os.environ.get("PRIMUS_PERF_ONLINE") == "1")
+        handle = enable(environment.get("PRIMUS_PERF_CACHE"), online=environment.get("PRIMUS_PERF_ONLINE"))
     except UserError as exc:
         rank0_stderr(f"PRIMUS_PERF_CACHE: not enabled ({' '.join(str(exc).split())})")
         return
@@ -43,5 +43,5 @@ def _activate() -> None:
     atexit.register(finish)
 
 
-if os.environ.get("PRIMUS_PERF_CACHE"):
+if environment.get("PRIMUS_PERF_CACHE"):
     _activate()

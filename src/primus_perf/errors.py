@@ -76,10 +76,10 @@ def interrupts_caught() -> Iterator[list[int]]:
         yield caught
         return
 
-    def hold(signum: int, frame: object) -> None:
+    def record_signal(signum: int, frame: object) -> None:
         caught.append(signum)
 
-    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, record_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield caught
     finally:

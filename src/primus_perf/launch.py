@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 
+from primus_perf import environment
 from primus_perf.errors import UserError
 from primus_perf.programs import run_target
 
@@ -33,7 +34,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     cut = argv.index("--") if "--" in argv else len(argv)
     parser = _Parser(prog="python -m primus_perf.launch", usage=USAGE,
                      description="Run a Python script (or -m module) with primus_perf.enable() on, unmodified.")
-    parser.add_argument("--cache", default=os.environ.get("PRIMUS_PERF_CACHE"),
+    parser.add_argument("--cache", default=environment.get("PRIMUS_PERF_CACHE"),
                         help="tuning cache (default: $PRIMUS_PERF_CACHE)")
     parser.add_argument("--online", action="store_true", help="tune new problems during the first steps")
     parser.add_argument("--kinds", default=None, help="comma-separated kinds (default: every kind enable() routes)")

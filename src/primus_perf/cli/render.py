@@ -13,7 +13,6 @@ the stream is a terminal.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from primus_perf import environment
+
 UNWRAPPED = 100_000  # the width of a file or pipe without COLUMNS: lines are never wrapped
 
 
@@ -37,7 +38,7 @@ def is_tty(stream: IO[str] | None) -> bool:
 
 
 def columns() -> int | None:
-    value = os.environ.get("COLUMNS", "")
+    value = environment.get("COLUMNS")
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 

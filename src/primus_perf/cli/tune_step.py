@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from primus_perf import environment
 from primus_perf.cli.common import console, err_console
 from primus_perf.errors import UserError
 
@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
                             cache=str(cache.resolve()) if cache else None, budget_min=budget_min, blocks=blocks,
                             block_steps=block_steps, final_blocks=final_blocks, check_steps=check_steps,
                             overwrite=overwrite, lanes=lanes)
-        if int(os.environ.get("RANK", "0")) != 0:
+        if environment.get("RANK") != 0:
             return  # rank 0 speaks for every rank
         for line in res.lines():
             console.print(line, highlight=False, soft_wrap=True, markup=False)

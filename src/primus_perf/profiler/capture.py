@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus_perf import environment
 from primus_perf.errors import Interrupted, UserError, interrupts_held
 from primus_perf.files import atomic_open, write_json
 from primus_perf.profiler.kineto_marks import kineto_marks_dropped
@@ -127,7 +128,7 @@ def prepare_out_dir(out_dir: str | Path, *, overwrite: bool | None = None) -> Pa
     with files in it is refused (runs would mix); ``True``: the previous run's traces and
     manifest there are removed (rank 0 only: ``RANK``); None: no check."""
     out = Path(out_dir)
-    if overwrite is not None and int(os.environ.get("RANK", "0")) == 0:
+    if overwrite is not None and environment.get("RANK") == 0:
         _check_empty(out, overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)

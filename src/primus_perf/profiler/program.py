@@ -18,12 +18,12 @@ before any is recorded is a one-line error saying how many steps it marked.
 from __future__ import annotations
 
 import contextlib
-import os
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from primus_perf import environment
 from primus_perf.errors import Interrupted, UserError
 from primus_perf.profiler.capture import (
     CaptureResult,
@@ -110,7 +110,7 @@ def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedu
     from primus_perf.programs import run_target
 
     check_target(target)
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world = environment.get("RANK"), environment.get("WORLD_SIZE")
     traced = parse_ranks(ranks, world)
     out = prepare_out_dir(out_dir, overwrite=overwrite)
     steps = _Steps(out, schedule, rank, rank in traced, on_step if rank == 0 else None, stop)

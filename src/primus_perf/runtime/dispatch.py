@@ -5,7 +5,7 @@ gives its one instance. The dispatch owns everything a routed call touches: the 
 router (``kernels``: pure, it answers a call with ``(key, run)``; or the online tuner's), the
 interposer a confirmation installs, the call counts by problem key, the failures, and the
 aten overrides (and Inductor pass) that send a program's calls to it, installed while anyone
-holds them (:meth:`Dispatch.hold`: ``enable()``'s handle, the trainer's MoE backend). The
+holds them (:meth:`Dispatch.keep_overrides`: ``enable()``'s handle, the trainer's MoE backend). The
 overrides are the only routing path: eager calls reach them through the dispatcher, compiled
 ones through the pass's custom ops.
 
@@ -172,7 +172,7 @@ class Dispatch:
     def intercepting(self) -> bool:
         return bool(self._holders)
 
-    def hold(self, holder: object, device_type: str) -> None:
+    def keep_overrides(self, holder: object, device_type: str) -> None:
         """Keep the overrides installed (on ``device_type``'s kernels) while ``holder`` holds them."""
         if device_type not in BACKEND_KEYS:
             raise ValueError(f"device type {device_type!r}: one of {sorted(BACKEND_KEYS)}")
@@ -233,7 +233,7 @@ def routing(routers: Mapping[str, Any], device_type: str) -> Iterator[None]:
     try:
         for kind, router in routers.items():
             of(kind).install(router)
-            of(kind).hold(holder, device_type)
+            of(kind).keep_overrides(holder, device_type)
         yield
     finally:
         for kind, router in before.items():

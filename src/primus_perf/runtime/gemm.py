@@ -51,18 +51,18 @@ class GemmDispatch(Dispatch):
         self._profiler = autograd_profiler()
 
     def install(self, router: Any) -> None:
-        self._fold(native.attach(None))  # the old router's routes out of the table, counted as its
+        self._add_native_counts(native.attach(None))  # the old router's routes out of the table, counted as its
         super().install(router)
 
     def changed(self) -> None:
         """The table follows: its routes are dropped, and it answers again only for a router it
         may resolve once per signature (not an online router's, nor while a confirmation runs)."""
         self._memo.clear()
-        self._fold(native.attach(None))
+        self._add_native_counts(native.attach(None))
         if self.router is not None and hasattr(self.router, "resolve") and self.interposer is None:
             native.attach(self)
 
-    def _fold(self, counts: list) -> None:
+    def _add_native_counts(self, counts: list) -> None:
         """The native table's ``(key, slot, routed, fallback, unaligned)`` counts, taken in
         (``routed`` holds the ``unaligned`` calls: torch ran them)."""
         for key, slot, routed, fallback, unaligned in counts:
@@ -75,7 +75,7 @@ class GemmDispatch(Dispatch):
                 add(slot, unaligned)
 
     def summary(self) -> dict[str, Any]:
-        self._fold(native.take_counts())
+        self._add_native_counts(native.take_counts())
         return super().summary()
 
     def fail(self, key: str, exc: BaseException | str) -> None:
@@ -171,7 +171,7 @@ class GemmDispatch(Dispatch):
             self.changed()
 
             def undo() -> None:
-                self._fold(native.uninstall())
+                self._add_native_counts(native.uninstall())
 
             return undo
         lib.impl("mm", self.gemm, key)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from primus_perf import environment
 from primus_perf.devices import DeviceIdentity
 from primus_perf.errors import CacheError, UserError
 from primus_perf.kinds import RouterPart, with_part
@@ -63,7 +64,7 @@ def idle(kind: str, router: Any) -> bool:
 
 def rank0_stderr(line: str) -> None:
     """Print ``primus_perf: <line>`` to stderr on rank 0 (``RANK``) only."""
-    if os.environ.get("RANK", "0") == "0":
+    if environment.get("RANK") == 0:
         print(f"primus_perf: {line}", file=sys.stderr, flush=True)
 
 
@@ -177,7 +178,7 @@ class Handle:
                 d = dispatch.of(kind)
                 d.install(router)
                 if kind not in self.idle:
-                    d.hold(self, self.device_type)
+                    d.keep_overrides(self, self.device_type)
 
     @property
     def routing(self) -> tuple[str, ...]:
@@ -283,7 +284,7 @@ def _enable(cache: str | os.PathLike | None, online: OnlineTuning | None, kinds:
             if kind in handle.idle:
                 continue
             d.prepare(log)
-            d.hold(handle, device_type)
+            d.keep_overrides(handle, device_type)
             path = d.path()
             if path:
                 handle.paths[kind] = path

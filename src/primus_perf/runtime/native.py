@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import hashlib
-import os
 import sys
 import threading
 import time
@@ -30,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from primus_perf import environment
 from primus_perf.devices import gpu_vendor
 from primus_perf.kernels.gemm import NATIVE_FALLBACK, NATIVE_LAUNCH, NATIVE_PYTHON, NATIVE_TORCH
 from primus_perf.kernels.grouped.passes import inside
@@ -91,7 +91,7 @@ def load(log: Callable[[str], None] | None = None) -> Any:
         if _tried:
             return _ext
         _tried = True
-        if os.environ.get(ENV, "1") == "0":
+        if not environment.get(ENV):
             _why_not = f"{ENV}=0"
             return None
         try:

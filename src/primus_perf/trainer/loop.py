@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from primus_perf import environment
 from primus_perf.errors import ConfigError, DeviceError, DivergedError, OutOfMemory
 from primus_perf.files import LineLog
 from primus_perf.kernels.grouped.router import TORCH_KERNEL
@@ -65,6 +66,7 @@ from primus_perf.trainer.optim import make_optimizer
 from primus_perf.trainer.parallel import (
     clip_grad_norm_,
     forget_groups,
+    join_torchrun,
     make_groups,
     reduce_expert_grads,
 )
@@ -137,7 +139,7 @@ class Trainer:
         t = cfg.train
         self.device = self._pick_device(t.device)
         check_fits(cfg, self.device.type, self.device.index or 0)  # before any large allocation
-        self._owns_process_group = self._init_distributed()
+        self._owns_process_group = join_torchrun(self.device.type == "cuda")
         world = dist.get_world_size() if dist.is_initialized() else 1
         tp = cfg.parallel.tp
         if world % tp:
@@ -220,16 +222,9 @@ class Trainer:
             return torch.device("cpu")
         if not torch.cuda.is_available():
             raise DeviceError("config key 'train.device' is cuda but no GPU is visible to torch")
-        index = int(os.environ.get("LOCAL_RANK", 0))
+        index = environment.get("LOCAL_RANK")
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
-
-    def _init_distributed(self) -> bool:
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-            return False
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
-        return True
 
     def _peak_tflops(self) -> float | None:
         if self.device.type != "cuda":
@@ -261,7 +256,7 @@ class Trainer:
         self._grouped_dispatch = dispatch.of(GROUPED.name)
         self._grouped_dispatch.set_backend(backend, owner=self)
         if backend != TORCH_KERNEL:
-            self._grouped_dispatch.hold(self, self.device.type)
+            self._grouped_dispatch.keep_overrides(self, self.device.type)
         # a trainer dropped without close() lets go of them too
         self._grouped_release = weakref.finalize(self, self._grouped_dispatch.release_id, id(self))
 

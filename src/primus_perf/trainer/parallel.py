@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from primus_perf import environment
 from primus_perf.trainer.comm import all_reduce_
 
 _SWAPPED: dict[tuple[type, type], type] = {}
@@ -63,6 +64,17 @@ class ProcessGroups:
 # communicators alive per trainer
 _MADE: dict[tuple, ProcessGroups] = {}
 _MADE_OVER: list[Any] = [None]  # the default group they were made over (held: its id stays its own)
+
+
+def join_torchrun(cuda: bool) -> bool:
+    """Under torchrun (``WORLD_SIZE`` above 1) join the job: NCCL/RCCL with ``cuda``, each rank
+    on its GPU (``LOCAL_RANK``), else gloo; True if this call made the group (it owns it)."""
+    if environment.get("WORLD_SIZE") <= 1 or dist.is_initialized():
+        return False
+    if cuda:
+        torch.cuda.set_device(environment.get("LOCAL_RANK"))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return True
 
 
 def forget_groups() -> None:

@@ -31,7 +31,7 @@ from primus_perf import kinds
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.runtime import dispatch
 from primus_perf.tuner.core import confirmed_entry
-from primus_perf.tuner.decide import DROPPED, KEPT, MARGIN, Rule, Verdict
+from primus_perf.tuner.decide import DROPPED, KEPT, MARGIN, WAITED_SHARE, Rule, Verdict
 from primus_perf.tuner.measure import CHOICE, Pairs, Sample, default_clock, host_cost_us
 
 # why a choice that won its calls is dropped where the program's offs are on the device
@@ -143,8 +143,8 @@ class Confirmer:
         state = self.states.pop(slot)
         choice, baseline = self.names[slot]
         verdict = state.verdict(self.policy.rule(), kind=slot[0], key=slot[1], choice=choice, baseline=baseline)
-        # device events do not see the host's wait: a choice whose calls mostly waited is dropped
-        if verdict.kept and self.waited.get(slot, 0) * 4 > self.slot_calls.get(slot, 0):
+        # device events do not see the host's wait: a choice whose calls often waited is dropped
+        if verdict.kept and self.waited.get(slot, 0) > WAITED_SHARE * self.slot_calls.get(slot, 0):
             verdict = dataclasses.replace(verdict, status=DROPPED, reason=WAITED)
         if verdict.kept:
             verdict = self._host_check(verdict, state.host_extra_s())

@@ -27,6 +27,7 @@ KEPT, DROPPED, UNCONFIRMED = "kept", "dropped", "unconfirmed"
 # a step whose GPU idles this share of it or more is host-bound: a routed call's host time is
 # then the step's, and a kernel's saving counts only at the GPU's busy share
 HOST_BOUND_IDLE = 0.3
+WAITED_SHARE = 0.25  # a choice whose calls waited on the host (unseen by device events) more is dropped
 
 
 def host_bound(busy_s: float | None, step_s: float | None) -> float | None:

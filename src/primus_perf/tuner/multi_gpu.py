@@ -56,6 +56,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from primus_perf import environment
 from primus_perf.errors import UserError, interrupts_caught, one_line
 from primus_perf.tuner import core
 from primus_perf.tuner.measure import Timer
@@ -186,20 +187,15 @@ def _start(job: WorkerJob, worker: Callable[[WorkerJob, Connection], None], env_
     and never sees Ctrl-C or SIGTERM (blocked from its first instruction: the mask outlives exec)."""
     mine, theirs = ctx.Pipe()
     resource_tracker.ensure_running()  # its first start unblocks SIGINT, a worker's start would run it
-    parent_list = os.environ.get(env_name)
-    ids = [s for s in parent_list.split(",") if s.strip()] if parent_list else None
-    os.environ[env_name] = ids[job.gpu] if ids else str(job.gpu)
+    ids = [s for s in environment.get(env_name).split(",") if s.strip()]
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_BLOCKED)
     try:  # a spawned process takes the environment and the signal mask at its start
         job.spawned_at = time.time()
         proc = ctx.Process(target=worker, args=(job, theirs), name=f"primus-tune-gpu{job.gpu}", daemon=True)
-        proc.start()
+        with environment.changed({env_name: ids[job.gpu] if ids else str(job.gpu)}):
+            proc.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        if parent_list is None:
-            os.environ.pop(env_name, None)
-        else:
-            os.environ[env_name] = parent_list
     theirs.close()  # the worker holds the only other end: EOF when it exits
     return _Worker(WorkerStats(job.gpu), proc, mine)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from primus_perf import environment
 from primus_perf.devices import gpu_vendor
 from primus_perf.errors import DeviceError
 from primus_perf.kernels.blaslt.layout import layouts
@@ -45,8 +46,7 @@ def _candidate_paths(table: VendorTable) -> list[str]:
             paths += sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", name)))
     except ImportError:
         pass
-    roots = [os.environ.get("CUDA_HOME", "/usr/local/cuda"), os.environ.get("ROCM_PATH", "/opt/rocm")]
-    for root in roots:
+    for root in (environment.get("CUDA_HOME"), environment.get("ROCM_PATH")):
         for name in table.lib_names:
             paths += glob.glob(os.path.join(root, "lib*", name))
     return paths + list(table.lib_names)

@@ -51,12 +51,12 @@ router: every grouped call runs inside ``passes.inside`` (``passes.in_grouped`` 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from primus_perf import environment
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 
 MmFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]
@@ -246,7 +246,7 @@ def _triton_unsupported(device: torch.device, dtype: torch.dtype, k: int, n: int
         import triton  # noqa: F401
     except ImportError:
         return "triton is not installed"
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device.type == "cpu" and not environment.get("TRITON_INTERPRET"):
         return "the Triton grouped GEMM runs on the CPU only under TRITON_INTERPRET=1"
     if dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return f"the Triton grouped GEMM does not run {dtype}"

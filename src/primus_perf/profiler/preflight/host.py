@@ -9,6 +9,7 @@ import shutil
 import socket
 from pathlib import Path
 
+from primus_perf import environment
 from primus_perf.profiler.preflight.checks import Measurement
 
 GiB = 1 << 30
@@ -41,7 +42,7 @@ def memory_bytes() -> tuple[int | None, int | None]:
 
 def collective_env() -> dict[str, str]:
     """NCCL/RCCL and related variables set in this process's environment."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    return {k: v for k, v in sorted(environment.copy().items()) if k.startswith(ENV_PREFIXES)}
 
 
 def host_facts() -> dict[str, object]:

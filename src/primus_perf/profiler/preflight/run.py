@@ -22,19 +22,6 @@ from primus_perf.profiler.preflight.checks import (
 )
 
 
-def _init_distributed() -> bool:
-    """Join the torchrun job (NCCL/RCCL on GPUs, gloo on the CPU); True if this call did."""
-    import torch
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-        return False
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return True
-
-
 def _gather(obj: Any) -> list[Any]:
     import torch.distributed as dist
 
@@ -88,11 +75,12 @@ def preflight(
 ) -> PreflightReport:
     """Measure, gather and judge; ``publish`` the report on rank 0 while the other ranks
     wait (see the module docstring)."""
+    import torch
     import torch.distributed as dist
 
-    from primus_perf.trainer.parallel import forget_groups
+    from primus_perf.trainer.parallel import forget_groups, join_torchrun
 
-    owns = _init_distributed()
+    owns = join_torchrun(torch.cuda.is_available())
     try:
         job = _job()
         first_of_node = job.nodes.index(job.nodes[job.rank]) == job.rank

@@ -7,7 +7,7 @@ The forward and the backward kernels are separate launches, so a config pair's c
 1. configs that cannot run are pruned before launch (``configs.fwd_invalid``);
 2. the config is checked against the fp32 reference on fresh random inputs (output for a
    forward config; dQ/dK/dV for a backward config) and rejected if it fails;
-3. a short measurement; configs clearly slower than the best so far (``prune_ratio``)
+3. a short measurement; configs slower than the best so far by ``decide.DROP_RATIO``
    stop there; the others get the full measurement (median of ``reps`` calls). Every
    measurement goes through the tuner's timer (``tuner.measure``); times here are in ms.
 
@@ -49,6 +49,7 @@ from primus_perf.kernels.attention.reference import (
 from primus_perf.problems import AttentionProblem, torch_dtype
 from primus_perf.tuner import measure
 from primus_perf.tuner.attention.space import STRATEGIES, SearchSpace, grid_size, known_good
+from primus_perf.tuner.decide import DROP_RATIO
 from primus_perf.tuner.measure import Timer
 
 Progress = Callable[[str], None]
@@ -97,7 +98,6 @@ class Evaluator:
         device: str = "cuda",
         reps: int = 20,
         short_reps: int = 3,
-        prune_ratio: float = 1.3,
         validate: bool = True,
         seed: int = 0,
         timer: Timer | None = None,
@@ -112,7 +112,6 @@ class Evaluator:
         self.device = device
         self.reps = reps
         self.short_reps = short_reps
-        self.prune_ratio = prune_ratio
         self.validate = validate
         self._seed = seed
         self.timer = timer or measure.default_timer()
@@ -160,7 +159,7 @@ class Evaluator:
     def _timed(self, fn: Callable[[], object], best: Measurement | None) -> tuple[str, float, list[float]]:
         """Status, median ms and (for a full measurement) the timed calls in seconds."""
         short = statistics.median(self._samples(fn, self.short_reps)) * 1e3
-        if best is not None and short > self.prune_ratio * best.ms:
+        if best is not None and short > DROP_RATIO * best.ms:
             return "slow", short, []
         samples = self._samples(fn, self.reps)
         return "ok", statistics.median(samples) * 1e3, samples

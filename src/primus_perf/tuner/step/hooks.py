@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from primus_perf import environment
 
 MICRO_BATCH = "micro_batch"
 
@@ -97,9 +98,9 @@ def install(plan: Mapping[str, str]) -> Applied:
     uninstall()
     _applied = Applied(plan={k: str(v) for k, v in plan.items()})
     if plan.get("allocator") == "expandable":
-        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        conf = environment.get("PYTORCH_CUDA_ALLOC_CONF")
         if "expandable_segments" not in conf:
-            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(x for x in (conf, "expandable_segments:True") if x)
+            environment.set_here("PYTORCH_CUDA_ALLOC_CONF", ",".join(x for x in (conf, "expandable_segments:True") if x))
         _applied.levers.append("allocator")
     import torch
 

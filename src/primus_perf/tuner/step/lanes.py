@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
-import threading
 import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from primus_perf import environment
+
 OK, OOM, USER_ERROR, BROKEN = "ok", "oom", "user error", "broken"  # a lane's replies
-_ENV_LOCK = threading.Lock()
 START_TIMEOUT_S = 900.0  # a lane's trainer is built (and the first compile may come) within this
 
 
@@ -81,20 +80,10 @@ class Lane:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, config, list(base), dict(values), warm_up), daemon=True,
                                    name=f"primus-step-lane-{index}")
-        with _ENV_LOCK:  # the child inherits the environment at its start: its GPU alone, no ranks
-            saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK", "WORLD_SIZE")}
-            try:
-                if visible is not None:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = visible
-                for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
-                    os.environ.pop(k, None)
-                self.process.start()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+        # the child inherits the environment at its start: its GPU alone, no ranks
+        changes = {"LOCAL_RANK": None, "RANK": None, "WORLD_SIZE": None}
+        with environment.changed(changes if visible is None else {**changes, "CUDA_VISIBLE_DEVICES": visible}):
+            self.process.start()
         child.close()
         self.busy_since: float | None = None
         self.error = ""
@@ -146,7 +135,7 @@ class Lane:
 def visible_devices(count: int) -> list[str]:
     """The device ids, as ``CUDA_VISIBLE_DEVICES`` names them, of the first ``count`` GPUs
     torch sees."""
-    names = [s.strip() for s in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if s.strip()]
+    names = [s.strip() for s in environment.get("CUDA_VISIBLE_DEVICES").split(",") if s.strip()]
     return [names[i] if i < len(names) else str(i) for i in range(count)]
 
 

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus_perf import environment
+
 OK, OUT_OF_MEMORY, CANNOT_RUN, TOO_FEW = "ok", "out of memory", "cannot run", "too few steps"
 
 
@@ -189,7 +191,7 @@ def measure_program(target: Sequence[str], plan: Mapping[str, str], out: str | o
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         result.peak_gib = torch.cuda.max_memory_allocated() / 2**30
-    rank = int(os.environ.get("RANK", "0"))
+    rank = environment.get("RANK")
     path = Path(out) if rank == 0 else Path(f"{out}.rank{rank}")
     from primus_perf.files import write_json
 
@@ -216,10 +218,8 @@ def child_env(devices: str | None, port: int | None, target: Sequence[str] = ())
     port of its own (``own_flags.launcher_env``)."""
     from primus_perf.tuner.step.own_flags import launcher_env
 
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    if devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = devices
+    env = environment.copy({"PYTHONUNBUFFERED": "1"} if devices is None else
+                           {"PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": devices})
     if port is not None:
         env["MASTER_PORT"] = str(port)
         env["TORCHELASTIC_USE_AGENT_STORE"] = "False"

@@ -24,12 +24,13 @@ Importing this module imports no torch.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
+
+from primus_perf import environment
 
 if TYPE_CHECKING:
     from primus_perf.tuner.step.hooks import Applied
@@ -295,7 +296,7 @@ def _titan_settings(config: Any, dims: Any, recompute: str, fp8: str, optimizer:
 
 
 def _world() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return environment.get("WORLD_SIZE")
 
 
 def read_torchtitan(args: list[str]) -> Settings:

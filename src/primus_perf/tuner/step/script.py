@@ -406,9 +406,9 @@ def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, say:
     rank in lockstep over a CPU (gloo) process group of their own, rank 0 speaking and writing;
     otherwise the script on the first GPU and, with ``lanes`` (0: every GPU visible, 1: one),
     a lane on each other GPU. This process never starts CUDA: the runs' children hold the GPUs."""
-    import os
+    from primus_perf import environment
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = environment.get("WORLD_SIZE")
     if world > 1:
         import torch.distributed as dist
 

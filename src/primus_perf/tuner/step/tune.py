@@ -190,9 +190,9 @@ def where_of(session: StepSession, cache: str | None) -> levers_mod.TrainerConte
 
 
 def _world_size() -> int:
-    import os
+    from primus_perf import environment
 
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return environment.get("WORLD_SIZE")
 
 
 def lane_devices(session: StepSession, lanes: int) -> list[str | None]:
