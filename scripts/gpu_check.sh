@@ -34,7 +34,7 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader | tee "$OUT/device.txt"
-python -c "import json, primus_perf.devices as d; print(json.dumps(d.library_versions()))" | tee -a "$OUT/device.txt"
+python -c "import json, primus_perf.base.devices as d; print(json.dumps(d.library_versions()))" | tee -a "$OUT/device.txt"
 for step in "$@"; do
   echo "=== $step"
   case "$step" in

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from primus_perf.base.devices import DeviceIdentity
 from primus_perf.cache.store import CacheEntry
-from primus_perf.devices import DeviceIdentity
 from primus_perf.kernels.attention.reference import reference_attention
 from primus_perf.kernels.attention.router import (
     AttentionChoice,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inprocess import one_process_losses
-from primus_perf.errors import ConfigError
+from primus_perf.base.errors import ConfigError
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
 from test_trainer import _losses, _run

@@ -254,7 +254,7 @@ def test_a_run_that_accumulates_gradients_is_advised_a_larger_micro_batch(tmp_pa
     assert acc["estimated_saving_ms"] == pytest.approx(4 * (0.2 + 0.1) / 2)
     assert "4 micro-batches a step (global batch 8 = micro-batch 2 x 4)" in acc["evidence"]
     # the lever as data beside its text: the step tuner takes it typed, as the config's schema reads it
-    from primus_perf.closed_loop import step_advice
+    from primus_perf.loop.pipeline import step_advice
     from primus_perf.tuner.step.script import script_advice
 
     assert acc["settings"] == {"train.micro_batch": 4}

@@ -4,7 +4,7 @@ reaches the tuner by any path, the cache never imports the trainer, the trace an
 imports neither, ...); every import counts: module level, function level, ``TYPE_CHECKING``
 blocks and string imports through ``importlib``. And one owner per concern: only the tuner's
 measurement core times candidates in a loop or defines a selection margin, and only the
-runtime overrides aten operators, and only ``environment.py`` reads the process's environment."""
+runtime overrides aten operators, and only ``base/environment.py`` reads the process's environment."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "primus_perf"
 
 # The ground floor imports nothing above it; each package below may import only the units
 # listed (besides itself and the ground floor).
-GROUND = {"kinds", "problems", "devices", "files", "errors", "environment"}
+GROUND = {"kinds", "problems", "base"}
 ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "cache": {"kernels"},
@@ -29,16 +29,15 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"kernels", "cache"},
     "trainer": {"kernels", "cache", "runtime"},  # the trainer enables a cache as any program does
     "tracelens": {"cache"},  # report --cache reads the store to mark tuned problems
-    "profiler": {"trainer", "kernels", "cache", "tracelens", "programs"},  # programs: run your script
+    "profiler": {"trainer", "kernels", "cache", "tracelens"},
     "gate": {"tracelens", "profiler", "trainer", "kernels", "cache"},
     # online tuning wraps the runtime's routers; the FP8 plan (and step) tuner measures the trainer's steps
-    "tuner": {"kernels", "cache", "runtime", "tracelens", "trainer", "programs"},  # programs: a measured run
+    "tuner": {"kernels", "cache", "runtime", "tracelens", "trainer"},
     # primus_perf.enable: the runtime's enable with the tuner's online tuning plugged in
     "enabling": {"runtime", "tuner"},
     "env_hook": {"enabling", "runtime"},
     # the whole loop: profile, analyze, report, tune, train with the cache
-    "closed_loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache", "enabling",
-                    "programs"},
+    "loop": {"profiler", "tracelens", "tuner", "trainer", "runtime", "kernels", "cache"},
     # the public face of FP8 plans: tuned by tuner.fp8, applied by runtime.fp8
     "fp8": {"runtime", "tuner"},
 }
@@ -436,12 +435,12 @@ def test_only_the_runtime_overrides_aten_operators():
 
 
 def test_only_the_environment_module_reads_the_environment():
-    assert _found(environment_uses, lambda p: _module_of_file(p) != "primus_perf.environment") == {}, \
-        "os.environ outside environment.py: declare the variable in environment.VARIABLES and read it there"
+    assert _found(environment_uses, lambda p: _module_of_file(p) != "primus_perf.base.environment") == {}, \
+        "os.environ outside base/environment.py: declare the variable in environment.VARIABLES and read it there"
 
 
 def test_every_variable_read_is_declared():
-    from primus_perf.environment import VARIABLES
+    from primus_perf.base.environment import VARIABLES
 
     def undeclared(tree: ast.AST) -> list[int]:
         return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and _called(node) == "get"

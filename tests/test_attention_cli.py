@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from inprocess import completed
+from primus_perf.base.errors import UserError
 from primus_perf.cli.tune_attention import parse_attention_spec
-from primus_perf.errors import UserError
 from primus_perf.problems import AttentionProblem
 from primus_perf.tuner.attention.plugin import AttentionTuner
 

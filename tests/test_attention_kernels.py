@@ -169,8 +169,8 @@ def test_gpu_real_sizes_bf16_fp16(dtype, causal) -> None:
 
 
 def _entry(problem: AttentionProblem, choice: AttentionChoice, versions: dict, device=None):
+    from primus_perf.base.devices import DeviceIdentity
     from primus_perf.cache.store import CacheEntry
-    from primus_perf.devices import DeviceIdentity
 
     device = device or DeviceIdentity("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 132)
     return CacheEntry(kind="attention", problem_key=problem.key(), problem=problem.to_dict(),
@@ -180,7 +180,7 @@ def _entry(problem: AttentionProblem, choice: AttentionChoice, versions: dict, d
 
 
 def test_router_from_cache_entries() -> None:
-    from primus_perf.errors import CacheError
+    from primus_perf.base.errors import CacheError
 
     prob = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", True, "bshd")
     other = AttentionProblem(1, 4, 2, 40, 40, 16, "f16", False, "bshd")

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from inprocess import run_cli
+from primus_perf.base.devices import DeviceIdentity
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.devices import DeviceIdentity
 from primus_perf.gate.gate import SAMPLES_SCHEMA
 from primus_perf.problems import AttentionProblem, GemmProblem
 
@@ -457,7 +457,7 @@ def full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
                     f.write(b"\0" * 4096)
                     f.flush()
         else:
-            import primus_perf.files as files
+            import primus_perf.base.files as files
 
             disk.mkdir()
             (disk / "old.json").write_bytes(content)
@@ -594,7 +594,7 @@ def test_a_non_finite_loss_stops_with_the_step_and_the_last_finite_loss(tmp_path
 @pytest.mark.skipif(not ON_CPU, reason="the CPU path of a tuning cache")
 @pytest.mark.parametrize("hide_triton", [False, True], ids=["with-triton", "without-triton"])
 def test_a_tuning_cache_on_a_cpu_trains_with_defaults(tmp_path: Path, hide_triton: bool) -> None:
-    from primus_perf.devices import current_device
+    from primus_perf.base.devices import current_device
 
     cache = tmp_path / "cache.json"
     gemm = _entry(1)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from primus_perf import files
+from primus_perf.base import files
+from primus_perf.base.devices import DeviceIdentity
+from primus_perf.base.errors import CacheError
 from primus_perf.cache.store import SCHEMA_VERSION, CacheEntry, TuningCache
-from primus_perf.devices import DeviceIdentity
-from primus_perf.errors import CacheError
 from primus_perf.problems import GemmProblem
 
 H100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "nvidia", "sm_90", 132)
@@ -317,7 +317,7 @@ def test_the_next_writer_removes_orphaned_temporary_files_only(tmp_path: Path) -
 READER = """
 import os, sys, time
 from primus_perf.cache.store import TuningCache
-from primus_perf.errors import CacheError
+from primus_perf.base.errors import CacheError
 cache, end, n = TuningCache(sys.argv[1]), time.time() + float(sys.argv[2]), 0
 while time.time() < end:
     n += len(cache.entries())

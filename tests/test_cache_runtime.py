@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("triton")
 
+from primus_perf.base.devices import DeviceIdentity, current_device
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.devices import DeviceIdentity, current_device
 from primus_perf.kernels.attention.router import AttentionRouter, library_versions
 from primus_perf.problems import GemmProblem
 from primus_perf.trainer.config import load_config

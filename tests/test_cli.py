@@ -104,8 +104,13 @@ def test_enable_without_a_cache_names_the_flag_and_the_variable(tmp_path) -> Non
                                   ["primus_perf.cli.tune", "cache", "show"], ["primus_perf.launch"],
                                   ["primus_perf.launch", "--cache", "c.json"]])
 def test_every_command_prints_its_version_and_the_launcher_its_help(argv: list[str]) -> None:
+    from pathlib import Path
+
+    import tomllib
+
     from primus_perf import __version__
 
+    assert __version__ == tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
     r = subprocess.run([sys.executable, "-m", *argv, "--version"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith(f"primus-perf {__version__} (torch "), r.stdout + r.stderr
     if argv[0] == "primus_perf.launch":

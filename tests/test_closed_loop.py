@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from primus_perf.cli.tune import app
-from primus_perf.closed_loop import trace_problems, tunable_problems
+from primus_perf.loop.pipeline import trace_problems, tunable_problems
 from primus_perf.problems import load_problems
 from primus_perf.tracelens.analyze import analyze
 from primus_perf.tracelens.shapes import write_problems
@@ -96,10 +96,10 @@ def test_the_loops_measurement_and_confirmation_run_a_cache_in_the_trainers_step
     measurement interleaves blocks with the cache enabled and suspended in one trainer."""
     import dataclasses
 
+    from primus_perf.base.devices import current_device
     from primus_perf.cache.store import CacheEntry, TuningCache
-    from primus_perf.closed_loop import confirm_trainer, measure_speedup
-    from primus_perf.devices import current_device
     from primus_perf.kernels.attention.router import library_versions
+    from primus_perf.loop.pipeline import confirm_trainer, measure_speedup
     from primus_perf.trainer.flops import attention_problem
 
     torch.set_num_threads(1)
@@ -127,10 +127,10 @@ def test_the_final_check_leaves_a_cache_that_loses_the_step_routing_nothing(tmp_
     import dataclasses
 
     from enable_fakes import slow_backward_kinds
+    from primus_perf.base.devices import current_device
     from primus_perf.cache.store import CacheEntry, TuningCache
-    from primus_perf.closed_loop import check_cache
-    from primus_perf.devices import current_device
     from primus_perf.kernels.attention.router import library_versions
+    from primus_perf.loop.pipeline import check_cache
     from primus_perf.runtime.activate import activate
     from primus_perf.trainer.flops import attention_problem
     from primus_perf.tuner.final_check import NOTHING_KEPT
@@ -154,7 +154,7 @@ def test_the_final_check_leaves_a_cache_that_loses_the_step_routing_nothing(tmp_
 
 
 def test_the_loss_check_compares_one_batch_and_fails_a_kernel_that_computes_something_else() -> None:
-    from primus_perf.closed_loop import SpeedupMeasurement
+    from primus_perf.loop.pipeline import SpeedupMeasurement
 
     def m(default: float, tuned: float) -> SpeedupMeasurement:
         return SpeedupMeasurement([1.0], [1.0], 1, 0, default, tuned)

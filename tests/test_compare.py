@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 from primus_perf.tracelens import compare as cmp
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.report_html import write_html
@@ -203,7 +203,7 @@ def test_different_world_sizes_warn(base: Analysis) -> None:
 def test_qwen_on_mi300x_and_h100_match_by_problem() -> None:
     """The same model traced on an MI300X and an H100 by another project: the GEMMs are found
     on both sides by problem, whatever library ran them."""
-    from primus_perf.errors import TraceError
+    from primus_perf.base.errors import TraceError
 
     h100 = EXTERNAL / "tracelens" / "h100" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
     mi300 = EXTERNAL / "tracelens" / "mi300" / "Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"

@@ -14,9 +14,9 @@ import torch
 from typer.testing import CliRunner
 
 from enable_fakes import slow_backward_kinds
+from primus_perf.base.devices import current_device
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.cli.tune import app
-from primus_perf.devices import current_device
 from primus_perf.kernels.gemm import GemmRouter, problem_of, torch_mm
 from primus_perf.kernels.grouped.backends import BACKENDS, Backend
 from primus_perf.kernels.grouped.passes import problem_of as grouped_problem_of
@@ -539,8 +539,8 @@ def test_the_tiny_trainers_attention_is_confirmed_with_its_backward_and_a_slow_c
     entry becomes torch's own SDPA, so the next run routes nothing."""
     import dataclasses
 
-    from primus_perf.closed_loop import confirm_trainer
     from primus_perf.kernels.attention.router import library_versions as attention_versions
+    from primus_perf.loop.pipeline import confirm_trainer
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.flops import attention_problem
 
@@ -596,7 +596,7 @@ def test_a_scripts_confirmation_ends_with_the_final_check_driven_by_its_own_step
     dropped in the script's steps; then, in the same run, the script is held at each step's
     end while the cache is switched, and the step with it is measured against the step without
     it: the cache left behind routes torch's own SDPA."""
-    from primus_perf.closed_loop import confirm_program
+    from primus_perf.loop.pipeline import confirm_program
 
     torch.set_num_threads(1)
     cache = _script_cache(tmp_path)

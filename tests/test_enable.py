@@ -25,9 +25,9 @@ from enable_fakes import (
     launched,
     run,
 )
+from primus_perf.base.devices import current_device
+from primus_perf.base.errors import CacheError, UserError
 from primus_perf.cache.store import TuningCache
-from primus_perf.devices import current_device
-from primus_perf.errors import CacheError, UserError
 from primus_perf.kernels.attention.router import library_versions as attention_versions
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.runtime import dispatch
@@ -293,7 +293,7 @@ def test_environment_variable_hook_enables_through_the_pth_file(tmp_path: Path) 
 def test_the_environment_module_reads_each_variable_as_its_table_says(monkeypatch) -> None:
     import os
 
-    from primus_perf import environment
+    from primus_perf.base import environment
 
     for name in ("RANK", "PRIMUS_PERF_NATIVE", "PRIMUS_PERF_ONLINE", "CUDA_HOME"):
         monkeypatch.delenv(name, raising=False)

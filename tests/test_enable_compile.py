@@ -28,8 +28,8 @@ from enable_fakes import (
     gemm_entry,
     run,
 )
+from primus_perf.base.devices import current_device
 from primus_perf.cache.store import TuningCache
-from primus_perf.devices import current_device
 from primus_perf.kernels.attention.backends import DEFAULT
 from primus_perf.kernels.attention.configs import AttnConfig, BwdConfig, FwdConfig
 from primus_perf.kernels.attention.router import AttentionChoice, AttentionRouter

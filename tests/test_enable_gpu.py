@@ -78,8 +78,8 @@ def _triton_attention_setup(tmp_path):
     causal problem, and leaf q, k, v for it in torch's layout."""
     import torch
 
+    from primus_perf.base.devices import current_device
     from primus_perf.cache.store import CacheEntry, TuningCache
-    from primus_perf.devices import current_device
     from primus_perf.kernels.attention.configs import AttnConfig
     from primus_perf.kernels.attention.router import AttentionChoice, library_versions
     from primus_perf.problems import AttentionProblem

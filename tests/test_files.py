@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from primus_perf.files import atomic_open, write_json, write_text
+from primus_perf.base.files import atomic_open, write_json, write_text
 
 
 def test_writes_creates_parents_and_plain_permissions(tmp_path: Path) -> None:
@@ -63,8 +63,8 @@ def test_binary_mode_and_bad_modes(tmp_path: Path) -> None:
 def test_an_input_that_is_no_regular_file_is_refused_without_blocking(tmp_path: Path) -> None:
     """A FIFO without a writer, and a symlink to /dev/zero, are refused from the open
     descriptor: the reader never waits on them (no timeout needed)."""
-    from primus_perf.errors import UserError
-    from primus_perf.files import check_input_file, read_input
+    from primus_perf.base.errors import UserError
+    from primus_perf.base.files import check_input_file, read_input
 
     fifo, zero = tmp_path / "fifo.json", tmp_path / "zero.json"
     os.mkfifo(fifo)
@@ -78,7 +78,7 @@ def test_an_input_that_is_no_regular_file_is_refused_without_blocking(tmp_path: 
 
 
 def test_deep_json_and_yaml_bombs_are_value_errors() -> None:
-    from primus_perf.files import load_json, load_yaml
+    from primus_perf.base.files import load_json, load_yaml
 
     with pytest.raises(ValueError, match="nested too deeply"):
         load_json("[" * 100_000 + "]" * 100_000)
@@ -100,7 +100,7 @@ def test_a_write_removes_the_temporaries_of_writers_killed_on_this_host(tmp_path
     import subprocess
     import sys
 
-    from primus_perf import files
+    from primus_perf.base import files
 
     target = tmp_path / "report.json"
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

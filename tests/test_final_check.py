@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from primus_perf.base.devices import current_device
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.devices import current_device
 from primus_perf.kernels.attention.router import library_versions
 from primus_perf.problems import AttentionProblem
 from primus_perf.runtime.activate import activate

@@ -20,9 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("torchao")
 
+from primus_perf.base.devices import DeviceIdentity
+from primus_perf.base.errors import UserError
 from primus_perf.cache.store import TuningCache
-from primus_perf.devices import DeviceIdentity
-from primus_perf.errors import UserError
 from primus_perf.fp8 import apply, find_plan, tune_plan
 from primus_perf.kernels.fp8.linear import Fp8Linear
 from primus_perf.kernels.fp8.plan import Fp8Plan, Fp8PlanProblem
@@ -473,7 +473,7 @@ def test_fp8_gemm_counts_against_the_fp8_peak() -> None:
     the FP8 peak of devices.py for it: the same time reaches half the fraction of a bf16 one."""
     import numpy as np
 
-    from primus_perf.devices import lookup_peaks
+    from primus_perf.base.devices import lookup_peaks
     from primus_perf.tracelens.perf_models import ShapeArgs, model_op
     from primus_perf.tracelens.roofline import roofline
 

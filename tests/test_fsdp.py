@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inprocess import one_process_losses
-from primus_perf.errors import ConfigError
+from primus_perf.base.errors import ConfigError
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import data_parallel_degrees
 from test_trainer import _losses, _run

@@ -7,9 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from primus_perf.base.errors import UserError
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.cli.tune import app
-from primus_perf.errors import UserError
 from primus_perf.problems import AttentionProblem, GemmProblem
 
 

@@ -60,8 +60,8 @@ def test_routed_gemm_is_traced_and_modeled_like_aten_mm(tmp_path) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from primus_perf.base.devices import current_device
     from primus_perf.cache.store import CacheEntry
-    from primus_perf.devices import current_device
     from primus_perf.kernels.blaslt.binding import load
     from primus_perf.kernels.gemm import WORKSPACE_BYTES, GemmRouter
     from primus_perf.runtime.gemm import GemmDispatch

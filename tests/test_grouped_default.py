@@ -10,8 +10,8 @@ import torch
 
 import primus_perf
 from enable_fakes import FAKE_KINDS, gemm_entry, launched
+from primus_perf.base.devices import current_device
 from primus_perf.cache.store import TuningCache
-from primus_perf.devices import current_device
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.kernels.grouped import (
     AUTO,

@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 import primus_perf
 from enable_fakes import FAKE_KINDS, StepClock, gemm_entry
 from foreign_moe import BatchedExperts, MoE, step
+from primus_perf.base.devices import current_device
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.cli.tune import app as tune_app
-from primus_perf.devices import current_device
 from primus_perf.kernels.grouped import problem_of
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.router import GroupedChoice, library_versions, shape_key

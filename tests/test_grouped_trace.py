@@ -16,10 +16,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from primus_perf.base.errors import UserError
 from primus_perf.cache.store import TuningCache
 from primus_perf.cli.profile import app as profile_app
 from primus_perf.cli.tune import app as tune_app
-from primus_perf.errors import UserError
 from primus_perf.kinds import GROUPED
 from primus_perf.problems import (
     GroupedGemmProblem,

@@ -13,9 +13,9 @@ import torch
 
 from enable_fakes import StepClock
 from primus_perf import enable
+from primus_perf.base.devices import current_device
+from primus_perf.base.errors import ConfigError, UserError
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.devices import current_device
-from primus_perf.errors import ConfigError, UserError
 from primus_perf.kernels.grouped import BACKENDS, Backend
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.offsets import Offsets

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
+from primus_perf.base.errors import ConfigError
 from primus_perf.cache.store import SCHEMA_VERSION
-from primus_perf.errors import ConfigError
 from primus_perf.trainer import resources
 from primus_perf.trainer.config import SCHEMA, load_config, with_settings
 from primus_perf.trainer.knobs import FREE, SWITCHES, NotSwitchable, changed

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from inprocess import completed, one_process_rows
-from primus_perf.errors import ConfigError
+from primus_perf.base.errors import ConfigError
 from primus_perf.kernels.gemm import problem_of as gemm_problem_of
 from primus_perf.kernels.grouped import problem_of
 from primus_perf.kinds import GROUPED

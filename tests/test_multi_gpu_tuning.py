@@ -20,9 +20,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from primus_perf.base.errors import UserError
 from primus_perf.cache.store import TuningCache
 from primus_perf.cli.tune_run import run_tuning
-from primus_perf.errors import UserError
 from primus_perf.problems import GemmProblem
 from primus_perf.tuner import core
 from primus_perf.tuner.gemm.plugin import GemmTuner

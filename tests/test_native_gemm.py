@@ -261,8 +261,8 @@ print("routed", primus_perf.runtime.native.signatures())
 
 
 def _heuristic_cache(tmp_path: Path, pairs) -> Path:
+    from primus_perf.base.devices import current_device
     from primus_perf.cache.store import CacheEntry
-    from primus_perf.devices import current_device
     from primus_perf.kernels import gemm
     from primus_perf.kernels.blaslt.binding import load
 

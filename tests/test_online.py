@@ -14,8 +14,8 @@ from torch import nn
 
 import primus_perf
 from enable_fakes import FAKE_KINDS, FAKE_SOURCE, FakeClock, launched
+from primus_perf.base.devices import current_device
 from primus_perf.cache.store import TuningCache
-from primus_perf.devices import current_device
 from primus_perf.kernels.gemm import problem_of, torch_mm
 from primus_perf.kernels.routing import UNSUPPORTED
 from primus_perf.tuner.gemm.online import GemmOnline

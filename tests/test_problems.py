@@ -104,7 +104,7 @@ def test_dtype_names() -> None:
 
 
 def test_a_problems_file_without_problems_or_with_a_yaml_bomb_is_named(tmp_path) -> None:
-    from primus_perf.errors import ConfigError
+    from primus_perf.base.errors import ConfigError
     from primus_perf.problems import load_problems
 
     empty, bomb = tmp_path / "empty.json", tmp_path / "bomb.yaml"
@@ -132,7 +132,7 @@ def test_every_problem_type_checks_its_fields_types_and_sizes(item, said, tmp_pa
     of the wrong type or past what a kernel takes is named, in a problems file too."""
     import json
 
-    from primus_perf.errors import ConfigError
+    from primus_perf.base.errors import ConfigError
     from primus_perf.problems import load_problems, problem_from_item
 
     with pytest.raises(ValueError, match=re.escape(said)):

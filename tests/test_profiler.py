@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from inprocess import completed
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 from primus_perf.profiler.capture import (
     Schedule,
     parse_ranks,

@@ -9,9 +9,9 @@ import torch
 
 import primus_perf
 from enable_fakes import FAKE_KINDS, gemm_entry, launched
+from primus_perf.base.devices import current_device
+from primus_perf.base.errors import OutOfMemory
 from primus_perf.cache.store import TuningCache
-from primus_perf.devices import current_device
-from primus_perf.errors import OutOfMemory
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer

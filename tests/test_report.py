@@ -164,7 +164,7 @@ def test_script_end_tag_in_data_is_escaped(h100: Analysis) -> None:
 
 
 def test_report_of_a_run_without_gpu_kernels_shows_its_problems_with_cpu_times(tmp_path: Path) -> None:
-    from primus_perf.errors import UserError
+    from primus_perf.base.errors import UserError
 
     trace = json.loads(gzip.decompress(H100.read_bytes()))
     trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in ("kernel", "gpu_memcpy",

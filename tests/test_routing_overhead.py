@@ -266,8 +266,8 @@ def test_blaslt_router_keeps_same_shape_signatures_apart_on_the_gpu() -> None:
     own heuristic algorithm, a bias call and a batch-1 3-D call, interleaved; each answer
     matches the fp32 product, the counts per problem are the calls made, and a call with
     an operand on the host goes to torch."""
+    from primus_perf.base.devices import current_device
     from primus_perf.cache.store import CacheEntry
-    from primus_perf.devices import current_device
     from primus_perf.kernels.blaslt.binding import load
 
     def bf16(*shape):
@@ -311,8 +311,8 @@ def test_an_all_default_cache_of_any_kind_installs_no_override(tmp_path: Path) -
 
     import primus_perf
     from enable_fakes import attention_entry
+    from primus_perf.base.devices import current_device
     from primus_perf.cache.store import TuningCache
-    from primus_perf.devices import current_device
     from primus_perf.kernels.attention.router import AttentionChoice, AttentionRouter, problem_of
     from primus_perf.kernels.grouped.router import GroupedChoice, GroupedGemmRouter
     from primus_perf.problems import GroupedGemmProblem

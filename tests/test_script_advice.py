@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import hf_script_traces as hf
-from primus_perf.devices import lookup_peaks
+from primus_perf.base.devices import lookup_peaks
 from primus_perf.tracelens.analyses.recommendations import fused_adam_s
 from primus_perf.tracelens.analyze import Analysis, analyze
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import pytest
 
-from primus_perf.errors import OutOfMemory
+from primus_perf.base.errors import OutOfMemory
 from primus_perf.trainer.config import load_config, read_plan
 from primus_perf.tuner.step.levers import (
     LEVERS,
@@ -191,7 +191,7 @@ def test_a_lever_is_one_registered_record() -> None:
 
 
 def test_a_candidate_the_trainer_cannot_run_is_recorded_and_the_search_goes_on() -> None:
-    from primus_perf.errors import ConfigError
+    from primus_perf.base.errors import ConfigError
 
     class Refusing(ModelStep):
         def switch(self, setting: Setting) -> None:
@@ -208,7 +208,7 @@ def test_a_candidate_the_trainer_cannot_run_is_recorded_and_the_search_goes_on()
 def test_a_candidate_that_diverges_leaves_a_fresh_trainer_and_the_search_goes_on() -> None:
     """optimizer=bf16 makes the loss non-finite and leaves the weights so: every later step
     would diverge too, until the session is rebuilt from its seed."""
-    from primus_perf.errors import DivergedError
+    from primus_perf.base.errors import DivergedError
 
     class Diverging(ModelStep):
         poisoned, resets = False, 0
@@ -236,7 +236,7 @@ def test_under_torchrun_out_of_memory_is_met_by_every_rank_and_the_search_goes_o
     """Every rank of a symmetric layout runs out at the same step (2 H100s under FSDP2: both at
     step 45 of micro-batch 4): the ranks meet in one broadcast, each builds a fresh trainer,
     and the search goes on. Any other failure inside a step stops it in one line."""
-    from primus_perf.errors import UserError
+    from primus_perf.base.errors import UserError
 
     met: list[object] = []
 

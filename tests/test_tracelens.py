@@ -186,7 +186,7 @@ def test_two_ranks_give_per_rank_rows_and_gz_equals_plain(tmp_path: Path) -> Non
 
 
 def test_write_problems_reports_unwritable_path(tmp_path: Path) -> None:
-    from primus_perf.errors import UserError
+    from primus_perf.base.errors import UserError
 
     a = analyze([H100_CUDNN])
     (tmp_path / "f").write_text("x")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 from primus_perf.tracelens.analyze import analyze
 
 H100 = Path(__file__).parent / "data" / "traces" / "h100_llama3-8b_l2_s1024_cudnn.json.gz"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from primus_perf.errors import TraceError
+from primus_perf.base.errors import TraceError
 from primus_perf.tracelens.analyze import analyze
 from primus_perf.tracelens.export import write_csv
 from primus_perf.tracelens.report import build_report

@@ -231,7 +231,7 @@ def test_merged_ranks_read_in_small_pieces_are_the_same(tmp_path: Path, monkeypa
     (["sm89_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize64x64x64"], "sm_89", None),  # an L4 or an L40S: no roof
 ])
 def test_the_device_is_inferred_from_kernel_names(names: list[str], arch: str, peaks: str | None) -> None:
-    from primus_perf.devices import lookup_peaks
+    from primus_perf.base.devices import lookup_peaks
     from primus_perf.tracelens.device_arch import infer_device
 
     got = infer_device([*names, "void at::native::reduce_kernel<512, 1>(Params)"])
@@ -284,7 +284,7 @@ def _at_roof(flops: float, nbytes: float, peak: float, hbm: float, fraction: flo
 
 
 def test_fp32_convolutions_get_precision_and_channels_last_advice(tmp_path: Path) -> None:
-    from primus_perf.devices import lookup_peaks
+    from primus_perf.base.devices import lookup_peaks
 
     a = analyze([_vgg_step(tmp_path / "vgg.json.gz", "NVIDIA H100 80GB HBM3")])
     r = a.recommendations.set_index("lever")

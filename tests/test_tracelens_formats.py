@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from primus_perf.devices import lookup_peaks
+from primus_perf.base.devices import lookup_peaks
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.analyze import analyze
@@ -111,7 +111,7 @@ def test_an_uncompressed_trace_with_an_event_longer_than_the_search_window(tmp_p
 
 
 def test_a_piece_whose_file_went_away_is_one_error_line(tmp_path: Path) -> None:
-    from primus_perf.errors import TraceError
+    from primus_perf.base.errors import TraceError
 
     path = tmp_path / "gone.json"
     path.write_text('{"traceEvents": [{"ph": "X"}, {"ph": "X"}]}')

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from primus_perf.errors import TraceError
+from primus_perf.base.errors import TraceError
 from primus_perf.tracelens.inputs import MANIFEST, discover
 
 TRACES = Path(__file__).parent / "data" / "traces"

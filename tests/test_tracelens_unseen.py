@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from primus_perf.devices import PEAK_TABLE, lookup_peaks
+from primus_perf.base.devices import PEAK_TABLE, lookup_peaks
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.analyze import analyze
 from primus_perf.tracelens.categories import (
@@ -161,7 +161,7 @@ def test_an_array_trace_read_in_small_pieces_is_the_same(tmp_path: Path, monkeyp
 
 
 def test_an_array_trace_cut_inside_an_event_is_one_error(tmp_path: Path) -> None:
-    from primus_perf.errors import TraceError
+    from primus_perf.base.errors import TraceError
 
     path = tmp_path / "cut.json"
     path.write_text("[" + json.dumps(_step(1, 0, 5))[:-7])

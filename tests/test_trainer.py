@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from inprocess import completed, one_process_losses
-from primus_perf.errors import ConfigError
+from primus_perf.base.errors import ConfigError
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import GemmProblem
 from primus_perf.runtime import dispatch

@@ -13,8 +13,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from primus_perf.base.devices import current_device
 from primus_perf.cache.store import TuningCache
-from primus_perf.devices import current_device
 from primus_perf.kernels.attention.backends import sdpa_bshd
 from primus_perf.problems import AttentionProblem, GemmProblem
 from primus_perf.tuner import core, kinds

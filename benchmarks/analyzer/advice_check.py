@@ -22,8 +22,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from primus_perf.devices import current_device, library_versions
-from primus_perf.files import write_json
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.files import write_json
 from primus_perf.profiler.capture import Schedule, capture_trainer
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer

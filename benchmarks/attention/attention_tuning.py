@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from primus_perf.devices import require_gpu
+from primus_perf.base.devices import require_gpu
 from primus_perf.kernels.attention.backends import TRITON
 from primus_perf.kernels.attention.router import AttentionChoice, library_versions
 from primus_perf.problems import AttentionProblem

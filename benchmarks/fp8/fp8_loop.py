@@ -34,8 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.*
 
-from primus_perf.devices import current_device, library_versions
-from primus_perf.files import write_json
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.files import write_json
 from primus_perf.kernels.fp8.plan import library_versions as fp8_versions
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.fp8 import group_of

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from primus_perf.files import write_text
+from primus_perf.base.files import write_text
 from primus_perf.gate.simulation import smallest_window, table
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "gate_simulation" / "cpu.json"

@@ -16,8 +16,8 @@ import time
 
 import torch
 
+from primus_perf.base.devices import current_device
 from primus_perf.cache.store import TuningCache
-from primus_perf.devices import current_device
 from primus_perf.gate.stats import geomean
 from primus_perf.kernels.gemm import GemmRouter, library_versions, problem_of
 from primus_perf.problems import GemmProblem

@@ -33,8 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.*
 
 from benchmarks.moe.moe_grouped_gemm import Case, skewed_counts, smoke_case
-from primus_perf.devices import current_device, library_versions
-from primus_perf.files import write_json
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.files import write_json
 from primus_perf.kernels.grouped import BACKENDS, triton_backend
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.tuner.grouped.space import ONLINE_SEEDS

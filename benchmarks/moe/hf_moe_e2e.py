@@ -54,8 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 import primus_perf
 from benchmarks import ROOT
 from benchmarks.moe.moe_e2e import rotated_blocks
-from primus_perf.devices import current_device, library_versions
-from primus_perf.files import write_json
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.files import write_json
 from primus_perf.kernels.grouped.router import shape_key
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tuner import core

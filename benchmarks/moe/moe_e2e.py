@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from primus_perf.devices import current_device, library_versions
-from primus_perf.files import write_json
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.files import write_json
 from primus_perf.kernels.grouped import problem_of
 from primus_perf.kinds import GROUPED
 from primus_perf.runtime import dispatch

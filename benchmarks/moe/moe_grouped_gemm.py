@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from primus_perf.devices import current_device, library_versions
-from primus_perf.files import write_json
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.files import write_json
 from primus_perf.kernels.grouped import BACKENDS, Backend, triton_backend
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tuner import core

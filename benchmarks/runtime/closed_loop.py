@@ -34,7 +34,7 @@ def capture(trainer, out_dir: Path, steps: int, extra: dict) -> None:
 def run_gpu(args: argparse.Namespace) -> None:
     import torch
 
-    from primus_perf.devices import library_versions
+    from primus_perf.base.devices import library_versions
     from primus_perf.runtime.activate import activate
     from primus_perf.runtime.handle import Handle
     from primus_perf.tracelens.shapes import problems_from_traces

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 import primus_perf
-from primus_perf.devices import current_device, library_versions
-from primus_perf.files import write_json
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.files import write_json
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama_train.py"
 SMOKE = ["--layers", "2", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--hidden", "128",

@@ -48,8 +48,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.*
 
 from benchmarks.moe.moe_e2e import record_calls, rotated_blocks
-from primus_perf.devices import current_device, library_versions
-from primus_perf.files import write_json
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.files import write_json
 from primus_perf.runtime import dispatch
 from primus_perf.runtime.activate import activate
 from primus_perf.trainer.config import load_config
@@ -95,7 +95,7 @@ def tune_grouped(problems: list[Any], cache: Path, args: argparse.Namespace) -> 
 def confirm_in_trainer(preset: str, overrides: list[str], cache: Path, steps: int, say: Any) -> dict[str, Any]:
     """The cache's choices confirmed inside ``steps`` steps of the trainer (the cache is
     rewritten: choices that do not win where they run go back to the default)."""
-    from primus_perf.closed_loop import confirm_trainer
+    from primus_perf.loop.pipeline import confirm_trainer
 
     run = confirm_trainer(preset, overrides, cache, steps=steps, say=lambda m: say(f"  {m}"))
     return {"unseen": run.unseen, "rows": [{"problem": r.problem, "entries": r.entries, **r.verdict.figure()}
@@ -238,7 +238,7 @@ def section_example(args: argparse.Namespace, say: Any) -> list[dict]:
 
 
 def section_loop(args: argparse.Namespace, say: Any) -> list[dict]:
-    from primus_perf.closed_loop import run_loop
+    from primus_perf.loop.pipeline import run_loop
 
     preset, overrides = ("tiny", []) if args.smoke else (
         "llama3-8b", ["model.n_layers=4", "train.seq_len=4096", "train.micro_batch=2"])
@@ -286,7 +286,7 @@ def section_quickstart(args: argparse.Namespace, say: Any) -> list[dict]:
     left behind against no cache in a fresh trainer of the same config, interleaved blocks."""
     import subprocess
 
-    from primus_perf.closed_loop import measure_speedup
+    from primus_perf.loop.pipeline import measure_speedup
 
     cases = SMOKE_QUICKSTART if args.smoke else QUICKSTART
     rows = []

@@ -51,9 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 
 import primus_perf
 from benchmarks.runtime.enable_overhead import SMOKE, interleaved, load_example, spread
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.files import write_json
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.devices import current_device, library_versions
-from primus_perf.files import write_json
 from primus_perf.kernels import gemm
 from primus_perf.kinds import RouterPart
 from primus_perf.runtime import dispatch, native

@@ -44,7 +44,7 @@ import torch
 from benchmarks import ROOT
 from benchmarks.trainer.trainer_tp import run as train
 from primus_perf import TuningCache, analyze
-from primus_perf.files import write_json
+from primus_perf.base.files import write_json
 
 ENV = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", OMP_NUM_THREADS="1")
 

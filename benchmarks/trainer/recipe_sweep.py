@@ -30,9 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.*
 
-from primus_perf.devices import current_device, library_versions
-from primus_perf.errors import ConfigError, OutOfMemory
-from primus_perf.files import write_json
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.errors import ConfigError, OutOfMemory
+from primus_perf.base.files import write_json
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
 from primus_perf.trainer.resources import estimate_memory

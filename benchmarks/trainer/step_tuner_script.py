@@ -28,8 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: benchmarks.*
 
-from primus_perf.devices import library_versions
-from primus_perf.files import write_json
+from primus_perf.base.devices import library_versions
+from primus_perf.base.files import write_json
 
 REPO = Path(__file__).resolve().parents[2]
 CASES: dict[str, dict[str, Any]] = {

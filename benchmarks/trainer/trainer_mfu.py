@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from primus_perf.devices import current_device, lookup_peaks
+from primus_perf.base.devices import current_device, lookup_peaks
 from primus_perf.profiler.capture import Schedule, profile_steps
 from primus_perf.tracelens.analyze import analyze
 from primus_perf.trainer.config import load_config

@@ -29,7 +29,7 @@ import importlib
 import inspect
 from typing import Any
 
-__version__ = "0.1.0"
+from primus_perf.base.entry import VERSION as __version__
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -39,17 +39,17 @@ _EXPORTS: dict[str, str] = {
     "GroupedGemmProblem": "primus_perf.problems",
     "load_problems": "primus_perf.problems",
     # devices and errors
-    "DeviceIdentity": "primus_perf.devices",
-    "current_device": "primus_perf.devices",
-    "UserError": "primus_perf.errors",
-    "ArgumentTypeError": "primus_perf.arguments",
+    "DeviceIdentity": "primus_perf.base.devices",
+    "current_device": "primus_perf.base.devices",
+    "UserError": "primus_perf.base.errors",
+    "ArgumentTypeError": "primus_perf.base.arguments",
     # capture and analysis
     "Schedule": "primus_perf.profiler.capture",
     "capture_trainer": "primus_perf.profiler.capture",
     "profile_steps": "primus_perf.profiler.capture",
     "profile_window": "primus_perf.profiler.capture",
     "capture_program": "primus_perf.profiler.program",
-    "profile_step": "primus_perf.programs",
+    "profile_step": "primus_perf.base.programs",
     "analyze": "primus_perf.tracelens.analyze",
     "Analysis": "primus_perf.tracelens.analyze",
     "build_report": "primus_perf.tracelens.report",
@@ -66,7 +66,7 @@ _EXPORTS: dict[str, str] = {
     # the reference trainer and the whole loop
     "load_config": "primus_perf.trainer.config",
     "Trainer": "primus_perf.trainer.loop",
-    "run_loop": "primus_perf.closed_loop",
+    "run_loop": "primus_perf.loop.pipeline",
     # a user's script: the settings it consents to have tuned (primus-tune step -- script.py)
     "knob": "primus_perf.tuner.step.hooks",
 }
@@ -79,8 +79,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'primus_perf' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
-    if inspect.isfunction(value):  # its arguments' types checked (primus_perf.arguments)
-        from primus_perf.arguments import checked
+    if inspect.isfunction(value):  # its arguments' types checked (primus_perf.base.arguments)
+        from primus_perf.base.arguments import checked
 
         value = checked(value, f"primus_perf.{name}")
     globals()[name] = value

@@ -26,18 +26,9 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from primus_perf.devices import DeviceIdentity
+from primus_perf.base.devices import DeviceIdentity
 from primus_perf.runtime.handle import Handle, rank0_stderr
 from primus_perf.runtime.handle import enable as enable_runtime
-
-
-def online_tuning(**options: Any) -> Any:
-    """The tuner's in-step tuning (``tuner.online.InStepTuning``; ``options``: its
-    ``adapters``, ``policy``, ``clock``), as ``Trainer(cfg, online=...)`` and the runtime's
-    ``enable`` take it."""
-    from primus_perf.tuner.online import InStepTuning
-
-    return InStepTuning(**options)
 
 
 def enable(
@@ -62,6 +53,8 @@ def enable(
     ``online_options``: keywords of the online tuning (``policy``, ``clock``,
     ``adapters``); ``log``: where online tuning's reports go (None: nowhere). Nothing else
     is printed: ``Handle.start_lines()`` and ``end_lines()`` say what happened."""
-    strategy = online_tuning(**dict(online_options or {})) if online else None
+    if online:
+        from primus_perf.tuner.online import InStepTuning
+    strategy = InStepTuning(**dict(online_options or {})) if online else None
     return enable_runtime(cache, strategy, kinds, device_type=device_type, device=device,
                           router_kinds=router_kinds, log=log)

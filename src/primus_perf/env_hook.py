@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import atexit
 
-from primus_perf import environment
+from primus_perf.base import environment
+from primus_perf.base.errors import UserError
 from primus_perf.enabling import enable
-from primus_perf.errors import UserError
 from primus_perf.runtime.handle import rank0_stderr
 
 PTH_LINE = 'import os; os.environ.get("PRIMUS_PERF_CACHE") and __import__("primus_perf.env_hook")'

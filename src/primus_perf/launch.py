@@ -18,9 +18,9 @@ import argparse
 import os
 import sys
 
-from primus_perf import environment
-from primus_perf.errors import UserError
-from primus_perf.programs import run_target
+from primus_perf.base import environment
+from primus_perf.base.errors import UserError
+from primus_perf.base.programs import run_target
 
 USAGE = "python -m primus_perf.launch [--cache PATH] [--online] [--kinds K,..] [--plan PLAN] -- script.py args"
 
@@ -55,7 +55,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def read_plan(path: str) -> dict[str, str]:
     """The levers of a script's step plan (``levers:`` of ``plan.yaml``), as text; UserError for a
     file that is none (a primus-train plan among them: its keys are the trainer's)."""
-    from primus_perf.files import load_yaml, read_input
+    from primus_perf.base.files import load_yaml, read_input
 
     try:
         data = load_yaml(read_input(path, what="step plan", text=True, max_bytes=2**20).decode())
@@ -111,6 +111,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from primus_perf.cli.common import run_app
+    from primus_perf.base.entry import run_main
 
-    run_app(main)
+    run_main(main)

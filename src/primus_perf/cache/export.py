@@ -32,9 +32,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from primus_perf.base.errors import UserError
+from primus_perf.base.files import write_text
 from primus_perf.cache.store import CacheEntry
-from primus_perf.errors import UserError
-from primus_perf.files import write_text
 from primus_perf.problems import GemmProblem
 
 TUNABLEOP_DTYPES = {"bf16": "BFloat16", "f16": "Half", "f32": "float", "f64": "double"}

@@ -32,7 +32,7 @@ behind, write a temporary file in the same folder, fsync it and rename it over t
 writer killed at any point leaves either the old or the new file, never a torn one.
 
 Readers never move or rewrite a file. A file that does not parse is a
-:class:`~primus_perf.errors.CacheError`; a file of a newer schema says so and is left in
+:class:`~primus_perf.base.errors.CacheError`; a file of a newer schema says so and is left in
 place for the newer primus-perf that wrote it. Only a writer holding the lock, after
 re-reading the file under it, sets a corrupt cache aside (``<path>.corrupt-<timestamp>``)
 and reports it; it never overwrites one. A file that is no cache at all (JSON of another
@@ -72,9 +72,9 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from primus_perf import kinds
-from primus_perf.devices import DeviceIdentity
-from primus_perf.errors import CacheError
-from primus_perf.files import check_input_file, load_json, remove_orphaned_temps, write_json
+from primus_perf.base.devices import DeviceIdentity
+from primus_perf.base.errors import CacheError
+from primus_perf.base.files import check_input_file, load_json, remove_orphaned_temps, write_json
 
 SCHEMA_VERSION = 1
 LOCK_TIMEOUT_S = 120.0
@@ -300,7 +300,7 @@ class _Parsed:
 
 def check_cache_file(path: str | os.PathLike) -> Path:
     """A tuning cache named to be read (a command's argument, ``build_report``'s ``cache``): a
-    regular, non-empty file (:func:`~primus_perf.files.check_input_file`), else one UserError.
+    regular, non-empty file (:func:`~primus_perf.base.files.check_input_file`), else one UserError.
     (:class:`TuningCache` itself reads a missing or empty file as an empty cache.)"""
     return check_input_file(path, what="tuning cache")
 

@@ -12,9 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from primus_perf import kinds
+from primus_perf.base.files import write_output
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, console, err_console
 from primus_perf.cli.render import print_table
-from primus_perf.files import write_output
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyses.workload import summary as workload_summary
 from primus_perf.tracelens.analyze import Analysis, analyze

@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
+from primus_perf.base.errors import UserError
 from primus_perf.cli.common import console
-from primus_perf.errors import UserError
 from primus_perf.tracelens.inputs import MANIFEST
 
 
@@ -59,8 +59,8 @@ def register(app: typer.Typer) -> None:
                 raise UserError("--config and --layers are the reference trainer's; a script after -- is run as it is")
             res = capture_program(extra, out, sched, ranks=ranks, on_step=show, overwrite=overwrite, stop=stop)
         else:
-            from primus_perf.enabling import online_tuning
             from primus_perf.profiler.capture import capture_trainer
+            from primus_perf.tuner.online import InStepTuning
 
             if stop:
                 raise UserError("--stop ends your script after its window; the trainer runs the steps it is given")
@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
             if layers is not None:
                 extra.append(f"model.n_layers={layers}")
             res = capture_trainer(config or "tiny", extra, out, sched, ranks=ranks, on_step=show, overwrite=overwrite,
-                                  online=online_tuning())
+                                  online=InStepTuning())
         m = res.manifest
         if not m:
             return  # not rank 0

@@ -11,10 +11,10 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from primus_perf.base.errors import Interrupted
+from primus_perf.base.files import check_writable, write_output
 from primus_perf.cli.common import JSON_HELP, console, err_console
 from primus_perf.cli.render import print_table, step_progress
-from primus_perf.errors import Interrupted
-from primus_perf.files import check_writable, write_output
 from primus_perf.gate.gate import (
     DEFAULT_ALPHA,
     DEFAULT_PROFILE_STEPS,

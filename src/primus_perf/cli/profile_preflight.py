@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         across ranks (under torchrun, any number of nodes): collective bus bandwidth and the
         P2P matrix; the host: CPU, memory, disk, NCCL/RCCL variables. Each figure against
         its expected value and its peers' median. Exit code 1 when a check fails."""
-        from primus_perf.errors import UserError
+        from primus_perf.base.errors import UserError
         from primus_perf.profiler.preflight import preflight
         from primus_perf.profiler.preflight.render import preflight_table, write_json, write_page
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from primus_perf.base.files import write_output
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, console, err_console
 from primus_perf.cli.render import print_table
-from primus_perf.files import write_output
 from primus_perf.tracelens.compare import compare
 from primus_perf.tracelens.report import build_report
 from primus_perf.tracelens.report_html import to_json_text, write_html, write_report_json

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from primus_perf import environment
+from primus_perf.base import environment
 
 UNWRAPPED = 100_000  # the width of a file or pipe without COLUMNS: lines are never wrapped
 

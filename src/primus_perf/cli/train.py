@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
+from primus_perf.base.errors import Interrupted
 from primus_perf.cli.common import VERSION_HELP, console, run_app
-from primus_perf.errors import Interrupted
 
 app = typer.Typer(name="primus-train", add_completion=False, epilog=VERSION_HELP)
 
@@ -48,9 +48,9 @@ def train(
     per step. Under torchrun every rank runs it (rank 0 prints and writes the log).
     Exit codes: 0 done, 2 bad config or environment, 3 the loss became NaN or infinite,
     130 interrupted (Ctrl-C or SIGTERM)."""
-    from primus_perf.enabling import online_tuning
     from primus_perf.trainer.config import load_config, read_plan, with_settings
     from primus_perf.trainer.loop import JsonLog, Trainer
+    from primus_perf.tuner.online import InStepTuning
 
     settings = read_plan(plan) if plan else {}
     if layers is not None:
@@ -63,7 +63,7 @@ def train(
 
         console.print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip(), highlight=False, markup=False)
         return
-    trainer = Trainer(cfg, online=online_tuning() if cfg.tuning.online else None)
+    trainer = Trainer(cfg, online=InStepTuning() if cfg.tuning.online else None)
     done = 0
     try:
         log = JsonLog(json_log) if (json_log and trainer.is_main) else None

@@ -8,9 +8,9 @@ from typing import Any, Optional
 
 import typer
 
+from primus_perf.base.errors import UserError
 from primus_perf.cli.render import print_table
 from primus_perf.cli.tune_kind import CliPart
-from primus_perf.errors import UserError
 from primus_perf.problems import AttentionProblem, canonical_dtype
 from primus_perf.tuner.attention.space import STRATEGIES
 

@@ -74,8 +74,8 @@ def register(app: typer.Typer) -> None:
         TunableOp reads the file named by PYTORCH_TUNABLEOP_FILENAME (by default
         tunableop_results<GPU>.csv, e.g. tunableop_results0.csv) when PYTORCH_TUNABLEOP_ENABLED=1."""
 
+        from primus_perf.base.files import check_writable
         from primus_perf.cache.export import export
-        from primus_perf.files import check_writable
 
         entries = open_cache(path).entries()
         check_writable(out)

@@ -8,9 +8,9 @@ from typing import Any
 
 import typer
 
+from primus_perf.base.errors import UserError
 from primus_perf.cli.common import console
 from primus_perf.cli.tune_kind import CliPart
-from primus_perf.errors import UserError
 from primus_perf.kinds import GROUPED
 
 DEVICES = ("cuda", "cpu")

@@ -25,8 +25,8 @@ from typing import Any, Optional
 import typer
 
 from primus_perf import kinds
+from primus_perf.base.errors import DeviceError, UserError
 from primus_perf.cli.common import console
-from primus_perf.errors import DeviceError, UserError
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def run(kind: kinds.Kind, part: CliPart, values: dict[str, Any]) -> None:
                    on_done=done)
     finally:
         if values["json_out"] is not None:
-            from primus_perf.files import write_json
+            from primus_perf.base.files import write_json
 
             write_json(values["json_out"], [r.to_dict() for r in results], indent=1, default=float)
 

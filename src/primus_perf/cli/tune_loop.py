@@ -45,8 +45,9 @@ def register(app: typer.Typer) -> None:
             TimeElapsedColumn,
         )
 
-        from primus_perf.cli.tune_run import EXIT_INTERRUPTED, RichProgress, results_table
-        from primus_perf.closed_loop import run_loop
+        from primus_perf.base.entry import EXIT_INTERRUPTED
+        from primus_perf.cli.tune_run import RichProgress, results_table
+        from primus_perf.loop.pipeline import run_loop
 
         def say(message: str) -> None:
             console.print(message, highlight=False, soft_wrap=True, markup=False)

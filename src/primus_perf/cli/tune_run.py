@@ -12,13 +12,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from primus_perf.base.devices import require_gpu
+from primus_perf.base.entry import EXIT_INTERRUPTED
 from primus_perf.cli.common import console
 from primus_perf.cli.render import print_table
-from primus_perf.devices import require_gpu
 from primus_perf.tuner import core
 from primus_perf.tuner.multi_gpu import MultiGpuRun, flops_of, tune_on_gpus
 
-EXIT_INTERRUPTED = 130
 EXIT_WORKER_FAILED = 1
 
 

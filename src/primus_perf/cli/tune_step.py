@@ -8,9 +8,9 @@ from typing import Optional
 
 import typer
 
-from primus_perf import environment
+from primus_perf.base import environment
+from primus_perf.base.errors import UserError
 from primus_perf.cli.common import console, err_console
-from primus_perf.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         plan checked against the default's loss and measured against it, interleaved; written
         to --out/plan.yaml for primus-train --plan. Under torchrun every rank runs it."""
         from primus_perf.cli.profile_capture import is_program
-        from primus_perf.closed_loop import step_tune
+        from primus_perf.loop.pipeline import step_tune
         from primus_perf.profiler.capture import prepare_out_dir
         from primus_perf.tuner.step.levers import pick, script_levers
 

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from primus_perf.devices import current_device, library_versions
-from primus_perf.errors import UserError
-from primus_perf.files import write_json
+from primus_perf.base.devices import current_device, library_versions
+from primus_perf.base.errors import UserError
+from primus_perf.base.files import write_json
 from primus_perf.gate.gate import SAMPLES_SCHEMA
 from primus_perf.profiler.capture import Schedule, profile_steps
 from primus_perf.tracelens.analyze import Analysis, analyze

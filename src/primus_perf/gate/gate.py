@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from primus_perf.errors import UserError
-from primus_perf.files import load_json, read_input
+from primus_perf.base.errors import UserError
+from primus_perf.base.files import load_json, read_input
 from primus_perf.gate.stats import (
     bootstrap_ratio_ci,
     coefficient_of_variation,

@@ -42,10 +42,10 @@ def load_problems(path: str | os.PathLike) -> list[Problem]:
     """The problems of a JSON or YAML problems file, in file order: a list, or a mapping with
     a ``problems`` list (``primus-profile shapes`` output, ranked by time); each item as
     :func:`problem_from_item` reads it. A problem listed twice is kept once. The one reader
-    of problems files: every error is a one-line :class:`~primus_perf.errors.ConfigError`
+    of problems files: every error is a one-line :class:`~primus_perf.base.errors.ConfigError`
     naming the file and the item."""
-    from primus_perf.errors import ConfigError, UserError
-    from primus_perf.files import load_json, load_yaml, read_input
+    from primus_perf.base.errors import ConfigError, UserError
+    from primus_perf.base.files import load_json, load_yaml, read_input
 
     p = Path(path)
     try:

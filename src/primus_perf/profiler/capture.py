@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus_perf import environment
-from primus_perf.errors import Interrupted, UserError, interrupts_held
-from primus_perf.files import atomic_open, write_json
+from primus_perf.base import environment
+from primus_perf.base.errors import Interrupted, UserError, interrupts_held
+from primus_perf.base.files import atomic_open, write_json
 from primus_perf.profiler.kineto_marks import kineto_marks_dropped
 from primus_perf.tracelens.inputs import MANIFEST
 
@@ -327,8 +327,8 @@ def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
 def _run_versions() -> dict[str, str]:
     """The run's library versions: ``devices.library_versions()`` and, on a GPU, the BLAS-Lt
     library's (what GEMM cache entries are keyed by, so a report can match them)."""
-    from primus_perf.devices import current_device, library_versions
-    from primus_perf.errors import DeviceError
+    from primus_perf.base.devices import current_device, library_versions
+    from primus_perf.base.errors import DeviceError
 
     versions = library_versions()
     if current_device().vendor != "cpu":
@@ -342,7 +342,7 @@ def _run_versions() -> dict[str, str]:
 def base_manifest(schedule: Schedule, steps: Sequence[dict[str, Any]], *, world_size: int = 1,
                   traced_ranks: Sequence[int] = (0,), extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest fields every capture has (the trainer adds config, tokens/s, MFU)."""
-    from primus_perf.devices import current_device
+    from primus_perf.base.devices import current_device
 
     active = [s["time_s"] for s in steps if s["phase"] == "active"]
     return {
@@ -382,7 +382,7 @@ def capture_trainer(config: str, overrides: Sequence[str], out_dir: str | Path, 
     """Train the reference trainer under the profiler (every rank under torchrun) into a
     run folder (an empty one, or ``overwrite``). Ctrl-C keeps the trace of the active steps
     already recorded (with a manifest of the steps run) and raises
-    :class:`~primus_perf.errors.Interrupted` saying what was written. ``online``: the
+    :class:`~primus_perf.base.errors.Interrupted` saying what was written. ``online``: the
     online tuning a config with ``tuning.online=true`` runs (``Trainer``'s)."""
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer

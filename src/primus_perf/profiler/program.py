@@ -23,8 +23,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from primus_perf import environment
-from primus_perf.errors import Interrupted, UserError
+from primus_perf.base import environment
+from primus_perf.base.errors import Interrupted, UserError
+from primus_perf.base.programs import StepMarks, StopProgram
 from primus_perf.profiler.capture import (
     CaptureResult,
     Schedule,
@@ -35,7 +36,6 @@ from primus_perf.profiler.capture import (
     trace_name,
     write_manifest,
 )
-from primus_perf.programs import StepMarks, StopProgram
 
 
 class _Steps:
@@ -107,7 +107,7 @@ def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedu
     every rank under torchrun; ``stop``: end the program once the schedule's steps are marked
     (its remaining steps not run). The script's exit code other than 0 is raised as SystemExit
     after the run folder is written; Ctrl-C keeps what was recorded (``Interrupted``)."""
-    from primus_perf.programs import run_target
+    from primus_perf.base.programs import run_target
 
     check_target(target)
     rank, world = environment.get("RANK"), environment.get("WORLD_SIZE")
@@ -123,7 +123,7 @@ def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedu
     except StopProgram:  # the schedule's steps are in (stop)
         pass
     except SystemExit as exc:
-        from primus_perf.programs import exit_code as code_of
+        from primus_perf.base.programs import exit_code as code_of
 
         exit_code = code_of(exc)
     except UserError:

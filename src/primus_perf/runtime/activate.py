@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from primus_perf.base.devices import DeviceIdentity, current_device
+from primus_perf.base.errors import DeviceError
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.devices import DeviceIdentity, current_device
-from primus_perf.errors import DeviceError
 from primus_perf.kinds import RouterPart, with_part
 
 NOT_INSTALLED = "not available in this installation"

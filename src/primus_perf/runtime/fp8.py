@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from primus_perf.base.devices import current_device
+from primus_perf.base.errors import UserError
 from primus_perf.cache.store import TuningCache
-from primus_perf.devices import current_device
-from primus_perf.errors import UserError
 from primus_perf.kernels.fp8.linear import convert_linears
 from primus_perf.kernels.fp8.plan import (
     KIND,

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from primus_perf import environment
-from primus_perf.devices import DeviceIdentity
-from primus_perf.errors import CacheError, UserError
+from primus_perf.base import environment
+from primus_perf.base.devices import DeviceIdentity
+from primus_perf.base.errors import CacheError, UserError
 from primus_perf.kinds import RouterPart, with_part
 from primus_perf.runtime import dispatch
 from primus_perf.runtime.activate import NOT_INSTALLED, Activation, activate

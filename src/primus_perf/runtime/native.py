@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from primus_perf import environment
-from primus_perf.devices import gpu_vendor
+from primus_perf.base import environment
+from primus_perf.base.devices import gpu_vendor
 from primus_perf.kernels.gemm import NATIVE_FALLBACK, NATIVE_LAUNCH, NATIVE_PYTHON, NATIVE_TORCH
 from primus_perf.kernels.grouped.passes import inside
 

@@ -76,8 +76,8 @@ import numpy as np
 import pandas as pd
 
 from primus_perf import kinds
-from primus_perf.devices import lookup_peaks
-from primus_perf.errors import TraceError
+from primus_perf.base.devices import lookup_peaks
+from primus_perf.base.errors import TraceError
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.analyses import breakdown as B
 from primus_perf.tracelens.analyses import host as H

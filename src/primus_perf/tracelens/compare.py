@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 from primus_perf.tracelens.analyses.breakdown import steps_in_order
 from primus_perf.tracelens.analyze import Analysis, analyze
 from primus_perf.tracelens.categories import (

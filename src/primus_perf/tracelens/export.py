@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from primus_perf import kinds
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 
 XLSX_MAX_ROWS = 1_048_575  # Excel's sheet limit, less the header row
 _SHEET_BAD = re.compile(r"[\[\]:*?/\\]")

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus_perf.errors import TraceError, UserError
-from primus_perf.files import check_input_file
+from primus_perf.base.errors import TraceError, UserError
+from primus_perf.base.files import check_input_file
 
 MANIFEST = "manifest.json"
 # the step tuner's measurements of a run, beside its traces: {"schema": "primus-perf-step-plan/1",

@@ -20,7 +20,7 @@ where integers are expected) only that chunk is decoded again loosely, and each 
 is converted (``"0x0"`` -> 0) or dropped for its event. The counts are reported once per
 trace (:attr:`RawTrace.notes`). A file is rejected only when it is not a trace: not
 found, bad gzip, truncated or malformed JSON, not UTF-8, no ``traceEvents`` list; each
-gives one :class:`~primus_perf.errors.TraceError` line naming the file.
+gives one :class:`~primus_perf.base.errors.TraceError` line naming the file.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from primus_perf.errors import TraceError
+from primus_perf.base.errors import TraceError
 from primus_perf.tracelens.arrays import member, unique
 
 # ---- event kinds (a small int per event; "cat" spellings of CUDA, ROCm and 2021 traces) --

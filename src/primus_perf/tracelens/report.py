@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from primus_perf import kinds
+from primus_perf.base.devices import lookup_peaks
+from primus_perf.base.errors import UserError
 from primus_perf.cache.store import CacheEntry, TuningCache, check_cache_file
-from primus_perf.devices import lookup_peaks
-from primus_perf.errors import UserError
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyses.hotspots import in_steps
 from primus_perf.tracelens.analyses.recommendations import (

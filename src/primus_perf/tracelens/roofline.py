@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from primus_perf.devices import DevicePeaks
+from primus_perf.base.devices import DevicePeaks
 
 SHOWN_MAX = 1.1  # a fraction of the roofline above this is not printed as one
 # why a row's fraction of the roofline is above 1, by what its inputs show (first that applies)

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from primus_perf import kinds
-from primus_perf.errors import UserError
-from primus_perf.files import write_json
+from primus_perf.base.errors import UserError
+from primus_perf.base.files import write_json
 from primus_perf.problems import Problem
 from primus_perf.tracelens.analyze import Analysis, analyze
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from primus_perf.devices import name_from_properties
+from primus_perf.base.devices import name_from_properties
 from primus_perf.problems import GROUPED_TRACE_OP
 from primus_perf.tracelens import load as L
 from primus_perf.tracelens.arrays import unique, unique_pairs

@@ -9,7 +9,7 @@ A preset name (``tiny``, ``llama3-8b``, ...) resolves to the package data file
 ``primus_perf/trainer/presets/NAME.yaml`` (installed with the wheel); any other argument is
 read as a path. Every key is checked against the dataclass fields: an
 unknown key, a value of the wrong type, or a model that cannot be split over the
-tensor-parallel size raises :class:`~primus_perf.errors.ConfigError` whose message names
+tensor-parallel size raises :class:`~primus_perf.base.errors.ConfigError` whose message names
 the key (the CLI prints it as one line and exits with code 2).
 
 Overrides use dotted keys, e.g. ``train.steps=50`` or ``model.n_layers=4``; the value is
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus_perf.errors import ConfigError, UserError
-from primus_perf.files import check_input_file, load_yaml, read_input
+from primus_perf.base.errors import ConfigError, UserError
+from primus_perf.base.files import check_input_file, load_yaml, read_input
 from primus_perf.kernels.fp8.recipes import RECIPES as FP8_RECIPES
 from primus_perf.kernels.grouped.backends import AUTO as GROUPED_GEMM_AUTO
 from primus_perf.kernels.grouped.backends import BACKENDS as GROUPED_GEMM_BACKENDS

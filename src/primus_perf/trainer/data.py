@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from primus_perf.errors import ConfigError
+from primus_perf.base.errors import ConfigError
 
 MAX_STRIDE = 4
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from primus_perf.errors import ConfigError
+from primus_perf.base.errors import ConfigError
 from primus_perf.kernels.grouped import problem_of
 from primus_perf.kinds import GROUPED
 from primus_perf.problems import GroupedGemmProblem

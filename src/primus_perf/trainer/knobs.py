@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from primus_perf.errors import ConfigError, UserError
+from primus_perf.base.errors import ConfigError, UserError
 from primus_perf.trainer.config import TrainerConfig, accumulation, flat
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.fp8 import BF16, linear_layers, recipe_plan

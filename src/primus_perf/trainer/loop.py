@@ -45,9 +45,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from primus_perf import environment
-from primus_perf.errors import ConfigError, DeviceError, DivergedError, OutOfMemory
-from primus_perf.files import LineLog
+from primus_perf.base import environment
+from primus_perf.base.errors import ConfigError, DeviceError, DivergedError, OutOfMemory
+from primus_perf.base.files import LineLog
 from primus_perf.kernels.grouped.router import TORCH_KERNEL
 from primus_perf.kinds import GROUPED
 from primus_perf.runtime import Handle, OnlineTuning, dispatch, enable
@@ -130,11 +130,11 @@ class Trainer:
 
     def __init__(self, cfg: TrainerConfig, online: OnlineTuning | None = None) -> None:
         """``online``: the tuning ``tuning.online=true`` runs inside the steps, given by the
-        program that starts the trainer (``primus_perf.enabling.online_tuning()``:
+        program that starts the trainer (``primus_perf.tuner.online.InStepTuning()``:
         primus-train and the closed loop give it); the trainer never imports the tuner."""
         if cfg.tuning.online and online is None:
             raise ConfigError("config key 'tuning.online' needs online tuning from the program that starts the"
-                              " trainer: Trainer(cfg, online=primus_perf.enabling.online_tuning())")
+                              " trainer: Trainer(cfg, online=primus_perf.tuner.online.InStepTuning())")
         self.cfg = cfg
         t = cfg.train
         self.device = self._pick_device(t.device)
@@ -229,7 +229,7 @@ class Trainer:
     def _peak_tflops(self) -> float | None:
         if self.device.type != "cuda":
             return None
-        from primus_perf.devices import lookup_peaks
+        from primus_perf.base.devices import lookup_peaks
 
         row = lookup_peaks(self.device_name)
         return row.peak_tflops("bf16") if row is not None else None

@@ -44,7 +44,7 @@ import itertools
 import torch
 from torch import nn
 
-from primus_perf.errors import ConfigError
+from primus_perf.base.errors import ConfigError
 from primus_perf.kernels.autocast import cast_operands
 from primus_perf.kernels.grouped import AUTO, BACKENDS, default_backend
 from primus_perf.kernels.grouped.offsets import known_counts

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from primus_perf import environment
+from primus_perf.base import environment
 from primus_perf.trainer.comm import all_reduce_
 
 _SWAPPED: dict[tuple[type, type], type] = {}

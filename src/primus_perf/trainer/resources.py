@@ -11,7 +11,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from primus_perf.errors import ConfigError
+from primus_perf.base.errors import ConfigError
 from primus_perf.trainer.config import TrainerConfig
 from primus_perf.trainer.flops import is_moe_layer, linear_layers
 from primus_perf.trainer.optim import state_bytes_per_param

@@ -49,9 +49,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from primus_perf.base.devices import DeviceIdentity, current_device
+from primus_perf.base.errors import one_line
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.devices import DeviceIdentity, current_device
-from primus_perf.errors import one_line
 from primus_perf.tuner import measure
 from primus_perf.tuner.decide import DROP_RATIO, MIN_SAVING_S, Rule, decide, judge, paired
 from primus_perf.tuner.measure import Timer

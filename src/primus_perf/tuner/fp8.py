@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from primus_perf.base.devices import current_device
 from primus_perf.cache.store import CacheEntry, TuningCache
-from primus_perf.devices import current_device
 from primus_perf.kernels.fp8.plan import (
     KIND,
     Fp8Plan,

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from primus_perf import kinds as registry
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 from primus_perf.tuner import core
 
 

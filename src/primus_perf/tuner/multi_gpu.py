@@ -56,8 +56,8 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from primus_perf import environment
-from primus_perf.errors import UserError, interrupts_caught, one_line
+from primus_perf.base import environment
+from primus_perf.base.errors import UserError, interrupts_caught, one_line
 from primus_perf.tuner import core
 from primus_perf.tuner.measure import Timer
 
@@ -319,7 +319,7 @@ def tune_on_gpus(
     """Tune ``problems`` on ``gpus`` GPUs, one worker process each, into one ``cache``
     (see the module docstring). ``make_tuner`` and ``worker`` must be picklable (a class,
     a ``functools.partial`` of one, a module-level function)."""
-    from primus_perf.devices import gpu_vendor
+    from primus_perf.base.devices import gpu_vendor
 
     unique = list({_key(p): p for p in problems}.values())
     progress = progress or core.Progress()

@@ -62,9 +62,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from primus_perf import kinds as registry
+from primus_perf.base.devices import DeviceIdentity
+from primus_perf.base.errors import CacheError
 from primus_perf.cache.store import TuningCache
-from primus_perf.devices import DeviceIdentity
-from primus_perf.errors import CacheError
 from primus_perf.kernels.routing import UNSUPPORTED
 from primus_perf.tuner.core import cache_entry, confirmed_entry, solution_of, validate
 from primus_perf.tuner.decide import (

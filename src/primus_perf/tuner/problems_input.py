@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 from primus_perf.problems import Problem, load_problems
 from primus_perf.tuner.kinds import plugins
 

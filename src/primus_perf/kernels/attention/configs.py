@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from primus_perf.devices import shared_memory_per_block
+from primus_perf.base.devices import shared_memory_per_block
 from primus_perf.kernels.triton_launch import options_label
 from primus_perf.problems import AttentionProblem
 

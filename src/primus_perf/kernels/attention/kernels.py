@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_perf.devices import gpu_vendor
+from primus_perf.base.devices import gpu_vendor
 from primus_perf.kernels.attention.configs import (
     BwdConfig,
     FwdConfig,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from primus_perf.errors import CacheError
+from primus_perf.base.errors import CacheError
 from primus_perf.kernels.attention.backends import (
     DEFAULT,
     TRITON,
@@ -37,7 +37,7 @@ VERSIONED_LIBRARIES = ("torch", "triton", "cudnn")
 
 def library_versions() -> dict[str, str]:
     """The library versions an attention cache entry must match: torch, Triton, cuDNN."""
-    from primus_perf.devices import library_versions as all_versions
+    from primus_perf.base.devices import library_versions as all_versions
 
     return {k: v for k, v in all_versions().items() if k in VERSIONED_LIBRARIES}
 

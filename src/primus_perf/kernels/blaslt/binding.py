@@ -4,7 +4,7 @@ Every library call goes through :meth:`BlasLt.call`, which checks its status; a 
 raises :class:`BlasLtError` naming the call and the status. Symbol names, the version query
 and ctypes widths come from the vendor table. A :class:`Plan` (descriptors of one problem)
 is a context manager: ``with lt.plan(p) as plan:`` destroys its descriptors on the way
-out, also on an error. :func:`load` gives one clear :class:`~primus_perf.errors.DeviceError`
+out, also on an error. :func:`load` gives one clear :class:`~primus_perf.base.errors.DeviceError`
 line when there is no GPU or no library.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from primus_perf import environment
-from primus_perf.devices import gpu_vendor
-from primus_perf.errors import DeviceError
+from primus_perf.base import environment
+from primus_perf.base.devices import gpu_vendor
+from primus_perf.base.errors import DeviceError
 from primus_perf.kernels.blaslt.layout import layouts
 from primus_perf.kernels.blaslt.tables import TABLES, VendorTable
 from primus_perf.problems import GemmProblem

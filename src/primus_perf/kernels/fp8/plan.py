@@ -84,7 +84,7 @@ def library_versions() -> dict[str, str]:
     """The versions an ``fp8_plan`` entry must match: torch, its CUDA or HIP, torchao."""
     import importlib.metadata
 
-    from primus_perf.devices import library_versions as all_versions
+    from primus_perf.base.devices import library_versions as all_versions
 
     versions = {k: v for k, v in all_versions().items() if k in VERSIONED_LIBRARIES}
     try:

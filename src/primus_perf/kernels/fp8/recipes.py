@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 
 BF16 = "bf16"  # the plan's name for "this layer stays in high precision"
 

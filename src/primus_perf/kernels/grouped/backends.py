@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
-from primus_perf import environment
+from primus_perf.base import environment
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 
 MmFn = Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]

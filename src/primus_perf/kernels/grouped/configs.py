@@ -5,7 +5,7 @@ combination cannot (or should not) run a problem (shared-memory overflow, accumu
 do not fit the register file, tiles far larger than the problem), before anything is
 launched; the tuner's search space (``tuner/grouped/space.py``) prunes with it. Vendor
 differences are rows of tables: shared memory per architecture
-(:func:`primus_perf.devices.shared_memory_per_block`) and the launch options only ROCm's
+(:func:`primus_perf.base.devices.shared_memory_per_block`) and the launch options only ROCm's
 Triton backend knows (``waves_per_eu``, ``matrix_instr_nonkdim``; ``kernels.triton_launch``
 passes them to the launch only on that vendor).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from primus_perf.devices import shared_memory_per_block
+from primus_perf.base.devices import shared_memory_per_block
 from primus_perf.kernels.triton_launch import options_label
 from primus_perf.problems import DTYPE_BYTES, GroupedGemmProblem, dataclass_from_dict
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from primus_perf.errors import CacheError
+from primus_perf.base.errors import CacheError
 from primus_perf.kernels.grouped.backends import BACKENDS, Backend, triton_backend
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.offsets import Offsets
@@ -46,7 +46,7 @@ TRITON = "triton"
 def library_versions() -> dict[str, str]:
     """The library versions a grouped-GEMM cache entry must match: torch (its CUDA or HIP)
     and Triton."""
-    from primus_perf.devices import library_versions as all_versions
+    from primus_perf.base.devices import library_versions as all_versions
 
     return {k: v for k, v in all_versions().items() if k in VERSIONED_LIBRARIES}
 

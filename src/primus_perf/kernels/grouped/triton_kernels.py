@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from primus_perf.devices import gpu_vendor
+from primus_perf.base.devices import gpu_vendor
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.offsets import derived
 from primus_perf.kernels.triton_launch import launch_options

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from primus_perf.devices import current_device, lookup_peaks
+from primus_perf.base.devices import current_device, lookup_peaks
 from primus_perf.profiler.preflight.checks import Measurement
 
 GEMM_SIZES = (2048, 4096, 8192)

@@ -9,7 +9,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from primus_perf import environment
+from primus_perf.base import environment
 from primus_perf.profiler.preflight.checks import Measurement
 
 GiB = 1 << 30
@@ -57,7 +57,7 @@ def host_facts() -> dict[str, object]:
 def free_disk_gib(path: str | os.PathLike) -> tuple[float, Path]:
     """Free space (GiB) where ``path`` is or will be made: the file system of its nearest
     existing folder, and that folder. One UserError when none can be read."""
-    from primus_perf.errors import UserError
+    from primus_perf.base.errors import UserError
 
     where = Path(path).resolve()
     while not where.exists() and where != where.parent:

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from primus_perf.devices import current_device, gpu_vendor, library_versions, lookup_peaks
+from primus_perf.base.devices import current_device, gpu_vendor, library_versions, lookup_peaks
 from primus_perf.profiler.preflight import comm, gpu, host
 from primus_perf.profiler.preflight.checks import (
     DEFAULT_THRESHOLD,

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from primus_perf import kinds
-from primus_perf.devices import DevicePeaks
+from primus_perf.base.devices import DevicePeaks
 from primus_perf.problems import AttentionProblem
 from primus_perf.tracelens.analyses.hotspots import in_steps
 from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, kernel_category

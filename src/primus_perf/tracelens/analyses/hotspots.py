@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from primus_perf.devices import DevicePeaks
+from primus_perf.base.devices import DevicePeaks
 from primus_perf.tracelens.categories import (
     ATTENTION_BWD,
     ATTENTION_FWD,

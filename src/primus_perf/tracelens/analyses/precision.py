@@ -24,7 +24,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from primus_perf.devices import DevicePeaks
+from primus_perf.base.devices import DevicePeaks
 from primus_perf.tracelens.analyses.hotspots import in_steps
 from primus_perf.tracelens.categories import CONVOLUTION, GEMM, LAYOUT_TRANSPOSE
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from primus_perf import kinds
-from primus_perf.devices import DevicePeaks
+from primus_perf.base.devices import DevicePeaks
 from primus_perf.tracelens.roofline import explain_over, roofline
 
 # the table's columns per kind (the registry's: key, label, the problem's shape, the rest)

@@ -77,7 +77,7 @@ import numpy as np
 import pandas as pd
 
 from primus_perf import kinds
-from primus_perf.devices import DevicePeaks, lookup_peaks
+from primus_perf.base.devices import DevicePeaks, lookup_peaks
 from primus_perf.problems import GemmProblem
 from primus_perf.tracelens.analyses.attention_path import FUSED_FRACTION, off_path
 from primus_perf.tracelens.analyses.breakdown import covered

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from primus_perf.devices import require_gpu
-from primus_perf.errors import UserError
+from primus_perf.base.devices import require_gpu
+from primus_perf.base.errors import UserError
 from primus_perf.kernels.attention.backends import DEFAULT, RACED, TRITON, sdpa_name
 from primus_perf.kernels.attention.configs import HEAD_DIMS, AttnConfig
 from primus_perf.kernels.attention.reference import (

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from primus_perf.errors import one_line
+from primus_perf.base.errors import one_line
 from primus_perf.kernels.attention.configs import (
     AttnConfig,
     BwdConfig,
@@ -294,7 +294,7 @@ def tpe_search(
     try:
         import optuna
     except ImportError:  # pragma: no cover - optuna is in the "tune" extra
-        from primus_perf.errors import UserError
+        from primus_perf.base.errors import UserError
 
         raise UserError("the tpe strategy needs optuna: pip install 'primus-perf[tune]'") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from primus_perf.devices import require_gpu
-from primus_perf.errors import UserError
+from primus_perf.base.devices import require_gpu
+from primus_perf.base.errors import UserError
 from primus_perf.kernels.blaslt.binding import BlasLt, Plan, load
 from primus_perf.kernels.blaslt.guarded import GUARD_BYTES, GuardedMatrix, GuardError
 from primus_perf.kernels.blaslt.layout import layouts, refusal

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from primus_perf.base.devices import gpu_vendor
 from primus_perf.cache.store import ONLINE_SUFFIX
-from primus_perf.devices import gpu_vendor
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.passes import run_offsets, shape_problem_of
 from primus_perf.kernels.grouped.router import GroupedChoice, shape_key

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from primus_perf.devices import require_gpu
-from primus_perf.errors import UserError
+from primus_perf.base.devices import require_gpu
+from primus_perf.base.errors import UserError
 from primus_perf.kernels.grouped.backends import BACKENDS
 from primus_perf.kernels.grouped.configs import GroupedGemmConfig
 from primus_perf.kernels.grouped.passes import run_backend

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from primus_perf import environment
+from primus_perf.base import environment
 
 MICRO_BATCH = "micro_batch"
 
@@ -83,7 +83,7 @@ def knob(name: str, default: Any, *, choices: Any = None) -> Any:
     try:
         return type(default)(value) if default is not None else value
     except (TypeError, ValueError):
-        from primus_perf.errors import UserError
+        from primus_perf.base.errors import UserError
 
         raise UserError(f"knob {name!r}: the plan's value {value!r} is not a {type(default).__name__}") from None
 
@@ -440,7 +440,7 @@ def _apply_fp8(model: Any, blocks_at: str, recipe: str, *, sharded: bool) -> Non
     try:
         convert_to_float8_training(model, module_filter_fn=chosen, config=Float8LinearConfig.from_recipe_name(recipe))
     except Exception as exc:  # an unknown recipe, a device without FP8 GEMMs
-        from primus_perf.errors import one_line
+        from primus_perf.base.errors import one_line
 
         _applied.note("fp8", one_line(exc))
         return

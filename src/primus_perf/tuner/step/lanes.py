@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from primus_perf import environment
+from primus_perf.base import environment
 
 OK, OOM, USER_ERROR, BROKEN = "ok", "oom", "user error", "broken"  # a lane's replies
 START_TIMEOUT_S = 900.0  # a lane's trainer is built (and the first compile may come) within this
@@ -32,7 +32,7 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, Any], warm
     why: the trainer cannot run it here) or (BROKEN, traceback)."""
     session = None
     try:
-        from primus_perf.errors import DivergedError, OutOfMemory, UserError, one_line
+        from primus_perf.base.errors import DivergedError, OutOfMemory, UserError, one_line
         from primus_perf.tuner.step.levers import Setting
         from primus_perf.tuner.step.session import StepSession
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus_perf import environment
+from primus_perf.base import environment
 
 OK, OUT_OF_MEMORY, CANNOT_RUN, TOO_FEW = "ok", "out of memory", "cannot run", "too few steps"
 
@@ -148,8 +148,8 @@ def measure_program(target: Sequence[str], plan: Mapping[str, str], out: str | o
     """Run ``target`` with ``plan`` in this process, timed by its own steps (module docstring);
     the result is written to ``out`` (by every rank: ``out`` on rank 0, ``out.rankN`` on the
     others) and returned."""
-    from primus_perf.errors import one_line
-    from primus_perf.programs import StepMarks, StopProgram, run_target
+    from primus_perf.base.errors import one_line
+    from primus_perf.base.programs import StepMarks, StopProgram, run_target
     from primus_perf.tuner.step import own_flags
 
     target, applied, program = own_flags.install(target, plan)
@@ -193,7 +193,7 @@ def measure_program(target: Sequence[str], plan: Mapping[str, str], out: str | o
         result.peak_gib = torch.cuda.max_memory_allocated() / 2**30
     rank = environment.get("RANK")
     path = Path(out) if rank == 0 else Path(f"{out}.rank{rank}")
-    from primus_perf.files import write_json
+    from primus_perf.base.files import write_json
 
     write_json(path, result.to_dict())
     return result

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
-from primus_perf import environment
+from primus_perf.base import environment
 
 if TYPE_CHECKING:
     from primus_perf.tuner.step.hooks import Applied
@@ -137,7 +137,7 @@ def install(target: Sequence[str], plan: Mapping[str, str]) -> tuple[list[str], 
     try:
         settings = prog.read(args)
     except (Exception, SystemExit) as exc:  # its parser's own error: the program says it again when it runs
-        from primus_perf.errors import one_line
+        from primus_perf.base.errors import one_line
 
         why = f"{prog.name}'s settings could not be read ({one_line(exc) if isinstance(exc, Exception) else exc})"
         for lever in mine:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus_perf.errors import OutOfMemory, UserError
+from primus_perf.base.errors import OutOfMemory, UserError
 from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.step import measured
 from primus_perf.tuner.step.levers import Lever, ScriptContext, Setting, lever_of, script_levers
@@ -406,7 +406,7 @@ def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, say:
     rank in lockstep over a CPU (gloo) process group of their own, rank 0 speaking and writing;
     otherwise the script on the first GPU and, with ``lanes`` (0: every GPU visible, 1: one),
     a lane on each other GPU. This process never starts CUDA: the runs' children hold the GPUs."""
-    from primus_perf import environment
+    from primus_perf.base import environment
 
     world = environment.get("WORLD_SIZE")
     if world > 1:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from primus_perf.errors import ConfigError, DivergedError, OutOfMemory, UserError, one_line
+from primus_perf.base.errors import ConfigError, DivergedError, OutOfMemory, UserError, one_line
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
 from primus_perf.tuner.step import lanes as lanes_mod
 from primus_perf.tuner.step.levers import Lever, Setting, TrainerContext, text

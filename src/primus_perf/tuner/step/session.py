@@ -11,7 +11,7 @@ import gc
 from collections.abc import Sequence
 from typing import Any
 
-from primus_perf.errors import OutOfMemory
+from primus_perf.base.errors import OutOfMemory
 from primus_perf.tuner.step.levers import Setting
 
 RECOMPILES = 64  # compiled code kept per function: micro-batch shapes x recompute modes x FP8 plans

@@ -177,7 +177,7 @@ class StepTuneResult:
 
 
 def where_of(session: StepSession, cache: str | None) -> levers_mod.TrainerContext:
-    from primus_perf.errors import UserError
+    from primus_perf.base.errors import UserError
     from primus_perf.kernels.fp8.recipes import running_formats
 
     tr = session.trainer
@@ -190,7 +190,7 @@ def where_of(session: StepSession, cache: str | None) -> levers_mod.TrainerConte
 
 
 def _world_size() -> int:
-    from primus_perf import environment
+    from primus_perf.base import environment
 
     return environment.get("WORLD_SIZE")
 
@@ -286,7 +286,7 @@ def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: P
         found = measure_groups(trainer, problem, groups, [recipe], blocks=blocks, block_steps=block_steps,
                                settle=settle, say=say)
     except Exception as exc:  # out of memory (the layers' FP8 copies beside the compiled graphs), a library's error
-        from primus_perf.errors import OutOfMemory, one_line
+        from primus_perf.base.errors import OutOfMemory, one_line
 
         if not isinstance(exc, OutOfMemory):
             search.stop_under_torchrun("the FP8 plan per layer group", exc)
@@ -332,7 +332,7 @@ def write_plan(out: Path, result: StepTuneResult, program: Sequence[str] | None 
     with its ``program``) and ``out/step_plan.json``."""
     import yaml
 
-    from primus_perf.files import write_json, write_text
+    from primus_perf.base.files import write_json, write_text
 
     out.mkdir(parents=True, exist_ok=True)
     per = "tokens/s" if result.tokens_per_step else "steps/s"
@@ -386,7 +386,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
     """Search ``config`` + ``overrides``'s step over ``levers`` (default: every registered one)
     within ``budget_min`` minutes, check the plan's loss, measure it against the default and
     write it to ``out``. ``lanes``: devices measuring candidates at once (:func:`lane_devices`)."""
-    from primus_perf.devices import current_device
+    from primus_perf.base.devices import current_device
 
     t0 = time.monotonic()
     levers = trainer_levers() if levers is None else list(levers)

@@ -17,7 +17,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 
 
 class ArgumentTypeError(UserError, TypeError):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primus_perf.devices import gpu_vendor
+from primus_perf.base.devices import gpu_vendor
 from primus_perf.tuner.decide import host_bound
 
 Say = Callable[[str], None]
@@ -98,7 +98,7 @@ def trace_problems(analysis: Any) -> list[Any]:
 def tunable_problems(problems: Sequence[Any], tuners: Mapping[str, Any]) -> tuple[list[Any], list[str]]:
     """The problems their kind's plugin (``tuners``: kind -> plugin, the ones that then tune
     them) takes, and a note for each one it does not."""
-    from primus_perf.errors import UserError
+    from primus_perf.base.errors import UserError
     from primus_perf.tuner.kinds import kind_of
 
     tunable, notes = [], []
@@ -120,13 +120,13 @@ class CacheSteps:
 
     def __init__(self, config: str, overrides: Sequence[str], cache: Path | str, *, blocks: int = 4,
                  block_steps: int = 5, router_kinds: Any = None, say: Say = lambda _m: None) -> None:
-        from primus_perf.enabling import online_tuning
         from primus_perf.runtime.handle import enable
         from primus_perf.trainer.config import load_config
         from primus_perf.trainer.loop import Trainer
+        from primus_perf.tuner.online import InStepTuning
 
         self.blocks, self.block_steps, self.say = blocks, block_steps, say
-        self.trainer = Trainer(load_config(config, overrides), online=online_tuning())
+        self.trainer = Trainer(load_config(config, overrides), online=InStepTuning())
         try:
             self.handle = enable(cache, None, device_type=self.trainer.device.type, router_kinds=router_kinds, log=None)
         except BaseException:
@@ -214,15 +214,15 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
     alternating calls, from the second step on; it stops once every problem has its verdict)
     and correct the cache. ``busy``: the GPU's busy share of a host-bound step.
     Returns the ``tuner.confirm.ConfirmRun``."""
-    from primus_perf.enabling import online_tuning
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.loop import Trainer
     from primus_perf.tuner.confirm import confirm_run
+    from primus_perf.tuner.online import InStepTuning
 
     cfg = load_config(config, overrides)
 
     def run(confirmer: Any) -> int:
-        trainer = Trainer(cfg, online=online_tuning())  # built as the final check builds it
+        trainer = Trainer(cfg, online=InStepTuning())  # built as the final check builds it
         try:
             confirmer.timing = False  # the first step (allocation, library set-up) is not timed
             trainer.train_step()
@@ -256,7 +256,13 @@ def confirm_program(cache: Path | str, target: Sequence[str], *, policy: Any = N
     steps (``programs.DrivenSteps``: it is held at each step's end while the cache is switched):
     kinds that do not win the step are reset to their baseline. The program must run long
     enough: its first step, the confirmation, then 2 x ``blocks`` x (1 + ``block_steps``) steps."""
-    from primus_perf.programs import DrivenSteps, ProgramEnded, StepMarks, exit_code, run_target
+    from primus_perf.base.programs import (
+        DrivenSteps,
+        ProgramEnded,
+        StepMarks,
+        exit_code,
+        run_target,
+    )
     from primus_perf.tuner.confirm import confirm_run
     from primus_perf.tuner.final_check import drop, final_check
     from primus_perf.tuner.measure import blocks as measure_blocks
@@ -280,7 +286,7 @@ def confirm_program(cache: Path | str, target: Sequence[str], *, policy: Any = N
             box["unchecked"] = f"{exc}: the final check needs {2 * blocks * (1 + block_steps)} steps after the" \
                                " confirmation; run the program longer"
         except Exception as exc:  # the program's step failed under a switch: said, the confirmation stands
-            from primus_perf.errors import one_line
+            from primus_perf.base.errors import one_line
 
             box["unchecked"] = f"the final check stopped: {one_line(exc)}"
         finally:
@@ -346,18 +352,18 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
 
 def _kernel_loop(config: str, overrides: Sequence[str], out_dir: str | Path, *, steps: int, budget_s: float,
                  blocks: int, block_steps: int, say: Say, tune_progress: Any, fp8: bool) -> LoopResult:
-    from primus_perf.enabling import online_tuning
     from primus_perf.profiler.capture import Schedule, capture_trainer
     from primus_perf.tracelens.analyze import analyze
     from primus_perf.tracelens.report import report_from_analysis
     from primus_perf.tracelens.report_html import write_html
+    from primus_perf.tuner.online import InStepTuning
 
     out = Path(out_dir)
     run_dir = out / "profile"
     say(f"1/5 training {config} under the profiler -> {run_dir}")
     # the loop owns OUT/profile: a rerun replaces the run it left there
     capture_trainer(config, list(overrides), run_dir, Schedule(active=steps, warmup=1, wait=1, baseline=2, after=1),
-                    overwrite=True, online=online_tuning())
+                    overwrite=True, online=InStepTuning())
     say("2/5 analyzing the trace")
     analysis = analyze([run_dir])
     report = write_html(report_from_analysis(analysis, title=f"{config}: profiled run"), out / "report.html")
@@ -415,7 +421,7 @@ def step_advice(recommendations: Any) -> list[Any]:
     """The analyzer's recommendations that name a lever of the step tuner, as ``Advice`` in
     their rank: each of a recommendation's settings, its value read by the config's schema
     (``train.compile: true`` is ``pointwise``); the estimate goes with the first."""
-    from primus_perf.errors import ConfigError
+    from primus_perf.base.errors import ConfigError
     from primus_perf.trainer.config import SCHEMA
     from primus_perf.tuner.step import Advice
     from primus_perf.tuner.step.levers import lever_of

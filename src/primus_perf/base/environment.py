@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 
 # name -> (type, default, meaning). An int unset or empty is its default; a bool unset is its
 # default, and set, a False default turns True only at "1", a True default False only at "0".

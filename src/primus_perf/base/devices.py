@@ -15,7 +15,7 @@ import importlib.metadata
 import re
 from dataclasses import asdict, dataclass, field
 
-from primus_perf.errors import DeviceError
+from primus_perf.base.errors import DeviceError
 
 
 @dataclass(frozen=True)

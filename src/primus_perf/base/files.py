@@ -9,7 +9,7 @@ no longer runs, or, of another host, one untouched for :data:`ORPHAN_AGE_S`), so
 writers killed with ``kill -9`` do not pile up. The cache, traces,
 manifests, reports, problem and sample files and the trainer's JSON log are written
 through here. A target that cannot be written (read-only, missing folder, permission
-denied, full disk, a directory in the way) is one :class:`~primus_perf.errors.UserError`
+denied, full disk, a directory in the way) is one :class:`~primus_perf.base.errors.UserError`
 naming the path and the reason, and the old file stays byte-for-byte as it was.
 
 :func:`read_input` reads an input file after the one check (:func:`check_input_file`
@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from primus_perf.errors import UserError
+from primus_perf.base.errors import UserError
 
 TEMP_SUFFIX = ".tmp"
 ORPHAN_AGE_S = 3600.0  # a temporary file of another host untouched this long belongs to a killed writer
