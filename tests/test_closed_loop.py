@@ -99,8 +99,8 @@ def test_the_loops_measurement_and_confirmation_run_a_cache_in_the_trainers_step
     from primus_perf.base.devices import current_device
     from primus_perf.cache.store import CacheEntry, TuningCache
     from primus_perf.kernels.attention.router import library_versions
-    from primus_perf.loop.pipeline import confirm_trainer, measure_speedup
     from primus_perf.trainer.flops import attention_problem
+    from primus_perf.tuner.cache_check import confirm_trainer, measure_speedup
 
     torch.set_num_threads(1)
     cfg = load_config("tiny", OVERRIDES)
@@ -130,9 +130,9 @@ def test_the_final_check_leaves_a_cache_that_loses_the_step_routing_nothing(tmp_
     from primus_perf.base.devices import current_device
     from primus_perf.cache.store import CacheEntry, TuningCache
     from primus_perf.kernels.attention.router import library_versions
-    from primus_perf.loop.pipeline import check_cache
     from primus_perf.runtime.activate import activate
     from primus_perf.trainer.flops import attention_problem
+    from primus_perf.tuner.cache_check import check_cache
     from primus_perf.tuner.final_check import NOTHING_KEPT
 
     torch.set_num_threads(1)
@@ -154,7 +154,7 @@ def test_the_final_check_leaves_a_cache_that_loses_the_step_routing_nothing(tmp_
 
 
 def test_the_loss_check_compares_one_batch_and_fails_a_kernel_that_computes_something_else() -> None:
-    from primus_perf.loop.pipeline import SpeedupMeasurement
+    from primus_perf.tuner.cache_check import SpeedupMeasurement
 
     def m(default: float, tuned: float) -> SpeedupMeasurement:
         return SpeedupMeasurement([1.0], [1.0], 1, 0, default, tuned)

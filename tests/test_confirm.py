@@ -540,9 +540,9 @@ def test_the_tiny_trainers_attention_is_confirmed_with_its_backward_and_a_slow_c
     import dataclasses
 
     from primus_perf.kernels.attention.router import library_versions as attention_versions
-    from primus_perf.loop.pipeline import confirm_trainer
     from primus_perf.trainer.config import load_config
     from primus_perf.trainer.flops import attention_problem
+    from primus_perf.tuner.cache_check import confirm_trainer
 
     overrides = ["model.n_layers=2", "train.seq_len=64", "train.micro_batch=2", "train.device=cpu"]
     torch.set_num_threads(1)
@@ -596,7 +596,7 @@ def test_a_scripts_confirmation_ends_with_the_final_check_driven_by_its_own_step
     dropped in the script's steps; then, in the same run, the script is held at each step's
     end while the cache is switched, and the step with it is measured against the step without
     it: the cache left behind routes torch's own SDPA."""
-    from primus_perf.loop.pipeline import confirm_program
+    from primus_perf.tuner.cache_check import confirm_program
 
     torch.set_num_threads(1)
     cache = _script_cache(tmp_path)

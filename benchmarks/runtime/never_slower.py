@@ -95,7 +95,7 @@ def tune_grouped(problems: list[Any], cache: Path, args: argparse.Namespace) -> 
 def confirm_in_trainer(preset: str, overrides: list[str], cache: Path, steps: int, say: Any) -> dict[str, Any]:
     """The cache's choices confirmed inside ``steps`` steps of the trainer (the cache is
     rewritten: choices that do not win where they run go back to the default)."""
-    from primus_perf.loop.pipeline import confirm_trainer
+    from primus_perf.tuner.cache_check import confirm_trainer
 
     run = confirm_trainer(preset, overrides, cache, steps=steps, say=lambda m: say(f"  {m}"))
     return {"unseen": run.unseen, "rows": [{"problem": r.problem, "entries": r.entries, **r.verdict.figure()}
@@ -286,7 +286,7 @@ def section_quickstart(args: argparse.Namespace, say: Any) -> list[dict]:
     left behind against no cache in a fresh trainer of the same config, interleaved blocks."""
     import subprocess
 
-    from primus_perf.loop.pipeline import measure_speedup
+    from primus_perf.tuner.cache_check import measure_speedup
 
     cases = SMOKE_QUICKSTART if args.smoke else QUICKSTART
     rows = []

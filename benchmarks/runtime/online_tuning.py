@@ -150,7 +150,7 @@ def main() -> None:
     from primus_perf import kinds
     from primus_perf.base.devices import current_device, library_versions
     from primus_perf.cache.store import TuningCache
-    from primus_perf.loop.pipeline import confirm_trainer
+    from primus_perf.tuner.cache_check import confirm_trainer
     from primus_perf.tuner.kinds import tune
 
     work = Path(tempfile.mkdtemp(prefix="online_tuning."))

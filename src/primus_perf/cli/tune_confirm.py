@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
             console.print(message, highlight=False, soft_wrap=True, markup=False)
 
         if config is not None:
-            from primus_perf.loop.pipeline import check_cache, confirm_trainer
+            from primus_perf.tuner.cache_check import check_cache, confirm_trainer
 
             run = confirm_trainer(config, extra, cache, steps=steps, policy=policy)
             print_confirmation(run)
@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
         if not extra:
             raise UserError("primus-tune confirm needs a run: --config PRESET [overrides], or a program after --,"
                             " e.g. primus-tune confirm --cache c.json -- train.py")
-        from primus_perf.loop.pipeline import confirm_program
+        from primus_perf.tuner.cache_check import confirm_program
 
         done = confirm_program(cache, extra, policy=policy, blocks=blocks, block_steps=block_steps, say=say)
         run = done.confirmation

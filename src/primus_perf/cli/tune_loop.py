@@ -1,4 +1,4 @@
-"""``primus-tune loop``: the whole loop in one command (``closed_loop.run_loop``)."""
+"""``primus-tune loop``: the whole loop in one command (``loop.pipeline.run_loop``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``primus-tune step``: the whole training step searched at a fixed recipe
-(``closed_loop.step_tune``)."""
+(``loop.pipeline.step_tune``)."""
 
 from __future__ import annotations
 

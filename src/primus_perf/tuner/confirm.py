@@ -4,7 +4,7 @@ it runs.
 An isolated race can pick a kernel whose gain does not hold inside the program's step, next to
 its neighbours. :func:`confirm_run` enables the cache and makes every kind's dispatch hand its
 routed calls to a :class:`Confirmer` (``Dispatch.interpose``) while ``run()`` runs the program's
-steps (the reference trainer: ``closed_loop.confirm_trainer``; any script: ``primus-tune
+steps (the reference trainer: ``cache_check.confirm_trainer``; any script: ``primus-tune
 confirm -- script.py``). Each problem whose cached choice is not the caller's own runs the
 choice and the baseline (torch's kernel; the caller's grouped backend) on alternating calls in
 ABBA pairs, each timed where it runs (``measure.Pairs``); after ``ConfirmPolicy.samples``
