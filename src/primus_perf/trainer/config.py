@@ -272,8 +272,6 @@ def _preset_files() -> dict[str, Any]:
     return {f.name[: -len(".yaml")]: f for f in root.iterdir() if f.name.endswith(".yaml")}
 
 
-def preset_names() -> list[str]:
-    return sorted(_preset_files())
 
 
 def resolve_config_path(name_or_path: str) -> Any:

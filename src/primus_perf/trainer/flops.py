@@ -214,8 +214,3 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     routed experts a token takes) + causal attention (fwd + bwd)."""
     active = matmul_params(cfg) + routed_active_params(cfg)
     return 6 * active + attention_flops_per_step(cfg, 1, seq_len) / seq_len
-
-
-def flops_per_step(cfg: ModelConfig, micro_batch: int, seq_len: int, dp: int = 1) -> float:
-    """Model FLOPs of one optimizer step over all ranks (global batch micro_batch * dp)."""
-    return flops_per_token(cfg, seq_len) * micro_batch * seq_len * dp
