@@ -12,7 +12,7 @@ from primus_perf.kernels.autocast import cast_operands, gemm_dtype
 from primus_perf.kinds import GROUPED
 from primus_perf.trainer.model import linear
 from primus_perf.trainer.moe import grouped_mm
-from test_trainer import routing
+from trainer_runs import routing
 
 COUNTS = (3, 0, 5)
 

@@ -26,7 +26,7 @@ from primus_perf.runtime import dispatch
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
 from primus_perf.trainer.moe import grouped_mm
-from test_trainer import routing
+from trainer_runs import routing
 
 CPU = torch.device("cpu")
 

@@ -28,7 +28,7 @@ from primus_perf.trainer.flops import (
 )
 from primus_perf.trainer.loop import Trainer
 from primus_perf.trainer.moe import MoE, permute, unpermute, update_router_biases
-from test_trainer import _run, routing
+from trainer_runs import _run, routing
 
 
 def _rows(path: Path) -> list[dict]:

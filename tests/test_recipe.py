@@ -16,7 +16,7 @@ from primus_perf.kernels.gemm import problem_of
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.loop import Trainer
 from primus_perf.trainer.resources import estimate_memory
-from test_trainer import _run
+from trainer_runs import _run
 
 STEPS = 4
 
@@ -63,7 +63,7 @@ def test_bf16_moments_step_fsdp2_shards_as_it_steps_whole_tensors(monkeypatch) -
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from primus_perf.trainer.optim import Bf16StateAdamW
-    from test_trainer import _free_port
+    from trainer_runs import _free_port
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))

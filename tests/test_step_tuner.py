@@ -26,7 +26,7 @@ from primus_perf.tuner.step.levers import (
 )
 from primus_perf.tuner.step.search import CANNOT_RUN, DOES_NOT_FIT, OUT_OF_MEMORY, Advice, Search
 from primus_perf.tuner.step.session import interleaved
-from test_trainer import CLI, _free_port
+from trainer_runs import CLI, _free_port
 
 TINY = ["train.global_batch=4", "train.micro_batch=1", "model.n_layers=1", "train.seq_len=32"]
 

@@ -3,15 +3,8 @@ config errors are one line with exit code 2, dispatch routes every GEMM."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import socket
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -20,57 +13,12 @@ from inprocess import completed, one_process_losses
 from primus_perf.base.errors import ConfigError
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import GemmProblem
-from primus_perf.runtime import dispatch
 from primus_perf.trainer.config import load_config
 from primus_perf.trainer.flops import gemm_flops_per_step, model_gemms
 from primus_perf.trainer.loop import Trainer
+from trainer_runs import _run, routing
 
 DATA = Path(__file__).parent / "data" / "corpus.txt"
-CLI = [sys.executable, "-m", "primus_perf.cli.train"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if nproc > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc-per-node={nproc}",
-            "--master-addr=127.0.0.1",
-            f"--master-port={_free_port()}",
-            "-m",
-            "primus_perf.cli.train",
-            *args,
-        ]
-    else:
-        cmd = [*CLI, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-
-
-@contextlib.contextmanager
-def routing(kind: str, router: Any = None, device_type: str = "cpu", backend: str | None = None
-            ) -> Iterator[dispatch.Dispatch]:
-    """``router`` (None: none) in ``kind``'s dispatch, its aten overrides held (the only routing
-    path), for the block; ``backend``: the grouped dispatch's backend meanwhile (what a call
-    without a route runs, as the trainer sets it). The previous router and backend after it."""
-    d = dispatch.of(kind)
-    previous, holder = d.router, object()
-    if backend is not None:
-        d.set_backend(backend, owner=holder)  # the last set runs; released with the hold
-    d.install(router)
-    d.keep_overrides(holder, device_type)
-    try:
-        yield d
-    finally:
-        d.release(holder)
-        d.install(previous)
 
 
 def _losses(path: Path) -> list[float]:
