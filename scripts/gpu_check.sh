@@ -68,8 +68,8 @@ for step in "$@"; do
     recipe-equality)
       python benchmarks/trainer/recipe_sweep.py --equality --out "$OUT/recipe_sweep.json" 2>&1 | tail -3 ;;
     tests-trainer)
-      TRITON_INTERPRET=0 python -m pytest -m gpu -q -p no:cacheprovider tests/test_trainer.py tests/test_moe.py \
-        tests/test_grouped_default.py tests/test_grouped_gemm.py tests/test_fp8_gpu.py tests/test_recipe.py 2>&1 \
+      TRITON_INTERPRET=0 python -m pytest -m gpu -q -p no:cacheprovider tests/trainer/test_trainer.py tests/trainer/test_moe.py \
+        tests/kernels/test_grouped_default.py tests/kernels/test_grouped_gemm.py tests/tuner/test_fp8_gpu.py tests/trainer/test_recipe.py 2>&1 \
         | tee "$OUT/gpu_tests_trainer.log" | tail -8 ;;
     routing)
       python benchmarks/runtime/routing_overhead.py --result "$OUT/routing_overhead.json" 2>&1 | tail -4 ;;
@@ -148,7 +148,7 @@ open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
     eight-checks)
       python benchmarks/trainer/eight_gpus.py --layouts --out "$OUT/eight_gpus" 2>&1 | tail -12 ;;
     fp8-tests)
-      TRITON_INTERPRET=0 python -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8_gpu.py 2>&1 \
+      TRITON_INTERPRET=0 python -m pytest -m gpu -q -p no:cacheprovider tests/tuner/test_fp8_gpu.py 2>&1 \
         | tee "$OUT/fp8_gpu_tests.log" | tail -25 ;;
     fp8)
       python benchmarks/fp8/fp8_loop.py --out "$OUT/fp8_loop.json" 2>&1 | tee "$OUT/fp8_loop.log" | tail -40 ;;
@@ -164,7 +164,7 @@ open(sys.argv[2], 'w'))" /tmp/enable_online.json /tmp/example_problems.json
           2>&1 | tail -2
       fi ;;
     hf-moe)
-      TRITON_INTERPRET=0 python -m pytest tests/test_grouped_intercept.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
+      TRITON_INTERPRET=0 python -m pytest tests/runtime/test_grouped_intercept.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
       python benchmarks/moe/hf_moe_e2e.py --blocks 5 --out "$OUT/hf_moe_e2e.json" 2>&1 | grep -v "^ " | tail -6 ;;
     *) echo "unknown step $step" ;;
   esac

@@ -74,7 +74,7 @@ for p in sys.argv[1:]:
 
 
 def test_the_api_refuses_a_fifo_or_a_device_unread_as_the_command_does(tmp_path) -> None:
-    """What the commands refuse (tests/test_bad_inputs.py: a FIFO, /dev/zero in every file
+    """What the commands refuse (tests/cli/test_bad_inputs.py: a FIFO, /dev/zero in every file
     slot) the API refuses with the same line, before reading anything: no call waits for a
     FIFO's writer or reads /dev/zero to its end (in a process of its own: a call that hangs
     fails the test, with the calls that answered before it)."""
@@ -101,6 +101,6 @@ def test_the_api_refuses_a_fifo_or_a_device_unread_as_the_command_does(tmp_path)
 @pytest.mark.parametrize("overrides,key", [(["train.steps=0"], "train.steps"), (["train.steps=-3"], "train.steps")])
 def test_load_config_refuses_what_primus_train_refuses(overrides: list[str], key: str) -> None:
     """``primus-train ... train.steps=0`` ends with one line naming the key (exit 2:
-    tests/test_bad_inputs.py); the library refuses the same config with the same error."""
+    tests/cli/test_bad_inputs.py); the library refuses the same config with the same error."""
     with pytest.raises(primus_perf.UserError, match=re.escape(f"config key '{key}' must be positive")):
         primus_perf.load_config("tiny", overrides)

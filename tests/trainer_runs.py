@@ -1,14 +1,17 @@
-"""How tests run the reference trainer: its CLI in a subprocess, in one process or under torchrun
-on a free port (:func:`_run`), and a kind's routing held for a block (:func:`routing`)."""
+"""How tests run the commands: a CLI in a subprocess, in one process or under torchrun on a free
+port (:func:`_run`; the trainer's by default), its JSON log's losses (:func:`_losses`), and a
+kind's routing held for a block (:func:`routing`)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from primus_perf.runtime import dispatch
@@ -22,7 +25,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
+def _run(args: list[str], nproc: int = 1, timeout: int = 240, module: str = "primus_perf.cli.train"
+         ) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` (the trainer's CLI by default), under torchrun for ``nproc`` > 1."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if nproc > 1:
         cmd = [
@@ -33,11 +38,11 @@ def _run(args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.Comp
             "--master-addr=127.0.0.1",
             f"--master-port={_free_port()}",
             "-m",
-            "primus_perf.cli.train",
+            module,
             *args,
         ]
     else:
-        cmd = [*CLI, *args]
+        cmd = [sys.executable, "-m", module, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -58,3 +63,7 @@ def routing(kind: str, router: Any = None, device_type: str = "cpu", backend: st
     finally:
         d.release(holder)
         d.install(previous)
+
+
+def _losses(path: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]

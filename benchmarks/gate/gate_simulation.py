@@ -1,7 +1,7 @@
 """The regression gate's error rates in a seeded simulation (CPU, seconds): detection of a
 true +5% change and false alarms with no change, for 5, 10, 20 and 40 samples a side at 2%
 and 10% noise, plus the sample sizes the gate refuses at each alpha. Writes
-``benchmarks/results/gate_simulation/cpu.json``; ``tests/test_gate.py`` holds the key rates.
+``benchmarks/results/gate_simulation/cpu.json``; ``tests/gate/test_gate.py`` holds the key rates.
 
     python benchmarks/gate/gate_simulation.py [--trials 1000]
 """

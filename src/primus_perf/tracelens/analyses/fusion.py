@@ -42,7 +42,7 @@ Checked against ``train.compile=block`` measured by ``primus-tune step`` on H100
 measured; FSDP2 over 2 GPUs 173.1 against 143.5-159.7; over 4 GPUs 111.7 against 159.6 (the
 share beside communication grows with the GPUs); 4 layers at micro-batch 2, 12.6 ms a step
 against 12.7 (101.7 ms over 16 sequences) and 9.5 for ``train.compile=pointwise``, which
-fuses less (``tests/test_analysis_next.py``). On MoE runs the GPU time is estimated, not the
+fuses less (``tests/tracelens/test_analysis_next.py``). On MoE runs the GPU time is estimated, not the
 step's: one GPU, qwen3-30b-a3b 54.3 ms against 57.0 ms less GPU time compiled, mixtral-8x7b
 35.5 against 54.0, while their steps saved 32.6 and 20.7 ms (the host's syncs in every
 layer, where compiled regions break their graphs: the advice says so). A Hugging Face
