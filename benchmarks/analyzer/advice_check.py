@@ -44,11 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
     run = args.out / "run"
     capture_trainer(args.config, args.overrides, run, Schedule(active=args.profile_steps), overwrite=True)
-    say(f"trace written to {run}")
+    log(f"trace written to {run}")
 
     trainer = Trainer(load_config(args.config, args.overrides))
     times: dict[str, list[float]] = {"eager": [], "compile": []}
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer.train_step()
             for _ in range(args.block_steps):
                 times[side].append(trainer.train_step().step_time_s)
-            say(f"block {i + 1}/{2 * args.blocks} ({side}): median "
+            log(f"block {i + 1}/{2 * args.blocks} ({side}): median "
                 f"{statistics.median(times[side][-args.block_steps:]) * 1e3:.2f} ms/step")
     finally:
         trainer.close()
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         "times_s": times, "run": str(run),
     }
     write_json(args.out / "advice_check.json", result)
-    say(f"eager {eager['median_ms']:.2f} ms, compile {comp['median_ms']:.2f} ms: "
+    log(f"eager {eager['median_ms']:.2f} ms, compile {comp['median_ms']:.2f} ms: "
         f"saving {result['measured_saving_ms']['compile']:.2f} ms/step")
     return 0
 

@@ -59,7 +59,7 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 def throughput(preset: str, overrides: list[str], plan: dict[str, str], *, compile: bool, blocks: int,
-               block_steps: int, say: Any) -> dict[str, Any]:
+               block_steps: int, log: Any) -> dict[str, Any]:
     """Tokens/s of the three sides, one trainer switched in place, interleaved blocks."""
     trainer = Trainer(load_config(preset, [*overrides, "train.compile=false", "train.fp8=off"]))
     times: dict[str, list[float]] = {s: [] for s in SIDES}
@@ -80,7 +80,7 @@ def throughput(preset: str, overrides: list[str], plan: dict[str, str], *, compi
                 use(side)
                 trainer.train_step()
                 times[side] += [trainer.train_step().step_time_s for _ in range(block_steps)]
-            say(f"  block {b + 1}/{blocks}: " + ", ".join(
+            log(f"  block {b + 1}/{blocks}: " + ", ".join(
                 f"{s} {statistics.median(times[s][-block_steps:]) * 1e3:.1f} ms" for s in SIDES))
         tokens = trainer.tokens_per_step
     finally:
@@ -89,23 +89,23 @@ def throughput(preset: str, overrides: list[str], plan: dict[str, str], *, compi
     return out
 
 
-def run_config(name: str, preset: str, overrides: list[str], args: argparse.Namespace, say: Any) -> dict[str, Any]:
+def run_config(name: str, preset: str, overrides: list[str], args: argparse.Namespace, log: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     cache = args.out.parent / f"{args.out.stem}_{name}_cache.json"
     cache.unlink(missing_ok=True)
     comp = [f"train.compile={'true' if args.compile else 'false'}"]
-    say(f"{name}: tuning the FP8 plan")
+    log(f"{name}: tuning the FP8 plan")
     res = tune_plan(trainer_sessions(preset, [*overrides, *comp]), trainer_problem, group_of,
                     cache=cache, blocks=args.tune_blocks, block_steps=args.block_steps, settle=1,
-                    plan_blocks=args.tune_blocks, check_steps=args.loss_steps, say=lambda m: say(f"  {m}"))
+                    plan_blocks=args.tune_blocks, check_steps=args.loss_steps, log=lambda m: log(f"  {m}"))
     for line in res.lines():
-        say(f"  {line}")
+        log(f"  {line}")
     if res.refused:
-        say(f"  {res.refused}")
+        log(f"  {res.refused}")
     tuned_s = time.perf_counter() - t0
-    say(f"{name}: tokens/s, interleaved")
+    log(f"{name}: tokens/s, interleaved")
     tps = throughput(preset, overrides, res.plan.layers, compile=args.compile, blocks=args.blocks,
-                     block_steps=args.block_steps, say=say)
+                     block_steps=args.block_steps, log=log)
     loss: dict[str, Any] = {"steps": args.loss_steps}
     if res.losses:
         a, b = res.losses["bf16"][-1], res.losses["fp8"][-1]
@@ -127,7 +127,7 @@ def run_config(name: str, preset: str, overrides: list[str], args: argparse.Name
         "loss": loss, "tune_s": tuned_s, "elapsed_s": time.perf_counter() - t0,
     }
     s = row["speedup"]
-    say(f"{name}: fp8+compile {s['fp8_compile_vs_bf16_eager']:.3f}x of bf16 eager "
+    log(f"{name}: fp8+compile {s['fp8_compile_vs_bf16_eager']:.3f}x of bf16 eager "
         f"(compile alone {s['bf16_compile_vs_bf16_eager']:.3f}x); loss at step {args.loss_steps}: "
         + (f"bf16 {loss['bf16_at_step']:.4f}, FP8 {loss['fp8_at_step']:.4f} ({loss['rel_diff_at_step']:.2%})"
            if res.losses else "no FP8 layer") + f"; {row['elapsed_s']:.0f} s")
@@ -138,7 +138,7 @@ MOE = ("qwen3-30b-a3b", ["model.n_layers=2", "train.seq_len=4096", "train.micro_
                           "model.moe.grouped_gemm_backend=grouped_mm"])
 
 
-def moe_grouped(args: argparse.Namespace, say: Any) -> dict[str, Any]:
+def moe_grouped(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     """Step times with the MoE expert GEMMs on grouped_mm and on fp8_rowwise, interleaved."""
     from primus_perf.kernels.grouped.backends import BACKENDS
     from primus_perf.kernels.grouped.fp8 import FP8_BACKENDS
@@ -158,7 +158,7 @@ def moe_grouped(args: argparse.Namespace, say: Any) -> dict[str, Any]:
                 trainer.train_step()
             except Exception as exc:  # the reason FP8 grouped GEMMs do not run is the result
                 why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                say(f"moe: {side} failed: {why}")
+                log(f"moe: {side} failed: {why}")
                 return {"preset": preset, "overrides": overrides, "error": why}
         for b in range(args.blocks):
             for side in times:
@@ -169,7 +169,7 @@ def moe_grouped(args: argparse.Namespace, say: Any) -> dict[str, Any]:
                     r = trainer.train_step()
                     times[side].append(r.step_time_s)
                     losses[side].append(r.loss)
-            say(f"  moe block {b + 1}/{args.blocks}: " + ", ".join(
+            log(f"  moe block {b + 1}/{args.blocks}: " + ", ".join(
                 f"{s} {statistics.median(t[-args.block_steps:]) * 1e3:.1f} ms" for s, t in times.items()))
         kernels = {}
         for side in times:  # where each side's GPU time goes: the measured reason for the ratio
@@ -177,15 +177,15 @@ def moe_grouped(args: argparse.Namespace, say: Any) -> dict[str, Any]:
                 m.backend = side
             trainer.train_step()
             kernels[side] = kernel_breakdown(trainer, steps=2)
-            say(f"  moe {side} kernels per step: " + ", ".join(
+            log(f"  moe {side} kernels per step: " + ", ".join(
                 f"{c} {ms:.1f} ms" for c, ms in kernels[side]["by_category_ms"].items()))
     finally:
         trainer.close()
     g, f = statistics.median(times["grouped_mm"]), statistics.median(times["fp8_rowwise"])
-    say(f"moe: fp8_rowwise {g / f:.3f}x of grouped_mm ({f * 1e3:.1f} vs {g * 1e3:.1f} ms/step)")
+    log(f"moe: fp8_rowwise {g / f:.3f}x of grouped_mm ({f * 1e3:.1f} vs {g * 1e3:.1f} ms/step)")
     delta = {c: kernels["fp8_rowwise"]["by_category_ms"].get(c, 0.0) - kernels["grouped_mm"]["by_category_ms"].get(c, 0.0)
              for c in CATEGORIES}
-    say("moe: fp8_rowwise minus grouped_mm, GPU ms per step: " + ", ".join(f"{c} {d:+.1f}" for c, d in delta.items()))
+    log("moe: fp8_rowwise minus grouped_mm, GPU ms per step: " + ", ".join(f"{c} {d:+.1f}" for c, d in delta.items()))
     return {"preset": preset, "overrides": overrides, "step_ms": {k: _stats(v) for k, v in times.items()},
             "speedup_fp8_vs_grouped_mm": g / f, "losses": losses, "kernels": kernels,
             "fp8_minus_bf16_ms_per_step": delta,
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--moe", action="store_true", help="also the MoE FP8 grouped GEMMs (qwen3-30b-a3b)")
     ap.add_argument("--smoke", action="store_true", help="tiny preset on the CPU, a few steps, compile off")
     args = ap.parse_args(argv)
-    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     configs = CONFIGS
     args.compile = True
     if args.smoke:
@@ -256,12 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in args.configs:
         preset, overrides = configs[name]
-        doc["configs"].append(run_config(name, preset, list(overrides), args, say))
+        doc["configs"].append(run_config(name, preset, list(overrides), args, log))
         write_json(args.out, doc)  # what is done so far survives a later failure
     if args.moe and not args.smoke:
-        doc["moe"] = moe_grouped(args, say)
+        doc["moe"] = moe_grouped(args, log)
         write_json(args.out, doc)
-    say(f"written {args.out}")
+    log(f"written {args.out}")
     return 0
 
 

@@ -92,12 +92,12 @@ def tune_grouped(problems: list[Any], cache: Path, args: argparse.Namespace) -> 
               budget_s=args.budget_s)
 
 
-def confirm_in_trainer(preset: str, overrides: list[str], cache: Path, steps: int, say: Any) -> dict[str, Any]:
+def confirm_in_trainer(preset: str, overrides: list[str], cache: Path, steps: int, log: Any) -> dict[str, Any]:
     """The cache's choices confirmed inside ``steps`` steps of the trainer (the cache is
     rewritten: choices that do not win where they run go back to the default)."""
     from primus_perf.tuner.cache_check import confirm_trainer
 
-    run = confirm_trainer(preset, overrides, cache, steps=steps, say=lambda m: say(f"  {m}"))
+    run = confirm_trainer(preset, overrides, cache, steps=steps, log=lambda m: log(f"  {m}"))
     return {"unseen": run.unseen, "rows": [{"problem": r.problem, "entries": r.entries, **r.verdict.figure()}
                                            for r in run.rows]}
 
@@ -150,14 +150,14 @@ def release_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def moe_case(case: str, preset: str, overrides: list[str], args: argparse.Namespace, tmp: Path, say: Any) -> dict:
+def moe_case(case: str, preset: str, overrides: list[str], args: argparse.Namespace, tmp: Path, log: Any) -> dict:
     cache = tmp / f"{case.replace('/', '_')}.json"
     default, problems, calls = recorded(preset, overrides, args.record_steps)
     release_device_memory()
-    say(f"{case}: {len(problems)} grouped problems; default backend {default}; tuning")
+    log(f"{case}: {len(problems)} grouped problems; default backend {default}; tuning")
     tune_grouped(problems, cache, args)
     release_device_memory()
-    confirmed = confirm_in_trainer(preset, overrides, cache, args.confirm_steps, say)
+    confirmed = confirm_in_trainer(preset, overrides, cache, args.confirm_steps, log)
     release_device_memory()
     sides = (*FIXED, "tuned")
     trainer = Trainer(load_config(preset, overrides))
@@ -197,25 +197,25 @@ def moe_case(case: str, preset: str, overrides: list[str], args: argparse.Namesp
         "routed_calls": sum(summary.get("routed", {}).values()),
         "fallback_calls": sum(summary.get("fallback", {}).values()),
     }
-    say(f"{case}: tuned {med['tuned']:.2f} ms; " + ", ".join(f"{s} {med[s]:.2f}" for s in FIXED)
+    log(f"{case}: tuned {med['tuned']:.2f} ms; " + ", ".join(f"{s} {med[s]:.2f}" for s in FIXED)
         + f"; tuned {row['tuned_vs_fastest_fixed']:.3f}x of the fastest fixed ({fastest}), bar {row['bar']}")
     return row
 
 
-def section_moe(args: argparse.Namespace, say: Any) -> list[dict]:
+def section_moe(args: argparse.Namespace, log: Any) -> list[dict]:
     cases = SMOKE_CASES if args.smoke else MOE_CASES
     chosen = args.cases or list(cases)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in chosen:
             preset, overrides = cases[case]
-            rows.append(moe_case(case, preset, overrides, args, Path(tmp), say))
+            rows.append(moe_case(case, preset, overrides, args, Path(tmp), log))
             release_device_memory()
             yield_rows(args, rows)
     return rows
 
 
-def section_example(args: argparse.Namespace, say: Any) -> list[dict]:
+def section_example(args: argparse.Namespace, log: Any) -> list[dict]:
     import primus_perf
     from benchmarks.runtime.enable_overhead import SMOKE, interleaved, load_example
 
@@ -229,7 +229,7 @@ def section_example(args: argparse.Namespace, say: Any) -> list[dict]:
     times = interleaved(lambda i: example.step(model, opt, margs, i),
                         lambda: primus_perf.enable(str(args.cache), log=None), args.pairs, args.block, start=2)
     on, off = spread_ms(times["on"]), spread_ms(times["off"])
-    say(f"example: enable+cache {on['median_ms']:.2f} ms, without {off['median_ms']:.2f} ms "
+    log(f"example: enable+cache {on['median_ms']:.2f} ms, without {off['median_ms']:.2f} ms "
         f"({off['median_ms'] / on['median_ms']:.4f}x)")
     return [{"case": "examples/llama_train.py under enable()", "tuned_ms": on["median_ms"],
              "baselines": {"no enable": off["median_ms"]}, "spread": {"tuned": on, "no enable": off},
@@ -237,21 +237,21 @@ def section_example(args: argparse.Namespace, say: Any) -> list[dict]:
              "cache": read_json(args.cache), "pairs": args.pairs, "block": args.block}]
 
 
-def section_loop(args: argparse.Namespace, say: Any) -> list[dict]:
+def section_loop(args: argparse.Namespace, log: Any) -> list[dict]:
     from primus_perf.loop.pipeline import run_loop
 
     preset, overrides = ("tiny", []) if args.smoke else (
         "llama3-8b", ["model.n_layers=4", "train.seq_len=4096", "train.micro_batch=2"])
     with tempfile.TemporaryDirectory() as tmp:
         res = run_loop(preset, overrides, tmp, budget_s=args.budget_s, blocks=args.blocks,
-                       block_steps=args.block_steps, say=say)
+                       block_steps=args.block_steps, log=log)
         m = res.measurement
         if m is None:
-            say(f"loop: no measurement ({res.tuning_skipped})")
+            log(f"loop: no measurement ({res.tuning_skipped})")
             return []
         cache = read_json(res.cache) if res.cache else None
     t, d = spread_ms(m.tuned_s), spread_ms(m.default_s)
-    say(f"loop: tuned {t['median_ms']:.2f} ms, torch {d['median_ms']:.2f} ms ({m.speedup:.4f}x)")
+    log(f"loop: tuned {t['median_ms']:.2f} ms, torch {d['median_ms']:.2f} ms ({m.speedup:.4f}x)")
     return [{"case": f"primus-tune loop {preset} " + " ".join(overrides), "tuned_ms": t["median_ms"],
              "baselines": {"torch": d["median_ms"]}, "spread": {"tuned": t, "torch": d},
              "tuned_vs_fastest_fixed": m.speedup, "bar": 0.995, "routed_calls": m.routed_calls,
@@ -281,7 +281,7 @@ def loop_figure(log: str) -> dict[str, Any]:
             "dropped": [ln for ln in log.splitlines() if ln.startswith("final check: dropped")]}
 
 
-def section_quickstart(args: argparse.Namespace, say: Any) -> list[dict]:
+def section_quickstart(args: argparse.Namespace, log: Any) -> list[dict]:
     """``primus-tune loop`` run as a command (its own process, its own output), then the cache it
     left behind against no cache in a fresh trainer of the same config, interleaved blocks."""
     import subprocess
@@ -294,7 +294,7 @@ def section_quickstart(args: argparse.Namespace, say: Any) -> list[dict]:
         preset, overrides = cases[case]
         out = (args.workdir / case).resolve()
         cmd = [sys.executable, "-m", "primus_perf.cli.tune", "loop", "--config", preset, "--out", str(out), *overrides]
-        say(f"{case}: {' '.join(cmd[2:])}")
+        log(f"{case}: {' '.join(cmd[2:])}")
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout_s)
         minutes = (time.monotonic() - t0) / 60
@@ -316,10 +316,10 @@ def section_quickstart(args: argparse.Namespace, say: Any) -> list[dict]:
                                     "blocks": args.blocks, "block_steps": block_steps,
                                     "losses_match": m.losses_match},
                        cache=read_json(cache))
-            say(f"{case}: loop said {row['loop']['line']!r}; the cache it left: {m.speedup:.4f}x of no cache"
+            log(f"{case}: loop said {row['loop']['line']!r}; the cache it left: {m.speedup:.4f}x of no cache"
                 f" ({t['median_ms']:.2f} vs {d['median_ms']:.2f} ms), {m.routed_calls} routed calls")
         else:
-            say(f"{case}: no cache left (exit {proc.returncode}): {log.strip().splitlines()[-1] if log.strip() else ''}")
+            log(f"{case}: no cache left (exit {proc.returncode}): {log.strip().splitlines()[-1] if log.strip() else ''}")
         rows.append(row)
         release_device_memory()
         yield_rows(args, rows)
@@ -359,13 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         args.pairs, args.block, args.max_configs, args.budget_s = 1, 1, 1, 0.05
     elif not torch.cuda.is_available():
         raise SystemExit("never_slower measures a GPU; use --smoke on the CPU")
-    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.workdir.mkdir(parents=True, exist_ok=True)
     rows = {"moe": section_moe, "example": section_example, "loop": section_loop,
-            "quickstart": section_quickstart}[args.section](args, say)
+            "quickstart": section_quickstart}[args.section](args, log)
     yield_rows(args, rows)
-    say(f"written {args.out}")
+    log(f"written {args.out}")
     return 0
 
 

@@ -144,7 +144,7 @@ def test_the_final_check_leaves_a_cache_that_loses_the_step_routing_nothing(tmp_
                                       solution={"config": {"backend": "sdpa:math"}, "blob": b""}))
     said: list[str] = []
     check, measurement = check_cache("tiny", OVERRIDES, cache, blocks=2, block_steps=2,
-                                     router_kinds=slow_backward_kinds(), say=said.append)
+                                     router_kinds=slow_backward_kinds(), log=said.append)
     assert measurement is None and check.kept == () and check.dropped == {"attention": 1}
     assert [r.kinds for r in check.rounds] == [("attention",)] and not check.rounds[0].verdict.kept
     assert check.lines()[-1] == f"speedup with the cache: {NOTHING_KEPT}" and said

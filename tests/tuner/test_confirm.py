@@ -603,7 +603,7 @@ def test_a_scripts_confirmation_ends_with_the_final_check_driven_by_its_own_step
     said: list[str] = []
     done = confirm_program(cache, [str(tmp_path / "train.py"), "--steps", "40"], blocks=2, block_steps=2,
                            policy=ConfirmPolicy(samples=8, warmup=1), router_kinds=slow_backward_kinds(),
-                           say=said.append)
+                           log=said.append)
     assert [r.verdict.status for r in done.confirmation.rows] == [DROPPED] and done.unchecked == ""
     assert done.final is not None and [r.kinds for r in done.final.rounds][:1] == [("attention",)]
     assert any(line.startswith("final check: the cache") for line in said), said

@@ -276,7 +276,7 @@ def test_a_real_search_of_a_script_finds_its_plan_checks_its_loss_and_launch_run
     target = [str(script), "--steps", "1000"]
     said: list[str] = []
     res = tune_script(target, out, levers=[LEVERS["micro_batch"].for_script(), LEVERS["recompute"].for_script()],
-                      budget_min=5, warmup=2, steps=3, passes=1, final_blocks=2, profile=False, say=said.append)
+                      budget_min=5, warmup=2, steps=3, passes=1, final_blocks=2, profile=False, log=said.append)
     assert res.plan.values == {"micro_batch": "8"}, res.lines()
     assert res.verdict is not None and res.verdict.kept and res.speedup > 1.1
     assert res.guard is not None and res.guard.passed

@@ -120,7 +120,7 @@ def test_each_figure_says_what_it_is_measured_against() -> None:
 
     said: list[str] = []
     search = Search(ModelStep(START), [LEVERS[n] for n in ("micro_batch", "compile", "recompute", "fp8", "optimizer")],
-                    WHERE, blocks=2, block_steps=2, fits=_fits, say=said.append)
+                    WHERE, blocks=2, block_steps=2, fits=_fits, log=said.append)
     res = search.run(START)
     product = 1.0
     for t in search.chosen:
@@ -331,7 +331,7 @@ def test_lanes_measure_a_levers_values_at_once_and_a_broken_lane_leaves_the_sear
     session = ModelStep(START)
     said: list[str] = []
     search = Search(session, [LEVERS[n] for n in ("micro_batch", "compile", "recompute", "fp8", "optimizer")],
-                    WHERE, blocks=2, block_steps=2, fits=_fits, lanes=[broken, good], say=said.append)
+                    WHERE, blocks=2, block_steps=2, fits=_fits, lanes=[broken, good], log=said.append)
     res = search.run(START)
     alone, _ = _search()
     assert res.best.values == alone.best.values
@@ -417,7 +417,7 @@ def test_the_fp8_plan_per_layer_group_is_measured_under_the_plans_settings(tmp_p
     torch.set_num_threads(1)
     said: list[str] = []
     res = tune_step("tiny", [*TINY, "model.dim=64", "model.ffn_dim=128"], out=tmp_path, levers=[LEVERS["fp8"]],
-                    blocks=2, block_steps=1, final_blocks=2, check_steps=3, say=said.append)
+                    blocks=2, block_steps=1, final_blocks=2, check_steps=3, log=said.append)
     assert {t.value: t.status for t in res.search.trials} == {"tensorwise": "dropped", "rowwise": "dropped"}
     groups = [line for line in said if line.startswith(("attention.", "mlp.", "output "))]
     assert len(groups) == 5 and all(line.endswith("dropped") for line in groups)

@@ -15,6 +15,7 @@ from primus_perf.base.errors import Interrupted, UserError
 
 VERSION = "0.1.0"  # primus_perf.__version__; pyproject.toml's version says the same
 EXIT_INTERRUPTED = Interrupted.exit_code  # Ctrl-C or SIGTERM
+Log = Callable[[str], None]  # where a long job's progress goes, a line at a time (a command prints it)
 
 
 def version_line() -> str:

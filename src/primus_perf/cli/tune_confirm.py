@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
         policy = ConfirmPolicy(samples=samples, warmup=warmup, margin=margin)
         extra = list(args or ())
 
-        def say(message: str) -> None:
+        def log(message: str) -> None:
             console.print(message, highlight=False, soft_wrap=True, markup=False)
 
         if config is not None:
@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
             print_confirmation(run)
             if run.interrupted:
                 raise typer.Exit(EXIT_INTERRUPTED)
-            final, _ = check_cache(config, extra, cache, blocks=blocks, block_steps=block_steps, say=say)
+            final, _ = check_cache(config, extra, cache, blocks=blocks, block_steps=block_steps, log=log)
             print_final(final)
             return
         if not extra:
@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
                             " e.g. primus-tune confirm --cache c.json -- train.py")
         from primus_perf.tuner.cache_check import confirm_program
 
-        done = confirm_program(cache, extra, policy=policy, blocks=blocks, block_steps=block_steps, say=say)
+        done = confirm_program(cache, extra, policy=policy, blocks=blocks, block_steps=block_steps, log=log)
         run = done.confirmation
         print_confirmation(run)
         if done.final is not None:

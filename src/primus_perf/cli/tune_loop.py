@@ -49,14 +49,14 @@ def register(app: typer.Typer) -> None:
         from primus_perf.cli.tune_run import RichProgress, results_table
         from primus_perf.loop.pipeline import run_loop
 
-        def say(message: str) -> None:
+        def log(message: str) -> None:
             console.print(message, highlight=False, soft_wrap=True, markup=False)
 
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
                       transient=True) as bar:
             res = run_loop(config, list(overrides or []), out, steps=steps, budget_s=budget_s, blocks=blocks,
-                           say=say, tune_progress=RichProgress(bar, lambda _r: None), fp8=fp8, step=step,
+                           log=log, tune_progress=RichProgress(bar, lambda _r: None), fp8=fp8, step=step,
                            step_budget_min=step_budget_min)
         step = f"{res.step_time_s * 1e3:.2f} ms/step" if res.step_time_s else "step time n/a"
         counts = [f"{n} {kinds.get(kind).title}" for kind, n in res.problems.items()

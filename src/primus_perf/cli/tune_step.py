@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"{cache}: no such file", param_hint="--cache")
         prepare_out_dir(out, overwrite=overwrite)
 
-        def say(message: str) -> None:
+        def log(message: str) -> None:
             console.print(message, highlight=False, soft_wrap=True, markup=False)
 
         if script:
@@ -81,12 +81,12 @@ def register(app: typer.Typer) -> None:
             from primus_perf.tuner.step.script import tune_program
 
             check_target(args)
-            res = tune_program(args, out, lanes=lanes, say=say, levers=chosen,
+            res = tune_program(args, out, lanes=lanes, log=log, levers=chosen,
                                cache=str(cache.resolve()) if cache else None, budget_min=budget_min,
                                warmup=warmup_steps, steps=run_steps, blocks=runs, final_blocks=final_blocks,
                                profile=profile, timeout_s=run_timeout_min * 60)
         else:
-            res = step_tune(config, args, out, profile=profile, say=say, levers=chosen,
+            res = step_tune(config, args, out, profile=profile, log=log, levers=chosen,
                             cache=str(cache.resolve()) if cache else None, budget_min=budget_min, blocks=blocks,
                             block_steps=block_steps, final_blocks=final_blocks, check_steps=check_steps,
                             overwrite=overwrite, lanes=lanes)

@@ -24,15 +24,14 @@ the step tuner, if asked. Everything the CLI prints comes from the returned :cla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from primus_perf.base.devices import gpu_vendor
+from primus_perf.base.entry import Log
 from primus_perf.tuner.decide import host_bound
-
-Say = Callable[[str], None]
 
 
 @dataclass
@@ -95,7 +94,7 @@ class _Run:
     overrides: tuple[str, ...]
     out: Path
     options: dict[str, Any]
-    say: Say
+    log: Log
     result: Any = None  # LoopResult, from the analysis stage on
     analysis: Any = None
     tunable: list[Any] = field(default_factory=list)
@@ -107,7 +106,7 @@ def _profile(run: _Run, mark: str) -> None:
     from primus_perf.tuner.online import InStepTuning
 
     run_dir = run.out / "profile"
-    run.say(f"{mark} training {run.config} under the profiler -> {run_dir}")
+    run.log(f"{mark} training {run.config} under the profiler -> {run_dir}")
     # the loop owns OUT/profile: a rerun replaces the run it left there
     capture_trainer(run.config, list(run.overrides), run_dir,
                     Schedule(active=run.options["steps"], warmup=1, wait=1, baseline=2, after=1),
@@ -121,7 +120,7 @@ def _analyze(run: _Run, mark: str) -> str | None:
     from primus_perf.tracelens.report_html import write_html
     from primus_perf.tuner.kinds import default_tuners
 
-    run.say(f"{mark} analyzing the trace")
+    run.log(f"{mark} analyzing the trace")
     run_dir = run.out / "profile"
     run.analysis = a = analyze([run_dir])
     report = write_html(report_from_analysis(a, title=f"{run.config}: profiled run"), run.out / "report.html")
@@ -131,7 +130,7 @@ def _analyze(run: _Run, mark: str) -> str | None:
         problems={kind: int(df["key"].nunique()) for kind, df in a.problem_tables().items()},
         notes=list(a.notes), host_bound=host_bound(a.totals.get("gpu_busy_s_per_step"), a.totals.get("step_time_s")))
     if r.host_bound is not None:
-        run.say(f"the step is host-bound: the GPU is busy {r.host_bound:.0%} of its {r.step_time_s * 1e3:.2f} ms;"
+        run.log(f"the step is host-bound: the GPU is busy {r.host_bound:.0%} of its {r.step_time_s * 1e3:.2f} ms;"
                 " a routed call's host time counts in full, its kernel's saving at that share")
     if gpu_vendor() == "cpu":
         return "tuning measures GPU kernels and needs a CUDA or ROCm GPU; on this machine the loop ends with the report"
@@ -149,7 +148,7 @@ def _tune(run: _Run, mark: str) -> str | None:
 
     r = run.result
     r.cache = run.out / "tuning_cache.json"
-    run.say(f"{mark} tuning {len(run.tunable)} problems -> {r.cache}")
+    run.log(f"{mark} tuning {len(run.tunable)} problems -> {r.cache}")
     r.tune_run = core.tune(run.tunable, cache=r.cache, tuners=list(run.tuners.values()),
                            budget_s=run.options["budget_s"], progress=run.options["tune_progress"])
     return "interrupted" if r.tune_run.interrupted else None
@@ -158,32 +157,32 @@ def _tune(run: _Run, mark: str) -> str | None:
 def _confirm(run: _Run, mark: str) -> None:
     from primus_perf.tuner.cache_check import confirm_trainer
 
-    run.say(f"{mark} confirming the choices inside the steps (each against the baseline, alternating calls)")
+    run.log(f"{mark} confirming the choices inside the steps (each against the baseline, alternating calls)")
     run.result.confirmation = confirm_trainer(run.config, run.overrides, run.result.cache, busy=run.result.host_bound,
-                                              say=run.say)
+                                              log=run.log)
 
 
 def _final_check(run: _Run, mark: str) -> None:
     from primus_perf.tuner.cache_check import check_cache
 
     r = run.result
-    run.say(f"{mark} the final check: training with and without the cache, interleaved (a cache never ships slower)")
+    run.log(f"{mark} the final check: training with and without the cache, interleaved (a cache never ships slower)")
     r.final, r.measurement = check_cache(run.config, run.overrides, r.cache, blocks=run.options["blocks"],
-                                         block_steps=run.options["block_steps"], host_bound=r.host_bound, say=run.say)
+                                         block_steps=run.options["block_steps"], host_bound=r.host_bound, log=run.log)
 
 
 def _fp8_plan(run: _Run, mark: str) -> None:
     from primus_perf.tuner.fp8 import tune_trainer
 
-    run.say(f"{mark} FP8: tuning the plan (layer groups in the step, then the loss check) -> {run.result.cache}")
-    run.result.fp8 = tune_trainer(run.config, run.overrides, run.result.cache, say=run.say)
+    run.log(f"{mark} FP8: tuning the plan (layer groups in the step, then the loss check) -> {run.result.cache}")
+    run.result.fp8 = tune_trainer(run.config, run.overrides, run.result.cache, log=run.log)
 
 
 def _step(run: _Run, mark: str) -> None:
     cache = run.result.cache if run.result.cache is not None and run.result.cache.is_file() else None
-    run.say(f"{mark} step: searching the step's levers{' with the kernel cache' if cache else ''}"
+    run.log(f"{mark} step: searching the step's levers{' with the kernel cache' if cache else ''}"
             f" -> {run.out / 'step'}")
-    run.result.step = step_tune(run.config, run.overrides, run.out / "step", overwrite=True, say=run.say,
+    run.result.step = step_tune(run.config, run.overrides, run.out / "step", overwrite=True, log=run.log,
                                 cache=str(cache) if cache else None, budget_min=run.options["step_budget_min"])
 
 
@@ -194,13 +193,13 @@ KERNEL_STAGES = (_tune, _confirm, _final_check)
 
 def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str | Path = "runs/quickstart",
              *, steps: int = 3, budget_s: float = 2.0, blocks: int = 4, block_steps: int = 5,
-             say: Say = lambda _m: None, tune_progress: Any = None, fp8: bool = False, step: bool = False,
+             log: Log = lambda _m: None, tune_progress: Any = None, fp8: bool = False, step: bool = False,
              step_budget_min: float = 20.0) -> LoopResult:
     """The loop's stages in turn (the module docstring), each saying ``i/N`` and what it does;
     ``fp8``: then tune the FP8 plan (``tuner.fp8.tune_trainer``) into the same cache; ``step``:
     then the step tuner (:func:`step_tune` into ``out_dir/step``, the kernel cache one of its
     levers), on a CPU too."""
-    run = _Run(config, tuple(overrides), Path(out_dir), say=say, options=dict(
+    run = _Run(config, tuple(overrides), Path(out_dir), log=log, options=dict(
         steps=steps, budget_s=budget_s, blocks=blocks, block_steps=block_steps, tune_progress=tune_progress,
         step_budget_min=step_budget_min))
     stages = (_profile, _analyze, *KERNEL_STAGES, *((_fp8_plan,) if fp8 else ()), *((_step,) if step else ()))
@@ -240,7 +239,7 @@ def step_advice(recommendations: Any) -> list[Any]:
 
 
 def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, profile: bool = True,
-              profile_steps: int = 3, overwrite: bool = False, say: Say = lambda _m: None, **kwargs: Any) -> Any:
+              profile_steps: int = 3, overwrite: bool = False, log: Log = lambda _m: None, **kwargs: Any) -> Any:
     """``primus-tune step``: profile the config into ``out_dir`` (a run folder) and read the
     analyzer's advice from it, then ``tuner.step.tune_step`` ordered by that advice, its plan
     and measurements written beside the trace (``primus-profile analyze out_dir`` then shows
@@ -257,7 +256,7 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
     try:
         rank = dist.get_rank() if dist.is_initialized() else 0
         if rank != 0:
-            say = lambda _m: None  # noqa: E731 (rank 0 speaks for every rank)
+            log = lambda _m: None  # noqa: E731 (rank 0 speaks for every rank)
         advice: list[Any] = []
         out = Path(out_dir)
         if profile:
@@ -265,17 +264,17 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
             from primus_perf.tracelens.analyze import analyze
             from primus_perf.tuner.step.levers import text
 
-            say(f"profiling {config} ({profile_steps} steps) -> {out}")
+            log(f"profiling {config} ({profile_steps} steps) -> {out}")
             capture_trainer(config, list(overrides), out, Schedule(active=profile_steps, warmup=1, wait=1),
                             overwrite=overwrite)
             if rank == 0:
                 analysis = analyze([out])
                 advice = step_advice(analysis.recommendations)
                 for a in advice:
-                    say(f"advised: {a.key}={text(a.value)}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
+                    log(f"advised: {a.key}={text(a.value)}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
                                                          if a.estimate_ms is not None else ""))
             advice = _agree(advice)
-        return tune_step(config, overrides, out=out, advice=advice, say=say, agree=_agree, is_main=rank == 0,
+        return tune_step(config, overrides, out=out, advice=advice, log=log, agree=_agree, is_main=rank == 0,
                          **kwargs)
     finally:
         if owns_group and dist.is_initialized():

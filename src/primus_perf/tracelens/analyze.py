@@ -486,11 +486,11 @@ def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None
     """Each trace file's results (one per rank it holds), in the order of ``paths``: in this
     process (``jobs`` 1) or in ``jobs`` worker processes (the same results: each trace is
     analyzed alone)."""
-    say = progress or (lambda _msg: None)
+    log = progress or (lambda _msg: None)
     if jobs <= 1 or len(paths) <= 1:
         out = []
         for i, p in enumerate(paths):
-            say(f"analyzing {p}")
+            log(f"analyzing {p}")
             out.append(_analyze_file(p, _provisional_rank(p, i), unprofiled_s, idle_cpus()))
         return out
     gc.freeze()  # forked workers then leave this process's objects (pages) shared instead of copying them
@@ -501,7 +501,7 @@ def _traces(paths: list[Path], jobs: int, progress: Callable[[str], None] | None
             out = []
             for p, f in zip(paths, futures, strict=True):
                 out.append(f.result())
-                say(f"analyzed {p}")
+                log(f"analyzed {p}")
             return out
     finally:
         gc.unfreeze()

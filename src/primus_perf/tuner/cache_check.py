@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-Say = Callable[[str], None]
+from primus_perf.base.entry import Log
 
 
 @dataclass
@@ -50,13 +50,13 @@ class CacheSteps:
     data); :meth:`losses` is one batch's loss without and with them."""
 
     def __init__(self, config: str, overrides: Sequence[str], cache: Path | str, *, blocks: int = 4,
-                 block_steps: int = 5, router_kinds: Any = None, say: Say = lambda _m: None) -> None:
+                 block_steps: int = 5, router_kinds: Any = None, log: Log = lambda _m: None) -> None:
         from primus_perf.runtime.handle import enable
         from primus_perf.trainer.config import load_config
         from primus_perf.trainer.loop import Trainer
         from primus_perf.tuner.online import InStepTuning
 
-        self.blocks, self.block_steps, self.say = blocks, block_steps, say
+        self.blocks, self.block_steps, self.log = blocks, block_steps, log
         self.trainer = Trainer(load_config(config, overrides), online=InStepTuning())
         try:
             self.handle = enable(cache, None, device_type=self.trainer.device.type, router_kinds=router_kinds, log=None)
@@ -76,7 +76,7 @@ class CacheSteps:
 
         times = measure_blocks({"default": self.handle.suspend, "tuned": lambda: self.handle.resume(kinds)},
                                lambda: self.trainer.train_step().step_time_s, blocks=self.blocks,
-                               block_steps=self.block_steps, say=self.say)
+                               block_steps=self.block_steps, log=self.log)
         return times["default"], times["tuned"]
 
     def losses(self, kinds: Sequence[str] | None = None) -> tuple[float, float]:
@@ -100,10 +100,10 @@ class CacheSteps:
 
 
 def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, blocks: int = 4,
-                    block_steps: int = 5, say: Say = lambda _m: None) -> SpeedupMeasurement:
+                    block_steps: int = 5, log: Log = lambda _m: None) -> SpeedupMeasurement:
     """Train ``config`` with the cache enabled and suspended in interleaved blocks of
     ``block_steps`` steps, ``blocks`` blocks a side, one trainer for both (:class:`CacheSteps`)."""
-    steps = CacheSteps(config, overrides, cache, blocks=blocks, block_steps=block_steps, say=say)
+    steps = CacheSteps(config, overrides, cache, blocks=blocks, block_steps=block_steps, log=log)
     try:
         default_s, tuned_s = steps.measure()
         routed, fallback = steps.calls()
@@ -115,7 +115,7 @@ def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, block
 
 def check_cache(config: str, overrides: Sequence[str], cache: Path, *, blocks: int = 4, block_steps: int = 5,
                 host_bound: float | None = None, router_kinds: Any = None,
-                say: Say = lambda _m: None) -> tuple[Any, SpeedupMeasurement | None]:
+                log: Log = lambda _m: None) -> tuple[Any, SpeedupMeasurement | None]:
     """The final check (``tuner.final_check``) of ``cache`` in ``config``'s steps: the kinds that
     do not win the step are reset to their baseline in the cache. Returns the check and the
     measurement of what it kept (None: nothing kept)."""
@@ -124,7 +124,7 @@ def check_cache(config: str, overrides: Sequence[str], cache: Path, *, blocks: i
     steps = CacheSteps(config, overrides, cache, blocks=blocks, block_steps=block_steps, router_kinds=router_kinds)
     try:
         routed = steps.handle.routing
-        check = final_check(steps.measure, routed, host_bound=host_bound, say=say)
+        check = final_check(steps.measure, routed, host_bound=host_bound, log=log)
         kept = check.figure
         measurement = None
         if kept is not None:
@@ -139,7 +139,7 @@ def check_cache(config: str, overrides: Sequence[str], cache: Path, *, blocks: i
 
 def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *, steps: int = 30,
                     policy: Any = None, clock: Any = None, busy: float | None = None, router_kinds: Any = None,
-                    say: Say = lambda _m: None) -> Any:
+                    log: Log = lambda _m: None) -> Any:
     """Confirm the cache's choices inside ``steps`` training steps of ``config`` at most
     (``tuner.confirm.confirm_run``: each routed problem's choice against the baseline,
     alternating calls, from the second step on; it stops once every problem has its verdict)
@@ -166,7 +166,7 @@ def confirm_trainer(config: str, overrides: Sequence[str], cache: Path | str, *,
             trainer.close()
         return 0
 
-    return confirm_run(cache, run, policy=policy, clock=clock, log=say, busy=busy, router_kinds=router_kinds)
+    return confirm_run(cache, run, policy=policy, clock=clock, log=log, busy=busy, router_kinds=router_kinds)
 
 
 @dataclass
@@ -180,7 +180,7 @@ class ProgramConfirmation:
 
 
 def confirm_program(cache: Path | str, target: Sequence[str], *, policy: Any = None, blocks: int = 4,
-                    block_steps: int = 5, router_kinds: Any = None, say: Say = lambda _m: None) -> ProgramConfirmation:
+                    block_steps: int = 5, router_kinds: Any = None, log: Log = lambda _m: None) -> ProgramConfirmation:
     """Confirm ``cache``'s choices in the steps of the program ``target`` (``script.py args``, or
     ``-m module args``; ``tuner.confirm.confirm_run``), then, in the same run, once every routed
     problem has its verdict, the final check (``tuner.final_check``) driven by the program's own
@@ -212,7 +212,7 @@ def confirm_program(cache: Path | str, target: Sequence[str], *, policy: Any = N
             return t["default"], t["tuned"]
 
         try:
-            box["check"] = final_check(measure, routed, say=say)
+            box["check"] = final_check(measure, routed, log=log)
         except ProgramEnded as exc:
             box["unchecked"] = f"{exc}: the final check needs {2 * blocks * (1 + block_steps)} steps after the" \
                                " confirmation; run the program longer"
@@ -233,7 +233,7 @@ def confirm_program(cache: Path | str, target: Sequence[str], *, policy: Any = N
                 driven.at_mark(_seconds)
             elif i >= 2 and not confirmer.confirming and "check" not in box and "unchecked" not in box \
                     and "thread" not in box:
-                say("final check: the step with the cache against the step without it, interleaved, by the"
+                log("final check: the step with the cache against the step without it, interleaved, by the"
                     " program's own steps")
                 box["thread"] = driven.start(drive)
 
@@ -249,7 +249,7 @@ def confirm_program(cache: Path | str, target: Sequence[str], *, policy: Any = N
                 thread.join()
         return 0
 
-    run = confirm_run(cache, program, policy=policy, log=say, router_kinds=router_kinds)
+    run = confirm_run(cache, program, policy=policy, log=log, router_kinds=router_kinds)
     out = ProgramConfirmation(run, unchecked=box.get("unchecked", ""))
     if "check" in box:
         out.final = drop(box["check"], box["routed"], str(cache), box["handle"].activation)

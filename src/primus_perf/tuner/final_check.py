@@ -82,16 +82,16 @@ class FinalCheck:
         return out
 
 
-def _round(measure: Measure, kinds: tuple[str, ...], rule: Rule, say: Callable[[str], None]) -> Round:
+def _round(measure: Measure, kinds: tuple[str, ...], rule: Rule, log: Callable[[str], None]) -> Round:
     default_s, tuned_s = measure(kinds)
     v = judge(list(zip(default_s, tuned_s)), rule, choice="+".join(kinds), baseline="default")
     r = Round(kinds, default_s, tuned_s, v)
-    say(f"final check: {r.line()}")
+    log(f"final check: {r.line()}")
     return r
 
 
 def final_check(measure: Measure, routed: Sequence[str], *, rule: Rule | None = None,
-                host_bound: float | None = None, say: Callable[[str], None] = lambda _m: None) -> FinalCheck:
+                host_bound: float | None = None, log: Callable[[str], None] = lambda _m: None) -> FinalCheck:
     """Which of the ``routed`` kinds stay (module docstring); ``measure(kinds)`` gives the
     default's and the tuned side's block medians. Nothing is written: :func:`reset_kinds` does."""
     rule = rule or Rule(margin=STEP_MARGIN, least=2)
@@ -99,18 +99,18 @@ def final_check(measure: Measure, routed: Sequence[str], *, rule: Rule | None = 
     routed = tuple(routed)
     if not routed:
         return check
-    whole = _round(measure, routed, rule, say)
+    whole = _round(measure, routed, rule, log)
     check.rounds.append(whole)
     if whole.verdict.kept:
         check.kept = routed
         return check
     winners: list[Round] = []
     if len(routed) > 1:
-        alone = [_round(measure, (k,), rule, say) for k in routed]
+        alone = [_round(measure, (k,), rule, log) for k in routed]
         check.rounds += alone
         winners = [r for r in alone if r.verdict.kept]
     if len(winners) > 1:
-        together = _round(measure, tuple(k for r in winners for k in r.kinds), rule, say)
+        together = _round(measure, tuple(k for r in winners for k in r.kinds), rule, log)
         check.rounds.append(together)
         if together.verdict.kept:
             check.kept = together.kinds

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from primus_perf.base.devices import current_device
+from primus_perf.base.entry import Log
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.kernels.fp8.plan import (
     KIND,
@@ -47,7 +48,6 @@ CHECK_STEPS = 50  # default length of the loss A/B
 LOSS_THRESHOLD = 0.015  # default: the plan's loss may differ from bf16's by 1.5% relative
 TUNER_VERSION = "fp8-plan-1"
 
-Say = Callable[[str], None]
 
 
 class Session(Protocol):
@@ -169,20 +169,20 @@ def layer_groups(problem: Fp8PlanProblem, group_of: Callable[[str], str]) -> dic
 
 def measure_groups(session: Session, problem: Fp8PlanProblem, groups: Mapping[str, Sequence[str]],
                    candidates: Sequence[str], *, blocks: int = 2, block_steps: int = 3, settle: int = 1,
-                   say: Say = lambda _m: None) -> list[GroupMeasurement]:
+                   log: Log = lambda _m: None) -> list[GroupMeasurement]:
     shapes = {n: (o, i) for n, o, i in problem.layers}
     bf16 = {n: BF16 for n in shapes}
     out = []
     for group, names in groups.items():
         if not all(gemm_shape_ok(*shapes[n]) for n in names):
-            say(f"{group}: bf16 (a shape torch._scaled_mm cannot take)")
+            log(f"{group}: bf16 (a shape torch._scaled_mm cannot take)")
             continue
         for name in candidates:
             trial = {**bf16, **{n: name for n in names}}
             b, f = interleaved(session, bf16, trial, blocks=blocks, block_steps=block_steps, settle=settle)
             m = GroupMeasurement(group, name, b, f)
             out.append(m)
-            say(f"{group} {name}: {m.speedup:.3f}x of the step (saves {m.saving_s * 1e3:.2f} ms): "
+            log(f"{group} {name}: {m.speedup:.3f}x of the step (saves {m.saving_s * 1e3:.2f} ms): "
                 f"{m.verdict().status}")
     return out
 
@@ -233,7 +233,7 @@ def tune_plan(make_session: Callable[[], Session], problem_of: Callable[[Any], F
               candidates: Iterable[str] = DEFAULT_CANDIDATES, blocks: int = 2, block_steps: int = 3,
               settle: int = 1, plan_blocks: int = 3, check_steps: int = CHECK_STEPS,
               threshold: float = LOSS_THRESHOLD, min_gain: float = STEP_MARGIN,
-              say: Say = lambda _m: None) -> Fp8TuneResult:
+              log: Log = lambda _m: None) -> Fp8TuneResult:
     """Tune a plan on one session from ``make_session`` (``problem_of(session)``: its layers),
     check its loss on two fresh ones, and write it to ``cache`` unless refused. One session
     lives at a time."""
@@ -241,10 +241,10 @@ def tune_plan(make_session: Callable[[], Session], problem_of: Callable[[Any], F
     session = make_session()
     try:
         problem = problem_of(session)
-        say(f"FP8 plan: {problem.label()}")
+        log(f"FP8 plan: {problem.label()}")
         groups = layer_groups(problem, group_of)
         measured = measure_groups(session, problem, groups, names, blocks=blocks, block_steps=block_steps,
-                                  settle=settle, say=say)
+                                  settle=settle, log=log)
         layers, summary = choose(groups, measured, min_gain=min_gain)
         plan = Fp8Plan(problem, layers, summary)
         timing = None
@@ -252,9 +252,9 @@ def tune_plan(make_session: Callable[[], Session], problem_of: Callable[[Any], F
             bf16 = {n: BF16 for n in layers}
             b, f = interleaved(session, bf16, layers, blocks=plan_blocks, block_steps=block_steps, settle=settle)
             timing = PlanTiming(b, f)
-            say(f"plan vs bf16: {timing.speedup:.3f}x")
+            log(f"plan vs bf16: {timing.speedup:.3f}x")
             if not timing.verdict(min_gain).kept:  # the groups' savings did not add up in the whole step
-                say("the whole step does not bear the plan out against bf16: every layer stays bf16")
+                log("the whole step does not bear the plan out against bf16: every layer stays bf16")
                 layers = {n: BF16 for n in layers}
                 plan = Fp8Plan(problem, layers, summary)
                 timing = None
@@ -265,7 +265,7 @@ def tune_plan(make_session: Callable[[], Session], problem_of: Callable[[Any], F
     if plan.fp8_layers:
         t0 = time.perf_counter()
         result.loss, result.losses = loss_check(make_session, layers, steps=check_steps, threshold=threshold)
-        say(f"{result.loss.line()} ({time.perf_counter() - t0:.0f} s)")
+        log(f"{result.loss.line()} ({time.perf_counter() - t0:.0f} s)")
         if not result.loss.passed:
             result.refused = f"FP8 plan refused: {result.loss.line()}; not written"
             return result
@@ -298,9 +298,9 @@ def trainer_problem(trainer: Any) -> Fp8PlanProblem:
 
 
 def tune_trainer(config: str, overrides: Sequence[str], cache: str | Path | None, *,
-                 say: Say = lambda _m: None, **kwargs: Any) -> Fp8TuneResult:
+                 log: Log = lambda _m: None, **kwargs: Any) -> Fp8TuneResult:
     """:func:`tune_plan` on the trainer of ``config`` + ``overrides``."""
     from primus_perf.trainer.fp8 import group_of
 
     make = trainer_sessions(config, overrides)
-    return tune_plan(make, trainer_problem, group_of, cache=cache, say=say, **kwargs)
+    return tune_plan(make, trainer_problem, group_of, cache=cache, log=log, **kwargs)

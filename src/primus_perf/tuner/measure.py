@@ -401,7 +401,7 @@ class Pairs:
 
 
 def blocks(sides: Mapping[str, Callable[[], None]], step: Callable[[], float], *, blocks: int, block_steps: int,
-           settle: int = 1, say: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+           settle: int = 1, log: Callable[[str], None] | None = None) -> dict[str, list[float]]:
     """Per side, the median step seconds of each of its ``blocks`` blocks: ``sides[name]()``
     switches the program to a side, ``settle`` untimed steps follow (compilation, allocation),
     then ``block_steps`` timed ones (``step()`` returns one step's seconds). The sides take turns
@@ -415,6 +415,6 @@ def blocks(sides: Mapping[str, Callable[[], None]], step: Callable[[], float], *
             for _ in range(settle):
                 step()
             out[name].append(statistics.median(step() for _ in range(block_steps)))
-            if say is not None:
-                say(f"block {b + 1}/{blocks} {name}: median {out[name][-1] * 1e3:.2f} ms/step")
+            if log is not None:
+                log(f"block {b + 1}/{blocks} {name}: median {out[name][-1] * 1e3:.2f} ms/step")
     return out

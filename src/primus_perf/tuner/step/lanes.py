@@ -140,7 +140,7 @@ def visible_devices(count: int) -> list[str]:
 
 
 def start_lanes(config: str, base: Sequence[str], values: dict[str, Any], visible: Sequence[str | None],
-                say: Any = lambda _m: None, warm_up: int = 0) -> list[Lane]:
+                log: Any = lambda _m: None, warm_up: int = 0) -> list[Lane]:
     """A lane per entry of ``visible`` (a device id, or None: the machine's own devices, for a
     CPU), started together, each session run ``warm_up`` untimed steps; those that fail to
     start are left out, with a line saying why."""
@@ -150,5 +150,5 @@ def start_lanes(config: str, base: Sequence[str], values: dict[str, Any], visibl
         if lane.ready():
             ready.append(lane)
         else:
-            say(f"lane {lane.name} did not start: {lane.error.strip().splitlines()[-1] if lane.error else '?'}")
+            log(f"lane {lane.name} did not start: {lane.error.strip().splitlines()[-1] if lane.error else '?'}")
     return ready

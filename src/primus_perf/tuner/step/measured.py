@@ -228,16 +228,16 @@ def child_env(devices: str | None, port: int | None, target: Sequence[str] = ())
 
 def run_script(target: Sequence[str], plan: Mapping[str, str], *, warmup: int, steps: int,
                devices: str | None = None, port: int | None = None, timeout_s: float = 1800.0,
-               log: Path | None = None) -> RunResult:
+               log_file: Path | None = None) -> RunResult:
     """One measured run of ``target`` with ``plan`` in a child process (module docstring);
-    ``log``: where its output goes (the last lines of it are the reason of a failed run)."""
+    ``log_file``: where its output goes (the last lines of it are the reason of a failed run)."""
     with tempfile.TemporaryDirectory(prefix="primus-step-") as tmp:
         plan_file, out = Path(tmp) / "plan.json", Path(tmp) / "run.json"
         plan_file.write_text(json.dumps({"levers": dict(plan)}))
         cmd = [sys.executable, "-m", "primus_perf.launch", "--plan", str(plan_file), "--measure", str(out),
                "--warmup", str(warmup), "--steps", str(steps), "--", *target]
         t0 = time.monotonic()
-        sink = open(log, "a") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+        sink = open(log_file, "a") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
         try:
             proc = subprocess.run(cmd, env=child_env(devices, port, target), stdout=sink, stderr=subprocess.STDOUT,
                                   timeout=timeout_s, check=False)
@@ -245,7 +245,7 @@ def run_script(target: Sequence[str], plan: Mapping[str, str], *, warmup: int, s
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            if log is not None:
+            if log_file is not None:
                 sink.close()
         seconds = time.monotonic() - t0
         if out.is_file():
@@ -253,16 +253,16 @@ def run_script(target: Sequence[str], plan: Mapping[str, str], *, warmup: int, s
         elif code is None:
             result = RunResult(CANNOT_RUN, reason=f"the run did not end within {timeout_s:.0f} s")
         else:
-            tail = _tail(log) if log is not None else ""
+            tail = _tail(log_file) if log_file is not None else ""
             result = RunResult(CANNOT_RUN, reason=f"the run exited with {code} before its result" +
                                (f": {tail}" if tail else ""))
     result.seconds = seconds
     return result
 
 
-def _tail(log: Path) -> str:
+def _tail(log_file: Path) -> str:
     try:
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        lines = [ln for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
     return lines[-1][:300] if lines else ""

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus_perf.base.entry import Log
 from primus_perf.base.errors import OutOfMemory, UserError
 from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.step import measured
@@ -42,7 +43,6 @@ from primus_perf.tuner.step.levers import Lever, ScriptContext, Setting, lever_o
 from primus_perf.tuner.step.search import Advice, Search, SearchResult, advice_parts
 from primus_perf.tuner.step.tune import LossGuard, StepTuneResult, numerics_changes, write_plan
 
-Say = Callable[[str], None]
 PROFILE = {"baseline": 1, "wait": 1, "warmup": 1, "steps": 3}  # the profile's window (6 steps, then it stops)
 
 
@@ -72,12 +72,12 @@ class ScriptSession:
     the setting (each run starts from the script); :meth:`measure` runs chains."""
 
     def __init__(self, target: Sequence[str], *, warmup: int, steps: int, devices: str | None = None,
-                 agree: Callable[[Any], Any] = lambda x: x, distributed: bool = False, log: Path | None = None,
+                 agree: Callable[[Any], Any] = lambda x: x, distributed: bool = False, log_file: Path | None = None,
                  timeout_s: float = 1800.0) -> None:
         self.target = list(target)
         self.warmup, self.steps = warmup, steps
         self.devices, self.agree, self.distributed = devices, agree, distributed
-        self.log, self.timeout_s = log, timeout_s
+        self.log_file, self.timeout_s = log_file, timeout_s
         self.setting = Setting()
         self.runs: list[Run] = []
         self._last: tuple[dict[str, str], float] | None = None  # the last run, of the incumbent: (plan, seconds)
@@ -106,7 +106,7 @@ class ScriptSession:
         port = self.agree(measured._free_port()) if self.distributed else None
         result = measured.run_script(self.target, plan, warmup=self.warmup if warmup is None else warmup,
                                      steps=self.steps if steps is None else steps, devices=self.devices, port=port,
-                                     timeout_s=self.timeout_s, log=self.log)
+                                     timeout_s=self.timeout_s, log_file=self.log_file)
         result = self.agree(result)
         self.runs.append(Run(plan, result, self.devices))
         return result
@@ -148,9 +148,9 @@ class ScriptLane:
     lanes): a session of its own on that GPU, its chain in a thread."""
 
     def __init__(self, index: int, devices: str, target: Sequence[str], *, warmup: int, steps: int,
-                 log: Path | None, timeout_s: float) -> None:
+                 log_file: Path | None, timeout_s: float) -> None:
         self.name = f"GPU {devices}"
-        self.session = ScriptSession(target, warmup=warmup, steps=steps, devices=devices, log=log,
+        self.session = ScriptSession(target, warmup=warmup, steps=steps, devices=devices, log_file=log_file,
                                      timeout_s=timeout_s)
         self._thread: threading.Thread | None = None
         self._reply: tuple[str, Any] | None = None
@@ -209,7 +209,7 @@ def script_advice(recommendations: Any) -> list[Advice]:
 
 
 def profile_script(target: Sequence[str], out: Path, *, devices: str | None, port: int | None,
-                   log: Path | None) -> str | None:
+                   log_file: Path | None) -> str | None:
     """The script's profile (a window of its steps, then it stops) into ``out``; None, or why it
     could not be made (the search then goes on in the registry's order)."""
     import subprocess
@@ -217,15 +217,15 @@ def profile_script(target: Sequence[str], out: Path, *, devices: str | None, por
 
     cmd = [sys.executable, "-m", "primus_perf.cli.profile", "run", "-o", str(out), "--overwrite", "--stop",
            "--ranks", "0", "--after", "0", *(f"--{k}={v}" for k, v in PROFILE.items()), "--", *target]
-    sink = open(log, "a") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+    sink = open(log_file, "a") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
     try:
         proc = subprocess.run(cmd, env=measured.child_env(devices, port, target), stdout=sink, stderr=subprocess.STDOUT,
                               check=False)
     finally:
-        if log is not None:
+        if log_file is not None:
             sink.close()
     if proc.returncode != 0:
-        return f"the profile run exited with {proc.returncode}" + (f": {measured._tail(log)}" if log else "")
+        return f"the profile run exited with {proc.returncode}" + (f": {measured._tail(log_file)}" if log_file else "")
     return None
 
 
@@ -289,7 +289,7 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
                 cache: str | None = None, budget_min: float = 20.0, warmup: int = 4, steps: int = 8,
                 blocks: int = 1, final_blocks: int = 3, passes: int = 2, threshold: float | None = None,
                 profile: bool = True, lanes: Sequence[str] = (), devices: str | None = None,
-                say: Say = lambda _m: None, agree: Callable[[Any], Any] = lambda x: x,
+                log: Log = lambda _m: None, agree: Callable[[Any], Any] = lambda x: x,
                 distributed: bool = False, is_main: bool = True, timeout_s: float = 1800.0) -> ScriptTuneResult:
     """Search ``target``'s step (module docstring) within ``budget_min`` minutes and write the
     plan to ``out``. ``warmup``, ``steps``: each run's untimed and timed steps; ``lanes``: other
@@ -299,37 +299,37 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
     t0 = time.monotonic()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    log = out / "runs.log"
+    log_file = out / "runs.log"
     threshold = LOSS_THRESHOLD if threshold is None else threshold
     levers = script_levers() if levers is None else list(levers)
     label = " ".join(target)
     advice: list[Advice] = []
     if profile:
-        say(f"profiling {label} (a window of {sum(PROFILE.values())} steps) -> {out}")
+        log(f"profiling {label} (a window of {sum(PROFILE.values())} steps) -> {out}")
         port = agree(measured._free_port()) if distributed else None
-        why = profile_script(target, out, devices=devices, port=port, log=log)
+        why = profile_script(target, out, devices=devices, port=port, log_file=log_file)
         if why is None and is_main:
             from primus_perf.tracelens.analyze import analyze
 
             advice = script_advice(analyze([out]).recommendations)
             for a in advice:
-                say(f"advised: {a.key}={a.value}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
+                log(f"advised: {a.key}={a.value}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
                                                       if a.estimate_ms is not None else ""))
         elif why is not None:
-            say(f"no profile ({why}): the levers go in the registry's order")
+            log(f"no profile ({why}): the levers go in the registry's order")
         advice = agree(advice)
     session = ScriptSession(target, warmup=warmup, steps=steps, devices=devices, agree=agree,
-                            distributed=distributed, log=log, timeout_s=timeout_s)
+                            distributed=distributed, log_file=log_file, timeout_s=timeout_s)
     start = Setting({lv.key: "" for lv in levers})
     session.switch(start)
-    say(f"measuring the script as it is ({warmup} warm-up and {steps} timed steps a run)")
+    log(f"measuring the script as it is ({warmup} warm-up and {steps} timed steps a run)")
     first = session.run(start)
     if first.status != measured.OK:
         raise UserError(f"the script as it is could not be measured: {first.status} ({first.reason})")
     session._last = ({}, first.median_s)
     where = script_where(first, cache)
     found = where.found
-    say(f"found: {found.get('model') or 'no model'} ({found.get('params', 0) / 1e6:,.1f} M parameters, "
+    log(f"found: {found.get('model') or 'no model'} ({found.get('params', 0) / 1e6:,.1f} M parameters, "
         f"{found.get('blocks', 0)} blocks of {found.get('block') or '-'}), optimizer {found.get('optimizer') or '-'}"
         + (", FSDP2" if found.get("fsdp2") else "") + (", DDP" if found.get("ddp") else "")
         + (", HF Trainer" if found.get("hf_trainer") else "")
@@ -338,13 +338,13 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
         + (f"; knobs asked: {', '.join(_knob_label(k, v) for k, v in where.knobs.items())}" if where.knobs
            else "; no knob asked")
         + f"; {first.median_s * 1e3:.1f} ms a step")
-    running = [ScriptLane(i, d, target, warmup=warmup, steps=steps, log=log, timeout_s=timeout_s)
+    running = [ScriptLane(i, d, target, warmup=warmup, steps=steps, log_file=log_file, timeout_s=timeout_s)
                for i, d in enumerate(lanes)] if not distributed else []
     if running:
-        say(f"measuring on {len(running) + 1} GPUs at once: the session's and " + ", ".join(r.name for r in running))
+        log(f"measuring on {len(running) + 1} GPUs at once: the session's and " + ", ".join(r.name for r in running))
     search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=steps, settle=warmup,
                     passes=passes, deadline=t0 + budget_min * 60, reserve_s=(2 * final_blocks + 1) * first.seconds,
-                    say=say, agree=agree, fits=lambda _s: None, lanes=running, distributed=distributed)
+                    log=log, agree=agree, fits=lambda _s: None, lanes=running, distributed=distributed)
     found_plan: SearchResult = search.run(start)
     for lane in running:
         session.runs += lane.session.runs
@@ -352,11 +352,11 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
     result = ScriptTuneResult(label, [], found_plan, Setting(), None, device=str(found.get("device", "")),
                               where=found, program=list(target))
     if plan.values != start.values:
-        say(f"the plan against the default: {final_blocks} runs of it between runs of the default")
+        log(f"the plan against the default: {final_blocks} runs of it between runs of the default")
         d_s, p_s = session.measure(start, plan, blocks=final_blocks, block_steps=steps, settle=warmup)
         v = judge(list(zip(d_s, p_s)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
         result.default_s, result.plan_s, result.verdict = d_s, p_s, v
-        plan, result = _guarded(session, start, plan, result, final_blocks, threshold, say)
+        plan, result = _guarded(session, start, plan, result, final_blocks, threshold, log)
     result.plan = Setting(_labels(Setting({k: v for k, v in plan.values.items() if v != start.values.get(k)})))
     result.runs = list(session.runs)
     result.minutes = (time.monotonic() - t0) / 60
@@ -367,7 +367,7 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
 
 
 def _guarded(session: ScriptSession, start: Setting, plan: Setting, result: ScriptTuneResult, final_blocks: int,
-             threshold: float, say: Say) -> tuple[Setting, ScriptTuneResult]:
+             threshold: float, log: Log) -> tuple[Setting, ScriptTuneResult]:
     """The plan kept where it won and its loss holds (module docstring, step 4); what changes
     the numerics dropped where the loss does not hold, the rest measured again."""
     v = result.verdict
@@ -393,14 +393,14 @@ def _guarded(session: ScriptSession, start: Setting, plan: Setting, result: Scri
     plan = plan.with_({k: start.values[k] for k in numeric})
     if plan.values == start.values:
         return start, result
-    say(f"the loss guard dropped {', '.join(numeric)}: the rest of the plan against the default again")
+    log(f"the loss guard dropped {', '.join(numeric)}: the rest of the plan against the default again")
     d_s, p_s = session.measure(start, plan, blocks=final_blocks, block_steps=session.steps, settle=session.warmup)
     v2: Verdict = judge(list(zip(d_s, p_s)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
     result.default_s, result.plan_s, result.verdict = d_s, p_s, v2
     return (plan if v2.kept else start), result
 
 
-def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, say: Say = lambda _m: None,
+def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, log: Log = lambda _m: None,
                  **kwargs: Any) -> ScriptTuneResult:
     """:func:`tune_script` as ``primus-tune step -- script.py`` runs it: under torchrun every
     rank in lockstep over a CPU (gloo) process group of their own, rank 0 speaking and writing;
@@ -423,7 +423,7 @@ def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, say:
             return box[0]
 
         try:
-            return tune_script(target, out, say=say if rank == 0 else (lambda _m: None), agree=agree,
+            return tune_script(target, out, log=log if rank == 0 else (lambda _m: None), agree=agree,
                                distributed=True, is_main=rank == 0, **kwargs)
         finally:
             if owns and dist.is_initialized():
@@ -435,5 +435,5 @@ def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, say:
     count = torch.cuda.device_count()  # NVML: no CUDA context in this process
     gpus = visible_devices(count) if count else []
     wanted = count if lanes == 0 else min(lanes, count)
-    return tune_script(target, out, say=say, devices=gpus[0] if gpus else None, lanes=gpus[1:max(1, wanted)],
+    return tune_script(target, out, log=log, devices=gpus[0] if gpus else None, lanes=gpus[1:max(1, wanted)],
                        **kwargs)

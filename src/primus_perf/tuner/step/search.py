@@ -33,12 +33,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from primus_perf.base.entry import Log
 from primus_perf.base.errors import ConfigError, DivergedError, OutOfMemory, UserError, one_line
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
 from primus_perf.tuner.step import lanes as lanes_mod
 from primus_perf.tuner.step.levers import Lever, Setting, TrainerContext, text
 
-Say = Callable[[str], None]
 # what became of a candidate besides the rule's kept / dropped / unconfirmed
 DOES_NOT_FIT, CANNOT_RUN, OUT_OF_MEMORY = "does not fit", "cannot run", "out of memory"
 # A candidate whose memory estimate comes within this fraction of the GPU's memory is not tried.
@@ -157,7 +157,7 @@ class Search:
     def __init__(self, session: Any, levers: Sequence[Lever], where: TrainerContext, *, advice: Sequence[Advice] = (),
                  blocks: int = 2, block_steps: int = 2, settle: int = 1, passes: int = 3,
                  deadline: float = float("inf"), reserve_steps: int = 0, reserve_s: float = 0.0,
-                 say: Say = lambda _m: None,
+                 log: Log = lambda _m: None,
                  agree: Callable[[Any], Any] = lambda x: x, fits: Callable[[Setting], str | None] | None = None,
                  lanes: Sequence[Any] = (), distributed: bool = False) -> None:
         self.session, self.where, self.advice = session, where, list(advice)
@@ -167,7 +167,7 @@ class Search:
         self.blocks, self.block_steps, self.settle, self.passes = blocks, block_steps, settle, passes
         self.deadline, self.reserve_steps = deadline, reserve_steps
         self.reserve_s = reserve_s  # kept back besides the steps (the loss guard's trainer builds)
-        self.say, self.agree = say, agree
+        self.log, self.agree = log, agree
         self.fits = fits or self._fits
         self.trials: list[Trial] = []
         self._default = Setting()
@@ -288,7 +288,7 @@ class Search:
     def _drop(self, lane: Any, why: str) -> None:
         self.lanes.remove(lane)
         lane.close()
-        self.say(f"{lane.name} left the search ({why.strip().splitlines()[-1] if why.strip() else '?'}); "
+        self.log(f"{lane.name} left the search ({why.strip().splitlines()[-1] if why.strip() else '?'}); "
                  f"{len(self.lanes) + 1} GPU(s) measure on")
 
     def measure_changes(self, lever: str, key: str, value: Any, incumbent: Setting, changes: dict[str, Any],
@@ -337,7 +337,7 @@ class Search:
         skipped = {lv.name: why for lv in self.levers if (why := lv.legal(self.where)) is not None}
         levers = [lv for lv in self.levers if lv.name not in skipped]
         for name, why in skipped.items():
-            self.say(f"{name}: not here ({why})")
+            self.log(f"{name}: not here ({why})")
         version, measured_at = 0, {}  # lever -> the incumbent version it was last measured against
         stopped, passes = "", 0
         for passes in range(1, self.passes + 1):
@@ -355,7 +355,7 @@ class Search:
                     batch, values = values[:1 + len(self.lanes)], values[1 + len(self.lanes):]
                     for trial in self.measure_batch(lever, incumbent, batch):
                         self.trials.append(trial)
-                        self.say(f"(pass {passes}) {trial.line()}")
+                        self.log(f"(pass {passes}) {trial.line()}")
                         if trial.kept:
                             kept.append(trial)
                 measured_at[lever.name] = version
@@ -366,7 +366,7 @@ class Search:
                     self.step_s = statistics.median(best.candidate_s)
                     version += 1
                     measured_at[lever.name] = version
-                    self.say(f"best so far: {incumbent.label(start.values)}, about {self.chained():.2f}x the default"
+                    self.log(f"best so far: {incumbent.label(start.values)}, about {self.chained():.2f}x the default"
                              " (the kept speedups multiplied, each against the best before it)")
                 if stopped:
                     break

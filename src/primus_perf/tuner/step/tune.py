@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus_perf.base.entry import Log
 from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.fp8 import CHECK_STEPS, LOSS_THRESHOLD
 from primus_perf.tuner.step import levers as levers_mod
@@ -34,7 +35,6 @@ from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, lever_of, text
 from primus_perf.tuner.step.search import OUT_OF_MEMORY, Advice, Search, SearchResult
 from primus_perf.tuner.step.session import StepSession
 
-Say = Callable[[str], None]
 SCHEMA = "primus-perf-step-plan/1"
 PLAN_FILE, RESULT_FILE = "plan.yaml", "step_plan.json"
 WARM_UP_STEPS = 3  # untimed steps of a new session (a fresh CPU session's steps 2-8 ran 15-100x the steady ones)
@@ -246,7 +246,7 @@ def loss_guard(make: Callable[[Setting], StepSession], default: Setting, plan: S
 
 
 def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: Path, *, blocks: int,
-                   block_steps: int, settle: int, say: Say, agree: Callable[[Any], Any]) -> Any:
+                   block_steps: int, settle: int, log: Log, agree: Callable[[Any], Any]) -> Any:
     """The FP8 plan per layer group, tuned under the plan's own settings (its compile scope and
     micro-batch): each group in the best FP8 recipe the search measured, against the rest in
     bf16 (``tuner.fp8.measure_groups``), the groups that pay kept (``tuner.fp8.choose``); where
@@ -276,15 +276,15 @@ def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: P
     problem = trainer_problem(trainer)
     groups = layer_groups(problem, group_of)
     if search.over_budget(trials=len(groups) + 1):  # a trial per group, then the plan against the plan
-        say(f"FP8 plan: {len(groups)} layer groups would need about "
+        log(f"FP8 plan: {len(groups)} layer groups would need about "
             f"{(len(groups) + 1) * search.trial_cost_s() / 60:.1f} min: more than the budget leaves")
         session.switch(plan)
         return None
-    say(f"FP8 plan: {len(groups)} layer groups in {recipe}, each against bf16 under {base.label(search._default.values)}")
+    log(f"FP8 plan: {len(groups)} layer groups in {recipe}, each against bf16 under {base.label(search._default.values)}")
     failed = ""
     try:
         found = measure_groups(trainer, problem, groups, [recipe], blocks=blocks, block_steps=block_steps,
-                               settle=settle, say=say)
+                               settle=settle, log=log)
     except Exception as exc:  # out of memory (the layers' FP8 copies beside the compiled graphs), a library's error
         from primus_perf.base.errors import OutOfMemory, one_line
 
@@ -294,14 +294,14 @@ def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: P
             search.agree(OUT_OF_MEMORY)  # every rank ran out at the same step (Search.out_of_memory)
         failed = one_line(exc)
     if failed:  # after the except block: the error held the failed step's tensors
-        say(f"FP8 plan: measuring the layer groups failed ({failed}): one recipe for every layer stays")
+        log(f"FP8 plan: measuring the layer groups failed ({failed}): one recipe for every layer stays")
         del trainer
         session.reset(plan)  # the layers were switched one group at a time: a fresh trainer from the seed
         return None
     layers, summary = agree(choose(groups, found))
     trainer.set_fp8({n: BF16 for n in layers})  # back to the session's setting
     if not any(r != BF16 for r in layers.values()) or layers == recipe_plan(trainer.model, recipe):
-        say(f"FP8 plan: {'no group pays' if not any(r != BF16 for r in layers.values()) else 'every group'}"
+        log(f"FP8 plan: {'no group pays' if not any(r != BF16 for r in layers.values()) else 'every group'}"
             f" in {recipe}: nothing beyond one recipe")
         return None
     if search.agree(True):
@@ -313,7 +313,7 @@ def fp8_plan_trial(search: Search, session: StepSession, plan: Setting, cache: P
     changes = {"train.fp8": "auto", "tuning.cache": str(cache)}
     trial = search.measure_changes("fp8", "train.fp8", "plan", plan, changes, search.fits(plan.with_(changes)))
     search.trials.append(trial)
-    say(f"(FP8 plan) {trial.line()}")
+    log(f"(FP8 plan) {trial.line()}")
     return trial
 
 
@@ -381,7 +381,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
               levers: Sequence[Lever] | None = None, advice: Sequence[Advice] = (), cache: str | None = None,
               budget_min: float = 20.0, blocks: int = 2, block_steps: int = 2, settle: int = 1,
               final_blocks: int = 3, passes: int = 3, check_steps: int = CHECK_STEPS,
-              threshold: float = LOSS_THRESHOLD, say: Say = lambda _m: None,
+              threshold: float = LOSS_THRESHOLD, log: Log = lambda _m: None,
               agree: Callable[[Any], Any] = lambda x: x, is_main: bool = True, lanes: int = 0) -> StepTuneResult:
     """Search ``config`` + ``overrides``'s step over ``levers`` (default: every registered one)
     within ``budget_min`` minutes, check the plan's loss, measure it against the default and
@@ -408,14 +408,14 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
         reserve = 2 * final_blocks * (settle + block_steps) + 3 * check_steps
         session.warm_up(WARM_UP_STEPS)
         devices = lane_devices(session, lanes)
-        running = start_lanes(config, base, start.values, devices, say, WARM_UP_STEPS) if devices else []
+        running = start_lanes(config, base, start.values, devices, log, WARM_UP_STEPS) if devices else []
         if running:
-            say(f"measuring on {len(running) + 1} devices at once: the session's and "
+            log(f"measuring on {len(running) + 1} devices at once: the session's and "
                 + ", ".join(lane.name for lane in running))
         search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=block_steps,
                         settle=settle, passes=passes, deadline=t0 + budget_min * 60, reserve_steps=reserve,
                         reserve_s=3 * build_s,
-                        say=say, agree=agree, lanes=running, distributed=_world_size() > 1)
+                        log=log, agree=agree, lanes=running, distributed=_world_size() > 1)
         try:
             found = search.run(start)
         finally:
@@ -427,7 +427,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
                 and not search.over_budget():
             t_fp8 = time.monotonic()
             trial = fp8_plan_trial(search, session, plan, fp8_cache, blocks=blocks,
-                                   block_steps=block_steps, settle=settle, say=say, agree=agree)
+                                   block_steps=block_steps, settle=settle, log=log, agree=agree)
             if trial is not None and trial.kept:
                 plan = plan.with_(trial.changes)
             fp8_minutes = (time.monotonic() - t_fp8) / 60
@@ -436,7 +436,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
         result = StepTuneResult(config, base, found, Setting(), None, tokens_per_step=tokens,
                                 device=current_device().name, fp8_minutes=fp8_minutes)
         if plan.values != start.values:  # the figures: once, in StepTuneResult.lines()
-            say(f"measuring the plan against the default, interleaved ({final_blocks} pairs of blocks)")
+            log(f"measuring the plan against the default, interleaved ({final_blocks} pairs of blocks)")
             d, p, v = interleave(session, start, plan, blocks=final_blocks, block_steps=block_steps, settle=settle,
                                  agree=agree)
             result.default_s, result.plan_s, result.verdict = d, p, v
@@ -446,7 +446,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
     finally:
         session.close()
     if plan.values != start.values:
-        say(f"loss guard: the default and the plan from one seed, {check_steps} steps each")
+        log(f"loss guard: the default and the plan from one seed, {check_steps} steps each")
         guard = loss_guard(make, start, plan, steps=check_steps, threshold=threshold)
         result.guard = guard
         if not guard.passed:
