@@ -118,7 +118,7 @@ def test_writer_killed_mid_write_leaves_a_loadable_cache(tmp_path: Path) -> None
     path = tmp_path / "c.json"
     TuningCache(path).put(entry(1))
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER, str(path), str(Path(__file__).parents[1])],
+        [sys.executable, "-c", KILLED_WRITER, str(path), str(Path(__file__).parent)],
         stdout=subprocess.PIPE,
         text=True,
     )

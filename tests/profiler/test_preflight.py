@@ -144,8 +144,9 @@ def test_every_rank_waits_for_rank_0_to_publish_a_failed_verdict(tmp_path: Path)
     script.write_text(PUBLISH_LATE)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
            f"--master-port={_free_port()}", str(script), str(written), str(tmp_path)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]),
-                                                                           os.environ.get("PYTHONPATH", "")]))
+    here = Path(__file__)  # the script imports this module, and it the helpers at the top of tests/
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(here.parent), str(here.parents[1]), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 1, result.stderr[-2000:]
     assert written.read_text() == "1"
