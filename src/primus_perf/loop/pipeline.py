@@ -143,7 +143,7 @@ def _analyze(run: _Run, mark: str) -> str | None:
     return None if run.tunable else "no problem of the trace can be tuned (see the notes)"
 
 
-def _tune(run: _Run, mark: str) -> str | None:
+def _tune(run: _Run, mark: str) -> None:
     from primus_perf.tuner import core
 
     r = run.result
@@ -151,7 +151,6 @@ def _tune(run: _Run, mark: str) -> str | None:
     run.log(f"{mark} tuning {len(run.tunable)} problems -> {r.cache}")
     r.tune_run = core.tune(run.tunable, cache=r.cache, tuners=list(run.tuners.values()),
                            budget_s=run.options["budget_s"], progress=run.options["tune_progress"])
-    return "interrupted" if r.tune_run.interrupted else None
 
 
 def _confirm(run: _Run, mark: str) -> None:
@@ -203,13 +202,14 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
         steps=steps, budget_s=budget_s, blocks=blocks, block_steps=block_steps, tune_progress=tune_progress,
         step_budget_min=step_budget_min))
     stages = (_profile, _analyze, *KERNEL_STAGES, *((_fp8_plan,) if fp8 else ()), *((_step,) if step else ()))
-    stopped = None
     for i, stage in enumerate(stages, 1):
-        if stopped is not None and (stage is not _step or stopped == "interrupted"):
+        r = run.result
+        if r is not None and ((r.tune_run is not None and r.tune_run.interrupted)  # Ctrl-C: nothing more
+                              or (r.tuning_skipped is not None and stage is not _step)):
             continue
-        stopped = stage(run, f"{i}/{len(stages)}")
-        if stopped is not None and stopped != "interrupted":
-            run.result.tuning_skipped = stopped
+        why = stage(run, f"{i}/{len(stages)}")
+        if why is not None:
+            run.result.tuning_skipped = why
     return run.result
 
 
