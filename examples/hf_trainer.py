@@ -26,16 +26,19 @@ SIZES = {  # hidden, heads, kv heads, MLP, vocabulary, seq
 
 
 class RandomTokens(torch.utils.data.Dataset):
-    """``n`` sequences of random tokens (the labels are the inputs: the model shifts them)."""
+    """``n`` sequences of random tokens, each drawn from its own seed when it is read (the same
+    sequence for the same index, none held in memory; the labels are the inputs: the model
+    shifts them)."""
 
     def __init__(self, n: int, seq: int, vocab: int) -> None:
-        self.tokens = torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(1234))
+        self.n, self.seq, self.vocab = n, seq, vocab
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return self.n
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
+        tokens = torch.randint(0, self.vocab, (self.seq,), generator=torch.Generator().manual_seed(1234 + i))
+        return {"input_ids": tokens, "labels": tokens}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,7 +26,8 @@
 # recipe (benchmarks/trainer/recipe_sweep.py) and the GPU tests of the trainer's paths.
 # step:CASE,...[:MINUTES]: primus-tune step on benchmarks/trainer/step_tuner.py's cases (MINUTES, else
 # STEP_BUDGET_MIN, each). step-script:CASE,...[:MINUTES]: primus-tune step -- SCRIPT on
-# benchmarks/trainer/step_tuner_script.py's cases (STEP_SCRIPT_LEVERS: some levers; STEP_SCRIPT_REPRODUCE:
+# benchmarks/trainer/step_tuner_script.py's cases (STEP_SCRIPT_LEVERS: some levers; STEP_TUNE_ARGS: more
+# options; STEP_SCRIPT_REPRODUCE:
 # plan runs between default runs with launch --plan).
 # On a machine of several GPUs, scripts/gpu_parallel.sh runs a list of steps on each GPU at once.
 set -uo pipefail
@@ -64,6 +65,7 @@ for step in "$@"; do
       IFS=: read -r _ cases minutes <<< "$step"
       python benchmarks/trainer/step_tuner_script.py --cases ${cases//,/ } --budget-min "${minutes:-${STEP_BUDGET_MIN:-18}}" \
         ${STEP_SCRIPT_LEVERS:+--levers $STEP_SCRIPT_LEVERS} --reproduce "${STEP_SCRIPT_REPRODUCE:-2}" \
+        --tune-args "${STEP_TUNE_ARGS:-}" \
         --workdir "$OUT/step_script" --out "$OUT/step_tuner_script.json" 2>&1 | tee -a "$OUT/step_tuner_script.log" | tail -8 ;;
     recipe-equality)
       python benchmarks/trainer/recipe_sweep.py --equality --out "$OUT/recipe_sweep.json" 2>&1 | tail -3 ;;

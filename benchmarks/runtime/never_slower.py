@@ -298,8 +298,8 @@ def section_quickstart(args: argparse.Namespace, log: Any) -> list[dict]:
         t0 = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout_s)
         minutes = (time.monotonic() - t0) / 60
-        log = proc.stdout + proc.stderr
-        (args.workdir / f"{case}.log").write_text(log)
+        output = proc.stdout + proc.stderr
+        (args.workdir / f"{case}.log").write_text(output)
         row: dict[str, Any] = {"case": f"primus-tune loop --config {preset} " + " ".join(overrides),
                                "exit_code": proc.returncode, "loop_min": round(minutes, 2),
                                "loop": loop_figure(proc.stdout), "bar": 0.99}
@@ -319,7 +319,8 @@ def section_quickstart(args: argparse.Namespace, log: Any) -> list[dict]:
             log(f"{case}: loop said {row['loop']['line']!r}; the cache it left: {m.speedup:.4f}x of no cache"
                 f" ({t['median_ms']:.2f} vs {d['median_ms']:.2f} ms), {m.routed_calls} routed calls")
         else:
-            log(f"{case}: no cache left (exit {proc.returncode}): {log.strip().splitlines()[-1] if log.strip() else ''}")
+            log(f"{case}: no cache left (exit {proc.returncode}): "
+                f"{output.strip().splitlines()[-1] if output.strip() else ''}")
         rows.append(row)
         release_device_memory()
         yield_rows(args, rows)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -39,15 +40,31 @@ CASES: dict[str, dict[str, Any]] = {
                                                         "--steps", "100000"]},
     "hf-trainer-qwen2-7b-4l-1gpu": {"gpus": 1, "target": ["examples/hf_trainer.py", "--layers", "4",
                                                           "--max-steps", "100000"]},
+    # torchtitan's llama3 8B dims, 4 layers, seq 2048, 1 sequence a micro-batch and 8 a step
+    # (benchmarks/trainer/torchtitan_case.py: its target and environment, for the torchtitan installed)
+    "torchtitan-llama3-8b-4l-1gpu": {"gpus": 1, "torchtitan": {"flavor": "8B", "layers": 4, "seq": 2048,
+                                                               "local_batch": 1, "global_batch": 8}},
 }
 SMOKE = {"hf-small-cpu": {"gpus": 1, "levers": "micro_batch,recompute",
                           "target": ["examples/hf_train.py", "--size", "small", "--steps", "100000"],
                           "args": ["--warmup-steps", "1", "--run-steps", "3", "--final-blocks", "2"]}}
 
 
-def tune_command(case: dict[str, Any], out: Path, budget_min: float, levers: str | None) -> list[str]:
+def resolve(name: str, case: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """The case with its target and the environment its runs add (a torchtitan case's are
+    written for the torchtitan installed, its tokenizer and data under ``workdir``)."""
+    if "torchtitan" not in case:
+        return {**case, "env": {}}
+    from benchmarks.trainer.torchtitan_case import torchtitan_case
+
+    target, env = torchtitan_case(workdir / f"{name}.assets", **case["torchtitan"])
+    return {**case, "target": target, "env": env}
+
+
+def tune_command(case: dict[str, Any], out: Path, budget_min: float, levers: str | None,
+                 tune_args: list[str] = ()) -> list[str]:
     tune = ["-m", "primus_perf.cli.tune", "step", "--out", str(out), "--overwrite", "--budget-min", str(budget_min),
-            *case.get("args", [])]
+            *case.get("args", []), *tune_args]
     levers = case.get("levers", levers)
     if levers:
         tune += ["--levers", levers]
@@ -64,10 +81,12 @@ def measured_run(case: dict[str, Any], plan: Path | None, warmup: int, steps: in
         out = Path(tmp) / "run.json"
         launch = ["-m", "primus_perf.launch", *(["--plan", str(plan)] if plan else []), "--measure", str(out),
                   "--warmup", str(warmup), "--steps", str(steps), "--", *case["target"]]
+        # torchtitan wants torchrun's variables on one GPU too
         cmd = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(case["gpus"]), *launch]
-               if case["gpus"] > 1 else [sys.executable, *launch])
+               if case["gpus"] > 1 or "torchtitan" in case else [sys.executable, *launch])
         with open(log, "a") as sink:
-            subprocess.run(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=1800, check=False)
+            subprocess.run(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, timeout=1800, check=False,
+                           env={**os.environ, **case["env"]})
         return json.loads(out.read_text()) if out.is_file() else {"status": "no result"}
 
 
@@ -90,11 +109,12 @@ def run_case(name: str, case: dict[str, Any], args: argparse.Namespace) -> dict[
     out = args.workdir / name
     log = args.workdir / f"{name}.log"
     t0 = time.monotonic()
-    cmd = tune_command(case, out, args.budget_min, args.levers)
+    case = resolve(name, case, args.workdir)
+    cmd = tune_command(case, out, args.budget_min, args.levers, shlex.split(args.tune_args))
     print(f"{name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     with open(log, "w") as sink:
         proc = subprocess.run(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, check=False,
-                              timeout=args.budget_min * 60 + 1800)
+                              timeout=args.budget_min * 60 + 1800, env={**os.environ, **case["env"]})
     row: dict[str, Any] = {"case": name, "gpus": case["gpus"], "target": case["target"], "exit_code": proc.returncode,
                            "wall_min": round((time.monotonic() - t0) / 60, 2)}
     result = out / "step_plan.json"
@@ -121,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="*", default=None)
     ap.add_argument("--budget-min", type=float, default=18.0)
     ap.add_argument("--levers", default=None, help="comma-separated levers (default: every one that applies)")
+    ap.add_argument("--tune-args", default="", help="more options for primus-tune step (e.g. '--final-blocks 2')")
     ap.add_argument("--reproduce", type=int, default=2, help="plan runs between default runs with launch --plan (0: none)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/step_tuner_script"))
     ap.add_argument("--smoke", action="store_true", help="small sizes on the CPU: checks the script")

@@ -295,3 +295,33 @@ def test_a_script_with_too_few_steps_or_a_failing_exit_is_said(tmp_path: Path) -
     assert r.returncode == 2 and "--config and --layers are the reference trainer's" in r.stderr
     r = _cli(["run", "--out", str(tmp_path / "d"), "--", str(tmp_path / "missing.py")])
     assert r.returncode == 2 and "is not a file" in r.stderr
+
+
+SCRIPT_ALLREDUCE = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.Linear(16, 16)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(40):
+    loss = model(torch.randn(4, 16)).square().mean()
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+def test_a_script_under_torchrun_traced_on_one_rank_stops_on_every_rank(tmp_path: Path) -> None:
+    # the untraced rank comes to the window's end too: it once went on alone (NCCL: rank 0 waited
+    # ten minutes in the window's barrier, then aborted)
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT_ALLREDUCE)
+    out = tmp_path / "run"
+    r = _cli(["run", "--out", str(out), "--stop", "--ranks", "0", "--after", "0", "--baseline", "1", "--wait", "1",
+              "--warmup", "1", "--steps", "2", "--", str(script)], nproc=2, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [p.name for p in out.glob("*.gz")] == [trace_name(0)]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["traced_ranks"] == [0] and sum(s["phase"] == "active" for s in m["steps"]) == 2

@@ -147,7 +147,19 @@ def test_a_value_that_does_not_fit_even_with_its_companions_is_recorded_unmeasur
 def test_the_budget_stops_the_search_and_says_where() -> None:
     res, _ = _search(deadline=time.monotonic() - 1)
     assert res.trials == [] and res.best.values == START.values
-    assert res.stopped.startswith("the budget ran out in pass 1, at micro_batch=")
+    assert res.stopped.startswith("the budget left no time for one trial (0.0 min left in pass 1, at micro_batch=")
+
+
+def test_a_budget_too_small_for_one_trial_says_how_much_more_it_needs() -> None:
+    # a script's trial is runs of it, start-ups included: 5 runs of 60 s before any ran; the final
+    # measurement keeps 2 min back; 1.5 min are left: four trials need 20 + 2 - 1.5, about 21 min more
+    session = ModelStep(START)
+    search = Search(session, [LEVERS["micro_batch"]], WHERE, blocks=2, block_steps=1, fits=lambda s: None,
+                    deadline=time.monotonic() + 90, reserve_s=120, first_trial_s=300)
+    res = search.run(START)
+    assert res.trials == [] and session.switches <= 1
+    assert "a trial takes about 5.0 min and the plan's final measurement keeps 2.0 min back" in res.stopped
+    assert res.stopped.endswith("about 21 min more --budget-min gives four trials")
 
 
 def test_levers_say_why_they_do_not_apply_here() -> None:

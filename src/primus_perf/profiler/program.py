@@ -68,8 +68,9 @@ class _Steps:
         s = self.schedule
         if i + 1 == s.baseline:
             self.open()
-        elif self._window is not None and i + 1 == s.baseline + s.wait + s.warmup + s.active:
+        elif i + 1 == s.baseline + s.wait + s.warmup + s.active:
             self.close()
+            _meet()  # every rank, traced or not: an untraced rank that went on alone left the others waiting
         if self.stop and i + 1 == len(self.phases):
             raise StopProgram
 
@@ -86,10 +87,16 @@ class _Steps:
         window, self._window, self.window = self._window, None, None
         window.__exit__(*(exc or (None, None, None)))
         self.trace = self.out / trace_name(self.rank) if (self.out / trace_name(self.rank)).is_file() else None
-        import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()  # every traced rank's file is written before rank 0's manifest names it
+
+def _meet() -> None:
+    """Every rank waits for the others at the window's end (under torchrun): each traced rank's
+    file is written before rank 0's manifest names it. Each rank comes here at the same step,
+    traced or not; a window closed by an error does not (a rank that failed never comes)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def check_target(target: Sequence[str]) -> None:

@@ -209,9 +209,10 @@ def script_advice(recommendations: Any) -> list[Advice]:
 
 
 def profile_script(target: Sequence[str], out: Path, *, devices: str | None, port: int | None,
-                   log_file: Path | None) -> str | None:
+                   log_file: Path | None, timeout_s: float) -> str | None:
     """The script's profile (a window of its steps, then it stops) into ``out``; None, or why it
-    could not be made (the search then goes on in the registry's order)."""
+    could not be made (the search then goes on in the registry's order): also a run that did not
+    end within ``timeout_s``."""
     import subprocess
     import sys
 
@@ -220,7 +221,9 @@ def profile_script(target: Sequence[str], out: Path, *, devices: str | None, por
     sink = open(log_file, "a") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
     try:
         proc = subprocess.run(cmd, env=measured.child_env(devices, port, target), stdout=sink, stderr=subprocess.STDOUT,
-                              check=False)
+                              check=False, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"the profile run did not end within {timeout_s / 60:.0f} min"
     finally:
         if log_file is not None:
             sink.close()
@@ -307,7 +310,7 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
     if profile:
         log(f"profiling {label} (a window of {sum(PROFILE.values())} steps) -> {out}")
         port = agree(measured._free_port()) if distributed else None
-        why = profile_script(target, out, devices=devices, port=port, log_file=log_file)
+        why = profile_script(target, out, devices=devices, port=port, log_file=log_file, timeout_s=timeout_s)
         if why is None and is_main:
             from primus_perf.tracelens.analyze import analyze
 
@@ -344,7 +347,7 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
         log(f"measuring on {len(running) + 1} GPUs at once: the session's and " + ", ".join(r.name for r in running))
     search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=steps, settle=warmup,
                     passes=passes, deadline=t0 + budget_min * 60, reserve_s=(2 * final_blocks + 1) * first.seconds,
-                    log=log, agree=agree, fits=lambda _s: None, lanes=running, distributed=distributed)
+                    first_trial_s=(2 * blocks + 1) * first.seconds, log=log, agree=agree, fits=lambda _s: None, lanes=running, distributed=distributed)
     found_plan: SearchResult = search.run(start)
     for lane in running:
         session.runs += lane.session.runs

@@ -27,6 +27,7 @@ rank 0's times decide, and ``agree`` hands its verdicts to every rank.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -157,7 +158,7 @@ class Search:
     def __init__(self, session: Any, levers: Sequence[Lever], where: TrainerContext, *, advice: Sequence[Advice] = (),
                  blocks: int = 2, block_steps: int = 2, settle: int = 1, passes: int = 3,
                  deadline: float = float("inf"), reserve_steps: int = 0, reserve_s: float = 0.0,
-                 log: Log = lambda _m: None,
+                 first_trial_s: float = 0.0, log: Log = lambda _m: None,
                  agree: Callable[[Any], Any] = lambda x: x, fits: Callable[[Setting], str | None] | None = None,
                  lanes: Sequence[Any] = (), distributed: bool = False) -> None:
         self.session, self.where, self.advice = session, where, list(advice)
@@ -167,6 +168,7 @@ class Search:
         self.blocks, self.block_steps, self.settle, self.passes = blocks, block_steps, settle, passes
         self.deadline, self.reserve_steps = deadline, reserve_steps
         self.reserve_s = reserve_s  # kept back besides the steps (the loss guard's trainer builds)
+        self.first_trial_s = first_trial_s  # what a trial takes before one ran, start-ups included (a script's runs)
         self.log, self.agree = log, agree
         self.fits = fits or self._fits
         self.trials: list[Trial] = []
@@ -199,12 +201,28 @@ class Search:
         """About what a trial takes: its steps at the incumbent's pace, plus switching."""
         steps = 2 * self.blocks * (self.settle + self.block_steps)
         spent = [t.seconds for t in self.trials if t.candidate_s]
-        return max(steps * (self.step_s or 0.0), max(spent[-3:], default=0.0))
+        return max(steps * (self.step_s or 0.0), max(spent[-3:], default=self.first_trial_s))
+
+    def reserve(self) -> float:
+        """The seconds kept back for the plan's final measurement and loss guard."""
+        return self.reserve_steps * (self.step_s or 0.0) + self.reserve_s
 
     def over_budget(self, trials: int = 1) -> bool:
         """Whether ``trials`` more would leave too little for what is kept back."""
-        reserve = self.reserve_steps * (self.step_s or 0.0) + self.reserve_s
-        return bool(self.agree(time.monotonic() + trials * self.trial_cost_s() + reserve > self.deadline))
+        return bool(self.agree(time.monotonic() + trials * self.trial_cost_s() + self.reserve() > self.deadline))
+
+    def out_of_budget(self, passes: int, lever: Lever, value: Any) -> str:
+        """Why the search stops here: where it was, and before any trial what a trial and the
+        final measurement take (what the budget would need)."""
+        where = f"in pass {passes}, at {lever.name}={text(value)}"
+        if self.trials:
+            return f"the budget ran out {where}"
+        left = max(0.0, self.deadline - time.monotonic())
+        trial, reserve = self.trial_cost_s(), self.reserve()
+        more = math.ceil((4 * trial + reserve - left) / 60)
+        return (f"the budget left no time for one trial ({left / 60:.1f} min left {where}; a trial takes about "
+                f"{trial / 60:.1f} min and the plan's final measurement keeps {reserve / 60:.1f} min back): "
+                f"about {more} min more --budget-min gives four trials")
 
     def _changes(self, lever: Lever, incumbent: Setting, value: Any) -> tuple[dict[str, Any], str | None]:
         """The keys a candidate sets (the lever's, with a companion where the value alone does
@@ -350,7 +368,7 @@ class Search:
                 values = _values(lever, self.where, current, self.advice)
                 while values:
                     if self.over_budget():
-                        stopped = f"the budget ran out in pass {passes}, at {lever.name}={text(values[0])}"
+                        stopped = self.out_of_budget(passes, lever, values[0])
                         break
                     batch, values = values[:1 + len(self.lanes)], values[1 + len(self.lanes):]
                     for trial in self.measure_batch(lever, incumbent, batch):
