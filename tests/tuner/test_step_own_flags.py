@@ -368,7 +368,7 @@ def test_a_measured_run_of_torchtitan_rewrites_its_command_line_and_reports_its_
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     prog = own_flags.profile_of(target)
     res = measured.run_script(target, {"micro_batch": "8", "recompute": "full"}, warmup=1, steps=1,
-                              log=tmp_path / "run.log")
+                              log_file=tmp_path / "run.log")
     assert res.status == measured.CANNOT_RUN and "exited with" not in res.reason, res.reason
     assert "setDevice" in res.reason or "CUDA" in res.reason or "cuda" in res.reason, res.reason
     found = res.applied["found"]
