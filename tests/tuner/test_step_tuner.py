@@ -521,3 +521,34 @@ def test_the_failed_steps_tensors_are_released_before_the_session_gets_back() ->
     res = Search(Failing(START), [LEVERS["optimizer"]], WHERE, blocks=2, block_steps=1, fits=_fits).run(START)
     assert any(t.status == OUT_OF_MEMORY for t in res.trials)
     assert Failing.alive_at_recover and not any(Failing.alive_at_recover)
+
+
+def test_an_ordered_lever_leaves_out_the_side_that_lost() -> None:
+    """From micro-batch 2, the advised 4 wins: 1, below 2, is not measured, and the log says why.
+    Without a winner every value is measured."""
+    start = START.with_({"train.micro_batch": 2})
+    said: list[str] = []
+    search = Search(ModelStep(start), [LEVERS["micro_batch"]], WHERE, advice=[Advice("train.micro_batch", 4, 9.0)],
+                    blocks=2, block_steps=2, fits=_fits, log=said.append)
+    res = search.run(start)
+    assert [(t.value, t.status) for t in res.trials] == [(4, "kept")]
+    assert "micro_batch: 1 not measured (4, above 2, won: the step is taken to be unimodal in micro_batch)" in said
+    assert res.best.values["train.micro_batch"] == 4
+    # nothing won (1 loses, 4 does not fit): every value measured
+    search = Search(ModelStep(start), [LEVERS["micro_batch"]], WHERE, advice=[Advice("train.micro_batch", 1, 9.0)],
+                    blocks=2, block_steps=2, fits=lambda s: "never fits" if s.values["train.micro_batch"] == 4 else None)
+    res = search.run(start)
+    assert [t.value for t in res.trials] == [1, 4]
+
+
+def test_a_scripts_micro_batch_scale_reads_as_written_as_its_own_value() -> None:
+    from primus_perf.tuner.step.levers import ScriptContext
+
+    lever = LEVERS["micro_batch"].for_script()
+    knob = ScriptContext(found={}, knobs={"micro_batch": {"default": 2, "choices": [1, 2, 4, 8]}}, device_type="cuda")
+    assert [lever.scale(knob, v) for v in ("", "8", "1")] == [2.0, 8.0, 1.0]
+    # a known program's own flag (torchtitan's local batch): "" is the value it runs with
+    own = ScriptContext(found={"own": {"micro_batch": "1"}}, knobs={}, device_type="cuda",
+                        own={"micro_batch": ["1", "2", "4", "8"]})
+    assert [lever.scale(own, v) for v in ("", "4")] == [1.0, 4.0]
+    assert LEVERS["compile"].for_script().scale is None

@@ -70,6 +70,7 @@ class InScript:
     legal: Callable[[ScriptContext], str | None] = lambda _w: None
     from_trainer: Callable[[str], str | None] = lambda v: v
     by_flag: Callable[[ScriptContext], str | None] = lambda _w: None
+    scale: Callable[[ScriptContext, str], float] | None = None  # as Lever.scale ("": the script's own value)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,9 @@ class Lever:
     changes_numerics: Callable[[Any], bool] = lambda _v: False
     about: str = ""
     script: InScript | None = None
+    # where a value lies on an ordered lever's scale (None: unordered). The step is taken to be
+    # unimodal along it: once values on one side of the incumbent's win, the other side's are left out
+    scale: Callable[[Any, Any], float] | None = None
 
     def for_script(self) -> Lever:
         """This lever as the script search takes it: the plan's key is the lever's name."""
@@ -99,7 +103,11 @@ class Lever:
         def legal(w: ScriptContext) -> str | None:
             return part.by_flag(w) if name in w.own else part.legal(w)
 
-        return dataclasses.replace(self, key=name, values=values, legal=legal, companions=())
+        def scale(w: ScriptContext, v: str) -> float:  # "" under the program's own flags: the value it runs
+            return float(v or w.found["own"][name]) if name in w.own else part.scale(w, v)
+
+        return dataclasses.replace(self, key=name, values=values, legal=legal, companions=(),
+                                   scale=scale if part.scale else None)
 
 
 LEVERS: dict[str, Lever] = {}
@@ -202,6 +210,10 @@ def _script_micro_batches(w: ScriptContext) -> list[str]:
     return ["", *(str(c) for c in larger + smaller)]
 
 
+def _script_micro_batch_scale(w: ScriptContext, v: str) -> float:
+    return float(v or w.knobs["micro_batch"]["default"])
+
+
 def _asked_micro_batch(w: ScriptContext) -> str | None:
     if "micro_batch" in w.knobs:
         return None
@@ -255,8 +267,8 @@ def _compile_scope(v: str) -> str | None:
 
 register(Lever("micro_batch", "train.micro_batch", _micro_batches, _fixed_global_batch,
                companions=({"train.recompute": "selective"}, {"train.recompute": "full"}),
-               about="sequences per forward/backward at the fixed global batch",
-               script=InScript(_script_micro_batches, _asked_micro_batch)))
+               about="sequences per forward/backward at the fixed global batch", scale=lambda _w, v: float(v),
+               script=InScript(_script_micro_batches, _asked_micro_batch, scale=_script_micro_batch_scale)))
 register(Lever("compile", "train.compile", _choices("train.compile"),
                about="torch.compile: nothing, the pointwise ops, or whole blocks with their GEMMs",
                script=InScript(lambda w: ["", "block", "model"], _model_found, _compile_scope)))

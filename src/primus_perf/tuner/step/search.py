@@ -4,7 +4,8 @@ candidate measured in the real step against the incumbent.
 Order: the levers the analyzer advised (:class:`Advice`, most saving first), their advised
 value first; then the rest in registry order. For each lever, each value it can take here is
 a candidate: the incumbent with that one key changed (with the lever's companions where the
-value alone does not fit the memory estimate). A candidate runs in blocks of steps interleaved
+value alone does not fit the memory estimate); on an ordered lever (the micro-batch), not those
+on the other side of the incumbent's value from the values that won. A candidate runs in blocks of steps interleaved
 with the incumbent (``measure.blocks``: one session, switched in place between blocks), judged
 by the one rule (``decide.judge``, ``STEP_MARGIN`` of the step, at least two pairs of blocks);
 the best kept value of a lever becomes the incumbent's. With lanes (:mod:`.lanes`: a
@@ -376,6 +377,7 @@ class Search:
                         self.log(f"(pass {passes}) {trial.line()}")
                         if trial.kept:
                             kept.append(trial)
+                    values = self._same_side(lever, current, kept, values)
                 measured_at[lever.name] = version
                 if kept:  # also where the budget ran out inside the lever: what it measured stands
                     best = max(kept, key=lambda t: t.speedup or 0.0)
@@ -392,6 +394,23 @@ class Search:
                 break
         self.session.switch(incumbent)
         return SearchResult(start, incumbent, self.trials, passes, skipped, stopped, self.chained())
+
+    def _same_side(self, lever: Lever, current: Any, kept: Sequence[Trial], values: list[Any]) -> list[Any]:
+        """``values`` less those on the other side of ``current`` from every kept one, on an
+        ordered lever (``Lever.scale``), said in one line: the step is taken to be unimodal along
+        it (a larger micro-batch that wins leaves the smaller ones out)."""
+        if lever.scale is None or not kept or not values:
+            return values
+        here = lever.scale(self.where, current)
+        above = {lever.scale(self.where, t.value) > here for t in kept}
+        if len(above) > 1:
+            return values
+        left = [v for v in values if (lever.scale(self.where, v) > here) not in above]
+        if left:
+            self.log(f"{lever.name}: {', '.join(f'{lever.scale(self.where, v):g}' for v in left)} not measured ("
+                     f"{', '.join(text(t.value) for t in kept)}, {'above' if above == {True} else 'below'} {here:g},"
+                     f" won: the step is taken to be unimodal in {lever.name})")
+        return [v for v in values if v not in left]
 
     def chained(self) -> float:
         """The speedups of the trials that changed the incumbent, multiplied: a rough figure of
