@@ -58,14 +58,14 @@ for step in "$@"; do
     step:*)  # step:CASE[,CASE...][:MINUTES] (benchmarks/trainer/step_tuner.py: primus-tune step, its plan against the default)
       IFS=: read -r _ cases minutes <<< "$step"
       python benchmarks/trainer/step_tuner.py --cases ${cases//,/ } --budget-min "${minutes:-${STEP_BUDGET_MIN:-18}}" \
-        --tune-args "${STEP_TUNE_ARGS:-}" \
+        --tune-args="${STEP_TUNE_ARGS:-}" \
         --workdir "$OUT/step_tuner" --out "$OUT/step_tuner.json" 2>&1 | tee -a "$OUT/step_tuner.log" | tail -8 ;;
     step-script:*)  # step-script:CASE[,CASE...][:MINUTES] (benchmarks/trainer/step_tuner_script.py: primus-tune step
       # -- SCRIPT as a user runs it, then its plan reproduced by python -m primus_perf.launch --plan)
       IFS=: read -r _ cases minutes <<< "$step"
       python benchmarks/trainer/step_tuner_script.py --cases ${cases//,/ } --budget-min "${minutes:-${STEP_BUDGET_MIN:-18}}" \
         ${STEP_SCRIPT_LEVERS:+--levers $STEP_SCRIPT_LEVERS} --reproduce "${STEP_SCRIPT_REPRODUCE:-2}" \
-        --tune-args "${STEP_TUNE_ARGS:-}" \
+        --tune-args="${STEP_TUNE_ARGS:-}" \
         --workdir "$OUT/step_script" --out "$OUT/step_tuner_script.json" 2>&1 | tee -a "$OUT/step_tuner_script.log" | tail -8 ;;
     recipe-equality)
       python benchmarks/trainer/recipe_sweep.py --equality --out "$OUT/recipe_sweep.json" 2>&1 | tail -3 ;;

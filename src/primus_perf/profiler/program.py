@@ -69,8 +69,10 @@ class _Steps:
         if i + 1 == s.baseline:
             self.open()
         elif i + 1 == s.baseline + s.wait + s.warmup + s.active:
-            self.close()
-            _meet()  # every rank, traced or not: an untraced rank that went on alone left the others waiting
+            try:
+                self.close()
+            finally:
+                _meet()  # every rank, traced or not: an untraced rank that went on alone left the others waiting
         if self.stop and i + 1 == len(self.phases):
             raise StopProgram
 

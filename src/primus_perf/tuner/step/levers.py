@@ -70,7 +70,7 @@ class InScript:
     legal: Callable[[ScriptContext], str | None] = lambda _w: None
     from_trainer: Callable[[str], str | None] = lambda v: v
     by_flag: Callable[[ScriptContext], str | None] = lambda _w: None
-    scale: Callable[[ScriptContext, str], float] | None = None  # as Lever.scale ("": the script's own value)
+    scale: Callable[[ScriptContext, str], float] | None = None  # as Lever.scale ("": the knob's default)
 
 
 @dataclass(frozen=True)
@@ -103,11 +103,7 @@ class Lever:
         def legal(w: ScriptContext) -> str | None:
             return part.by_flag(w) if name in w.own else part.legal(w)
 
-        def scale(w: ScriptContext, v: str) -> float:  # "" under the program's own flags: the value it runs
-            return float(v or w.found["own"][name]) if name in w.own else part.scale(w, v)
-
-        return dataclasses.replace(self, key=name, values=values, legal=legal, companions=(),
-                                   scale=scale if part.scale else None)
+        return dataclasses.replace(self, key=name, values=values, legal=legal, companions=(), scale=part.scale)
 
 
 LEVERS: dict[str, Lever] = {}
@@ -211,7 +207,7 @@ def _script_micro_batches(w: ScriptContext) -> list[str]:
 
 
 def _script_micro_batch_scale(w: ScriptContext, v: str) -> float:
-    return float(v or w.knobs["micro_batch"]["default"])
+    return float(v or w.knobs["micro_batch"].get("default") or 1)
 
 
 def _asked_micro_batch(w: ScriptContext) -> str | None:

@@ -347,7 +347,7 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
         log(f"measuring on {len(running) + 1} GPUs at once: the session's and " + ", ".join(r.name for r in running))
     search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=steps, settle=warmup,
                     passes=passes, deadline=t0 + budget_min * 60, reserve_s=(2 * final_blocks + 1) * first.seconds,
-                    first_trial_s=(2 * blocks + 1) * first.seconds, log=log, agree=agree, fits=lambda _s: None, lanes=running, distributed=distributed)
+                    first_trial_s=2 * blocks * first.seconds, log=log, agree=agree, fits=lambda _s: None, lanes=running, distributed=distributed)
     found_plan: SearchResult = search.run(start)
     for lane in running:
         session.runs += lane.session.runs

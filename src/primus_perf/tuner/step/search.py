@@ -15,7 +15,7 @@ the session's GPU and one on each lane's, each against the incumbent on its own 
 Interaction: the levers interact and flip sign between settings (FP8 pays only compiled; a
 recompute mode pays only where it lets a larger micro-batch fit). After a pass that changed
 the incumbent, each lever measured against an older incumbent is measured again (every value
-other than the incumbent's, the default included), until a pass changes nothing, ``passes``
+other than the incumbent's, the default included, less an ordered lever's losing side), until a pass changes nothing, ``passes``
 passes ran, or the budget ends. A candidate that does not fit, cannot run here, or runs out of
 memory is recorded as such and the search goes on (a candidate that made the loss non-finite,
 or whose step raised a library's error, leaves a fresh trainer of the incumbent behind). Under
@@ -220,10 +220,12 @@ class Search:
             return f"the budget ran out {where}"
         left = max(0.0, self.deadline - time.monotonic())
         trial, reserve = self.trial_cost_s(), self.reserve()
-        more = math.ceil((4 * trial + reserve - left) / 60)
+        if trial <= 0.0:  # nothing to go by yet
+            return f"the budget ran out before any trial ({left / 60:.1f} min left {where})"
+        more = max(1, math.ceil((4 * trial + reserve - left) / 60))
         return (f"the budget left no time for one trial ({left / 60:.1f} min left {where}; a trial takes about "
                 f"{trial / 60:.1f} min and the plan's final measurement keeps {reserve / 60:.1f} min back): "
-                f"about {more} min more --budget-min gives four trials")
+                f"raising --budget-min by about {more} min allows four trials")
 
     def _changes(self, lever: Lever, incumbent: Setting, value: Any) -> tuple[dict[str, Any], str | None]:
         """The keys a candidate sets (the lever's, with a companion where the value alone does
