@@ -5,6 +5,9 @@
 #   bash scripts/gpu_parallel.sh start "tests routing" "never-slower-loop" "loop-moe" "enable confirm"
 #   bash scripts/gpu_parallel.sh start "0,1=step:llama3-8b-1gpu:16" "2,3=step:llama3-8b-fsdp2-2gpu:10"
 #   bash scripts/gpu_parallel.sh collect 540    # wait up to 540 s for every lane, pack them into $OUT
+# In the call that starts the lanes, collect for less (about 450 s): the install and the native build
+# take a minute of the call's 600 s, and a call cut off by its limit brings nothing back. Call collect
+# again at once: an idle machine is given back after 30 s, and its lanes with it.
 # `start` installs the environment once (scripts/device_env.sh) and builds the native GEMM
 # dispatch before the lanes start; `collect` prints each lane's last lines and packs every
 # lane's files into $OUT/gpus.tgz (a device call brings back a few files, not folders of them), the
@@ -30,6 +33,10 @@ if [ "$mode" = start ]; then
   done
   echo "started $i lanes in $LANES"
   exit 0
+fi
+if ! compgen -G "$LANES/gpu*" >/dev/null; then  # a fresh machine: the lanes went with the one that started them
+  echo "no lanes in $LANES: this machine did not start them (a machine idle past its release is a fresh one)" >&2
+  exit 3
 fi
 deadline=$((SECONDS + ${1:-540}))
 while [ $SECONDS -lt $deadline ]; do
