@@ -532,13 +532,35 @@ def test_an_ordered_lever_leaves_out_the_side_that_lost() -> None:
                     blocks=2, block_steps=2, fits=_fits, log=said.append)
     res = search.run(start)
     assert [(t.value, t.status) for t in res.trials] == [(4, "kept")]
-    assert "micro_batch: 1 not measured (4, above 2, won: the step is taken to be unimodal in micro_batch)" in said
+    assert "micro_batch: 1 not measured (4 won against 2: the step is taken to be unimodal in micro_batch)" in said
     assert res.best.values["train.micro_batch"] == 4
     # nothing won (1 loses, 4 does not fit): every value measured
     search = Search(ModelStep(start), [LEVERS["micro_batch"]], WHERE, advice=[Advice("train.micro_batch", 1, 9.0)],
                     blocks=2, block_steps=2, fits=lambda s: "never fits" if s.values["train.micro_batch"] == 4 else None)
     res = search.run(start)
     assert [t.value for t in res.trials] == [1, 4]
+
+
+def test_each_advised_value_is_measured_before_any_levers_other_values() -> None:
+    """With two levers advised, both advised values run first (a short budget gets both), then
+    each lever's other values; a win from 1 to 2 leaves 1 out of the micro-batch's next visit."""
+    said: list[str] = []
+    advice = [Advice("train.compile", "block", 12.0), Advice("train.micro_batch", 2, 9.0)]
+    search = Search(ModelStep(START), [LEVERS[n] for n in ("micro_batch", "compile")], WHERE, advice=advice,
+                    blocks=2, block_steps=2, fits=_fits, log=said.append)
+    res = search.run(START)
+    assert [(t.value, t.status) for t in res.trials[:2]] == [("block", "kept"), (2, "kept")]
+    assert "the advised values first: compile=block, micro_batch=2" in said
+    assert [line.split(")")[0] for line in said if line.startswith("(")][:2] == ["(advised", "(advised"]
+    assert "micro_batch: 1 not measured (2 won against 1: the step is taken to be unimodal in micro_batch)" in said
+    assert [t.value for t in res.trials if t.key == "train.micro_batch"] == [2, 4]
+    assert res.best.values["train.micro_batch"] == 4 and res.best.values["train.compile"] == "block"
+    # a budget that ends inside the advised values says so
+    late = Search(ModelStep(START), [LEVERS[n] for n in ("micro_batch", "compile")], WHERE, advice=advice,
+                  blocks=2, block_steps=2, fits=_fits, deadline=0.0)
+    stopped = late.run(START).stopped
+    assert stopped.startswith("the budget ran out before any trial (") and "in the advised values, at compile=block" \
+        in stopped and not late.trials
 
 
 def test_a_scripts_micro_batch_scale_reads_as_written_as_its_own_value() -> None:

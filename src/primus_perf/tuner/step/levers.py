@@ -88,7 +88,7 @@ class Lever:
     about: str = ""
     script: InScript | None = None
     # where a value lies on an ordered lever's scale (None: unordered). The step is taken to be
-    # unimodal along it: once values on one side of the incumbent's win, the other side's are left out
+    # unimodal along it: once a value wins against another, that other and those beyond it are left out
     scale: Callable[[Any, Any], float] | None = None
 
     def for_script(self) -> Lever:

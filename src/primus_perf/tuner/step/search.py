@@ -2,10 +2,12 @@
 candidate measured in the real step against the incumbent.
 
 Order: the levers the analyzer advised (:class:`Advice`, most saving first), their advised
-value first; then the rest in registry order. For each lever, each value it can take here is
-a candidate: the incumbent with that one key changed (with the lever's companions where the
-value alone does not fit the memory estimate); on an ordered lever (the micro-batch), not those
-on the other side of the incumbent's value from the values that won. A candidate runs in blocks of steps interleaved
+value first; then the rest in registry order. Where two levers or more are advised, their
+advised values run first, one each, before any lever's other values (a short budget gets the
+advice's plan). For each lever, each value it can take here is a candidate: the incumbent with
+that one key changed (with the lever's companions where the value alone does not fit the
+memory estimate); on an ordered lever (the micro-batch), once a value won against another,
+not that other nor those beyond it. A candidate runs in blocks of steps interleaved
 with the incumbent (``measure.blocks``: one session, switched in place between blocks), judged
 by the one rule (``decide.judge``, ``STEP_MARGIN`` of the step, at least two pairs of blocks);
 the best kept value of a lever becomes the incumbent's. With lanes (:mod:`.lanes`: a
@@ -15,12 +17,12 @@ the session's GPU and one on each lane's, each against the incumbent on its own 
 Interaction: the levers interact and flip sign between settings (FP8 pays only compiled; a
 recompute mode pays only where it lets a larger micro-batch fit). After a pass that changed
 the incumbent, each lever measured against an older incumbent is measured again (every value
-other than the incumbent's, the default included, less an ordered lever's losing side), until a pass changes nothing, ``passes``
-passes ran, or the budget ends. A candidate that does not fit, cannot run here, or runs out of
-memory is recorded as such and the search goes on (a candidate that made the loss non-finite,
-or whose step raised a library's error, leaves a fresh trainer of the incumbent behind). Under
-torchrun, a failure inside a step is one rank's while the others wait in a collective: it
-stops the search with one line naming the candidate.
+other than the incumbent's, the default included, less an ordered lever's losing side), until
+a pass changes nothing, ``passes`` passes ran, or the budget ends. A candidate that does not
+fit, cannot run here, or runs out of memory is recorded as such and the search goes on (a
+candidate that made the loss non-finite, or whose step raised a library's error, leaves a
+fresh trainer of the incumbent behind). Under torchrun, a failure inside a step is one rank's
+while the others wait in a collective: it stops the search with one line naming the candidate.
 
 Under torchrun every rank runs the same search (the same switches and steps, in lockstep);
 rank 0's times decide, and ``agree`` hands its verdicts to every rank.
@@ -145,10 +147,15 @@ def _order(levers: Sequence[Lever], advice: Sequence[Advice]) -> list[Lever]:
     return sorted(levers, key=lambda lv: rank[lv.name])
 
 
-def _values(lever: Lever, where: TrainerContext, current: Any, advice: Sequence[Advice]) -> list[Any]:
+def _advised(lever: Lever, where: TrainerContext, current: Any, advice: Sequence[Advice]) -> list[Any]:
+    """The lever's first advised value it can take here, if any (a list of at most one)."""
     values = [v for v in lever.values(where) if v != current]
-    first = [a.value for a in advice if a.key == lever.key and a.value in values]
-    return first[:1] + [v for v in values if v not in first[:1]]
+    return [a.value for a in advice if a.key == lever.key and a.value in values][:1]
+
+
+def _values(lever: Lever, where: TrainerContext, current: Any, advice: Sequence[Advice]) -> list[Any]:
+    first = _advised(lever, where, current, advice)
+    return first + [v for v in lever.values(where) if v != current and v not in first]
 
 
 def _estimate(advice: Sequence[Advice], key: str, value: Any) -> float | None:
@@ -212,10 +219,10 @@ class Search:
         """Whether ``trials`` more would leave too little for what is kept back."""
         return bool(self.agree(time.monotonic() + trials * self.trial_cost_s() + self.reserve() > self.deadline))
 
-    def out_of_budget(self, passes: int, lever: Lever, value: Any) -> str:
+    def out_of_budget(self, stage: str, lever: Lever, value: Any) -> str:
         """Why the search stops here: where it was, and before any trial what a trial and the
         final measurement take (what the budget would need)."""
-        where = f"in pass {passes}, at {lever.name}={text(value)}"
+        where = f"in {'the advised values' if stage == 'advised' else stage}, at {lever.name}={text(value)}"
         if self.trials:
             return f"the budget ran out {where}"
         left = max(0.0, self.deadline - time.monotonic())
@@ -353,66 +360,85 @@ class Search:
     # ---- the search ----------------------------------------------------------------------------
 
     def run(self, start: Setting) -> SearchResult:
-        self._default = start
-        incumbent = start
+        self._default = self.incumbent = start
         skipped = {lv.name: why for lv in self.levers if (why := lv.legal(self.where)) is not None}
         levers = [lv for lv in self.levers if lv.name not in skipped]
         for name, why in skipped.items():
             self.log(f"{name}: not here ({why})")
-        version, measured_at = 0, {}  # lever -> the incumbent version it was last measured against
+        self._version, self._tried, self._won = 0, {}, {}
+        measured_at: dict[str, int] = {}  # lever -> the incumbent version it was last measured against
         stopped, passes = "", 0
-        for passes in range(1, self.passes + 1):
-            before = version
+        advised = [(lv, v) for lv in levers for v in _advised(lv, self.where, start.values[lv.key], self.advice)]
+        if len(advised) > 1:  # each advised value first, the levers' other values after
+            self.log(f"the advised values first: {', '.join(f'{lv.name}={text(v)}' for lv, v in advised)}")
+            for lever, value in advised:
+                if stopped := self._lever(lever, [value], "advised"):
+                    break
+        while not stopped and passes < self.passes:
+            passes, before = passes + 1, self._version
             for lever in levers:
-                if measured_at.get(lever.name, -1) == version:
+                if measured_at.get(lever.name, -1) == self._version:
                     continue  # measured against this incumbent already
-                current = incumbent.values[lever.key]
-                kept: list[Trial] = []
-                values = _values(lever, self.where, current, self.advice)
-                while values:
-                    if self.over_budget():
-                        stopped = self.out_of_budget(passes, lever, values[0])
-                        break
-                    batch, values = values[:1 + len(self.lanes)], values[1 + len(self.lanes):]
-                    for trial in self.measure_batch(lever, incumbent, batch):
-                        self.trials.append(trial)
-                        self.log(f"(pass {passes}) {trial.line()}")
-                        if trial.kept:
-                            kept.append(trial)
-                    values = self._same_side(lever, current, kept, values)
-                measured_at[lever.name] = version
-                if kept:  # also where the budget ran out inside the lever: what it measured stands
-                    best = max(kept, key=lambda t: t.speedup or 0.0)
-                    incumbent = incumbent.with_(best.changes)
-                    self.chosen.append(best)
-                    self.step_s = statistics.median(best.candidate_s)
-                    version += 1
-                    measured_at[lever.name] = version
-                    self.log(f"best so far: {incumbent.label(start.values)}, about {self.chained():.2f}x the default"
-                             " (the kept speedups multiplied, each against the best before it)")
+                values = _values(lever, self.where, self.incumbent.values[lever.key], self.advice)
+                stopped = self._lever(lever, values, f"pass {passes}")
+                measured_at[lever.name] = self._version
                 if stopped:
                     break
-            if stopped or version == before:
+            if self._version == before:
                 break
-        self.session.switch(incumbent)
-        return SearchResult(start, incumbent, self.trials, passes, skipped, stopped, self.chained())
+        self.session.switch(self.incumbent)
+        return SearchResult(start, self.incumbent, self.trials, passes, skipped, stopped, self.chained())
 
-    def _same_side(self, lever: Lever, current: Any, kept: Sequence[Trial], values: list[Any]) -> list[Any]:
-        """``values`` less those on the other side of ``current`` from every kept one, on an
-        ordered lever (``Lever.scale``), said in one line: the step is taken to be unimodal along
-        it (a larger micro-batch that wins leaves the smaller ones out)."""
-        if lever.scale is None or not kept or not values:
+    def _lever(self, lever: Lever, values: list[Any], stage: str) -> str:
+        """``values`` of ``lever`` against the incumbent (those measured against it already, and
+        an ordered lever's losing side, left out); the best kept one becomes the incumbent's.
+        Why the budget stopped it ("": it did not)."""
+        current, incumbent, version = self.incumbent.values[lever.key], self.incumbent, self._version
+        values = self._same_side(lever, [v for v in values if self._tried.get((lever.name, v)) != version])
+        kept: list[Trial] = []
+        stopped = ""
+        while values:
+            if self.over_budget():
+                stopped = self.out_of_budget(stage, lever, values[0])
+                break
+            batch, values = values[:1 + len(self.lanes)], values[1 + len(self.lanes):]
+            for trial in self.measure_batch(lever, incumbent, batch):
+                self.trials.append(trial)
+                self.log(f"({stage}) {trial.line()}")
+                self._tried[(lever.name, trial.value)] = version
+                if trial.kept:
+                    kept.append(trial)
+                    self._won.setdefault(lever.name, []).append((current, trial.value))
+            values = self._same_side(lever, values)
+        if kept:  # also where the budget ran out inside the lever: what it measured stands
+            best = max(kept, key=lambda t: t.speedup or 0.0)
+            self.incumbent = incumbent.with_(best.changes)
+            self.chosen.append(best)
+            self.step_s = statistics.median(best.candidate_s)
+            self._version += 1
+            self.log(f"best so far: {self.incumbent.label(self._default.values)}, about {self.chained():.2f}x the"
+                     " default (the kept speedups multiplied, each against the best before it)")
+        return stopped
+
+    def _same_side(self, lever: Lever, values: list[Any]) -> list[Any]:
+        """``values`` less those an ordered lever's (``Lever.scale``) wins rule out, said in one
+        line: the step is taken to be unimodal along it, so once a value won against the
+        incumbent's, the incumbent's and those beyond it on the other side are not measured in
+        this search (a larger micro-batch that wins leaves the smaller ones out)."""
+        won = self._won.get(lever.name, [])
+        if lever.scale is None or not won or not values:
             return values
-        here = lever.scale(self.where, current)
-        above = {lever.scale(self.where, t.value) > here for t in kept}
-        if len(above) > 1:
-            return values
-        left = [v for v in values if (lever.scale(self.where, v) > here) not in above]
-        if left:
-            self.log(f"{lever.name}: {', '.join(f'{lever.scale(self.where, v):g}' for v in left)} not measured ("
-                     f"{', '.join(text(t.value) for t in kept)}, {'above' if above == {True} else 'below'} {here:g},"
-                     f" won: the step is taken to be unimodal in {lever.name})")
-        return [v for v in values if v not in left]
+
+        def scale(v: Any) -> float:
+            return lever.scale(self.where, v)
+
+        out = {v: (w, c) for v in values for c, w in won
+               if scale(v) == scale(c) or (scale(v) > scale(c)) != (scale(w) > scale(c))}
+        if out:
+            why = "; ".join(dict.fromkeys(f"{text(w)} won against {scale(c):g}" for w, c in out.values()))
+            self.log(f"{lever.name}: {', '.join(f'{scale(v):g}' for v in out)} not measured ({why}: the step is"
+                     f" taken to be unimodal in {lever.name})")
+        return [v for v in values if v not in out]
 
     def chained(self) -> float:
         """The speedups of the trials that changed the incumbent, multiplied: a rough figure of
