@@ -525,6 +525,21 @@ def with_settings(cfg: TrainerConfig, settings: Mapping[str, Any]) -> TrainerCon
     return config_from_dict(data)
 
 
+def plan_yaml(settings: dict[str, Any]) -> str:
+    """Settings as a step plan's YAML (the config's sections, typed values; :func:`read_plan`
+    reads them back)."""
+    import yaml
+
+    nested: dict[str, Any] = {}
+    for key, value in settings.items():
+        *path, leaf = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return yaml.safe_dump(nested, sort_keys=False) if nested else "{}\n"
+
+
 def read_plan(path: str | Path) -> dict[str, Any]:
     """A step plan (``primus-tune step``'s ``plan.yaml``: a YAML overlay of config sections) as
     settings, each value read by :data:`SCHEMA`; ``with_settings`` applies them over the command

@@ -328,11 +328,12 @@ def numerics_changes(plan: Setting, default: Setting) -> dict[str, Any]:
 
 
 def write_plan(out: Path, result: StepTuneResult, program: Sequence[str] | None = None) -> None:
-    """``out/plan.yaml`` (the trainer's config keys, nested; a script's ``levers:`` by name,
+    """``out/plan.yaml`` (the trainer's config keys: ``trainer.config.plan_yaml``; a script's ``levers:`` by name,
     with its ``program``) and ``out/step_plan.json``."""
     import yaml
 
     from primus_perf.base.files import write_json, write_text
+    from primus_perf.trainer.config import plan_yaml
 
     out.mkdir(parents=True, exist_ok=True)
     per = "tokens/s" if result.tokens_per_step else "steps/s"
@@ -347,19 +348,11 @@ def write_plan(out: Path, result: StepTuneResult, program: Sequence[str] | None 
         write_text(out / PLAN_FILE, head + yaml.safe_dump(doc, sort_keys=False))
         write_json(out / RESULT_FILE, result.to_dict())
         return
-    nested: dict[str, Any] = {}  # the config's sections, typed values (trainer.config.read_plan reads them)
-    for key, value in result.plan.values.items():
-        *path, leaf = key.split(".")
-        node = nested
-        for part in path:
-            node = node.setdefault(part, {})
-        node[leaf] = value
     head = (f"# primus-perf step plan for {result.config} {' '.join(result.overrides)}".rstrip() +
             f" on {result.device}: {figure}.\n"
             "# primus-train --config CONFIG --plan plan.yaml [the same overrides: the plan's keys win]; details:"
             " step_plan.json\n")
-    body = yaml.safe_dump(nested, sort_keys=False) if nested else "{}\n"
-    write_text(out / PLAN_FILE, head + body)
+    write_text(out / PLAN_FILE, head + plan_yaml(result.plan.values))
     write_json(out / RESULT_FILE, result.to_dict())
 
 
