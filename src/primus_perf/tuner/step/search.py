@@ -390,11 +390,14 @@ class Search:
         return SearchResult(start, self.incumbent, self.trials, passes, skipped, stopped, self.chained())
 
     def _lever(self, lever: Lever, values: list[Any], stage: str) -> str:
-        """``values`` of ``lever`` against the incumbent (those measured against it already, and
-        an ordered lever's losing side, left out); the best kept one becomes the incumbent's.
+        """``values`` of ``lever`` against the incumbent (those measured against it already, an
+        ordered lever's incumbent value spelled otherwise, and its losing side, left out); the
+        best kept one becomes the incumbent's.
         Why the budget stopped it ("": it did not)."""
         current, incumbent, version = self.incumbent.values[lever.key], self.incumbent, self._version
-        values = self._same_side(lever, [v for v in values if self._tried.get((lever.name, v)) != version])
+        values = [v for v in values if self._tried.get((lever.name, v)) != version and (
+            lever.scale is None or lever.scale(self.where, v) != lever.scale(self.where, current))]  # "" as "2"
+        values = self._same_side(lever, values)
         kept: list[Trial] = []
         stopped = ""
         while values:
@@ -432,8 +435,8 @@ class Search:
         def scale(v: Any) -> float:
             return lever.scale(self.where, v)
 
-        out = {v: (w, c) for v in values for c, w in won
-               if scale(v) == scale(c) or (scale(v) > scale(c)) != (scale(w) > scale(c))}
+        out = {v: (w, c) for v in values for c, w in won if scale(w) != scale(c)  # a script's "" and its own value
+               and (scale(v) == scale(c) or (scale(v) > scale(c)) != (scale(w) > scale(c)))}
         if out:
             why = "; ".join(dict.fromkeys(f"{text(w)} won against {scale(c):g}" for w, c in out.values()))
             self.log(f"{lever.name}: {', '.join(f'{scale(v):g}' for v in out)} not measured ({why}: the step is"
