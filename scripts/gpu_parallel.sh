@@ -17,6 +17,10 @@ LANES=${LANES:-/tmp/lanes}
 OUT=${OUT:-out}
 mode=${1:?start or collect}
 shift
+if [ "$mode" = collect ] && ! compgen -G "$LANES/gpu*" >/dev/null; then  # the lanes went with the machine
+  echo "no lanes in $LANES: this machine did not start them (a machine idle past its release is a fresh one)" >&2
+  exit 3
+fi
 mkdir -p "$OUT" "$LANES"
 source scripts/device_env.sh
 if [ "$mode" = start ]; then
@@ -33,10 +37,6 @@ if [ "$mode" = start ]; then
   done
   echo "started $i lanes in $LANES"
   exit 0
-fi
-if ! compgen -G "$LANES/gpu*" >/dev/null; then  # a fresh machine: the lanes went with the one that started them
-  echo "no lanes in $LANES: this machine did not start them (a machine idle past its release is a fresh one)" >&2
-  exit 3
 fi
 deadline=$((SECONDS + ${1:-540}))
 while [ $SECONDS -lt $deadline ]; do

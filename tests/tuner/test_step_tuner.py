@@ -563,6 +563,50 @@ def test_each_advised_value_is_measured_before_any_levers_other_values() -> None
         in stopped and not late.trials
 
 
+def test_an_advised_value_that_lost_is_not_measured_again_against_the_same_incumbent() -> None:
+    """FP8 (eager blocks: slower) and selective recompute advised: both lose first; pass 1
+    measures each lever's other values only, nothing twice."""
+    advice = [Advice("train.fp8", "tensorwise", 15.0), Advice("train.recompute", "selective", 3.0)]
+    search = Search(ModelStep(START), [LEVERS[n] for n in ("fp8", "recompute")], WHERE, advice=advice,
+                    blocks=2, block_steps=2, fits=_fits)
+    res = search.run(START)
+    seen = [(t.key, t.value) for t in res.trials]
+    assert seen[:2] == [("train.fp8", "tensorwise"), ("train.recompute", "selective")]
+    assert len(seen) == len(set(seen)) and ("train.recompute", "full") in seen and res.best == START
+
+
+class ScaleStep:
+    """A script's session: the step time falls with the micro-batch; "" is the script as written
+    (its own flag's 2)."""
+
+    def __init__(self) -> None:
+        self.setting = Setting({"micro_batch": ""})
+
+    def switch(self, setting: Setting) -> None:
+        self.setting = setting
+
+    def measure(self, base: Setting, other: Setting, **_blocks: int) -> tuple[list[float], list[float]]:
+        def t(s: Setting) -> float:
+            return 100.0 / (int(s.values["micro_batch"] or 2) ** 0.1)
+        return [t(base)] * 2, [t(other)] * 2
+
+
+def test_a_scripts_own_value_spelled_otherwise_is_not_measured_and_rules_out_no_side() -> None:
+    """The program's own flag offers 2, 4 and 8 with "" (as written: 2) the incumbent: 2 is not
+    measured against it; 4 wins, 8 wins over 4, and nothing else is measured."""
+    from primus_perf.tuner.step.levers import ScriptContext
+
+    lever = LEVERS["micro_batch"].for_script()
+    where = ScriptContext(found={}, knobs={"micro_batch": {"default": 2, "via": "own"}}, device_type="cuda",
+                          own={"micro_batch": ["2", "4", "8"]})
+    said: list[str] = []
+    search = Search(ScaleStep(), [lever], where, advice=[Advice("micro_batch", "4", 5.0)], blocks=2, block_steps=1,
+                    fits=lambda _s: None, log=said.append)
+    res = search.run(Setting({"micro_batch": ""}))
+    assert [(t.value, t.status) for t in res.trials] == [("4", "kept"), ("8", "kept")], [t.line() for t in res.trials]
+    assert res.best.values == {"micro_batch": "8"} and not any("not measured" in line for line in said)
+
+
 def test_a_scripts_micro_batch_scale_reads_as_written_as_its_own_value() -> None:
     from primus_perf.tuner.step.levers import ScriptContext
 

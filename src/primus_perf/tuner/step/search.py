@@ -2,9 +2,9 @@
 candidate measured in the real step against the incumbent.
 
 Order: the levers the analyzer advised (:class:`Advice`, most saving first), their advised
-value first; then the rest in registry order. Where two levers or more are advised, their
-advised values run first, one each, before any lever's other values (a short budget gets the
-advice's plan). For each lever, each value it can take here is a candidate: the incumbent with
+value first; then the rest in registry order. Where two levers or more have an advised value
+they can take, those values run first, before any lever's other values (a short budget gets
+the advice's plan; with lanes, the lever's next values beside each). For each lever, each value it can take here is a candidate: the incumbent with
 that one key changed (with the lever's companions where the value alone does not fit the
 memory estimate); on an ordered lever (the micro-batch), once a value won against another,
 not that other nor those beyond it. A candidate runs in blocks of steps interleaved
@@ -45,6 +45,7 @@ from primus_perf.tuner.step.levers import Lever, Setting, TrainerContext, text
 
 # what became of a candidate besides the rule's kept / dropped / unconfirmed
 DOES_NOT_FIT, CANNOT_RUN, OUT_OF_MEMORY = "does not fit", "cannot run", "out of memory"
+ADVISED = "the advised values"  # the stage before the passes: each advised value first
 # A candidate whose memory estimate comes within this fraction of the GPU's memory is not tried.
 # Measured on H100s (79.2 GiB): estimates at 97.6% (mixtral-8x7b micro-batch 16) and 98.5%
 # (llama3-8b FSDP2 over 2 GPUs, micro-batch 4) ran out of memory; 88.7% (llama3-8b micro-batch 4) ran.
@@ -148,14 +149,20 @@ def _order(levers: Sequence[Lever], advice: Sequence[Advice]) -> list[Lever]:
 
 
 def _advised(lever: Lever, where: TrainerContext, current: Any, advice: Sequence[Advice]) -> list[Any]:
-    """The lever's first advised value it can take here, if any (a list of at most one)."""
-    values = [v for v in lever.values(where) if v != current]
+    """The lever's first advised value it can take here, other than ``current`` (or the same
+    value spelled otherwise), if any (a list of at most one)."""
+    values = [v for v in lever.values(where) if v != current and (
+        lever.scale is None or lever.scale(where, v) != lever.scale(where, current))]
     return [a.value for a in advice if a.key == lever.key and a.value in values][:1]
 
 
 def _values(lever: Lever, where: TrainerContext, current: Any, advice: Sequence[Advice]) -> list[Any]:
     first = _advised(lever, where, current, advice)
     return first + [v for v in lever.values(where) if v != current and v not in first]
+
+
+def _best(kept: Sequence[Trial]) -> Trial:
+    return max(kept, key=lambda t: t.speedup or 0.0)
 
 
 def _estimate(advice: Sequence[Advice], key: str, value: Any) -> float | None:
@@ -183,6 +190,11 @@ class Search:
         self._default = Setting()
         self.chosen: list[Trial] = []  # the trials that changed the incumbent
         self.step_s: float | None = None  # the incumbent's latest median step
+        self.incumbent = Setting()  # the best so far (run() starts it at the start setting)
+        self._version = 0  # how many times the incumbent changed
+        self._tried: dict[tuple[str, Any], int] = {}  # (lever, value) -> the version it was measured against
+        self._won: dict[str, list[tuple[Any, Any]]] = {}  # ordered lever -> (incumbent's value, value kept over it)
+        self._said: set[tuple[str, Any]] = set()  # (lever, value) an ordered lever's line named as not measured
 
     # ---- one candidate ---------------------------------------------------------------------
 
@@ -222,7 +234,7 @@ class Search:
     def out_of_budget(self, stage: str, lever: Lever, value: Any) -> str:
         """Why the search stops here: where it was, and before any trial what a trial and the
         final measurement take (what the budget would need)."""
-        where = f"in {'the advised values' if stage == 'advised' else stage}, at {lever.name}={text(value)}"
+        where = f"in {stage}, at {lever.name}={text(value)}"
         if self.trials:
             return f"the budget ran out {where}"
         left = max(0.0, self.deadline - time.monotonic())
@@ -365,14 +377,15 @@ class Search:
         levers = [lv for lv in self.levers if lv.name not in skipped]
         for name, why in skipped.items():
             self.log(f"{name}: not here ({why})")
-        self._version, self._tried, self._won = 0, {}, {}
+        self._version, self._tried, self._won, self._said = 0, {}, {}, set()
         measured_at: dict[str, int] = {}  # lever -> the incumbent version it was last measured against
         stopped, passes = "", 0
         advised = [(lv, v) for lv in levers for v in _advised(lv, self.where, start.values[lv.key], self.advice)]
         if len(advised) > 1:  # each advised value first, the levers' other values after
             self.log(f"the advised values first: {', '.join(f'{lv.name}={text(v)}' for lv, v in advised)}")
-            for lever, value in advised:
-                if stopped := self._lever(lever, [value], "advised"):
+            for lever, value in advised:  # with lanes, the lever's next values beside it
+                values = _values(lever, self.where, self.incumbent.values[lever.key], self.advice)
+                if value in values and (stopped := self._lever(lever, values[:1 + len(self.lanes)], ADVISED)):
                     break
         while not stopped and passes < self.passes:
             passes, before = passes + 1, self._version
@@ -395,9 +408,9 @@ class Search:
         best kept one becomes the incumbent's.
         Why the budget stopped it ("": it did not)."""
         current, incumbent, version = self.incumbent.values[lever.key], self.incumbent, self._version
-        values = [v for v in values if self._tried.get((lever.name, v)) != version and (
+        values = [v for v in values if v != current and self._tried.get((lever.name, v)) != version and (
             lever.scale is None or lever.scale(self.where, v) != lever.scale(self.where, current))]  # "" as "2"
-        values = self._same_side(lever, values)
+        values = self._same_side(lever, values, [])
         kept: list[Trial] = []
         stopped = ""
         while values:
@@ -407,14 +420,14 @@ class Search:
             batch, values = values[:1 + len(self.lanes)], values[1 + len(self.lanes):]
             for trial in self.measure_batch(lever, incumbent, batch):
                 self.trials.append(trial)
-                self.log(f"({stage}) {trial.line()}")
+                self.log(f"({'advised' if stage == ADVISED else stage}) {trial.line()}")
                 self._tried[(lever.name, trial.value)] = version
                 if trial.kept:
                     kept.append(trial)
-                    self._won.setdefault(lever.name, []).append((current, trial.value))
-            values = self._same_side(lever, values)
+            values = self._same_side(lever, values, [(current, _best(kept).value)] if kept else [])
         if kept:  # also where the budget ran out inside the lever: what it measured stands
-            best = max(kept, key=lambda t: t.speedup or 0.0)
+            best = _best(kept)
+            self._won.setdefault(lever.name, []).append((current, best.value))  # the visit's best: one side
             self.incumbent = incumbent.with_(best.changes)
             self.chosen.append(best)
             self.step_s = statistics.median(best.candidate_s)
@@ -423,12 +436,13 @@ class Search:
                      " default (the kept speedups multiplied, each against the best before it)")
         return stopped
 
-    def _same_side(self, lever: Lever, values: list[Any]) -> list[Any]:
-        """``values`` less those an ordered lever's (``Lever.scale``) wins rule out, said in one
-        line: the step is taken to be unimodal along it, so once a value won against the
+    def _same_side(self, lever: Lever, values: list[Any], visit: list[tuple[Any, Any]]) -> list[Any]:
+        """``values`` less those an ordered lever's (``Lever.scale``) wins rule out (each visit's
+        best over the incumbent of its time, and ``visit``'s so far), newly left out ones said in
+        one line: the step is taken to be unimodal along it, so once a value won against the
         incumbent's, the incumbent's and those beyond it on the other side are not measured in
         this search (a larger micro-batch that wins leaves the smaller ones out)."""
-        won = self._won.get(lever.name, [])
+        won = [*self._won.get(lever.name, []), *visit]
         if lever.scale is None or not won or not values:
             return values
 
@@ -437,9 +451,11 @@ class Search:
 
         out = {v: (w, c) for v in values for c, w in won if scale(w) != scale(c)  # a script's "" and its own value
                and (scale(v) == scale(c) or (scale(v) > scale(c)) != (scale(w) > scale(c)))}
-        if out:
-            why = "; ".join(dict.fromkeys(f"{text(w)} won against {scale(c):g}" for w, c in out.values()))
-            self.log(f"{lever.name}: {', '.join(f'{scale(v):g}' for v in out)} not measured ({why}: the step is"
+        new = {v: wc for v, wc in out.items() if (lever.name, v) not in self._said}
+        if new:
+            self._said.update((lever.name, v) for v in new)
+            why = "; ".join(dict.fromkeys(f"{text(w)} won against {scale(c):g}" for w, c in new.values()))
+            self.log(f"{lever.name}: {', '.join(f'{scale(v):g}' for v in new)} not measured ({why}: the step is"
                      f" taken to be unimodal in {lever.name})")
         return [v for v in values if v not in out]
 

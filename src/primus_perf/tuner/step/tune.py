@@ -154,9 +154,9 @@ class StepTuneResult:
         if self.search.stopped:
             out.append(f"search stopped early: {self.search.stopped}")
         out.extend(self.notes)
-        out.append(f"search took {self.minutes:.1f} min ({len(self.search.trials)} trials,"
-                   f" {self.search.passes} pass(es)" + (f"; the FP8 plan {self.fp8_minutes:.1f} min" if self.fp8_minutes
-                                                        else "") + ")"
+        passes = f"{self.search.passes} pass(es)" if self.search.passes else "the advised values only"
+        fp8 = f"; the FP8 plan {self.fp8_minutes:.1f} min" if self.fp8_minutes else ""
+        out.append(f"search took {self.minutes:.1f} min ({len(self.search.trials)} trials, {passes}{fp8})"
                    + (f"; plan written to {self.out}" if self.out else ""))
         return out
 
