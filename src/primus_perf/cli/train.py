@@ -89,6 +89,7 @@ def train(
     if trainer.is_main and trainer.tuning is not None:
         for line in trainer.tuning.start_lines():
             console.print(line, highlight=False, soft_wrap=True)
+    finished = False
     try:
         for _ in range(cfg.train.steps):
             metrics = trainer.train_step()
@@ -101,6 +102,7 @@ def train(
                 console.print(
                     format_step(metrics, cfg.train.steps), highlight=False, soft_wrap=True
                 )
+        finished = True
     except KeyboardInterrupt:
         kept = f"the JSON log {json_log} holds {log.steps} step(s)" if log is not None and log.steps else \
             "nothing was written"
@@ -113,7 +115,7 @@ def train(
             if trainer.is_main and trainer.tuning is not None:
                 for line in trainer.tuning.end_lines():
                     console.print(line, highlight=False, soft_wrap=True)
-            trainer.close()
+            trainer.close(finished=finished)
 
 
 def main() -> None:

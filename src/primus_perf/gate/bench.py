@@ -58,6 +58,7 @@ def bench(
     cfg = load_config(config, list(overrides))
     trainer = Trainer(cfg)
     notes: list[str] = []
+    world = 0  # set when every step ran
     try:
         total = warmup + repeat + profile_steps
         done = 0
@@ -86,7 +87,7 @@ def bench(
                 progress(total, total)
         world = trainer.groups.world_size
     finally:
-        trainer.close()
+        trainer.close(finished=world > 0)
     return {
         "schema": SAMPLES_SCHEMA,
         "config": config,

@@ -248,11 +248,12 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
     import torch
     import torch.distributed as dist
 
-    from primus_perf.trainer.parallel import forget_groups, join_torchrun
+    from primus_perf.trainer.parallel import join_torchrun, leave_torchrun
     from primus_perf.tuner.step import tune_step
 
     # under torchrun the group of every trainer the step tuner builds: made here, none owns it
     owns_group = join_torchrun(torch.cuda.is_available())
+    finished = False
     try:
         rank = dist.get_rank() if dist.is_initialized() else 0
         if rank != 0:
@@ -274,12 +275,13 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
                     log(f"advised: {a.key}={text(a.value)}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
                                                          if a.estimate_ms is not None else ""))
             advice = _agree(advice)
-        return tune_step(config, overrides, out=out, advice=advice, log=log, agree=_agree, is_main=rank == 0,
-                         **kwargs)
+        result = tune_step(config, overrides, out=out, advice=advice, log=log, agree=_agree, is_main=rank == 0,
+                           **kwargs)
+        finished = True
+        return result
     finally:
-        if owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-            forget_groups()
+        if owns_group:
+            leave_torchrun(finished)
 
 
 def _agree(obj: Any) -> Any:

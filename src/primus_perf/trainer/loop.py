@@ -65,8 +65,8 @@ from primus_perf.trainer.moe import (
 from primus_perf.trainer.optim import make_optimizer
 from primus_perf.trainer.parallel import (
     clip_grad_norm_,
-    forget_groups,
     join_torchrun,
+    leave_torchrun,
     make_groups,
     reduce_expert_grads,
 )
@@ -421,8 +421,9 @@ class Trainer:
             self._grouped_release()  # the hold and the backend
             self._grouped_dispatch = None
 
-    def close(self) -> None:
-        """Release the DDP wrapper, then leave the process group if this trainer made it.
+    def close(self, finished: bool = False) -> None:
+        """Release the DDP wrapper, then leave the process group if this trainer made it
+        (``finished``: every rank ran its steps, see :func:`leave_torchrun`).
 
         Order matters with gloo: dropping DDP's reducer while it holds the last reference
         to its process group joins gloo's worker threads with the GIL held, and a worker
@@ -437,9 +438,8 @@ class Trainer:
                 dist.barrier(group=self.groups.dp_group)
             self._forward = self.model
             gc.collect()
-        if self._owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-            forget_groups()
+        if self._owns_process_group:
+            leave_torchrun(finished)
             self._owns_process_group = False
 
 

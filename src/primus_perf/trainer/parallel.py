@@ -77,6 +77,21 @@ def join_torchrun(cuda: bool) -> bool:
     return True
 
 
+def leave_torchrun(finished: bool) -> None:
+    """Leave the job :func:`join_torchrun` joined: its group destroyed, the groups made over it
+    forgotten. ``finished`` (every rank got here without an error): all ranks meet at a barrier
+    first. A gloo worker still releasing the last collective's tensors when the interpreter
+    shuts down takes the GIL too late and aborts ("terminate called without an active
+    exception"); the barrier waits for that work. Not after an error: another rank may never
+    come."""
+    if not dist.is_initialized():
+        return
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
+    forget_groups()
+
+
 def forget_groups() -> None:
     """Drop the groups made over the default group, once it is destroyed (and at exit): held
     in this module past it, gloo's threads were torn down at the interpreter's exit (an abort:

@@ -78,7 +78,7 @@ def preflight(
     import torch
     import torch.distributed as dist
 
-    from primus_perf.trainer.parallel import forget_groups, join_torchrun
+    from primus_perf.trainer.parallel import join_torchrun, leave_torchrun
 
     owns = join_torchrun(torch.cuda.is_available())
     try:
@@ -111,6 +111,5 @@ def preflight(
                 dist.barrier()
         return report
     finally:
-        if owns and dist.is_initialized():
-            dist.destroy_process_group()
-            forget_groups()
+        if owns:
+            leave_torchrun(finished=False)  # the ranks met above, after publishing

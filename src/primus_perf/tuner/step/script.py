@@ -415,6 +415,8 @@ def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, log:
     if world > 1:
         import torch.distributed as dist
 
+        from primus_perf.trainer.parallel import leave_torchrun
+
         owns = not dist.is_initialized()
         if owns:
             dist.init_process_group(backend="gloo")
@@ -425,12 +427,15 @@ def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, log:
             dist.broadcast_object_list(box, src=0)
             return box[0]
 
+        finished = False
         try:
-            return tune_script(target, out, log=log if rank == 0 else (lambda _m: None), agree=agree,
-                               distributed=True, is_main=rank == 0, **kwargs)
+            result = tune_script(target, out, log=log if rank == 0 else (lambda _m: None), agree=agree,
+                                 distributed=True, is_main=rank == 0, **kwargs)
+            finished = True
+            return result
         finally:
-            if owns and dist.is_initialized():
-                dist.destroy_process_group()
+            if owns:
+                leave_torchrun(finished)
     import torch
 
     from primus_perf.tuner.step.lanes import visible_devices
