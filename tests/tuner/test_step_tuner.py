@@ -25,7 +25,7 @@ from primus_perf.tuner.step.levers import (
     trainer_levers,
 )
 from primus_perf.tuner.step.search import CANNOT_RUN, DOES_NOT_FIT, OUT_OF_MEMORY, Advice, Search
-from primus_perf.tuner.step.session import interleaved
+from primus_perf.tuner.step.tune import interleaved
 from trainer_runs import CLI, _free_port
 
 TINY = ["train.global_batch=4", "train.micro_batch=1", "model.n_layers=1", "train.seq_len=32"]
@@ -440,7 +440,7 @@ def test_the_fp8_plan_per_layer_group_is_measured_under_the_plans_settings(tmp_p
 def test_a_trainer_that_cannot_be_built_leaves_the_sessions_own_running() -> None:
     """A candidate run by a new trainer (what cannot switch in place) that fails to build: the
     session's setting is built again before the error goes on, and the session steps on."""
-    from primus_perf.tuner.step.session import StepSession
+    from primus_perf.tuner.step.tune import StepSession
 
     session = StepSession("tiny", [*TINY, "train.device=cpu"], Setting())
     try:

@@ -26,17 +26,18 @@ OK, OOM, USER_ERROR, BROKEN = "ok", "oom", "user error", "broken"  # a lane's re
 START_TIMEOUT_S = 900.0  # a lane's trainer is built (and the first compile may come) within this
 
 
-def _serve(conn: Any, config: str, base: list[str], values: dict[str, Any], warm_up: int) -> None:
-    """A lane's process: one session, then (incumbent, candidate) pairs measured until told
-    to stop. Replies: (OK, (incumbent seconds, candidate seconds)), (OOM, why), (USER_ERROR,
-    why: the trainer cannot run it here) or (BROKEN, traceback)."""
+def _serve(conn: Any, session_class: Any, config: str, base: list[str], values: dict[str, Any],
+           warm_up: int) -> None:
+    """A lane's process: one session (``session_class(config, base, setting)``), then
+    (incumbent, candidate) pairs measured until told to stop. Replies: (OK, (incumbent seconds,
+    candidate seconds)), (OOM, why), (USER_ERROR, why: the trainer cannot run it here) or
+    (BROKEN, traceback)."""
     session = None
     try:
         from primus_perf.base.errors import DivergedError, OutOfMemory, UserError, one_line
         from primus_perf.tuner.step.levers import Setting
-        from primus_perf.tuner.step.session import StepSession
 
-        session = StepSession(config, base, Setting(dict(values)))
+        session = session_class(config, base, Setting(dict(values)))
         session.warm_up(warm_up)
         conn.send((OK, None))
         while True:
@@ -73,13 +74,13 @@ def _serve(conn: Any, config: str, base: list[str], values: dict[str, Any], warm
 
 
 class Lane:
-    def __init__(self, index: int, visible: str | None, config: str, base: Sequence[str],
+    def __init__(self, index: int, visible: str | None, session_class: Any, config: str, base: Sequence[str],
                  values: dict[str, Any], warm_up: int = 0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.index, self.visible = index, visible
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, config, list(base), dict(values), warm_up), daemon=True,
-                                   name=f"primus-step-lane-{index}")
+        self.process = ctx.Process(target=_serve, args=(child, session_class, config, list(base), dict(values),
+                                                        warm_up), daemon=True, name=f"primus-step-lane-{index}")
         # the child inherits the environment at its start: its GPU alone, no ranks
         changes = {"LOCAL_RANK": None, "RANK": None, "WORLD_SIZE": None}
         with environment.changed(changes if visible is None else {**changes, "CUDA_VISIBLE_DEVICES": visible}):
@@ -139,12 +140,13 @@ def visible_devices(count: int) -> list[str]:
     return [names[i] if i < len(names) else str(i) for i in range(count)]
 
 
-def start_lanes(config: str, base: Sequence[str], values: dict[str, Any], visible: Sequence[str | None],
-                log: Any = lambda _m: None, warm_up: int = 0) -> list[Lane]:
+def start_lanes(session_class: Any, config: str, base: Sequence[str], values: dict[str, Any],
+                visible: Sequence[str | None], log: Any = lambda _m: None, warm_up: int = 0) -> list[Lane]:
     """A lane per entry of ``visible`` (a device id, or None: the machine's own devices, for a
-    CPU), started together, each session run ``warm_up`` untimed steps; those that fail to
-    start are left out, with a line saying why."""
-    lanes = [Lane(i + 1, v, config, base, values, warm_up) for i, v in enumerate(visible)]
+    CPU), started together, each a ``session_class`` (``tune.StepSession``: a class, which a
+    spawned process imports by name) run ``warm_up`` untimed steps; those that fail to start
+    are left out, with a line saying why."""
+    lanes = [Lane(i + 1, v, session_class, config, base, values, warm_up) for i, v in enumerate(visible)]
     ready = []
     for lane in lanes:
         if lane.ready():
