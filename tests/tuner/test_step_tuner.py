@@ -617,3 +617,38 @@ def test_a_scripts_micro_batch_scale_reads_as_written_as_its_own_value() -> None
     none = ScriptContext(found={}, knobs={"micro_batch": {"default": None}}, device_type="cuda")
     assert lever.scale(none, "") == 1.0
     assert LEVERS["compile"].for_script().scale is None
+
+
+def test_what_the_plan_keeps_after_its_verdict_and_its_loss() -> None:
+    """``checked_plan``, shared by primus-train's and a script's step tuner: the default where
+    the step did not bear the plan out or nothing numeric can go; the plan where its loss holds
+    or none was seen; else the plan without what changes the numerics (and what goes with it),
+    measured again and kept only where it wins."""
+    from primus_perf.tuner.step.search import SearchResult
+    from primus_perf.tuner.step.tune import LossGuard, StepTuneResult, checked_plan, plan_verdict
+
+    start = Setting({"train.micro_batch": 1, "train.fp8": "off", "tuning.cache": ""})
+    plan = start.with_({"train.micro_batch": 4, "train.fp8": "tensorwise", "tuning.cache": "c.json"})
+    fast, slow = [1.0, 1.0, 1.0], [0.8, 0.8, 0.8]
+    holds, drifts = LossGuard(10, 1, 2.0, 2.001, 0.015, 2.0), LossGuard(10, 1, 2.0, 2.2, 0.015, 2.0)
+    measured: list[Setting] = []
+
+    def case(verdict_plan: list[float], guard: LossGuard | None, again: list[float] = slow,
+             the_plan: Setting = plan, **kw: object) -> tuple[Setting, StepTuneResult]:
+        res = StepTuneResult("tiny", [], SearchResult(start, start, [], 0, {}), Setting(), plan_verdict(fast, verdict_plan))
+        kept = checked_plan(res, start, the_plan, guard=lambda: guard,
+                            measure=lambda s: (measured.append(s), (fast, again))[1], log=lambda _m: None, **kw)
+        return kept, res
+
+    kept, res = case(fast, holds)  # no faster
+    assert kept == start and "did not bear the plan out" in res.notes[0] and res.guard is None
+    assert case(slow, holds)[0] == plan and case(slow, None)[0] == plan
+    assert "no loss seen" in case(slow, None)[1].notes[0]
+    kept, res = case(slow, drifts)  # FP8 dropped, the rest measured again: it still wins
+    assert kept == plan.with_({"train.fp8": "off"}) and measured[-1] == kept
+    assert list(res.dropped_by_guard) == ["train.fp8"] and res.verdict is not None and res.verdict.kept
+    assert case(slow, drifts, again=fast)[0] == start  # the rest no faster: the default
+    kept, _ = case(slow, drifts, goes_with=lambda n: {**n, "tuning.cache": ""})
+    assert kept == plan.with_({"train.fp8": "off", "tuning.cache": ""})
+    kept, res = case(slow, drifts, the_plan=start.with_({"train.micro_batch": 4}))  # nothing numeric to drop
+    assert kept == start and "nothing in the plan changes the numerics" in res.notes[-1]

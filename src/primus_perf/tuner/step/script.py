@@ -37,11 +37,16 @@ from typing import Any
 
 from primus_perf.base.entry import Log
 from primus_perf.base.errors import OutOfMemory, UserError
-from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.step import measured
 from primus_perf.tuner.step.levers import Lever, ScriptContext, Setting, lever_of, script_levers
 from primus_perf.tuner.step.search import Advice, Search, SearchResult, advice_parts
-from primus_perf.tuner.step.tune import LossGuard, StepTuneResult, numerics_changes, write_plan
+from primus_perf.tuner.step.tune import (
+    LossGuard,
+    StepTuneResult,
+    checked_plan,
+    plan_verdict,
+    write_plan,
+)
 
 PROFILE = {"baseline": 1, "wait": 1, "warmup": 1, "steps": 3}  # the profile's window (6 steps, then it stops)
 
@@ -356,10 +361,14 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
                               where=found, program=list(target))
     if plan.values != start.values:
         log(f"the plan against the default: {final_blocks} runs of it between runs of the default")
-        d_s, p_s = session.measure(start, plan, blocks=final_blocks, block_steps=steps, settle=warmup)
-        v = judge(list(zip(d_s, p_s)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
-        result.default_s, result.plan_s, result.verdict = d_s, p_s, v
-        plan, result = _guarded(session, start, plan, result, final_blocks, threshold, log)
+        result.default_s, result.plan_s = session.measure(start, plan, blocks=final_blocks, block_steps=steps,
+                                                         settle=warmup)
+        result.verdict = plan_verdict(result.default_s, result.plan_s)
+        last = session.runs[-(2 * final_blocks + 1):]  # the default's and the plan's runs just made: their loss
+        plan = checked_plan(result, start, plan, log=log, guard=lambda: script_guard(
+            [r.result for r in last if r.plan == _labels(start)], [r.result for r in last if r.plan == _labels(plan)],
+            threshold), measure=lambda kept: session.measure(start, kept, blocks=final_blocks, block_steps=steps,
+                                                             settle=warmup))
     result.plan = Setting(_labels(Setting({k: v for k, v in plan.values.items() if v != start.values.get(k)})))
     result.runs = list(session.runs)
     result.minutes = (time.monotonic() - t0) / 60
@@ -367,40 +376,6 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
         result.out = out
         write_plan(out, result, program=list(target))
     return result
-
-
-def _guarded(session: ScriptSession, start: Setting, plan: Setting, result: ScriptTuneResult, final_blocks: int,
-             threshold: float, log: Log) -> tuple[Setting, ScriptTuneResult]:
-    """The plan kept where it won and its loss holds (module docstring, step 4); what changes
-    the numerics dropped where the loss does not hold, the rest measured again."""
-    v = result.verdict
-    if v is None or not v.kept:
-        result.notes.append("the whole step did not bear the plan out against the default: the default stays")
-        return start, result
-    runs = session.runs[-(2 * final_blocks + 1):]
-    defaults = [r.result for r in runs if r.plan == _labels(start)]
-    plans = [r.result for r in runs if r.plan == _labels(plan)]
-    guard = script_guard(defaults, plans, threshold)
-    result.guard = guard
-    if guard is None:
-        result.notes.append("no loss seen (no .backward() on a scalar, no profile_step(loss=...)): no loss guard")
-        return plan, result
-    if guard.passed:
-        return plan, result
-    numeric = numerics_changes(plan, start)
-    result.dropped_by_guard = {k: f"{val}: the loss beyond the default's spread plus the threshold"
-                               for k, val in numeric.items()}
-    if not numeric:
-        result.notes.append("the loss guard failed and nothing in the plan changes the numerics: the default stays")
-        return start, result
-    plan = plan.with_({k: start.values[k] for k in numeric})
-    if plan.values == start.values:
-        return start, result
-    log(f"the loss guard dropped {', '.join(numeric)}: the rest of the plan against the default again")
-    d_s, p_s = session.measure(start, plan, blocks=final_blocks, block_steps=session.steps, settle=session.warmup)
-    v2: Verdict = judge(list(zip(d_s, p_s)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
-    result.default_s, result.plan_s, result.verdict = d_s, p_s, v2
-    return (plan if v2.kept else start), result
 
 
 def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, log: Log = lambda _m: None,

@@ -357,10 +357,40 @@ def start_setting(session: StepSession, levers: Sequence[Lever]) -> Setting:
     return Setting({lv.key: flat(session.trainer.cfg)[lv.key] for lv in levers})
 
 
-def interleave(session: StepSession, default: Setting, plan: Setting, *, blocks: int, block_steps: int,
-               settle: int, agree: Callable[[Any], Any]) -> tuple[list[float], list[float], Verdict]:
-    d, p = agree(session.measure(default, plan, blocks=blocks, block_steps=block_steps, settle=settle))
-    return d, p, judge(list(zip(d, p)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
+def plan_verdict(default_s: list[float], plan_s: list[float]) -> Verdict:
+    """The plan against the default over paired blocks, by the one rule."""
+    return judge(list(zip(default_s, plan_s)), Rule(margin=STEP_MARGIN, least=2), choice="plan", baseline="default")
+
+
+def checked_plan(result: StepTuneResult, start: Setting, plan: Setting, *, guard: Callable[[], LossGuard | None],
+                 measure: Callable[[Setting], tuple[list[float], list[float]]], log: Log,
+                 goes_with: Callable[[dict[str, Any]], dict[str, Any]] = lambda numeric: numeric) -> Setting:
+    """What the plan keeps, after ``result.verdict`` (the plan against ``start``): the default
+    where the step did not bear it out; else the plan where its loss holds (``guard``: None where
+    no loss was seen); else the plan without what changes the numerics (``goes_with``: those keys
+    and the keys that go with them), measured against the default again (``measure``) and kept
+    where it wins."""
+    if result.verdict is None or not result.verdict.kept:
+        result.notes.append("the whole step did not bear the plan out against the default: the default stays")
+        return start
+    result.guard = guard()
+    if result.guard is None:
+        result.notes.append("no loss seen (no .backward() on a scalar, no profile_step(loss=...)): no loss guard")
+        return plan
+    if result.guard.passed:
+        return plan
+    numeric = numerics_changes(plan, start)
+    result.dropped_by_guard = {k: f"{text(v)}: the loss beyond the default's spread plus the threshold"
+                               for k, v in numeric.items()}
+    plan = plan.with_({k: start.values[k] for k in goes_with(numeric)})
+    if not numeric or plan.values == start.values:
+        if not numeric:
+            result.notes.append("the loss guard failed and nothing in the plan changes the numerics: the default stays")
+        return start
+    log(f"the loss guard dropped {', '.join(numeric)}: the rest of the plan against the default again")
+    result.default_s, result.plan_s = measure(plan)
+    result.verdict = plan_verdict(result.default_s, result.plan_s)
+    return plan if result.verdict.kept else start
 
 
 def loss_guard(make: Callable[[Setting], StepSession], default: Setting, plan: Setting, *, steps: int,
@@ -566,41 +596,32 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
             fp8_minutes = 0.0
         result = StepTuneResult(config, base, found, Setting(), None, tokens_per_step=tokens,
                                 device=current_device().name, fp8_minutes=fp8_minutes)
+        measure = {"blocks": final_blocks, "block_steps": block_steps, "settle": settle}
         if plan.values != start.values:  # the figures: once, in StepTuneResult.lines()
             log(f"measuring the plan against the default, interleaved ({final_blocks} pairs of blocks)")
-            d, p, v = interleave(session, start, plan, blocks=final_blocks, block_steps=block_steps, settle=settle,
-                                 agree=agree)
-            result.default_s, result.plan_s, result.verdict = d, p, v
-            if not v.kept:
-                result.notes.append("the whole step did not bear the plan out against the default: the default stays")
-                plan = start
+            result.default_s, result.plan_s = agree(session.measure(start, plan, **measure))
+            result.verdict = plan_verdict(result.default_s, result.plan_s)
     finally:
         session.close()
-    if plan.values != start.values:
+
+    def guard() -> LossGuard:
         log(f"loss guard: the default and the plan from one seed, {check_steps} steps each")
-        guard = loss_guard(make, start, plan, steps=check_steps, threshold=threshold)
-        result.guard = guard
-        if not guard.passed:
-            numeric = numerics_changes(plan, start)
-            result.dropped_by_guard = {k: f"{text(v)}: the loss beyond the threshold" for k, v in numeric.items()}
-            if numeric.get("train.fp8") == "auto" and plan.values.get("tuning.cache") == str(fp8_cache):
-                numeric["tuning.cache"] = str(fp8_cache)  # the FP8 plan's cache goes with it
-            plan = plan.with_({k: start.values[k] for k in numeric})
-            if numeric and plan.values != start.values:
-                session = make(start)
-                try:
-                    d, p, v = interleave(session, start, plan, blocks=final_blocks, block_steps=block_steps,
-                                         settle=settle, agree=agree)
-                finally:
-                    session.close()
-                result.default_s, result.plan_s, result.verdict = d, p, v
-                if not v.kept:
-                    plan = start
-            else:
-                if not numeric:
-                    result.notes.append("the loss guard failed and nothing in the plan changes the numerics: "
-                                        "the default stays")
-                plan = start
+        return loss_guard(make, start, plan, steps=check_steps, threshold=threshold)
+
+    def again(kept: Setting) -> tuple[list[float], list[float]]:
+        fresh = make(start)
+        try:
+            return agree(fresh.measure(start, kept, **measure))
+        finally:
+            fresh.close()
+
+    def goes_with(numeric: dict[str, Any]) -> dict[str, Any]:  # the FP8 plan's cache goes with it
+        if numeric.get("train.fp8") == "auto" and plan.values.get("tuning.cache") == str(fp8_cache):
+            return {**numeric, "tuning.cache": str(fp8_cache)}
+        return numeric
+
+    if plan.values != start.values:
+        plan = checked_plan(result, start, plan, guard=guard, measure=again, log=log, goes_with=goes_with)
     result.plan = Setting({k: v for k, v in plan.values.items() if v != start.values.get(k)})
     result.minutes = (time.monotonic() - t0) / 60
     if out is not None and is_main:
