@@ -607,6 +607,19 @@ def test_a_scripts_own_value_spelled_otherwise_is_not_measured_and_rules_out_no_
     assert res.best.values == {"micro_batch": "8"} and not any("not measured" in line for line in said)
 
 
+def test_a_value_left_out_against_a_script_as_written_is_said_in_its_own_terms() -> None:
+    from primus_perf.tuner.step.levers import ScriptContext
+
+    where = ScriptContext(found={}, knobs={"micro_batch": {"default": 2, "via": "own"}}, device_type="cuda",
+                          own={"micro_batch": ["1", "2", "4"]})
+    said: list[str] = []
+    res = Search(ScaleStep(), [LEVERS["micro_batch"].for_script()], where, advice=[Advice("micro_batch", "4", 5.0)],
+                 blocks=2, block_steps=1, fits=lambda _s: None, log=said.append).run(Setting({"micro_batch": ""}))
+    assert [t.value for t in res.trials] == ["4"]
+    assert "micro_batch: 1 not measured (4 won against 2 (as written): the step is taken to be unimodal" \
+           " in micro_batch)" in said, said
+
+
 def test_a_scripts_micro_batch_scale_reads_as_written_as_its_own_value() -> None:
     from primus_perf.tuner.step.levers import ScriptContext
 

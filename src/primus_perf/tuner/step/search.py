@@ -148,11 +148,17 @@ def _order(levers: Sequence[Lever], advice: Sequence[Advice]) -> list[Lever]:
     return sorted(levers, key=lambda lv: rank[lv.name])
 
 
-def _advised(lever: Lever, where: TrainerContext, current: Any, advice: Sequence[Advice]) -> list[Any]:
-    """The lever's first advised value it can take here, other than ``current`` (or the same
-    value spelled otherwise), if any (a list of at most one)."""
-    values = [v for v in lever.values(where) if v != current and (
+def _others(lever: Lever, where: TrainerContext, current: Any, values: Sequence[Any]) -> list[Any]:
+    """``values`` less ``current`` and, for an ordered lever, ``current`` spelled otherwise (a
+    script's "" as written and its own value, "2")."""
+    return [v for v in values if v != current and (
         lever.scale is None or lever.scale(where, v) != lever.scale(where, current))]
+
+
+def _advised(lever: Lever, where: TrainerContext, current: Any, advice: Sequence[Advice]) -> list[Any]:
+    """The lever's first advised value it can take here, other than ``current``, if any (a list
+    of at most one)."""
+    values = _others(lever, where, current, lever.values(where))
     return [a.value for a in advice if a.key == lever.key and a.value in values][:1]
 
 
@@ -408,8 +414,7 @@ class Search:
         best kept one becomes the incumbent's.
         Why the budget stopped it ("": it did not)."""
         current, incumbent, version = self.incumbent.values[lever.key], self.incumbent, self._version
-        values = [v for v in values if v != current and self._tried.get((lever.name, v)) != version and (
-            lever.scale is None or lever.scale(self.where, v) != lever.scale(self.where, current))]  # "" as "2"
+        values = [v for v in _others(lever, self.where, current, values) if self._tried.get((lever.name, v)) != version]
         values = self._same_side(lever, values, [])
         kept: list[Trial] = []
         stopped = ""
@@ -449,13 +454,16 @@ class Search:
         def scale(v: Any) -> float:
             return lever.scale(self.where, v)
 
+        def said(v: Any) -> str:  # a script's "": its own value, as written
+            return text(v) or f"{scale(v):g} (as written)"
+
         out = {v: (w, c) for v in values for c, w in won if scale(w) != scale(c)  # a script's "" and its own value
                and (scale(v) == scale(c) or (scale(v) > scale(c)) != (scale(w) > scale(c)))}
         new = {v: wc for v, wc in out.items() if (lever.name, v) not in self._said}
         if new:
             self._said.update((lever.name, v) for v in new)
-            why = "; ".join(dict.fromkeys(f"{text(w)} won against {scale(c):g}" for w, c in new.values()))
-            self.log(f"{lever.name}: {', '.join(f'{scale(v):g}' for v in new)} not measured ({why}: the step is"
+            why = "; ".join(dict.fromkeys(f"{said(w)} won against {said(c)}" for w, c in new.values()))
+            self.log(f"{lever.name}: {', '.join(said(v) for v in new)} not measured ({why}: the step is"
                      f" taken to be unimodal in {lever.name})")
         return [v for v in values if v not in out]
 
