@@ -536,12 +536,10 @@ def default_jobs(n_traces: int) -> int:
 
 def _outside_note(kernels: pd.DataFrame, has_steps: bool) -> tuple[float, list[str]]:
     """Seconds of GPU work outside the profiled steps, and its note."""
-    if not has_steps:
-        return 0.0, []
     out = kernels[kernels["step"] < 0]
-    secs = float(out["dur_us"].sum()) / 1e6
-    if out.empty:
+    if not has_steps or out.empty:
         return 0.0, []
+    secs = float(out["dur_us"].sum()) / 1e6
     return secs, [f"outside steps: {len(out):,} GPU events ({secs * 1e3:,.3f} ms) without a launch inside the "
                   "profiled steps (queued before profiling started, or launched outside the steps) are left out "
                   "of the per-step figures"]

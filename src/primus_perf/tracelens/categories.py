@@ -178,25 +178,23 @@ KERNEL_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 FOREACH = "aten::_foreach_"
 
 
-def _match(rules: tuple[tuple[str, re.Pattern[str]], ...], text: str) -> str | None:
-    for cat, rx in rules:
-        if rx.search(text):
-            return cat
-    return None
+def first_match(rules: tuple[tuple[str, re.Pattern[str]], ...], text: str) -> str | None:
+    """The name of the first rule whose pattern ``text`` matches, or None."""
+    return next((cat for cat, rx in rules if rx.search(text)), None)
 
 
 def op_category(op_name: str) -> str | None:
     """Category of an op name alone, or None for ops the rules do not know."""
     if COMMUNICATION_OP.search(op_name):
         return COMMUNICATION
-    return _match(OP_RULES, op_name)
+    return first_match(OP_RULES, op_name)
 
 
 def kernel_category(kernel_name: str) -> str | None:
     """Category from a kernel name alone (the fallback), or None."""
     if COMMUNICATION_KERNEL.search(kernel_name):
         return COMMUNICATION
-    return _match(KERNEL_RULES, kernel_name)
+    return first_match(KERNEL_RULES, kernel_name)
 
 
 def classify(kind: str, kernel_name: str, model_op: str | None, leaf_op: str | None,

@@ -177,14 +177,26 @@ def compare_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "
         breakdown.append({"category": cat, "base_ms": b, "candidate_ms": c, "delta_ms": c - b, "rel": _rel(b, c)})
 
     joined = _ops(base).merge(_ops(candidate), how="outer", left_index=True, right_index=True, suffixes=("_b", "_c"))
+    ops = sorted(_op_rows(joined), key=lambda r: -abs(r["delta_ms"]))[:MAX_OPS]
+    step_change = _rel(base_step, cand_step)
+    warnings = mismatch_warnings(base, candidate)
+    figures = {"base_step_ms": base_step, "candidate_step_ms": cand_step, "step_change": step_change,
+               "base_kernel_ms": base_kernel, "candidate_kernel_ms": cand_kernel,
+               "kernel_change": _rel(base_kernel, cand_kernel)}
+    return _diff(base, candidate, base_label, candidate_label, cats, verdict_line(step_change, breakdown), warnings,
+                 warnings, figures, (len(sb), len(sc)), steps, breakdown, ops, ops)
+
+
+def _op_rows(joined: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows of ``ops``, one per row of the two runs' tables joined (columns suffixed
+    ``_b`` and ``_c``: category, shape, ops, ms, calls; the family first in the index)."""
     ops = []
-    for (family, _), r in joined.iterrows():
+    for key, r in joined.iterrows():
         in_b, in_c = not np.isnan(r["ms_b"]), not np.isnan(r["ms_c"])
-        b = float(r["ms_b"]) if in_b else 0.0
-        c = float(r["ms_c"]) if in_c else 0.0
+        b, c = (float(r["ms_b"]) if in_b else 0.0), (float(r["ms_c"]) if in_c else 0.0)
         side = "both" if in_b and in_c else ("base only" if in_b else "candidate only")
         ops.append({
-            "category": r["category_b"] if in_b else r["category_c"], "family": family,
+            "category": r["category_b"] if in_b else r["category_c"], "family": key[0],
             "shape": r["shape_b"] if in_b else r["shape_c"],
             "base_op": r["ops_b"] if in_b else None, "candidate_op": r["ops_c"] if in_c else None,
             "base_ms": b, "candidate_ms": c, "delta_ms": c - b,
@@ -192,12 +204,17 @@ def compare_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "
             "base_calls": float(r["calls_b"]) if in_b else None,
             "candidate_calls": float(r["calls_c"]) if in_c else None,
         })
-    ops.sort(key=lambda r: -abs(r["delta_ms"]))
-    ops = ops[:MAX_OPS]
-    step_change = _rel(base_step, cand_step)
+    return ops
+
+
+def _diff(base: Analysis, candidate: Analysis, base_label: str, candidate_label: str, cats: list[str], verdict: str,
+          warnings: list[str], shown: list[str], figures: dict[str, Any], n_steps: tuple[int, int],
+          steps: list[dict[str, Any]], breakdown: list[dict[str, Any]], ops: list[dict[str, Any]],
+          all_ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """The comparison's dict, as both kinds of comparison give it: ``warnings`` follow the
+    verdict, ``shown`` are the ``warnings`` listed; ``figures``: the header's times; ``ops``
+    the rows listed, ``all_ops`` those the ``only_in_*`` lists are taken from."""
     bdev, cdev = base.device["name"], candidate.device["name"]
-    warnings = mismatch_warnings(base, candidate)
-    verdict = verdict_line(step_change, breakdown)
     return {
         "schema": COMPARE_SCHEMA,
         "kind": "diff",
@@ -205,13 +222,10 @@ def compare_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "
         "title": f"primus-perf diff: {Path(candidate_label).name} vs {Path(base_label).name}",
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "verdict": verdict + "".join(f" (warning: {w})" for w in warnings),
-        "warnings": warnings,
+        "warnings": shown,
         "header": {
-            "base": base_label, "candidate": candidate_label,
-            "base_step_ms": base_step, "candidate_step_ms": cand_step, "step_change": step_change,
-            "base_kernel_ms": base_kernel, "candidate_kernel_ms": cand_kernel,
-            "kernel_change": _rel(base_kernel, cand_kernel),
-            "base_steps": len(sb), "candidate_steps": len(sc),
+            "base": base_label, "candidate": candidate_label, **figures,
+            "base_steps": n_steps[0], "candidate_steps": n_steps[1],
             "device": bdev if bdev == cdev else f"{bdev} vs {cdev}", "same_device": bdev == cdev,
             "world_size": base.world_size if base.world_size == candidate.world_size
             else f"{base.world_size} vs {candidate.world_size}",
@@ -220,8 +234,8 @@ def compare_analyses(base: Analysis, candidate: Analysis, *, base_label: str = "
         "steps": steps,
         "breakdown": breakdown,
         "ops": ops,
-        "only_in_base": [r for r in ops if r["side"] == "base only"],
-        "only_in_candidate": [r for r in ops if r["side"] == "candidate only"],
+        "only_in_base": [r for r in all_ops if r["side"] == "base only"],
+        "only_in_candidate": [r for r in all_ops if r["side"] == "candidate only"],
     }
 
 
@@ -234,10 +248,12 @@ def _cpu_ops(a: Analysis) -> pd.DataFrame:
     frames = [df.assign(family=kind)[["family", "key", "direction", "label", "time_s", "calls"]]
               for kind, df in a.problem_tables().items() if len(df)]
     if not frames:
-        return pd.DataFrame(columns=["shape", "ms", "calls"],
+        return pd.DataFrame(columns=["category", "shape", "ops", "ms", "calls"],
                             index=pd.MultiIndex.from_tuples([], names=["family", "key", "direction"]))
     d = pd.concat(frames, ignore_index=True)
-    return pd.DataFrame({"shape": [f"{lb} ({dr})" for lb, dr in zip(d["label"], d["direction"], strict=True)],
+    # a kind is its own category and op
+    return pd.DataFrame({"category": d["family"].to_numpy(), "ops": d["family"].to_numpy(),
+                         "shape": [f"{lb} ({dr})" for lb, dr in zip(d["label"], d["direction"], strict=True)],
                          "ms": d["time_s"].to_numpy() * 1e3, "calls": d["calls"].to_numpy()},
                         index=pd.MultiIndex.from_frame(d[["family", "key", "direction"]]))
 
@@ -249,18 +265,10 @@ def compare_cpu_analyses(base: Analysis, candidate: Analysis, *, base_label: str
     :func:`compare_analyses` gives (no per-step times: ``steps`` is empty)."""
     joined = _cpu_ops(base).merge(_cpu_ops(candidate), how="outer", left_index=True, right_index=True,
                                   suffixes=("_b", "_c"))
-    ops, kinds = [], {}
-    for (family, _key, _direction), r in joined.iterrows():
-        in_b, in_c = not np.isnan(r["ms_b"]), not np.isnan(r["ms_c"])
-        b, c = (float(r["ms_b"]) if in_b else 0.0), (float(r["ms_c"]) if in_c else 0.0)
-        side = "both" if in_b and in_c else ("base only" if in_b else "candidate only")
-        ops.append({"category": family, "family": family, "shape": r["shape_b"] if in_b else r["shape_c"],
-                    "base_op": family if in_b else None, "candidate_op": family if in_c else None,
-                    "base_ms": b, "candidate_ms": c, "delta_ms": c - b, "rel": _rel(b, c) if side == "both" else None,
-                    "side": side, "base_calls": float(r["calls_b"]) if in_b else None,
-                    "candidate_calls": float(r["calls_c"]) if in_c else None})
-        kb, kc = kinds.get(family, (0.0, 0.0))
-        kinds[family] = (kb + b, kc + c)
+    ops, kinds = _op_rows(joined), {}
+    for r in ops:
+        kb, kc = kinds.get(r["family"], (0.0, 0.0))
+        kinds[r["family"]] = (kb + r["base_ms"], kc + r["candidate_ms"])
     ops.sort(key=lambda r: -abs(r["delta_ms"]))
     breakdown = [{"category": k, "base_ms": b, "candidate_ms": c, "delta_ms": c - b, "rel": _rel(b, c)}
                  for k, (b, c) in sorted(kinds.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))]
@@ -269,27 +277,11 @@ def compare_cpu_analyses(base: Analysis, candidate: Analysis, *, base_label: str
     warnings = mismatch_warnings(base, candidate)
     head = change_head(change, subject="candidate's modeled ops", base="base's", where=" on the CPU",
                        nothing="no modeled ops to compare")
-    bdev, cdev = base.device["name"], candidate.device["name"]
-    return {
-        "schema": COMPARE_SCHEMA, "kind": "diff", "colors": category_colors(list(kinds)),
-        "title": f"primus-perf diff: {Path(candidate_label).name} vs {Path(base_label).name}",
-        "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "verdict": head + "".join(f" (warning: {w})" for w in warnings),
-        "warnings": [CPU_NOTE, *warnings],
-        "header": {
-            "base": base_label, "candidate": candidate_label, "base_step_ms": None, "candidate_step_ms": None,
-            "step_change": None, "base_kernel_ms": None, "candidate_kernel_ms": None, "kernel_change": None,
-            "base_cpu_op_ms": total_b, "candidate_cpu_op_ms": total_c, "cpu_op_change": change,
-            "base_steps": len(base.steps), "candidate_steps": len(candidate.steps),
-            "device": bdev if bdev == cdev else f"{bdev} vs {cdev}", "same_device": bdev == cdev,
-            "world_size": base.world_size if base.world_size == candidate.world_size
-            else f"{base.world_size} vs {candidate.world_size}",
-            "base_versions": base.versions, "candidate_versions": candidate.versions,
-        },
-        "steps": [], "breakdown": breakdown, "ops": ops[:MAX_OPS],
-        "only_in_base": [r for r in ops if r["side"] == "base only"],
-        "only_in_candidate": [r for r in ops if r["side"] == "candidate only"],
-    }
+    figures = {"base_step_ms": None, "candidate_step_ms": None, "step_change": None, "base_kernel_ms": None,
+               "candidate_kernel_ms": None, "kernel_change": None, "base_cpu_op_ms": total_b,
+               "candidate_cpu_op_ms": total_c, "cpu_op_change": change}
+    return _diff(base, candidate, base_label, candidate_label, list(kinds), head, warnings, [CPU_NOTE, *warnings],
+                 figures, (len(base.steps), len(candidate.steps)), [], breakdown, ops[:MAX_OPS], ops)
 
 
 def compare(base: str | Path, candidate: str | Path) -> dict[str, Any]:

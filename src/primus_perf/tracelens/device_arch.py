@@ -77,10 +77,7 @@ def infer_device(kernel_names: Iterable[str]) -> Inferred | None:
     found = Counter(a for a in map(arch_of, names) if a is not None)
     if not found:
         return None
-    by_vendor = Counter()
-    for (vendor, _), n in found.items():
-        by_vendor[vendor] += n
-    vendor = by_vendor.most_common(1)[0][0]
+    vendor = Counter(v for v, _ in found.elements()).most_common(1)[0][0]
     archs = {arch: n for (v, arch), n in found.items() if v == vendor}
     arch = max(archs, key=lambda a: int(a[3:])) if vendor == "nvidia" else max(archs, key=archs.__getitem__)
     device, shares = ARCH_DEVICES.get(arch, (f"{'NVIDIA' if vendor == 'nvidia' else 'AMD'} GPU", ""))

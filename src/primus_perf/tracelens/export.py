@@ -41,9 +41,7 @@ def _cell(v: Any) -> Any:
         return _text(v)
     if isinstance(v, (int, float, bool)) or v is None:
         return v
-    if hasattr(v, "key") and callable(v.key):  # a problem
-        return _text(str(v))
-    if isinstance(v, (list, tuple, dict, set)):
+    if (hasattr(v, "key") and callable(v.key)) or isinstance(v, (list, tuple, dict, set)):  # a problem, a list
         return _text(str(v))
     return v if pd.api.types.is_scalar(v) else _text(str(v))
 

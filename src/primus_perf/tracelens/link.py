@@ -71,7 +71,7 @@ class Linked:
     # per GPU event: launched inside a data-parallel sharding hook (FSDP2's ``FSDP::`` and
     # ``fsdp::`` annotations: the all-gather's copy-in and copy-out, the gradients' reduction and
     # accumulation): work per parameter, once per micro-batch
-    in_sharding: np.ndarray | None = None
+    in_sharding: np.ndarray
 
 
 def step_windows(rt: L.RawTrace) -> tuple[list[int], np.ndarray]:
@@ -79,16 +79,11 @@ def step_windows(rt: L.RawTrace) -> tuple[list[int], np.ndarray]:
     ann = np.flatnonzero((rt.kind == L.KIND_ANNOTATION) | (rt.kind == L.KIND_CPU_OP))
     step_code = {c: int(m.group(1)) for c, n in enumerate(rt.names) if (m := _STEP.match(n))}
     found: dict[int, tuple[float, float]] = {}
-    if step_code:
-        ann = ann[np.isin(rt.name[ann], np.fromiter(step_code, dtype=np.int64))]
-    else:
-        ann = ann[:0]
-    for r in ann.tolist():
-        n = step_code.get(int(rt.name[r]))
-        if n is not None:
-            s, e = float(rt.ts[r]), float(rt.ts[r] + rt.dur[r])
-            lo, hi = found.get(n, (s, e))
-            found[n] = (min(lo, s), max(hi, e))
+    for r in ann[np.isin(rt.name[ann], np.fromiter(step_code, dtype=np.int64))].tolist():
+        n = step_code[int(rt.name[r])]
+        s, e = float(rt.ts[r]), float(rt.ts[r] + rt.dur[r])
+        lo, hi = found.get(n, (s, e))
+        found[n] = (min(lo, s), max(hi, e))
     steps = sorted(found)
     win = np.array([found[s] for s in steps], dtype=np.float64).reshape(-1, 2)
     return steps, win
@@ -329,14 +324,14 @@ def link(rt: L.RawTrace) -> Linked:
     op_step = assign_steps(rt.ts, steps, win)
     hook_codes = [c for c, nm in enumerate(rt.names) if SHARDING_HOOK.match(nm)]
     in_sharding = np.zeros(len(gpu), dtype=bool)
+    ops = (kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)
     if hook_codes and has_leaf.any():
-        ops = (kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)
         hooked = _nearest(np.isin(rt.name, hook_codes) & ops, parent)
         in_sharding[has_leaf] = hooked[leaf[has_leaf]] >= 0
     return Linked(
         gpu=gpu, launch=launch, leaf_op=leaf, model_op=model_op, fwd_op=fwd_op,
         in_optimizer=in_opt.astype(bool), step=step,
-        op_rows=np.flatnonzero((kind == L.KIND_CPU_OP) | (kind == L.KIND_ANNOTATION)),
+        op_rows=np.flatnonzero(ops),
         op_parent=parent, op_model=model, shadowed=shadowed, op_backward=bwd_root >= 0, op_step=op_step,
         steps=steps, step_windows=win, in_sharding=in_sharding,
     )

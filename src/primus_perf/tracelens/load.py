@@ -247,8 +247,7 @@ class RawTrace:
             # each is a list, one item per input; anything else was not written by torch.profiler
             args = ShapeArgs(*(v if isinstance(v, list) else [] for v in values))
             for i, d in enumerate(args.dims):  # no tensor has more elements than any memory holds
-                if isinstance(d, list) and d and all(type(x) is int for x in d) and not (
-                        min(d) >= 0 and math.prod(d) <= MAX_ELEMENTS):
+                if int_dims(d) and not (min(d) >= 0 and math.prod(d) <= MAX_ELEMENTS):
                     args.dims[i] = []
                     self.fixes[("Input Dims", "dropped out-of-range")] += 1
             cache[code] = args
@@ -288,6 +287,11 @@ def unread_notes(unread: Counter) -> list[str]:
     what = ", ".join(f"{n:,} `{cat}`" for cat, n in unread.most_common())
     return [f"not read: {what} duration event(s), of categories unknown to the analyzer (another accelerator's "
             "device events, range profiler records, ...): their time is in no figure"]
+
+
+def int_dims(d: Any) -> bool:
+    """Whether a recorded input is a tensor's dims: a non-empty list of ints."""
+    return isinstance(d, list) and bool(d) and all(type(x) is int for x in d)
 
 
 def _json_or_empty(b: bytes) -> Any:
@@ -768,11 +772,8 @@ def _pieces(reader: _Reader, workers: int) -> Iterator[tuple[bytes | memoryview 
             if pool is None:
                 yield piece, reader.gap, None
                 continue
-            if isinstance(piece, _Span):
-                ahead.append((piece, reader.gap, pool.submit(_span_columns, piece)))
-            else:
-                text = bytes(piece)
-                ahead.append((text, reader.gap, pool.submit(_piece_columns, text)))
+            piece = piece if isinstance(piece, _Span) else bytes(piece)
+            ahead.append((piece, reader.gap, pool.submit(_piece_columns, piece)))
             if len(ahead) > 2 * workers:
                 yield ahead.popleft()
         while ahead:
@@ -782,17 +783,13 @@ def _pieces(reader: _Reader, workers: int) -> Iterator[tuple[bytes | memoryview 
             pool.shutdown(cancel_futures=True)
 
 
-def _span_columns(span: _Span) -> _ColumnBuilder | None:
-    """:func:`_piece_columns` of a piece read from the file here."""
-    return _piece_columns(span.text())
-
-
-def _piece_columns(text: bytes | bytearray) -> _ColumnBuilder | None:
-    """One piece as columns of their own (a helper process's work); None when it does not
-    parse (a cut inside a string: the caller joins it with the next piece)."""
+def _piece_columns(piece: bytes | _Span) -> _ColumnBuilder | None:
+    """One piece as columns of their own (a helper process's work; a :class:`_Span` is read
+    from the file here); None when it does not parse (a cut inside a string: the caller
+    joins it with the next piece)."""
     b = _ColumnBuilder()
     try:
-        events = _decode_piece(text, b.fixes)
+        events = _decode_piece(_text(piece), b.fixes)
     except msgspec.DecodeError:
         return None
     b.add(events)
@@ -1026,8 +1023,7 @@ class _ColumnBuilder:
 def _dims_text(raw: bytes) -> str:
     """A launch's ``[x, y, z]`` as ``x,y,z`` ("" when it is not a list of ints)."""
     v = _json_or_empty(raw)
-    ok = isinstance(v, list) and v and all(type(x) is int for x in v)
-    return ",".join(map(str, v)) if ok else ""
+    return ",".join(map(str, v)) if int_dims(v) else ""
 
 
 _HASH = tuple(np.uint64(x) for x in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,

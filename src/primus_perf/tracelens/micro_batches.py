@@ -41,12 +41,8 @@ class Passes:
     optimizer_steps: dict[int, int]
 
 
-def _codes(rt: L.RawTrace, prefix: str) -> np.ndarray:
-    return np.array([c for c, nm in enumerate(rt.names) if nm.startswith(prefix)], dtype=np.int64)
-
-
 def _rows(rt: L.RawTrace, lk: Linked, prefix: str) -> np.ndarray:
-    codes = _codes(rt, prefix)
+    codes = np.array([c for c, nm in enumerate(rt.names) if nm.startswith(prefix)], dtype=np.int64)
     op = (rt.kind == L.KIND_CPU_OP) | (rt.kind == L.KIND_ANNOTATION)
     return np.flatnonzero(op & np.isin(rt.name, codes) & (lk.op_step >= 0)) if len(codes) else np.zeros(0, np.int64)
 

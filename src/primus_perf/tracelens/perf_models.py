@@ -45,7 +45,7 @@ from primus_perf.problems import (
     parse_grouped_trace_name,
 )
 from primus_perf.tracelens.categories import ATTENTION_BWD, ATTENTION_FWD, GEMM
-from primus_perf.tracelens.load import ShapeArgs
+from primus_perf.tracelens.load import ShapeArgs, int_dims
 
 
 @dataclass(frozen=True)
@@ -206,15 +206,7 @@ def model_scaled_mm(s: ShapeArgs, first: int = 0) -> OpModel | None:
 
 
 def _dims_label(dims: list[Any]) -> str:
-    return ", ".join("x".join(map(str, d)) for d in dims if _int_list(d))
-
-
-def _int_list(d: Any) -> bool:
-    return isinstance(d, list) and bool(d) and all(isinstance(x, int) and not isinstance(x, bool) for x in d)
-
-
-def _numel(d: list[int]) -> int:
-    return math.prod(d)
+    return ", ".join("x".join(map(str, d)) for d in dims if int_dims(d))
 
 
 SKEW_UNKNOWN = "skew unknown: balanced assumed"
@@ -246,14 +238,14 @@ def model_grouped_mm(s: ShapeArgs, backward: bool = False) -> OpModel | None:
     - 3-D with 3-D: G equal groups (balanced, known); with ``a`` used transposed
       (``x^T[G, K, T/G] @ dy[G, T/G, N]``, recorded strides) the weight gradient
       ``dW[G, K, N]``."""
-    if len(s.dims) < 2 or not (_int_list(s.dims[0]) and _int_list(s.dims[1])):
+    if len(s.dims) < 2 or not (int_dims(s.dims[0]) and int_dims(s.dims[1])):
         return None
     dtype = _dtype(s.types, 0)
     if dtype is None:
         return None
     a_strides = s.strides[0] if s.strides else None
     b_strides = s.strides[1] if len(s.strides) > 1 else None
-    offs = s.dims[2] if len(s.dims) > 2 and _int_list(s.dims[2]) and len(s.dims[2]) == 1 else None
+    offs = s.dims[2] if len(s.dims) > 2 and int_dims(s.dims[2]) and len(s.dims[2]) == 1 else None
     call = grouped_mm_call(s.dims[0], a_strides, s.dims[1], b_strides, offs[0] if offs else None, backward)
     if call is None:
         return None
@@ -270,7 +262,7 @@ def model_linear_like(s: ShapeArgs, first: int = 0) -> OpModel | None:
         return None
     x, w = s.dims[first], s.dims[first + 1]
     dtype = _dtype(s.types, first)
-    if not (_int_list(x) and _int_list(w)) or len(w) != 2 or x[-1] != w[1] or dtype is None:
+    if not (int_dims(x) and int_dims(w)) or len(w) != 2 or x[-1] != w[1] or dtype is None:
         return None
     try:
         prob = GemmProblem.from_row_major(math.prod(x[:-1]), w[0], w[1], b_transposed=True, dtype=dtype)
@@ -304,12 +296,10 @@ def _ints_arg(concrete: list[Any], i: int, n: int) -> list[int] | None:
 def _conv_model(inp: list[int], weight: list[int], out: list[int], dtype: str, direction: str, passes: int,
                 transposed: bool = False) -> OpModel | None:
     """2 x (output elements) x (weight elements per output channel) FLOPs per pass."""
-    if transposed:  # every input element meets C_out/g x kernel weights
-        flops = 2 * _numel(inp) * (_numel(weight) // max(1, weight[0])) * passes
-    else:
-        flops = 2 * _numel(out) * (_numel(weight) // max(1, weight[0])) * passes
+    # transposed: every input element meets C_out/g x kernel weights
+    flops = 2 * math.prod(inp if transposed else out) * (math.prod(weight) // max(1, weight[0])) * passes
     elem = DTYPE_BYTES[dtype]
-    nbytes = int((_numel(inp) + _numel(weight) + _numel(out)) * elem * (1 if passes <= 1 else 2))
+    nbytes = int((math.prod(inp) + math.prod(weight) + math.prod(out)) * elem * (1 if passes <= 1 else 2))
     label = f"conv {'x'.join(map(str, inp))} * {'x'.join(map(str, weight))}{' T' if transposed else ''} {dtype}"
     return OpModel("convolution", None, direction, flops, nbytes, dtype, label)
 
@@ -317,7 +307,7 @@ def _conv_model(inp: list[int], weight: list[int], out: list[int], dtype: str, d
 def model_conv_forward(s: ShapeArgs, at: dict[str, int]) -> OpModel | None:
     """A forward convolution: input[N, C, *spatial] and weight[K, C/g, *kernel]; the output
     size needs stride, padding and dilation from ``Concrete Inputs`` (unknown without them)."""
-    if len(s.dims) < 2 or not (_int_list(s.dims[0]) and _int_list(s.dims[1])):
+    if len(s.dims) < 2 or not (int_dims(s.dims[0]) and int_dims(s.dims[1])):
         return None
     inp, w = s.dims[0], s.dims[1]
     nsp = len(inp) - 2
@@ -345,12 +335,12 @@ def model_conv_backward(s: ShapeArgs, grad_at: int, input_at: int | None, weight
     when only the weight gradient is computed): one forward's FLOPs per gradient computed
     (input and weight gradients: ``output_mask``, else ``passes``)."""
     d = s.dims
-    if len(d) <= grad_at or not _int_list(d[grad_at]):
+    if len(d) <= grad_at or not int_dims(d[grad_at]):
         return None
     go = d[grad_at]
     dtype = _dtype(s.types, grad_at)
-    w = d[weight_at] if weight_at is not None and weight_at < len(d) and _int_list(d[weight_at]) else None
-    x = d[input_at] if input_at is not None and input_at < len(d) and _int_list(d[input_at]) else None
+    w = d[weight_at] if weight_at is not None and weight_at < len(d) and int_dims(d[weight_at]) else None
+    x = d[input_at] if input_at is not None and input_at < len(d) and int_dims(d[input_at]) else None
     if w is None or dtype is None or len(w) != len(go):
         return None  # the kernel size is not recorded: FLOPs unknown
     if mask_at is not None and mask_at < len(s.concrete) and isinstance(s.concrete[mask_at], str):
@@ -406,17 +396,17 @@ def _aten_writes() -> dict[tuple[str, int], set[frozenset[int]]]:
 def _indexed_bytes(name: str, s: ShapeArgs) -> int | None:
     """Bytes of an indexing op: the index read, the selected rows read, the output written."""
     src_at, idx_at = INDEXING[name]
-    if len(s.dims) <= max(src_at, idx_at) or not (_int_list(s.dims[src_at]) and isinstance(s.dims[idx_at], list)):
+    if len(s.dims) <= max(src_at, idx_at) or not (int_dims(s.dims[src_at]) and isinstance(s.dims[idx_at], list)):
         return None
     src, idx = s.dims[src_at], s.dims[idx_at]
     st, it = _dtype(s.types, src_at), s.types[idx_at] if idx_at < len(s.types) else ""
     if st is None:
         return None
-    n_idx = _numel(idx) if idx else 1
+    n_idx = math.prod(idx) if idx else 1
     if name == "aten::index_select":
         dim = _ints_arg(s.concrete, 1, 1)
         d = dim[0] % len(src) if dim else 0
-        out = n_idx * (_numel(src) // max(1, src[d]))
+        out = n_idx * (math.prod(src) // max(1, src[d]))
     elif name == "aten::embedding":
         out = n_idx * src[-1]
     else:
@@ -436,26 +426,26 @@ def _table_bytes(s: ShapeArgs) -> int | None:
     buffer): the other tensors read, the index read, and of each table only the rows the
     index selects (a row: the trailing dims it shares with a smaller tensor, else all but the
     first), never the whole table. None when no index tensor or no table."""
-    idx = [_numel(d) * _INDEX_TYPES[t] for d, t in zip(s.dims, s.types, strict=False)
-           if t in _INDEX_TYPES and _int_list(d)]
+    idx = [math.prod(d) * _INDEX_TYPES[t] for d, t in zip(s.dims, s.types, strict=False)
+           if t in _INDEX_TYPES and int_dims(d)]
     data = []
     for i, d in enumerate(s.dims):
         t = s.types[i] if i < len(s.types) else ""
         size = _BYTE_TYPES.get(t) or (DTYPE_BYTES[dt] if (dt := _dtype(s.types, i)) else 0)
-        if size and _int_list(d) and t not in _INDEX_TYPES:
+        if size and int_dims(d) and t not in _INDEX_TYPES:
             data.append((d, size))
     if not idx or len(data) < 2:
         return None
-    data.sort(key=lambda x: -_numel(x[0]))
-    cut = next((i for i in range(1, len(data)) if _numel(data[i - 1][0]) >= TABLE_GAP * _numel(data[i][0])), None)
+    data.sort(key=lambda x: -math.prod(x[0]))
+    cut = next((i for i in range(1, len(data)) if math.prod(data[i - 1][0]) >= TABLE_GAP * math.prod(data[i][0])), None)
     if cut is None:
         return None
-    rows = max(_numel(d) for d, t in zip(s.dims, s.types, strict=False) if t in _INDEX_TYPES and _int_list(d))
-    total = sum(idx) + sum(_numel(d) * e for d, e in data[cut:])
+    rows = max(math.prod(d) for d, t in zip(s.dims, s.types, strict=False) if t in _INDEX_TYPES and int_dims(d))
+    total = sum(idx) + sum(math.prod(d) * e for d, e in data[cut:])
     for d, e in data[:cut]:
-        row = next((_numel(r[1:]) for r, _ in data[cut:] if 1 < len(r) <= len(d) and d[len(d) - len(r) + 1:] == r[1:]),
-                   _numel(d[1:]))
-        total += min(rows * row, _numel(d)) * e
+        row = next((math.prod(r[1:]) for r, _ in data[cut:] if 1 < len(r) <= len(d) and d[len(d) - len(r) + 1:] == r[1:]),
+                   math.prod(d[1:]))
+        total += min(rows * row, math.prod(d)) * e
     return int(total)
 
 
@@ -468,7 +458,7 @@ def model_bytes(s: ShapeArgs, name: str = "") -> OpModel | None:
     paged KV cache, a cos/sin cache, a scatter's buffer) only those rows. Written: the
     arguments the op writes (its schema's ``Tensor(a!)``, each in its own dtype), else one
     output the size of the largest input, in its dtype."""
-    tensors = [(i, d, _dtype(s.types, i)) for i, d in enumerate(s.dims) if _int_list(d) or d == []]
+    tensors = [(i, d, _dtype(s.types, i)) for i, d in enumerate(s.dims) if int_dims(d) or d == []]
     tensors = [(i, d, t) for i, d, t in tensors if t is not None and (d or len(tensors) == 1)]
     if not tensors:
         return None
@@ -484,12 +474,12 @@ def model_bytes(s: ShapeArgs, name: str = "") -> OpModel | None:
     written_args = [(i, d, t) for i, d, t in tensors if writes and i in writes]
     if written_args:
         in_place = name.endswith("_") and name not in OVERWRITES_SELF  # self read, then written
-        read = sum(_numel(d) * DTYPE_BYTES[t] for i, d, t in tensors if i not in writes or (in_place and i == 0))
-        written = sum(_numel(d) * DTYPE_BYTES[t] for _, d, t in written_args)
+        read = sum(math.prod(d) * DTYPE_BYTES[t] for i, d, t in tensors if i not in writes or (in_place and i == 0))
+        written = sum(math.prod(d) * DTYPE_BYTES[t] for _, d, t in written_args)
     else:
-        read = sum(_numel(d) * DTYPE_BYTES[t] for _, d, t in tensors)
-        _, big, bt = max(tensors, key=lambda dt: _numel(dt[1]))
-        written = _numel(big) * DTYPE_BYTES[bt]
+        read = sum(math.prod(d) * DTYPE_BYTES[t] for _, d, t in tensors)
+        _, big, bt = max(tensors, key=lambda dt: math.prod(dt[1]))
+        written = math.prod(big) * DTYPE_BYTES[bt]
     return OpModel("memory", None, "fwd", None, int(read + written), tensors[0][2], label, written=int(written))
 
 
@@ -528,7 +518,7 @@ def _varlen_problem(s: ShapeArgs, q: list[int], k: list[int], at: Varlen, dtype:
     values, which the trace does not record), and what was assumed; None when the
     sequences are not recorded (no ``cu_seqlens``: a paged cache or a decode step)."""
     cu = s.dims[at.cu_q] if at.cu_q < len(s.dims) else None
-    if not (_int_list(cu) and len(cu) == 1 and cu[0] >= 2 and len(k) == 3):
+    if not (int_dims(cu) and len(cu) == 1 and cu[0] >= 2 and len(k) == 3):
         return None
     n = cu[0] - 1
     (total_q, hq, d), (total_k, hkv, _) = q, k
@@ -552,7 +542,7 @@ def attention_model(s: ShapeArgs, q_at: int, causal_at: int | None, layout: str,
         return None
     q, k = s.dims[q_at], s.dims[q_at + 1]
     dtype = _dtype(s.types, q_at)
-    if not (_int_list(q) and _int_list(k)) or dtype is None:
+    if not (int_dims(q) and int_dims(k)) or dtype is None:
         return None
     causal = _truthy(s.concrete, causal_at, default=False)
     assumed = ""
@@ -574,7 +564,7 @@ def attention_model(s: ShapeArgs, q_at: int, causal_at: int | None, layout: str,
     except ValueError:
         return None
     m = s.dims[mask_at] if mask_at is not None and mask_at < len(s.dims) else None
-    mask = "x".join(map(str, m)) if _int_list(m) and len(m) >= 2 else ""
+    mask = "x".join(map(str, m)) if int_dims(m) and len(m) >= 2 else ""
     if direction == "fwd":
         return OpModel("attention", prob, "fwd", prob.forward_flops, prob.bytes_moved, assumed=assumed, mask=mask)
     return OpModel("attention", prob, "bwd", prob.backward_flops, attention_backward_bytes(prob), assumed=assumed,
@@ -639,14 +629,13 @@ GEMM_MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
     "fbgemm::f8f8bf16_tensorwise": model_linear_like,
 }
 # convolution (argument positions of native_functions.yaml): no kind of the registry
+_CONV_AT = {"stride": 3, "padding": 4, "dilation": 5}
 CONVOLUTION_MODELS: dict[str, Callable[[ShapeArgs], OpModel | None]] = {
-    "aten::convolution": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5,
-                                                           "transposed": 6}),
-    "aten::_convolution": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5,
-                                                            "transposed": 6}),
-    "aten::conv2d": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5}),
-    "aten::conv1d": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5}),
-    "aten::conv3d": lambda s: model_conv_forward(s, {"stride": 3, "padding": 4, "dilation": 5}),
+    "aten::convolution": lambda s: model_conv_forward(s, {**_CONV_AT, "transposed": 6}),
+    "aten::_convolution": lambda s: model_conv_forward(s, {**_CONV_AT, "transposed": 6}),
+    "aten::conv2d": lambda s: model_conv_forward(s, _CONV_AT),
+    "aten::conv1d": lambda s: model_conv_forward(s, _CONV_AT),
+    "aten::conv3d": lambda s: model_conv_forward(s, _CONV_AT),
     "aten::cudnn_convolution": lambda s: model_conv_forward(s, {"padding": 2, "stride": 3, "dilation": 4}),
     "aten::miopen_convolution": lambda s: model_conv_forward(s, {"padding": 3, "stride": 4, "dilation": 5}),
     "aten::convolution_backward": lambda s: model_conv_backward(s, 0, 1, 2, mask_at=10),

@@ -54,7 +54,6 @@ MAX_HOST_OPS = 50  # rows of the CPU-against-GPU table
 MAX_EFFICIENCY = 100  # rows of the kernel-efficiency table
 
 
-
 def _num(v: Any) -> float | None:
     """A finite number as a float, else None (NaN in the tables; a manifest field that is
     missing or not a number)."""
@@ -187,18 +186,13 @@ def tune_next_rows(a: Analysis, marks: Mapping[str, float | None] | None) -> lis
 def problems(df: pd.DataFrame, kind: str, kernel_s_per_step: float,
              marks: Mapping[str, float | None] | None) -> list[dict[str, Any]]:
     """One row per GEMM/attention problem (and direction) with roofline figures and cache marks."""
-    rows = []
-    for r in df.itertuples(index=False):
-        row = {
-            "key": r.key, "shape": r.label, "kind": kind, "dtype": r.dtype, "direction": r.direction,
-            "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3,
-            "share": float(r.time_s) / kernel_s_per_step if kernel_s_per_step > 0 else None,
-            "ai": _num(r.intensity), "tflops": _num(r.tflops), "pct_roofline": _num(r.pct_roofline),
-            "tuned": None if marks is None else r.key in marks,
-            "speedup": None if marks is None else marks.get(r.key),
-        }
-        rows.append(row)
-    return rows
+    return [{"key": r.key, "shape": r.label, "kind": kind, "dtype": r.dtype, "direction": r.direction,
+             "calls": float(r.calls), "time_ms": float(r.time_s) * 1e3,
+             "share": float(r.time_s) / kernel_s_per_step if kernel_s_per_step > 0 else None,
+             "ai": _num(r.intensity), "tflops": _num(r.tflops), "pct_roofline": _num(r.pct_roofline),
+             "tuned": None if marks is None else r.key in marks,
+             "speedup": None if marks is None else marks.get(r.key)}
+            for r in df.itertuples(index=False)]
 
 
 def _dominant_dtype(rows: list[dict[str, Any]]) -> str:

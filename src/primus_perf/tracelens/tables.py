@@ -105,9 +105,8 @@ def _categories(rt: L.RawTrace, lk: Linked) -> np.ndarray:
     nonames = len(names)
     model_name = np.where(lk.model_op >= 0, rt.name[np.clip(lk.model_op, 0, None)], nonames)
     leaf_name = np.where(lk.leaf_op >= 0, rt.name[np.clip(lk.leaf_op, 0, None)], nonames)
-    sharding = lk.in_sharding if lk.in_sharding is not None else np.zeros(len(gpu), dtype=bool)
     cols = [rt.kind[gpu].astype(np.int64), rt.name[gpu].astype(np.int64), model_name, leaf_name,
-            lk.in_optimizer.astype(np.int64), sharding.astype(np.int64)]
+            lk.in_optimizer.astype(np.int64), lk.in_sharding.astype(np.int64)]
     code = np.zeros(len(gpu), dtype=np.int64)
     for c in cols:  # the combination's code, one column at a time (hashing, not sorting)
         code = pd.factorize(code * (int(c.max()) + 1) + c)[0]
@@ -233,7 +232,7 @@ MIN_PARAM_ELEMENTS = 1 << 16  # smaller parameters (norm weights, biases) share 
 
 def _tensor_dims(d: Any) -> Iterator[tuple[int, ...]]:
     """The tensor shapes in one recorded input: a tensor's dims, or a tensor list's."""
-    if isinstance(d, list) and d and all(type(x) is int for x in d):
+    if L.int_dims(d):
         yield tuple(d)
     elif isinstance(d, list):
         for x in d:
@@ -244,7 +243,7 @@ def _tensor_dims(d: Any) -> Iterator[tuple[int, ...]]:
 def _first_input(rt: L.RawTrace, code: int) -> tuple[int, ...] | None:
     args = rt.shape_args(code)
     first = args.dims[0] if args is not None and args.dims else None
-    return tuple(first) if isinstance(first, list) and first and all(type(x) is int for x in first) else None
+    return tuple(first) if L.int_dims(first) else None
 
 
 # ops whose input ``index`` is a parameter: their weights are the parameters as the forward
@@ -269,10 +268,9 @@ def _parameter_shapes(rt: L.RawTrace, opt: np.ndarray) -> set[tuple[int, ...]]:
         for name, code in zip(*unique_pairs(rt.name[rows], rt.shape[rows])[:2], strict=True):
             args = rt.shape_args(int(code))
             at = index[int(name)]
-            if args is not None and args.dims and len(args.dims) > at and isinstance(args.dims[at], list):
-                dims = args.dims[at]
-                if dims and all(type(x) is int for x in dims) and math.prod(dims) >= MIN_PARAM_ELEMENTS:
-                    params.add(tuple(dims))
+            dims = args.dims[at] if args is not None and len(args.dims) > at else None
+            if L.int_dims(dims) and math.prod(dims) >= MIN_PARAM_ELEMENTS:
+                params.add(tuple(dims))
     params.update(t[::-1] for t in list(params) if len(t) == 2)
     return params
 
@@ -308,7 +306,7 @@ def _scores_dims(args: L.ShapeArgs | None) -> bool:
     such operands that makes one (``q @ k^T``: ``[..., s, d] @ [..., d, s]``, d < s)."""
     if args is None:
         return False
-    dims = [d for d in args.dims if isinstance(d, list) and d and all(type(x) is int for x in d)]
+    dims = [d for d in args.dims if L.int_dims(d)]
     if any(len(d) in (3, 4) and d[-1] == d[-2] >= SCORES_MIN for d in dims):
         return True
     if len(dims) >= 2 and len(dims[0]) in (3, 4) and len(dims[1]) == len(dims[0]):
@@ -336,8 +334,7 @@ def scores_ops(rt: L.RawTrace, attributed: np.ndarray) -> np.ndarray:
 def trace_tables(rt: L.RawTrace, lk: Linked, rank: int, kernels: pd.DataFrame) -> TraceTables:
     """One trace's tables around its :func:`kernel_table` (made first: the host tables are
     forked off once it is known)."""
-    sharding = lk.in_sharding if lk.in_sharding is not None else np.zeros(len(lk.gpu), dtype=bool)
-    kernels["param_shaped"] = param_shaped(rt, lk) | (sharding & (kernels["category"] != COMMUNICATION).to_numpy())
+    kernels["param_shaped"] = param_shaped(rt, lk) | (lk.in_sharding & (kernels["category"] != COMMUNICATION).to_numpy())
     kernels["in_optimizer"] = lk.in_optimizer
     kernels["micro_batch"] = micro_batch_of_events(rt, lk, backward_passes(rt, lk))
     kernels["scores"] = scores_ops(rt, kernels["call"].to_numpy())

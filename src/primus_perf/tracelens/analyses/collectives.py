@@ -69,6 +69,7 @@ from primus_perf.tracelens.categories import (
     COMMUNICATION_OP,
     DISPATCH,
     expert_parallel_kind,
+    first_match,
 )
 from primus_perf.tracelens.link import Linked
 
@@ -95,15 +96,8 @@ COLLECTIVE_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 # bus bandwidth = algorithm bandwidth x factor(n ranks in the group), as NCCL's tests define it
 BUS_FACTORS: dict[str, Callable[[int], float]] = {
     ALL_REDUCE: lambda n: 2 * (n - 1) / n,
-    ALL_GATHER: lambda n: (n - 1) / n,
-    REDUCE_SCATTER: lambda n: (n - 1) / n,
-    ALL_TO_ALL: lambda n: (n - 1) / n,
-    ALL_TO_ALLV: lambda n: (n - 1) / n,
-    DISPATCH: lambda n: (n - 1) / n,
-    COMBINE: lambda n: (n - 1) / n,
-    BROADCAST: lambda n: 1.0,
-    REDUCE: lambda n: 1.0,
-    SEND_RECV: lambda n: 1.0,
+    **dict.fromkeys((ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, ALL_TO_ALLV, DISPATCH, COMBINE), lambda n: (n - 1) / n),
+    **dict.fromkeys((BROADCAST, REDUCE, SEND_RECV), lambda n: 1.0),
 }
 
 # element sizes of the integer types as the profiler writes them (float types: problems.dtype_name)
@@ -137,10 +131,7 @@ RANK_COLUMNS = ["rank", "steps", "step_time_s", "compute_s", "exposed_comm_s", "
 
 def collective_kind(name: str) -> str | None:
     """The collective an op or kernel name stands for, or None."""
-    for kind, rx in COLLECTIVE_RULES:
-        if rx.search(name):
-            return kind
-    return None
+    return first_match(COLLECTIVE_RULES, name)
 
 
 def bus_factor(collective: str, group_size: int) -> float:

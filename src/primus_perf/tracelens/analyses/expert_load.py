@@ -33,12 +33,9 @@ _SHOWN_STEPS = 3  # step numbers named in a note
 def _counts(value: Any) -> list[list[int]] | None:
     """Per-layer token counts, or None when ``value`` is not a non-empty list of non-empty
     lists of non-negative integers."""
-    if not isinstance(value, list) or not value:
-        return None
-    for layer in value:
-        if not isinstance(layer, list) or not layer or not all(type(c) is int and c >= 0 for c in layer):
-            return None
-    return value
+    ok = isinstance(value, list) and value and all(
+        isinstance(layer, list) and layer and all(type(c) is int and c >= 0 for c in layer) for layer in value)
+    return value if ok else None
 
 
 def _first_moe_layer(manifest: dict[str, Any]) -> int:

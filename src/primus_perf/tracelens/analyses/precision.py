@@ -110,8 +110,6 @@ def layout_transposes(kernels: pd.DataFrame, per_step: int) -> tuple[float, int,
     their kernel names (most time first)."""
     k = in_steps(kernels)
     k = k[(k["category"] == CONVOLUTION).to_numpy()]
-    if k.empty:
-        return 0.0, 0, []
     k = k[name_matches(k, LAYOUT_TRANSPOSE)]
     if k.empty:
         return 0.0, 0, []

@@ -804,9 +804,7 @@ def _attention_path(a: Analysis, w: dict[str, Any], peaks: DevicePeaks | None, c
                 why = "scaled_dot_product_attention is called with is_causal=False"
                 action = "pass is_causal=True: a decoder attends to earlier positions only, and the causal kernels skip half the scores"
                 lever = "attention: causal"
-            evidence += f"; {why}"
-        if o.kind == "math":
-            evidence += f"; {why}"
+        evidence += f"; {why}"
         condition = (f"self-attention ({p.seq_q} queries and keys); " + (o.lm if o.lm else
                      "no language model's loss seen: compared with the full fused kernel"))
         frac = " and ".join(f"{FUSED_FRACTION[d]:.2f} {d}" for d in FUSED_FRACTION)
