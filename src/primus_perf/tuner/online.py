@@ -76,7 +76,7 @@ from primus_perf.tuner.decide import (
     Rule,
     Verdict,
 )
-from primus_perf.tuner.measure import BASELINE, CHOICE, Clock, DeviceClock, Pairs, Sample
+from primus_perf.tuner.measure import BASELINE, CHOICE, Clock, DeviceClock, Pairs, Sample, bracket
 
 
 class _Validating:
@@ -371,6 +371,19 @@ class KindAdapter(Protocol):
     # confirmed, raced against the default
 
 
+class Adapter:
+    """What the kinds' adapters share: ``triton_configs`` (the cache's, raced beside the
+    plugin's pool), ``limit`` (the validated candidates a pool keeps at most), and a call
+    timed between two marks (``measure.bracket``)."""
+
+    def __init__(self, triton_configs: list[Any] = (), limit: int = 8) -> None:
+        self.triton_configs = list(triton_configs)
+        self.limit = limit
+
+    def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
+        return bracket(clock, lambda: self.run(cand, *args))  # type: ignore[attr-defined]
+
+
 @dataclass
 class _Report:
     validation_s: float = 0.0
@@ -575,11 +588,17 @@ def _close_runs(cands: Any) -> None:
             close()
 
 
-def validated(session: Any, limit: int) -> list[Pooled]:
-    """The session's candidates that pass the core's validation (``core.validate``: the
-    default first, at most ``limit``), pooled with their cache solutions as offline tuning
-    writes them (``core.solution_of``); TuneError when the default fails."""
-    return [Pooled(c.name, solution_of(c), err, c.run) for c, err in validate(session, session.candidates(), limit=limit)]
+def validated(tuner: Any, problem: Any, limit: int) -> list[Pooled]:
+    """The candidates of ``tuner``'s session of ``problem`` (opened without a timer, closed
+    here) that pass the core's validation (``core.validate``: the default first, at most
+    ``limit``), pooled with their cache solutions as offline tuning writes them
+    (``core.solution_of``); TuneError when the default fails."""
+    session = tuner.open(problem, None, lambda _label: None)
+    try:
+        return [Pooled(c.name, solution_of(c), err, c.run)
+                for c, err in validate(session, session.candidates(), limit=limit)]
+    finally:
+        session.close()
 
 
 def default_adapters(routers: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from primus_perf.kernels.attention.router import AttentionChoice, problem_of
 from primus_perf.runtime.attention import records_backward, timed_attention
 from primus_perf.tuner.attention.plugin import TUNER_VERSION, AttentionTuner, triton_candidate
 from primus_perf.tuner.measure import Clock, Sample
-from primus_perf.tuner.online import Pooled, validated
+from primus_perf.tuner.online import Adapter, Pooled, validated
 
 
-class AttentionOnline:
+class AttentionOnline(Adapter):
     """Attention calls ``(q, k, v, causal)`` in (batch, seq, heads, dim) layout: the pool of
     the attention plugin without a search (torch's default, each raced SDPA backend) plus
     the cache's Triton configs; forward and backward are timed (the backward between two
@@ -22,10 +22,6 @@ class AttentionOnline:
 
     kind = AttentionTuner.kind
     tuner_version = TUNER_VERSION + ONLINE_SUFFIX
-
-    def __init__(self, triton_configs: list[Any] = (), limit: int = 8) -> None:
-        self.triton_configs = list(triton_configs)
-        self.limit = limit
 
     def key(self, q: Any, k: Any, v: Any, causal: bool) -> tuple[str, Any] | None:
         try:
@@ -36,12 +32,7 @@ class AttentionOnline:
 
     def pool(self, problem: Any, q: Any, k: Any, v: Any, causal: bool) -> list[Pooled]:
         extra = [triton_candidate(cfg, f"triton{i}") for i, cfg in enumerate(self.triton_configs)]
-        tuner = AttentionTuner(strategy=None, extra=extra, device=q.device.type)
-        session = tuner.open(problem, None, lambda _label: None)
-        try:
-            return validated(session, self.limit)
-        finally:
-            session.close()
+        return validated(AttentionTuner(strategy=None, extra=extra, device=q.device.type), problem, self.limit)
 
     def cached(self, solution: Any, problem: Any, q: Any, k: Any, v: Any, causal: bool) -> list[Pooled]:
         """torch's SDPA and a cached choice (validated when it was tuned), to race in the step."""

@@ -167,11 +167,9 @@ class Evaluator:
     # ---- forward ----------------------------------------------------------------------
 
     def fwd(self, cfg: FwdConfig) -> Measurement:
-        if cfg in self.fwd_results:
-            return self.fwd_results[cfg]
-        m = self._fwd(cfg)
-        self.fwd_results[cfg] = m
-        return m
+        if cfg not in self.fwd_results:
+            self.fwd_results[cfg] = self._fwd(cfg)
+        return self.fwd_results[cfg]
 
     def _fwd(self, cfg: FwdConfig) -> Measurement:
         why = fwd_invalid(cfg, self.problem, self.arch)
@@ -207,11 +205,9 @@ class Evaluator:
         return self._good_fwd, self._o, self._lse
 
     def bwd(self, cfg: BwdConfig) -> Measurement:
-        if cfg in self.bwd_results:
-            return self.bwd_results[cfg]
-        m = self._bwd(cfg)
-        self.bwd_results[cfg] = m
-        return m
+        if cfg not in self.bwd_results:
+            self.bwd_results[cfg] = self._bwd(cfg)
+        return self.bwd_results[cfg]
 
     def _bwd(self, cfg: BwdConfig) -> Measurement:
         why = bwd_invalid(cfg, self.problem, self.arch)
@@ -242,6 +238,21 @@ class Evaluator:
 # ---- strategies -----------------------------------------------------------------------
 
 
+def _result(ev: Evaluator, strategy: str, trials: int) -> SearchResult:
+    """The best forward with the best backward config ``ev`` measured, and every measurement."""
+    bf, bb = ev.best_fwd(), ev.best_bwd()
+    config = AttnConfig(bf.config, bb.config) if bf and bb else None  # type: ignore[arg-type]
+    return SearchResult(
+        strategy=strategy,
+        config=config,
+        fwd_ms=bf.ms if bf else math.inf,
+        bwd_ms=bb.ms if bb else math.inf,
+        trials=trials,
+        measured=ev.measured,
+        measurements=[*ev.fwd_results.values(), *ev.bwd_results.values()],
+    )
+
+
 def grid_search(ev: Evaluator, space: SearchSpace, progress: Progress | None = None) -> SearchResult:
     """Every forward and every backward config of the space (so every pair)."""
     fwds = space.fwd_configs(ev.problem, ev.arch)
@@ -254,17 +265,7 @@ def grid_search(ev: Evaluator, space: SearchSpace, progress: Progress | None = N
         ev.bwd(cfg)
         if progress:
             progress(f"bwd {cfg.label()}")
-    bf, bb = ev.best_fwd(), ev.best_bwd()
-    config = AttnConfig(bf.config, bb.config) if bf and bb else None  # type: ignore[arg-type]
-    return SearchResult(
-        strategy="grid",
-        config=config,
-        fwd_ms=bf.ms if bf else math.inf,
-        bwd_ms=bb.ms if bb else math.inf,
-        trials=len(fwds) * len(bwds),
-        measured=ev.measured,
-        measurements=[*ev.fwd_results.values(), *ev.bwd_results.values()],
-    )
+    return _result(ev, "grid", len(fwds) * len(bwds))
 
 
 def tpe_search(
@@ -349,18 +350,9 @@ def tpe_search(
             cls = FwdConfig if part == "fwd" else BwdConfig
             cfg = cls(**{n: int(best.params[n]) for n in axes})
             (ev.fwd if part == "fwd" else ev.bwd)(cfg)
-    bf, bb = ev.best_fwd(), ev.best_bwd()
-    if bf is None or bb is None:
+    if ev.best_fwd() is None or ev.best_bwd() is None:
         return SearchResult("tpe", None, math.inf, math.inf, finished(), ev.measured)
-    return SearchResult(
-        strategy="tpe",
-        config=AttnConfig(bf.config, bb.config),  # type: ignore[arg-type]
-        fwd_ms=bf.ms,
-        bwd_ms=bb.ms,
-        trials=finished(),
-        measured=ev.measured,
-        measurements=[*ev.fwd_results.values(), *ev.bwd_results.values()],
-    )
+    return _result(ev, "tpe", finished())
 
 
 def search(

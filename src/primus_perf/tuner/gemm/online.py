@@ -9,11 +9,10 @@ from typing import Any
 from primus_perf.cache.store import ONLINE_SUFFIX
 from primus_perf.kernels import gemm
 from primus_perf.tuner.gemm.plugin import TUNER_VERSION, GemmTuner
-from primus_perf.tuner.measure import Clock, Sample, bracket
-from primus_perf.tuner.online import Pooled, validated
+from primus_perf.tuner.online import Adapter, Pooled, validated
 
 
-class GemmOnline:
+class GemmOnline(Adapter):
     """GEMM calls ``(a, b, bias)``: the problem with ``kernels.gemm.problem_of``; the pool of
     the GEMM plugin (one input set, for validation); kernels from the router's table. A racing
     call runs both sides of a pair on its operands, one after the other (``shadow``), and the
@@ -48,11 +47,7 @@ class GemmOnline:
 
     def pool(self, problem: Any, a: Any, b: Any, bias: Any = None) -> list[Pooled]:
         plain = dataclasses.replace(problem, epilogue="none")
-        session = GemmTuner(device=a.device.type, sets=1).open(plain, None, lambda _label: None)
-        try:
-            found = validated(session, self.limit)
-        finally:
-            session.close()
+        found = validated(GemmTuner(device=a.device.type, sets=1), plain, self.limit)
         out = []
         for c in found:  # the program's calls run the router's kernels of the same solutions
             source = gemm.solution_source(c.solution)
@@ -79,9 +74,6 @@ class GemmOnline:
             return gemm.torch_mm(a, b, bias)  # torch's own addmm, as the program would run it
         out = cand.run(a, b)
         return out if bias is None else out.add_(bias)
-
-    def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
-        return bracket(clock, lambda: self.run(cand, *args))
 
 
 

@@ -13,11 +13,10 @@ from primus_perf.kernels.grouped.router import GroupedChoice, shape_key
 from primus_perf.problems import GroupedGemmProblem
 from primus_perf.tuner.grouped.plugin import TUNER_VERSION, GroupedGemmTuner
 from primus_perf.tuner.grouped.space import ONLINE_SEEDS
-from primus_perf.tuner.measure import Clock, Sample, bracket
-from primus_perf.tuner.online import Pooled, validated
+from primus_perf.tuner.online import Adapter, Pooled, validated
 
 
-class GroupedGemmOnline:
+class GroupedGemmOnline(Adapter):
     """Grouped-GEMM calls of the dispatch ``(phase, a, b, offsets, baseline)``: the problem of
     the call's shape (at skew 1: the token bucket, not the skew, so the counts of later steps
     keep one problem); the pool of the grouped plugin without
@@ -28,10 +27,6 @@ class GroupedGemmOnline:
 
     kind = GroupedGemmTuner.kind
     tuner_version = TUNER_VERSION + ONLINE_SUFFIX
-
-    def __init__(self, triton_configs: list[Any] = (), limit: int = 8) -> None:
-        self.triton_configs = list(triton_configs)
-        self.limit = limit
 
     def key(self, phase: str, a: Any, b: Any, offsets: Any, baseline: str) -> tuple[str, Any] | None:
         """The call's shape (its problem at skew 1, ``router.shape_key``), read without the
@@ -58,18 +53,11 @@ class GroupedGemmOnline:
         configs = list(dict.fromkeys([GroupedGemmConfig(), *ONLINE_SEEDS[vendor], *self.triton_configs]))
         tuner = GroupedGemmTuner(configs=configs, device=a.device.type, sets=1,
                                  baseline=GroupedChoice.of_backend(baseline))
-        session = tuner.open(problem, None, lambda _label: None)
-        try:
-            found = validated(session, self.limit)
-        finally:
-            session.close()
+        found = validated(tuner, problem, self.limit)
         return found[:1] + sorted(found[1:], key=lambda c: not _is_triton(c))
 
     def run(self, cand: Pooled, phase: str, a: Any, b: Any, offsets: Any, baseline: str) -> Any:
         return run_offsets(cand.run, phase, a, b, offsets)  # the counts read only where it needs them
-
-    def timed(self, cand: Pooled, clock: Clock, *args: Any) -> tuple[Any, Sample]:
-        return bracket(clock, lambda: self.run(cand, *args))
 
 
 def _is_triton(c: Pooled) -> bool:

@@ -226,6 +226,20 @@ def child_env(devices: str | None, port: int | None, target: Sequence[str] = ())
     return launcher_env(target, env, port if port is not None else _free_port())
 
 
+def run_logged(cmd: Sequence[str], env: Mapping[str, str], log_file: Path | None, timeout_s: float) -> int | None:
+    """``cmd`` in a child process, its output appended to ``log_file`` (None: dropped); its exit
+    code, or None where it did not end within ``timeout_s``."""
+    sink = open(log_file, "a") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+    try:
+        return subprocess.run(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout_s,
+                              check=False).returncode
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if log_file is not None:
+            sink.close()
+
+
 def run_script(target: Sequence[str], plan: Mapping[str, str], *, warmup: int, steps: int,
                devices: str | None = None, port: int | None = None, timeout_s: float = 1800.0,
                log_file: Path | None = None) -> RunResult:
@@ -237,16 +251,7 @@ def run_script(target: Sequence[str], plan: Mapping[str, str], *, warmup: int, s
         cmd = [sys.executable, "-m", "primus_perf.launch", "--plan", str(plan_file), "--measure", str(out),
                "--warmup", str(warmup), "--steps", str(steps), "--", *target]
         t0 = time.monotonic()
-        sink = open(log_file, "a") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
-        try:
-            proc = subprocess.run(cmd, env=child_env(devices, port, target), stdout=sink, stderr=subprocess.STDOUT,
-                                  timeout=timeout_s, check=False)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            if log_file is not None:
-                sink.close()
+        code = run_logged(cmd, child_env(devices, port, target), log_file, timeout_s)
         seconds = time.monotonic() - t0
         if out.is_file():
             result = RunResult.from_dict(json.loads(out.read_text()))

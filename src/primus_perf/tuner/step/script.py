@@ -96,11 +96,7 @@ class ScriptSession:
     def switch(self, setting: Setting) -> None:
         self.setting = setting
 
-    def recover(self, setting: Setting) -> None:
-        self.setting = setting
-
-    def reset(self, setting: Setting) -> None:
-        self.setting = setting
+    recover = reset = switch
 
     def close(self) -> None:
         pass
@@ -218,22 +214,15 @@ def profile_script(target: Sequence[str], out: Path, *, devices: str | None, por
     """The script's profile (a window of its steps, then it stops) into ``out``; None, or why it
     could not be made (the search then goes on in the registry's order): also a run that did not
     end within ``timeout_s``."""
-    import subprocess
     import sys
 
     cmd = [sys.executable, "-m", "primus_perf.cli.profile", "run", "-o", str(out), "--overwrite", "--stop",
            "--ranks", "0", "--after", "0", *(f"--{k}={v}" for k, v in PROFILE.items()), "--", *target]
-    sink = open(log_file, "a") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
-    try:
-        proc = subprocess.run(cmd, env=measured.child_env(devices, port, target), stdout=sink, stderr=subprocess.STDOUT,
-                              check=False, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    code = measured.run_logged(cmd, measured.child_env(devices, port, target), log_file, timeout_s)
+    if code is None:
         return f"the profile run did not end within {timeout_s / 60:.0f} min"
-    finally:
-        if log_file is not None:
-            sink.close()
-    if proc.returncode != 0:
-        return f"the profile run exited with {proc.returncode}" + (f": {measured._tail(log_file)}" if log_file else "")
+    if code != 0:
+        return f"the profile run exited with {code}" + (f": {measured._tail(log_file)}" if log_file else "")
     return None
 
 

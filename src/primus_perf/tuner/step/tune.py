@@ -513,14 +513,14 @@ def write_plan(out: Path, result: StepTuneResult, program: Sequence[str] | None 
         head = (f"# primus-perf step plan for {' '.join(program)} on {result.device}: {figure}.\n"
                 "# python -m primus_perf.launch --plan plan.yaml -- SCRIPT ARGS (torchrun ... -m primus_perf.launch"
                 " ... under torchrun); details: step_plan.json\n")
-        write_text(out / PLAN_FILE, head + yaml.safe_dump(doc, sort_keys=False))
-        write_json(out / RESULT_FILE, result.to_dict())
-        return
-    head = (f"# primus-perf step plan for {result.config} {' '.join(result.overrides)}".rstrip() +
-            f" on {result.device}: {figure}.\n"
-            "# primus-train --config CONFIG --plan plan.yaml [the same overrides: the plan's keys win]; details:"
-            " step_plan.json\n")
-    write_text(out / PLAN_FILE, head + plan_yaml(result.plan.values))
+        body = yaml.safe_dump(doc, sort_keys=False)
+    else:
+        head = (f"# primus-perf step plan for {result.config} {' '.join(result.overrides)}".rstrip() +
+                f" on {result.device}: {figure}.\n"
+                "# primus-train --config CONFIG --plan plan.yaml [the same overrides: the plan's keys win]; details:"
+                " step_plan.json\n")
+        body = plan_yaml(result.plan.values)
+    write_text(out / PLAN_FILE, head + body)
     write_json(out / RESULT_FILE, result.to_dict())
 
 
