@@ -39,31 +39,13 @@ class DevicePeaks:
 def _nv(bf16: float | None, tf32: float | None, f32: float, f8: float | None, f16: float | None = None,
         i8: float | None = None) -> dict[str, float]:
     """NVIDIA dense tensor-core peaks (f16 = bf16 unless given; None: not supported or not published)."""
-    table = {"f32": f32}
-    if bf16 is not None:
-        table["bf16"] = bf16
-    if f16 is not None or bf16 is not None:
-        table["f16"] = f16 if f16 is not None else bf16  # type: ignore[assignment]
-    if tf32 is not None:
-        table["tf32"] = tf32
-    if f8 is not None:
-        table["f8e4m3"] = table["f8e5m2"] = f8
-    if i8 is not None:
-        table["i8"] = i8
-    return table
+    table = {"f32": f32, "bf16": bf16, "f16": bf16 if f16 is None else f16, "tf32": tf32, "f8e4m3": f8,
+             "f8e5m2": f8, "i8": i8}
+    return {dtype: peak for dtype, peak in table.items() if peak is not None}
 
 
-def _amd(bf16: float, tf32: float | None, f32: float, f8: float | None, f16: float | None = None,
-         i8: float | None = None) -> dict[str, float]:
-    """AMD dense matrix-core peaks (f16 = bf16 unless given; f32: the matrix fp32 peak)."""
-    table = {"bf16": bf16, "f16": f16 if f16 is not None else bf16, "f32": f32}
-    if f8 is not None:
-        table["f8e4m3"] = table["f8e5m2"] = f8
-    if tf32 is not None:
-        table["tf32"] = tf32
-    if i8 is not None:
-        table["i8"] = i8
-    return table
+# AMD dense matrix-core peaks: the same rules (f16 = bf16 unless given; f32: the matrix fp32 peak)
+_amd = _nv
 
 
 MiB = 1 << 20

@@ -35,6 +35,12 @@ def error_line(exc: BaseException) -> str:
 VERSION_HELP = "--version (anywhere before --) prints the version of primus-perf, torch and Python."
 
 
+def command_app(name: str, help: str) -> typer.Typer:
+    """A ``primus-*`` command's app: the help when run without arguments, no shell
+    completion, and :data:`VERSION_HELP` under every help."""
+    return typer.Typer(name=name, help=help, no_args_is_help=True, add_completion=False, epilog=VERSION_HELP)
+
+
 def run_app(app: typer.Typer, args: Sequence[str] | None = None) -> None:
     """Run a typer app. Every error a user can cause is one line on stderr: a usage error
     (``error: Invalid value for '--top': ...``, exit 2), a UserError (``error: <message>``,

@@ -9,15 +9,10 @@ from __future__ import annotations
 import typer
 
 from primus_perf.cli import tune_cache, tune_confirm, tune_kind, tune_loop, tune_step
-from primus_perf.cli.common import VERSION_HELP, run_app
+from primus_perf.cli.common import command_app, run_app
 
-app = typer.Typer(
-    name="primus-tune",
-    help="Tune GEMM, grouped-GEMM (MoE) and attention kernels for your exact problems, and the whole step.",
-    no_args_is_help=True,
-    add_completion=False,
-    epilog=VERSION_HELP,
-)
+app = command_app("primus-tune", "Tune GEMM, grouped-GEMM (MoE) and attention kernels for your exact problems, and the"
+                                 " whole step.")
 tune_loop.register(app)
 tune_kind.register(app)  # primus-tune gemm, grouped-gemm, attention: each kind's CLI part
 tune_confirm.register(app)

@@ -184,12 +184,8 @@ def compare_metric(
     if not (math.isfinite(ratio) and ratio > 0 and math.isfinite(change)):
         raise GateInputError(f"metric {metric!r}: the medians {mb:g} and {mc:g} are too far apart to compare"
                              f" (samples of different units?)")
-    if higher:
-        p_worse = mann_whitney_greater(b, c)
-        p_better = mann_whitney_greater(c, b)
-    else:
-        p_worse = mann_whitney_greater(c, b)
-        p_better = mann_whitney_greater(b, c)
+    x, y = (b, c) if higher else (c, b)  # the candidate is worse where x tends to be larger than y
+    p_worse, p_better = mann_whitney_greater(x, y), mann_whitney_greater(y, x)
     if bootstrap:
         with np.errstate(all="ignore"):
             lo, hi = bootstrap_ratio_ci(b, c)

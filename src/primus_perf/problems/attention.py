@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-from primus_perf.problems.base import ProblemType, dataclass_from_dict
+from primus_perf.problems.base import ProblemType
 from primus_perf.problems.dtypes import DTYPE_BYTES, canonical_dtype
 
 
@@ -51,13 +50,6 @@ class AttentionProblem(ProblemType, kind="attention"):
             f"attn|b{self.batch}|hq{self.heads_q}|hkv{self.heads_kv}|sq{self.seq_q}"
             f"|skv{self.seq_kv}|d{self.head_dim}|{self.dtype}|{mask}|{self.layout}"
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AttentionProblem:
-        return dataclass_from_dict(cls, data)
 
     # ---- performance model ----------------------------------------------------------------
 

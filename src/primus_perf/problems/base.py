@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import fields
-from typing import Any, ClassVar
+from dataclasses import asdict, fields
+from typing import Any, ClassVar, TypeVar
 
 MAX_SIZE = 2**31 - 1  # a size GPU kernels and BLAS libraries take (int32)
 MAX_STRIDE = 2**62  # a batch stride (elements), products of sizes
 
 _TYPES: dict[str, type[ProblemType]] = {}  # kind name -> problem type, in definition order
+_P = TypeVar("_P", bound="ProblemType")
 
 
 class ProblemType:
@@ -38,10 +39,19 @@ class ProblemType:
 
         cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
 
+    def to_dict(self) -> dict[str, Any]:
+        """The problem's fields (a dataclass's, unless the type has its own spelling)."""
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[_P], data: dict[str, Any]) -> _P:
+        """The problem of :meth:`to_dict`'s fields (:func:`dataclass_from_dict` by default)."""
+        return dataclass_from_dict(cls, data)
+
     @classmethod
     def from_item(cls, data: dict[str, Any]) -> ProblemType:
         """The problem of one problems-file item's fields (types may accept other spellings)."""
-        return cls.from_dict(data)  # type: ignore[attr-defined]
+        return cls.from_dict(data)
 
 
 def check_fields(problem: Any) -> None:

@@ -24,10 +24,10 @@ mapping; ``row_major_shapes`` inverts it.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from primus_perf.problems.base import MAX_SIZE, ProblemType, dataclass_from_dict
+from primus_perf.problems.base import MAX_SIZE, ProblemType
 from primus_perf.problems.dtypes import DTYPE_BYTES, canonical_dtype, default_compute
 
 
@@ -146,25 +146,9 @@ class GemmProblem(ProblemType, kind="gemm"):
         ``a_transposed`` says A' is ``A.T`` of a contiguous ``A[K, M]``; likewise for B'.
         ``torch.nn.functional.linear(x[M,K], W[N,K])`` is ``b_transposed=True``.
         """
-        out = out_dtype or dtype
-        return cls(
-            m=N,
-            n=M,
-            k=K,
-            trans_a=b_transposed,
-            trans_b=a_transposed,
-            dtype_a=dtype,
-            dtype_b=dtype,
-            dtype_c=out,
-            dtype_d=out,
-            compute=compute or default_compute(dtype),
-            lda=K if b_transposed else N,
-            ldb=M if a_transposed else K,
-            ldc=N,
-            ldd=N,
-            batch=batch,
-            epilogue=epilogue,
-        )
+        a = Operand(M, K, a_transposed, M if a_transposed else K)
+        b = Operand(K, N, b_transposed, K if b_transposed else N)
+        return cls.from_operands(a, b, dtype, out_dtype=out_dtype, compute=compute, batch=batch, epilogue=epilogue)
 
     @classmethod
     def from_operands(
@@ -174,6 +158,7 @@ class GemmProblem(ProblemType, kind="gemm"):
         dtype: str,
         *,
         out_dtype: str | None = None,
+        compute: str | None = None,
         batch: int = 1,
         epilogue: str = "none",
     ) -> GemmProblem:
@@ -192,7 +177,7 @@ class GemmProblem(ProblemType, kind="gemm"):
             dtype_b=dtype,
             dtype_c=out,
             dtype_d=out,
-            compute=default_compute(dtype),
+            compute=compute or default_compute(dtype),
             lda=b.ld,
             ldb=a.ld,
             ldc=b.cols,
@@ -224,9 +209,6 @@ class GemmProblem(ProblemType, kind="gemm"):
         parts.append(f"e{self.epilogue}")
         return "|".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_item(cls, data: dict[str, Any]) -> GemmProblem:
         """A problems-file item's fields: a ``GemmProblem`` dict, or the row-major spelling
@@ -238,10 +220,6 @@ class GemmProblem(ProblemType, kind="gemm"):
                     raise ValueError(f"{name} must be a positive int of at most {MAX_SIZE}, got {value!r}")
             return cls.from_row_major(**data)
         return cls.from_dict(data)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GemmProblem:
-        return dataclass_from_dict(cls, data)
 
     @classmethod
     def from_spec(cls, spec: str) -> GemmProblem:

@@ -5,10 +5,10 @@ move a little."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from primus_perf.problems.base import ProblemType, dataclass_from_dict
+from primus_perf.problems.base import ProblemType
 from primus_perf.problems.dtypes import DTYPE_BYTES
 
 GROUPED_PASSES = ("fwd", "dgrad", "wgrad")
@@ -161,9 +161,6 @@ class GroupedGemmProblem(ProblemType, kind="grouped_gemm"):
         return cls(groups=int(groups), k=int(k), n=int(n), tokens=int(tokens), skew=float(skew),
                    dtype=dtype, trans_w=w == "T", phase=phase)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_item(cls, data: dict[str, Any]) -> GroupedGemmProblem:
         """A problems-file item's fields: a ``GroupedGemmProblem`` dict, or ``counts`` (tokens
@@ -182,10 +179,6 @@ class GroupedGemmProblem(ProblemType, kind="grouped_gemm"):
         if clash:
             raise ValueError(f"give counts or {', '.join(clash)}, not both")
         return cls.from_counts(counts, **data)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GroupedGemmProblem:
-        return dataclass_from_dict(cls, data)
 
     # ---- performance model ----------------------------------------------------------------
 

@@ -22,6 +22,7 @@ would skip the router's Python.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -222,7 +223,6 @@ class AttentionDispatch(Dispatch):
 
 _graphs: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}  # ticket -> (output, q k v leaves)
 _tickets = itertools.count()
-_defined = False
 # what a custom op's kernel runs without (it is called below autograd) and an eager call has
 _BELOW_AUTOGRAD = tuple(getattr(torch._C.DispatchKey, name) for name in
                         ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor", "ADInplaceOrView"))
@@ -252,11 +252,9 @@ def _attention_like(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty(q.shape)  # contiguous, as the ops' outputs are made
 
 
+@functools.cache
 def define_ops() -> None:
     """Register the custom ops ``primus_perf::routed_attention*`` (once)."""
-    global _defined
-    if _defined:
-        return
     # flexible_layout: Inductor passes the tensors as they are (no copy the kept graph would
     # not see); cudagraph_unsafe: kept out of CUDA graphs, whose replay would skip the Python
     # that keeps and finds each call's autograd graph (a tag this torch lacks is left out)
@@ -318,7 +316,6 @@ def define_ops() -> None:
         return (*torch.ops.primus_perf.routed_attention_backward(grad, *ctx.saved_tensors, ctx.causal), None)
 
     routed_attention_forward.register_autograd(backward, setup_context=setup_context)
-    _defined = True
 
 
 _SDPA_CALLS = (F.scaled_dot_product_attention, _SDPA)

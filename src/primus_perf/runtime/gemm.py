@@ -18,6 +18,7 @@ Under Inductor the pass :func:`rewrite_gemms` swaps the graphs' GEMM nodes for
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -38,8 +39,6 @@ from primus_perf.kernels.tracing import autograd_profiler
 from primus_perf.kinds import GEMM
 from primus_perf.runtime import native
 from primus_perf.runtime.dispatch import Dispatch, InductorPass, of, replace_node
-
-_defined = False
 
 
 class GemmDispatch(Dispatch):
@@ -185,11 +184,9 @@ class GemmDispatch(Dispatch):
                                     "GEMMs", (__file__,))
 
 
+@functools.cache
 def define_op() -> None:
     """Register ``primus_perf::routed_gemm`` (once): the dispatch's route at run time."""
-    global _defined
-    if _defined:
-        return
 
     @torch.library.custom_op("primus_perf::routed_gemm", mutates_args=())
     def routed_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -198,8 +195,6 @@ def define_op() -> None:
     @routed_gemm.register_fake
     def _(a, b, bias):
         return a.new_empty((*a.shape[:-1], b.shape[-1]))
-
-    _defined = True
 
 
 def rewrite_gemms(graph: torch.fx.Graph) -> None:

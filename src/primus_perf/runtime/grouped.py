@@ -227,14 +227,10 @@ class GroupedDispatch(Dispatch):
 
 # ---- torch.compile (Inductor) --------------------------------------------------------------
 
-_defined = False
 
-
+@functools.cache
 def define_op() -> None:
     """Register ``primus_perf::routed_grouped_mm`` (once): ``aten::_grouped_mm`` at run time."""
-    global _defined
-    if _defined:
-        return
     tags = tuple(getattr(torch._C.Tag, name) for name in ("cudagraph_unsafe",) if hasattr(torch._C.Tag, name))
 
     @torch.library.custom_op("primus_perf::routed_grouped_mm", mutates_args=(), tags=tags)
@@ -245,8 +241,6 @@ def define_op() -> None:
     @routed_grouped_mm.register_fake
     def _(a, b, offs, bias, out_dtype):
         return _OP(a, b, offs, bias, out_dtype).contiguous()
-
-    _defined = True
 
 
 def rewrite_grouped_mms(graph: torch.fx.Graph) -> None:

@@ -36,8 +36,6 @@ from primus_perf.kernels.attention.configs import (
 )
 from primus_perf.kernels.triton_launch import launch_options
 
-LOG2E = 1.4426950408889634
-
 
 @triton.jit
 def _fwd_inner(
