@@ -61,21 +61,15 @@ def bench(
     world = 0  # set when every step ran
     try:
         total = warmup + repeat + profile_steps
-        done = 0
-        for _ in range(warmup):
-            trainer.train_step()
-            done += 1
-            if progress:
-                progress(done, total)
         step_time, tokens, mfu, loss = [], [], [], []
-        for _ in range(repeat):
+        for done in range(1, warmup + repeat + 1):
             m = trainer.train_step()
-            step_time.append(m.step_time_s)
-            tokens.append(m.tokens_per_s)
-            loss.append(m.loss)
-            if m.mfu is not None:
-                mfu.append(m.mfu)
-            done += 1
+            if done > warmup:  # the warm-up steps' metrics are not samples
+                step_time.append(m.step_time_s)
+                tokens.append(m.tokens_per_s)
+                loss.append(m.loss)
+                if m.mfu is not None:
+                    mfu.append(m.mfu)
             if progress:
                 progress(done, total)
         metrics: dict[str, list[float]] = {"step_time": step_time, "tokens_per_s": tokens}

@@ -35,17 +35,13 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+        return all_reduce_(grad.contiguous().clone(), ctx.group), None
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):  # type: ignore[override]
-        out = x.contiguous().clone()
-        dist.all_reduce(out, group=group)
-        return out
+        return all_reduce_(x.contiguous().clone(), group)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]

@@ -23,7 +23,7 @@ import importlib.resources
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -250,28 +250,24 @@ def _schema(cls: type, prefix: str = "") -> dict[str, Key]:
 SCHEMA: dict[str, Key] = _schema(TrainerConfig)  # dotted key -> its record
 
 
+def _leaves(node: Mapping[Any, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every value of a nested mapping that is not a mapping, in order."""
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
 def flat(cfg: TrainerConfig) -> dict[str, Any]:
     """The config as dotted keys (``train.micro_batch`` -> 4)."""
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, obj: Any) -> None:
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if dataclasses.is_dataclass(value):
-                walk(f"{prefix}{f.name}.", value)
-            else:
-                out[prefix + f.name] = value
-
-    walk("", cfg)
-    return out
+    return dict(_leaves(cfg.to_dict()))
 
 
 def _preset_files() -> dict[str, Any]:
     """Preset name -> its YAML resource (a Traversable: a file, or an entry of a zip)."""
     root = importlib.resources.files(PRESETS)
     return {f.name[: -len(".yaml")]: f for f in root.iterdir() if f.name.endswith(".yaml")}
-
-
 
 
 def resolve_config_path(name_or_path: str) -> Any:
@@ -532,11 +528,7 @@ def plan_yaml(settings: dict[str, Any]) -> str:
 
     nested: dict[str, Any] = {}
     for key, value in settings.items():
-        *path, leaf = key.split(".")
-        node = nested
-        for part in path:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        _put(nested, key, value)
     return yaml.safe_dump(nested, sort_keys=False) if nested else "{}\n"
 
 
@@ -552,15 +544,8 @@ def read_plan(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a step plan is a mapping of config sections (train:, parallel:, ...)")
     out: dict[str, Any] = {}
-
-    def walk(prefix: str, node: dict[str, Any]) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(f"{prefix}{key}.", value)
-            elif f"{prefix}{key}" in SCHEMA:
-                out[f"{prefix}{key}"] = SCHEMA[f"{prefix}{key}"].read(value)
-            else:
-                raise ConfigError(f"unknown config key {prefix + str(key)!r}")
-
-    walk("", data)
+    for key, value in _leaves(data):
+        if key not in SCHEMA:
+            raise ConfigError(f"unknown config key {key!r}")
+        out[key] = SCHEMA[key].read(value)
     return out

@@ -98,9 +98,10 @@ def is_moe_layer(cfg: ModelConfig, layer: int) -> bool:
     return cfg.moe.n_experts > 0 and layer >= cfg.moe.first_k_dense
 
 
-def matmul_params(cfg: ModelConfig) -> int:
-    """Parameters that take part in dense GEMMs (whole model, all TP ranks together)."""
-    return sum(layer.out_features * layer.in_features for layer in linear_layers(cfg))
+def matmul_params(cfg: ModelConfig, tp: int = 1) -> int:
+    """Parameters that take part in dense GEMMs (whole model, all TP ranks together; with
+    ``tp``: one tensor-parallel rank's)."""
+    return sum(layer.out_features * layer.in_features for layer in linear_layers(cfg, tp))
 
 
 def routed_active_params(cfg: ModelConfig) -> int:
@@ -119,34 +120,18 @@ def model_gemms(
     calls: list[GemmCall] = []
     for layer in linear_layers(cfg, tp):
         N, K = layer.out_features, layer.in_features
-        calls += [
-            GemmCall(
-                layer.name,
-                "fwd",
-                T,
-                N,
-                K,
-                GemmProblem.from_row_major(T, N, K, b_transposed=True, dtype=dtype),
-            ),
-            GemmCall(
-                layer.name, "dgrad", T, K, N, GemmProblem.from_row_major(T, K, N, dtype=dtype)
-            ),
-            GemmCall(
-                layer.name,
-                "wgrad",
-                N,
-                K,
-                T,
-                GemmProblem.from_row_major(N, K, T, a_transposed=True, dtype=dtype),
-            ),
-        ]
+        for kind, (m, n, k), flags in (
+            ("fwd", (T, N, K), {"b_transposed": True}),
+            ("dgrad", (T, K, N), {}),
+            ("wgrad", (N, K, T), {"a_transposed": True}),
+        ):
+            calls.append(GemmCall(layer.name, kind, m, n, k, GemmProblem.from_row_major(m, n, k, dtype=dtype, **flags)))
     return calls
 
 
 def gemm_flops_per_step(cfg: ModelConfig, micro_batch: int, seq_len: int, tp: int = 1) -> int:
     """Dense GEMM FLOPs of one micro-batch step on one TP rank (= sum of :func:`model_gemms`)."""
-    per_rank = sum(layer.out_features * layer.in_features for layer in linear_layers(cfg, tp))
-    return 6 * micro_batch * seq_len * per_rank
+    return 6 * micro_batch * seq_len * matmul_params(cfg, tp)
 
 
 @dataclass(frozen=True)

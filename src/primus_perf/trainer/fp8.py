@@ -59,6 +59,18 @@ def recipe_plan(model: nn.Module, recipe: str) -> dict[str, str]:
             for n, (_, _, o, i) in linear_layers(model).items()}
 
 
+def fp8_plan(model: nn.Module, fp8: str, cache: str | None, tokens: int) -> dict[str, str]:
+    """``train.fp8``'s plan: every layer bf16 (``off``), the tuning cache's measured plan for
+    ``tokens`` a micro-batch (``auto``; UserError where it has none) or :func:`recipe_plan`."""
+    if fp8 == "off":
+        return {n: BF16 for n in linear_layers(model)}
+    if fp8 != "auto":
+        return recipe_plan(model, fp8)
+    from primus_perf.runtime.fp8 import find_plan
+
+    return find_plan(cache, [(n, o, i) for n, (_, _, o, i) in linear_layers(model).items()], tokens).layers
+
+
 def apply_plan(model: nn.Module, layers: dict[str, str], device: torch.device, *, compile: bool = False,
                fsdp_float8_all_gather: bool = False) -> dict[str, str]:
     """Tag the weights of ``layers`` (name -> recipe or bf16; layers not named go bf16) for

@@ -22,7 +22,7 @@ import torch
 from primus_perf.base.errors import ConfigError, UserError
 from primus_perf.trainer.config import TrainerConfig, accumulation, flat
 from primus_perf.trainer.data import make_batches
-from primus_perf.trainer.fp8 import BF16, linear_layers, recipe_plan
+from primus_perf.trainer.fp8 import BF16, fp8_plan
 from primus_perf.trainer.optim import make_optimizer
 from primus_perf.trainer.resources import check_fits
 
@@ -64,18 +64,10 @@ def _fp8(trainer: Trainer, cfg: TrainerConfig) -> None:
     if trainer.groups.dp_shard > 1:
         raise NotSwitchable(f"config key 'train.fp8': {recipe} is set up when the trainer starts under FSDP2"
                             " (its FP8 all-gather)")
-    if recipe == "auto":  # the cache's plan for this model at this micro-batch
-        from primus_perf.runtime.fp8 import find_plan
-
-        found = [(n, o, i) for n, (_, _, o, i) in linear_layers(trainer.model).items()]
-        try:
-            layers = find_plan(cfg.tuning.cache, found, t.micro_batch * t.seq_len).layers
-        except UserError as exc:
-            raise ConfigError(f"config key 'train.fp8': {exc}") from None
-    elif recipe == "off":
-        layers = {n: BF16 for n in linear_layers(trainer.model)}
-    else:
-        layers = recipe_plan(trainer.model, recipe)
+    try:  # auto: the cache's plan for this model at this micro-batch
+        layers = fp8_plan(trainer.model, recipe, cfg.tuning.cache, t.micro_batch * t.seq_len)
+    except UserError as exc:
+        raise ConfigError(f"config key 'train.fp8': {exc}") from None
     trainer.set_fp8(layers, compile=t.compile == "pointwise")
 
 

@@ -54,7 +54,7 @@ from primus_perf.runtime import Handle, OnlineTuning, dispatch, enable
 from primus_perf.trainer.config import TrainConfig, TrainerConfig, accumulation
 from primus_perf.trainer.data import make_batches
 from primus_perf.trainer.flops import flops_per_token
-from primus_perf.trainer.fp8 import apply_plan, linear_layers, recipe_plan
+from primus_perf.trainer.fp8 import apply_plan, fp8_plan
 from primus_perf.trainer.moe import (
     aux_loss,
     build_model,
@@ -174,8 +174,9 @@ class Trainer:
         self.fp8: dict[str, str] = {}  # layer name -> FP8 recipe or bf16 (train.fp8)
 
         def apply_fp8(m: torch.nn.Module) -> None:  # after TP and EP (local shapes), before FSDP2/DDP
-            if t.fp8 != "off":
-                self.fp8 = apply_plan(m, self._fp8_layers(), self.device, compile=t.compile == "pointwise",
+            if t.fp8 != "off":  # the tuning cache's plan (auto) or one recipe for every block
+                layers = fp8_plan(self.model, t.fp8, cfg.tuning.cache, t.micro_batch * t.seq_len)
+                self.fp8 = apply_plan(m, layers, self.device, compile=t.compile == "pointwise",
                                       fsdp_float8_all_gather=dp_shard > 1)
 
         self._forward: torch.nn.Module = parallelize(
@@ -233,16 +234,6 @@ class Trainer:
 
         row = lookup_peaks(self.device_name)
         return row.peak_tflops("bf16") if row is not None else None
-
-    def _fp8_layers(self) -> dict[str, str]:
-        """train.fp8's plan: the tuning cache's (auto) or one recipe for every block."""
-        t = self.cfg.train
-        if t.fp8 != "auto":
-            return recipe_plan(self.model, t.fp8)
-        from primus_perf.runtime.fp8 import find_plan
-
-        layers = [(n, o, i) for n, (_, _, o, i) in linear_layers(self.model).items()]
-        return find_plan(self.cfg.tuning.cache, layers, t.micro_batch * t.seq_len).layers
 
     def use_grouped_backend(self, name: str) -> None:
         """The MoE layers' ``torch._grouped_mm`` calls run ``name`` (``auto``: the default

@@ -125,27 +125,21 @@ def _make_groups(tp: int, ep: int, dp_shard: int, dp_replicate: int, device_type
     dp = world // tp
     groups = ProcessGroups(world, rank, tp, dp, rank % tp, rank // tp)
     groups.ep, groups.ep_rank = ep, groups.dp_rank % ep
+
+    def new_group(attr: str, ranks: list[int], needed: bool) -> None:
+        group = dist.new_group(ranks) if needed else None
+        if rank in ranks:
+            setattr(groups, attr, group)
+
     for t in range(tp):  # every rank creates every group, in the same order
         for first in range(0, dp, ep):
-            ranks = [(first + e) * tp + t for e in range(ep)]
-            group = dist.new_group(ranks) if ep > 1 else None
-            if rank in ranks:
-                groups.ep_group = group
+            new_group("ep_group", [(first + e) * tp + t for e in range(ep)], ep > 1)
         for e in range(ep):
-            ranks = [(first + e) * tp + t for first in range(0, dp, ep)]
-            group = dist.new_group(ranks) if dp > ep else None
-            if rank in ranks:
-                groups.expert_dp_group = group
+            new_group("expert_dp_group", [(first + e) * tp + t for first in range(0, dp, ep)], dp > ep)
     for d in range(dp):  # every rank creates every group, in the same order
-        ranks = [d * tp + t for t in range(tp)]
-        group = dist.new_group(ranks) if tp > 1 else None
-        if rank in ranks:
-            groups.tp_group = group
+        new_group("tp_group", [d * tp + t for t in range(tp)], tp > 1)
     for t in range(tp):
-        ranks = [d * tp + t for d in range(dp)]
-        group = dist.new_group(ranks) if dp > 1 else None
-        if rank in ranks:
-            groups.dp_group = group
+        new_group("dp_group", [d * tp + t for d in range(dp)], dp > 1)
     groups.dp_shard, groups.dp_replicate = dp_shard, dp_replicate
     if dp_shard > 1:
         groups.mesh = data_parallel_mesh(device_type, dp_replicate, dp_shard, tp)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from primus_perf.base.errors import ConfigError
 from primus_perf.trainer.config import TrainerConfig
-from primus_perf.trainer.flops import is_moe_layer, linear_layers
+from primus_perf.trainer.flops import is_moe_layer, matmul_params
 from primus_perf.trainer.optim import state_bytes_per_param
 
 # Rows of kernels.attention.backends.SDPA_BACKENDS that torch runs on a CPU.
@@ -75,7 +75,7 @@ class MemoryEstimate:
 def _params(cfg: TrainerConfig) -> tuple[int, int]:
     """(dense parameters of one tensor-parallel rank, routed experts' of one expert-parallel rank)."""
     m, tp = cfg.model, cfg.parallel.tp
-    dense = sum(layer.out_features * layer.in_features for layer in linear_layers(m, tp))
+    dense = matmul_params(m, tp)
     dense += m.vocab_size * m.dim // tp + (2 * m.n_layers + 1) * m.dim  # embedding, norms
     moe = m.moe
     layers = sum(is_moe_layer(m, i) for i in range(m.n_layers))
@@ -144,10 +144,6 @@ def _cgroup_limit() -> int | None:
     return None
 
 
-def _micro_batch_1(cfg: TrainerConfig) -> TrainerConfig:
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch=1))
-
-
 def check_fits(cfg: TrainerConfig, device_type: str, index: int = 0) -> None:
     """ConfigError naming the key when the config cannot run on this device."""
     t = cfg.train
@@ -159,10 +155,10 @@ def check_fits(cfg: TrainerConfig, device_type: str, index: int = 0) -> None:
     have, where = device_memory(device_type, index)
     if need.total > have:
         key, remedy = need.largest_key, need.remedy
-        one = estimate_memory(_micro_batch_1(cfg), device_type)
+        one_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch=1))
+        one = estimate_memory(one_cfg, device_type)
         if one.total > have:  # no micro-batch fits: the model (or its sequence) is what to change
             key, remedy = one.model_key, "it does not fit at micro-batch 1 either: shard it or make it smaller"
-            one_cfg = _micro_batch_1(cfg)
             layer = dataclasses.replace(one_cfg, model=dataclasses.replace(one_cfg.model, n_layers=1))
             if cfg.model.n_layers > 1 and estimate_memory(layer, device_type).total <= have:
                 key = "model.n_layers"  # one layer would fit: the depth is what does not
