@@ -48,7 +48,7 @@ def profile_step(loss: Any = None) -> None:
         marks.mark(explicit=True, loss=loss)
 
 
-def _sync() -> None:
+def sync_gpu() -> None:
     """Wait for the GPU's queued work (a step's end is when its kernels are done)."""
     import torch
 
@@ -92,7 +92,7 @@ class StepMarks:
 
     def mark(self, explicit: bool = False, loss: Any = None) -> None:
         self.explicit = self.explicit or explicit
-        _sync()
+        sync_gpu()
         seconds = time.perf_counter() - self._t0
         index = self.count
         self.count += 1

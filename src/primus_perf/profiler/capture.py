@@ -43,6 +43,7 @@ from typing import Any
 from primus_perf.base import environment
 from primus_perf.base.errors import Interrupted, UserError, interrupts_held
 from primus_perf.base.files import atomic_open, write_json
+from primus_perf.base.programs import sync_gpu
 from primus_perf.profiler.kineto_marks import kineto_marks_dropped
 from primus_perf.tracelens.inputs import MANIFEST
 
@@ -95,13 +96,6 @@ class CaptureInterrupted(KeyboardInterrupt):
     def __init__(self, result: CaptureResult) -> None:
         super().__init__("interrupted")
         self.result = result
-
-
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
 
 
 def _activities() -> list[Any]:
@@ -243,15 +237,14 @@ def profile_steps(
     """
     sched = schedule or Schedule()
     out = prepare_out_dir(out_dir)
-    trace: Path | None = None
     phases = sched.phases()
     records: list[dict[str, Any]] = []
 
     def run(phase: str) -> None:
-        _sync()
+        sync_gpu()
         t0 = time.perf_counter()
         result = step_fn()
-        _sync()
+        sync_gpu()
         rec = {"index": len(records), "phase": phase, "time_s": time.perf_counter() - t0}
         if step_info is not None and result is not None:
             rec.update(step_info(result))
@@ -272,16 +265,15 @@ def profile_steps(
                     window.step()
             if window.trace is None:
                 raise UserError("the profiler wrote no trace")
-            trace = window.trace
         else:
             for phase in profiled:
                 run(phase)
         for phase in phases[len(phases) - sched.after:]:
             run(phase)
     except KeyboardInterrupt:
-        kept = trace or (window.trace if window is not None else None)
+        kept = window.trace if window is not None else None
         raise CaptureInterrupted(CaptureResult(out_dir=out, trace=kept, steps=records)) from None
-    return CaptureResult(out_dir=out, trace=trace, steps=records)
+    return CaptureResult(out_dir=out, trace=window.trace if window is not None else None, steps=records)
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -318,6 +310,16 @@ def overhead(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "spread_s": {name: [min(v), max(v)] for name, v in
                      (("unprofiled", base), ("wait", wait), ("after", after), ("active", active)) if v},
     }
+
+
+def meet_ranks() -> None:
+    """Every rank waits for the others at the window's end (under torchrun): each traced rank's
+    file is written before rank 0's manifest names it. Each rank comes here at the same step,
+    traced or not; a window closed by an error does not (a rank that failed never comes)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> Path:
@@ -416,11 +418,9 @@ def capture_trainer(config: str, overrides: Sequence[str], out_dir: str | Path, 
                                                          "overrides": list(overrides), "interrupted": True}))
             raise Interrupted(f"after {len(part.steps)} steps; wrote {part.trace} with {recorded} recorded"
                               f" step(s) and {out / MANIFEST}") from None
-        if world > 1:  # every rank's trace is on disk before rank 0's manifest names it: rank 0
-            # may finish first (untraced, or no step after the window) while another exports
-            import torch.distributed as dist
-
-            dist.barrier()
+        # every rank's trace is on disk before rank 0's manifest names it: rank 0
+        # may finish first (untraced, or no step after the window) while another exports
+        meet_ranks()
         if trainer.is_main:
             plain = [s for s in res.steps if s["phase"] in ("baseline", "after")][1:]
             tok = _median([s["tokens_per_s"] for s in plain])

@@ -25,11 +25,13 @@ from typing import Any
 
 from primus_perf.base import environment
 from primus_perf.base.errors import Interrupted, UserError
-from primus_perf.base.programs import StepMarks, StopProgram
+from primus_perf.base.programs import StepMarks, StopProgram, run_target
+from primus_perf.base.programs import exit_code as code_of
 from primus_perf.profiler.capture import (
     CaptureResult,
     Schedule,
     base_manifest,
+    meet_ranks,
     parse_ranks,
     prepare_out_dir,
     profile_window,
@@ -47,14 +49,10 @@ class _Steps:
         self.stop = stop  # end the program once the schedule's last step is marked
         self.phases = schedule.phases()
         self.records: list[dict[str, Any]] = []
-        self._window: Any = None  # the open profile_window context
+        self._open = contextlib.ExitStack()  # the open profile_window context
         self.window: Any = None
         self.trace: Path | None = None
         self.marks = StepMarks(self.mark)
-
-    @property
-    def explicit(self) -> bool:
-        return self.marks.explicit
 
     def mark(self, i: int, seconds: float, _loss: Any = None) -> None:
         if i >= len(self.phases):
@@ -72,33 +70,21 @@ class _Steps:
             try:
                 self.close()
             finally:
-                _meet()  # every rank, traced or not: an untraced rank that went on alone left the others waiting
+                meet_ranks()  # every rank, traced or not: an untraced rank that went on alone left the others waiting
         if self.stop and i + 1 == len(self.phases):
             raise StopProgram
 
     def open(self) -> None:
-        if not self.traced:
-            return
-        s = self.schedule
-        self._window = profile_window(self.out / trace_name(self.rank), active=s.active, warmup=s.warmup, wait=s.wait)
-        self.window = self._window.__enter__()
+        if self.traced:
+            s = self.schedule
+            window = profile_window(self.out / trace_name(self.rank), active=s.active, warmup=s.warmup, wait=s.wait)
+            self.window = self._open.enter_context(window)
 
-    def close(self, *exc: Any) -> None:
-        if self._window is None:
-            return
-        window, self._window, self.window = self._window, None, None
-        window.__exit__(*(exc or (None, None, None)))
-        self.trace = self.out / trace_name(self.rank) if (self.out / trace_name(self.rank)).is_file() else None
-
-
-def _meet() -> None:
-    """Every rank waits for the others at the window's end (under torchrun): each traced rank's
-    file is written before rank 0's manifest names it. Each rank comes here at the same step,
-    traced or not; a window closed by an error does not (a rank that failed never comes)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+    def close(self) -> None:
+        if self.window is not None:
+            self.window = None
+            self._open.close()
+            self.trace = self.out / trace_name(self.rank) if (self.out / trace_name(self.rank)).is_file() else None
 
 
 def check_target(target: Sequence[str]) -> None:
@@ -116,8 +102,6 @@ def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedu
     every rank under torchrun; ``stop``: end the program once the schedule's steps are marked
     (its remaining steps not run). The script's exit code other than 0 is raised as SystemExit
     after the run folder is written; Ctrl-C keeps what was recorded (``Interrupted``)."""
-    from primus_perf.base.programs import run_target
-
     check_target(target)
     rank, world = environment.get("RANK"), environment.get("WORLD_SIZE")
     traced = parse_ranks(ranks, world)
@@ -132,8 +116,6 @@ def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedu
     except StopProgram:  # the schedule's steps are in (stop)
         pass
     except SystemExit as exc:
-        from primus_perf.base.programs import exit_code as code_of
-
         exit_code = code_of(exc)
     except UserError:
         raise
@@ -149,7 +131,7 @@ def capture_program(target: Sequence[str], out_dir: str | Path, schedule: Schedu
             steps.close()
     recorded = sum(r["phase"] == "active" for r in steps.records)
     if not recorded and rank in traced:
-        how = "primus_perf.profile_step() calls" if steps.explicit else "optimizer.step() calls"
+        how = "primus_perf.profile_step() calls" if steps.marks.explicit else "optimizer.step() calls"
         if exit_code:
             raise UserError(f"the program exited with code {exit_code} after {len(steps.records)} steps ({how});"
                             " no step was recorded")
@@ -168,7 +150,7 @@ def _write(steps: _Steps, world: int, traced: list[int], target: Sequence[str], 
            ) -> dict[str, Any]:
     if steps.rank != 0:
         return {}
-    extra: dict[str, Any] = {"program": list(target), "step_marks": "profile_step" if steps.explicit else
+    extra: dict[str, Any] = {"program": list(target), "step_marks": "profile_step" if steps.marks.explicit else
                              "optimizer.step"}
     if interrupted:
         extra["interrupted"] = True

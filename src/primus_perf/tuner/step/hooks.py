@@ -112,12 +112,10 @@ def install(plan: Mapping[str, str]) -> Applied:
     _Finder.install()
     import torch.optim.optimizer as optim
 
-    _state["optimizers"] = []
     _state["hooks"] = [optim.register_optimizer_step_pre_hook(_optimizer_step)]
     _patch_optimizer_init()
     _state["hooks"] += [torch.nn.modules.module.register_module_forward_pre_hook(_enter),
                         torch.nn.modules.module.register_module_forward_hook(_leave, always_call=True)]
-    _state["depth"] = 0
     return _applied
 
 
@@ -162,11 +160,7 @@ def _install_ddp(options: Mapping[str, str]) -> None:
         return
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    original = DDP.__init__
-    if getattr(original, "_primus_perf", False):
-        return
-
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+    def init(original: Any, self: Any, *args: Any, **kwargs: Any) -> None:
         if "ddp_bucket_mb" in options:
             kwargs["bucket_cap_mb"] = float(options["ddp_bucket_mb"])
         if "ddp_bucket_view" in options:
@@ -176,10 +170,24 @@ def _install_ddp(options: Mapping[str, str]) -> None:
         _applied.found["ddp"] = True
         original(self, *args, **kwargs)
 
-    init._primus_perf = True  # type: ignore[attr-defined]
-    DDP.__init__ = init
-    _state.setdefault("restore", []).append((DDP, "__init__", original))
-    _applied.levers += [k for k in options]
+    if _replace(DDP, "__init__", init):
+        _applied.levers += [k for k in options]
+
+
+def _replace(owner: Any, name: str, wrapper: Callable[..., Any]) -> bool:
+    """``owner.name`` becomes ``wrapper(original, *args, **kwargs)`` until :func:`uninstall`
+    gives the original back; False (nothing done) where it is this module's already."""
+    original = getattr(owner, name)
+    if getattr(original, "_primus_perf", False):
+        return False
+
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(original, *args, **kwargs)
+
+    patched._primus_perf = True  # type: ignore[attr-defined]
+    setattr(owner, name, patched)
+    _state.setdefault("restore", []).append((owner, name, original))
+    return True
 
 
 # ---- a module imported later: HF transformers' TrainingArguments --------------------------------
@@ -232,12 +240,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 def _patch_hf_arguments(module: Any) -> None:
     """HF ``TrainingArguments``: the plan's micro-batch as ``per_device_train_batch_size`` with
     ``gradient_accumulation_steps`` moved so that their product (the recipe) holds."""
-    cls = module.TrainingArguments
-    original = cls.__post_init__
-    if getattr(original, "_primus_perf", False):
-        return
-
-    def post_init(self: Any) -> None:
+    def post_init(original: Any, self: Any) -> None:
         original(self)
         per_device, accum = int(self.per_device_train_batch_size), int(self.gradient_accumulation_steps)
         product = per_device * accum
@@ -254,9 +257,7 @@ def _patch_hf_arguments(module: Any) -> None:
         self.per_device_train_batch_size, self.gradient_accumulation_steps = m, product // m
         _applied.levers.append(MICRO_BATCH)
 
-    post_init._primus_perf = True  # type: ignore[attr-defined]
-    cls.__post_init__ = post_init
-    _state.setdefault("restore", []).append((cls, "__post_init__", original))
+    _replace(module.TrainingArguments, "__post_init__", post_init)
 
 
 def divisors(n: int) -> list[int]:
@@ -272,17 +273,11 @@ def _patch_optimizer_init() -> None:
     """Every optimizer built is seen (the first one leads to the model)."""
     import torch
 
-    original = torch.optim.Optimizer.__init__
-    if getattr(original, "_primus_perf", False):
-        return
-
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+    def init(original: Any, self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         _state.setdefault("optimizers", []).append(self)
 
-    init._primus_perf = True  # type: ignore[attr-defined]
-    torch.optim.Optimizer.__init__ = init
-    _state.setdefault("restore", []).append((torch.optim.Optimizer, "__init__", original))
+    _replace(torch.optim.Optimizer, "__init__", init)
 
 
 def _optimizer_step(optimizer: Any, *_: Any) -> None:
@@ -327,11 +322,7 @@ def _leave(_module: Any, _args: Any, _out: Any) -> None:
 
 
 def _first_parameter() -> Any:
-    for opt in _state.get("optimizers", []):
-        for g in opt.param_groups:
-            for p in g["params"]:
-                return p
-    return None
+    return next((p for opt in _state.get("optimizers", []) for g in opt.param_groups for p in g["params"]), None)
 
 
 def _remove_module_hooks() -> None:
@@ -404,7 +395,7 @@ def _apply_model(model: Any) -> None:
         _apply_checkpoint(blocks)
     if sharded:
         _apply_fsdp(model, blocks, sharded, plan)
-    elif any(k in plan for k in ("fsdp_reshard", "fsdp_prefetch")):
+    else:
         for k in ("fsdp_reshard", "fsdp_prefetch"):
             if k in plan:
                 _applied.note(k, "the program does not use FSDP2 (fully_shard)")

@@ -169,7 +169,7 @@ def _fsdp(w: TrainerContext) -> str | None:
     return None if w.dp_shard > 1 else "FSDP2 is off (parallel.dp_shard=1)"
 
 
-def _fp8(w: TrainerContext) -> str | None:
+def _fp8(w: TrainerContext | ScriptContext) -> str | None:
     return None if w.fp8_formats else "this device has no FP8 GEMMs"
 
 
@@ -177,7 +177,7 @@ def _moe(w: TrainerContext) -> str | None:
     return None if w.moe else "the model has no MoE layers"
 
 
-def _cache(w: TrainerContext) -> str | None:
+def _cache(w: TrainerContext | ScriptContext) -> str | None:
     return None if w.cache else "no kernel cache given (--cache)"
 
 
@@ -228,9 +228,7 @@ def _blocks_found(w: ScriptContext) -> str | None:
 
 
 def _fp8_device(w: ScriptContext) -> str | None:
-    if not w.torchao:
-        return "FP8 needs torchao (pip install torchao)"
-    return None if w.fp8_formats else "this device has no FP8 GEMMs"
+    return "FP8 needs torchao (pip install torchao)" if not w.torchao else _fp8(w)
 
 
 def _script_fp8(w: ScriptContext) -> str | None:
@@ -290,8 +288,7 @@ register(Lever("fsdp_prefetch", "parallel.fsdp_prefetch", lambda w: [0, 1, 2], _
                script=InScript(lambda w: ["", "1", "2"], lambda w: _script_fsdp(w) or _blocks_found(w))))
 register(Lever("kernel_cache", "tuning.cache", lambda w: [None, w.cache], _cache,
                about="the tuned kernels of a cache (primus-tune gemm/loop), confirmed in the step",
-               script=InScript(lambda w: ["", w.cache or ""], lambda w: None if w.cache else
-                               "no kernel cache given (--cache)", lambda v: None)))
+               script=InScript(lambda w: ["", w.cache or ""], _cache, lambda v: None)))
 register(Lever("sdpa", "", lambda w: [], about="the one SDPA backend torch may pick (math stays its fallback)",
                script=InScript(lambda w: ["", "cudnn", "flash", "efficient"], _on_gpu, lambda v: None)))
 register(Lever("allocator", "", lambda w: [], about="the CUDA caching allocator's expandable segments",

@@ -63,8 +63,7 @@ class RunResult:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunResult:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 # ---- the child --------------------------------------------------------------------------------
@@ -134,13 +133,9 @@ def _found_device(applied: Any) -> None:
     import torch
 
     applied.found["torchao"] = importlib.util.find_spec("torchao") is not None
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        applied.found["device"] = torch.cuda.get_device_name()
-        applied.found["fp8_formats"] = (major, minor) >= (8, 9)
-    else:
-        applied.found["device"] = "cpu"
-        applied.found["fp8_formats"] = False
+    gpu = torch.cuda.is_available()
+    applied.found["device"] = torch.cuda.get_device_name() if gpu else "cpu"
+    applied.found["fp8_formats"] = gpu and torch.cuda.get_device_capability() >= (8, 9)
 
 
 def measure_program(target: Sequence[str], plan: Mapping[str, str], out: str | os.PathLike, *, warmup: int,

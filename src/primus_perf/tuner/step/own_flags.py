@@ -295,10 +295,6 @@ def _titan_settings(config: Any, dims: Any, recompute: str, fp8: str, optimizer:
     return Settings(micro, global_batch, dp, pp_micro, current)
 
 
-def _world() -> int:
-    return environment.get("WORLD_SIZE")
-
-
 def read_torchtitan(args: list[str]) -> Settings:
     """torchtitan 0.3's settings, parsed by its own ``ConfigManager``."""
     from torchtitan.config import ConfigManager
@@ -313,7 +309,7 @@ def read_torchtitan(args: list[str]) -> Settings:
                  if type(cfg) is not Linear.Config}  # Float8Linear, MXFP8Linear, ...
     optimizer = {"fused_opt_states_bf16": "bf16"}.get(config.optimizer.implementation,
                                                       config.optimizer.implementation)
-    return _titan_settings(config, ParallelDims.from_config(config.parallelism, _world()), recompute,
+    return _titan_settings(config, ParallelDims.from_config(config.parallelism, environment.get("WORLD_SIZE")), recompute,
                            ",".join(sorted(converted)) or "off", optimizer)
 
 
@@ -326,7 +322,8 @@ def read_torchtitan_02(args: list[str]) -> Settings:
     p = config.parallelism
     dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
                         cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
-                        ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree, world_size=_world())
+                        ep=p.expert_parallel_degree, etp=p.expert_tensor_parallel_degree,
+                        world_size=environment.get("WORLD_SIZE"))
     converters = config.model.converters
     fp8 = ((config.quantize.linear.float8.recipe_name or "tensorwise") if "quantize.linear.float8" in converters
            else ",".join(converters) or "off")

@@ -37,6 +37,7 @@ from typing import Any
 
 from primus_perf.base.entry import Log
 from primus_perf.base.errors import OutOfMemory, UserError
+from primus_perf.tuner.step import lanes as lane_replies
 from primus_perf.tuner.step import measured
 from primus_perf.tuner.step.levers import Lever, ScriptContext, Setting, lever_of, script_levers
 from primus_perf.tuner.step.search import Advice, Search, SearchResult, advice_parts
@@ -101,13 +102,12 @@ class ScriptSession:
     def close(self) -> None:
         pass
 
-    def run(self, setting: Setting, warmup: int | None = None, steps: int | None = None) -> measured.RunResult:
+    def run(self, setting: Setting) -> measured.RunResult:
         """One measured run of ``setting`` (every rank its child; rank 0's result)."""
         plan = _labels(setting)
         port = self.agree(measured._free_port()) if self.distributed else None
-        result = measured.run_script(self.target, plan, warmup=self.warmup if warmup is None else warmup,
-                                     steps=self.steps if steps is None else steps, devices=self.devices, port=port,
-                                     timeout_s=self.timeout_s, log_file=self.log_file)
+        result = measured.run_script(self.target, plan, warmup=self.warmup, steps=self.steps, devices=self.devices,
+                                     port=port, timeout_s=self.timeout_s, log_file=self.log_file)
         result = self.agree(result)
         self.runs.append(Run(plan, result, self.devices))
         return result
@@ -158,31 +158,27 @@ class ScriptLane:
 
     def submit(self, incumbent: dict[str, str], candidate: dict[str, str], blocks: int, block_steps: int,
                settle: int) -> None:
-        from primus_perf.tuner.step import lanes
-
         def work() -> None:
             try:
                 times = self.session.measure(Setting(dict(incumbent)), Setting(dict(candidate)), blocks=blocks,
                                              block_steps=block_steps, settle=settle)
-                self._reply = (lanes.OK, times)
+                self._reply = (lane_replies.OK, times)
             except OutOfMemory as exc:
-                self._reply = (lanes.OOM, str(exc))
+                self._reply = (lane_replies.OOM, str(exc))
             except UserError as exc:
-                self._reply = (lanes.USER_ERROR, str(exc))
+                self._reply = (lane_replies.USER_ERROR, str(exc))
             except Exception as exc:  # a failure of the lane itself
-                self._reply = (lanes.BROKEN, f"{type(exc).__name__}: {exc}")
+                self._reply = (lane_replies.BROKEN, f"{type(exc).__name__}: {exc}")
 
         self._reply = None
         self._thread = threading.Thread(target=work, name=f"primus-perf-{self.name}", daemon=True)
         self._thread.start()
 
     def result(self, timeout_s: float) -> tuple[str, Any]:
-        from primus_perf.tuner.step import lanes
-
         assert self._thread is not None
         self._thread.join(timeout_s)
         if self._thread.is_alive() or self._reply is None:
-            return lanes.BROKEN, f"no answer within {timeout_s:.0f} s"
+            return lane_replies.BROKEN, f"no answer within {timeout_s:.0f} s"
         return self._reply
 
     def close(self) -> None:
