@@ -26,6 +26,11 @@ TOP_MIN = 1
 JSON_HELP = "Write the result as JSON to this file (- for stdout)."
 
 
+def log_line(message: str) -> None:
+    """A line of a run's log to the console as it is: no markup, no highlighting, not wrapped."""
+    console.print(message, highlight=False, soft_wrap=True, markup=False)
+
+
 def error_line(exc: BaseException) -> str:
     """The one line (rich markup) a UserError or an Interrupted prints: :func:`..base.entry.error_text`."""
     text = escape(error_text(exc))

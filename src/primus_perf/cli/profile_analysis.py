@@ -9,12 +9,11 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from primus_perf import kinds
 from primus_perf.base.files import write_output
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, console, err_console
-from primus_perf.cli.render import print_table
+from primus_perf.cli.render import new_table, print_table
 from primus_perf.tracelens.analyses.expert_load import summary_line
 from primus_perf.tracelens.analyses.workload import summary as workload_summary
 from primus_perf.tracelens.analyze import Analysis, analyze
@@ -104,26 +103,21 @@ def render(a: Analysis, top: int) -> None:
     if not len(cat) and a.hotspots.empty:
         console.print("no GPU events: the GPU time and hotspot tables are left out; the problem tables below hold"
                       " the ops' CPU times", highlight=False, soft_wrap=True)
-    tb = Table(title="GPU time by category (ms per step)")
-    for col in ("category", "ms", "share"):
-        tb.add_column(col, justify="left" if col == "category" else "right")
+    tb = new_table("GPU time by category (ms per step)", ("category", "ms", "share"), {"category"})
     for name, sec in cat.items():
         tb.add_row(str(name), _ms(sec), _pct(sec / total))
     if len(cat):
         print_table(tb)
     if len(a.temporal):
-        tt = Table(title="step time (median ms over steps)")
-        for col in ("rank", "step", "compute", "exposed comm", "exposed memcpy", "idle"):
-            tt.add_column(col, justify="right")
+        tt = new_table("step time (median ms over steps)",
+                       ("rank", "step", "compute", "exposed comm", "exposed memcpy", "idle"))
         for _, r in a.rank_summary.iterrows():
             tt.add_row(str(r["rank"]) + (" (slowest)" if r["slowest"] and len(a.ranks) > 1 else ""),
                        _ms(r["step_time_s"]), _ms(r["compute_s"]), _ms(r["exposed_comm_s"]),
                        _ms(r["exposed_memcpy_s"]), _ms(r["idle_s"]))
         print_table(tt)
-    th = Table(title=f"hotspots (top {top}, per step)")
-    for col in ("category", "op", "shape", "calls", "ms", "share", "TFLOP/s", "% roofline"):
-        th.add_column(col, justify="right" if col in ("calls", "ms", "share", "TFLOP/s", "% roofline") else "left",
-                      overflow="fold")
+    th = new_table(f"hotspots (top {top}, per step)", ("category", "op", "shape", "calls", "ms", "share", "TFLOP/s",
+                   "% roofline"), {"category", "op", "shape"}, overflow="fold")
     for _, r in a.hotspots.head(top).iterrows():
         th.add_row(r["category"], r["op"], r["shape"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
                    _pct(r["share"]), _rate(r["tflops"]), _flagged(r["pct_roofline"], r["roofline_note"]))
@@ -133,18 +127,16 @@ def render(a: Analysis, top: int) -> None:
     for title, df in ((f"{kind.title} problems", a.problems_by_kind[kind.name]) for kind in kinds.all_kinds()):
         if df.empty:
             continue
-        tp = Table(title=f"{title} (per step)")
-        for col in ("problem", "dir", "calls", "ms", "TFLOP/s", "TB/s", "% roofline"):
-            tp.add_column(col, justify="left" if col in ("problem", "dir") else "right")
+        tp = new_table(f"{title} (per step)", ("problem", "dir", "calls", "ms", "TFLOP/s", "TB/s", "% roofline"),
+                       {"problem", "dir"})
         for _, r in df.head(top).iterrows():
             tp.add_row(r["label"], r["direction"], _num(r["calls"], "{:g}"), _ms(r["time_s"]),
                        _rate(r["tflops"]), _num(r["tb_s"], "{:.2f}"), _flagged(r["pct_roofline"], r["roofline_note"]))
         print_table(tp)
         _print_flags(df.head(top))
     if len(a.collectives):
-        tc = Table(title="collectives across ranks")
-        for col in ("kernel", "calls", "mean skew us", "max skew us", "mean dur us", "last to start"):
-            tc.add_column(col, justify="left" if col == "kernel" else "right", overflow="fold")
+        tc = new_table("collectives across ranks", ("kernel", "calls", "mean skew us", "max skew us", "mean dur us",
+                       "last to start"), {"kernel"}, overflow="fold")
         for _, r in a.collectives.head(top).iterrows():
             tc.add_row(r["name"], str(r["calls"]), _num(r["mean_skew_us"]), _num(r["max_skew_us"]),
                        _num(r["mean_dur_us"]), f"rank {r['last_rank']}")
@@ -182,9 +174,8 @@ def render_bandwidth(a: Analysis, top: int) -> None:
     """Collective bandwidth per (collective, size), and all-to-all time, bytes and bandwidth
     per rank."""
     if len(a.collective_bandwidth):
-        tb = Table(title="collective bandwidth (per step; all_to_allv: mean message of its calls)")
-        for col in ("collective", "message", "group", "calls", "ms", "algbw GB/s", "busbw GB/s", "busbw range"):
-            tb.add_column(col, justify="left" if col == "collective" else "right")
+        tb = new_table("collective bandwidth (per step; all_to_allv: mean message of its calls)", ("collective",
+                       "message", "group", "calls", "ms", "algbw GB/s", "busbw GB/s", "busbw range"), {"collective"})
         for _, r in a.collective_bandwidth.head(top).iterrows():
             spread = f"{_num(r['min_busbw_gbs'], GBS)}-{_num(r['max_busbw_gbs'], GBS)}" if r["ranks"] > 1 else "–"
             tb.add_row(r["collective"], _bytes(r["bytes"]), _num(r["group_size"], "{:d}") if r["group_size"] > 0
@@ -193,9 +184,8 @@ def render_bandwidth(a: Analysis, top: int) -> None:
         print_table(tb)
     ranks = a.collective_ranks[a.collective_ranks["collective"].isin(ALL_TO_ALLS)] if len(a.collective_ranks) else []
     if len(ranks):
-        tr = Table(title="all-to-all per rank (per step)")
-        for col in ("collective", "rank", "calls", "ms", "bytes", "sent", "received", "algbw GB/s", "busbw GB/s"):
-            tr.add_column(col, justify="left" if col == "collective" else "right")
+        tr = new_table("all-to-all per rank (per step)", ("collective", "rank", "calls", "ms", "bytes", "sent",
+                       "received", "algbw GB/s", "busbw GB/s"), {"collective"})
         for _, r in ranks.head(MAX_RANK_ROWS).iterrows():
             tr.add_row(r["collective"], str(r["rank"]), _num(r["calls"], "{:g}"), _ms(r["time_s"]), _bytes(r["bytes"]),
                        _bytes(r["in_bytes"]), _bytes(r["out_bytes"]), _num(r["algbw_gbs"], GBS),
@@ -234,19 +224,16 @@ def render_recommendations(a: Analysis) -> None:
 def render_host(a: Analysis, top: int) -> None:
     """Each step's critical path, launch statistics and CPU against GPU time per op."""
     if len(a.critical_path):
-        tc = Table(title="critical path per step (ms: the step's host start to its last GPU event)")
-        for col in ("rank", "step", "path", "cpu", "launch delay", "gpu", "wait", "GPU events on path"):
-            tc.add_column(col, justify="right")
+        tc = new_table("critical path per step (ms: the step's host start to its last GPU event)",
+                       ("rank", "step", "path", "cpu", "launch delay", "gpu", "wait", "GPU events on path"))
         for r in a.critical_path.head(MAX_RANK_ROWS).to_dict(orient="records"):
             tc.add_row(str(int(r["rank"])), str(int(r["step"])), _ms(r["path_s"]), _ms(r["cpu_s"]), _ms(r["launch_s"]),
                        _ms(r["gpu_s"]), _ms(r["wait_s"]), str(int(r["events"])))
         print_table(tc)
     if len(a.launches):
-        tl = Table(title="kernel launches per step (delay: launch call start to GPU start, ms; queue: GPU work "
-                         "launched, not finished)")
-        for col in ("rank", "step", "launches", "call p50 us", "delay p50", "delay p90", "delay max", "queue p50",
-                    "queue max"):
-            tl.add_column(col, justify="right")
+        tl = new_table("kernel launches per step (delay: launch call start to GPU start, ms; queue: GPU work "
+                       "launched, not finished)", ("rank", "step", "launches", "call p50 us", "delay p50", "delay p90",
+                                                   "delay max", "queue p50", "queue max"))
         for r in a.launches.head(MAX_RANK_ROWS).to_dict(orient="records"):
             tl.add_row(str(int(r["rank"])), str(int(r["step"])), str(int(r["launches"])), _num(r["launch_p50_us"]),
                        *(_num(r[c] / 1e3, "{:.2f}") for c in ("delay_p50_us", "delay_p90_us", "delay_max_us")),
@@ -254,17 +241,16 @@ def render_host(a: Analysis, top: int) -> None:
         print_table(tl)
     sites = sync_sites(a)
     if sites:
-        ts = Table(title="synchronizing calls per step (the host waits for the GPU; ms: its wait, the GPU idle after)")
-        for col in ("call site", "runtime call", "calls", "host wait", "GPU idle after"):
-            ts.add_column(col, justify="left" if col in ("call site", "runtime call") else "right", overflow="fold")
+        ts = new_table("synchronizing calls per step (the host waits for the GPU; ms: its wait, the GPU idle after)",
+                       ("call site", "runtime call", "calls", "host wait", "GPU idle after"),
+                       {"call site", "runtime call"}, overflow="fold")
         for r in sites[:top]:
             ts.add_row(escape(r["site"]), r["call"], _num(r["calls"], "{:.3g}"), _num(r["wait_ms"], "{:.2f}"),
                        _num(r["idle_after_ms"], "{:.2f}"))
         print_table(ts)
     if len(a.cpu_ops):
-        to = Table(title=f"CPU against GPU time per op (top {top} by CPU time, ms per step)")
-        for col in ("op", "calls", "CPU", "CPU self", "GPU self", "GPU incl."):
-            to.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
+        to = new_table(f"CPU against GPU time per op (top {top} by CPU time, ms per step)",
+                       ("op", "calls", "CPU", "CPU self", "GPU self", "GPU incl."), {"op"}, overflow="fold")
         for _, r in a.cpu_ops.head(top).iterrows():
             to.add_row(escape(str(r["op"])), _num(r["calls"], "{:g}"), _ms(r["cpu_s"]), _ms(r["cpu_self_s"]),
                        _ms(r["gpu_self_s"]), _ms(r["gpu_s"]))
@@ -276,11 +262,10 @@ def render_kernel_efficiency(a: Analysis, top: int) -> None:
     eff = a.kernel_efficiency()
     if eff.empty:
         return
-    tk = Table(title=f"kernel efficiency (top {top} by time, per step; occupancy as Kineto estimates it; "
-                     "full names and grid/block in --json and the report)")
-    for col in ("kernel", "calls", "ms", "regs", "smem KiB", "blk/SM", "occ.", "flag"):
-        tk.add_column(col, justify="left" if col in ("kernel", "flag") else "right",
-                      overflow="fold")
+    tk = new_table(f"kernel efficiency (top {top} by time, per step; occupancy as Kineto estimates it; "
+                   "full names and grid/block in --json and the report)",
+                   ("kernel", "calls", "ms", "regs", "smem KiB", "blk/SM", "occ.", "flag"), {"kernel", "flag"},
+                   overflow="fold")
     for _, r in eff.head(top).iterrows():
         tk.add_row(str(r["name"]), _num(r["launches"], "{:g}"), _num(r["time_s"] * 1e3, "{:.2f}"),
                    _num(r["registers"], "{:.0f}"), _num(r["shared_bytes"] / 1024, "{:.1f}"),
@@ -293,17 +278,15 @@ def render_memory(a: Analysis, top: int) -> None:
     _curve, peaks, by_op = a.memory()
     if peaks.empty:
         return
-    tp = Table(title="memory (profile_memory): peak allocated per device")
-    for col in ("rank", "device", "peak", "allocations", "frees"):
-        tp.add_column(col, justify="left" if col == "device" else "right")
+    tp = new_table("memory (profile_memory): peak allocated per device",
+                   ("rank", "device", "peak", "allocations", "frees"), {"device"})
     for _, r in peaks.iterrows():
         rel = "" if r["recorded_total"] else " (relative)"
         tp.add_row(str(int(r["rank"])), r["device"], _bytes(r["peak_bytes"]) + rel, str(int(r["allocations"])),
                    str(int(r["frees"])))
     print_table(tp)
-    tb = Table(title=f"allocations per op (top {top} by bytes, whole trace)")
-    for col in ("op", "allocations", "bytes", "largest"):
-        tb.add_column(col, justify="left" if col == "op" else "right", overflow="fold")
+    tb = new_table(f"allocations per op (top {top} by bytes, whole trace)", ("op", "allocations", "bytes", "largest"),
+                   {"op"}, overflow="fold")
     for _, r in by_op.head(top).iterrows():
         tb.add_row(escape(str(r["op"])), str(int(r["allocations"])), _bytes(r["bytes"]), _bytes(r["largest"]))
     print_table(tb)

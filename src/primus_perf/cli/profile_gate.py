@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from primus_perf.base.errors import Interrupted
 from primus_perf.base.files import check_writable, write_output
 from primus_perf.cli.common import JSON_HELP, console, err_console
-from primus_perf.cli.render import print_table, step_progress
+from primus_perf.cli.render import new_table, print_table, signed_pct, step_progress
 from primus_perf.gate.gate import (
     DEFAULT_ALPHA,
     DEFAULT_PROFILE_STEPS,
@@ -22,10 +21,6 @@ from primus_perf.gate.gate import (
     metric_value,
     parse_fraction,
 )
-
-
-def _fmt_pct(v: float) -> str:
-    return f"{v * 100:+.2f}%"
 
 
 def register(app: typer.Typer) -> None:
@@ -98,16 +93,15 @@ def register(app: typer.Typer) -> None:
             write_output(json_out, json.dumps(result.to_dict(), indent=1))
             if json_out == "-":
                 sys.exit(result.exit_code)
-        table = Table(title=f"gate on {result.device}: max regression {result.max_regression:.1%}, alpha {alpha}")
-        for col in ("metric", "n", "baseline median", "candidate median", "change (worse +)",
-                    "95% CI", "p (worse)", "CV base/cand", "verdict"):
-            table.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
+        table = new_table(f"gate on {result.device}: max regression {result.max_regression:.1%}, alpha {alpha}",
+                          ("metric", "n", "baseline median", "candidate median", "change (worse +)", "95% CI",
+                           "p (worse)", "CV base/cand", "verdict"), {"metric", "verdict"})
         for v in result.verdicts:
             verdict = {"REGRESSION": "[red]REGRESSION[/]", "INCONCLUSIVE": "[yellow]INCONCLUSIVE[/]",
                        "improved": "[green]improved[/]"}.get(v.verdict, v.verdict)
             table.add_row(v.metric, f"{v.n_baseline}/{v.n_candidate}", metric_value(v.metric, v.baseline_median),
-                          metric_value(v.metric, v.candidate_median), _fmt_pct(v.change),
-                          f"[{_fmt_pct(v.ci_low)}, {_fmt_pct(v.ci_high)}]", f"{v.p_value:.3g}",
+                          metric_value(v.metric, v.candidate_median), signed_pct(v.change),
+                          f"[{signed_pct(v.ci_low)}, {signed_pct(v.ci_high)}]", f"{v.p_value:.3g}",
                           f"{v.cv_baseline:.1%}/{v.cv_candidate:.1%}", verdict)
         print_table(table)
         for note in result.notes:

@@ -6,18 +6,13 @@ import json
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from primus_perf.base.files import write_output
 from primus_perf.cli.common import JSON_HELP, TOP_MIN, console, err_console
-from primus_perf.cli.render import print_table
+from primus_perf.cli.render import new_table, print_table, signed_pct
 from primus_perf.tracelens.compare import compare
 from primus_perf.tracelens.report import build_report
 from primus_perf.tracelens.report_html import to_json_text, write_html, write_report_json
-
-
-def _fmt_pct(v: float) -> str:
-    return f"{v * 100:+.2f}%"
 
 
 def register(app: typer.Typer) -> None:
@@ -64,16 +59,13 @@ def register(app: typer.Typer) -> None:
             if json_out == "-":
                 return
         console.print(f"[bold]{data['verdict']}[/]")
-        table = Table(title="breakdown (ms per step)")
-        for col in ("category", "base", "candidate", "delta", "change"):
-            table.add_column(col, justify="left" if col == "category" else "right")
+        table = new_table("breakdown (ms per step)", ("category", "base", "candidate", "delta", "change"), {"category"})
         for r in data["breakdown"]:
             table.add_row(r["category"], f"{r['base_ms']:.3f}", f"{r['candidate_ms']:.3f}",
-                          f"{r['delta_ms']:+.3f}", "–" if r["rel"] is None else _fmt_pct(r["rel"]))
+                          f"{r['delta_ms']:+.3f}", "–" if r["rel"] is None else signed_pct(r["rel"]))
         print_table(table)
-        ops = Table(title=f"largest op deltas (top {top}, ms per step)")
-        for col in ("family", "shape", "ops", "base", "candidate", "delta", "present in"):
-            ops.add_column(col, justify="right" if col in ("base", "candidate", "delta") else "left")
+        ops = new_table(f"largest op deltas (top {top}, ms per step)", ("family", "shape", "ops", "base", "candidate",
+                        "delta", "present in"), {"family", "shape", "ops", "present in"})
         for r in sorted(data["ops"], key=lambda r: -abs(r["delta_ms"]))[:top]:
             names = dict.fromkeys(n for n in (r["base_op"], r["candidate_op"]) if n)
             ops.add_row(r["family"], r["shape"], " → ".join(names), f"{r['base_ms']:.3f}",

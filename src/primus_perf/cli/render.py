@@ -14,7 +14,7 @@ the stream is a terminal.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -86,6 +86,20 @@ def print_table(table: Table, console: Console | None = None) -> None:
         console.print(table)
     finally:
         console._width = None  # back to the stream's own width
+
+
+def new_table(title: str | None, columns: Iterable[str], left: Collection[str] = (), **options: Any) -> Table:
+    """A table of ``columns``, right-justified (numbers) but those named in ``left``;
+    ``options`` (``overflow``) go to every column."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col in left else "right", **options)
+    return table
+
+
+def signed_pct(v: float) -> str:
+    """A relative change as a signed percentage: ``+1.25%``."""
+    return f"{v * 100:+.2f}%"
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 
 from primus_perf.base.errors import UserError
-from primus_perf.cli.render import print_table
+from primus_perf.cli.render import new_table, print_table
 from primus_perf.cli.tune_kind import CliPart
 from primus_perf.problems import AttentionProblem, canonical_dtype
 from primus_perf.tuner.attention.space import STRATEGIES
@@ -51,16 +51,13 @@ def check(values: dict[str, Any]) -> None:
 
 def render(res) -> None:
     """The candidates of one tuned attention problem: forward and backward rates, status."""
-    from rich.table import Table
-
     from primus_perf.cli.tune_run import tflops
     from primus_perf.kernels.attention.configs import AttnConfig
 
     search = res.details.get("search")
     title = str(res.problem) + (f"  ({search['strategy']}: {search['measured']} configs measured)" if search else "")
-    table = Table(title=title)
-    for col in ("backend", "config", "fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd ms", "vs default"):
-        table.add_column(col, justify="left" if col in ("backend", "config") else "right")
+    table = new_table(title, ("backend", "config", "fwd TFLOP/s", "bwd TFLOP/s", "fwd+bwd ms", "vs default"),
+                      {"backend", "config"})
     p = res.problem
     for c in res.candidates:
         mark = "[bold green]* " if c.status == "chosen" else "  "

@@ -7,26 +7,20 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from primus_perf.base.entry import EXIT_INTERRUPTED
 from primus_perf.base.errors import UserError
-from primus_perf.cli.common import console
+from primus_perf.cli.common import console, log_line
 from primus_perf.cli.render import print_table
 from primus_perf.tuner.decide import MARGIN
 
 
 def confirm_table(run) -> Table:
     """Per problem: the claim the entry had, the in-step figure with its spread, the verdict."""
-    table = Table()
-    table.add_column("kind")
-    table.add_column("problem", no_wrap=True)
-    table.add_column("choice")
-    table.add_column("before (how measured)")
-    table.add_column(escape("in the step [q1-q3]"), justify="right")
-    table.add_column("calls", justify="right")
-    table.add_column("us saved a call", justify="right")
-    table.add_column("verdict")
+    table = Table("kind", Column("problem", no_wrap=True), "choice", "before (how measured)",
+                  *(Column(h, justify="right") for h in (escape("in the step [q1-q3]"), "calls", "us saved a call")),
+                  "verdict")
     for row in run.rows:
         v = row.verdict
         before = row.before.claim() if row.before is not None else "-"
@@ -83,9 +77,6 @@ def register(app: typer.Typer) -> None:
         policy = ConfirmPolicy(samples=samples, warmup=warmup, margin=margin)
         extra = list(args or ())
 
-        def log(message: str) -> None:
-            console.print(message, highlight=False, soft_wrap=True, markup=False)
-
         if config is not None:
             from primus_perf.tuner.cache_check import check_cache, confirm_trainer
 
@@ -93,7 +84,7 @@ def register(app: typer.Typer) -> None:
             print_confirmation(run)
             if run.interrupted:
                 raise typer.Exit(EXIT_INTERRUPTED)
-            final, _ = check_cache(config, extra, cache, blocks=blocks, block_steps=block_steps, log=log)
+            final, _ = check_cache(config, extra, cache, blocks=blocks, block_steps=block_steps, log=log_line)
             print_final(final)
             return
         if not extra:
@@ -101,7 +92,7 @@ def register(app: typer.Typer) -> None:
                             " e.g. primus-tune confirm --cache c.json -- train.py")
         from primus_perf.tuner.cache_check import confirm_program
 
-        done = confirm_program(cache, extra, policy=policy, blocks=blocks, block_steps=block_steps, log=log)
+        done = confirm_program(cache, extra, policy=policy, blocks=blocks, block_steps=block_steps, log=log_line)
         run = done.confirmation
         print_confirmation(run)
         if done.final is not None:

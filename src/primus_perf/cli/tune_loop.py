@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from primus_perf import kinds
-from primus_perf.cli.common import console, err_console
+from primus_perf.cli.common import console, err_console, log_line
 from primus_perf.cli.render import print_table
 from primus_perf.cli.tune_confirm import print_confirmation, print_final
 
@@ -37,26 +37,13 @@ def register(app: typer.Typer) -> None:
         """Train under the profiler, analyze the trace and write the HTML report; on a GPU
         also tune the trace's GEMM and attention problems and train again with the cache,
         printing the measured speedup."""
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
         from primus_perf.base.entry import EXIT_INTERRUPTED
-        from primus_perf.cli.tune_run import RichProgress, results_table
+        from primus_perf.cli.tune_run import RichProgress, results_table, tuning_bar
         from primus_perf.loop.pipeline import run_loop
 
-        def log(message: str) -> None:
-            console.print(message, highlight=False, soft_wrap=True, markup=False)
-
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
-                      transient=True) as bar:
+        with tuning_bar(transient=True) as bar:
             res = run_loop(config, list(overrides or []), out, steps=steps, budget_s=budget_s, blocks=blocks,
-                           log=log, tune_progress=RichProgress(bar, lambda _r: None), fp8=fp8, step=step,
+                           log=log_line, tune_progress=RichProgress(bar, lambda _r: None), fp8=fp8, step=step,
                            step_budget_min=step_budget_min)
         step = f"{res.step_time_s * 1e3:.2f} ms/step" if res.step_time_s else "step time n/a"
         counts = [f"{n} {kinds.get(kind).title}" for kind, n in res.problems.items()
@@ -67,7 +54,7 @@ def register(app: typer.Typer) -> None:
             err_console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
         if res.step is not None:
             for line in res.step.lines():
-                console.print(line, highlight=False, soft_wrap=True, markup=False)
+                log_line(line)
         if res.tuning_skipped:
             console.print(f"no tuning: {res.tuning_skipped}", highlight=False, soft_wrap=True)
             return

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from primus_perf.base.devices import require_gpu
 from primus_perf.base.entry import EXIT_INTERRUPTED
@@ -52,12 +52,15 @@ class RichProgress(core.Progress):
         self.on_done(result)
 
 
+def tuning_bar(transient: bool = False) -> Progress:
+    """The bar over the problems a tuning run shows (:class:`RichProgress` drives it)."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[last]}"), console=console, transient=transient)
+
+
 def results_table(results: Sequence[core.TuneResult]) -> Table:
-    table = Table()
-    table.add_column("problem", no_wrap=True)
-    for col in ("default ms", "tuned ms", "default TFLOP/s", "tuned TFLOP/s", "speedup (how measured)"):
-        table.add_column(col, justify="right")
-    table.add_column("choice")
+    table = Table(Column("problem", no_wrap=True), *(Column(col, justify="right") for col in (
+        "default ms", "tuned ms", "default TFLOP/s", "tuned TFLOP/s", "speedup (how measured)")), "choice")
     for r in results:
         flops = flops_of(r.problem)
         table.add_row(
@@ -97,8 +100,7 @@ def run_tuning(
     tuner = make_tuner()
     if gpus == 1 and getattr(tuner, "device", "cuda") != "cpu":
         require_gpu()  # said before a progress bar is drawn
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console) as bar:
+    with tuning_bar() as bar:
         progress = RichProgress(bar, on_done)
         if gpus > 1:
             run = tune_on_gpus(problems, cache=cache, make_tuner=make_tuner, gpus=gpus,

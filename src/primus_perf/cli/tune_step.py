@@ -10,7 +10,7 @@ import typer
 
 from primus_perf.base import environment
 from primus_perf.base.errors import UserError
-from primus_perf.cli.common import console, err_console
+from primus_perf.cli.common import err_console, log_line
 
 
 def register(app: typer.Typer) -> None:
@@ -73,27 +73,24 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"{cache}: no such file", param_hint="--cache")
         prepare_out_dir(out, overwrite=overwrite)
 
-        def log(message: str) -> None:
-            console.print(message, highlight=False, soft_wrap=True, markup=False)
-
         if script:
             from primus_perf.profiler.program import check_target
             from primus_perf.tuner.step.script import tune_program
 
             check_target(args)
-            res = tune_program(args, out, lanes=lanes, log=log, levers=chosen,
+            res = tune_program(args, out, lanes=lanes, log=log_line, levers=chosen,
                                cache=str(cache.resolve()) if cache else None, budget_min=budget_min,
                                warmup=warmup_steps, steps=run_steps, blocks=runs, final_blocks=final_blocks,
                                profile=profile, timeout_s=run_timeout_min * 60)
         else:
-            res = step_tune(config, args, out, profile=profile, log=log, levers=chosen,
+            res = step_tune(config, args, out, profile=profile, log=log_line, levers=chosen,
                             cache=str(cache.resolve()) if cache else None, budget_min=budget_min, blocks=blocks,
                             block_steps=block_steps, final_blocks=final_blocks, check_steps=check_steps,
                             overwrite=overwrite, lanes=lanes)
         if environment.get("RANK") != 0:
             return  # rank 0 speaks for every rank
         for line in res.lines():
-            console.print(line, highlight=False, soft_wrap=True, markup=False)
+            log_line(line)
         if res.guard is not None and not res.guard.passed:
             err_console.print("[yellow]note:[/] " + ("the loss guard dropped what changes the numerics"
                                                      if res.dropped_by_guard else

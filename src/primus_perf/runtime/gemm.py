@@ -109,17 +109,10 @@ class GemmDispatch(Dispatch):
         key, slot, run = self._resolve(a, b, bias)
         if run is None:
             return self.answer(key, None if slot is None else OWN, lambda: torch_mm(a, b, bias))
-        if self._profiler._is_profiler_enabled:  # tracing.profiler_on, inline
-
-            def launch() -> Any:
-                return traced_gemm_op()(a, b, router.id, slot)
-        else:
-
-            def launch() -> Any:
-                return run(a, b)
+        traced = self._profiler._is_profiler_enabled  # tracing.profiler_on, inline
 
         def routed() -> Any:
-            out = launch()
+            out = traced_gemm_op()(a, b, router.id, slot) if traced else run(a, b)
             return out if out is None or bias is None else out.add_(bias)  # None: the kernel declined
 
         return self.answer(key, routed, lambda: torch_mm(a, b, bias))

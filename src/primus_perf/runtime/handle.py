@@ -114,9 +114,7 @@ class Handle:
                 "problems": {"routed": s["routed"], "fallback": s["fallback"]},
                 "intercepted": kind not in self.idle,
             }
-            for extra in ("tuning", "online"):
-                if extra in s:
-                    row[extra] = s[extra]
+            row.update({extra: s[extra] for extra in ("tuning", "online") if extra in s})
             if "offs_reads" in s:
                 row["offs_reads"] = sum(s["offs_reads"].values())
                 row["problems"]["offs_reads"] = s["offs_reads"]

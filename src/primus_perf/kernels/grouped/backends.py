@@ -53,6 +53,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
 
 import torch
 
@@ -75,10 +77,7 @@ class Backend:
 
 
 def _starts(counts: Sequence[int]) -> list[int]:
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + int(c))
-    return out
+    return list(accumulate((int(c) for c in counts), initial=0))
 
 
 def _scatter_index(
@@ -144,10 +143,7 @@ def _aligned_layout(counts: Sequence[int], align: int) -> list[int] | None:
     starts = _starts(counts)
     if all(s % align == 0 for s in starts[:-1]):
         return None
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + -(-int(c) // align) * align)
-    return out
+    return list(accumulate((-(-int(c) // align) * align for c in counts), initial=0))
 
 
 def _offs(ends: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -257,26 +253,18 @@ def triton_backend(cfg: GroupedGemmConfig | None = None) -> Backend:
     """The Triton grouped GEMM with the tiles of ``cfg`` (the default config when None)."""
     cfg = cfg or GroupedGemmConfig()
 
-    def mm(x: torch.Tensor, w: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
-        from primus_perf.kernels.grouped.triton_kernels import grouped_mm
+    def kernel(name: str) -> Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]:
+        """``triton_kernels.<name>(a, b, counts or ends, cfg)``, Triton imported at the first call."""
 
-        return grouped_mm(x, w, counts, cfg)
+        def run(a: torch.Tensor, b: torch.Tensor, groups: Any) -> torch.Tensor:
+            from primus_perf.kernels.grouped import triton_kernels
 
-    def wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Sequence[int]) -> torch.Tensor:
-        from primus_perf.kernels.grouped.triton_kernels import grouped_mm_wgrad
+            return getattr(triton_kernels, name)(a, b, groups, cfg)
 
-        return grouped_mm_wgrad(x, dy, counts, cfg)
+        return run
 
-    def mm_offs(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        from primus_perf.kernels.grouped.triton_kernels import grouped_mm_offs
-
-        return grouped_mm_offs(x, w, ends, cfg)
-
-    def wgrad_offs(x: torch.Tensor, dy: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        from primus_perf.kernels.grouped.triton_kernels import grouped_mm_wgrad_offs
-
-        return grouped_mm_wgrad_offs(x, dy, ends, cfg)
-
+    mm, wgrad, mm_offs, wgrad_offs = (kernel(name) for name in ("grouped_mm", "grouped_mm_wgrad", "grouped_mm_offs",
+                                                                "grouped_mm_wgrad_offs"))
     return Backend("triton", mm, wgrad, _triton_unsupported, mm_offs, wgrad_offs)
 
 

@@ -117,7 +117,3 @@ class Offsets:
             raise ValueError(f"offs {[*counts]} do not split {self.rows} rows into groups")
         self._counts = counts
         return counts
-
-    def used(self) -> int:
-        """Rows of all groups (the rows past them, an expert-parallel sentinel tail, are no group's)."""
-        return sum(self.counts())
