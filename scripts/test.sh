@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # The suite's time, the one statement of it: README.md's Tests section quotes it (tests/test_readme.py
 # checks that they agree). Longer under load, shorter with more cores.
-SUITE_TIME="about 19 minutes on an idle 2-core machine"
+SUITE_TIME="about 18 minutes on an idle 2-core machine"
 
 VENV=${VENV:-.venv}
 browser=1
