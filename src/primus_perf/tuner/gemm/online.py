@@ -76,7 +76,6 @@ class GemmOnline(Adapter):
         return out if bias is None else out.add_(bias)
 
 
-
 def adapter(router: Any) -> GemmOnline:
     """The adapter of an installed GEMM router (its kernel table)."""
     return GemmOnline(getattr(router, "kernels", None))

@@ -350,10 +350,11 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
                                                          settle=warmup)
         result.verdict = plan_verdict(result.default_s, result.plan_s)
         last = session.runs[-(2 * final_blocks + 1):]  # the default's and the plan's runs just made: their loss
-        plan = checked_plan(result, start, plan, log=log, guard=lambda: script_guard(
-            [r.result for r in last if r.plan == _labels(start)], [r.result for r in last if r.plan == _labels(plan)],
-            threshold), measure=lambda kept: session.measure(start, kept, blocks=final_blocks, block_steps=steps,
-                                                             settle=warmup))
+        defaults = [r.result for r in last if r.plan == _labels(start)]
+        plans = [r.result for r in last if r.plan == _labels(plan)]
+        plan = checked_plan(result, start, plan, log=log, guard=lambda: script_guard(defaults, plans, threshold),
+                            measure=lambda kept: session.measure(start, kept, blocks=final_blocks, block_steps=steps,
+                                                                 settle=warmup))
     result.plan = Setting(_labels(Setting({k: v for k, v in plan.values.items() if v != start.values.get(k)})))
     result.runs = list(session.runs)
     result.minutes = (time.monotonic() - t0) / 60

@@ -604,9 +604,11 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
     finally:
         session.close()
 
+    proposed = plan  # what the closures below judge (``plan`` becomes what is kept)
+
     def guard() -> LossGuard:
         log(f"loss guard: the default and the plan from one seed, {check_steps} steps each")
-        return loss_guard(make, start, plan, steps=check_steps, threshold=threshold)
+        return loss_guard(make, start, proposed, steps=check_steps, threshold=threshold)
 
     def again(kept: Setting) -> tuple[list[float], list[float]]:
         fresh = make(start)
@@ -616,12 +618,12 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
             fresh.close()
 
     def goes_with(numeric: dict[str, Any]) -> dict[str, Any]:  # the FP8 plan's cache goes with it
-        if numeric.get("train.fp8") == "auto" and plan.values.get("tuning.cache") == str(fp8_cache):
+        if numeric.get("train.fp8") == "auto" and proposed.values.get("tuning.cache") == str(fp8_cache):
             return {**numeric, "tuning.cache": str(fp8_cache)}
         return numeric
 
-    if plan.values != start.values:
-        plan = checked_plan(result, start, plan, guard=guard, measure=again, log=log, goes_with=goes_with)
+    if proposed.values != start.values:
+        plan = checked_plan(result, start, proposed, guard=guard, measure=again, log=log, goes_with=goes_with)
     result.plan = Setting({k: v for k, v in plan.values.items() if v != start.values.get(k)})
     result.minutes = (time.monotonic() - t0) / 60
     if out is not None and is_main:
