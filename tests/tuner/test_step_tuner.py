@@ -561,6 +561,9 @@ def test_each_advised_value_is_measured_before_any_levers_other_values() -> None
     stopped = late.run(START).stopped
     assert stopped.startswith("the budget ran out before any trial (") and "in the advised values, at compile=block" \
         in stopped and not late.trials
+    # a script's own value ("", or the config's None) is said as written, not as an empty "compile="
+    assert "in pass 1, at compile=(as written)" in late.out_of_budget("pass 1", LEVERS["compile"], "")
+    assert Setting({"compile": "", "micro_batch": "8"}).label() == "compile=(as written) micro_batch=8"
 
 
 def test_an_advised_value_that_lost_is_not_measured_again_against_the_same_incumbent() -> None:

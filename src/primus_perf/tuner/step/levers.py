@@ -306,6 +306,12 @@ def text(value: Any) -> str:
     return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def shown(value: Any) -> str:
+    """A value as a line of the search shows it: :func:`text`, its empty value (a script's own
+    setting, or the config's) as ``(as written)``."""
+    return text(value) or "(as written)"
+
+
 @dataclass
 class Setting:
     """Keys and values over the base (what a candidate or the plan is): config keys, typed
@@ -319,5 +325,5 @@ class Setting:
     def label(self, base: dict[str, Any] | None = None) -> str:
         """``train.micro_batch=4 train.compile=block``: the keys that differ from ``base``."""
         base = base or {}
-        diff = [f"{k}={text(v)}" for k, v in self.values.items() if k not in base or base[k] != v]
+        diff = [f"{k}={shown(v)}" for k, v in self.values.items() if k not in base or base[k] != v]
         return " ".join(diff) or "the default"

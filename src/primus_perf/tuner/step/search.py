@@ -41,7 +41,7 @@ from primus_perf.base.entry import Log
 from primus_perf.base.errors import ConfigError, DivergedError, OutOfMemory, UserError, one_line
 from primus_perf.tuner.decide import KEPT, STEP_MARGIN, Rule, judge
 from primus_perf.tuner.step import lanes as lanes_mod
-from primus_perf.tuner.step.levers import Lever, Setting, TrainerContext, text
+from primus_perf.tuner.step.levers import Lever, Setting, TrainerContext, shown, text
 
 # what became of a candidate besides the rule's kept / dropped / unconfirmed
 DOES_NOT_FIT, CANNOT_RUN, OUT_OF_MEMORY = "does not fit", "cannot run", "out of memory"
@@ -240,7 +240,7 @@ class Search:
     def out_of_budget(self, stage: str, lever: Lever, value: Any) -> str:
         """Why the search stops here: where it was, and before any trial what a trial and the
         final measurement take (what the budget would need)."""
-        where = f"in {stage}, at {lever.name}={text(value)}"
+        where = f"in {stage}, at {lever.name}={shown(value)}"
         if self.trials:
             return f"the budget ran out {where}"
         left = max(0.0, self.deadline - time.monotonic())
@@ -388,7 +388,7 @@ class Search:
         stopped, passes = "", 0
         advised = [(lv, v) for lv in levers for v in _advised(lv, self.where, start.values[lv.key], self.advice)]
         if len(advised) > 1:  # each advised value first, the levers' other values after
-            self.log(f"the advised values first: {', '.join(f'{lv.name}={text(v)}' for lv, v in advised)}")
+            self.log(f"the advised values first: {', '.join(f'{lv.name}={shown(v)}' for lv, v in advised)}")
             for lever, value in advised:  # with lanes, the lever's next values beside it
                 values = _values(lever, self.where, self.incumbent.values[lever.key], self.advice)
                 if value in values and (stopped := self._lever(lever, values[:1 + len(self.lanes)], ADVISED)):
@@ -455,7 +455,7 @@ class Search:
             return lever.scale(self.where, v)
 
         def said(v: Any) -> str:  # a script's "": its own value, as written
-            return text(v) or f"{scale(v):g} (as written)"
+            return text(v) or f"{scale(v):g} {shown(v)}"
 
         out = {v: (w, c) for v in values for c, w in won if scale(w) != scale(c)  # a script's "" and its own value
                and (scale(v) == scale(c) or (scale(v) > scale(c)) != (scale(w) > scale(c)))}

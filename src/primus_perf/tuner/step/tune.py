@@ -37,7 +37,7 @@ from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
 from primus_perf.tuner.fp8 import CHECK_STEPS, LOSS_THRESHOLD
 from primus_perf.tuner.step import levers as levers_mod
 from primus_perf.tuner.step.lanes import start_lanes, visible_devices
-from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, lever_of, text, trainer_levers
+from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, lever_of, shown, trainer_levers
 from primus_perf.tuner.step.search import OUT_OF_MEMORY, Advice, Search, SearchResult
 
 SCHEMA = "primus-perf-step-plan/1"
@@ -270,11 +270,11 @@ class StepTuneResult:
             if "skipped" in row:
                 out.append(f"  {row['lever']:<15} not here: {row['skipped']}")
                 continue
-            est = (f"advised {text(row['advised'])} (saves ~{row['estimate_ms']:.1f} ms)" if row["advised"] is not None
+            est = (f"advised {shown(row['advised'])} (saves ~{row['estimate_ms']:.1f} ms)" if row["advised"] is not None
                    else "not advised")
-            meas = ", ".join(f"{text(m['value'])} {m['speedup']:.3f}x {m['status']}" if m["speedup"] else
-                             f"{text(m['value'])} {m['status']}" for m in row["measured"])
-            out.append(f"  {row['lever']:<15} {text(row['plan']):<10} {est}; measured: {meas}")
+            meas = ", ".join(f"{shown(m['value'])} {m['speedup']:.3f}x {m['status']}" if m["speedup"] else
+                             f"{shown(m['value'])} {m['status']}" for m in row["measured"])
+            out.append(f"  {row['lever']:<15} {shown(row['plan']):<10} {est}; measured: {meas}")
         if self.verdict is not None and self.verdict.speedup is not None:
             if self.tokens_per_step:
                 d, p = self.tokens_s("default"), self.tokens_s("plan")
@@ -380,7 +380,7 @@ def checked_plan(result: StepTuneResult, start: Setting, plan: Setting, *, guard
     if result.guard.passed:
         return plan
     numeric = numerics_changes(plan, start)
-    result.dropped_by_guard = {k: f"{text(v)}: the loss beyond the default's spread plus the threshold"
+    result.dropped_by_guard = {k: f"{shown(v)}: the loss beyond the default's spread plus the threshold"
                                for k, v in numeric.items()}
     plan = plan.with_({k: start.values[k] for k in goes_with(numeric)})
     if not numeric or plan.values == start.values:
