@@ -125,6 +125,31 @@ def test_the_model_and_its_blocks_are_found_from_the_first_optimizer_and_the_lev
     assert all(g["foreach"] and not g["fused"] for g in opt.param_groups)
 
 
+@pytest.mark.parametrize("scope", ["model", "block"])
+def test_a_program_that_compiles_itself_is_found_so_and_the_compile_lever_left_alone(installed, scope) -> None:
+    """``torch.compile(model)`` (or every block compiled): the model is found by its own class,
+    its compile scope recorded, and the compile lever says why it does not search there."""
+    from primus_perf.tuner.step.levers import LEVERS, ScriptContext
+
+    applied = installed({})
+    model = _Model()
+    if scope == "block":
+        for b in model.layers:
+            b.compile(backend="eager")
+        run = model
+    else:
+        run = torch.compile(model, backend="eager")
+    opt = torch.optim.AdamW(run.parameters(), lr=1e-3)
+    run(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    assert applied.found["model"] == "_Model" and applied.found["block"] == "_Block"
+    assert applied.found["compiled"] == scope
+    why = LEVERS["compile"].for_script().legal(ScriptContext(dict(applied.found), {}, "cpu"))
+    assert why == f"the program compiles its {'model' if scope == 'model' else 'blocks'} itself (torch.compile): left as it is"
+    plain = ScriptContext({**applied.found, "compiled": ""}, {}, "cpu")
+    assert LEVERS["compile"].for_script().legal(plain) is None
+
+
 def test_a_lever_that_cannot_apply_says_why_and_the_program_runs_on(installed) -> None:
     applied = installed({"recompute": "full", "optimizer": "fused", "fsdp_reshard": "false"})
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))

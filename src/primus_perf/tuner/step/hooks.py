@@ -359,6 +359,15 @@ def _kind(module: Any) -> type:
     return _kind(inner) if inner is not None else type(module)
 
 
+def _compiled(model: Any, blocks: list[Any]) -> str:
+    """What the program compiles itself: "model" (``torch.compile(model)`` or ``model.compile()``),
+    "block" (every block), or ""."""
+    def compiled(m: Any) -> bool:
+        return hasattr(m, "_orig_mod") or getattr(m, "_compiled_call_impl", None) is not None
+
+    return "model" if compiled(model) else "block" if blocks and all(compiled(b) for b in blocks) else ""
+
+
 def _shard_ranks(model: Any) -> int:
     """The most ranks a parameter of ``model`` is spread over (its DTensor's mesh: FSDP2's
     shards); 0 where none is a DTensor."""
@@ -371,8 +380,9 @@ def _apply_model(model: Any) -> None:
     plan = _applied.plan
     name, blocks = blocks_of(model)
     params = sum(p.numel() for p in model.parameters())
-    _applied.found.update(model=type(model).__name__, params=params, blocks=len(blocks),
-                          block=type(blocks[0]).__name__ if blocks else None, blocks_at=name)
+    _applied.found.update(model=_kind(model).__name__, params=params, blocks=len(blocks),
+                          block=_kind(blocks[0]).__name__ if blocks else None, blocks_at=name,
+                          compiled=_compiled(model, blocks))
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - torch without FSDP2

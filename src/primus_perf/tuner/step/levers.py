@@ -221,6 +221,12 @@ def _model_found(w: ScriptContext) -> str | None:
     return None if w.found.get("model") else "no model found (the first optimizer's parameters lead to it)"
 
 
+def _compile_left(w: ScriptContext) -> str | None:
+    own = w.found.get("compiled")
+    return _model_found(w) or (f"the program compiles its {'model' if own == 'model' else 'blocks'} itself"
+                               " (torch.compile): left as it is" if own else None)
+
+
 def _blocks_found(w: ScriptContext) -> str | None:
     from primus_perf.tuner.step.hooks import NO_BLOCKS
 
@@ -265,7 +271,7 @@ register(Lever("micro_batch", "train.micro_batch", _micro_batches, _fixed_global
                script=InScript(_script_micro_batches, _asked_micro_batch, scale=_script_micro_batch_scale)))
 register(Lever("compile", "train.compile", _choices("train.compile"),
                about="torch.compile: nothing, the pointwise ops, or whole blocks with their GEMMs",
-               script=InScript(lambda w: ["", "block", "model"], _model_found, _compile_scope)))
+               script=InScript(lambda w: ["", "block", "model"], _compile_left, _compile_scope)))
 register(Lever("recompute", "train.recompute", _choices("train.recompute"),
                about="activations recomputed in backward",
                script=InScript(lambda w: ["", "full"], _blocks_found, lambda v: "full" if v == "full" else None)))
