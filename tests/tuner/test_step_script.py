@@ -253,6 +253,10 @@ def test_ddps_constructor_takes_the_plans_buckets(installed) -> None:
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
         assert ddp.bucket_bytes_cap == 100 * 2**20 and ddp.gradient_as_bucket_view
         assert hooks.applied().found["ddp"]
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        ddp(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        assert hooks.applied().found["model"] == "Linear" and hooks.applied().found["ddp"]  # the model DDP wraps
     finally:
         dist.destroy_process_group()
 

@@ -380,7 +380,10 @@ def _apply_model(model: Any) -> None:
     plan = _applied.plan
     name, blocks = blocks_of(model)
     params = sum(p.numel() for p in model.parameters())
-    _applied.found.update(model=_kind(model).__name__, params=params, blocks=len(blocks),
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = isinstance(model, DistributedDataParallel)
+    _applied.found.update(model=_kind(model.module if ddp else model).__name__, params=params, blocks=len(blocks),
                           block=_kind(blocks[0]).__name__ if blocks else None, blocks_at=name,
                           compiled=_compiled(model, blocks))
     try:
@@ -390,9 +393,7 @@ def _apply_model(model: Any) -> None:
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)] if FSDPModule else []
     _applied.found["fsdp2"] = bool(sharded)
     _applied.found["fsdp2_ranks"] = _shard_ranks(model) if sharded else 0
-    from torch.nn.parallel import DistributedDataParallel
-
-    _applied.found["ddp"] = isinstance(model, DistributedDataParallel)
+    _applied.found["ddp"] = ddp
     wants_blocks = [k for k in ("recompute", "fp8") if plan.get(k) not in (None, "", "off", "none")]
     if plan.get("compile") == "block":
         wants_blocks.append("compile")

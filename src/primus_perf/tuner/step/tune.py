@@ -266,15 +266,17 @@ class StepTuneResult:
     def lines(self) -> list[str]:
         out = [f"step plan for {self.config}{' ' + ' '.join(self.overrides) if self.overrides else ''}:"
                f" {self.plan.label()}"]
-        for row in self.lever_table():
+        table = self.lever_table()
+        width = max([15, *(len(row["lever"]) for row in table)])
+        for row in table:
             if "skipped" in row:
-                out.append(f"  {row['lever']:<15} not here: {row['skipped']}")
+                out.append(f"  {row['lever']:<{width}} not here: {row['skipped']}")
                 continue
             est = (f"advised {shown(row['advised'])} (saves ~{row['estimate_ms']:.1f} ms)" if row["advised"] is not None
                    else "not advised")
             meas = ", ".join(f"{shown(m['value'])} {m['speedup']:.3f}x {m['status']}" if m["speedup"] else
                              f"{shown(m['value'])} {m['status']}" for m in row["measured"])
-            out.append(f"  {row['lever']:<15} {shown(row['plan']):<10} {est}; measured: {meas}")
+            out.append(f"  {row['lever']:<{width}} {shown(row['plan']):<12} {est}; measured: {meas}")
         if self.verdict is not None and self.verdict.speedup is not None:
             if self.tokens_per_step:
                 d, p = self.tokens_s("default"), self.tokens_s("plan")
