@@ -257,6 +257,14 @@ def test_ddps_constructor_takes_the_plans_buckets(installed) -> None:
         ddp(torch.randn(2, 8)).sum().backward()
         opt.step()
         assert hooks.applied().found["model"] == "Linear" and hooks.applied().found["ddp"]  # the model DDP wraps
+        assert not hooks.applied().found["compiled"]
+        hooks.uninstall()
+        applied = hooks.install({})
+        run = torch.compile(torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8)), backend="eager")
+        opt = torch.optim.SGD(run.parameters(), lr=0.1)
+        run(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        assert (applied.found["model"], applied.found["ddp"], applied.found["compiled"]) == ("Linear", True, "model")
     finally:
         dist.destroy_process_group()
 

@@ -359,13 +359,27 @@ def _kind(module: Any) -> type:
     return _kind(inner) if inner is not None else type(module)
 
 
-def _compiled(model: Any, blocks: list[Any]) -> str:
-    """What the program compiles itself: "model" (``torch.compile(model)`` or ``model.compile()``),
-    "block" (every block), or ""."""
+def _wrapped(model: Any) -> list[Any]:
+    """``model`` and the modules it wraps, outermost first: torch.compile's ``_orig_mod`` and
+    DDP's ``module``, in either order (``torch.compile(DDP(model))``, ``DDP(torch.compile(model))``)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    layers = [model]
+    while True:
+        m = layers[-1]
+        inner = getattr(m, "_orig_mod", None) or (m.module if isinstance(m, DistributedDataParallel) else None)
+        if inner is None:
+            return layers
+        layers.append(inner)
+
+
+def _compiled(layers: list[Any], blocks: list[Any]) -> str:
+    """What the program compiles itself: "model" (``torch.compile(model)`` or ``model.compile()``,
+    at any of its ``layers``: :func:`_wrapped`), "block" (every block), or ""."""
     def compiled(m: Any) -> bool:
         return hasattr(m, "_orig_mod") or getattr(m, "_compiled_call_impl", None) is not None
 
-    return "model" if compiled(model) else "block" if blocks and all(compiled(b) for b in blocks) else ""
+    return "model" if any(map(compiled, layers)) else "block" if blocks and all(map(compiled, blocks)) else ""
 
 
 def _shard_ranks(model: Any) -> int:
@@ -382,10 +396,11 @@ def _apply_model(model: Any) -> None:
     params = sum(p.numel() for p in model.parameters())
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = isinstance(model, DistributedDataParallel)
-    _applied.found.update(model=_kind(model.module if ddp else model).__name__, params=params, blocks=len(blocks),
+    layers = _wrapped(model)
+    ddp = any(isinstance(m, DistributedDataParallel) for m in layers)
+    _applied.found.update(model=type(layers[-1]).__name__, params=params, blocks=len(blocks),
                           block=_kind(blocks[0]).__name__ if blocks else None, blocks_at=name,
-                          compiled=_compiled(model, blocks))
+                          compiled=_compiled(layers, blocks))
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - torch without FSDP2
