@@ -218,6 +218,7 @@ def test_fsdp2_over_one_rank_is_found_as_such_and_its_levers_do_not_apply(instal
     finally:
         dist.destroy_process_group()
     assert applied.found["fsdp2"] and applied.found["fsdp2_ranks"] == 1
+    assert (applied.found["model"], applied.found["block"]) == ("_DictModel", "_Block")  # not FSDP's subclasses
     where = ScriptContext(dict(applied.found), {}, "cpu")
     for name in ("fsdp_reshard", "fsdp_prefetch"):
         assert LEVERS[name].for_script().legal(where) == "FSDP2 shards over one rank here"

@@ -353,10 +353,18 @@ def blocks_of(model: Any) -> tuple[str, list[Any]]:
 
 
 def _kind(module: Any) -> type:
-    """A block's class under the wrappers a program may put on some blocks only (activation
-    checkpointing of every other block, torch.compile's module)."""
+    """A module's own class under the wrappers a program may put on some blocks only (activation
+    checkpointing of every other block, torch.compile's module) and under FSDP2's subclass
+    (``fully_shard`` turns a ``Block`` into an ``FSDPBlock``)."""
     inner = getattr(module, "_checkpoint_wrapped_module", None) or getattr(module, "_orig_mod", None)
-    return _kind(inner) if inner is not None else type(module)
+    if inner is not None:
+        return _kind(inner)
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return type(module)
+    cls = type(module)
+    return next((b for b in cls.__bases__ if b is not FSDPModule), cls) if FSDPModule in cls.__bases__ else cls
 
 
 def _wrapped(model: Any) -> list[Any]:
@@ -398,7 +406,7 @@ def _apply_model(model: Any) -> None:
 
     layers = _wrapped(model)
     ddp = any(isinstance(m, DistributedDataParallel) for m in layers)
-    _applied.found.update(model=type(layers[-1]).__name__, params=params, blocks=len(blocks),
+    _applied.found.update(model=_kind(layers[-1]).__name__, params=params, blocks=len(blocks),
                           block=_kind(blocks[0]).__name__ if blocks else None, blocks_at=name,
                           compiled=_compiled(layers, blocks))
     try:
