@@ -359,12 +359,8 @@ def _kind(module: Any) -> type:
     inner = getattr(module, "_checkpoint_wrapped_module", None) or getattr(module, "_orig_mod", None)
     if inner is not None:
         return _kind(inner)
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch without FSDP2
-        return type(module)
-    cls = type(module)
-    return next((b for b in cls.__bases__ if b is not FSDPModule), cls) if FSDPModule in cls.__bases__ else cls
+    cls = type(module)  # fully_shard's class: type(f"FSDP{name}", (FSDPModule, the class), {})
+    return cls.__bases__[-1] if cls.__name__ == f"FSDP{cls.__bases__[-1].__name__}" else cls
 
 
 def _wrapped(model: Any) -> list[Any]:
@@ -373,12 +369,10 @@ def _wrapped(model: Any) -> list[Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     layers = [model]
-    while True:
-        m = layers[-1]
-        inner = getattr(m, "_orig_mod", None) or (m.module if isinstance(m, DistributedDataParallel) else None)
-        if inner is None:
-            return layers
+    while (inner := getattr(layers[-1], "_orig_mod", None)
+           or (layers[-1].module if isinstance(layers[-1], DistributedDataParallel) else None)) is not None:
         layers.append(inner)
+    return layers
 
 
 def _compiled(layers: list[Any], blocks: list[Any]) -> str:
