@@ -150,6 +150,43 @@ def test_a_program_that_compiles_itself_is_found_so_and_the_compile_lever_left_a
     assert LEVERS["compile"].for_script().legal(plain) is None
 
 
+def test_transformers_gradient_checkpointing_the_program_turned_on_is_a_lever_to_turn_off(installed) -> None:
+    """A script that calls ``gradient_checkpointing_enable()``: found so, the recompute lever's
+    value is "off" (not a second checkpoint), and the plan turns it off before the first forward;
+    blocks the program wraps in ``checkpoint_wrapper`` are left as they are."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from primus_perf.tuner.step.levers import LEVERS, ScriptContext
+
+    applied = installed({"recompute": "off"})
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    model.gradient_checkpointing_enable()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 64, (2, 8))
+    model(input_ids=x, labels=x).loss.backward()
+    opt.step()
+    assert applied.found["recompute"] == "transformers" and applied.levers == ["recompute"] and not applied.notes
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    lever = LEVERS["recompute"].for_script()
+    where = ScriptContext(dict(applied.found), {}, "cpu")
+    assert lever.values(where) == ["", "off"] and lever.legal(where) is None
+    assert lever.script.from_trainer("none") == "off"
+    wrapped = ScriptContext({**applied.found, "recompute": "wrapper"}, {}, "cpu")
+    assert lever.legal(wrapped) == "the program checkpoints every block itself (checkpoint_wrapper): left as it is"
+    hooks.uninstall()
+    applied = hooks.install({"recompute": "off"})
+    plain = _Model()
+    plain.layers = torch.nn.ModuleList(checkpoint_wrapper(b) for b in plain.layers)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    plain(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    assert applied.found["recompute"] == "wrapper" and not applied.levers
+    assert applied.notes == ["recompute: not applied (the program does not turn on transformers' gradient checkpointing)"]
+
+
 def test_a_lever_that_cannot_apply_says_why_and_the_program_runs_on(installed) -> None:
     applied = installed({"recompute": "full", "optimizer": "fused", "fsdp_reshard": "false"})
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))

@@ -384,6 +384,14 @@ def _compiled(layers: list[Any], blocks: list[Any]) -> str:
     return "model" if any(map(compiled, layers)) else "block" if blocks and all(map(compiled, blocks)) else ""
 
 
+def _recomputed(model: Any, blocks: list[Any]) -> str:
+    """How the program recomputes its blocks itself: "transformers" (``gradient_checkpointing_enable``,
+    which the plan can turn off), "wrapper" (``checkpoint_wrapper`` on every block), or ""."""
+    if any(getattr(m, "gradient_checkpointing", None) is True for m in model.modules()):
+        return "transformers"
+    return "wrapper" if blocks and all(hasattr(b, "_checkpoint_wrapped_module") for b in blocks) else ""
+
+
 def _shard_ranks(model: Any) -> int:
     """The most ranks a parameter of ``model`` is spread over (its DTensor's mesh: FSDP2's
     shards); 0 where none is a DTensor."""
@@ -402,7 +410,7 @@ def _apply_model(model: Any) -> None:
     ddp = any(isinstance(m, DistributedDataParallel) for m in layers)
     _applied.found.update(model=_kind(layers[-1]).__name__, params=params, blocks=len(blocks),
                           block=_kind(blocks[0]).__name__ if blocks else None, blocks_at=name,
-                          compiled=_compiled(layers, blocks))
+                          compiled=_compiled(layers, blocks), recompute=_recomputed(layers[-1], blocks))
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - torch without FSDP2
@@ -421,6 +429,12 @@ def _apply_model(model: Any) -> None:
         _apply_fp8(model, name, plan["fp8"], sharded=bool(sharded))
     if blocks and plan.get("recompute") == "full":
         _apply_checkpoint(blocks)
+    elif plan.get("recompute") == "off" and _applied.found["recompute"] == "transformers":
+        inner = layers[-1]  # newer transformers' name, the older one kept as an alias
+        (getattr(inner, "activation_checkpointing_disable", None) or inner.gradient_checkpointing_disable)()
+        _applied.levers.append("recompute")
+    elif plan.get("recompute") == "off":
+        _applied.note("recompute", "the program does not turn on transformers' gradient checkpointing")
     if sharded:
         _apply_fsdp(model, blocks, sharded, plan)
     else:

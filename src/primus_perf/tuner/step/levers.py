@@ -227,6 +227,12 @@ def _compile_left(w: ScriptContext) -> str | None:
                                " (torch.compile): left as it is" if own else None)
 
 
+def _recompute_left(w: ScriptContext) -> str | None:
+    own = w.found.get("recompute")
+    return (None if own == "transformers" else _blocks_found(w) or
+            ("the program checkpoints every block itself (checkpoint_wrapper): left as it is" if own else None))
+
+
 def _blocks_found(w: ScriptContext) -> str | None:
     from primus_perf.tuner.step.hooks import NO_BLOCKS
 
@@ -274,7 +280,8 @@ register(Lever("compile", "train.compile", _choices("train.compile"),
                script=InScript(lambda w: ["", "block", "model"], _compile_left, _compile_scope)))
 register(Lever("recompute", "train.recompute", _choices("train.recompute"),
                about="activations recomputed in backward",
-               script=InScript(lambda w: ["", "full"], _blocks_found, lambda v: "full" if v == "full" else None)))
+               script=InScript(lambda w: ["", "off" if w.found.get("recompute") == "transformers" else "full"], _recompute_left,
+                               lambda v: {"full": "full", "none": "off"}.get(v))))
 register(Lever("fp8", "train.fp8", lambda w: ["off", "tensorwise", "rowwise"], _fp8,
                changes_numerics=lambda v: v not in ("off", ""), about="the blocks' linear layers in FP8 (torchao)",
                script=InScript(lambda w: ["", "tensorwise", "rowwise"], _script_fp8,

@@ -325,7 +325,7 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
     log(f"found: {found.get('model') or 'no model'} ({found.get('params', 0) / 1e6:,.1f} M parameters, "
         f"{found.get('blocks', 0)} blocks of {found.get('block') or '-'}), optimizer {found.get('optimizer') or '-'}"
         + (f", its {'model' if found['compiled'] == 'model' else 'blocks'} compiled by the program"
-           if found.get("compiled") else "")
+           if found.get("compiled") else "") + (f", its blocks recomputed ({found['recompute']})" if found.get("recompute") else "")
         + (", FSDP2" if found.get("fsdp2") else "") + (", DDP" if found.get("ddp") else "")
         + (", HF Trainer" if found.get("hf_trainer") else "")
         + (f"; {found['program']}, its own flags now: " + " ".join(f"{k}={v}" for k, v in found.get("own", {}).items())
