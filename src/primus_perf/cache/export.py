@@ -212,6 +212,7 @@ def export(entries: list[CacheEntry], fmt: str, out: str | os.PathLike, torch_ve
     hipBLASLt file of a cache tuned on NVIDIA GPUs, a file of a cache without GEMM entries.
     ``torch_version`` (tunableop): the release that reads the file; empty: the running
     torch, with its own validators."""
+    gemms = [e for e in entries if e.kind == "gemm"]
     if fmt == "tunableop":
         if torch_version:
             result = tunableop_rows(entries, torch_release(torch_version), decode=library_decoder())
@@ -221,7 +222,6 @@ def export(entries: list[CacheEntry], fmt: str, out: str | os.PathLike, torch_ve
             result = tunableop_rows(entries, torch_release(torch.__version__), running_validators(),
                                     library_decoder())
     elif fmt == "hipblaslt":
-        gemms = [e for e in entries if e.kind == "gemm"]
         if gemms and not any("hipblasLt" in e.versions for e in gemms):
             libs = sorted({k for e in gemms for k in e.versions} & {"cublasLt"}) or ["no BLAS library"]
             raise UserError(f"--format hipblaslt: this cache's {len(gemms)} GEMM entries were tuned with"
@@ -230,9 +230,8 @@ def export(entries: list[CacheEntry], fmt: str, out: str | os.PathLike, torch_ve
     else:
         raise UserError(f"unknown export format {fmt!r} (tunableop, hipblaslt)")
     if not result.rows:
-        n = sum(1 for e in entries if e.kind == "gemm")
         why = "; ".join(sorted({reason for _, reason in result.skipped}))
-        raise UserError(f"nothing to export to {fmt}: " + (f"none of the {n} GEMM entries maps to it ({why})" if n
-                                                           else "the cache has no GEMM entries"))
+        raise UserError(f"nothing to export to {fmt}: " + (f"none of the {len(gemms)} GEMM entries maps to it ({why})"
+                                                           if gemms else "the cache has no GEMM entries"))
     write_text(out, "\n".join(result.lines) + "\n")
     return result

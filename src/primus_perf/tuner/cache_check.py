@@ -105,12 +105,9 @@ def measure_speedup(config: str, overrides: Sequence[str], cache: Path, *, block
     ``block_steps`` steps, ``blocks`` blocks a side, one trainer for both (:class:`CacheSteps`)."""
     steps = CacheSteps(config, overrides, cache, blocks=blocks, block_steps=block_steps, log=log)
     try:
-        default_s, tuned_s = steps.measure()
-        routed, fallback = steps.calls()
-        loss_default, loss_tuned = steps.losses()
+        return SpeedupMeasurement(*steps.measure(), *steps.calls(), *steps.losses())
     finally:
         steps.close()
-    return SpeedupMeasurement(default_s, tuned_s, routed, fallback, loss_default, loss_tuned)
 
 
 def check_cache(config: str, overrides: Sequence[str], cache: Path, *, blocks: int = 4, block_steps: int = 5,
@@ -128,9 +125,7 @@ def check_cache(config: str, overrides: Sequence[str], cache: Path, *, blocks: i
         kept = check.figure
         measurement = None
         if kept is not None:
-            routed_calls, fallback = steps.calls()
-            measurement = SpeedupMeasurement(kept.default_s, kept.tuned_s, routed_calls, fallback,
-                                             *steps.losses(kept.kinds))
+            measurement = SpeedupMeasurement(kept.default_s, kept.tuned_s, *steps.calls(), *steps.losses(kept.kinds))
         activation = steps.handle.activation
     finally:
         steps.close()

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from primus_perf import kinds
 from primus_perf.cache.store import CacheEntry, TuningCache
 from primus_perf.runtime import dispatch
 from primus_perf.tuner.core import confirmed_entry
@@ -227,15 +226,6 @@ class ConfirmRun:
         return sum(r.verdict.status == status for r in self.rows)
 
 
-def _label(entry: CacheEntry | None, key: str) -> str:
-    if entry is None:
-        return key
-    try:
-        return str(kinds.get(entry.kind).problem_type.from_dict(entry.problem))
-    except (KeyError, TypeError, ValueError):
-        return key
-
-
 def apply_verdicts(cache: str | os.PathLike, verdicts: Iterable[Verdict], activation: Any,
                    covers: Mapping[tuple[str, str], list[str]],
                    baselines: Mapping[tuple[str, str], dict[str, Any] | None]) -> list[ConfirmRow]:
@@ -255,7 +245,7 @@ def apply_verdicts(cache: str | os.PathLike, verdicts: Iterable[Verdict], activa
     for v in verdicts:
         mine = [usable[v.kind, k] for k in covers.get((v.kind, v.key), [v.key]) if (v.kind, k) in usable]
         before = mine[0] if mine else None
-        label = _label(before, v.key) + (f" (+{len(mine) - 1} skew buckets)" if len(mine) > 1 else "")
+        label = (before.label() if before else v.key) + (f" (+{len(mine) - 1} skew buckets)" if len(mine) > 1 else "")
         row = ConfirmRow(label, before, v, entries=len(mine))
         if mine and v.status in (KEPT, DROPPED):
             corrected = [confirmed_entry(e, v.figure(), baselines.get((v.kind, v.baseline))) for e in mine]

@@ -94,8 +94,7 @@ def choose(groups: Mapping[str, Iterable[str]], measured: Iterable[GroupMeasurem
         cands = by_group.get(group, [])
         choice = decide(BF16, {m.recipe: m.verdict(min_gain) for m in cands})
         names = list(names)
-        for n in names:
-            layers[n] = choice
+        layers.update(dict.fromkeys(names, choice))
         summary[group] = {"choice": choice, "layers": len(names), "candidates": [m.to_dict() for m in cands]}
     return layers, summary
 

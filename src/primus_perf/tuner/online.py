@@ -202,12 +202,8 @@ class ProblemTuning:
     def _placeable(self) -> list[str]:
         p = self.policy
         pairs = p.pairs if self._cut_known() else p.drop_after
-        out = []
-        for n in self.alive:
-            race = self.races[n]
-            if n not in self.verdicts and race.calls < 2 * min(pairs + race.lost(), pairs + p.lost_pairs):
-                out.append(n)
-        return out
+        return [n for n in self.undecided()
+                if self.races[n].calls < 2 * min(pairs + self.races[n].lost(), pairs + p.lost_pairs)]
 
     def next(self, kind: Any = None) -> tuple[Pooled, str, str] | None:
         """``(candidate, contender, side)`` of the next call, or None: the call runs the

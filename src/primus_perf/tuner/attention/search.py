@@ -82,10 +82,6 @@ class SearchResult:
     measured: int  # distinct configs measured (forward + backward), the search's cost
     measurements: list[Measurement] = field(default_factory=list)
 
-    @property
-    def total_ms(self) -> float:
-        return self.fwd_ms + self.bwd_ms
-
 
 class Evaluator:
     """Measures forward and backward configs on one problem; remembers every result."""
@@ -257,14 +253,11 @@ def grid_search(ev: Evaluator, space: SearchSpace, progress: Progress | None = N
     """Every forward and every backward config of the space (so every pair)."""
     fwds = space.fwd_configs(ev.problem, ev.arch)
     bwds = space.bwd_configs(ev.problem, ev.arch)
-    for cfg in fwds:
-        ev.fwd(cfg)
-        if progress:
-            progress(f"fwd {cfg.label()}")
-    for cfg in bwds:
-        ev.bwd(cfg)
-        if progress:
-            progress(f"bwd {cfg.label()}")
+    for part, configs, run in (("fwd", fwds, ev.fwd), ("bwd", bwds, ev.bwd)):
+        for cfg in configs:
+            run(cfg)
+            if progress:
+                progress(f"{part} {cfg.label()}")
     return _result(ev, "grid", len(fwds) * len(bwds))
 
 
@@ -347,8 +340,7 @@ def tpe_search(
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         if done:
             best = min(done, key=lambda t: t.value)
-            cls = FwdConfig if part == "fwd" else BwdConfig
-            cfg = cls(**{n: int(best.params[n]) for n in axes})
+            cfg = (FwdConfig if part == "fwd" else BwdConfig)(**{n: int(best.params[n]) for n in axes})
             (ev.fwd if part == "fwd" else ev.bwd)(cfg)
     if ev.best_fwd() is None or ev.best_bwd() is None:
         return SearchResult("tpe", None, math.inf, math.inf, finished(), ev.measured)

@@ -49,12 +49,8 @@ class SearchSpace:
 
 def _product(cls: type, axes: dict[str, tuple[int, ...]], invalid) -> list[Any]:
     names = list(axes)
-    out = []
-    for values in itertools.product(*(axes[n] for n in names)):
-        cfg = cls(**dict(zip(names, values, strict=True)))
-        if invalid(cfg) is None:
-            out.append(cfg)
-    return out
+    grid = (cls(**dict(zip(names, values, strict=True))) for values in itertools.product(*axes.values()))
+    return [cfg for cfg in grid if invalid(cfg) is None]
 
 
 def default_space(vendor: str, head_dim: int) -> SearchSpace:
