@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-steps", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=2, help="per_device_train_batch_size")
     ap.add_argument("--accumulation", type=int, default=4, help="gradient_accumulation_steps")
+    ap.add_argument("--gradient-checkpointing", action="store_true", help="gradient_checkpointing (saves memory)")
     args = ap.parse_args(argv)
     hidden, heads, kv_heads, mlp, vocab, seq = SIZES[args.size]
     config = Qwen2Config(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
         training = TrainingArguments(output_dir=out, per_device_train_batch_size=args.batch_size,
                                      gradient_accumulation_steps=args.accumulation, max_steps=args.max_steps,
                                      learning_rate=1e-4, bf16=torch.cuda.is_available(), logging_steps=10,
-                                     save_strategy="no", report_to=[], dataloader_num_workers=0, seed=0)
+                                     save_strategy="no", report_to=[], dataloader_num_workers=0, seed=0,
+                                     gradient_checkpointing=args.gradient_checkpointing)
         data = RandomTokens(args.max_steps * args.batch_size * args.accumulation, seq, vocab)
         Trainer(model=model, args=training, train_dataset=data).train()
 

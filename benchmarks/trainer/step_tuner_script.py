@@ -40,6 +40,9 @@ CASES: dict[str, dict[str, Any]] = {
                                                         "--steps", "100000"]},
     "hf-trainer-qwen2-7b-4l-1gpu": {"gpus": 1, "target": ["examples/hf_trainer.py", "--layers", "4",
                                                           "--max-steps", "100000"]},
+    # the same Trainer script with gradient checkpointing on, as many are written (the tuner may turn it off)
+    "hf-trainer-qwen2-7b-4l-gc-1gpu": {"gpus": 1, "target": ["examples/hf_trainer.py", "--layers", "4",
+                                                             "--gradient-checkpointing", "--max-steps", "100000"]},
     # torchtitan's llama3 8B dims, 4 layers, seq 2048, 1 sequence a micro-batch and 8 a step
     # (benchmarks/trainer/torchtitan_case.py: its target and environment, for the torchtitan installed)
     "torchtitan-llama3-8b-4l-1gpu": {"gpus": 1, "torchtitan": {"flavor": "8B", "layers": 4, "seq": 2048,
