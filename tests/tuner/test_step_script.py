@@ -322,6 +322,14 @@ def test_a_measured_run_times_its_own_steps_and_stops(script: Path, tmp_path: Pa
     broken.write_text("raise RuntimeError('the data is gone')\n")
     failed = measured.run_script([str(broken)], {}, warmup=0, steps=1)
     assert failed.status == measured.CANNOT_RUN and failed.reason == "RuntimeError: the data is gone"
+    wrapped = tmp_path / "wrapped.py"  # a lazy import's wrapper hides the error under it
+    wrapped.write_text("try:\n    import no_such_module_here\nexcept ImportError as exc:\n"
+                       "    raise ModuleNotFoundError(\"Could not import module 'Trainer'\") from exc\n")
+    log = tmp_path / "runs.log"
+    failed = measured.run_script([str(wrapped)], {}, warmup=0, steps=1, log_file=log)
+    assert failed.reason == ("ModuleNotFoundError: Could not import module 'Trainer' (from ModuleNotFoundError:"
+                             " No module named 'no_such_module_here')"), failed.reason
+    assert "Traceback" in log.read_text() and "no_such_module_here" in log.read_text()
 
 
 def test_the_loss_guard_compares_on_the_statistic_the_runs_agree_on() -> None:

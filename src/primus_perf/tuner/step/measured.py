@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -173,7 +174,13 @@ def measure_program(target: Sequence[str], plan: Mapping[str, str], out: str | o
             result.status, result.reason = CANNOT_RUN, f"the script exited with {exc.code}"
     except BaseException as exc:  # the script's own error, out of memory: a result, the next candidate goes on
         oom = type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
-        result.status, result.reason = (OUT_OF_MEMORY if oom else CANNOT_RUN), one_line(exc)
+        root = exc
+        while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
+            root = root.__cause__ or root.__context__  # the error under a wrapper's ("Could not import ...")
+        result.status = OUT_OF_MEMORY if oom else CANNOT_RUN
+        result.reason = one_line(exc) + (f" (from {one_line(root)})" if root is not exc else "")
+        if not oom:  # the whole traceback into the run's log, where the one line points
+            traceback.print_exception(exc, file=sys.stderr)
         if isinstance(exc, KeyboardInterrupt):
             raise
     if result.status == OK and len(result.step_s) < steps:

@@ -318,7 +318,7 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
     log(f"measuring the script as it is ({warmup} warm-up and {steps} timed steps a run)")
     first = session.run(start)
     if first.status != measured.OK:
-        raise UserError(f"the script as it is could not be measured: {first.status} ({first.reason})")
+        raise UserError(f"the script as it is could not be measured: {first.status} ({first.reason}); its output: {log_file}")
     session._last = ({}, first.median_s)
     where = script_where(first, cache)
     found = where.found
