@@ -97,9 +97,11 @@ LAUNCH_US, OP_US = 8.0, 20.0  # the host's time per launch and per op (Python, d
 # --------------------------------------------------------------------------- the CPU recording
 
 @functools.cache
-def record(autocast: bool = False, attn: str = "sdpa", fsdp: bool = False) -> tuple[dict[str, Any], ...]:
+def record(autocast: bool = False, attn: str = "sdpa", fsdp: bool = False,
+           checkpointing: bool = False) -> tuple[dict[str, Any], ...]:
     """The host events of two optimizer steps of the tiny model on the CPU (see the module
-    docstring), as torch.profiler wrote them."""
+    docstring), as torch.profiler wrote them; ``checkpointing``: transformers' gradient
+    checkpointing on (each decoder layer's forward run again in the backward pass)."""
     import torch
     import transformers
 
@@ -110,6 +112,8 @@ def record(autocast: bool = False, attn: str = "sdpa", fsdp: bool = False) -> tu
     if not autocast:
         model = model.to(torch.bfloat16)
     model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
     if fsdp:
         _fsdp_places(model)
@@ -381,7 +385,7 @@ class _Fsdp:
 
 
 def gpu_trace(path: Path, autocast: bool = False, attn: str = "sdpa", fsdp: bool = False, rank: int = 0,
-              masked_compile: bool = False) -> Path:
+              masked_compile: bool = False, checkpointing: bool = False) -> Path:
     """The H200 trace of the recording's second optimizer step and the step marker around it
     (see the module docstring), written to ``path``; ``masked_compile``: the attention as a
     whole compiled model runs it (cuDNN with the causal mask as a bias, not causal: at 25% of
@@ -449,7 +453,7 @@ def gpu_trace(path: Path, autocast: bool = False, attn: str = "sdpa", fsdp: bool
         ev["dur"] = sim.h - ev["ts"]
         sim.tid = outer_tid
 
-    recorded = record(autocast, attn, fsdp)
+    recorded = record(autocast, attn, fsdp, checkpointing)
     optim = sorted((e for e in recorded if e["name"].startswith("Optimizer.step#")), key=lambda e: e["ts"])
     start, stop = optim[-2]["ts"] + optim[-2]["dur"], optim[-1]["ts"]  # the last recorded step
     roots = _tree(tuple(e for e in recorded if not e["name"].startswith("ProfilerStep#")))

@@ -39,7 +39,10 @@ TOLERANCE = 0.35
 
 
 VARIANTS = {"1gpu": {}, "autocast": {"autocast": True}, "fsdp2": {"fsdp": True}, "masked": {"masked_compile": True},
-            "eager_attention": {"attn": "eager"}}
+            "eager_attention": {"attn": "eager"}, "checkpointed": {"checkpointing": True}}
+# recompute=off on an H200, the HF Trainer with gradient_checkpointing (Qwen2 7B dims, 4 layers, 2 x 2,048
+# tokens x 4 micro-batches; benchmarks/results/step_tuner_script/h200.json): ms saved a step
+RECOMPUTE_MEASURED = 57.0
 
 
 class _Lazy(dict):
@@ -134,6 +137,25 @@ def test_a_scripts_gradient_accumulation_is_told_by_its_backward_passes(analyses
     assert "merged 4 at a time" in acc["method"] and "each GPU event in its micro-batch" in acc["method"]
     est = acc["estimated_saving_ms"]
     assert _near(est, MEASURED["1gpu"]["accumulation"]) and _near(est, ISSUE["1gpu"]["accumulation"])
+
+
+def test_a_scripts_gradient_checkpointing_is_found_and_its_cost_estimated(analyses: dict[str, Analysis]) -> None:
+    """transformers' gradient checkpointing: the decoder layers' forward ops run again inside the
+    backward's nodes, each with a sequence number of its own; their GPU time is what
+    recompute=off saves (measured 57 ms a step on an H200), the step tuner's script lever."""
+    from primus_perf.tuner.step.script import script_advice
+
+    a = analyses["checkpointed"]
+    again = a.kernels[a.kernels["recomputed"] & (a.kernels["step"] >= 0)]
+    assert set(again["category"]) >= {"gemm", "attention_fwd"} and "attention_bwd" not in set(again["category"])
+    rec = _rec(a, "recompute")
+    assert rec["lever"] == "recompute=off" and "gradient_checkpointing_disable()" in rec["action"]
+    assert "activation checkpointing" in rec["evidence"] and "mm " in rec["evidence"]
+    assert _near(rec["estimated_saving_ms"], RECOMPUTE_MEASURED)
+    assert ("recompute", "off") in [(x.key, x.value) for x in script_advice(a.recommendations)]
+    for plain in ("1gpu", "fsdp2"):  # no checkpointing, FSDP2's hooks in the backward: nothing recomputed
+        assert not analyses[plain].kernels["recomputed"].any()
+        assert "recompute" not in set(analyses[plain].recommendations["category"])
 
 
 def test_under_fsdp2_the_micro_batches_gathers_and_copies_are_the_largest_lever(analyses: dict[str, Analysis]) -> None:

@@ -22,6 +22,9 @@
   launch did not launch each of its kernels: they have no op (each goes by its own kernel
   name), and keep the backward pass and optimizer step they ran in.
 - Backward ops link to their forward op through the autograd ``Sequence number``.
+- Recomputation (activation checkpointing): an op inside a backward node, below the node's own
+  event, with a sequence number of its own, not its node's, is the forward run again (autograd
+  records it for a backward to come); the GPU events launched under it are ``recomputed``.
 - Steps: a host event belongs to ``ProfilerStep#N`` (an annotation, or a cpu op in 2021
   traces) when it starts inside it. A GPU event belongs to the step of its launch, not of
   its own start: a GPU running behind its host runs step N's kernels during step N+1.
@@ -68,6 +71,7 @@ class Linked:
     op_step: np.ndarray  # per row: step of host events by start time, -1
     steps: list[int]  # step numbers present
     step_windows: np.ndarray  # (n, 2) host [start, end) per step, in ``steps`` order
+    recomputed: np.ndarray  # per GPU event: launched under a forward op run again in a backward node
     # per GPU event: launched inside a data-parallel sharding hook (FSDP2's ``FSDP::`` and
     # ``fsdp::`` annotations: the all-gather's copy-in and copy-out, the gradients' reduction and
     # accumulation): work per parameter, once per micro-batch
@@ -316,6 +320,13 @@ def link(rt: L.RawTrace) -> Linked:
     if in_bwd.any():
         seqs, fwd_rows = _forward_ops(rt, bwd_root)
         fwd_op[in_bwd] = _lookup(seqs, fwd_rows, rt.seq[root[in_bwd]])
+    cpu = kind == L.KIND_CPU_OP
+    # the node's own event (the root's child) keeps its number, also where the root records none
+    again = (cpu & (bwd_root >= 0) & (parent != bwd_root) & (rt.seq >= 0)
+             & (rt.seq != rt.seq[np.clip(bwd_root, 0, None)]))
+    recomputed = np.zeros(len(gpu), dtype=bool)
+    if again.any() and has_leaf.any():
+        recomputed[has_leaf] = _nearest(again, parent)[leaf[has_leaf]] >= 0
     steps, win = step_windows(rt)
     if has.any():  # the step of the launch; no launch: outside the steps
         step = np.where(has, assign_steps(rt.ts[np.clip(launch, 0, None)], steps, win), -1).astype(np.int32)
@@ -333,5 +344,5 @@ def link(rt: L.RawTrace) -> Linked:
         in_optimizer=in_opt.astype(bool), step=step,
         op_rows=np.flatnonzero(ops),
         op_parent=parent, op_model=model, shadowed=shadowed, op_backward=bwd_root >= 0, op_step=op_step,
-        steps=steps, step_windows=win, in_sharding=in_sharding,
+        steps=steps, step_windows=win, recomputed=recomputed, in_sharding=in_sharding,
     )
