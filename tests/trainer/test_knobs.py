@@ -1,5 +1,5 @@
 """A running trainer's speed knobs switched in place between optimizer steps
-(``Trainer.reconfigure``): at a fixed global batch the losses are those of a trainer that ran
+(``trainer.knobs.reconfigure``): at a fixed global batch the losses are those of a trainer that ran
 the new settings from the start; what cannot change in place is one line naming the key,
 before anything changed."""
 
@@ -14,7 +14,7 @@ from primus_perf.base.errors import ConfigError
 from primus_perf.cache.store import SCHEMA_VERSION
 from primus_perf.trainer import resources
 from primus_perf.trainer.config import SCHEMA, load_config, with_settings
-from primus_perf.trainer.knobs import FREE, SWITCHES, NotSwitchable, changed
+from primus_perf.trainer.knobs import FREE, SWITCHES, NotSwitchable, changed, reconfigure
 from primus_perf.trainer.loop import Trainer
 
 BASE = ["train.global_batch=8", "train.micro_batch=2", "train.steps=6", "model.n_layers=2"]
@@ -27,7 +27,7 @@ def _losses(preset: str, switch_at: int | None = None, to: tuple[str, ...] = (),
         out = []
         for i in range(steps):
             if i == switch_at:
-                assert trainer.reconfigure(load_config(preset, [*BASE, *to]))
+                assert reconfigure(trainer, load_config(preset, [*BASE, *to]))
             out.append(trainer.train_step().loss)
         return out
     finally:
@@ -57,14 +57,14 @@ def test_the_optimizer_takes_over_the_state_in_the_dtype_it_keeps() -> None:
     try:
         trainer.train_step()
         before = {id(p): s["exp_avg"].clone() for p, s in trainer.optimizer.state.items()}
-        trainer.reconfigure(load_config("tiny", [*BASE, "train.optimizer=bf16"]))
+        reconfigure(trainer, load_config("tiny", [*BASE, "train.optimizer=bf16"]))
         states = trainer.optimizer.state
         assert len(states) == len(before)
         assert all(s["exp_avg"].dtype == torch.bfloat16 and s["step"] == 1 for s in states.values())
         for p, s in states.items():
             assert torch.allclose(s["exp_avg"].float(), before[id(p)], rtol=1e-2, atol=1e-6)
         trainer.train_step()
-        trainer.reconfigure(load_config("tiny", [*BASE, "train.optimizer=fused"]))
+        reconfigure(trainer, load_config("tiny", [*BASE, "train.optimizer=fused"]))
         assert all(s["exp_avg"].dtype == torch.float32 and float(s["step"]) == 2 for s in trainer.optimizer.state.values())
         assert torch.isfinite(torch.tensor(trainer.train_step().loss))
     finally:
@@ -78,13 +78,13 @@ def test_what_cannot_change_in_place_is_one_line_before_anything_changed(tmp_pat
     try:
         cfg = trainer.cfg
         with pytest.raises(NotSwitchable, match="config key 'model.dim' cannot change while the trainer runs"):
-            trainer.reconfigure(load_config("tiny", [*BASE, "model.dim=64", "train.micro_batch=4"]))
+            reconfigure(trainer, load_config("tiny", [*BASE, "model.dim=64", "train.micro_batch=4"]))
         with pytest.raises(ConfigError, match="'train.fp8': tuning cache .* has no FP8 plan"):
-            trainer.reconfigure(load_config("tiny", [*BASE, "train.fp8=auto", "train.micro_batch=4",
+            reconfigure(trainer, load_config("tiny", [*BASE, "train.fp8=auto", "train.micro_batch=4",
                                                      f"tuning.cache={tmp_path / 'cache.json'}"]))
         monkeypatch.setattr(resources, "device_memory", lambda *_: (2**20, "host RAM"))
         with pytest.raises(ConfigError, match="needs about .* more than host RAM"):  # the memory estimate
-            trainer.reconfigure(load_config("tiny", [*BASE, "train.micro_batch=8"]))
+            reconfigure(trainer, load_config("tiny", [*BASE, "train.micro_batch=8"]))
         monkeypatch.undo()
         assert trainer.cfg is cfg and trainer.accumulation == 4 and trainer.model.recompute == "none"
         assert changed(cfg, load_config("tiny", [*BASE, "train.compile=block"])) == ["train.compile"]
@@ -101,17 +101,17 @@ def test_compile_scopes_switch_back_without_compiling_again(tmp_path) -> None:
         model = trainer.model
         compiled = [b._compiled_call_impl for b in model.layers]
         assert all(c is not None for c in compiled)
-        trainer.reconfigure(load_config("tiny", BASE))
+        reconfigure(trainer, load_config("tiny", BASE))
         assert all(b._compiled_call_impl is None for b in model.layers) and model.compile_scope == "off"
-        trainer.reconfigure(load_config("tiny", [*BASE, "train.compile=pointwise"]))
+        reconfigure(trainer, load_config("tiny", [*BASE, "train.compile=pointwise"]))
         assert all("forward" in n.__dict__ for n in (model.norm, model.layers[0].mlp_norm))
-        trainer.reconfigure(load_config("tiny", [*BASE, "train.compile=block"]))
+        reconfigure(trainer, load_config("tiny", [*BASE, "train.compile=block"]))
         assert [b._compiled_call_impl for b in model.layers] == compiled  # the same compiled callables
         assert "forward" not in model.norm.__dict__
         # a kernel cache routes a block's GEMMs when Inductor compiles it: not switched in place
         # once blocks are compiled (the step tuner builds a trainer of that setting instead)
         with pytest.raises(NotSwitchable, match="'tuning.cache' cannot change in place once blocks are compiled"):
-            trainer.reconfigure(load_config("tiny", [*BASE, "train.compile=off", f"tuning.cache={tmp_path / 'cache.json'}"]))
+            reconfigure(trainer, load_config("tiny", [*BASE, "train.compile=off", f"tuning.cache={tmp_path / 'cache.json'}"]))
     finally:
         trainer.close()
         torch._dynamo.reset()

@@ -26,7 +26,7 @@ from primus_perf.trainer.fp8 import BF16, fp8_plan
 from primus_perf.trainer.optim import make_optimizer
 from primus_perf.trainer.resources import check_fits
 
-Trainer = Any  # a trainer.loop.Trainer (which calls this module: no import back)
+Trainer = Any  # a trainer.loop.Trainer (this module is below it: no import of it)
 
 
 class NotSwitchable(ConfigError):

@@ -261,12 +261,6 @@ class Trainer:
             self.tuning = enable(cache, self._online if self.cfg.tuning.online else None,
                                  device_type=self.device.type)
 
-    def reconfigure(self, cfg: TrainerConfig) -> list[str]:
-        """Switch to ``cfg``'s speed knobs between steps, in place (``knobs.reconfigure``)."""
-        from primus_perf.trainer.knobs import reconfigure
-
-        return reconfigure(self, cfg)
-
     def set_fp8(self, layers: dict[str, str], *, compile: bool | None = None) -> None:
         """Switch the FP8 plan between steps (layer name -> recipe or bf16; the plan tuner
         measures candidates this way); ``compile`` (each FP8 layer's quantization compiled)

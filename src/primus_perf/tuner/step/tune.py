@@ -2,7 +2,7 @@
 recipe, then check and measure the plan, and write it.
 
 0. the session: one trainer switched between settings between steps, in place where the
-   trainer can (``Trainer.reconfigure``), else by a new trainer of the setting (the same seed:
+   trainer can (``trainer.knobs.reconfigure``), else by a new trainer of the setting (the same seed:
    the same weights), one alive at a time (:class:`StepSession`; the lanes run one each);
 1. the search (:mod:`.search`) on one session of the config, from its own settings;
 2. the plan against the default in one session, interleaved (``final_blocks`` pairs of blocks):
@@ -100,14 +100,14 @@ class StepSession:
     def switch(self, setting: Setting) -> None:
         """Run ``setting`` from the next step. A ConfigError (it does not fit, it cannot run
         here) leaves the session as it was."""
-        from primus_perf.trainer.knobs import NotSwitchable
+        from primus_perf.trainer.knobs import NotSwitchable, reconfigure
 
         if setting.values == self.setting.values:
             return
         cfg = self.cfg_of(setting)
         try:
             try:
-                self.trainer.reconfigure(cfg)
+                reconfigure(self.trainer, cfg)
             except NotSwitchable:
                 self._rebuild(cfg)
         except Exception as exc:  # torch's own out-of-memory (allocating the new setting's state)
