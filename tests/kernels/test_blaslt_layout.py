@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from primus_perf.kernels.blaslt.guarded import GuardedMatrix, GuardError
-from primus_perf.kernels.blaslt.layout import ALIGNMENT, aligned, layouts, refusal
+from primus_perf.kernels.blaslt.layout import layouts, refusal
 from primus_perf.kernels.gemm import problem_of
 from primus_perf.problems import GemmProblem
 from primus_perf.tuner.core import tune_problem
@@ -104,13 +104,6 @@ def test_refusal_names_the_rule(batch: int, change: dict, why: str) -> None:
             dataclasses.replace(p, **change)
         return
     assert why in refusal(bad)
-
-
-def test_pointer_alignment_is_checked_per_call() -> None:
-    base = torch.empty(1024, dtype=torch.bfloat16)
-    ok = base.data_ptr() - base.data_ptr() % ALIGNMENT
-    assert aligned(ALIGNMENT, ok, ok + ALIGNMENT)
-    assert not aligned(ALIGNMENT, ok, ok + 2)
 
 
 def _write_past_output(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:

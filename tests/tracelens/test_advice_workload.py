@@ -254,12 +254,11 @@ def test_a_run_that_accumulates_gradients_is_advised_a_larger_micro_batch(tmp_pa
     assert acc["estimated_saving_ms"] == pytest.approx(4 * (0.2 + 0.1) / 2)
     assert "4 micro-batches a step (global batch 8 = micro-batch 2 x 4)" in acc["evidence"]
     # the lever as data beside its text: the step tuner takes it typed, as the config's schema reads it
-    from primus_perf.loop.pipeline import step_advice
-    from primus_perf.tuner.step.script import script_advice
+    from primus_perf.tuner.step.search import advised
 
     assert acc["settings"] == {"train.micro_batch": 4}
-    assert ("train.micro_batch", 4) in [(x.key, x.value) for x in step_advice(a.recommendations)]
-    assert ("micro_batch", "4") in [(x.key, x.value) for x in script_advice(a.recommendations)]
+    assert ("train.micro_batch", 4) in [(x.key, x.value) for x in advised(a.recommendations)]
+    assert ("micro_batch", "4") in [(x.key, x.value) for x in advised(a.recommendations, script=True)]
 
 
 ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"

@@ -143,7 +143,7 @@ def test_a_scripts_gradient_checkpointing_is_found_and_its_cost_estimated(analys
     """transformers' gradient checkpointing: the decoder layers' forward ops run again inside the
     backward's nodes, each with a sequence number of its own; their GPU time is what
     recompute=off saves (measured 57 ms a step on an H200), the step tuner's script lever."""
-    from primus_perf.tuner.step.script import script_advice
+    from primus_perf.tuner.step.search import advised
 
     a = analyses["checkpointed"]
     again = a.kernels[a.kernels["recomputed"] & (a.kernels["step"] >= 0)]
@@ -152,7 +152,7 @@ def test_a_scripts_gradient_checkpointing_is_found_and_its_cost_estimated(analys
     assert rec["lever"] == "recompute=off" and "gradient_checkpointing_disable()" in rec["action"]
     assert "activation checkpointing" in rec["evidence"] and "mm " in rec["evidence"]
     assert _near(rec["estimated_saving_ms"], RECOMPUTE_MEASURED)
-    assert ("recompute", "off") in [(x.key, x.value) for x in script_advice(a.recommendations)]
+    assert ("recompute", "off") in [(x.key, x.value) for x in advised(a.recommendations, script=True)]
     for plain in ("1gpu", "fsdp2"):  # no checkpointing, FSDP2's hooks in the backward: nothing recomputed
         assert not analyses[plain].kernels["recomputed"].any()
         assert "recompute" not in set(analyses[plain].recommendations["category"])

@@ -140,7 +140,7 @@ class BlasLtKernel:
 
         def run(a: Any, b: Any) -> Any:
             a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
-            if (a_ptr | b_ptr) & misaligned:  # blaslt.layout.aligned, inline
+            if (a_ptr | b_ptr) & misaligned:  # a pointer less aligned than the plan's
                 kernel.unaligned += 1
                 return torch_mm(a, b)
             out = a.new_empty(shape)

@@ -216,28 +216,6 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
 # ---- the step tuner from a profile ---------------------------------------------------------------
 
 
-def step_advice(recommendations: Any) -> list[Any]:
-    """The analyzer's recommendations that name a lever of the step tuner, as ``Advice`` in
-    their rank: each of a recommendation's settings, its value read by the config's schema
-    (``train.compile: true`` is ``pointwise``); the estimate goes with the first."""
-    from primus_perf.base.errors import ConfigError
-    from primus_perf.trainer.config import SCHEMA
-    from primus_perf.tuner.step import Advice
-    from primus_perf.tuner.step.levers import lever_of
-    from primus_perf.tuner.step.search import advice_parts
-
-    out: list[Any] = []
-    for key, value, estimate, action in advice_parts(recommendations):
-        if lever_of(key) is None:
-            continue
-        try:
-            read = SCHEMA[key].read(value)
-        except ConfigError:
-            continue
-        out.append(Advice(key, read, estimate, action))
-    return out
-
-
 def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, profile: bool = True,
               profile_steps: int = 3, overwrite: bool = False, log: Log = lambda _m: None, **kwargs: Any) -> Any:
     """``primus-tune step``: profile the config into ``out_dir`` (a run folder) and read the
@@ -264,13 +242,14 @@ def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, pro
             from primus_perf.profiler.capture import Schedule, capture_trainer
             from primus_perf.tracelens.analyze import analyze
             from primus_perf.tuner.step.levers import text
+            from primus_perf.tuner.step.search import advised
 
             log(f"profiling {config} ({profile_steps} steps) -> {out}")
             capture_trainer(config, list(overrides), out, Schedule(active=profile_steps, warmup=1, wait=1),
                             overwrite=overwrite)
             if rank == 0:
                 analysis = analyze([out])
-                advice = step_advice(analysis.recommendations)
+                advice = advised(analysis.recommendations)
                 for a in advice:
                     log(f"advised: {a.key}={text(a.value)}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
                                                          if a.estimate_ms is not None else ""))

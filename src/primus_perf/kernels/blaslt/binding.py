@@ -132,7 +132,7 @@ class BlasLt:
         self._set("MatmulPreferenceSetAttribute", pref, pa["MAX_WORKSPACE_BYTES"], ctypes.c_uint64(workspace))
         if reduction_mask is not None and "REDUCTION_SCHEME_MASK" in pa:
             self._set("MatmulPreferenceSetAttribute", pref, pa["REDUCTION_SCHEME_MASK"], ctypes.c_uint32(reduction_mask))
-        for name in ("A", "B", "C", "D"):  # what the kernels check per call (blaslt.layout.aligned)
+        for name in ("A", "B", "C", "D"):  # what the kernels check per call (their pointers' low bits)
             attr = pa.get(f"MIN_ALIGNMENT_{name}_BYTES")
             if attr is not None:
                 self._set("MatmulPreferenceSetAttribute", pref, attr, ctypes.c_uint32(self.t.pointer_alignment))

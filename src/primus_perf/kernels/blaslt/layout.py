@@ -17,7 +17,7 @@ operands cover exactly what every candidate may touch.
   assumed (every batch's matrix starts at ``pointer + b * stride``);
 - C laid out unlike D (the kernels pass D's pointer for C, with beta 0).
 
-Pointers are checked per call by the kernel (:func:`aligned`): the heuristic was asked for
+Pointers are checked per call by the kernel (a bit mask, ``kernels.gemm``): the heuristic was asked for
 algorithms for pointers aligned to the vendor table's ``pointer_alignment`` (cuBLASLt's
 default of 256 bytes, set explicitly); a call whose pointer is less aligned runs torch's
 own GEMM instead.
@@ -91,9 +91,3 @@ def refusal(p: GemmProblem, alignment: int = ALIGNMENT) -> str | None:
     if (c.dtype, c.ld, c.stride) != (d.dtype, d.ld, d.stride):
         return "C is laid out unlike D (the kernel writes D in place of C)"
     return None
-
-
-def aligned(alignment: int, *pointers: int) -> bool:
-    """Whether every pointer is a multiple of ``alignment`` bytes (a power of two)."""
-    mask = alignment - 1
-    return all(not ptr & mask for ptr in pointers)

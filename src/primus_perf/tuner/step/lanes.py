@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -86,7 +85,6 @@ class Lane:
         with environment.changed(changes if visible is None else {**changes, "CUDA_VISIBLE_DEVICES": visible}):
             self.process.start()
         child.close()
-        self.busy_since: float | None = None
         self.error = ""
 
     @property
@@ -105,11 +103,9 @@ class Lane:
     def submit(self, incumbent: dict[str, Any], candidate: dict[str, Any], blocks: int, block_steps: int,
                settle: int) -> None:
         self.conn.send((dict(incumbent), dict(candidate), blocks, block_steps, settle))
-        self.busy_since = time.monotonic()
 
     def result(self, timeout_s: float | None = None) -> tuple[str, Any]:
         reply = self._reply(timeout_s)
-        self.busy_since = None
         if reply[0] == BROKEN:
             self.error = str(reply[1])
             self.close()

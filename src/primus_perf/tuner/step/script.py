@@ -2,7 +2,7 @@
 script unmodified.
 
 1. the script profiled (``primus-profile run --stop``: a window of its steps, in a child) into
-   ``DIR``, and analyzed: the advice that names a lever orders the search (:func:`script_advice`);
+   ``DIR``, and analyzed: the advice that names a lever orders the search (``search.advised``);
 2. its first measured run (``measured.run_script``: the plan applied from outside by
    ``hooks``, or by a known program's own flags, ``own_flags``; its own steps timed) says what
    it builds (the model, its blocks, the optimizer, FSDP2 or DDP, an HF Trainer, the knobs it
@@ -39,8 +39,8 @@ from primus_perf.base.entry import Log
 from primus_perf.base.errors import OutOfMemory, UserError
 from primus_perf.tuner.step import lanes as lane_replies
 from primus_perf.tuner.step import measured
-from primus_perf.tuner.step.levers import Lever, ScriptContext, Setting, lever_of, script_levers
-from primus_perf.tuner.step.search import Advice, Search, SearchResult, advice_parts
+from primus_perf.tuner.step.levers import Lever, ScriptContext, Setting, script_levers
+from primus_perf.tuner.step.search import Advice, Search, SearchResult, advised
 from primus_perf.tuner.step.tune import (
     LossGuard,
     StepTuneResult,
@@ -87,7 +87,6 @@ class ScriptSession:
         self.setting = Setting()
         self.runs: list[Run] = []
         self._last: tuple[dict[str, str], float] | None = None  # the last run, of the incumbent: (plan, seconds)
-        self.rebuilds = 0
 
     # ---- what the search calls --------------------------------------------------------------
 
@@ -185,24 +184,7 @@ class ScriptLane:
         pass
 
 
-# ---- the analyzer's advice ------------------------------------------------------------------------
-
-
-def script_advice(recommendations: Any) -> list[Advice]:
-    """The recommendations that name a lever a script has, as ``Advice`` in their rank: each of
-    a recommendation's settings, a trainer's key (``train.compile``) or a script lever's name
-    (``micro_batch``), its value as the script lever takes it (the hooks' text)."""
-    from primus_perf.tuner.step.levers import LEVERS, text
-
-    out: list[Advice] = []
-    for key, value, estimate, action in advice_parts(recommendations):
-        lever = lever_of(key) or LEVERS.get(key)
-        if lever is None or lever.script is None:
-            continue
-        mine = lever.script.from_trainer(text(value)) if lever.key == key else text(value)
-        if mine:
-            out.append(Advice(lever.name, mine, estimate, action))
-    return out
+# ---- the profile ----------------------------------------------------------------------------------
 
 
 def profile_script(target: Sequence[str], out: Path, *, devices: str | None, port: int | None,
@@ -304,7 +286,7 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
         if why is None and is_main:
             from primus_perf.tracelens.analyze import analyze
 
-            advice = script_advice(analyze([out]).recommendations)
+            advice = advised(analyze([out]).recommendations, script=True)
             for a in advice:
                 log(f"advised: {a.key}={a.value}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
                                                       if a.estimate_ms is not None else ""))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,17 +64,33 @@ class Advice:
     text: str = ""
 
 
-def advice_parts(recommendations: Any) -> Iterator[tuple[str, Any, float | None, str]]:
-    """Each setting the analyzer's recommendations advise (their ``settings``: key -> value as
-    JSON types it), in their rank: ``(key, value, estimate, action)``, the estimate (ms a step)
-    with a recommendation's first setting."""
-    if recommendations is None or len(recommendations) == 0:
-        return
-    for _, rec in recommendations.iterrows():
-        estimate, settings = rec.get("estimated_saving_ms"), rec.get("settings")
+def advised(recommendations: Any, *, script: bool = False) -> list[Advice]:
+    """The analyzer's recommendations that name a lever, as ``Advice`` in their rank: each of a
+    recommendation's ``settings`` (key -> value as JSON types it), the estimate (ms a step) with
+    its first. For primus-train a config key, its value read by the config's schema
+    (``train.compile: true`` is ``pointwise``); for a script (``script``) a trainer's key
+    (``train.compile``) or a script lever's name (``micro_batch``), its value as the script
+    lever takes it (the hooks' text)."""
+    from primus_perf.trainer.config import SCHEMA
+    from primus_perf.tuner.step.levers import LEVERS, lever_of
+
+    out: list[Advice] = []
+    for _, rec in (recommendations.iterrows() if recommendations is not None else ()):
+        estimate, settings, action = rec.get("estimated_saving_ms"), rec.get("settings"), str(rec.get("action", ""))
         for i, (key, value) in enumerate(settings.items() if isinstance(settings, dict) else ()):
             est = float(estimate) if i == 0 and estimate is not None and estimate == estimate else None
-            yield key, value, est, str(rec.get("action", ""))
+            lever = lever_of(key) or (LEVERS.get(key) if script else None)
+            if lever is None or (script and lever.script is None):
+                continue
+            if script:
+                mine = lever.script.from_trainer(text(value)) if lever.key == key else text(value)
+                out += [Advice(lever.name, mine, est, action)] if mine else []
+                continue
+            try:
+                out.append(Advice(key, SCHEMA[key].read(value), est, action))
+            except ConfigError:
+                continue
+    return out
 
 
 @dataclass

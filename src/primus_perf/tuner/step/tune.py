@@ -74,8 +74,7 @@ def interleaved(session: Any, base: Setting, other: Setting, *, blocks: int, blo
 
 class StepSession:
     """``switch(setting)`` then ``step()`` (one optimizer step's seconds); ``measure`` two
-    settings against each other (what the search calls). ``rebuilds`` counts the settings that
-    needed a new trainer."""
+    settings against each other (what the search calls)."""
 
     def __init__(self, config: str, base: Sequence[str], setting: Setting) -> None:
         from primus_perf.trainer.config import load_config
@@ -86,7 +85,6 @@ class StepSession:
         self.base_cfg = load_config(config, base)  # the command line's, once: a setting is typed over it
         self.setting = setting
         self.trainer: Any = Trainer(self.cfg_of(setting))
-        self.rebuilds = 0
 
     def cfg_of(self, setting: Setting) -> Any:
         from primus_perf.trainer.config import with_settings
@@ -130,7 +128,6 @@ class StepSession:
         except BaseException:
             self.trainer = self._make(previous)
             raise
-        self.rebuilds += 1
 
     def reset(self, setting: Setting) -> None:
         """A fresh trainer of ``setting`` from the seed (after a candidate left the weights
@@ -140,7 +137,6 @@ class StepSession:
         self._empty_cache()
         self.trainer = self._make(self.cfg_of(setting))
         self.setting = setting
-        self.rebuilds += 1
 
     def warm_up(self, steps: int) -> None:
         """Untimed steps: allocator, autotuning and the first compile settle before any block."""
