@@ -273,6 +273,26 @@ def test_an_hf_trainers_micro_batch_moves_with_its_accumulation_and_the_product_
     assert applied.found["hf_trainer"] and "micro_batch" in applied.levers
 
 
+def test_a_hook_on_a_module_imported_later_never_breaks_its_import(installed, tmp_path, monkeypatch) -> None:
+    """A patch that fails on the module (another version of it) is the lever's note; the
+    program's import goes on unpatched, whether the module comes later or is in already."""
+    (tmp_path / "later_module_here.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    applied = installed({})
+
+    def boom(module) -> None:
+        raise AttributeError(f"{module.__name__} has no TrainingArguments")
+
+    hooks._after_import("later_module_here", boom, "micro_batch")
+    import later_module_here
+
+    assert later_module_here.VALUE == 1
+    hooks._after_import("later_module_here", boom, "micro_batch")  # imported already: at once
+    assert applied.notes == ["micro_batch: not applied (later_module_here could not be hooked: AttributeError:"
+                             " later_module_here has no TrainingArguments)"]
+    del sys.modules["later_module_here"]
+
+
 def test_the_sdpa_backend_is_the_plans_until_the_hooks_are_removed(installed) -> None:
     cuda = torch.backends.cuda
     before = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled())

@@ -108,7 +108,7 @@ def install(plan: Mapping[str, str]) -> Applied:
         _applied.note("allocator", "CUDA started before the plan was applied")
     _install_sdpa(plan.get("sdpa"))
     _install_ddp({k: plan[k] for k in ("ddp_bucket_mb", "ddp_bucket_view", "ddp_static_graph") if k in plan})
-    _after_import("transformers.training_args", _patch_hf_arguments)
+    _after_import("transformers.training_args", _patch_hf_arguments, MICRO_BATCH)
     _Finder.install()
     import torch.optim.optimizer as optim
 
@@ -196,12 +196,21 @@ def _replace(owner: Any, name: str, wrapper: Callable[..., Any]) -> bool:
 _after: dict[str, list[Callable[[Any], None]]] = {}
 
 
-def _after_import(name: str, patch: Callable[[Any], None]) -> None:
-    """``patch(module)`` once ``name`` is imported (now, if it is already)."""
+def _after_import(name: str, patch: Callable[[Any], None], lever: str) -> None:
+    """``patch(module)`` once ``name`` is imported (now, if it is already); a patch that fails
+    is ``lever``'s note, never the program's error (its import goes on unpatched)."""
+    def safe(module: Any) -> None:
+        try:
+            patch(module)
+        except Exception as exc:  # another version of the module: the lever does not apply
+            from primus_perf.base.errors import one_line
+
+            _applied.note(lever, f"{name} could not be hooked: {one_line(exc)}")
+
     if name in sys.modules:
-        patch(sys.modules[name])
+        safe(sys.modules[name])
     else:
-        _after.setdefault(name, []).append(patch)
+        _after.setdefault(name, []).append(safe)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
