@@ -158,6 +158,27 @@ def test_a_scripts_gradient_checkpointing_is_found_and_its_cost_estimated(analys
         assert "recompute" not in set(analyses[plain].recommendations["category"])
 
 
+@pytest.mark.parametrize("recompute", ["full", "none"])
+def test_a_primus_train_runs_recompute_is_advised_off_by_its_config_key(runs: dict[str, Path], tmp_path: Path,
+                                                                        recompute: str) -> None:
+    """The same recomputation in a primus-train run (its manifest's config): train.recompute=none,
+    the step tuner's key; a run whose config says none is not the trainer's to turn off."""
+    from primus_perf.tuner.step.search import advised
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(runs["checkpointed"], run / "rank0.pt.trace.json.gz")
+    config = {"train": {"recompute": recompute, "micro_batch": 8, "global_batch": 8}, "model": {"n_layers": 4}}
+    (run / "manifest.json").write_text(json.dumps({"traces": {"0": "rank0.pt.trace.json.gz"}, "config": config}))
+    r = analyze([run]).recommendations
+    if recompute == "none":
+        assert "recompute" not in set(r["category"])
+        return
+    rec = r[r["category"] == "recompute"].iloc[0]
+    assert rec["lever"] == "train.recompute=none" and "(now full)" in rec["action"]
+    assert ("train.recompute", "none") in [(x.key, x.value) for x in advised(r)]
+
+
 def test_under_fsdp2_the_micro_batches_gathers_and_copies_are_the_largest_lever(analyses: dict[str, Analysis]) -> None:
     a = analyses["fsdp2"]
     k = a.kernels

@@ -528,7 +528,8 @@ def _recompute(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> li
                  "block's activations until the backward pass")
     if cfg is not None:
         lever: dict[str, Any] = {"train.recompute": "none"}
-        action = (f"set train.recompute=none (now {now}) where the activations fit in memory; with a smaller "
+        action = ("set train.recompute=none" + (f" (now {now})" if now in ("selective", "full") else "") +
+                  " where the activations fit in memory; with a smaller "
                   "micro-batch if they do not (primus-tune step measures both together)")
     else:
         lever = {"recompute": "off"}
