@@ -284,13 +284,15 @@ def test_a_hook_on_a_module_imported_later_never_breaks_its_import(installed, tm
         raise AttributeError(f"{module.__name__} has no TrainingArguments")
 
     hooks._after_import("later_module_here", boom, "micro_batch")
-    import later_module_here
+    try:
+        import later_module_here
 
-    assert later_module_here.VALUE == 1
-    hooks._after_import("later_module_here", boom, "micro_batch")  # imported already: at once
+        assert later_module_here.VALUE == 1
+        hooks._after_import("later_module_here", boom, "micro_batch")  # imported already: at once
+    finally:
+        sys.modules.pop("later_module_here", None)
     assert applied.notes == ["micro_batch: not applied (later_module_here could not be hooked: AttributeError:"
                              " later_module_here has no TrainingArguments)"]
-    del sys.modules["later_module_here"]
 
 
 def test_the_sdpa_backend_is_the_plans_until_the_hooks_are_removed(installed) -> None:
@@ -350,6 +352,10 @@ def test_a_measured_run_times_its_own_steps_and_stops(script: Path, tmp_path: Pa
     assert failed.reason == ("ModuleNotFoundError: Could not import module 'Trainer' (from ModuleNotFoundError:"
                              " No module named 'no_such_module_here')"), failed.reason
     assert "Traceback" in log.read_text() and "no_such_module_here" in log.read_text()
+    looped = tmp_path / "looped.py"  # a chain of causes that loops: the run still ends, with its reason
+    looped.write_text("a, b = RuntimeError('a'), KeyError('b')\na.__cause__, b.__cause__ = b, a\nraise a\n")
+    failed = measured.run_script([str(looped)], {}, warmup=0, steps=1)
+    assert failed.status == measured.CANNOT_RUN and failed.reason == "RuntimeError: a (from KeyError: 'b')"
 
 
 def test_the_loss_guard_compares_on_the_statistic_the_runs_agree_on() -> None:

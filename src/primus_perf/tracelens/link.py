@@ -25,6 +25,9 @@
 - Recomputation (activation checkpointing): an op inside a backward node, below the node's own
   event, with a sequence number of its own, not its node's, is the forward run again (autograd
   records it for a backward to come); the GPU events launched under it are ``recomputed``.
+  Where such an op is a backward op (``aten::threshold_backward``), the backward itself is
+  being differentiated (``create_graph=True``, ``torch.func``): nothing is taken as recomputed.
+  A compiled region's recomputation runs inside its compiled backward and is not seen.
 - Steps: a host event belongs to ``ProfilerStep#N`` (an annotation, or a cpu op in 2021
   traces) when it starts inside it. A GPU event belongs to the step of its launch, not of
   its own start: a GPU running behind its host runs step N's kernels during step N+1.
@@ -324,6 +327,9 @@ def link(rt: L.RawTrace) -> Linked:
     # the node's own event (the root's child) keeps its number, also where the root records none
     again = (cpu & (bwd_root >= 0) & (parent != bwd_root) & (rt.seq >= 0)
              & (rt.seq != rt.seq[np.clip(bwd_root, 0, None)]))
+    backward_ops = [c for c, nm in enumerate(rt.names) if "backward" in nm.lower()]
+    if backward_ops and np.isin(rt.name[again], backward_ops).any():
+        again[:] = False  # a backward that is itself differentiated (create_graph, torch.func): not a forward again
     recomputed = np.zeros(len(gpu), dtype=bool)
     if again.any() and has_leaf.any():
         recomputed[has_leaf] = _nearest(again, parent)[leaf[has_leaf]] >= 0

@@ -512,7 +512,7 @@ def _recompute(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> li
     k = in_steps(a.kernels)
     if w.get("mode") != "training" or "recomputed" not in k.columns:
         return []
-    again = k[k["recomputed"].to_numpy(dtype=bool)]
+    again = k[k["recomputed"].to_numpy(dtype=bool) & (k["category"] != COMMUNICATION).to_numpy()]  # a gather stays
     saved_ms = float(again["dur_us"].sum()) / 1e3 / a.rank_steps if len(again) else 0.0
     now = str(cfg["train"].get("recompute")) if cfg is not None else ""
     now = {"True": "full", "False": "none"}.get(now, now)  # an older config's boolean
@@ -539,10 +539,12 @@ def _recompute(a: Analysis, w: dict[str, Any], cfg: dict[str, Any] | None) -> li
                   "`primus-tune step -- train.py` measures recompute=off (transformers' gradient checkpointing) "
                   "beside the micro-batch, a run out of memory a dropped trial")
     method = ("the GPU time of the events launched under a forward op inside a backward node (an op with an autograd "
-              "sequence number of its own, not its node's: the forward recorded again for a backward to come); not "
-              "counted: a larger micro-batch the memory could hold instead; checked on an H200 (Qwen2 7B dims, "
-              "4 layers, 2 x 2,048 tokens x 4 micro-batches, the Hugging Face Trainer with gradient_checkpointing): "
-              "estimated 52.7 ms, measured 57.0 (1.147x on a 443.5 ms step)")
+              "sequence number of its own, not its node's: the forward recorded again for a backward to come), "
+              "communication left out (a parameter gathered again stays); not counted: a larger micro-batch the "
+              "memory could hold instead; not seen: a compiled region's recomputation (inside its compiled "
+              "backward); checked on an H200 trace (Qwen2 7B dims, 4 layers, 2 x 2,048 tokens x 4 micro-batches, "
+              "the Hugging Face Trainer with gradient_checkpointing): estimated 52.7 ms, the step tuner's trial of "
+              "recompute=off measured 57.0 (1.147x on a 443.5 ms step)")
     return [_row("recompute", lever, evidence, condition, action, saved_ms, method)]
 
 

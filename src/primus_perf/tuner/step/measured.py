@@ -172,17 +172,19 @@ def measure_program(target: Sequence[str], plan: Mapping[str, str], out: str | o
     except SystemExit as exc:
         if exc.code not in (None, 0):
             result.status, result.reason = CANNOT_RUN, f"the script exited with {exc.code}"
+    except KeyboardInterrupt:
+        raise
     except BaseException as exc:  # the script's own error, out of memory: a result, the next candidate goes on
-        oom = type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
-        root = exc
-        while root.__cause__ is not None or (root.__context__ is not None and not root.__suppress_context__):
-            root = root.__cause__ or root.__context__  # the error under a wrapper's ("Could not import ...")
+        root, seen = exc, {id(exc)}  # the error under a wrapper's ("Could not import ..."); a chain may loop
+        while (under := root.__cause__ or (None if root.__suppress_context__ else root.__context__)) is not None \
+                and id(under) not in seen:
+            root = under
+            seen.add(id(under))
+        oom = any(type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower() for e in (exc, root))
         result.status = OUT_OF_MEMORY if oom else CANNOT_RUN
         result.reason = one_line(exc) + (f" (from {one_line(root)})" if root is not exc else "")
         if not oom:  # the whole traceback into the run's log, where the one line points
             traceback.print_exception(exc, file=sys.stderr)
-        if isinstance(exc, KeyboardInterrupt):
-            raise
     if result.status == OK and len(result.step_s) < steps:
         result.status = TOO_FEW
         result.reason = (f"the script marked {result.marked} steps and a run needs {warmup + steps}"
