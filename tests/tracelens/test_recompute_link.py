@@ -29,6 +29,8 @@ class _Trace:
     def op(self, name: str, seq: int | None = None, kids: tuple = (), kernel: str = "") -> dict[str, Any]:
         ev = {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": self.t, "dur": 0.0,
               "args": {} if seq is None else {"Sequence number": seq}}
+        if name == "aten::mm":  # a GEMM of 1,024 rows: a modeled call
+            ev["args"].update({"Input Dims": [[1024, 512], [512, 256]], "Input type": ["c10::BFloat16"] * 2})
         self.events.append(ev)
         self.t += 1.0
         for kid in kids:
@@ -57,13 +59,17 @@ def op(name: str, seq: int | None = None, *kids: Any, kernel: str = "") -> Any:
     return lambda tr: tr.op(name, seq, kids, kernel)
 
 
-def _recomputed(tmp_path: Path, backward: list[Any]) -> dict[str, bool]:
+def _analysis(tmp_path: Path, backward: list[Any]) -> Any:
     tr = _Trace()
     op("aten::linear", 10, op("aten::mm", 10, kernel="gemm_fwd"))(tr)  # the forward
     for node in backward:
         node(tr)
     op("Optimizer.step#SGD.step", None, op("aten::add_", None, kernel="sgd"))(tr)
-    k = analyze([tr.write(tmp_path / "rank0.pt.trace.json.gz")]).kernels
+    return analyze([tr.write(tmp_path / "rank0.pt.trace.json.gz")])
+
+
+def _recomputed(tmp_path: Path, backward: list[Any]) -> dict[str, bool]:
+    k = _analysis(tmp_path, backward).kernels
     return dict(zip(k["name"], k["recomputed"], strict=True))
 
 
@@ -87,3 +93,15 @@ def test_a_differentiated_backward_is_not_taken_for_recomputation(tmp_path: Path
         _node("ReluBackward0", 12, op("aten::threshold_backward", 21, kernel="relu_grad")),
         _node("MmBackward0", 10, op("aten::mm", 22, kernel="gemm_grad"))])
     assert not any(got.values())
+
+
+def test_a_recomputed_gemm_is_a_forward_call_and_one_stopped_early_is_none(tmp_path: Path) -> None:
+    """The GEMM table's pass: the forward run again is ``fwd``, not a backward GEMM; a recomputed op
+    that launched nothing (non-reentrant checkpoint stops once it has what the backward needs) is no
+    call, so its FLOPs do not inflate the forward's rate."""
+    a = _analysis(tmp_path, [
+        _node("MulBackward0", 11, op("aten::linear", 20, op("aten::mm", 20, kernel="gemm_again")),
+              op("aten::linear", 21, op("aten::mm", 21))),  # stopped before its kernel
+        _node("MmBackward0", 10, op("aten::mm", None, kernel="gemm_grad"))])
+    gemms = a.calls[a.calls["kind"] == "gemm"]
+    assert sorted(gemms["direction"]) == ["bwd", "fwd", "fwd"]

@@ -74,7 +74,8 @@ class Linked:
     op_step: np.ndarray  # per row: step of host events by start time, -1
     steps: list[int]  # step numbers present
     step_windows: np.ndarray  # (n, 2) host [start, end) per step, in ``steps`` order
-    recomputed: np.ndarray  # per GPU event: launched under a forward op run again in a backward node
+    op_recomputed: np.ndarray  # per row: an op of the forward run again inside a backward node
+    recomputed: np.ndarray  # per GPU event: launched under such an op
     # per GPU event: launched inside a data-parallel sharding hook (FSDP2's ``FSDP::`` and
     # ``fsdp::`` annotations: the all-gather's copy-in and copy-out, the gradients' reduction and
     # accumulation): work per parameter, once per micro-batch
@@ -330,9 +331,9 @@ def link(rt: L.RawTrace) -> Linked:
     backward_ops = [c for c, nm in enumerate(rt.names) if "backward" in nm.lower()]
     if backward_ops and np.isin(rt.name[again], backward_ops).any():
         again[:] = False  # a backward that is itself differentiated (create_graph, torch.func): not a forward again
+    op_recomputed = (_nearest(again, parent) >= 0) if again.any() else np.zeros(len(rt), dtype=bool)
     recomputed = np.zeros(len(gpu), dtype=bool)
-    if again.any() and has_leaf.any():
-        recomputed[has_leaf] = _nearest(again, parent)[leaf[has_leaf]] >= 0
+    recomputed[has_leaf] = op_recomputed[leaf[has_leaf]]
     steps, win = step_windows(rt)
     if has.any():  # the step of the launch; no launch: outside the steps
         step = np.where(has, assign_steps(rt.ts[np.clip(launch, 0, None)], steps, win), -1).astype(np.int32)
@@ -350,5 +351,5 @@ def link(rt: L.RawTrace) -> Linked:
         in_optimizer=in_opt.astype(bool), step=step,
         op_rows=np.flatnonzero(ops),
         op_parent=parent, op_model=model, shadowed=shadowed, op_backward=bwd_root >= 0, op_step=op_step,
-        steps=steps, step_windows=win, recomputed=recomputed, in_sharding=in_sharding,
+        steps=steps, step_windows=win, op_recomputed=op_recomputed, recomputed=recomputed, in_sharding=in_sharding,
     )

@@ -15,7 +15,8 @@
   ops inside it: :mod:`.link`), in a step (or all calls when the trace has no step
   markers), and every call of an op that launched normalization or elementwise kernels
   (kind "memory", bytes only): rank, step, row, kind, key, problem (None for ops without a
-  problem type), direction (a GEMM: ``bwd`` inside a backward node, else ``fwd``), flops (None: unknown), bytes, dtype, time_us (GPU time of its
+  problem type), direction (a GEMM: ``bwd`` inside a backward node, else ``fwd``, a forward op run
+  again there too; one run again that launched nothing is no call), flops (None: unknown), bytes, dtype, time_us (GPU time of its
   kernels, or its CPU time in a trace without GPU events), assumed (what the problem takes
   for granted that the trace does not record, "" when nothing), written (a memory-bound
   call: the bytes it writes, of ``bytes``; NaN where unknown), mask (an attention call given
@@ -171,7 +172,10 @@ def call_table(rt: L.RawTrace, lk: Linked, kernels: pd.DataFrame, rank: int) -> 
     models: dict[tuple[int, int, bool], tuple[OpModel | None, str]] = {}
     rows = []
     for r, name, shape, bwd, t in zip(modeled.tolist(), rt.name[modeled].tolist(), rt.shape[modeled].tolist(),
-                                      lk.op_backward[modeled].tolist(), times.tolist(), strict=True):
+                                      (lk.op_backward & ~lk.op_recomputed)[modeled].tolist(), times.tolist(),
+                                      strict=True):  # a forward op run again in the backward is a forward call
+        if not cpu_only and t == 0 and lk.op_recomputed[r]:
+            continue  # a forward run again that stopped before this op's kernels (checkpoint's early stop)
         key = (name, shape, bwd)
         if key not in models:
             m = model_op(rt.names[name], rt.shape_args(shape), bwd)
