@@ -24,7 +24,7 @@
 - Backward ops link to their forward op through the autograd ``Sequence number``.
 - Recomputation (activation checkpointing): an op inside a backward node, below the node's own
   event, with a sequence number of its own, not its node's, is the forward run again (autograd
-  records it for a backward to come); the GPU events launched under it are ``recomputed``.
+  records it for a backward to come); the GPU events launched under it are recomputed (``op_recomputed``).
   Where such an op is a backward op (``aten::threshold_backward``), the backward itself is
   being differentiated (``create_graph=True``, ``torch.func``): nothing is taken as recomputed.
   A compiled region's recomputation runs inside its compiled backward and is not seen.
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from primus_perf.tracelens import load as L
-from primus_perf.tracelens.arrays import order_by_start
+from primus_perf.tracelens.arrays import order_by_start, unique
 from primus_perf.tracelens.perf_models import annotation_model, models, ops_where
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -75,7 +75,6 @@ class Linked:
     steps: list[int]  # step numbers present
     step_windows: np.ndarray  # (n, 2) host [start, end) per step, in ``steps`` order
     op_recomputed: np.ndarray  # per row: an op of the forward run again inside a backward node
-    recomputed: np.ndarray  # per GPU event: launched under such an op
     # per GPU event: launched inside a data-parallel sharding hook (FSDP2's ``FSDP::`` and
     # ``fsdp::`` annotations: the all-gather's copy-in and copy-out, the gradients' reduction and
     # accumulation): work per parameter, once per micro-batch
@@ -328,12 +327,9 @@ def link(rt: L.RawTrace) -> Linked:
     # the node's own event (the root's child) keeps its number, also where the root records none
     again = (cpu & (bwd_root >= 0) & (parent != bwd_root) & (rt.seq >= 0)
              & (rt.seq != rt.seq[np.clip(bwd_root, 0, None)]))
-    backward_ops = [c for c, nm in enumerate(rt.names) if "backward" in nm.lower()]
-    if backward_ops and np.isin(rt.name[again], backward_ops).any():
+    if again.any() and any("backward" in rt.names[c].lower() for c in unique(rt.name[again]).tolist()):
         again[:] = False  # a backward that is itself differentiated (create_graph, torch.func): not a forward again
     op_recomputed = (_nearest(again, parent) >= 0) if again.any() else np.zeros(len(rt), dtype=bool)
-    recomputed = np.zeros(len(gpu), dtype=bool)
-    recomputed[has_leaf] = op_recomputed[leaf[has_leaf]]
     steps, win = step_windows(rt)
     if has.any():  # the step of the launch; no launch: outside the steps
         step = np.where(has, assign_steps(rt.ts[np.clip(launch, 0, None)], steps, win), -1).astype(np.int32)
@@ -351,5 +347,5 @@ def link(rt: L.RawTrace) -> Linked:
         in_optimizer=in_opt.astype(bool), step=step,
         op_rows=np.flatnonzero(ops),
         op_parent=parent, op_model=model, shadowed=shadowed, op_backward=bwd_root >= 0, op_step=op_step,
-        steps=steps, step_windows=win, op_recomputed=op_recomputed, recomputed=recomputed, in_sharding=in_sharding,
+        steps=steps, step_windows=win, op_recomputed=op_recomputed, in_sharding=in_sharding,
     )

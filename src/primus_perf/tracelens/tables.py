@@ -340,7 +340,7 @@ def trace_tables(rt: L.RawTrace, lk: Linked, rank: int, kernels: pd.DataFrame) -
     forked off once it is known)."""
     kernels["param_shaped"] = param_shaped(rt, lk) | (lk.in_sharding & (kernels["category"] != COMMUNICATION).to_numpy())
     kernels["in_optimizer"] = lk.in_optimizer
-    kernels["recomputed"] = lk.recomputed
+    kernels["recomputed"] = (lk.leaf_op >= 0) & lk.op_recomputed[np.clip(lk.leaf_op, 0, None)]
     kernels["micro_batch"] = micro_batch_of_events(rt, lk, backward_passes(rt, lk))
     kernels["scores"] = scores_ops(rt, kernels["call"].to_numpy())
     name = _device_name(rt, rt.device[lk.gpu])
