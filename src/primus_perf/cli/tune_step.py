@@ -1,5 +1,5 @@
 """``primus-tune step``: the whole training step searched at a fixed recipe
-(``loop.pipeline.step_tune``)."""
+(``tuner.step.tune.tune_config``; a script: ``tuner.step.script.tune_program``)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def register(app: typer.Typer) -> None:
         runs: int = typer.Option(1, "--runs", min=1, max=100,
                                  help="Your script: runs of a candidate per trial, each between runs of the best so far"),
         run_timeout_min: float = typer.Option(30.0, "--run-timeout-min", min=0.1,
-                                              help="Your script: a run that has not ended by then is stopped"),
+                                              help="A run in a child process (your script's; the profile) that has not"
+                                                   " ended by then is stopped"),
     ) -> None:
         """Search the step's levers (micro-batch at the fixed global batch, recompute, compile,
         FP8, optimizer, FSDP2 knobs, grouped-GEMM backend, a kernel cache): every candidate
@@ -57,7 +58,6 @@ def register(app: typer.Typer) -> None:
         plan checked against the default's loss and measured against it, interleaved; written
         to --out/plan.yaml for primus-train --plan. Under torchrun every rank runs it."""
         from primus_perf.cli.profile_capture import is_program
-        from primus_perf.loop.pipeline import step_tune
         from primus_perf.profiler.capture import prepare_out_dir
         from primus_perf.tuner.step.levers import pick, script_levers
 
@@ -83,10 +83,12 @@ def register(app: typer.Typer) -> None:
                                warmup=warmup_steps, steps=run_steps, blocks=runs, final_blocks=final_blocks,
                                profile=profile, timeout_s=run_timeout_min * 60)
         else:
-            res = step_tune(config, args, out, profile=profile, log=log_line, levers=chosen,
-                            cache=str(cache.resolve()) if cache else None, budget_min=budget_min, blocks=blocks,
-                            block_steps=block_steps, final_blocks=final_blocks, check_steps=check_steps,
-                            overwrite=overwrite, lanes=lanes)
+            from primus_perf.tuner.step.tune import tune_config
+
+            res = tune_config(config, args, out, profile=profile, log=log_line, levers=chosen,
+                              cache=str(cache.resolve()) if cache else None, budget_min=budget_min, blocks=blocks,
+                              block_steps=block_steps, final_blocks=final_blocks, check_steps=check_steps,
+                              lanes=lanes, timeout_s=run_timeout_min * 60)
         if environment.get("RANK") != 0:
             return  # rank 0 speaks for every rank
         for line in res.lines():

@@ -16,7 +16,7 @@ a function that calls down into the layers and says ``i/N`` and what it does:
    noise loses the kinds that do not win it alone, down to none ("1.00x: torch's own kernels
    kept");
 6. with ``fp8``, the FP8 plan into the same cache; with ``step``, the step tuner
-   (:func:`step_tune`: profile, the analyzer's advice, ``tuner.step.tune_step``), on a CPU too.
+   (``tuner.step.tune.tune_config``: a profile, the analyzer's advice, the search), on a CPU too.
 
 Where a kernel stage cannot run (no GPU, no problem to tune) the loop says why and goes on to
 the step tuner, if asked. Everything the CLI prints comes from the returned :class:`LoopResult`.
@@ -178,11 +178,13 @@ def _fp8_plan(run: _Run, mark: str) -> None:
 
 
 def _step(run: _Run, mark: str) -> None:
+    from primus_perf.tuner.step.tune import tune_config
+
     cache = run.result.cache if run.result.cache is not None and run.result.cache.is_file() else None
     run.log(f"{mark} step: searching the step's levers{' with the kernel cache' if cache else ''}"
             f" -> {run.out / 'step'}")
-    run.result.step = step_tune(run.config, run.overrides, run.out / "step", overwrite=True, log=run.log,
-                                cache=str(cache) if cache else None, budget_min=run.options["step_budget_min"])
+    run.result.step = tune_config(run.config, run.overrides, run.out / "step", log=run.log,
+                                  cache=str(cache) if cache else None, budget_min=run.options["step_budget_min"])
 
 
 # the kernel stages (after the analysis) stop where one says why; the step tuner runs after them
@@ -196,7 +198,7 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
              step_budget_min: float = 20.0) -> LoopResult:
     """The loop's stages in turn (the module docstring), each saying ``i/N`` and what it does;
     ``fp8``: then tune the FP8 plan (``tuner.fp8.tune_trainer``) into the same cache; ``step``:
-    then the step tuner (:func:`step_tune` into ``out_dir/step``, the kernel cache one of its
+    then the step tuner (``tuner.step.tune.tune_config`` into ``out_dir/step``, the kernel cache one of its
     levers), on a CPU too."""
     run = _Run(config, tuple(overrides), Path(out_dir), log=log, options=dict(
         steps=steps, budget_s=budget_s, blocks=blocks, block_steps=block_steps, tune_progress=tune_progress,
@@ -211,64 +213,3 @@ def run_loop(config: str = "tiny", overrides: Sequence[str] = (), out_dir: str |
         if why is not None:
             run.result.tuning_skipped = why
     return run.result
-
-
-# ---- the step tuner from a profile ---------------------------------------------------------------
-
-
-def step_tune(config: str, overrides: Sequence[str], out_dir: str | Path, *, profile: bool = True,
-              profile_steps: int = 3, overwrite: bool = False, log: Log = lambda _m: None, **kwargs: Any) -> Any:
-    """``primus-tune step``: profile the config into ``out_dir`` (a run folder) and read the
-    analyzer's advice from it, then ``tuner.step.tune_step`` ordered by that advice, its plan
-    and measurements written beside the trace (``primus-profile analyze out_dir`` then shows
-    each estimate beside its measurement). Under torchrun every rank runs it, in lockstep, and
-    rank 0 decides and writes. Returns the ``StepTuneResult``."""
-    import torch
-    import torch.distributed as dist
-
-    from primus_perf.trainer.parallel import join_torchrun, leave_torchrun
-    from primus_perf.tuner.step import tune_step
-
-    # under torchrun the group of every trainer the step tuner builds: made here, none owns it
-    owns_group = join_torchrun(torch.cuda.is_available())
-    finished = False
-    try:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        if rank != 0:
-            log = lambda _m: None  # noqa: E731 (rank 0 speaks for every rank)
-        advice: list[Any] = []
-        out = Path(out_dir)
-        if profile:
-            from primus_perf.profiler.capture import Schedule, capture_trainer
-            from primus_perf.tracelens.analyze import analyze
-            from primus_perf.tuner.step.levers import text
-            from primus_perf.tuner.step.search import advised
-
-            log(f"profiling {config} ({profile_steps} steps) -> {out}")
-            capture_trainer(config, list(overrides), out, Schedule(active=profile_steps, warmup=1, wait=1),
-                            overwrite=overwrite)
-            if rank == 0:
-                analysis = analyze([out])
-                advice = advised(analysis.recommendations)
-                for a in advice:
-                    log(f"advised: {a.key}={text(a.value)}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
-                                                         if a.estimate_ms is not None else ""))
-            advice = _agree(advice)
-        result = tune_step(config, overrides, out=out, advice=advice, log=log, agree=_agree, is_main=rank == 0,
-                           **kwargs)
-        finished = True
-        return result
-    finally:
-        if owns_group:
-            leave_torchrun(finished)
-
-
-def _agree(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (itself in one process)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

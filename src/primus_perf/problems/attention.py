@@ -94,10 +94,6 @@ class AttentionProblem(ProblemType, kind="attention"):
         kv = 2 * self.batch * self.heads_kv * self.seq_kv * self.head_dim
         return int((2 * q + kv) * elem)
 
-    @property
-    def arithmetic_intensity(self) -> float:
-        return self.forward_flops / self.bytes_moved
-
     def __str__(self) -> str:
         mask = "causal" if self.causal else "full"
         gqa = f"/{self.heads_kv}" if self.heads_kv != self.heads_q else ""

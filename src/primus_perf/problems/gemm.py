@@ -257,10 +257,6 @@ class GemmProblem(ProblemType, kind="gemm"):
         d = self.m * self.n * DTYPE_BYTES[self.dtype_d]
         return int((a + b + d) * self.batch)
 
-    @property
-    def arithmetic_intensity(self) -> float:
-        return self.flops / self.bytes_moved
-
     def __str__(self) -> str:
         """The one label every command prints (``primus-tune gemm --problem`` reads it
         back): the torch product's M x N x K, the dtype, the BLAS layout (trans_a, trans_b)."""

@@ -204,10 +204,6 @@ class GroupedGemmProblem(ProblemType, kind="grouped_gemm"):
         elems = tokens * (self.k + self.n) + self.groups * self.k * self.n
         return int(elems * DTYPE_BYTES[self.dtype])
 
-    @property
-    def arithmetic_intensity(self) -> float:
-        return self.flops / self.bytes_moved
-
     def __str__(self) -> str:
         w = " wT" if self.trans_w else ""
         return (

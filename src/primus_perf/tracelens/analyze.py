@@ -147,7 +147,6 @@ class Analysis:
     wall_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     world_size: int = 1
     expert_load: pd.DataFrame = field(default_factory=pd.DataFrame)
-    trace_ranks: list[int] = field(default_factory=list)  # the rank of each of ``traces``, in order
     cpu_ranks: list[int] = field(default_factory=list)  # ranks without GPU events beside ranks with them
     workload: dict[str, Any] = field(default_factory=dict)  # .analyses.workload
     chains: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -632,7 +631,6 @@ def analyze(paths: Sequence[str | Path] | str | Path, *, progress: Callable[[str
         wall_steps=pd.concat([r.walls for r in results], ignore_index=True),
         world_size=world_size([r.distributed for r in results], len(ranks)),
         expert_load=load,
-        trace_ranks=ranks,
         cpu_ranks=cpu_ranks,
         chains=fusion_chains(kernels, calls),
         launch_resources=pd.concat([r.extras.kernels for r in results], ignore_index=True).astype(

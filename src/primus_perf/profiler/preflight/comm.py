@@ -10,7 +10,7 @@ bandwidth is expected to reach :data:`COLLECTIVE_FLOOR` of the GPU's interconnec
 figures are reported without a bound.
 
 The P2P matrix: every ordered pair of ranks on the same node, and each rank to the rank
-one node further (``rank + ranks_per_node``, the inter-node links), one pair at a time,
+one node further (its counterpart on the next node, the inter-node links), one pair at a time,
 ``src`` sending to ``dst``. A link below the threshold of the median of its kind
 (intra-node or inter-node) is flagged; intra-node links are also held to
 :data:`P2P_FLOOR` of the per-pair figure.
@@ -59,10 +59,6 @@ class Job:
     nodes: list[int]  # node index of every rank (ranks with the same host name share one)
     device: str  # "gpu" or "cpu"
     links: tuple[float, float] | None  # LINKS row of the GPU model, when known
-
-    @property
-    def ranks_per_node(self) -> int:
-        return self.nodes.count(self.nodes[self.rank])
 
 
 def _sync(device: str) -> None:

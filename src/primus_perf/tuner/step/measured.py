@@ -262,14 +262,17 @@ def run_script(target: Sequence[str], plan: Mapping[str, str], *, warmup: int, s
         elif code is None:
             result = RunResult(CANNOT_RUN, reason=f"the run did not end within {timeout_s:.0f} s")
         else:
-            tail = _tail(log_file) if log_file is not None else ""
+            last = tail(log_file)
             result = RunResult(CANNOT_RUN, reason=f"the run exited with {code} before its result" +
-                               (f": {tail}" if tail else ""))
+                               (f": {last}" if last else ""))
     result.seconds = seconds
     return result
 
 
-def _tail(log_file: Path) -> str:
+def tail(log_file: Path | None) -> str:
+    """The last line of a child's output (``log_file``; None: none kept)."""
+    if log_file is None:
+        return ""
     try:
         lines = [ln for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:

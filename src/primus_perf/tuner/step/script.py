@@ -2,7 +2,7 @@
 script unmodified.
 
 1. the script profiled (``primus-profile run --stop``: a window of its steps, in a child) into
-   ``DIR``, and analyzed: the advice that names a lever orders the search (``search.advised``);
+   ``DIR``, and analyzed: the advice that names a lever orders the search (``search.profile_advice``);
 2. its first measured run (``measured.run_script``: the plan applied from outside by
    ``hooks``, or by a known program's own flags, ``own_flags``; its own steps timed) says what
    it builds (the model, its blocks, the optimizer, FSDP2 or DDP, an HF Trainer, the knobs it
@@ -40,16 +40,15 @@ from primus_perf.base.errors import OutOfMemory, UserError
 from primus_perf.tuner.step import lanes as lane_replies
 from primus_perf.tuner.step import measured
 from primus_perf.tuner.step.levers import Lever, ScriptContext, Setting, script_levers
-from primus_perf.tuner.step.search import Advice, Search, SearchResult, advised
+from primus_perf.tuner.step.search import Advice, Search, SearchResult, profile_advice
 from primus_perf.tuner.step.tune import (
     LossGuard,
     StepTuneResult,
     checked_plan,
     plan_verdict,
+    rank0s,
     write_plan,
 )
-
-PROFILE = {"baseline": 1, "wait": 1, "warmup": 1, "steps": 3}  # the profile's window (6 steps, then it stops)
 
 
 def _labels(setting: Setting) -> dict[str, str]:
@@ -184,26 +183,6 @@ class ScriptLane:
         pass
 
 
-# ---- the profile ----------------------------------------------------------------------------------
-
-
-def profile_script(target: Sequence[str], out: Path, *, devices: str | None, port: int | None,
-                   log_file: Path | None, timeout_s: float) -> str | None:
-    """The script's profile (a window of its steps, then it stops) into ``out``; None, or why it
-    could not be made (the search then goes on in the registry's order): also a run that did not
-    end within ``timeout_s``."""
-    import sys
-
-    cmd = [sys.executable, "-m", "primus_perf.cli.profile", "run", "-o", str(out), "--overwrite", "--stop",
-           "--ranks", "0", "--after", "0", *(f"--{k}={v}" for k, v in PROFILE.items()), "--", *target]
-    code = measured.run_logged(cmd, measured.child_env(devices, port, target), log_file, timeout_s)
-    if code is None:
-        return f"the profile run did not end within {timeout_s / 60:.0f} min"
-    if code != 0:
-        return f"the profile run exited with {code}" + (f": {measured._tail(log_file)}" if log_file else "")
-    return None
-
-
 # ---- the whole ------------------------------------------------------------------------------------
 
 
@@ -280,19 +259,9 @@ def tune_script(target: Sequence[str], out: str | Path, *, levers: Sequence[Leve
     label = " ".join(target)
     advice: list[Advice] = []
     if profile:
-        log(f"profiling {label} (a window of {sum(PROFILE.values())} steps) -> {out}")
         port = agree(measured._free_port()) if distributed else None
-        why = profile_script(target, out, devices=devices, port=port, log_file=log_file, timeout_s=timeout_s)
-        if why is None and is_main:
-            from primus_perf.tracelens.analyze import analyze
-
-            advice = advised(analyze([out]).recommendations, script=True)
-            for a in advice:
-                log(f"advised: {a.key}={a.value}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
-                                                      if a.estimate_ms is not None else ""))
-        elif why is not None:
-            log(f"no profile ({why}): the levers go in the registry's order")
-        advice = agree(advice)
+        advice = profile_advice(["--", *target], out, env=measured.child_env(devices, port, target), log_file=log_file,
+                                timeout_s=timeout_s, log=log, agree=agree, is_main=is_main)
     session = ScriptSession(target, warmup=warmup, steps=steps, devices=devices, agree=agree,
                             distributed=distributed, log_file=log_file, timeout_s=timeout_s)
     start = Setting({lv.key: "" for lv in levers})
@@ -366,15 +335,9 @@ def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, log:
         if owns:
             dist.init_process_group(backend="gloo")
         rank = dist.get_rank()
-
-        def agree(obj: Any) -> Any:
-            box = [obj]
-            dist.broadcast_object_list(box, src=0)
-            return box[0]
-
         finished = False
         try:
-            result = tune_script(target, out, log=log if rank == 0 else (lambda _m: None), agree=agree,
+            result = tune_script(target, out, log=log if rank == 0 else (lambda _m: None), agree=rank0s,
                                  distributed=True, is_main=rank == 0, **kwargs)
             finished = True
             return result

@@ -33,8 +33,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from primus_perf.base.entry import Log
@@ -51,6 +52,7 @@ ADVISED = "the advised values"  # the stage before the passes: each advised valu
 # (llama3-8b FSDP2 over 2 GPUs, micro-batch 4) ran out of memory; 88.7% (llama3-8b micro-batch 4) ran.
 GPU_HEADROOM = 0.05
 LANE_TIMEOUT_S = 1800.0  # a lane's trial (blocks of steps, a first compile) answers within this
+PROFILE = {"baseline": 1, "wait": 1, "warmup": 1, "steps": 3}  # the profile's window, then it stops
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,37 @@ def advised(recommendations: Any, *, script: bool = False) -> list[Advice]:
             except ConfigError:
                 continue
     return out
+
+
+def profile_advice(program: Sequence[str], out: Path, *, env: Mapping[str, str], log_file: Path, timeout_s: float,
+                   log: Log, agree: Callable[[Any], Any], is_main: bool) -> list[Advice]:
+    """``primus-profile run`` in a child process (``env``), its output appended to ``log_file``:
+    ``program`` is ``["--", script, args...]`` (the script stopped after the window, rank 0
+    traced) or ``["-c", config, overrides...]`` (the reference trainer); then the analyzer's
+    advice on ``out`` (read on the main rank, handed to every rank by ``agree``). A profile that
+    could not be made is a line, and no advice: the levers go in the registry's order."""
+    import sys
+
+    from primus_perf.tuner.step.measured import run_logged, tail
+
+    script = program[0] == "--"
+    log(f"profiling {' '.join(program[1:])} (a window of {sum(PROFILE.values())} steps) -> {out}")
+    cmd = [sys.executable, "-m", "primus_perf.cli.profile", "run", "-o", str(out), "--overwrite", "--after", "0",
+           *(f"--{k}={v}" for k, v in PROFILE.items()), *(("--stop", "--ranks", "0") if script else ()), *program]
+    code = run_logged(cmd, env, log_file, timeout_s)
+    advice: list[Advice] = []
+    if code != 0:
+        why = (f"the profile run did not end within {timeout_s / 60:.0f} min" if code is None else
+               f"the profile run exited with {code}: {tail(log_file)}")
+        log(f"no profile ({why}; its output: {log_file}): the levers go in the registry's order")
+    elif is_main:
+        from primus_perf.tracelens.analyze import analyze
+
+        advice = advised(analyze([out]).recommendations, script=script)
+        for a in advice:
+            log(f"advised: {a.key}={text(a.value)}" + (f" (saves ~{a.estimate_ms:.1f} ms a step)"
+                                                     if a.estimate_ms is not None else ""))
+    return agree(advice)
 
 
 @dataclass

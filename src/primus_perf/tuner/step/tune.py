@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primus_perf.base import environment
 from primus_perf.base.entry import Log
 from primus_perf.base.errors import OutOfMemory
 from primus_perf.tuner.decide import STEP_MARGIN, Rule, Verdict, judge
@@ -38,7 +39,13 @@ from primus_perf.tuner.fp8 import CHECK_STEPS, LOSS_THRESHOLD
 from primus_perf.tuner.step import levers as levers_mod
 from primus_perf.tuner.step.lanes import start_lanes, visible_devices
 from primus_perf.tuner.step.levers import LEVERS, Lever, Setting, lever_of, shown, trainer_levers
-from primus_perf.tuner.step.search import OUT_OF_MEMORY, Advice, Search, SearchResult
+from primus_perf.tuner.step.search import (
+    OUT_OF_MEMORY,
+    Advice,
+    Search,
+    SearchResult,
+    profile_advice,
+)
 
 SCHEMA = "primus-perf-step-plan/1"
 PLAN_FILE, RESULT_FILE = "plan.yaml", "step_plan.json"
@@ -325,19 +332,13 @@ def where_of(session: StepSession, cache: str | None) -> levers_mod.TrainerConte
     return levers_mod.TrainerContext(tr.cfg, tr.device.type, tr.groups.dp, tr.groups.dp_shard, tr.grouped is not None, cache, fp8)
 
 
-def _world_size() -> int:
-    from primus_perf.base import environment
-
-    return environment.get("WORLD_SIZE")
-
-
 def lane_devices(session: StepSession, lanes: int) -> list[str | None]:
     """The devices of the lanes (:mod:`.lanes`) beside the session's: under torchrun none; on
     GPUs every other one (``lanes`` 0) or up to ``lanes`` in all; on a CPU ``lanes`` - 1
     processes sharing its cores (for tests: they time each other's load)."""
     import torch
 
-    if _world_size() > 1:
+    if environment.get("WORLD_SIZE") > 1:
         return []
     device = session.trainer.device
     if device.type == "cuda":
@@ -536,6 +537,52 @@ def _yaml_value(value: str) -> Any:  # a script lever's value (the hooks' text) 
 # ---- the whole ------------------------------------------------------------------------------------
 
 
+def rank0s(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (itself in one process)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def tune_config(config: str, overrides: Sequence[str], out: str | Path, *, profile: bool = True,
+                log: Log = lambda _m: None, timeout_s: float = 1800.0, **kwargs: Any) -> StepTuneResult:
+    """``primus-tune step --config``: the config profiled in a child process into ``out`` (a run
+    folder) and analyzed (``search.profile_advice``), then :func:`tune_step` ordered by that
+    advice, its plan and measurements written beside the trace (``primus-profile analyze out``
+    then shows each estimate beside its measurement). Under torchrun every rank runs it, in
+    lockstep (their profile's children meet on a port rank 0 picks); rank 0 decides and writes."""
+    import torch
+    import torch.distributed as dist
+
+    from primus_perf.trainer.config import load_config
+    from primus_perf.trainer.parallel import join_torchrun, leave_torchrun
+    from primus_perf.tuner.step.measured import _free_port, child_env
+
+    load_config(config, list(overrides))  # a config that cannot be read says so before anything runs
+    owns_group = join_torchrun(torch.cuda.is_available())  # the group of every trainer the search builds
+    finished = False
+    try:
+        main = not dist.is_initialized() or dist.get_rank() == 0
+        log = log if main else (lambda _m: None)
+        advice: list[Advice] = []
+        if profile:
+            out = Path(out)
+            out.mkdir(parents=True, exist_ok=True)
+            port = rank0s(_free_port()) if dist.is_initialized() else None
+            advice = profile_advice(["-c", config, *overrides], out, env=child_env(None, port),
+                                    log_file=out / "runs.log", timeout_s=timeout_s, log=log, agree=rank0s, is_main=main)
+        result = tune_step(config, overrides, out=out, advice=advice, log=log, agree=rank0s, is_main=main, **kwargs)
+        finished = True
+        return result
+    finally:
+        if owns_group:
+            leave_torchrun(finished)
+
+
 def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | None = None,
               levers: Sequence[Lever] | None = None, advice: Sequence[Advice] = (), cache: str | None = None,
               budget_min: float = 20.0, blocks: int = 2, block_steps: int = 2, settle: int = 1,
@@ -574,7 +621,7 @@ def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | N
         search = Search(session, levers, where, advice=advice, blocks=blocks, block_steps=block_steps,
                         settle=settle, passes=passes, deadline=t0 + budget_min * 60, reserve_steps=reserve,
                         reserve_s=3 * build_s,
-                        log=log, agree=agree, lanes=running, distributed=_world_size() > 1)
+                        log=log, agree=agree, lanes=running, distributed=environment.get("WORLD_SIZE") > 1)
         try:
             found = search.run(start)
         finally:
