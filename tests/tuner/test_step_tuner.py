@@ -407,8 +407,9 @@ def test_primus_tune_step_on_the_cpu_writes_a_plan_primus_train_runs(tmp_path) -
 
 
 def test_two_ranks_search_fsdp2_in_lockstep_and_rank_0_writes(tmp_path) -> None:
+    """Each rank's profile child meets the others' on the port rank 0 picked; then the search."""
     out = tmp_path / "step"
-    r = _cli(["step", "--config", "tiny", "--out", str(out), "--no-profile", "--levers", "fsdp_reshard,fsdp_prefetch",
+    r = _cli(["step", "--config", "tiny", "--out", str(out), "--levers", "fsdp_reshard,fsdp_prefetch",
               "--blocks", "2", "--block-steps", "1", "--final-blocks", "2", "--check-steps", "3",
               "parallel.dp_shard=2", *TINY], nproc=2)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -416,7 +417,8 @@ def test_two_ranks_search_fsdp2_in_lockstep_and_rank_0_writes(tmp_path) -> None:
     measured = {(m["lever"], m["value"]) for m in doc["measured"]}
     assert {("parallel.fsdp_reshard_after_forward", False), ("parallel.fsdp_prefetch", 1),
             ("parallel.fsdp_prefetch", 2)} <= measured
-    assert r.stdout.count("step plan for tiny") == 1  # rank 0 speaks
+    assert r.stdout.count("step plan for tiny") == 1 and r.stdout.count("profiling tiny") == 1  # rank 0 speaks
+    assert {p.name for p in out.glob("rank*.pt.trace.json.gz")} == {"rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"}
 
 
 def test_the_fp8_plan_per_layer_group_is_measured_under_the_plans_settings(tmp_path) -> None:
