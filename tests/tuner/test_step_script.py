@@ -358,6 +358,22 @@ def test_a_measured_run_times_its_own_steps_and_stops(script: Path, tmp_path: Pa
     assert failed.status == measured.CANNOT_RUN and failed.reason == "RuntimeError: a (from KeyError: 'b')"
 
 
+def test_a_profile_run_that_fails_is_one_line_and_no_advice(tmp_path: Path) -> None:
+    """The search then goes on in the registry's order; the child's last line says why."""
+    from primus_perf.tuner.step.search import profile_advice
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise SystemExit('no data at /datasets/missing')\n")
+    said: list[str] = []
+    advice = profile_advice(["--", str(broken)], tmp_path / "prof", env=measured.child_env(None, None),
+                            log_file=tmp_path / "runs.log", timeout_s=120, log=said.append, agree=lambda x: x,
+                            is_main=True)
+    assert advice == [] and said[0].startswith(f"profiling {broken}")
+    assert said[-1].startswith("no profile (the profile run exited with 2: error: the program exited with code 1 after"
+                               " 0 steps") and said[-1].endswith("the levers go in the registry's order"), said
+    assert "no data at /datasets/missing" in (tmp_path / "runs.log").read_text()
+
+
 def test_the_loss_guard_compares_on_the_statistic_the_runs_agree_on() -> None:
     """A script that scales its loss by its accumulation: the step's backward scalars sum to
     its loss, whatever the micro-batch; their mean moves with it."""

@@ -27,11 +27,13 @@ def run_target(target: Sequence[str]) -> None:
 
 
 def exit_code(exc: SystemExit) -> int:
-    """The exit code a ``SystemExit`` gives the shell (``sys.exit("message")``: 1)."""
+    """The exit code a ``SystemExit`` gives the shell; ``sys.exit("message")``: 1, its message
+    printed to stderr, as Python prints it."""
     code = exc.code
-    if code is None:
-        return 0
-    return code if isinstance(code, int) else 1
+    if code is None or isinstance(code, int):
+        return code or 0
+    print(code, file=sys.stderr)
+    return 1
 
 
 # ---- a running program's steps ----------------------------------------------------------------

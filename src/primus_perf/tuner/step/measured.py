@@ -145,7 +145,7 @@ def measure_program(target: Sequence[str], plan: Mapping[str, str], out: str | o
     the result is written to ``out`` (by every rank: ``out`` on rank 0, ``out.rankN`` on the
     others) and returned."""
     from primus_perf.base.errors import one_line
-    from primus_perf.base.programs import StepMarks, StopProgram, run_target
+    from primus_perf.base.programs import StepMarks, StopProgram, exit_code, run_target
     from primus_perf.tuner.step import own_flags
 
     target, applied, program = own_flags.install(target, plan)
@@ -170,7 +170,7 @@ def measure_program(target: Sequence[str], plan: Mapping[str, str], out: str | o
     except StopProgram:  # the timed steps are in
         pass
     except SystemExit as exc:
-        if exc.code not in (None, 0):
+        if exit_code(exc) != 0:
             result.status, result.reason = CANNOT_RUN, f"the script exited with {exc.code}"
     except KeyboardInterrupt:
         raise
