@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -449,6 +450,31 @@ for step in range(steps):
     opt.zero_grad()
 dist.destroy_process_group()
 """
+
+
+def test_under_torchrun_a_failed_child_stops_the_other_ranks_children_and_all_agree(tmp_path: Path) -> None:
+    """Rank 1's child fails at once; rank 0's, left waiting for it (a collective that never
+    completes), is stopped, and both ranks return rank 1's code; the next run goes on."""
+    job = tmp_path / "job.py"
+    job.write_text("""
+import os, sys, time
+import torch.distributed as dist
+from primus_perf.tuner.step.measured import run_logged
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+waits = [sys.executable, "-c", "import time; time.sleep(600)"]  # the peer that never comes
+child = [sys.executable, "-c", "raise SystemExit(3)"] if rank == 1 else waits
+t0 = time.monotonic()
+code = run_logged(child, dict(os.environ), None, 300)
+after = run_logged([sys.executable, "-c", "pass"], dict(os.environ), None, 300)
+print(f"rank {rank}: {code} then {after} in {time.monotonic() - t0:.0f} s")
+dist.destroy_process_group()
+""")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(job)],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    said = sorted(re.findall(r"rank (\d): (\d+) then (\d+) in (\d+) s", res.stdout))  # the ranks' lines may interleave
+    assert [s[:3] for s in said] == [("0", "3", "0"), ("1", "3", "0")] and all(int(s[3]) < 60 for s in said), res.stdout
 
 
 def test_under_torchrun_every_rank_runs_its_child_in_lockstep(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ for the child's process group); its result read back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -37,6 +38,7 @@ from typing import Any
 from primus_perf.base import environment
 
 OK, OUT_OF_MEMORY, CANNOT_RUN, TOO_FEW = "ok", "out of memory", "cannot run", "too few steps"
+_RUNS = [0]  # children started (under torchrun every rank starts the same ones, in the same order)
 
 
 @dataclass
@@ -232,16 +234,37 @@ def child_env(devices: str | None, port: int | None, target: Sequence[str] = ())
 
 def run_logged(cmd: Sequence[str], env: Mapping[str, str], log_file: Path | None, timeout_s: float) -> int | None:
     """``cmd`` in a child process, its output appended to ``log_file`` (None: dropped); its exit
-    code, or None where it did not end within ``timeout_s``."""
+    code, or None where it did not end within ``timeout_s``. Under torchrun every rank runs its
+    child of the same run (in lockstep): a child that fails is said in the job's store, the other
+    ranks' children (waiting for it in a collective) are stopped at once, and every rank returns
+    the same code (a rank's timeout, else the first failure)."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store() if dist.is_initialized() and dist.get_world_size() > 1 else None
+    _RUNS[0] += 1
+    key, deadline = f"primus_perf/run/{_RUNS[0]}/failed", time.monotonic() + timeout_s
     sink = open(log_file, "a") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        return subprocess.run(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout_s,
-                              check=False).returncode
-    except subprocess.TimeoutExpired:
-        return None
+        code: int | None = None
+        while code is None and time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = proc.wait(timeout=max(0.0, min(deadline - time.monotonic(), 1.0 if store else timeout_s)))
+            if code is None and store is not None and store.check([key]):
+                code = int(store.get(key))  # a peer's child failed: this one waits for it in vain
+        if code not in (0, None) and store is not None and not store.check([key]):
+            store.set(key, str(code))
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         if log_file is not None:
             sink.close()
+    if store is None:
+        return code
+    codes: list[int | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(codes, code)
+    return None if None in codes else next((c for c in codes if c != 0), 0)
 
 
 def run_script(target: Sequence[str], plan: Mapping[str, str], *, warmup: int, steps: int,

@@ -100,22 +100,29 @@ def profile_advice(program: Sequence[str], out: Path, *, env: Mapping[str, str],
     """``primus-profile run`` in a child process (``env``), its output appended to ``log_file``:
     ``program`` is ``["--", script, args...]`` (the script stopped after the window, rank 0
     traced) or ``["-c", config, overrides...]`` (the reference trainer); then the analyzer's
-    advice on ``out`` (read on the main rank, handed to every rank by ``agree``). A profile that
-    could not be made is a line, and no advice: the levers go in the registry's order."""
+    advice on ``out`` (read on the main rank, handed to every rank by ``agree``). A script's
+    profile that could not be made is a line, and no advice (the levers go in the registry's
+    order); a config's is an error (the search would build the same trainer)."""
     import sys
 
+    from primus_perf.base.errors import Interrupted
     from primus_perf.tuner.step.measured import run_logged, tail
 
     script = program[0] == "--"
     log(f"profiling {' '.join(program[1:])} (a window of {sum(PROFILE.values())} steps) -> {out}")
     cmd = [sys.executable, "-m", "primus_perf.cli.profile", "run", "-o", str(out), "--overwrite", "--after", "0",
            *(f"--{k}={v}" for k, v in PROFILE.items()), *(("--stop", "--ranks", "0") if script else ()), *program]
-    code = run_logged(cmd, env, log_file, timeout_s)
+    try:
+        code = run_logged(cmd, env, log_file, timeout_s)
+    except KeyboardInterrupt:
+        raise Interrupted(f"during the profile run, before the search; its output: {log_file}") from None
     advice: list[Advice] = []
     if code != 0:
-        why = (f"the profile run did not end within {timeout_s / 60:.0f} min" if code is None else
-               f"the profile run exited with {code}: {tail(log_file)}")
-        log(f"no profile ({why}; its output: {log_file}): the levers go in the registry's order")
+        why = (f"the profile run did not end within {timeout_s / 60:.1f} min" if code is None else
+               f"the profile run exited with {code}: {tail(log_file).removeprefix('error: ')}") + f"; its output: {log_file}"
+        if not script:
+            raise UserError(f"{why} (--no-profile skips the profile)")
+        log(f"no profile ({why}): the levers go in the registry's order")
     elif is_main:
         from primus_perf.tracelens.analyze import analyze
 
