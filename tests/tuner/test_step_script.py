@@ -370,7 +370,7 @@ def test_a_profile_run_that_fails_is_one_line_and_no_advice(tmp_path: Path) -> N
                             log_file=tmp_path / "runs.log", timeout_s=120, log=said.append, agree=lambda x: x,
                             is_main=True)
     assert advice == [] and said[0].startswith(f"profiling {broken}")
-    assert said[-1].startswith("no profile (the profile run exited with 2: error: the program exited with code 1 after"
+    assert said[-1].startswith("no profile (the profile run exited with 2: the program exited with code 1 after"
                                " 0 steps") and said[-1].endswith("the levers go in the registry's order"), said
     assert "no data at /datasets/missing" in (tmp_path / "runs.log").read_text()
 

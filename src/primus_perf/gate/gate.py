@@ -257,10 +257,6 @@ def metric_value(metric: str, value: float) -> str:
     return f"{value:.6g}"
 
 
-def _device_label(device: dict[str, Any]) -> str:
-    return str(device.get("name", "?"))
-
-
 DEVICE_KEYS = ("name", "arch", "compute_units", "world_size")
 
 
@@ -334,7 +330,7 @@ def gate(
         verdicts=verdicts,
         max_regression=max_regression,
         alpha=alpha,
-        device=_device_label(b["device"]),
+        device=str(b["device"].get("name", "?")),
         baseline_path=bpath,
         candidate_path=cpath,
         notes=notes,

@@ -205,10 +205,6 @@ def model_scaled_mm(s: ShapeArgs, first: int = 0) -> OpModel | None:
     return _gemm_model(prob)
 
 
-def _dims_label(dims: list[Any]) -> str:
-    return ", ".join("x".join(map(str, d)) for d in dims if int_dims(d))
-
-
 SKEW_UNKNOWN = "skew unknown: balanced assumed"
 
 
@@ -462,7 +458,7 @@ def model_bytes(s: ShapeArgs, name: str = "") -> OpModel | None:
     tensors = [(i, d, t) for i, d, t in tensors if t is not None and (d or len(tensors) == 1)]
     if not tensors:
         return None
-    label = f"{_dims_label([d for _, d, _ in tensors])} {tensors[0][2]}"
+    label = ", ".join("x".join(map(str, d)) for _, d, _ in tensors if int_dims(d)) + f" {tensors[0][2]}"
     if name in INDEXING:
         nbytes = _indexed_bytes(name, s)
         if nbytes is not None:

@@ -15,6 +15,8 @@ and FSDP2 leave out.
 from __future__ import annotations
 
 import atexit
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +92,19 @@ def leave_torchrun(finished: bool) -> None:
         dist.barrier()
     dist.destroy_process_group()
     forget_groups()
+
+
+@contextmanager
+def torchrun_job(cuda: bool) -> Iterator[bool]:
+    """:func:`join_torchrun` for the block (left at its end if this call joined); yields whether
+    this process is the job's rank 0 (or alone)."""
+    owns, finished = join_torchrun(cuda), False
+    try:
+        yield not dist.is_initialized() or dist.get_rank() == 0
+        finished = True
+    finally:
+        if owns:
+            leave_torchrun(finished)
 
 
 def forget_groups() -> None:

@@ -291,10 +291,6 @@ def timer_for(tuner: Tuner) -> Timer:
     return own() if own is not None else measure.default_timer()
 
 
-def _medians(samples: dict[Any, list[float]], names: Sequence[str], parts: dict[str, list[str]]) -> dict[str, float]:
-    return {n: sum(statistics.median(samples[(n, part)]) for part in parts[n]) for n in names}
-
-
 def tune_problem(
     tuner: Tuner,
     problem: Any,
@@ -343,7 +339,7 @@ def tune_problem(
         searched = {k for k in calls if k[1] in valid[k[0]].samples}  # timed by the search already
         rough = timer({k: fn for k, fn in calls.items() if k not in searched}, session.n_sets, reps.rough)
         rough.update({k: list(valid[k[0]].samples[k[1]]) for k in searched})
-        med = _medians(rough, list(valid), parts)
+        med = {n: sum(statistics.median(rough[(n, part)]) for part in parts[n]) for n in valid}
         best = min(med.values())
         finalists = [n for n in valid if med[n] <= DROP_RATIO * best or n == default]
         for n in valid:

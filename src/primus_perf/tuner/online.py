@@ -281,16 +281,13 @@ class ProblemTuning:
         self.dropped.append(name)
         self.verdicts.pop(name, None)
 
-    def _pending(self) -> bool:
-        return any(self.races[n].pending for n in self.alive)
-
     def ready(self) -> bool:
         if all(n in self.verdicts for n in self.alive):  # every live contender judged, or none left
             return True
         placing = self.calls < self.policy.max_calls and (self._placeable() or self._open in self.alive)
         # nothing left to place: once the samples in flight are in (or, after many calls,
         # never come: a forward whose backward does not run)
-        return not placing and (not self._pending() or self._waits >= self.policy.lost_after)
+        return not placing and (not any(self.races[n].pending for n in self.alive) or self._waits >= self.policy.lost_after)
 
     def undecided(self) -> list[str]:
         """Live contenders with no verdict (the lock came from the bound, or lost samples)."""

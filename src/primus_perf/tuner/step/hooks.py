@@ -318,25 +318,17 @@ def _enter(module: Any, _args: Any) -> None:
     _state["depth"] = depth + 1
     if depth or "model" in _state:
         return
-    first = _first_parameter()
+    first = next((p for opt in _state.get("optimizers", []) for g in opt.param_groups for p in g["params"]), None)
     if first is None or not any(p is first for p in module.parameters()):
         return
     _state["model"] = module
-    _remove_module_hooks()
+    for h in _state.get("hooks", [])[1:]:  # the module hooks: their work is done
+        h.remove()
     _apply_model(module)
 
 
 def _leave(_module: Any, _args: Any, _out: Any) -> None:
     _state["depth"] = max(0, _state.get("depth", 1) - 1)
-
-
-def _first_parameter() -> Any:
-    return next((p for opt in _state.get("optimizers", []) for g in opt.param_groups for p in g["params"]), None)
-
-
-def _remove_module_hooks() -> None:
-    for h in _state.get("hooks", [])[1:]:
-        h.remove()
 
 
 NO_BLOCKS = "no repeated blocks found (no nn.ModuleList or nn.ModuleDict of two or more modules of one class)"

@@ -325,25 +325,12 @@ def tune_program(target: Sequence[str], out: str | Path, *, lanes: int = 0, log:
     a lane on each other GPU. This process never starts CUDA: the runs' children hold the GPUs."""
     from primus_perf.base import environment
 
-    world = environment.get("WORLD_SIZE")
-    if world > 1:
-        import torch.distributed as dist
+    if environment.get("WORLD_SIZE") > 1:
+        from primus_perf.trainer.parallel import torchrun_job
 
-        from primus_perf.trainer.parallel import leave_torchrun
-
-        owns = not dist.is_initialized()
-        if owns:
-            dist.init_process_group(backend="gloo")
-        rank = dist.get_rank()
-        finished = False
-        try:
-            result = tune_script(target, out, log=log if rank == 0 else (lambda _m: None), agree=rank0s,
-                                 distributed=True, is_main=rank == 0, **kwargs)
-            finished = True
-            return result
-        finally:
-            if owns:
-                leave_torchrun(finished)
+        with torchrun_job(cuda=False) as main:
+            return tune_script(target, out, log=log if main else (lambda _m: None), agree=rank0s, distributed=True,
+                               is_main=main, **kwargs)
     import torch
 
     from primus_perf.tuner.step.lanes import visible_devices

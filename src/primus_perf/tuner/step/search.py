@@ -227,10 +227,6 @@ def _best(kept: Sequence[Trial]) -> Trial:
     return max(kept, key=lambda t: t.speedup or 0.0)
 
 
-def _estimate(advice: Sequence[Advice], key: str, value: Any) -> float | None:
-    return next((a.estimate_ms for a in advice if a.key == key and a.value == value), None)
-
-
 class Search:
     def __init__(self, session: Any, levers: Sequence[Lever], where: TrainerContext, *, advice: Sequence[Advice] = (),
                  blocks: int = 2, block_steps: int = 2, settle: int = 1, passes: int = 3,
@@ -322,7 +318,7 @@ class Search:
 
     def _trial(self, lever: str, key: str, value: Any, incumbent: Setting, changes: dict[str, Any]) -> Trial:
         return Trial(lever, key, value, changes, incumbent.label(self._default.values), DOES_NOT_FIT,
-                     estimate_ms=_estimate(self.advice, key, value))
+                     estimate_ms=next((a.estimate_ms for a in self.advice if (a.key, a.value) == (key, value)), None))
 
     def _judge(self, trial: Trial, incumbent_s: list[float], candidate_s: list[float]) -> None:
         trial.incumbent_s, trial.candidate_s = incumbent_s, candidate_s

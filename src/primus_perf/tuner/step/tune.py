@@ -559,14 +559,11 @@ def tune_config(config: str, overrides: Sequence[str], out: str | Path, *, profi
     import torch.distributed as dist
 
     from primus_perf.trainer.config import load_config
-    from primus_perf.trainer.parallel import join_torchrun, leave_torchrun
+    from primus_perf.trainer.parallel import torchrun_job
     from primus_perf.tuner.step.measured import _free_port, child_env
 
     load_config(config, list(overrides))  # a config that cannot be read says so before anything runs
-    owns_group = join_torchrun(torch.cuda.is_available())  # the group of every trainer the search builds
-    finished = False
-    try:
-        main = not dist.is_initialized() or dist.get_rank() == 0
+    with torchrun_job(torch.cuda.is_available()) as main:  # the group of every trainer the search builds
         log = log if main else (lambda _m: None)
         advice: list[Advice] = []
         if profile:
@@ -575,12 +572,7 @@ def tune_config(config: str, overrides: Sequence[str], out: str | Path, *, profi
             port = rank0s(_free_port()) if dist.is_initialized() else None
             advice = profile_advice(["-c", config, *overrides], out, env=child_env(None, port),
                                     log_file=out / "runs.log", timeout_s=timeout_s, log=log, agree=rank0s, is_main=main)
-        result = tune_step(config, overrides, out=out, advice=advice, log=log, agree=rank0s, is_main=main, **kwargs)
-        finished = True
-        return result
-    finally:
-        if owns_group:
-            leave_torchrun(finished)
+        return tune_step(config, overrides, out=out, advice=advice, log=log, agree=rank0s, is_main=main, **kwargs)
 
 
 def tune_step(config: str, overrides: Sequence[str] = (), *, out: str | Path | None = None,
