@@ -1,7 +1,8 @@
 """The step search: a coordinate search over the levers with interaction passes, every
 candidate measured in the real step against the incumbent.
 
-Order: the levers the analyzer advised (:class:`Advice`, most saving first), their advised
+The advice: a profile made in a child process, its recommendations that name a lever
+(:func:`profile_advice`). Order: the levers the analyzer advised (:class:`Advice`, most saving first), their advised
 value first; then the rest in registry order. Where two levers or more have an advised value
 they can take, those values run first, before any lever's other values (a short budget gets
 the advice's plan; with lanes, the lever's next values beside each). For each lever, each value it can take here is a candidate: the incumbent with

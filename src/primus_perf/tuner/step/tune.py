@@ -1,6 +1,7 @@
 """``primus-tune step`` on the reference trainer: search the whole training step at a fixed
 recipe, then check and measure the plan, and write it.
 
+(:func:`tune_config` first profiles the config in a child process: ``search.profile_advice``.)
 0. the session: one trainer switched between settings between steps, in place where the
    trainer can (``trainer.knobs.reconfigure``), else by a new trainer of the setting (the same seed:
    the same weights), one alive at a time (:class:`StepSession`; the lanes run one each);
